@@ -1,0 +1,162 @@
+"""Metadata boxes that carry logical axis names, and activation constraints.
+
+:class:`LogicallyPartitioned` subclasses Flax's own box, so everything Flax
+does with boxes (``nn.scan``/``nn.vmap`` inserting a ``layers`` axis through
+``metadata_params``, ``nn.get_partition_spec``, optax states built from boxed
+params keeping the boxes) works unchanged. What it changes is ``unbox``: the
+constraint goes through this toolkit's rule table and mesh context and is
+applied on every platform, the CPU included.
+
+Example::
+
+    >>> import flax.linen as nn
+    >>> from partitioning import with_logical_partitioning
+    >>> dense = nn.Dense(64, kernel_init=with_logical_partitioning(
+    ...     nn.initializers.lecun_normal(), ("embed", "mlp")))
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+from flax.core import meta
+from jax.sharding import PartitionSpec
+
+from partitioning.errors import RuleError
+from partitioning.rules import as_rules, get_logical_axis_rules
+
+
+class LogicallyPartitioned(nn.LogicallyPartitioned):
+    """A parameter value tagged with one logical axis name per dimension."""
+
+    def unbox(self, apply_constraint: bool = True) -> Any:
+        if not apply_constraint:
+            return self.value
+        return with_logical_constraint(self.value, tuple(self.names), rules=self.rules)
+
+
+def with_logical_partitioning(
+    fn: Callable[..., Any], names: Sequence[str | None], rules: Any = None,
+) -> Callable[..., LogicallyPartitioned]:
+    """Wraps an initializer so its result is boxed with logical ``names``.
+
+    Example::
+
+        >>> init = with_logical_partitioning(nn.initializers.zeros_init(), ("embed",))
+        >>> init(jax.random.key(0), (4,)).names
+        ('embed',)
+    """
+    names = tuple(names)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        value = fn(*args, **kwargs)
+        if hasattr(value, "ndim") and value.ndim != len(names):
+            raise RuleError(
+                f"initializer {getattr(fn, '__name__', fn)!r} returned an array of shape "
+                f"{tuple(value.shape)} but {len(names)} logical names {names!r} were given"
+            )
+        return LogicallyPartitioned(value, names, rules=rules)
+
+    return wrapper
+
+
+def is_box(x: Any) -> bool:
+    """True for ours, Flax's ``nn.LogicallyPartitioned`` and ``nn.Partitioned``."""
+    return isinstance(x, meta.Partitioned)
+
+
+def is_logical_box(x: Any) -> bool:
+    """True when a box's names are logical (resolved by rules), not mesh axes."""
+    return isinstance(x, nn.LogicallyPartitioned)
+
+
+def unbox(tree: Any) -> Any:
+    """Strips every box (ours or Flax's) without applying constraints."""
+    return meta.unbox(tree)
+
+
+class Fallback(enum.Enum):
+    """What a logical name with no rule means for an activation constraint."""
+
+    UNSHARDED = "unsharded"        # the dimension is replicated
+    UNCONSTRAINED = "unconstrained"  # XLA decides
+    ERROR = "error"                # raise
+
+
+def _fallback(value: Any) -> Fallback:
+    if isinstance(value, Fallback):
+        return value
+    if isinstance(value, nn.spmd.RulesFallback):
+        return {
+            nn.spmd.RulesFallback.AXIS_IS_UNSHARDED: Fallback.UNSHARDED,
+            nn.spmd.RulesFallback.NO_CONSTRAINT: Fallback.UNCONSTRAINED,
+            nn.spmd.RulesFallback.RAISE_ERROR: Fallback.ERROR,
+        }[value]
+    try:
+        return Fallback(value)
+    except ValueError:
+        raise RuleError(
+            f"fallback must be one of {[f.value for f in Fallback]}, got {value!r}"
+        ) from None
+
+
+def _constraint_spec(names: Sequence[Any], rules, fallback: Fallback) -> PartitionSpec:
+    names = tuple(names)
+    known = set(rules.logical_names)
+    spec = list(rules.resolve(names))
+    for i, n in enumerate(names):
+        if isinstance(n, str) and n not in known:
+            if fallback is Fallback.ERROR:
+                raise RuleError(
+                    f"activation dimension {i} has logical name {n!r} but no rule mentions it "
+                    f"(rules cover: {', '.join(rules.logical_names)})"
+                )
+            if fallback is Fallback.UNCONSTRAINED:
+                spec[i] = PartitionSpec.UNCONSTRAINED
+    return PartitionSpec(*spec)
+
+
+def _constrain_one(x: Any, names: Any, rules, fallback: Fallback, mesh) -> Any:
+    if names is None:
+        return x
+    spec = _constraint_spec(tuple(names), rules, fallback)
+    explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
+    if explicit:
+        return jax.sharding.reshard(x, spec)
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
+def with_logical_constraint(
+    x: Any, names: Any, *, rules: Any = None, fallback: Any = Fallback.UNSHARDED,
+) -> Any:
+    """Constrains an activation's sharding by logical names.
+
+    Uses ``jax.lax.with_sharding_constraint`` on ``Auto`` mesh axes and
+    ``jax.sharding.reshard`` on ``Explicit`` ones; the identity outside a mesh
+    (``jax.set_mesh``) or outside a rule table. Applies on the CPU too.
+    ``fallback`` says what a name no rule mentions means: ``'unsharded'``
+    (default), ``'unconstrained'`` (let XLA choose) or ``'error'``.
+
+    Example::
+
+        >>> h = with_logical_constraint(h, ("batch", "length", "mlp"))
+    """
+    rules = as_rules(rules) if rules is not None else get_logical_axis_rules()
+    mesh = jax.sharding.get_abstract_mesh()
+    if not rules or names is None or mesh.empty:
+        return x
+    fb = _fallback(fallback)
+    if isinstance(names, (PartitionSpec, tuple)) and all(
+        n is None or isinstance(n, str) or n is PartitionSpec.UNCONSTRAINED for n in names
+    ):
+        return _constrain_one(x, names, rules, fb, mesh)
+    return jax.tree.map(
+        lambda n, a: _constrain_one(a, n, rules, fb, mesh), names, x,
+        is_leaf=lambda n: isinstance(n, (PartitionSpec, tuple)) or n is None,
+    )

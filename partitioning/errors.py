@@ -1,0 +1,46 @@
+"""The PartitioningError hierarchy.
+
+User mistakes (bad config, bad rule, indivisible shape, a checkpoint that does
+not fit) raise a subclass of :class:`PartitioningError` whose message a person
+can act on. The CLI prints it on one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class PartitioningError(Exception):
+    """Base class of every user-facing error of the toolkit."""
+
+
+class RuleError(PartitioningError, ValueError):
+    """A rule table is malformed or does not fit the mesh or the model."""
+
+
+class MeshError(PartitioningError, ValueError):
+    """A mesh shape does not fit the devices, or names an axis twice."""
+
+
+class ShardingError(PartitioningError, ValueError):
+    """A parameter cannot be laid out as the rules ask (e.g. indivisible)."""
+
+
+class ConfigError(PartitioningError, ValueError):
+    """A config file is malformed; the message names file, line and key."""
+
+
+class CheckpointError(PartitioningError):
+    """A checkpoint is missing, damaged, or does not fit the model."""
+
+
+class DataError(PartitioningError, ValueError):
+    """The training data cannot be read or is too small for the batch."""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """Returns "; did you mean 'x'?" for the closest choice, or ''."""
+    choices = [c for c in choices if isinstance(c, str)]
+    close = difflib.get_close_matches(str(name), choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

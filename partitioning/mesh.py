@@ -1,0 +1,125 @@
+"""Meshes from ordered ``{axis: size}`` mappings, and the mesh + rules context.
+
+Example::
+
+    >>> from partitioning import make_mesh, sharding_context
+    >>> mesh = make_mesh({"data": 2, "fsdp": -1, "tensor": 1})   # 8 devices -> (2, 4, 1)
+    >>> with sharding_context(mesh, "fsdp"):
+    ...     ...   # jax.set_mesh(mesh) and the fsdp rule table, both restored on exit
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+from jax.sharding import AxisType, Mesh
+
+from partitioning.errors import MeshError, did_you_mean
+from partitioning.rules import Rules, as_rules, axis_rules
+
+AXIS_TYPES = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    """An ordered mesh shape, possibly with one ``-1`` (the rest of the devices)."""
+
+    axes: tuple[tuple[str, int], ...]
+    axis_types: str = "auto"
+
+    @classmethod
+    def from_mapping(cls, shape: Mapping[str, int] | Sequence[tuple[str, int]], axis_types: str = "auto") -> "MeshSpec":
+        items = list(shape.items()) if isinstance(shape, Mapping) else [tuple(p) for p in shape]
+        if not items:
+            raise MeshError("mesh needs at least one axis, e.g. {data: -1}")
+        names = [n for n, _ in items]
+        for n, s in items:
+            if not isinstance(n, str) or not n:
+                raise MeshError(f"mesh axis names must be non-empty strings, got {n!r}")
+            if isinstance(s, bool) or not isinstance(s, int) or (s < 1 and s != -1):
+                raise MeshError(f"mesh axis {n!r}: size must be a positive integer or -1, got {s!r}")
+        if len(set(names)) != len(names):
+            raise MeshError(f"mesh axis named twice in {names}")
+        if sum(1 for _, s in items if s == -1) > 1:
+            raise MeshError(
+                f"mesh {dict(items)} has more than one -1; at most one axis can take the rest of the devices"
+            )
+        if axis_types not in AXIS_TYPES:
+            raise MeshError(
+                f"axis_types must be one of {sorted(AXIS_TYPES)}, got {axis_types!r}"
+                f"{did_you_mean(str(axis_types), AXIS_TYPES)}"
+            )
+        return cls(tuple((n, int(s)) for n, s in items), axis_types)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.axes)
+
+    def resolve(self, n_devices: int) -> dict[str, int]:
+        """The concrete ``{axis: size}`` for ``n_devices`` devices."""
+        fixed = math.prod(s for _, s in self.axes if s != -1)
+        has_rest = any(s == -1 for _, s in self.axes)
+        if has_rest:
+            if n_devices % fixed:
+                raise MeshError(
+                    f"mesh {self.describe()}: the fixed axes need a multiple of {fixed} devices, "
+                    f"but there are {n_devices}"
+                )
+            return {n: (n_devices // fixed if s == -1 else s) for n, s in self.axes}
+        if fixed != n_devices:
+            raise MeshError(
+                f"mesh {self.describe()} needs {fixed} devices, but there are {n_devices}; "
+                f"change a size or use -1 for one axis"
+            )
+        return dict(self.axes)
+
+    def describe(self) -> str:
+        return "{" + ", ".join(f"{n}: {s}" for n, s in self.axes) + "}"
+
+
+def make_mesh(
+    shape: Mapping[str, int] | Sequence[tuple[str, int]] | MeshSpec,
+    axis_types: str = "auto",
+    devices: Sequence[Any] | None = None,
+) -> Mesh:
+    """A :class:`jax.sharding.Mesh` from an ordered ``{axis: size}`` mapping.
+
+    One size may be ``-1`` (filled from the device count). Device order comes
+    from :func:`jax.make_mesh`, which knows the hardware topology.
+
+    Example::
+
+        >>> mesh = make_mesh({"data": 2, "fsdp": -1})
+        >>> dict(mesh.shape)
+        {'data': 2, 'fsdp': 4}
+    """
+    spec = shape if isinstance(shape, MeshSpec) else MeshSpec.from_mapping(shape, axis_types)
+    devices = list(devices) if devices is not None else jax.devices()
+    sizes = spec.resolve(len(devices))
+    types = (AXIS_TYPES[spec.axis_types],) * len(sizes)
+    return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=types, devices=devices)
+
+
+@contextlib.contextmanager
+def sharding_context(mesh: Mesh, rules: Any):
+    """Sets the mesh (``jax.set_mesh``) and the rule table together.
+
+    The rules are validated against the mesh on entry; both are restored on
+    exit. Inside, :func:`with_logical_constraint` and boxed params constrain.
+
+    Example::
+
+        >>> with sharding_context(make_mesh({"fsdp": -1}), "fsdp") as (mesh, rules):
+        ...     ...
+    """
+    rules = as_rules(rules).validate(mesh)
+    with jax.set_mesh(mesh), axis_rules(rules):
+        yield mesh, rules
+
+
+__all__ = ["MeshSpec", "make_mesh", "sharding_context", "Rules"]
