@@ -123,12 +123,13 @@ def abstract_model(cfg: Any, batch_size: int | None = None, seq_len: int | None 
     return model, jax.eval_shape(model.init, jax.random.key(0), tokens)
 
 
-def mesh_for(cfg: Any):
+def mesh_for(cfg: Any, devices: int | None = None):
+    """The config's mesh over its device count (``devices`` overrides, as --devices does)."""
     from partitioning.mesh import make_mesh
 
     import jax
 
-    n = config_devices(cfg)
+    n = config_devices(cfg, devices)
     devices = jax.devices()[:n] if n else None
     return make_mesh(cfg.mesh.shape, cfg.mesh.axis_types, devices=devices)
 
@@ -140,7 +141,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from partitioning.shardings import tree_layouts
 
     cfg = load(args)
-    mesh = mesh_for(cfg)
+    mesh = mesh_for(cfg, args.devices)
     cfg.rules.validate(mesh)
     _, abstract = abstract_model(cfg)
     import warnings
@@ -172,7 +173,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     from partitioning.shardings import tree_layouts
 
     cfg = load(args)
-    mesh = mesh_for(cfg)
+    mesh = mesh_for(cfg, args.devices)
     _, abstract = abstract_model(cfg)
     layouts = tree_layouts(abstract, mesh, cfg.rules, on_indivisible=cfg.on_indivisible)
     table = Table(title=f"{cfg.model_name} on mesh {dict(mesh.shape)}: rules from {cfg.path}")

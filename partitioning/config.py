@@ -179,7 +179,10 @@ def _where(path: str, lines: Mapping[Key, int], key: Key) -> str:
     while k and k not in lines:
         k = k[:-1]
     line = lines.get(k)
-    loc = f"{path}:{line}" if line is not None else f"{path}"
+    if isinstance(line, str):  # from a --set override
+        loc = f"{path} ({line})"
+    else:
+        loc = f"{path}:{line}" if line is not None else f"{path}"
     return f"{loc}: {_dotted(tuple(key))}" if key else loc
 
 
@@ -302,7 +305,10 @@ def _apply_override(data: dict, lines: dict, text: str) -> None:
     if len(keys) == 1 and keys[0] not in TOP_KEYS:
         raise ConfigError(f"--set {text}: unknown key {keys[0]!r}{did_you_mean(keys[0], TOP_KEYS)}")
     node[keys[-1]] = value
-    lines[tuple(keys)] = None  # type: ignore[assignment]  (no file line; see _where)
+    # The overridden subtree has no file lines any more: errors point at the flag.
+    for k in [k for k in lines if k[: len(keys)] == tuple(keys)]:
+        del lines[k]
+    lines[tuple(keys)] = f"--set {text}"  # type: ignore[assignment]
 
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Config:
@@ -313,7 +319,6 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
         raise ConfigError(f"{path_s}: a run config is a mapping with sections {', '.join(REQUIRED)}")
     for o in overrides:
         _apply_override(data, lines, o)
-    lines = {k: v for k, v in lines.items() if v is not None}
     for k in data:
         if k not in TOP_KEYS:
             raise ConfigError(

@@ -1,0 +1,213 @@
+"""Rule resolution: agreement with Flax, explain, validation, context."""
+
+import random
+import threading
+
+import flax.linen as nn
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import partitioning as pt
+from partitioning.rules import Rules
+
+MESH_AXES = ["data", "fsdp", "tensor", "seq", "expert"]
+LOGICAL = ["batch", "length", "embed", "heads", "kv", "mlp", "vocab", "layers", "norule"]
+
+
+def _random_axes(rng):
+    k = rng.random()
+    if k < 0.2:
+        return None
+    if k < 0.6:
+        return rng.choice(MESH_AXES)
+    return tuple(rng.sample(MESH_AXES, rng.randint(1, 3)))
+
+
+def _random_case(rng):
+    # Rules draw from all names but "norule", with repeats (fallbacks).
+    rules = [(rng.choice(LOGICAL[:-1]), _random_axes(rng)) for _ in range(rng.randint(0, 10))]
+    if rng.random() < 0.5:  # a name with several rules: later ones are fallbacks
+        name = rng.choice(LOGICAL[:-1])
+        rules += [(name, _random_axes(rng)) for _ in range(rng.randint(1, 3))]
+        rng.shuffle(rules)
+    ndim = rng.randint(0, 5)
+    names = rng.sample(LOGICAL, ndim)
+    names = [None if rng.random() < 0.15 else n for n in names]
+    return rules, tuple(names)
+
+
+def test_agrees_with_flax_on_random_tables():
+    rng = random.Random(1234)
+    n_cases = 3000
+    for case in range(n_cases):
+        rules, names = _random_case(rng)
+        ours = pt.logical_to_mesh_axes(names, rules)
+        theirs = nn.logical_to_mesh_axes(names, rules)
+        assert ours == theirs, f"case {case}: rules={rules} names={names}: ours {ours} != flax {theirs}"
+        # The Rules method and the free function are one engine.
+        assert Rules(rules).resolve(names) == theirs
+
+
+def test_flax_worked_example():
+    rules = (("batch", "X"), ("features", "X"), ("heads", "Y"), ("batch", "Z"))
+    names = ("batch", "length", "heads", "features")
+    assert pt.logical_to_mesh_axes(names, rules) == P("X", None, "Y", None)
+
+
+def test_none_rule_claims_dimension_unsharded_and_blocks_fallbacks():
+    rules = Rules([("mlp", None), ("mlp", "tensor")])
+    assert rules.resolve(("embed", "mlp")) == P(None, None)
+    [_, d] = rules.explain(("embed", "mlp"))
+    assert d.rule_index == 0 and d.mesh_axes is None
+    assert "skipped rule 1 ('mlp', 'tensor'): dim 1 already claimed by rule 0" in d.notes
+
+
+def test_fallback_when_axis_is_taken():
+    rules = Rules([("embed", "fsdp"), ("mlp", "fsdp"), ("mlp", "tensor")])
+    assert rules.resolve(("embed", "mlp")) == P("fsdp", "tensor")
+    assert rules.resolve(("mlp",)) == P("fsdp")
+
+
+def test_explain_names_the_blocking_dimension():
+    dims = Rules([("embed", "fsdp"), ("mlp", "fsdp")]).explain(("embed", "mlp"))
+    assert str(dims[0]) == "dim 0 'embed' -> 'fsdp' by rule 0 ('embed', 'fsdp')"
+    assert str(dims[1]) == (
+        "dim 1 'mlp' -> unsharded; skipped rule 1 ('mlp', 'fsdp'): "
+        "mesh axis 'fsdp' already used by dim 0 ('embed')"
+    )
+
+
+def test_explain_reports_names_without_rules():
+    [d] = Rules([("embed", "fsdp")]).explain(("vocab",))
+    assert not d.claimed and d.notes == ("no rule for 'vocab'",)
+
+
+def test_explain_reports_indivisible_skip():
+    rules = Rules([("mlp", "tensor"), ("mlp", "fsdp")])
+    [d] = rules.explain(("mlp",), shape=(6,), mesh={"tensor": 4, "fsdp": 2})
+    assert d.mesh_axes == "fsdp" and d.rule_index == 1
+    assert d.notes == ("skipped rule 0 ('mlp', 'tensor'): size 6 not divisible by 4",)
+
+
+def test_duplicate_logical_name_is_an_error_naming_the_array():
+    with pytest.raises(pt.RuleError, match=r"params/x: logical name\(s\) 'embed' used for more than one dimension of array \('embed', 'embed'\)"):
+        Rules([("embed", "fsdp")]).resolve(("embed", "embed"), path="params/x")
+
+
+def test_unknown_mesh_axis_lists_axes_and_nearest():
+    rules = Rules([("batch", "data"), ("mlp", "tensr")])
+    with pytest.raises(pt.RuleError) as e:
+        rules.validate({"data": 2, "fsdp": 2, "tensor": 2})
+    assert str(e.value) == (
+        "rules[1]: mesh axis 'tensr' is not a mesh axis (data, fsdp, tensor); did you mean 'tensor'?"
+    )
+
+
+@pytest.mark.parametrize(
+    "pair, msg",
+    [
+        (("mlp",), r"rules\[0\]: a rule is a pair \[logical_name, mesh_axes\], got \('mlp',\)"),
+        ((3, "x"), r"rules\[0\]: logical name must be a non-empty string, got 3"),
+        (("mlp", 3), r"rules\[0\]: mesh axes must be null, a mesh axis name or a list of names, got int 3"),
+        (("mlp", ["x", "x"]), r"rules\[0\]: mesh axis repeated in \['x', 'x'\]"),
+    ],
+)
+def test_malformed_rules(pair, msg):
+    with pytest.raises(pt.RuleError, match=msg):
+        Rules([pair])
+
+
+def test_indivisible_error_names_path_dim_sizes_axes():
+    rules = Rules([("mlp", "tensor")])
+    with pytest.raises(pt.ShardingError) as e:
+        rules.resolve(("embed", "mlp"), (64, 3004), {"tensor": 8}, path="params/decoder/mlp/wi/kernel")
+    assert str(e.value).startswith(
+        "params/decoder/mlp/wi/kernel: dim 1 ('mlp', size 3004) is not divisible by mesh axes ('tensor',) of size 8"
+    )
+
+
+def test_indivisible_replicate_falls_back_with_warning():
+    rules = Rules([("mlp", "tensor"), ("mlp", "fsdp")])
+    with pytest.warns(pt.IndivisibleWarning, match=r"p: dim 0 \('mlp', size 6\) is not divisible"):
+        spec = rules.resolve(("mlp",), (6,), {"tensor": 4, "fsdp": 2}, on_indivisible="replicate", path="p")
+    assert spec == P("fsdp")
+    with pytest.warns(pt.IndivisibleWarning):
+        assert rules.resolve(("mlp",), (5,), {"tensor": 4, "fsdp": 2}, on_indivisible="replicate") == P(None)
+
+
+def test_presets_load_and_resolve():
+    assert set(pt.preset_names()) >= {"dp", "fsdp", "tp", "fsdp_tp", "seq"}
+    assert Rules.preset("fsdp_tp").resolve(("embed", "mlp")) == P("fsdp", "tensor")
+    assert Rules.preset("tp").resolve(("embed", "mlp")) == P(None, "tensor")
+    assert Rules.preset("dp").resolve(("batch", "length", "embed")) == P("data", None, None)
+    assert Rules.preset("seq").resolve(("batch", "length", "embed")) == P(("data", "fsdp"), "tensor", None)
+    with pytest.raises(pt.RuleError, match=r"unknown rule preset 'fsdpp' \(presets: dp, fsdp, fsdp_tp, seq, tp\); did you mean 'fsdp'\?"):
+        Rules.preset("fsdpp")
+
+
+def test_rules_are_a_tuple_flax_accepts_and_pickle():
+    import pickle
+
+    rules = Rules([("embed", "fsdp"), ("mlp", ("fsdp", "tensor"))])
+    assert isinstance(rules, tuple)
+    assert nn.logical_to_mesh_axes(("mlp",), rules) == P(("fsdp", "tensor"))
+    again = pickle.loads(pickle.dumps(rules))
+    assert again == rules and again.origins == rules.origins
+
+
+def test_logical_to_mesh_trees():
+    rules = [("embed", "fsdp"), ("mlp", "tensor")]
+    tree = {"a": P("embed", "mlp"), "b": P(None, "embed")}
+    assert pt.logical_to_mesh(tree, rules) == nn.logical_to_mesh(tree, rules)
+
+
+def test_axis_rules_context_nests_and_mirrors_flax():
+    assert pt.get_logical_axis_rules() == ()
+    with pt.axis_rules([("embed", "fsdp")]):
+        assert pt.logical_to_mesh_axes(("embed",)) == P("fsdp")
+        assert nn.get_logical_axis_rules() == (("embed", "fsdp"),)
+        with pt.axis_rules("tp"):
+            assert pt.logical_to_mesh_axes(("mlp",)) == P("tensor")
+        assert pt.logical_to_mesh_axes(("mlp",)) == P(None)
+    assert pt.get_logical_axis_rules() == ()
+    assert nn.get_logical_axis_rules() == ()
+
+
+def test_flax_axis_rules_are_seen():
+    with nn.logical_axis_rules((("embed", "fsdp"),)):
+        assert pt.get_logical_axis_rules() == (("embed", "fsdp"),)
+
+
+def test_rules_context_is_thread_local():
+    barrier = threading.Barrier(8)
+    results, errors = {}, []
+
+    def worker(i):
+        try:
+            axis = f"axis{i}"
+            with pt.axis_rules([("embed", axis)]):
+                barrier.wait(timeout=10)  # every thread is inside its own context now
+                for _ in range(200):
+                    got = pt.logical_to_mesh_axes(("embed",))
+                    if got != P(axis):
+                        errors.append((i, got))
+                results[i] = pt.logical_to_mesh_axes(("embed",))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors
+    assert results == {i: P(f"axis{i}") for i in range(8)}
+    assert pt.get_logical_axis_rules() == ()
+
+
+def test_set_logical_axis_rules():
+    try:
+        pt.set_logical_axis_rules([("embed", "fsdp")])
+        assert pt.logical_to_mesh_axes(("embed",)) == P("fsdp")
+        assert nn.get_logical_axis_rules() == (("embed", "fsdp"),)
+    finally:
+        pt.set_logical_axis_rules(None)
+    assert pt.get_logical_axis_rules() == ()
