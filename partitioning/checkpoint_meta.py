@@ -1,0 +1,387 @@
+"""Checkpoints on disk: layout, discovery, metadata, and damage diagnosis.
+
+A toolkit checkpoint is a plain orbax ``CheckpointManager`` step directory::
+
+    RUN_DIR/checkpoints/            (checkpoint.dir)
+      200/                          one step, written atomically by orbax
+        state/                      the train state pytree (orbax StandardSave / OCDBT)
+        meta/metadata               JSON: step, rules, mesh, config, versions, per-array layout
+        _CHECKPOINT_METADATA        orbax's own step metadata
+      400.orbax-checkpoint-tmp-…    a save in progress (or killed): never read
+
+Everything here only *reads*: it finds a checkpoint from a run dir, a
+checkpoints dir, a step dir or a bare orbax pytree directory (what
+``ocp.StandardCheckpointer().save(path, tree)`` writes), lists steps, reads the
+metadata, and turns orbax / tensorstore failures into a :class:`CheckpointError`
+that names the checkpoint and the damaged file.
+
+Example::
+
+    >>> ref = resolve_checkpoint("runs/quickstart")        # latest complete step
+    >>> ref.step, read_metadata(ref)["rules"][0]
+    (200, ['batch', ['data', 'fsdp']])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from partitioning.errors import CheckpointError
+from partitioning.shardings import path_str
+
+STATE_ITEM = "state"       # the item holding the train state (or params) pytree
+META_ITEM = "meta"         # the JSON item holding the toolkit's metadata
+DEFAULT_ITEM = "default"   # what a plain orbax CheckpointManager names a single unnamed item
+META_FILE = "metadata"     # orbax JsonSave's file name inside the item directory
+FORMAT = "partitioning.checkpoint/1"
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointRef:
+    """One checkpoint on disk: ``path`` (what the user names), ``item`` (the pytree dir)."""
+
+    path: Path
+    item: Path
+    step: int | None
+
+    @property
+    def meta_file(self) -> Path:
+        return self.path / META_ITEM / META_FILE
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """A step directory under a checkpoints dir, finished or not."""
+
+    step: int
+    path: Path
+    complete: bool
+    nbytes: int
+    mtime: float
+
+
+def _is_pytree_dir(p: Path) -> bool:
+    return (p / "_METADATA").is_file() or (p / "manifest.ocdbt").is_file() or any(p.glob("ocdbt.process_*"))
+
+
+def _step_of(name: str) -> int | None:
+    head = name.split(TMP_SUFFIX, 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def dir_bytes(p: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(p):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:  # removed under us (a save finishing or old step deleted)
+                pass
+    return total
+
+
+def checkpoints_dir(path: str | os.PathLike) -> Path:
+    """``RUN_DIR/checkpoints`` when ``path`` is a run dir holding one, else ``path``."""
+    p = Path(path)
+    sub = p / "checkpoints"
+    if sub.is_dir() and not any(_step_of(c.name) is not None for c in p.iterdir() if c.is_dir()):
+        return sub
+    return p
+
+
+def list_steps(path: str | os.PathLike) -> list[StepInfo]:
+    """Every step directory, finished or in progress, sorted by step (then finished last)."""
+    d = checkpoints_dir(path)
+    if not d.is_dir():
+        raise CheckpointError(f"{d}: no such checkpoint directory")
+    out = []
+    for c in d.iterdir():
+        step = _step_of(c.name)
+        if step is None or not c.is_dir():
+            continue
+        complete = TMP_SUFFIX not in c.name
+        try:
+            mtime = c.stat().st_mtime
+        except OSError:
+            continue
+        out.append(StepInfo(step, c, complete, dir_bytes(c), mtime))
+    return sorted(out, key=lambda s: (s.step, s.complete))
+
+
+def resolve_checkpoint(path: str | os.PathLike, step: int | None = None) -> CheckpointRef:
+    """Finds the checkpoint ``path`` names: a step dir, a pytree dir, or the latest (or ``step``) of a run."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such checkpoint (expected a run dir, a checkpoints dir or a step dir)")
+    if TMP_SUFFIX in p.name:
+        raise CheckpointError(f"{p}: this save never finished (orbax temporary directory); use a complete step")
+    for item in (STATE_ITEM, DEFAULT_ITEM):
+        if (p / item).is_dir():
+            return CheckpointRef(p, p / item, _step_of(p.name))
+    if _is_pytree_dir(p):
+        parent = p.parent
+        if p.name in (STATE_ITEM, DEFAULT_ITEM) and _step_of(parent.name) is not None:
+            return CheckpointRef(parent, p, _step_of(parent.name))
+        return CheckpointRef(p, p, _step_of(p.name))
+    if (p / "_CHECKPOINT_METADATA").exists() or (p / META_ITEM).is_dir():
+        raise CheckpointError(f"{p}: damaged checkpoint: missing directory {p / STATE_ITEM}")
+    steps = list_steps(p)
+    done = [s for s in steps if s.complete]
+    if not done:
+        pending = ", ".join(s.path.name for s in steps) or "none"
+        raise CheckpointError(f"{checkpoints_dir(p)}: no complete checkpoint (unfinished saves: {pending})")
+    if step is None:
+        return resolve_checkpoint(done[-1].path)
+    for s in done:
+        if s.step == step:
+            return resolve_checkpoint(s.path)
+    raise CheckpointError(
+        f"{checkpoints_dir(p)}: no complete checkpoint for step {step} (steps: {', '.join(str(s.step) for s in done)})"
+    )
+
+
+def read_metadata(ref: CheckpointRef) -> dict[str, Any]:
+    """The toolkit's JSON metadata, or ``{}`` for a checkpoint written by plain orbax."""
+    f = ref.meta_file
+    if not f.exists():
+        if ref.path != ref.item and (ref.path / META_ITEM).is_dir():
+            raise CheckpointError(f"checkpoint {ref}: missing file {f}")
+        return {}
+    try:
+        return json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CheckpointError(f"checkpoint {ref}: damaged file {f} (not valid JSON; truncated?)") from None
+
+
+# -- the saved tree ----------------------------------------------------------------
+
+def saved_tree(ref: CheckpointRef) -> Any:
+    """The saved pytree as orbax metadata leaves (shape, dtype, sharding), without reading data."""
+    import orbax.checkpoint as ocp
+
+    meta_file = ref.item / "_METADATA"
+    if not meta_file.exists():
+        raise CheckpointError(f"checkpoint {ref}: missing file {meta_file}")
+    try:
+        md = ocp.PyTreeCheckpointer().metadata(ref.item)
+    except json.JSONDecodeError:
+        raise CheckpointError(f"checkpoint {ref}: damaged file {meta_file} (not valid JSON; truncated?)") from None
+    except Exception as e:  # orbax internals: never leak them for bad input
+        raise CheckpointError(f"checkpoint {ref}: cannot read {meta_file}: {_first_line(e)}") from None
+    tree = getattr(md, "item_metadata", md)
+    tree = getattr(tree, "tree", tree)
+    if tree is None:
+        raise CheckpointError(f"checkpoint {ref}: cannot read {meta_file}")
+    return tree
+
+
+def _is_md_leaf(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def flat_saved(tree: Any) -> dict[str, Any]:
+    """``{path: metadata leaf}`` in saving order."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_md_leaf)[0]
+    return {path_str(kp): leaf for kp, leaf in leaves}
+
+
+def sharding_str(md: Any) -> str:
+    """A short description of a saved leaf's sharding: ``P('fsdp', None) on {fsdp: 8}``."""
+    s = getattr(md, "sharding", None)
+    if s is None:
+        return "-"
+    spec = getattr(s, "partition_spec", None)
+    if spec is not None:
+        names = getattr(s, "axis_names", None) or []
+        shape = getattr(s, "shape", None)
+        mesh = ", ".join(f"{n}: {int(k)}" for n, k in zip(names, np.asarray(shape).tolist())) if shape is not None else ""
+        parts = ", ".join("None" if a is None else repr(a) if isinstance(a, str) else repr(tuple(a)) for a in spec)
+        return f"P({parts}) on {{{mesh}}}"
+    device = getattr(s, "device_str", None)
+    return f"single device {device}" if device else type(s).__name__
+
+
+def describe_shape(shape: Any) -> str:
+    return "(" + ", ".join(str(int(s)) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+# -- damage diagnosis -----------------------------------------------------------------
+
+_READ_ERR = re.compile(r'Error reading "([^"]+)" in OCDBT database at local file "([^"]+)"')
+_MISSING_KEY = re.compile(r'"([^"]+)" in OCDBT database at local file "([^"]+)" does not exist')
+_NOT_FOUND_PATH = re.compile(r'(?:NOT_FOUND|not found)[^"]*?"(/[^"]+)"|path: (/\S+?)\.?$')
+
+
+def _first_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return (text[:200] + "…") if len(text) > 200 else text
+
+
+def _causes(e: BaseException):
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _parse_location(loc: str) -> tuple[str, str, int, int]:
+    """``value:ocdbt.process_0/:d/abc:1090:1116`` -> (base, relpath, offset, length)."""
+    head, off, length = loc.rsplit(":", 2)
+    _, base, rel = head.split(":", 2)
+    return base, rel, int(off), int(length)
+
+
+def _check_file(db: Path, loc: str) -> str | None:
+    """What is wrong with the file a location points into, or None."""
+    base, rel, off, length = _parse_location(loc)
+    f = db / base / rel
+    if not f.exists():
+        return f"missing file {f}"
+    size = f.stat().st_size
+    if size < off + length:
+        return f"truncated file {f} ({size} bytes, needs at least {off + length})"
+    return None
+
+
+def ocdbt_problems(db: Path, only_key: str | None = None, limit: int = 5) -> list[str]:
+    """Walks an OCDBT database's B-tree and checks every data file it references exists
+    and is long enough, without reading array data. Returns problems (empty: all good).
+    """
+    import tensorstore as ts
+
+    if not (db / "manifest.ocdbt").exists():
+        return [f"missing file {db / 'manifest.ocdbt'}"]
+    problems: list[str] = []
+    try:
+        kv = ts.KvStore.open({"driver": "file", "path": str(db) + "/"}).result()
+        manifest = ts.ocdbt.dump(kv).result()
+    except Exception:
+        return [f"damaged file {db / 'manifest.ocdbt'}"]
+    versions = manifest.get("versions") or []
+    if not versions:
+        return problems
+    root = max(versions, key=lambda v: v.get("generation_number", 0)).get("root", {}).get("location")
+
+    def visit(node_loc: str) -> None:
+        if len(problems) >= limit:
+            return
+        bad = _check_file(db, node_loc)
+        if bad:
+            problems.append(bad)
+            return
+        try:
+            node = ts.ocdbt.dump(kv, node_loc).result()
+        except Exception:
+            base, rel, _, _ = _parse_location(node_loc)
+            problems.append(f"damaged file {db / base / rel}")
+            return
+        for entry in node.get("entries", []):
+            key = str(entry.get("key", ""))
+            if key.startswith(("b'", 'b"')):
+                key = key[2:-1]
+            child = entry.get("node")
+            if isinstance(child, dict):
+                child = child.get("location")
+            if isinstance(child, str) and child.startswith("btreenode"):
+                visit(child)
+                continue
+            value = entry.get("indirect_value")
+            if isinstance(value, str) and (only_key is None or key == only_key):
+                bad = _check_file(db, value)
+                if bad and bad not in problems:
+                    problems.append(f"{bad} (holds {key})")
+                    if len(problems) >= limit:
+                        return
+
+    if root:
+        visit(root)
+    return problems
+
+
+def verify(ref: CheckpointRef) -> list[str]:
+    """Every problem found in a checkpoint's files (empty list: it is readable)."""
+    problems = []
+    if not (ref.item / "_METADATA").exists():
+        problems.append(f"missing file {ref.item / '_METADATA'}")
+    if (ref.item / "manifest.ocdbt").exists() or any(ref.item.glob("ocdbt.process_*")):
+        problems += ocdbt_problems(ref.item)
+    return problems
+
+
+def diagnose(ref: CheckpointRef, error: BaseException) -> CheckpointError:
+    """A one-line CheckpointError naming the checkpoint and the damaged file for an orbax failure."""
+    for e in _causes(error):
+        if isinstance(e, CheckpointError):
+            return e
+        text = str(e)
+        m = _READ_ERR.search(text)
+        if m:
+            key, db = m.group(1), Path(m.group(2))
+            found = ocdbt_problems(db, only_key=key) or ocdbt_problems(db)
+            what = found[0] if found else f"unreadable data ({_first_line(e)})"
+            return CheckpointError(f"checkpoint {ref}: cannot read array {key.split('/')[0]!r}: {what}")
+        m = _MISSING_KEY.search(text)
+        if m:
+            db = Path(m.group(2))
+            found = ocdbt_problems(db)
+            what = found[0] if found else f"array data {m.group(1)!r} not found"
+            return CheckpointError(f"checkpoint {ref}: {what}")
+        if isinstance(e, FileNotFoundError):
+            name = e.filename or (text.rsplit(" ", 1)[-1].rstrip("."))
+            return CheckpointError(f"checkpoint {ref}: missing file {name}")
+    found = verify(ref)
+    if found:
+        return CheckpointError(f"checkpoint {ref}: {found[0]}")
+    return CheckpointError(f"checkpoint {ref}: cannot restore: {_first_line(error)}")
+
+
+# -- metadata written with each checkpoint ------------------------------------------------
+
+def versions() -> dict[str, str]:
+    from importlib import metadata as md
+
+    out = {}
+    for dist in ("partitioning", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def mesh_json(mesh: Any) -> dict[str, Any]:
+    return {
+        "axis_names": list(mesh.axis_names),
+        "shape": [int(s) for s in mesh.devices.shape],
+        "axis_types": [str(t).rsplit(".", 1)[-1] for t in getattr(mesh, "axis_types", ())],
+        "devices": int(mesh.devices.size),
+    }
+
+
+def spec_json(spec: Any) -> list[Any]:
+    return [None if a is None else a if isinstance(a, str) else list(a) for a in spec]
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+__all__ = [
+    "CheckpointRef", "StepInfo", "STATE_ITEM", "META_ITEM", "FORMAT", "checkpoints_dir", "list_steps",
+    "resolve_checkpoint", "read_metadata", "saved_tree", "flat_saved", "sharding_str", "verify", "diagnose",
+    "versions", "mesh_json", "spec_json",
+]
