@@ -1,0 +1,311 @@
+"""The plan: every array's layout and per-device memory, before anything is allocated.
+
+Input is abstract (``jax.eval_shape`` of the init: boxed params and optimizer
+state) and a mesh — a real ``Mesh``, an ``AbstractMesh`` or just
+``{axis: size}``, so a 16384-device mesh is planned without any device.
+Output is a :class:`Plan`: one :class:`~partitioning.shardings.LeafLayout` per
+array, totals per device for params, optimizer state and gradients beside the
+ideal ``total / devices``, and warnings:
+
+- the largest parameters left fully replicated (with their gradient and
+  optimizer state, what each costs per device and its share of the total);
+- logical names the model uses that no rule mentions (those dimensions are
+  unsharded);
+- rules that never claim a dimension of any parameter or activation;
+- dimensions the rules could not split (indivisible sizes) — errors when
+  ``on_indivisible='error'``, since the train step would refuse them.
+
+Gradients are laid out like the params they differentiate (the train step's
+reduction produces them in the params' shardings), so they cost what the
+params cost.
+
+Example::
+
+    >>> params, opt_state = abstract_train_state(model, optax.adamw(1e-3), batch_size=8, seq_len=64)
+    >>> plan = build_plan(params, opt_state, {"data": 1, "fsdp": 8}, "fsdp")
+    >>> plan.totals["params"]["per_device"], plan.totals["params"]["ideal"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from partitioning.rules import IndivisibleWarning, Rules, as_rules, axis_rules, mesh_axis_sizes
+from partitioning.shardings import LeafLayout, tree_layouts
+
+TOP_REPLICATED = 5
+# A replicated parameter is worth a warning when it costs at least this share
+# of a device's state memory; smaller ones (norm scales) are listed, not flagged.
+REPLICATED_WARN_SHARE = 0.01
+CATEGORIES = ("params", "optimizer", "gradients")
+
+
+# -- abstract inputs ---------------------------------------------------------------
+
+def abstract_train_state(model: Any, tx: Any, *, batch_size: int, seq_len: int) -> tuple[Any, Any]:
+    """(boxed params, boxed optimizer state) as ShapeDtypeStructs, nothing allocated.
+
+    Built the way :class:`partitioning.Trainer` builds its state, so the plan's
+    paths and layouts are the trainer's.
+    """
+    from partitioning.train import _strip_foreign_boxes
+
+    tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
+
+    def init(rng, tok):
+        params = model.init(rng, tok)["params"]
+        return params, _strip_foreign_boxes(tx.init(params), params)
+
+    return jax.eval_shape(init, jax.random.key(0), tokens)
+
+
+class _RecordingRules(Rules):
+    """A rule table that remembers every tuple of logical names it resolves."""
+
+    seen: set
+
+    def resolve(self, names, *args, **kwargs):
+        if names is not None:
+            self.seen.add(tuple(names))
+        return super().resolve(names, *args, **kwargs)
+
+
+def activation_names(model: Any, params: Any, mesh: Any, rules: Any, *, batch_size: int,
+                     seq_len: int) -> set[tuple[Any, ...]]:
+    """Logical names of every ``with_logical_constraint`` in a forward pass (traced only)."""
+    from jax.sharding import AbstractMesh, AxisType
+
+    sizes = mesh_axis_sizes(mesh)
+    abstract = AbstractMesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes))
+    rec = _RecordingRules(list(as_rules(rules)), list(as_rules(rules).origins))
+    rec.seen = set()
+    tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
+    with jax.sharding.use_abstract_mesh(abstract), axis_rules(rec):
+        jax.eval_shape(model.apply, {"params": params}, tokens)
+    return rec.seen
+
+
+# -- the plan ----------------------------------------------------------------------
+
+def _prefixed(layouts: list[LeafLayout], prefix: str) -> list[LeafLayout]:
+    return [dataclasses.replace(l, path=f"{prefix}/{l.path}" if l.path else prefix) for l in layouts]
+
+
+def _spec_str(spec: PartitionSpec) -> str:
+    return str(spec).replace("PartitionSpec", "P")
+
+
+def fmt_bytes(n: float) -> str:
+    """``1.50 GiB`` style, binary units."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+@dataclasses.dataclass
+class Plan:
+    """Per-array layouts, per-device totals and warnings for one mesh and rule table."""
+
+    mesh: dict[str, int]
+    rules: Rules
+    optimizer_rules: Rules
+    on_indivisible: str
+    params: list[LeafLayout]
+    opt_state: list[LeafLayout]
+    indivisible: list[str]
+    uncovered_names: list[str]
+    unused_rules: list[dict[str, Any]]
+    replicated: list[dict[str, Any]]
+
+    @property
+    def devices(self) -> int:
+        return math.prod(self.mesh.values())
+
+    @property
+    def num_params(self) -> int:
+        return sum(l.size for l in self.params)
+
+    @property
+    def totals(self) -> dict[str, dict[str, float]]:
+        """Per category: ``per_device`` bytes, ``total`` bytes and ``ideal`` = total / devices."""
+        def cat(layouts):
+            total = sum(l.nbytes for l in layouts)
+            return {"per_device": sum(l.per_device_bytes for l in layouts), "total": total,
+                    "ideal": total / self.devices}
+
+        out = {"params": cat(self.params), "optimizer": cat(self.opt_state), "gradients": cat(self.params)}
+        out["total"] = {k: sum(out[c][k] for c in CATEGORIES) for k in ("per_device", "total", "ideal")}
+        return out
+
+    @property
+    def replicated_share(self) -> float:
+        """Share of a device's state bytes (params + grads + optimizer) in fully replicated arrays."""
+        if self.devices == 1:
+            return 0.0
+        rep = 2 * sum(l.per_device_bytes for l in self.params if l.replicated and l.size > 1)
+        rep += sum(l.per_device_bytes for l in self.opt_state if l.replicated and l.size > 1)
+        total = self.totals["total"]["per_device"]
+        return rep / total if total else 0.0
+
+    @property
+    def errors(self) -> list[str]:
+        """Problems that make the train step refuse this layout."""
+        return list(self.indivisible) if self.on_indivisible == "error" else []
+
+    def warnings(self) -> list[str]:
+        """One line per warning, most expensive first."""
+        out = []
+        for r in self.replicated:
+            if r["share"] >= REPLICATED_WARN_SHARE:
+                out.append(
+                    f"replicated: {r['path']} {tuple(r['shape'])} is whole on every device: "
+                    f"{fmt_bytes(r['per_device_cost'])} per device with its gradient and optimizer state "
+                    f"({r['share']:.1%} of per-device memory)")
+        if self.uncovered_names:
+            out.append("no rule mentions logical name(s) " + ", ".join(map(repr, self.uncovered_names))
+                       + ": those dimensions are unsharded")
+        for u in self.unused_rules:
+            out.append(f"rule {u['index']} {u['rule']} never claims a dimension of any parameter or "
+                       f"activation ({u['origin']})")
+        for msg in self.indivisible:
+            kind = "error" if self.on_indivisible == "error" else "indivisible"
+            out.append(f"{kind}: {msg}")
+        return out
+
+    def rows(self, which: str = "params") -> list[dict[str, Any]]:
+        layouts = self.params if which == "params" else self.opt_state
+        return [_row(l) for l in layouts]
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything, JSON-serialisable (see the README for the keys)."""
+        return {
+            "mesh": dict(self.mesh),
+            "devices": self.devices,
+            "rules": self.rules.to_list(),
+            "optimizer_rules": self.optimizer_rules.to_list(),
+            "on_indivisible": self.on_indivisible,
+            "parameters": self.num_params,
+            "leaves": self.rows("params"),
+            "optimizer_leaves": self.rows("optimizer"),
+            "totals": self.totals,
+            "replicated_share": self.replicated_share,
+            "warnings": {
+                "replicated": self.replicated,
+                "uncovered_names": self.uncovered_names,
+                "unused_rules": self.unused_rules,
+                "indivisible": self.indivisible,
+                "messages": self.warnings(),
+            },
+            "errors": self.errors,
+        }
+
+
+def _row(l: LeafLayout) -> dict[str, Any]:
+    claimed = []
+    for d in l.dims:
+        claimed.append(None if d.rule_index is None else {"rule": d.rule_index, "logical": d.rule[0],
+                                                          "mesh_axes": d.mesh_axes})
+    return {
+        "path": l.path, "shape": list(l.shape), "dtype": str(l.dtype),
+        "logical": None if l.names is None else [n if isinstance(n, str) or n is None else str(n) for n in l.names],
+        "spec": _spec_str(l.spec), "claimed_by": claimed,
+        "per_device_bytes": l.per_device_bytes, "total_bytes": l.nbytes, "replicated": l.replicated,
+    }
+
+
+def _layouts(tree: Any, mesh: Any, rules: Rules, prefix: str) -> tuple[list[LeafLayout], list[str]]:
+    """Layouts with indivisible dimensions falling back (and recorded), never raising."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", IndivisibleWarning)
+        layouts = tree_layouts(tree, mesh, rules, on_indivisible="replicate")
+    msgs = [f"{prefix}/{w.message}" for w in caught if issubclass(w.category, IndivisibleWarning)]
+    return _prefixed(layouts, prefix), list(dict.fromkeys(msgs))
+
+
+def build_plan(params: Any, opt_state: Any, mesh: Any, rules: Any, *, optimizer_rules: Any = None,
+               on_indivisible: str = "error", activations: Iterable[tuple[Any, ...]] = (),
+               top: int = TOP_REPLICATED) -> Plan:
+    """The plan for abstract (boxed) ``params`` and ``opt_state`` on ``mesh`` under ``rules``.
+
+    ``mesh`` may be ``{axis: size}``. ``activations`` are the logical-name tuples
+    the model constrains activations with (see :func:`activation_names`), so a
+    ``batch`` rule is not reported as unused.
+
+    Example::
+
+        >>> plan = build_plan(params, opt_state, {"fsdp": 8}, "fsdp")
+        >>> plan.warnings()
+        []
+    """
+    rules = as_rules(rules)
+    opt_rules = as_rules(optimizer_rules) if optimizer_rules is not None else rules
+    sizes = mesh_axis_sizes(mesh)
+    rules.validate(sizes)
+    opt_rules.validate(sizes)
+    p_layouts, p_msgs = _layouts(params, sizes, rules, "params")
+    o_layouts, o_msgs = _layouts(opt_state, sizes, opt_rules, "opt_state")
+
+    names_used: set[str] = set()
+    fired: set[int] = set()
+    for l in p_layouts + (o_layouts if opt_rules is rules else []):
+        for d in l.dims:
+            if isinstance(d.name, str):
+                names_used.add(d.name)
+            if d.rule_index is not None:
+                fired.add(d.rule_index)
+    for names in activations:
+        for d in rules.explain(names):
+            if isinstance(d.name, str):
+                names_used.add(d.name)
+            if d.rule_index is not None:
+                fired.add(d.rule_index)
+    uncovered = sorted(names_used - set(rules.logical_names))
+    unused = [{"index": i, "rule": [r[0], list(r[1]) if isinstance(r[1], tuple) else r[1]],
+               "origin": rules.origins[i]} for i, r in enumerate(rules) if i not in fired]
+
+    plan = Plan(mesh=dict(sizes), rules=rules, optimizer_rules=opt_rules, on_indivisible=on_indivisible,
+                params=p_layouts, opt_state=o_layouts, indivisible=p_msgs + o_msgs,
+                uncovered_names=uncovered, unused_rules=unused, replicated=[])
+    plan.replicated = _replicated(plan, top)
+    return plan
+
+
+def _replicated(plan: Plan, top: int) -> list[dict[str, Any]]:
+    if plan.devices == 1:
+        return []
+    total = plan.totals["total"]["per_device"] or 1
+    out = []
+    for l in plan.params:
+        if not l.replicated or l.size <= 1:
+            continue
+        # The optimizer state of a param sits at .../<param path without 'params/'>.
+        suffix = l.path[len("params/"):]
+        opt = [o for o in plan.opt_state
+               if o.path.endswith("/" + suffix) and o.shape == l.shape and o.replicated]
+        cost = 2 * l.per_device_bytes + sum(o.per_device_bytes for o in opt)
+        out.append({"path": l.path, "shape": list(l.shape), "dtype": str(l.dtype),
+                    "logical": None if l.names is None else [str(n) for n in l.names],
+                    "bytes": l.nbytes, "per_device_cost": cost, "share": cost / total})
+    out.sort(key=lambda r: -r["per_device_cost"])
+    return out[:top]
+
+
+def mesh_sizes(shape: Mapping[str, int], devices: int) -> dict[str, int]:
+    """Concrete ``{axis: size}`` of an ordered mesh shape (one ``-1`` allowed) for ``devices``."""
+    from partitioning.mesh import MeshSpec
+
+    return MeshSpec.from_mapping(dict(shape)).resolve(devices)
+
+
+__all__ = ["Plan", "build_plan", "abstract_train_state", "activation_names", "fmt_bytes", "mesh_sizes"]
