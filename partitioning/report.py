@@ -85,7 +85,8 @@ def activation_names(model: Any, params: Any, mesh: Any, rules: Any, *, batch_si
 
     sizes = mesh_axis_sizes(mesh)
     abstract = AbstractMesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes))
-    rec = _RecordingRules(list(as_rules(rules)), list(as_rules(rules).origins))
+    rules = as_rules(rules).validate(sizes)
+    rec = _RecordingRules(list(rules), list(rules.origins))
     rec.seen = set()
     tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
     with jax.sharding.use_abstract_mesh(abstract), axis_rules(rec):
