@@ -89,11 +89,13 @@ def _check_fits(ref: CheckpointRef, saved: dict[str, Any], target: Any, partial:
     diffs = []
     for p, leaf in want.items():
         if p not in saved:
-            diffs.append(f"{p}: not in the checkpoint (model {describe_shape(leaf.shape)})")
+            diffs.append((p, f"{p}: not in the checkpoint (model {describe_shape(leaf.shape)})"))
         elif tuple(saved[p].shape) != tuple(leaf.shape):
-            diffs.append(f"{p}: checkpoint {describe_shape(saved[p].shape)} vs model {describe_shape(leaf.shape)}")
+            diffs.append((p, f"{p}: checkpoint {describe_shape(saved[p].shape)} vs model {describe_shape(leaf.shape)}"))
     if not partial:
-        diffs += [f"{p}: only in the checkpoint ({describe_shape(md.shape)})" for p, md in saved.items() if p not in want]
+        diffs += [(p, f"{p}: only in the checkpoint ({describe_shape(md.shape)})") for p, md in saved.items() if p not in want]
+    # Parameters first: they name the model change; optimizer moments only repeat it.
+    diffs = [d for _, d in sorted(diffs, key=lambda pd: not pd[0].startswith("params"))]
     if diffs:
         more = f"; … and {len(diffs) - 5} more" if len(diffs) > 5 else ""
         raise CheckpointError(

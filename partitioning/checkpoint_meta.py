@@ -176,15 +176,19 @@ def saved_tree(ref: CheckpointRef) -> Any:
     if not meta_file.exists():
         raise CheckpointError(f"checkpoint {ref}: missing file {meta_file}")
     try:
-        md = ocp.PyTreeCheckpointer().metadata(ref.item)
-    except json.JSONDecodeError:
+        # orbax reports an unreadable _METADATA as "no metadata": check it ourselves.
+        json.loads(meta_file.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError):
         raise CheckpointError(f"checkpoint {ref}: damaged file {meta_file} (not valid JSON; truncated?)") from None
+    try:
+        md = ocp.PyTreeCheckpointer().metadata(ref.item)
     except Exception as e:  # orbax internals: never leak them for bad input
-        raise CheckpointError(f"checkpoint {ref}: cannot read {meta_file}: {_first_line(e)}") from None
+        raise diagnose(ref, e) from None
     tree = getattr(md, "item_metadata", md)
     tree = getattr(tree, "tree", tree)
     if tree is None:
-        raise CheckpointError(f"checkpoint {ref}: cannot read {meta_file}")
+        found = verify(ref)
+        raise CheckpointError(f"checkpoint {ref}: {found[0] if found else f'cannot read {meta_file}'}")
     return tree
 
 
@@ -290,9 +294,8 @@ def ocdbt_problems(db: Path, only_key: str | None = None, limit: int = 5) -> lis
             problems.append(f"damaged file {db / base / rel}")
             return
         for entry in node.get("entries", []):
-            key = str(entry.get("key", ""))
-            if key.startswith(("b'", 'b"')):
-                key = key[2:-1]
+            key = entry.get("key", b"")
+            key = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
             child = entry.get("node")
             if isinstance(child, dict):
                 child = child.get("location")
@@ -333,7 +336,8 @@ def diagnose(ref: CheckpointRef, error: BaseException) -> CheckpointError:
             key, db = m.group(1), Path(m.group(2))
             found = ocdbt_problems(db, only_key=key) or ocdbt_problems(db)
             what = found[0] if found else f"unreadable data ({_first_line(e)})"
-            return CheckpointError(f"checkpoint {ref}: cannot read array {key.split('/')[0]!r}: {what}")
+            array = key.split("/")[0].replace(".", "/")   # orbax names arrays a.b.c
+            return CheckpointError(f"checkpoint {ref}: cannot read array {array}: {what}")
         m = _MISSING_KEY.search(text)
         if m:
             db = Path(m.group(2))
