@@ -1,0 +1,138 @@
+"""`partitioning plan` and `partitioning compare`: output, JSON, PNG, bad input, big meshes."""
+
+import json
+
+import pytest
+
+from partitioning import cli
+
+SMALL = """\
+model:
+  name: mlp
+  vocab_size: 64
+  embed: 32
+  mlp: 256
+  layers: 2
+mesh:
+  shape: {data: 1, fsdp: -1, tensor: 1}
+  devices: 8
+rules: fsdp
+train:
+  batch_size: 8
+  seq_len: 16
+"""
+
+PLAN_KEYS = {"config", "model", "batch", "mesh", "devices", "rules", "optimizer_rules", "on_indivisible",
+             "parameters", "leaves", "optimizer_leaves", "totals", "replicated_share", "warnings", "errors",
+             "compiled", "timing"}
+COMPILED_KEYS = {"status", "backend", "devices", "lower_s", "compile_s", "memory", "collectives",
+                 "collective_ops", "sharding_check"}
+
+
+def run(capsys, *argv):
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_table_json_png(capsys, write, tmp_path):
+    cfg = write("small.yaml", SMALL)
+    code, out, err = run(capsys, "plan", cfg, "--json", tmp_path / "p.json", "--png", tmp_path / "p.png")
+    assert code == 0, err
+    assert f"mlp (36,864 parameters) on mesh {{'data': 1, 'fsdp': 8, 'tensor': 1}} (8 devices), rules from {cfg}" in out
+    assert "params/wi_0" in out and "P('fsdp', None)" in out
+    assert "compiled train step (8 cpu devices)" in out
+    assert "self-check: the " in out and "compiled input/output shardings match the rules" in out
+    j = json.loads((tmp_path / "p.json").read_text())
+    assert set(j) == PLAN_KEYS
+    assert j["parameters"] == 36_864 and j["devices"] == 8
+    assert j["totals"]["params"] == {"per_device": 36_864 * 4 // 8, "total": 36_864 * 4, "ideal": 36_864 * 4 / 8}
+    assert set(j["compiled"]) >= COMPILED_KEYS and j["compiled"]["status"] == "ok"
+    assert j["compiled"]["collectives"]["all-gather"]["count"] >= 1
+    assert j["compiled"]["sharding_check"]["mismatches"] == []
+    assert set(j["compiled"]["memory"]) == {"argument", "output", "alias", "temp", "generated_code", "peak_estimate"}
+    # the state is donated: XLA's argument bytes are the plan's params + optimizer state (+ batch, scalars)
+    state = j["totals"]["params"]["per_device"] + j["totals"]["optimizer"]["per_device"]
+    assert state <= j["compiled"]["memory"]["argument"] <= state + 1024
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_warns_about_replicated_matrix(capsys, write):
+    cfg = write("rep.yaml", SMALL.replace("rules: fsdp", "rules:\n  - [batch, [data, fsdp]]\n  - [vocab, fsdp]\n"))
+    code, out, err = run(capsys, "plan", cfg, "--no-compile")
+    assert code == 0, err
+    assert "replicated: params/wi_0 (32, 256) is whole on every device: 128.00 KiB per device" in out
+    assert "no rule mentions logical name(s) 'embed', 'length', 'mlp'" in out
+    assert "compiled view skipped: --no-compile" in out
+
+
+def test_plan_beyond_cpu_limit_gives_table_and_says_why(capsys, write, tmp_path):
+    cfg = write("big.yaml", SMALL.replace("embed: 32", "embed: 4096").replace("mlp: 256", "mlp: 8192"))
+    code, out, err = run(capsys, "plan", cfg, "--devices", "4096", "--json", tmp_path / "b.json")
+    assert code == 0, err
+    j = json.loads((tmp_path / "b.json").read_text())
+    assert j["devices"] == 4096 and j["mesh"] == {"data": 1, "fsdp": 4096, "tensor": 1}
+    assert j["totals"]["params"]["per_device"] * 4096 == j["totals"]["params"]["total"]
+    assert j["compiled"]["status"] == "skipped"
+    assert "XLA's CPU backend compiles for at most 2048 devices" in j["compiled"]["reason"]
+    assert "compiled view skipped: XLA's CPU backend compiles for at most 2048 devices" in " ".join(out.split())
+
+
+def test_plan_compiles_in_a_child_process(capsys, write, tmp_path):
+    cfg = write("small.yaml", SMALL)
+    code, out, err = run(capsys, "plan", cfg, "--compile-in", "child", "--json", tmp_path / "c.json")
+    assert code == 0, err
+    v = json.loads((tmp_path / "c.json").read_text())["compiled"]
+    assert v["status"] == "ok", v
+    assert v["devices"] == 8 and v["child_wall_s"] > 0
+    assert v["collectives"]["reduce-scatter"]["count"] >= 1
+    assert v["sharding_check"]["mismatches"] == []
+
+
+def test_plan_child_reports_train_step_errors_on_one_line(capsys, write, tmp_path):
+    cfg = write("small.yaml", SMALL.replace("batch_size: 8", "batch_size: 12"))
+    code, out, err = run(capsys, "plan", cfg, "--compile-in", "child", "--json", tmp_path / "c.json")
+    assert code == 0, err
+    v = json.loads((tmp_path / "c.json").read_text())["compiled"]
+    assert v["status"] == "failed" and "\n" not in v["reason"]
+    assert v["reason"].startswith("batch_size 12 is not divisible by the batch mesh axes ('data', 'fsdp') of size 8")
+
+
+def test_compare(capsys, write, tmp_path):
+    cfg = write("small.yaml", SMALL)
+    rules = write("mine.yaml", "rules:\n  - [batch, [data, fsdp]]\n  - [mlp, fsdp]\n")
+    code, out, err = run(capsys, "compare", cfg, "--rules", "fsdp", "dp", rules, "--json", tmp_path / "c.json",
+                         "--set", "mesh.shape={data: 2, fsdp: -1, tensor: 1}")
+    assert code == 0, err
+    j = json.loads((tmp_path / "c.json").read_text())
+    by = {t["rules"]: t for t in j["tables"]}
+    assert list(by) == ["fsdp", "dp", str(rules)]
+    total = 36_864 * 4
+    assert by["dp"]["totals"]["params"]["per_device"] == total
+    assert j["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert by["fsdp"]["totals"]["params"]["per_device"] == total // 4     # replicated over data
+    assert by[str(rules)]["totals"]["params"]["per_device"] == 4 * (64 * 32 * 2 + 4 * 32 * 256 // 4)
+    assert by["dp"]["replicated_share"] == pytest.approx(1.0, abs=1e-3)
+    assert by["fsdp"]["replicated_share"] == pytest.approx(0.0, abs=1e-3)
+    assert by[str(rules)]["replicated_share"] > 0.1                        # embedding + unembed
+    dp_c, fsdp_c = by["dp"]["compiled"]["collectives"], by["fsdp"]["compiled"]["collectives"]
+    assert dp_c["all-gather"]["count"] == 0 and fsdp_c["all-gather"]["count"] >= 1
+    assert dp_c["all-reduce"]["bytes"] >= total
+    row = next(l for l in out.splitlines() if l.lstrip("│ ").startswith("dp "))
+    assert row.split("│")[2].strip() == "144.00 KiB" and "100.0%" in row
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "nope.yaml"], "error: nope.yaml: no such config file"),
+    (["plan", "{cfg}", "--set", "trian.steps=3"], "error: --set trian.steps=3: unknown key 'trian'; did you mean 'train'?"),
+    (["plan", "{cfg}", "--devices", "12", "--set", "mesh.shape={data: 2, fsdp: 4}"],
+     "error: mesh {data: 2, fsdp: 4} needs 8 devices, but there are 12; change a size or use -1 for one axis"),
+    (["compare", "{cfg}", "--rules", "fsdp", "fsdp_pt"], "did you mean 'fsdp_tp'?"),
+    (["plan", "{cfg}", "--devices", "0"], "error: --devices must be a positive number of devices, got 0"),
+])
+def test_bad_input_exits_2_with_one_line(capsys, write, argv, message):
+    cfg = write("small.yaml", SMALL)
+    code, out, err = run(capsys, *[a.replace("{cfg}", str(cfg)) for a in argv])
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
