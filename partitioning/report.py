@@ -12,6 +12,9 @@ ideal ``total / devices``, and warnings:
 - logical names the model uses that no rule mentions (those dimensions are
   unsharded);
 - rules that never claim a dimension of any parameter or activation;
+- mesh axes that split no parameter (pure data parallelism over them: the
+  state is copied across the axis — by design for a ``data`` axis, a mistake
+  for one meant to shard);
 - dimensions the rules could not split (indivisible sizes) — errors when
   ``on_indivisible='error'``, since the train step would refuse them.
 
@@ -128,6 +131,7 @@ class Plan:
     uncovered_names: list[str]
     unused_rules: list[dict[str, Any]]
     replicated: list[dict[str, Any]]
+    idle_axes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     @property
     def devices(self) -> int:
@@ -173,6 +177,11 @@ class Plan:
                     f"replicated: {r['path']} {tuple(r['shape'])} is whole on every device: "
                     f"{fmt_bytes(r['per_device_cost'])} per device with its gradient and optimizer state "
                     f"({r['share']:.1%} of per-device memory)")
+        for a in self.idle_axes:
+            what = ("params and gradients (the optimizer state is sharded over it)" if a["shards_optimizer"]
+                    else "params, gradients and optimizer state")
+            out.append(f"mesh axis {a['axis']!r} (size {a['size']}) shards no parameter: {what} are "
+                       f"replicated {a['size']}x across it")
         if self.uncovered_names:
             out.append("no rule mentions logical name(s) " + ", ".join(map(repr, self.uncovered_names))
                        + ": those dimensions are unsharded")
@@ -206,6 +215,7 @@ class Plan:
                 "uncovered_names": self.uncovered_names,
                 "unused_rules": self.unused_rules,
                 "indivisible": self.indivisible,
+                "idle_axes": self.idle_axes,
                 "messages": self.warnings(),
             },
             "errors": self.errors,
@@ -279,7 +289,26 @@ def build_plan(params: Any, opt_state: Any, mesh: Any, rules: Any, *, optimizer_
                 params=p_layouts, opt_state=o_layouts, indivisible=p_msgs + o_msgs,
                 uncovered_names=uncovered, unused_rules=unused, replicated=[])
     plan.replicated = _replicated(plan, top)
+    plan.idle_axes = _idle_axes(plan)
     return plan
+
+
+def _axes_used(layouts: list[LeafLayout]) -> set[str]:
+    used: set[str] = set()
+    for l in layouts:
+        for entry in l.spec:
+            if isinstance(entry, str):
+                used.add(entry)
+            elif isinstance(entry, tuple):
+                used.update(entry)
+    return used
+
+
+def _idle_axes(plan: Plan) -> list[dict[str, Any]]:
+    """Mesh axes (size > 1) that split no parameter: state is copied across them."""
+    by_params, by_opt = _axes_used(plan.params), _axes_used(plan.opt_state)
+    return [{"axis": a, "size": n, "shards_optimizer": a in by_opt}
+            for a, n in plan.mesh.items() if n > 1 and a not in by_params]
 
 
 def _replicated(plan: Plan, top: int) -> list[dict[str, Any]]:

@@ -71,6 +71,9 @@ def test_llama_parameter_counts_and_per_device_bytes(repo, name, devices, n_para
     # adamw: two f32 moments per param, plus a few replicated scalars
     assert 2 * expect <= p.totals["optimizer"]["per_device"] <= 2 * expect + 64
     assert p.errors == [] and p.replicated == []
+    idle = [{"axis": "data", "size": 8, "shards_optimizer": False}] if devices == 16384 else []
+    assert p.idle_axes == idle
+    assert p.totals["total"]["per_device"] / p.totals["total"]["ideal"] == pytest.approx(devices / 2048, rel=1e-3)
 
 
 # -- the table against a real sharded state --------------------------------------------------
@@ -132,6 +135,8 @@ def test_uncovered_names_and_unused_rules():
     p = plan(mlp(), {"data": 2, "tensor": 4}, rules)
     assert p.uncovered_names == ["embed", "length", "mlp"]
     assert [u["index"] for u in p.unused_rules] == [1]
+    assert p.idle_axes == [{"axis": "data", "size": 2, "shards_optimizer": False}]
+    assert "mesh axis 'data' (size 2) shards no parameter: params, gradients and optimizer state are replicated 2x across it" in p.warnings()
     assert "rule 1 ['heads', 'tensor'] never claims a dimension of any parameter or activation (rules[1])" in p.warnings()
     # 'batch' only names activations: it fires through the forward pass
     assert 0 not in [u["index"] for u in p.unused_rules]
@@ -161,7 +166,8 @@ def test_plan_json_keys():
                       "replicated_share", "warnings", "errors"}
     assert set(j["totals"]) == {"params", "optimizer", "gradients", "total"}
     assert set(j["totals"]["params"]) == {"per_device", "total", "ideal"}
-    assert set(j["warnings"]) == {"replicated", "uncovered_names", "unused_rules", "indivisible", "messages"}
+    assert set(j["warnings"]) == {"replicated", "uncovered_names", "unused_rules", "indivisible", "idle_axes",
+                                  "messages"}
     row = next(r for r in j["leaves"] if r["path"] == "params/wi_0")
     assert row == {"path": "params/wi_0", "shape": [32, 256], "dtype": "float32", "logical": ["embed", "mlp"],
                    "spec": "P('fsdp', None)", "claimed_by": [{"rule": 1, "logical": "embed", "mesh_axes": "fsdp"}, None],
@@ -300,3 +306,16 @@ def test_self_check_reports_a_difference_by_path():
     assert set(diffs) == {("input", "params/wi_0"), ("output", "params/wi_0")}
     assert diffs[("input", "params/wi_0")]["expected"] == "P(None, 'fsdp')"
     assert diffs[("input", "params/wi_0")]["compiled"] == "P('fsdp', None)"
+
+
+def test_zero1_optimizer_rules_shard_only_the_optimizer_state():
+    rules = pt.Rules([("batch", "data")])
+    p = plan(mlp(), {"data": 8}, rules, optimizer_rules=pt.Rules([("embed", "data")]))
+    t = p.totals
+    assert t["params"]["per_device"] == t["params"]["total"]
+    assert t["optimizer"]["per_device"] < t["optimizer"]["total"] / 7      # mu, nu split 8 ways (+ count)
+    assert p.idle_axes == [{"axis": "data", "size": 8, "shards_optimizer": True}]
+    assert ("mesh axis 'data' (size 8) shards no parameter: params and gradients (the optimizer state is "
+            "sharded over it) are replicated 8x across it") in p.warnings()
+    # the replicated warning counts the param and its gradient, not the (sharded) moments
+    assert p.replicated[0]["per_device_cost"] == 2 * 32 * 256 * 4
