@@ -29,6 +29,8 @@ from partitioning.shardings import (
 )
 from partitioning.registry import build_model, model_names, register_model
 from partitioning.config import Config, load_config
+from partitioning.report import Plan, abstract_train_state, activation_names, build_plan
+from partitioning.compiled import compiled_view
 
 __version__ = "0.1.0"
 
@@ -40,4 +42,5 @@ __all__ = [
     "Fallback", "is_box", "unbox", "MeshSpec", "make_mesh", "sharding_context", "LeafLayout",
     "tree_layouts", "tree_specs", "tree_shardings", "logical_names", "per_device_bytes",
     "register_model", "build_model", "model_names", "Config", "load_config",
+    "Plan", "build_plan", "abstract_train_state", "activation_names", "compiled_view",
 ]
