@@ -172,8 +172,11 @@ def _names_by_path(abstract: Any) -> dict[str, list[Any]]:
 
 
 def state_step(state: Any) -> int:
+    """The (replicated) step of a train state, read from a local shard (multi-host safe)."""
     step = state["step"] if isinstance(state, Mapping) else state.step
-    return int(jax.device_get(step))
+    if isinstance(step, jax.Array):
+        step = step.addressable_data(0)
+    return int(step)
 
 
 class CheckpointManager:
