@@ -299,7 +299,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         rows.append({"rules": name, "totals": plan.totals, "replicated_share": plan.replicated_share,
                      "warnings": plan.warnings(), "errors": plan.errors, "compiled": view,
                      "wall_s": round(time.perf_counter() - t0, 3)})
-    sizes = rows and plan.mesh
+    sizes = plan.mesh   # every table plans the same mesh
     console = _console()
     t = Table(title=f"{cfg0.model_name} on mesh {sizes} ({devices:,} devices): per device")
     t.add_column("rules")
