@@ -183,8 +183,8 @@ class CheckpointManager:
     """Saves every ``every`` steps, keeps the last ``keep`` (+ the best by eval loss), async by default.
 
     ``rules``, ``config`` (a mapping, e.g. ``cfg.raw``), ``model_name`` and
-    ``abstract`` (the boxed ``eval_shape`` of the init, for logical names) are
-    recorded in each checkpoint's metadata with the mesh, step and versions.
+    ``abstract`` (the boxed ``eval_shape`` of the init, for logical names; or
+    ``names``, a ``{path: names}`` mapping) are recorded in each checkpoint's metadata with the mesh, step and versions.
     ``keep <= 0`` keeps every checkpoint; ``every == 0`` saves only when asked
     with ``force=True``. With ``keep_best``, the checkpoint with the lowest
     ``best_metric`` (among those saved with that metric) is kept too.
@@ -210,6 +210,7 @@ class CheckpointManager:
         config: Mapping[str, Any] | None = None,
         model_name: str | None = None,
         abstract: Any = None,
+        names: Mapping[str, Any] | None = None,
         extra: Mapping[str, Any] | None = None,
     ):
         import orbax.checkpoint as ocp
@@ -226,7 +227,9 @@ class CheckpointManager:
         if model_name is not None:
             self._base_meta["model"] = model_name
         self._base_meta.update(extra or {})
-        self._names = _names_by_path(abstract) if abstract is not None else {}
+        self._names = dict(names or {})
+        if abstract is not None:
+            self._names.update(_names_by_path(abstract))
         policies: list[Any] = [pp.LatestN(n=self.keep if self.keep > 0 else None)]
         best_fn = None
         if keep_best:
@@ -364,9 +367,10 @@ class CheckpointHook:
     """
 
     def __init__(self, manager: CheckpointManager, *, target: Any = None, resume: bool = True,
-                 save_on_exit: bool = True, free_init: bool = True):
+                 save_on_exit: bool = True, free_init: bool = True, log: Any = None):
         self.manager, self.target, self.resume = manager, target, resume
         self.save_on_exit, self.free_init = save_on_exit, free_init
+        self.log = log or (lambda msg: None)
         self.restored_step: int | None = None
         self._started = False
 
@@ -382,6 +386,7 @@ class CheckpointHook:
         state = self.manager.restore(target)
         self.restored_step = state_step(state)
         self._started = True
+        self.log(f"checkpoint: resumed from step {self.restored_step} ({self.manager.directory})")
         return state
 
     def on_start(self, state: Any) -> Any:
@@ -405,7 +410,9 @@ class CheckpointHook:
             # A step interrupted after donating its input leaves nothing to save.
             alive = leaves and not any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves)
             if self.save_on_exit and alive:
-                self.manager.save(state_step(state), state, force=True)
+                step = state_step(state)
+                if self.manager.save(step, state, force=True):
+                    self.log(f"checkpoint: saved step {step} to {self.manager.directory} ({reason})")
         finally:
             self.manager.close()
 

@@ -1,8 +1,10 @@
-"""Sharded checkpoints: save/restore across meshes and rule tables, metadata, interop, errors."""
+"""Sharded checkpoints of the Trainer's state: save/restore across meshes and rule tables,
+metadata, interop with plain orbax, damaged files, the loop hook and a resumed run."""
 
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import jax
@@ -19,30 +21,32 @@ from partitioning.checkpoint import (
     CheckpointHook, CheckpointManager, abstract_target, load_metadata, restore, save_checkpoint, target_like,
 )
 from partitioning.checkpoint_meta import list_steps, resolve_checkpoint, verify
+from partitioning.loop import fit
+from partitioning.train import TrainState, Trainer
 from models import GPT, MLP
-
-TOKENS = jnp.zeros((2, 8), jnp.int32)
-
 
 def _strip(tree):
     return jax.tree.map(lambda v: v.value if is_box(v) else v, tree, is_leaf=is_box)
 
 
 class Setup:
-    """A dict train state {step, params, opt_state} (same shape as TrainState), born sharded."""
+    """The real Trainer's TrainState layout for a model, on any mesh and rules.
+
+    ``state`` fills it with random values placed directly in their shards
+    (no compile, so the many layouts below stay fast); ``target`` is what a
+    resuming run restores into.
+    """
 
     def __init__(self, model=None, tx=None):
         self.model = model or GPT(vocab_size=64, embed=32, heads=4, mlp=64, layers=2)
         self.tx = tx or optax.adamw(1e-3)
-        self.abstract = jax.eval_shape(self._init_boxed, jax.random.key(0))
+        self.abstract = self.trainer(mesh({"data": 1, "fsdp": 1}, 1), "fsdp").abstract_state
 
-    def _init_boxed(self, rng):
-        params = self.model.init(rng, TOKENS)["params"]
-        return {"step": jnp.int32(0), "params": params, "opt_state": self.tx.init(params)}
+    def trainer(self, m, rules, **kw):
+        return Trainer(self.model, self.tx, m, rules, batch_size=8, seq_len=8, **kw)
 
-    def state(self, mesh, rules, seed=0, step=7):
-        """Random values placed with the rules' shardings (no compile: tests stay fast)."""
-        shardings = pt.tree_shardings(self.abstract, mesh, rules)
+    def state(self, m, rules, seed=0, step=7):
+        tr = self.trainer(m, rules)
         rng = np.random.default_rng(seed)
 
         def value(a, s):
@@ -50,10 +54,15 @@ class Setup:
                 return jax.device_put(np.asarray(step, a.dtype), s)
             return jax.device_put(rng.standard_normal(a.shape).astype(a.dtype), s)
 
-        return jax.tree.map(value, _strip(self.abstract), shardings)
+        return jax.tree.map(value, _strip(tr.abstract_state), tr.state_shardings)
 
-    def target(self, mesh, rules, **kw):
-        return abstract_target(self.abstract, mesh, rules, **kw)
+    def target(self, m, rules, **kw):
+        tr = self.trainer(m, rules)
+        return abstract_target(tr.abstract_state, shardings=tr.state_shardings, **kw)
+
+
+def mesh(shape, n=None):
+    return pt.make_mesh(shape, devices=jax.devices()[:n] if n else None)
 
 
 def gathered(tree):
@@ -71,10 +80,6 @@ def assert_bit_exact(a, b):
 @pytest.fixture(scope="module")
 def gpt():
     return Setup()
-
-
-def mesh(shape, n=None):
-    return pt.make_mesh(shape, devices=jax.devices()[:n] if n else None)
 
 
 # -- save / restore across layouts ----------------------------------------------------
@@ -103,11 +108,11 @@ def test_save_restore_same_layout_and_metadata(gpt, tmp_path):
 
 
 @pytest.mark.parametrize("src,dst", [
-    (({"fsdp": 8}, "fsdp", None), ({"fsdp": 2, "tensor": 4}, "fsdp_tp", None)),
+    (({"data": 1, "fsdp": 8}, "fsdp", None), ({"data": 1, "fsdp": 2, "tensor": 4}, "fsdp_tp", None)),
     (({"data": 8}, "dp", None), ({"data": 2, "tensor": 4}, "tp", None)),
     (({"data": 2, "tensor": 4}, "tp", None), ({"data": 8}, "dp", None)),
     (({"data": 1, "fsdp": 8}, "fsdp", None), ({"data": 1, "fsdp": 1}, "fsdp", 1)),
-    (({"fsdp": 1}, "fsdp", 1), ({"fsdp": 2, "tensor": 4}, "fsdp_tp", None)),
+    (({"data": 1, "fsdp": 1}, "fsdp", 1), ({"data": 1, "fsdp": 2, "tensor": 4}, "fsdp_tp", None)),
 ], ids=["fsdp8-to-fsdp2xtp4", "dp-to-tp", "tp-to-dp", "8-to-1-device", "1-to-8-devices"])
 def test_restore_onto_another_layout_bit_exact(gpt, tmp_path, src, dst):
     (s_shape, s_rules, s_n), (d_shape, d_rules, d_n) = src, dst
@@ -117,43 +122,45 @@ def test_restore_onto_another_layout_bit_exact(gpt, tmp_path, src, dst):
     target = gpt.target(dst_mesh, d_rules)
     back = restore(tmp_path, target)
     assert_bit_exact(back, state)
-    want = pt.tree_shardings(gpt.abstract, dst_mesh, d_rules)
+    want = gpt.trainer(dst_mesh, d_rules).state_shardings
     for got, w in zip(jax.tree.leaves(back), jax.tree.leaves(want)):
         assert got.sharding == w
         assert {d.id for d in got.sharding.device_set} == {d.id for d in dst_mesh.devices.flat}
     # The layout really changed where the rules differ.
-    q_before = state["params"]["blocks"]["attn"]["q"].sharding.spec
-    q_after = back["params"]["blocks"]["attn"]["q"].sharding.spec
+    q_before = state.params["blocks"]["attn"]["q"].sharding.spec
+    q_after = back.params["blocks"]["attn"]["q"].sharding.spec
     assert (q_before != q_after) or (dict(src_mesh.shape) != dict(dst_mesh.shape))
 
 
 def test_params_only_restore_and_bf16(gpt, tmp_path):
-    m, rules = mesh({"fsdp": 8}), "fsdp"
+    m, rules = mesh({"data": 1, "fsdp": 8}), "fsdp"
     state = gpt.state(m, rules)
     save_checkpoint(tmp_path, 3, state)
-    one = mesh({"fsdp": 1}, 1)
-    params = restore(tmp_path, abstract_target(gpt.abstract["params"], one, rules, dtype=jnp.bfloat16), params_only=True)
-    assert set(params) == set(state["params"])
-    for got, src in zip(jax.tree.leaves(params), jax.tree.leaves(state["params"])):
+    one = mesh({"data": 1, "fsdp": 1}, 1)
+    params = restore(tmp_path, abstract_target(gpt.abstract.params, one, rules, dtype=jnp.bfloat16), params_only=True)
+    assert set(params) == set(state.params)
+    for got, src in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):
         assert got.dtype == jnp.bfloat16 and got.sharding.mesh.size == 1
         assert np.array_equal(np.asarray(got), np.asarray(src).astype(jnp.bfloat16))
     # The {"params": ...} form (what model.apply takes) works too.
-    variables = restore(tmp_path, {"params": abstract_target(gpt.abstract["params"], m, rules)}, params_only=True)
-    assert_bit_exact(variables["params"], state["params"])
+    variables = restore(tmp_path, {"params": abstract_target(gpt.abstract.params, m, rules)}, params_only=True)
+    assert_bit_exact(variables["params"], state.params)
 
 
 def test_dtype_change_whole_state_keeps_integers(gpt, tmp_path):
-    m = mesh({"fsdp": 8})
+    m = mesh({"data": 1, "fsdp": 8})
     state = gpt.state(m, "fsdp")
     save_checkpoint(tmp_path, 7, state)
     back = restore(tmp_path, gpt.target(m, "fsdp", dtype=jnp.bfloat16))
-    assert back["step"].dtype == jnp.int32 and int(back["step"]) == 7
-    assert back["opt_state"][0].count.dtype == jnp.int32
-    assert back["params"]["embedding"].dtype == jnp.bfloat16
+    assert isinstance(back, TrainState)
+    assert back.step.dtype == jnp.int32 and int(back.step) == 7
+    counts = [x for x in jax.tree.leaves(back.opt_state) if x.shape == ()]
+    assert counts and all(c.dtype == jnp.int32 for c in counts)
+    assert back.params["embedding"].dtype == jnp.bfloat16 and back.opt_state[0].mu["embedding"].dtype == jnp.bfloat16
 
 
 def test_async_save_survives_donation_of_the_state(gpt, tmp_path):
-    m = mesh({"fsdp": 8})
+    m = mesh({"data": 1, "fsdp": 8})
     state = gpt.state(m, "fsdp")
     expected = gathered(state)
     mngr = CheckpointManager(tmp_path, every=5)
@@ -171,7 +178,7 @@ def test_async_save_survives_donation_of_the_state(gpt, tmp_path):
 
 def test_keep_last_n_and_best(tmp_path):
     s = Setup(model=MLP(vocab_size=32, embed=16, mlp=32, layers=1))
-    m = mesh({"fsdp": 8})
+    m = mesh({"data": 1, "fsdp": 8})
     state = s.state(m, "fsdp")
     losses = {2: 3.0, 4: 1.0, 6: 2.0, 8: None, 10: 2.5, 12: None}
     with CheckpointManager(tmp_path, every=2, keep=2, keep_best=True) as mngr:
@@ -194,7 +201,7 @@ def test_resolve_errors(tmp_path):
         resolve_checkpoint(tmp_path)
     assert str(e.value) == f"{tmp_path}: no complete checkpoint (unfinished saves: 5.orbax-checkpoint-tmp-123)"
     s = Setup(model=MLP(vocab_size=32, embed=16, mlp=32, layers=1))
-    save_checkpoint(tmp_path, 4, s.state(mesh({"fsdp": 8}), "fsdp"))
+    save_checkpoint(tmp_path, 4, s.state(mesh({"data": 1, "fsdp": 8}), "fsdp"))
     assert resolve_checkpoint(tmp_path).step == 4
     with pytest.raises(pt.CheckpointError) as e:
         resolve_checkpoint(tmp_path, step=9)
@@ -208,20 +215,20 @@ def test_resolve_errors(tmp_path):
 # -- interoperability with plain orbax -------------------------------------------------------
 
 def test_plain_orbax_checkpoint_restores_through_toolkit(gpt, tmp_path):
-    m = mesh({"fsdp": 8})
+    m = mesh({"data": 1, "fsdp": 8})
     state = gpt.state(m, "fsdp")
     with ocp.StandardCheckpointer() as ck:
         ck.save(tmp_path / "plain", state)
     with ocp.CheckpointManager(tmp_path / "mngr") as mngr:        # single unnamed item
         mngr.save(3, args=ocp.args.StandardSave(state))
-    target = gpt.target(mesh({"fsdp": 2, "tensor": 4}), "fsdp_tp")
+    target = gpt.target(mesh({"data": 1, "fsdp": 2, "tensor": 4}), "fsdp_tp")
     assert_bit_exact(restore(tmp_path / "plain", target), state)
     assert_bit_exact(restore(tmp_path / "mngr", target), state)
     assert load_metadata(tmp_path / "plain") == {"step": None, "path": str(tmp_path / "plain")}
 
 
 def test_plain_orbax_reads_toolkit_checkpoints(gpt, tmp_path):
-    m = mesh({"fsdp": 8})
+    m = mesh({"data": 1, "fsdp": 8})
     state = gpt.state(m, "fsdp")
     save_checkpoint(tmp_path, 7, state, rules="fsdp")
     target = target_like(state)
@@ -241,7 +248,7 @@ def saved(tmp_path_factory):
     """A pristine fsdp checkpoint of the small GPT; tests copy it before damaging it."""
     s = Setup()
     root = tmp_path_factory.mktemp("pristine")
-    save_checkpoint(root, 7, s.state(mesh({"fsdp": 8}), "fsdp"))
+    save_checkpoint(root, 7, s.state(mesh({"data": 1, "fsdp": 8}), "fsdp"))
     return s, root
 
 
@@ -262,7 +269,7 @@ def test_truncated_data_file_names_checkpoint_and_file(saved, tmp_path):
     with open(big, "r+b") as f:
         f.truncate(100)
     with pytest.raises(pt.CheckpointError) as e:
-        restore(ck, s.target(mesh({"fsdp": 8}), "fsdp"))
+        restore(ck, s.target(mesh({"data": 1, "fsdp": 8}), "fsdp"))
     msg = str(e.value)
     assert msg.startswith(f"checkpoint {ck}: cannot read array ")
     assert f"truncated file {big} (100 bytes, needs at least " in msg
@@ -275,7 +282,7 @@ def test_missing_data_file(saved, tmp_path):
     gone = _data_files(ck)[-1]
     gone.unlink()
     with pytest.raises(pt.CheckpointError) as e:
-        restore(ck, s.target(mesh({"fsdp": 8}), "fsdp"))
+        restore(ck, s.target(mesh({"data": 1, "fsdp": 8}), "fsdp"))
     assert str(e.value).startswith(f"checkpoint {ck}: ")
     assert f"missing file {gone}" in str(e.value)
 
@@ -288,7 +295,7 @@ def test_missing_data_file(saved, tmp_path):
 def test_missing_metadata_files(saved, tmp_path, victim, expect):
     s, ck = _copy(saved, tmp_path)
     (ck / victim).unlink()
-    fn = (lambda: load_metadata(ck)) if victim.startswith("meta") else (lambda: restore(ck, s.target(mesh({"fsdp": 8}), "fsdp")))
+    fn = (lambda: load_metadata(ck)) if victim.startswith("meta") else (lambda: restore(ck, s.target(mesh({"data": 1, "fsdp": 8}), "fsdp")))
     with pytest.raises(pt.CheckpointError) as e:
         fn()
     assert str(e.value) == f"checkpoint {ck}: " + expect.format(ck=ck)
@@ -300,7 +307,7 @@ def test_truncated_json_files(saved, tmp_path):
         f = ck / name
         f.write_text(f.read_text()[:40])
     with pytest.raises(pt.CheckpointError) as e:
-        restore(ck, s.target(mesh({"fsdp": 8}), "fsdp"))
+        restore(ck, s.target(mesh({"data": 1, "fsdp": 8}), "fsdp"))
     assert str(e.value) == f"checkpoint {ck}: damaged file {ck}/state/_METADATA (not valid JSON; truncated?)"
     with pytest.raises(pt.CheckpointError) as e:
         load_metadata(ck)
@@ -311,7 +318,7 @@ def test_changed_model_lists_differing_paths(saved, tmp_path):
     s, ck = _copy(saved, tmp_path)
     other = Setup(GPT(vocab_size=64, embed=32, heads=4, mlp=128, layers=2))
     with pytest.raises(pt.CheckpointError) as e:
-        restore(ck, other.target(mesh({"fsdp": 8}), "fsdp"))
+        restore(ck, other.target(mesh({"data": 1, "fsdp": 8}), "fsdp"))
     msg = str(e.value)
     assert msg.startswith(f"checkpoint {ck} does not fit the model (9 of 38 arrays differ): "
                           "params/blocks/mlp/wi_0: checkpoint (2, 32, 64) vs model (2, 32, 128); "
@@ -320,19 +327,25 @@ def test_changed_model_lists_differing_paths(saved, tmp_path):
     assert msg.endswith("; … and 4 more")
     renamed = Setup(GPT(vocab_size=64, embed=32, heads=4, mlp=64, layers=2, norm="layer"))
     with pytest.raises(pt.CheckpointError) as e:
-        restore(ck, renamed.target(mesh({"fsdp": 8}), "fsdp"))
+        restore(ck, renamed.target(mesh({"data": 1, "fsdp": 8}), "fsdp"))
     assert "params/blocks/attn_norm/bias: not in the checkpoint (model (2, 32))" in str(e.value)
 
 
 def test_indivisible_on_restore_is_the_init_error(saved, tmp_path):
     s, ck = _copy(saved, tmp_path)
     bad_mesh = mesh({"data": 1, "tensor": 8})
+    # Through the Python API (mesh + rules) ...
     with pytest.raises(pt.ShardingError) as at_init:
         pt.tree_shardings(s.abstract, bad_mesh, "tp")
     with pytest.raises(pt.ShardingError) as at_restore:
-        restore(ck, s.target(bad_mesh, "tp"))
+        restore(ck, abstract_target(s.abstract, bad_mesh, "tp"))
     assert str(at_restore.value) == str(at_init.value)
-    assert "is not divisible by mesh axes ('tensor',) of size 8" in str(at_restore.value)
+    assert str(at_init.value).startswith(
+        "params/blocks/attn/k: dim 2 ('kv_heads', size 4) is not divisible by mesh axes ('tensor',) of size 8")
+    # ... and through a Trainer, whose construction is the init's layout step.
+    with pytest.raises(pt.ShardingError) as at_trainer:
+        s.trainer(bad_mesh, "tp")
+    assert "('kv_heads', size 4) is not divisible by mesh axes ('tensor',) of size 8" in str(at_trainer.value)
 
 
 # -- the loop hook --------------------------------------------------------------------------
@@ -341,11 +354,10 @@ def _fake_fit(state, hooks, steps, interrupt_at=None):
     """The loop contract: on_start -> on_step_end per step -> on_exit(reason)."""
     for h in hooks:
         state = h.on_start(state)
-    start = int(state["step"])
+    start = int(state.step)
     reason = "done"
     for step in range(start + 1, steps + 1):
-        state = dict(state, step=jnp.int32(step),
-                     params=jax.tree.map(lambda p: p + 1, state["params"]))
+        state = state.replace(step=jnp.int32(step), params=jax.tree.map(lambda p: p + 1, state.params))
         for h in hooks:
             h.on_step_end(step, state, {"loss": 1.0})
         if step == interrupt_at:
@@ -358,7 +370,7 @@ def _fake_fit(state, hooks, steps, interrupt_at=None):
 
 def test_hook_saves_every_k_resumes_and_saves_on_interrupt(tmp_path):
     s = Setup(model=MLP(vocab_size=32, embed=16, mlp=32, layers=1))
-    m = mesh({"fsdp": 8})
+    m = mesh({"data": 1, "fsdp": 8})
     init = s.state(m, "fsdp", step=0)
     first = _fake_fit(init, [CheckpointHook(CheckpointManager(tmp_path, every=3, keep=10))], steps=10, interrupt_at=7)
     assert [i.step for i in list_steps(tmp_path)] == [3, 6, 7]      # 7: saved on interrupt
@@ -368,8 +380,8 @@ def test_hook_saves_every_k_resumes_and_saves_on_interrupt(tmp_path):
     assert hook.restored_step == 7
     assert all(x.is_deleted() for x in jax.tree.leaves(fresh))       # freed before reading
     assert [i.step for i in list_steps(tmp_path)] == [3, 6, 7, 9, 10]  # 10: saved at the end
-    expected = jax.tree.map(lambda p: np.asarray(p) + 3, first["params"])
-    for a, b in zip(gathered(final["params"]), jax.tree.leaves(expected)):
+    expected = jax.tree.map(lambda p: np.asarray(p) + 3, first.params)
+    for a, b in zip(gathered(final.params), jax.tree.leaves(expected)):
         assert np.array_equal(a, b)
     # Resuming with no checkpoint is a no-op; resume=False ignores existing ones.
     again = CheckpointHook(CheckpointManager(tmp_path / "empty"))
@@ -379,3 +391,46 @@ def test_hook_saves_every_k_resumes_and_saves_on_interrupt(tmp_path):
     assert off.on_start(st) is st
     off.manager.close()
     again.manager.close()
+
+
+class _Recorder:
+    def __init__(self, stop_at=None):
+        self.losses, self.stop_at = {}, stop_at
+
+    def on_step_end(self, step, state, metrics):
+        if metrics is not None:
+            self.losses[step] = metrics["loss"]
+        if step == self.stop_at:
+            os.kill(os.getpid(), signal.SIGINT)   # what Ctrl-C does: fit stops after this step
+
+
+def test_resumed_training_continues_the_same_curve(tmp_path):
+    """fit 0->12 uninterrupted == fit 0->5 (Ctrl-C, saved) + resume 5->12, bit for bit."""
+    s = Setup(MLP(vocab_size=64, embed=16, mlp=32, layers=1))
+    tr = s.trainer(mesh({"data": 2, "fsdp": 4}), "fsdp")
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 64, size=(12, 8, 9), dtype=np.int32)
+
+    def batch_at(step):
+        t = tokens[step]
+        return {k: jax.device_put(v, tr.batch_sharding) for k, v in (("inputs", t[:, :-1]), ("targets", t[:, 1:]))}
+
+    whole = _Recorder()
+    ref = fit(tr, tr.init(jax.random.key(0)), batch_at, steps=12, log_every=1, hooks=[whole], progress=False)
+    first = _Recorder(stop_at=5)
+    hook = CheckpointHook(CheckpointManager(tmp_path, every=4))
+    fit(tr, tr.init(jax.random.key(0)), batch_at, steps=12, log_every=1, hooks=[hook, first], progress=False)
+    assert [i.step for i in list_steps(tmp_path)] == [4, 5]            # every 4, and on Ctrl-C
+    # A new run on another layout resumes from step 5 and sees the batches of steps 5..11.
+    tr2 = s.trainer(mesh({"data": 1, "fsdp": 8}), "fsdp")
+    second = _Recorder()
+    hook2 = CheckpointHook(CheckpointManager(tmp_path, every=4),
+                           target=abstract_target(tr2.abstract_state, shardings=tr2.state_shardings))
+    state = hook2.initial_state(tr2, jax.random.key(1))
+    assert hook2.restored_step == 5 and int(state.step) == 5
+    out = fit(tr2, state, batch_at, steps=12, log_every=1, hooks=[hook2, second], progress=False)
+    assert list(first.losses) == [1, 2, 3, 4, 5] and list(second.losses) == list(range(6, 13))
+    resumed = {**first.losses, **second.losses}
+    assert resumed == pytest.approx(whole.losses, rel=1e-5)
+    assert [i.step for i in list_steps(tmp_path)] == [5, 8, 12]             # keep=3 (the default)
+    assert np.allclose(np.asarray(out.params["embedding"]), np.asarray(ref.params["embedding"]), rtol=1e-5, atol=1e-6)
