@@ -1,0 +1,64 @@
+"""Multi-host: 2 local processes x 4 CPU devices (jax.distributed + gloo) train the
+same model as 1 process x 8 devices, with the same losses, and write an orbax
+checkpoint through the multi-host path that a single process restores."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import partitioning as pt
+from partitioning.checkpoint import abstract_target, restore
+from tests.mh_common import STEPS, losses_and_checkpoint, make_trainer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_and_checkpoint_restores(tmp_path):
+    port = str(_free_port())
+    env = dict(os.environ, PYTHONPATH=REPO)
+    procs = [
+        subprocess.Popen([sys.executable, "tests/mh_worker.py", str(i), "2", port, str(tmp_path)],
+                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for i in range(2)
+    ]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=240)[0])
+        except subprocess.TimeoutExpired:
+            [q.kill() for q in procs]
+            pytest.fail("multi-process run timed out")
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    result = json.loads((tmp_path / "losses.json").read_text())
+    assert result["process_count"] == 2 and result["device_count"] == 8 and result["local"] == 4
+
+    # The same run in this one process over 8 local devices.
+    reference = losses_and_checkpoint(None)
+    assert len(result["losses"]) == STEPS
+    np.testing.assert_allclose(result["losses"], reference, rtol=2e-5)
+    assert reference[-1] < reference[0]
+
+    # The checkpoint both processes wrote restores here, onto a different layout.
+    mesh = pt.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+    trainer = make_trainer(pt.make_mesh({"data": 1, "fsdp": -1}))
+    tp_trainer = type(trainer)(trainer.model, trainer.tx, mesh, "fsdp_tp", batch_size=8, seq_len=32)
+    target = abstract_target(tp_trainer.abstract_state, shardings=tp_trainer.state_shardings)
+    state = restore(tmp_path / "ckpt", target)
+    assert int(state.step) == STEPS
+    wi = state.params["blocks"]["mlp"]["wi_0"]
+    assert wi.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
+    assert np.isfinite(np.asarray(wi)).all()
