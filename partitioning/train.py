@@ -163,10 +163,16 @@ class Trainer:
         return spec
 
     def _dummy_tokens(self):
-        return jnp.zeros((self.micro_batch, self.seq_len), jnp.int32)
+        return jax.ShapeDtypeStruct((self.micro_batch, self.seq_len), jnp.int32)
 
     def _boxed_init(self, rng):
-        variables = self.model.init(rng, self._dummy_tokens())
+        # lazy_init keeps only the computations params depend on: compiling the
+        # init then costs no forward pass. Modules whose params depend on input
+        # values need a real forward (LazyInitError): fall back to init.
+        try:
+            variables = self.model.lazy_init(rng, self._dummy_tokens())
+        except flax.errors.LazyInitError:
+            variables = self.model.init(rng, jnp.zeros((self.micro_batch, self.seq_len), jnp.int32))
         params = variables["params"]
         opt_state = _strip_foreign_boxes(self.tx.init(params), params)
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
