@@ -1,0 +1,112 @@
+"""Embedded corpus, split by file, resumable seeded batches, global arrays from process-local rows."""
+
+import sysconfig
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import partitioning as pt
+from partitioning.data import TokenBatches, load_corpus, stdlib_files
+from partitioning.errors import DataError
+
+
+def test_stdlib_corpus_is_real_python_split_by_file():
+    c = load_corpus()
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = stdlib_files()
+    assert len(files) > 200
+    assert not any("site-packages" in f.parts or "test" in f.relative_to(root).parts[:-1] for f in files)
+    assert set(c.train_files).isdisjoint(c.eval_files)
+    assert len(c.train_files) + len(c.eval_files) == len(files)
+    assert len(c.eval_files) == int(np.ceil(len(files) * 0.05))
+    assert len(c.train) > 2_000_000 and len(c.eval) > 10_000
+    assert b"def " in c.train[:200_000].tobytes() and c.train.dtype == np.uint8
+    # the eval stream is exactly the eval files, in sorted order
+    eval_bytes = b"".join((root / f).read_bytes() for f in c.eval_files)
+    assert c.eval.tobytes() == eval_bytes
+    # split by a hash of the path: the same files whatever the seed or call
+    load_corpus.cache_clear()
+    assert load_corpus().eval_files == c.eval_files
+
+
+def test_user_folder_is_split_by_file_and_single_file_by_bytes(tmp_path):
+    for i in range(10):
+        (tmp_path / f"f{i}.txt").write_text(f"file {i} " * 50)
+    (tmp_path / "blob.bin").write_bytes(b"\0\1\2" * 100)   # binary: skipped
+    (tmp_path / ".hidden").write_text("secret")            # hidden: skipped
+    c = load_corpus(str(tmp_path), eval_fraction=0.2)
+    assert len(c.eval_files) == 2 and len(c.train_files) == 8
+    assert sorted(c.train_files + c.eval_files) == [f"f{i}.txt" for i in range(10)]
+    assert b"\0" not in c.train.tobytes() and b"secret" not in c.train.tobytes()
+
+    one = tmp_path / "f3.txt"
+    c1 = load_corpus(str(one), eval_fraction=0.1)
+    data = one.read_bytes()
+    assert c1.train.tobytes() + c1.eval.tobytes() == data
+    assert len(c1.eval) == len(data) // 10
+
+
+def test_bad_paths_and_tiny_corpora_are_data_errors(tmp_path):
+    with pytest.raises(DataError, match=r"data.path '.*nope': no such file or folder"):
+        load_corpus(str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="folder holds no text files"):
+        load_corpus(str(tmp_path / "empty"))
+    with pytest.raises(DataError, match=r"1,000 bytes make only 7 windows of 129 bytes, fewer than the batch size 32"):
+        TokenBatches(np.zeros(1000, np.uint8), 32, 128)
+
+
+def test_batch_at_is_a_pure_function_of_seed_and_step():
+    tokens = np.frombuffer(bytes(range(256)) * 40, np.uint8)
+    a, b = TokenBatches(tokens, 4, 16, seed=1), TokenBatches(tokens, 4, 16, seed=1)
+    for step in (5, 0, 17, 5):  # any order, repeated: always the same batch
+        np.testing.assert_array_equal(a.batch_at(step)["inputs"], b.batch_at(step)["inputs"])
+    assert not np.array_equal(a.batch_at(0)["inputs"], TokenBatches(tokens, 4, 16, seed=2).batch_at(0)["inputs"])
+    batch = a.batch_at(3)
+    assert batch["inputs"].shape == (4, 16) and batch["inputs"].dtype == np.int32
+    # targets are the next byte
+    np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])
+    np.testing.assert_array_equal((batch["inputs"] + 1) % 256, batch["targets"])  # bytes 0,1,2,... here
+
+
+def test_each_epoch_visits_every_window_once_in_a_new_order():
+    tokens = np.arange(8 * 10 + 1, dtype=np.uint8)  # 10 windows of 8 (+1)
+    b = TokenBatches(tokens, 2, 8, seed=0)
+    assert b.n_windows == 10
+    epoch0 = np.concatenate([b.windows_at(s) for s in range(5)])
+    epoch1 = np.concatenate([b.windows_at(s) for s in range(5, 10)])
+    assert sorted(epoch0) == list(range(10)) and sorted(epoch1) == list(range(10))
+    assert list(epoch0) != list(epoch1)
+    starts = b.batch_at(0)["inputs"][:, 0]
+    np.testing.assert_array_equal(starts, b.windows_at(0) * 8)
+
+
+def test_global_batch_is_sharded_and_matches_the_host_batch():
+    mesh = pt.make_mesh({"data": 2, "fsdp": 4})
+    sharding = NamedSharding(mesh, P(("data", "fsdp"), None))
+    tokens = load_corpus().train[:100_000]
+    b = TokenBatches(tokens, 16, 32, sharding, seed=0)
+    batch = b.batch_at(2)
+    arr = batch["inputs"]
+    assert isinstance(arr, jax.Array) and arr.shape == (16, 32) and arr.sharding == sharding
+    assert {s.data.shape for s in arr.addressable_shards} == {(2, 32)}
+    host = TokenBatches(tokens, 16, 32, seed=0).batch_at(2)
+    np.testing.assert_array_equal(np.asarray(arr), host["inputs"])
+    np.testing.assert_array_equal(np.asarray(batch["targets"]), host["targets"])
+
+
+def test_process_builds_only_its_rows(monkeypatch):
+    """With devices of another process in the mesh, host_batch_at returns just this process's rows."""
+    tokens = load_corpus().train[:100_000]
+
+    class HalfSharding:  # what addressable_devices_indices_map says on process 1 of 2
+        def addressable_devices_indices_map(self, shape):
+            return {i: (slice(8 + 2 * i, 10 + 2 * i), slice(None)) for i in range(4)}
+
+    local = TokenBatches(tokens, 16, 32, HalfSharding(), seed=0).host_batch_at(4)
+    full = TokenBatches(tokens, 16, 32, seed=0).batch_at(4)
+    assert local["inputs"].shape == (8, 32)
+    np.testing.assert_array_equal(local["inputs"], full["inputs"][8:])
