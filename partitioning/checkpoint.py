@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from jax.sharding import NamedSharding
 
 from partitioning.boxes import is_box
 from partitioning.checkpoint_meta import (
-    FORMAT, META_ITEM, STATE_ITEM, CheckpointRef, describe_shape, diagnose, flat_saved, mesh_json, now_iso,
+    FORMAT, META_ITEM, STATE_ITEM, TMP_SUFFIX, CheckpointRef, describe_shape, diagnose, flat_saved, mesh_json, now_iso,
     read_metadata, resolve_checkpoint, saved_tree, spec_json, versions,
 )
 from partitioning.errors import CheckpointError
@@ -240,9 +241,13 @@ class CheckpointManager:
             preservation_policy=pp.AnyPreservationPolicy(policies),
             best_fn=best_fn, best_mode="min",
             enable_async_checkpointing=async_,
-            # A save killed mid-write leaves a *.orbax-checkpoint-tmp-* directory: drop it.
-            cleanup_tmp_directories=True,
         )
+        # A save killed mid-write leaves a *.orbax-checkpoint-tmp-* directory: drop it
+        # here, synchronously (orbax's own cleanup runs in a thread close() doesn't wait for).
+        if jax.process_index() == 0 and self.directory.is_dir():
+            for c in self.directory.iterdir():
+                if TMP_SUFFIX in c.name and c.is_dir():
+                    shutil.rmtree(c, ignore_errors=True)
         try:
             self._mngr = ocp.CheckpointManager(self.directory, options=options)
         except OSError as e:
@@ -373,6 +378,7 @@ class CheckpointHook:
         self.log = log or (lambda msg: None)
         self.restored_step: int | None = None
         self._started = False
+        self._last_metrics: tuple[int, Mapping[str, Any]] | None = None
 
     def initial_state(self, trainer: Any, rng: Any) -> Any:
         """Restores the latest checkpoint onto the trainer's layout if resuming, else ``trainer.init``."""
@@ -401,6 +407,8 @@ class CheckpointHook:
         return self._restore(target)
 
     def on_step_end(self, step: int, state: Any, metrics: Mapping[str, Any] | None = None) -> None:
+        if metrics is not None:
+            self._last_metrics = (int(step), metrics)   # for a save on exit at this step
         if self.manager.should_save(int(step)):
             self.manager.save(int(step), state, metrics=metrics, force=True)
 
@@ -411,7 +419,9 @@ class CheckpointHook:
             alive = leaves and not any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves)
             if self.save_on_exit and alive:
                 step = state_step(state)
-                if self.manager.save(step, state, force=True):
+                last = self._last_metrics
+                metrics = last[1] if last is not None and last[0] == step else None
+                if self.manager.save(step, state, metrics=metrics, force=True):
                     self.log(f"checkpoint: saved step {step} to {self.manager.directory} ({reason})")
         finally:
             self.manager.close()

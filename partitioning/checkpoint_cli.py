@@ -156,7 +156,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
         print("config:")
         print(yaml.safe_dump(meta["config"], sort_keys=False).rstrip())
-    return 2 if problems else 0
+    if problems:
+        from partitioning.errors import CheckpointError
+
+        sys.stdout.flush()
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise CheckpointError(f"checkpoint {ref.path}: {problems[0]}{more}")
+    return 0
 
 
 def _prod(shape: Any) -> int:
@@ -196,17 +202,20 @@ def reshard_target(saved: dict[str, Any], names: dict[str, Any], mesh: Any, rule
 
     rules = as_rules(rules)
     opt_rules = as_rules(optimizer_rules) if optimizer_rules is not None else rules
-
-    def one(kp: Any, md: Any) -> jax.ShapeDtypeStruct:
-        p = path_str(kp)
-        shape = tuple(int(s) for s in md.shape)
+    specs = {}
+    # Parameters first, so an indivisible dimension is reported as at init.
+    for p in sorted(saved, key=lambda p: not p.startswith("params")):
+        shape = tuple(int(s) for s in saved[p].shape)
         n = names.get(p)
-        spec = PartitionSpec()
+        specs[p] = PartitionSpec()
         if n is not None and len(n) == len(shape):
             table = opt_rules if p.startswith("opt_state") else rules
-            spec = table.resolve(tuple(tuple(x) if isinstance(x, list) else x for x in n), shape, mesh,
-                                 on_indivisible=on_indivisible, path=p)
-        return jax.ShapeDtypeStruct(shape, md.dtype, sharding=NamedSharding(mesh, spec))
+            specs[p] = table.resolve(tuple(tuple(x) if isinstance(x, list) else x for x in n), shape, mesh,
+                                     on_indivisible=on_indivisible, path=p)
+
+    def one(kp: Any, md: Any) -> jax.ShapeDtypeStruct:
+        shape = tuple(int(s) for s in md.shape)
+        return jax.ShapeDtypeStruct(shape, md.dtype, sharding=NamedSharding(mesh, specs[path_str(kp)]))
 
     return jax.tree_util.tree_map_with_path(one, tree, is_leaf=_is_md_leaf)
 
@@ -304,6 +313,7 @@ def checkpoint_hook(cfg: Any, trainer: Any, run_dir: Path, resume: bool | None =
     import jax
 
     from partitioning.checkpoint import CheckpointHook, CheckpointManager, abstract_target
+    from partitioning.checkpoint_meta import list_steps
     from partitioning.errors import CheckpointError
 
     c = cfg.checkpoint
@@ -314,14 +324,12 @@ def checkpoint_hook(cfg: Any, trainer: Any, run_dir: Path, resume: bool | None =
         if jax.process_index() == 0:
             directory.rename(aside)
         say(f"checkpoint: --no-resume: moved existing checkpoints to {aside}")
+    if resume is True and not any(s.complete for s in (list_steps(directory) if directory.is_dir() else [])):
+        raise CheckpointError(f"--resume: no complete checkpoint in {directory}")
     extra = {"optimizer_rules": cfg.optimizer_rules.to_list()} if cfg.optimizer_rules is not None else None
     mngr = CheckpointManager(directory, every=c.every, keep=c.keep, keep_best=c.keep_best, async_=c.async_,
                              rules=cfg.rules, config=_jsonable(cfg.raw), model_name=cfg.model_name,
                              abstract=trainer.abstract_state, extra=extra)
-    latest = mngr.latest_step()
-    if resume is True and latest is None:
-        mngr.close()
-        raise CheckpointError(f"--resume: no complete checkpoint in {directory}")
     target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
     return CheckpointHook(mngr, target=target, resume=resume is not False, log=say)
 

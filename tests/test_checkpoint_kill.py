@@ -124,11 +124,11 @@ def test_sigkill_keeps_last_complete_checkpoint(tmp_path, marker, last_complete,
     # The next run starts cleanly: stale temporary dirs are dropped, the step can be saved again.
     with CheckpointManager(ckpt, every=1, keep=2) as mngr:
         assert mngr.latest_step() == last_complete
+        assert all(s.complete for s in list_steps(ckpt))       # the killed save's temp dir is gone
         mesh = jax.make_mesh((8,), ("fsdp",))
         sh = NamedSharding(mesh, P("fsdp"))
         base = base_values()
         mngr.save(last_complete + 1, {"step": np.int32(last_complete + 1),
                                       **{n: jax.device_put(v + np.float32(last_complete + 1), sh)
                                          for n, v in base.items()}})
-    assert all(s.complete for s in list_steps(ckpt))
     _check_latest(ckpt, last_complete + 1)
