@@ -25,7 +25,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -93,10 +92,6 @@ def _unbox(tree: Any) -> Any:
     return jax.tree.map(lambda x: x.value if is_box(x) else x, tree, is_leaf=is_box)
 
 
-def _prefix(layouts: list[LeafLayout], prefix: str) -> list[LeafLayout]:
-    return [dataclasses.replace(l, path=f"{prefix}/{l.path}" if l.path else prefix) for l in layouts]
-
-
 class Trainer:
     """Builds the sharded init and the jitted train / eval steps.
 
@@ -133,11 +128,13 @@ class Trainer:
         self.batch_sharding = NamedSharding(mesh, self.batch_spec)
         self.abstract_state = self._abstract_state()
         replicated = NamedSharding(mesh, PartitionSpec())
+        # Wrapped in {"params": ...} so error messages name `params/...` paths, as `check` does.
         self.state_shardings = TrainState(
             step=replicated,
-            params=tree_shardings(self.abstract_state.params, mesh, self.rules, on_indivisible=on_indivisible),
-            opt_state=tree_shardings(self.abstract_state.opt_state, mesh, self.optimizer_rules,
-                                     on_indivisible=on_indivisible),
+            params=tree_shardings({"params": self.abstract_state.params}, mesh, self.rules,
+                                  on_indivisible=on_indivisible)["params"],
+            opt_state=tree_shardings({"opt_state": self.abstract_state.opt_state}, mesh, self.optimizer_rules,
+                                     on_indivisible=on_indivisible)["opt_state"],
         )
         self.replicated = replicated
         batch_sh = {"inputs": self.batch_sharding, "targets": self.batch_sharding}
@@ -183,10 +180,9 @@ class Trainer:
 
     def state_layouts(self) -> list[LeafLayout]:
         """One :class:`LeafLayout` per array of params and optimizer state (``params/...``, ``opt_state/...``)."""
-        a = self.abstract_state
-        return (_prefix(tree_layouts(a.params, self.mesh, self.rules, on_indivisible=self.on_indivisible), "params")
-                + _prefix(tree_layouts(a.opt_state, self.mesh, self.optimizer_rules,
-                                       on_indivisible=self.on_indivisible), "opt_state"))
+        a, kw = self.abstract_state, {"on_indivisible": self.on_indivisible}
+        return (tree_layouts({"params": a.params}, self.mesh, self.rules, **kw)
+                + tree_layouts({"opt_state": a.opt_state}, self.mesh, self.optimizer_rules, **kw))
 
     def abstract_inputs(self) -> tuple[Any, dict[str, jax.ShapeDtypeStruct]]:
         """(state, batch) as ShapeDtypeStructs carrying their shardings; nothing allocated."""
@@ -229,7 +225,7 @@ class Trainer:
         (loss, aux), grads = self._grads(state.params, batch)
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
         lr = current_lr(opt_state)
         if lr is not None:
             metrics["lr"] = jnp.asarray(lr, jnp.float32)

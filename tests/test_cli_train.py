@@ -1,0 +1,142 @@
+"""`partitioning train`: run-dir outputs, one-line errors, clean stops on Ctrl-C / SIGTERM."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import yaml
+
+from partitioning import cli
+from partitioning.config import load_config
+
+TINY = """\
+model: {name: gpt, embed: 32, heads: 4, mlp: 64, layers: 2}
+mesh:
+  shape: {data: 1, fsdp: -1, tensor: 1}
+  devices: 8
+rules: fsdp
+optimizer: {name: adamw, lr: 0.01, warmup_steps: 2}
+train: {steps: 6, batch_size: 8, seq_len: 32, log_every: 2, eval_every: 3, eval_batches: 1}
+run_dir: RUN_DIR
+"""
+
+KEYS = {"step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "accuracy"}
+
+
+def tiny(write, tmp_path, **replace):
+    text = TINY.replace("RUN_DIR", str(tmp_path / "run"))
+    for old, new in replace.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    return write("run.yaml", text)
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_train_writes_metrics_config_and_plot(write, tmp_path, capsys):
+    path = tiny(write, tmp_path)
+    assert cli.main(["train", str(path), "--no-progress", "--set", "data.seed=3"]) == 0
+    out = capsys.readouterr().out
+    run = tmp_path / "run"
+    recs = records(run)
+    assert [r["step"] for r in recs] == [1, 2, 3, 4, 6]  # first, every 2nd, eval steps, last
+    for r in recs:
+        assert KEYS <= set(r), r
+        assert r["tokens_per_s"] > 0 and r["step_time_s"] > 0 and r["grad_norm"] > 0
+    assert [r["step"] for r in recs if "eval_loss" in r] == [1, 3, 6]
+    assert recs[-1]["loss"] < recs[0]["loss"] - 0.5
+    assert recs[0]["lr"] == pytest.approx(0.005) and recs[1]["lr"] == pytest.approx(0.01)
+    assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["data"]["seed"] == 3  # the resolved config, overrides applied
+    assert saved == load_config(path, ["data.seed=3"]).raw
+    assert out.splitlines()[0].startswith("train: gpt (")
+    assert "on mesh {'data': 1, 'fsdp': 8, 'tensor': 1} with 4 rules" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"done: step 6, loss {recs[-1]['loss']:.3f}, eval_loss {recs[-1]['eval_loss']:.3f}")
+
+
+@pytest.mark.parametrize("replace,message", [
+    ({"name: adamw": "name: adamx"},
+     "{path}:6: optimizer.name: must be one of adamw, adafactor, sgd, got 'adamx'; did you mean 'adamw'?"),
+    ({"batch_size: 8": "batch_size: 12"},
+     "batch_size 12 is not divisible by the batch mesh axes ('data', 'fsdp') of size 8; use a multiple of 8"),
+    ({"rules: fsdp": "rules: fsdp\ndata: {path: /no/such/dir}"},
+     "data.path '/no/such/dir': no such file or folder"),
+    ({"layers: 2}": "layers: 2, vocab_size: 128}"},
+     "{path}:1: model.vocab_size: the data is bytes, so vocab_size must be >= 256, got 128"),
+    ({"steps: 6": "steps: 0"}, "{path}:7: train.steps: must be >= 1, got 0"),
+])
+def test_bad_config_is_one_line_and_exit_2(write, tmp_path, capsys, replace, message):
+    path = tiny(write, tmp_path, **replace)
+    assert cli.main(["train", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "error: " + message.format(path=path)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_sigterm_stops_after_the_current_step_as_preempted(write, tmp_path, capsys):
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers need the main thread")
+    from partitioning import train_cli
+
+    class Preempt:  # the cluster sends SIGTERM during step 2
+        def on_step_end(self, step, state, metrics):
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    seen = []
+
+    class Exit:
+        def on_exit(self, state, reason):
+            seen.append((int(state.step), reason))
+
+    train_cli.HOOK_FACTORIES[:] = [lambda cfg, trainer, run_dir: Preempt(), lambda *a: Exit()]
+    try:
+        path = tiny(write, tmp_path, **{"name: gpt, embed: 32, heads: 4, mlp: 64, layers: 2": "name: mlp, embed: 32, mlp: 64"})
+        code = cli.main(["train", str(path), "--no-progress"])
+    finally:
+        train_cli.HOOK_FACTORIES.clear()
+    assert code == 143
+    assert seen == [(2, "preempted")]
+    assert [r["step"] for r in records(tmp_path / "run")] == [1, 2]  # the stop step is logged too
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("preempted: step 2")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
+
+
+def test_ctrl_c_stops_cleanly_in_a_real_process(repo, tmp_path):
+    """The real entry point: simulated devices notice, Ctrl-C after the first log, outputs written."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the CLI sets devices itself
+    run = tmp_path / "run"
+    sets = ["model.embed=32", "model.mlp=64", "model.layers=1", "train.steps=100000", "train.batch_size=8",
+            "train.seq_len=32", "train.log_every=1", "train.eval_batches=0", f"run_dir={run}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "partitioning", "train", "configs/quickstart.yaml", "--no-progress",
+         *[a for s in sets for a in ("--set", s)]],
+        cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 2:
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert err.splitlines()[0] == "simulating 8 CPU devices"
+    assert "Traceback" not in err
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("interrupted: step "), out
+    steps = [r["step"] for r in records(run)]
+    assert steps[-1] == int(last.split()[2].rstrip(",")) and 2 <= steps[-1] < 1000
+    assert (run / "loss.png").exists() and (run / "config.yaml").exists()
