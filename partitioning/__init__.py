@@ -31,6 +31,9 @@ from partitioning.registry import build_model, model_names, register_model
 from partitioning.config import Config, load_config
 from partitioning.report import Plan, abstract_train_state, activation_names, build_plan
 from partitioning.compiled import compiled_view
+from partitioning.checkpoint import (
+    CheckpointHook, CheckpointManager, abstract_target, checkpoint_metadata, restore_checkpoint, save_checkpoint,
+)
 
 __version__ = "0.1.0"
 
@@ -43,4 +46,6 @@ __all__ = [
     "tree_layouts", "tree_specs", "tree_shardings", "logical_names", "per_device_bytes",
     "register_model", "build_model", "model_names", "Config", "load_config",
     "Plan", "build_plan", "abstract_train_state", "activation_names", "compiled_view",
+    "CheckpointManager", "CheckpointHook", "abstract_target", "restore_checkpoint", "save_checkpoint",
+    "checkpoint_metadata",
 ]

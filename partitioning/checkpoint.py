@@ -13,9 +13,9 @@ Example::
     >>> mngr.save(step, state)                     # async; returns once arrays are copied
     >>> mngr.wait()
     >>> target = abstract_target(abstract_state, new_mesh, new_rules)   # no allocation
-    >>> state = restore("runs/a", target)          # latest complete step, resharded
-    >>> params = restore("runs/a", abstract_target(abstract_params, mesh, rules, dtype=jnp.bfloat16),
-    ...                  params_only=True)
+    >>> state = restore_checkpoint("runs/a", target)   # latest complete step, resharded
+    >>> params = restore_checkpoint("runs/a", abstract_target(abstract_params, mesh, rules,
+    ...                             dtype=jnp.bfloat16), params_only=True)
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def _check_fits(ref: CheckpointRef, saved: dict[str, Any], target: Any, partial:
         )
 
 
-def restore(
+def restore_checkpoint(
     path: str | os.PathLike,
     target: Any,
     *,
@@ -122,7 +122,7 @@ def restore(
 
     Example::
 
-        >>> state = restore("runs/a", abstract_target(trainer.abstract_state,
+        >>> state = restore_checkpoint("runs/a", abstract_target(trainer.abstract_state,
         ...                 shardings=trainer.state_shardings))
     """
     import orbax.checkpoint as ocp
@@ -150,8 +150,15 @@ def restore(
     return out["params"] if unwrap else out
 
 
-def load_metadata(path: str | os.PathLike, step: int | None = None) -> dict[str, Any]:
-    """The metadata saved with a checkpoint (``{}`` for plain orbax ones), plus ``path`` and ``step``."""
+def checkpoint_metadata(path: str | os.PathLike, step: int | None = None) -> dict[str, Any]:
+    """The metadata saved with a checkpoint (``{}`` for plain orbax ones), plus ``path`` and ``step``.
+
+    Example::
+
+        >>> meta = checkpoint_metadata("runs/quickstart")
+        >>> meta["step"], meta["mesh"]["shape"], meta["arrays"]["params/embedding"]["names"]
+        (200, [1, 8, 1], ['vocab', 'embed'])
+    """
     ref = resolve_checkpoint(path, step)
     meta = dict(read_metadata(ref))
     meta.setdefault("step", ref.step)
@@ -330,13 +337,13 @@ class CheckpointManager:
 
     # -- restore ------------------------------------------------------------
     def restore(self, target: Any, step: int | None = None, *, params_only: bool = False) -> Any:
-        """:func:`restore` of this directory's latest (or ``step``) checkpoint."""
+        """:func:`restore_checkpoint` of this directory's latest (or ``step``) checkpoint."""
         self.wait()
-        return restore(self.directory, target, step=step, params_only=params_only)
+        return restore_checkpoint(self.directory, target, step=step, params_only=params_only)
 
     def metadata(self, step: int | None = None) -> dict[str, Any]:
         self.wait()
-        return load_metadata(self.directory, step)
+        return checkpoint_metadata(self.directory, step)
 
 
 def _is_number(v: Any) -> bool:
@@ -348,7 +355,12 @@ def _is_number(v: Any) -> bool:
 
 
 def save_checkpoint(directory: str | os.PathLike, step: int, state: Any, **manager_kwargs: Any) -> Path:
-    """Writes one checkpoint synchronously (same layout as the manager); returns its step dir."""
+    """Writes one checkpoint synchronously (same layout as the manager); returns its step dir.
+
+    Example::
+
+        >>> save_checkpoint("exported", int(state.step), state, rules=rules)   # exported/STEP/
+    """
     with CheckpointManager(directory, async_=False, keep=0, **manager_kwargs) as mngr:
         mngr.save(step, state, force=True)
     return Path(directory).absolute() / str(int(step))
@@ -428,6 +440,6 @@ class CheckpointHook:
 
 
 __all__ = [
-    "CheckpointManager", "CheckpointHook", "abstract_target", "target_like", "restore", "load_metadata",
+    "CheckpointManager", "CheckpointHook", "abstract_target", "target_like", "restore_checkpoint", "checkpoint_metadata",
     "save_checkpoint", "state_step",
 ]

@@ -224,7 +224,7 @@ def cmd_reshard(args: argparse.Namespace) -> int:
     cfg = cli.load(args)  # devices for the *new* layout, before any jax computation
     import jax
 
-    from partitioning.checkpoint import CheckpointManager, _check_fits, _names_by_path, restore
+    from partitioning.checkpoint import CheckpointManager, _check_fits, _names_by_path, restore_checkpoint
     from partitioning.checkpoint_meta import (
         flat_saved, read_metadata, resolve_checkpoint, saved_tree,
     )
@@ -246,7 +246,7 @@ def cmd_reshard(args: argparse.Namespace) -> int:
         for p, n in _names_by_path({"params": variables["params"]}).items():
             names.setdefault(p, n)
     target = reshard_target(saved, names, mesh, cfg.rules, cfg.optimizer_rules, cfg.on_indivisible, tree)
-    state = restore(ref.path, target)
+    state = restore_checkpoint(ref.path, target)
     step = meta.get("step", ref.step)
     if step is None:  # plain orbax: the state's own step counter, if it has one
         step = int(state["step"].addressable_data(0)) if isinstance(state, dict) and "step" in state else 0

@@ -18,7 +18,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import partitioning as pt
 from partitioning.boxes import is_box
 from partitioning.checkpoint import (
-    CheckpointHook, CheckpointManager, abstract_target, load_metadata, restore, save_checkpoint, target_like,
+    CheckpointHook, CheckpointManager, abstract_target, checkpoint_metadata, restore_checkpoint, save_checkpoint,
+    target_like,
 )
 from partitioning.checkpoint_meta import list_steps, resolve_checkpoint, verify
 from partitioning.loop import fit
@@ -92,10 +93,10 @@ def test_save_restore_same_layout_and_metadata(gpt, tmp_path):
         assert mngr.save(7, state, force=True)
         assert not mngr.save(7, state, force=True)      # already saved: skipped
     assert [s.step for s in list_steps(tmp_path)] == [7]
-    back = restore(tmp_path, gpt.target(m, rules))
+    back = restore_checkpoint(tmp_path, gpt.target(m, rules))
     assert_bit_exact(back, state)
     assert jax.tree.leaves(jax.tree.map(lambda a, b: a.sharding == b.sharding, back, state)) == [True] * len(jax.tree.leaves(state))
-    meta = load_metadata(tmp_path)
+    meta = checkpoint_metadata(tmp_path)
     assert meta["step"] == 7 and meta["model"] == "gpt" and meta["config"] == {"model": {"name": "gpt"}}
     assert meta["rules"][:2] == [["batch", ["data", "fsdp"]], ["embed", "fsdp"]]
     assert meta["mesh"] == {"axis_names": ["data", "fsdp"], "shape": [1, 8], "axis_types": ["Auto", "Auto"], "devices": 8}
@@ -120,7 +121,7 @@ def test_restore_onto_another_layout_bit_exact(gpt, tmp_path, src, dst):
     state = gpt.state(src_mesh, s_rules)
     save_checkpoint(tmp_path, 7, state, rules=s_rules)
     target = gpt.target(dst_mesh, d_rules)
-    back = restore(tmp_path, target)
+    back = restore_checkpoint(tmp_path, target)
     assert_bit_exact(back, state)
     want = gpt.trainer(dst_mesh, d_rules).state_shardings
     for got, w in zip(jax.tree.leaves(back), jax.tree.leaves(want)):
@@ -137,13 +138,13 @@ def test_params_only_restore_and_bf16(gpt, tmp_path):
     state = gpt.state(m, rules)
     save_checkpoint(tmp_path, 3, state)
     one = mesh({"data": 1, "fsdp": 1}, 1)
-    params = restore(tmp_path, abstract_target(gpt.abstract.params, one, rules, dtype=jnp.bfloat16), params_only=True)
+    params = restore_checkpoint(tmp_path, abstract_target(gpt.abstract.params, one, rules, dtype=jnp.bfloat16), params_only=True)
     assert set(params) == set(state.params)
     for got, src in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):
         assert got.dtype == jnp.bfloat16 and got.sharding.mesh.size == 1
         assert np.array_equal(np.asarray(got), np.asarray(src).astype(jnp.bfloat16))
     # The {"params": ...} form (what model.apply takes) works too.
-    variables = restore(tmp_path, {"params": abstract_target(gpt.abstract.params, m, rules)}, params_only=True)
+    variables = restore_checkpoint(tmp_path, {"params": abstract_target(gpt.abstract.params, m, rules)}, params_only=True)
     assert_bit_exact(variables["params"], state.params)
 
 
@@ -151,7 +152,7 @@ def test_dtype_change_whole_state_keeps_integers(gpt, tmp_path):
     m = mesh({"data": 1, "fsdp": 8})
     state = gpt.state(m, "fsdp")
     save_checkpoint(tmp_path, 7, state)
-    back = restore(tmp_path, gpt.target(m, "fsdp", dtype=jnp.bfloat16))
+    back = restore_checkpoint(tmp_path, gpt.target(m, "fsdp", dtype=jnp.bfloat16))
     assert isinstance(back, TrainState)
     assert back.step.dtype == jnp.int32 and int(back.step) == 7
     counts = [x for x in jax.tree.leaves(back.opt_state) if x.shape == ()]
@@ -169,7 +170,7 @@ def test_async_save_survives_donation_of_the_state(gpt, tmp_path):
     for x in jax.tree.leaves(state):                # what train_step's donation does
         x.delete()
     mngr.close()
-    back = restore(tmp_path, gpt.target(m, "fsdp"))
+    back = restore_checkpoint(tmp_path, gpt.target(m, "fsdp"))
     for a, b in zip(gathered(back), expected):
         assert np.array_equal(a, b)
 
@@ -187,7 +188,7 @@ def test_keep_last_n_and_best(tmp_path):
         mngr.wait()
         assert mngr.best_step() == 4
     assert [i.step for i in list_steps(tmp_path)] == [4, 10, 12]
-    assert load_metadata(tmp_path, step=4)["metrics"] == {"eval_loss": 1.0, "loss": 9.0}
+    assert checkpoint_metadata(tmp_path, step=4)["metrics"] == {"eval_loss": 1.0, "loss": 9.0}
     with CheckpointManager(tmp_path, every=2, keep=1) as mngr:
         mngr.save(14, state)
     assert [i.step for i in list_steps(tmp_path)] == [14]
@@ -222,9 +223,9 @@ def test_plain_orbax_checkpoint_restores_through_toolkit(gpt, tmp_path):
     with ocp.CheckpointManager(tmp_path / "mngr") as mngr:        # single unnamed item
         mngr.save(3, args=ocp.args.StandardSave(state))
     target = gpt.target(mesh({"data": 1, "fsdp": 2, "tensor": 4}), "fsdp_tp")
-    assert_bit_exact(restore(tmp_path / "plain", target), state)
-    assert_bit_exact(restore(tmp_path / "mngr", target), state)
-    assert load_metadata(tmp_path / "plain") == {"step": None, "path": str(tmp_path / "plain")}
+    assert_bit_exact(restore_checkpoint(tmp_path / "plain", target), state)
+    assert_bit_exact(restore_checkpoint(tmp_path / "mngr", target), state)
+    assert checkpoint_metadata(tmp_path / "plain") == {"step": None, "path": str(tmp_path / "plain")}
 
 
 def test_plain_orbax_reads_toolkit_checkpoints(gpt, tmp_path):
@@ -269,7 +270,7 @@ def test_truncated_data_file_names_checkpoint_and_file(saved, tmp_path):
     with open(big, "r+b") as f:
         f.truncate(100)
     with pytest.raises(pt.CheckpointError) as e:
-        restore(ck, s.target(mesh({"data": 1, "fsdp": 8}), "fsdp"))
+        restore_checkpoint(ck, s.target(mesh({"data": 1, "fsdp": 8}), "fsdp"))
     msg = str(e.value)
     assert msg.startswith(f"checkpoint {ck}: cannot read array ")
     assert f"truncated file {big} (100 bytes, needs at least " in msg
@@ -282,7 +283,7 @@ def test_missing_data_file(saved, tmp_path):
     gone = _data_files(ck)[-1]
     gone.unlink()
     with pytest.raises(pt.CheckpointError) as e:
-        restore(ck, s.target(mesh({"data": 1, "fsdp": 8}), "fsdp"))
+        restore_checkpoint(ck, s.target(mesh({"data": 1, "fsdp": 8}), "fsdp"))
     assert str(e.value).startswith(f"checkpoint {ck}: ")
     assert f"missing file {gone}" in str(e.value)
 
@@ -295,7 +296,7 @@ def test_missing_data_file(saved, tmp_path):
 def test_missing_metadata_files(saved, tmp_path, victim, expect):
     s, ck = _copy(saved, tmp_path)
     (ck / victim).unlink()
-    fn = (lambda: load_metadata(ck)) if victim.startswith("meta") else (lambda: restore(ck, s.target(mesh({"data": 1, "fsdp": 8}), "fsdp")))
+    fn = (lambda: checkpoint_metadata(ck)) if victim.startswith("meta") else (lambda: restore_checkpoint(ck, s.target(mesh({"data": 1, "fsdp": 8}), "fsdp")))
     with pytest.raises(pt.CheckpointError) as e:
         fn()
     assert str(e.value) == f"checkpoint {ck}: " + expect.format(ck=ck)
@@ -307,10 +308,10 @@ def test_truncated_json_files(saved, tmp_path):
         f = ck / name
         f.write_text(f.read_text()[:40])
     with pytest.raises(pt.CheckpointError) as e:
-        restore(ck, s.target(mesh({"data": 1, "fsdp": 8}), "fsdp"))
+        restore_checkpoint(ck, s.target(mesh({"data": 1, "fsdp": 8}), "fsdp"))
     assert str(e.value) == f"checkpoint {ck}: damaged file {ck}/state/_METADATA (not valid JSON; truncated?)"
     with pytest.raises(pt.CheckpointError) as e:
-        load_metadata(ck)
+        checkpoint_metadata(ck)
     assert str(e.value) == f"checkpoint {ck}: damaged file {ck}/meta/metadata (not valid JSON; truncated?)"
 
 
@@ -318,7 +319,7 @@ def test_changed_model_lists_differing_paths(saved, tmp_path):
     s, ck = _copy(saved, tmp_path)
     other = Setup(GPT(vocab_size=64, embed=32, heads=4, mlp=128, layers=2))
     with pytest.raises(pt.CheckpointError) as e:
-        restore(ck, other.target(mesh({"data": 1, "fsdp": 8}), "fsdp"))
+        restore_checkpoint(ck, other.target(mesh({"data": 1, "fsdp": 8}), "fsdp"))
     msg = str(e.value)
     assert msg.startswith(f"checkpoint {ck} does not fit the model (9 of 38 arrays differ): "
                           "params/blocks/mlp/wi_0: checkpoint (2, 32, 64) vs model (2, 32, 128); "
@@ -327,7 +328,7 @@ def test_changed_model_lists_differing_paths(saved, tmp_path):
     assert msg.endswith("; … and 4 more")
     renamed = Setup(GPT(vocab_size=64, embed=32, heads=4, mlp=64, layers=2, norm="layer"))
     with pytest.raises(pt.CheckpointError) as e:
-        restore(ck, renamed.target(mesh({"data": 1, "fsdp": 8}), "fsdp"))
+        restore_checkpoint(ck, renamed.target(mesh({"data": 1, "fsdp": 8}), "fsdp"))
     assert "params/blocks/attn_norm/bias: not in the checkpoint (model (2, 32))" in str(e.value)
 
 
@@ -338,7 +339,7 @@ def test_indivisible_on_restore_is_the_init_error(saved, tmp_path):
     with pytest.raises(pt.ShardingError) as at_init:
         pt.tree_shardings(s.abstract, bad_mesh, "tp")
     with pytest.raises(pt.ShardingError) as at_restore:
-        restore(ck, abstract_target(s.abstract, bad_mesh, "tp"))
+        restore_checkpoint(ck, abstract_target(s.abstract, bad_mesh, "tp"))
     assert str(at_restore.value) == str(at_init.value)
     assert str(at_init.value).startswith(
         "params/blocks/attn/k: dim 2 ('kv_heads', size 4) is not divisible by mesh axes ('tensor',) of size 8")

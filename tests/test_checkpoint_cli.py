@@ -12,7 +12,7 @@ import pytest
 
 import partitioning as pt
 from partitioning import cli
-from partitioning.checkpoint import CheckpointManager, abstract_target, load_metadata, restore
+from partitioning.checkpoint import CheckpointManager, abstract_target, checkpoint_metadata, restore_checkpoint
 from partitioning.checkpoint_meta import list_steps
 from tests.test_checkpoint import Setup, assert_bit_exact, mesh
 
@@ -100,12 +100,12 @@ def test_reshard(run, tmp_path, capsys, mesh_yaml, rules, n, spec_q):
     assert data["metadata"]["resharded_from"] == str(root / "checkpoints" / "6")
     assert data["metadata"]["rules"] == pt.Rules.preset(rules).to_list()
     src_mesh = mesh({"data": 1, "fsdp": 8})
-    original = restore(root, s.target(src_mesh, "fsdp"))
-    assert_bit_exact(restore(out, s.target(src_mesh, "fsdp")), original)
+    original = restore_checkpoint(root, s.target(src_mesh, "fsdp"))
+    assert_bit_exact(restore_checkpoint(out, s.target(src_mesh, "fsdp")), original)
     # ... and is what a run with the new config resumes from, reading only local slices.
     sizes = {k: int(v) for k, v in (kv.split(": ") for kv in mesh_yaml[1:-1].split(", "))}
     dst = mesh(sizes, n)
-    back = restore(out, s.target(dst, rules))
+    back = restore_checkpoint(out, s.target(dst, rules))
     assert_bit_exact(back, original)
     assert str(back.params["blocks"]["attn"]["q"].sharding.spec) == spec_q
 
@@ -174,7 +174,7 @@ def test_train_saves_resumes_and_continues(tmp_path):
     assert r.returncode == 0, r.stderr
     ckdir = tmp_path / "run" / "checkpoints"
     assert [s.step for s in list_steps(ckdir)] == [3, 6]
-    meta = load_metadata(ckdir)
+    meta = checkpoint_metadata(ckdir)
     assert meta["model"] == "gpt" and meta["config"]["checkpoint"] == {"every": 3, "keep": 2}
     assert meta["metrics"]["eval_loss"] > 0 and meta["arrays"]["params/embedding"]["names"] == ["vocab", "embed"]
     r = run_cli("train", cfg, "--no-progress", "--set", "train.steps=9")

@@ -20,7 +20,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import partitioning as pt
-from partitioning.checkpoint import CheckpointManager, restore
+from partitioning.checkpoint import CheckpointManager, restore_checkpoint
 from partitioning.checkpoint_meta import list_steps
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,7 +97,7 @@ def _target():
 
 
 def _check_latest(ckpt_dir, step):
-    state = restore(ckpt_dir, _target())
+    state = restore_checkpoint(ckpt_dir, _target())
     assert int(state["step"]) == step
     base = base_values()
     for n in SHAPES:
