@@ -150,6 +150,10 @@ def restore_checkpoint(
     return out["params"] if unwrap else out
 
 
+# The short name inside this module (``from partitioning.checkpoint import restore``).
+restore = restore_checkpoint
+
+
 def checkpoint_metadata(path: str | os.PathLike, step: int | None = None) -> dict[str, Any]:
     """The metadata saved with a checkpoint (``{}`` for plain orbax ones), plus ``path`` and ``step``.
 
@@ -440,6 +444,7 @@ class CheckpointHook:
 
 
 __all__ = [
-    "CheckpointManager", "CheckpointHook", "abstract_target", "target_like", "restore_checkpoint", "checkpoint_metadata",
+    "CheckpointManager", "CheckpointHook", "abstract_target", "target_like", "restore_checkpoint", "restore",
+    "checkpoint_metadata",
     "save_checkpoint", "state_step",
 ]
