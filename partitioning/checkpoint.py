@@ -111,6 +111,7 @@ def restore_checkpoint(
     *,
     step: int | None = None,
     params_only: bool = False,
+    max_inflight_bytes: int | None = None,
 ) -> Any:
     """Restores a checkpoint onto the shardings (and dtypes) of ``target``.
 
@@ -119,6 +120,8 @@ def restore_checkpoint(
     ``target`` comes from :func:`abstract_target`; orbax reads only the slices
     each device needs. With ``params_only``, ``target`` is the params tree (or
     ``{"params": ...}``) and only the checkpoint's ``params`` are read.
+    ``max_inflight_bytes`` bounds the host buffers being read at once (default:
+    256 MiB or the largest array), so peak memory stays near the state's size.
 
     Example::
 
@@ -141,13 +144,29 @@ def restore_checkpoint(
             partial = False  # the checkpoint holds only params
     _check_fits(ref, saved, tgt, partial)
     restore_args = ocp.checkpoint_utils.construct_restore_args(tgt)
+    if max_inflight_bytes is None:
+        # orbax's default (96 GB) lets every read buffer live at once next to the
+        # arrays being built: ~1.7x the state at peak. One array at a time is enough.
+        largest = max((_nbytes(md) for md in saved.values()), default=0)
+        max_inflight_bytes = max(256 * 2**20, largest + 2**20)
+    handler = ocp.PyTreeCheckpointHandler(restore_concurrent_gb=max_inflight_bytes / 1e9)
     try:
-        with ocp.PyTreeCheckpointer() as ckptr:
+        with ocp.Checkpointer(handler) as ckptr:
             out = ckptr.restore(ref.item, args=ocp.args.PyTreeRestore(
                 item=tgt, restore_args=restore_args, partial_restore=partial))
     except Exception as e:  # orbax / tensorstore internals -> one actionable line
         raise diagnose(ref, e) from None
     return out["params"] if unwrap else out
+
+
+def _nbytes(md: Any) -> int:
+    n = 1
+    for s in md.shape:
+        n *= int(s)
+    try:
+        return n * jnp.dtype(md.dtype).itemsize
+    except TypeError:
+        return n * 8
 
 
 # The short name inside this module (``from partitioning.checkpoint import restore``).

@@ -160,6 +160,23 @@ def test_dtype_change_whole_state_keeps_integers(gpt, tmp_path):
     assert back.params["embedding"].dtype == jnp.bfloat16 and back.opt_state[0].mu["embedding"].dtype == jnp.bfloat16
 
 
+def test_async_save_survives_a_donating_step(tmp_path):
+    """The next train step donates the state while the write is still in flight."""
+    m = mesh({"data": 1, "fsdp": 8})
+    sh = NamedSharding(m, P("fsdp"))
+    host = {f"w{i}": np.random.default_rng(i).standard_normal((1024, 1024), dtype=np.float32) for i in range(4)}
+    state = {k: jax.device_put(v, sh) for k, v in host.items()}
+    step = jax.jit(lambda s: jax.tree.map(lambda x: x * 0 - 1, s), donate_argnums=0)
+    with CheckpointManager(tmp_path, async_=True) as mngr:
+        mngr.save(1, state, force=True)
+        new = step(state)
+        jax.block_until_ready(new)
+    back = restore_checkpoint(tmp_path, target_like(new))
+    for k, v in host.items():
+        assert np.array_equal(np.asarray(back[k]), v)
+        assert np.all(np.asarray(new[k]) == -1)
+
+
 def test_async_save_survives_donation_of_the_state(gpt, tmp_path):
     m = mesh({"data": 1, "fsdp": 8})
     state = gpt.state(m, "fsdp")
