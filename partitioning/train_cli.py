@@ -9,6 +9,8 @@ Builds the model, optimizer, mesh and rules from the config, trains with
 
 Other modules add hooks to every run (e.g. checkpointing) with
 :func:`hook_factory`: a function ``(cfg, trainer, run_dir) -> hook | None``.
+The first hook with ``initial_state(trainer, rng)`` provides the starting
+state (restore or init) instead of ``trainer.init``.
 """
 
 from __future__ import annotations
@@ -108,7 +110,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     hooks = [h for f in HOOK_FACTORIES if (h := f(cfg, trainer, run_dir)) is not None]
     logger = JsonlLogger(run_dir / "metrics.jsonl")
     hooks.append(logger)
-    state = trainer.init(jax.random.key(cfg.train.seed))
+    # A hook that can restore (a checkpoint) provides the first state, so a resumed
+    # run never holds a fresh init and the restored state at once.
+    rng = jax.random.key(cfg.train.seed)
+    source = next((h for h in hooks if hasattr(h, "initial_state")), None)
+    state = source.initial_state(trainer, rng) if source is not None else trainer.init(rng)
     state = fit(trainer, state, train_batches, steps=cfg.train.steps, eval_batches=eval_batches,
                 eval_every=cfg.train.eval_every, log_every=cfg.train.log_every, hooks=hooks,
                 progress=not args.no_progress)
