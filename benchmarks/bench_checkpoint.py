@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -50,7 +51,7 @@ def model_for(gib: float):
 
     embed, mlp = 1024, 4096
     per_layer = 4 * embed * embed + 3 * embed * mlp + 2 * embed
-    layers = max(1, round(gib * 2**30 / 4 / 3 / per_layer))
+    layers = max(1, math.ceil(gib * 2**30 / 4 / 3 / per_layer))
     return GPT(vocab_size=256, embed=embed, heads=16, mlp=mlp, layers=layers)
 
 

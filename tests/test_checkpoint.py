@@ -363,7 +363,7 @@ def test_indivisible_on_restore_is_the_init_error(saved, tmp_path):
     # ... and through a Trainer, whose construction is the init's layout step.
     with pytest.raises(pt.ShardingError) as at_trainer:
         s.trainer(bad_mesh, "tp")
-    assert "('kv_heads', size 4) is not divisible by mesh axes ('tensor',) of size 8" in str(at_trainer.value)
+    assert str(at_trainer.value) == str(at_init.value)
 
 
 # -- the loop hook --------------------------------------------------------------------------
