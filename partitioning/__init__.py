@@ -10,6 +10,13 @@ Example::
     >>> rules = pt.Rules.preset("fsdp")
     >>> abstract = jax.eval_shape(model.init, jax.random.key(0), tokens)
     >>> shardings = pt.tree_shardings(abstract, mesh, rules)
+
+Training (state born sharded, jitted step with donation)::
+
+    >>> tx = pt.make_optimizer("adamw", lr=3e-3, total_steps=200, warmup_steps=20)
+    >>> trainer = pt.Trainer(model, tx, mesh, rules, batch_size=32, seq_len=128)
+    >>> batches = pt.load_corpus().batches("train", 32, 128, trainer.batch_sharding)
+    >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=200)
 """
 
 from partitioning.errors import (
@@ -34,6 +41,11 @@ from partitioning.compiled import compiled_view
 from partitioning.checkpoint import (
     CheckpointHook, CheckpointManager, abstract_target, checkpoint_metadata, restore_checkpoint, save_checkpoint,
 )
+from partitioning.train import TrainState, Trainer, lm_loss
+from partitioning.optimizer import lr_schedule, make_optimizer
+from partitioning.data import Corpus, TokenBatches, load_corpus
+from partitioning.loop import JsonlLogger, evaluate, fit
+from partitioning.plots import plot_loss
 
 __version__ = "0.1.0"
 
@@ -48,4 +60,6 @@ __all__ = [
     "Plan", "build_plan", "abstract_train_state", "activation_names", "compiled_view",
     "CheckpointManager", "CheckpointHook", "abstract_target", "restore_checkpoint", "save_checkpoint",
     "checkpoint_metadata",
+    "Trainer", "TrainState", "lm_loss", "make_optimizer", "lr_schedule", "Corpus", "TokenBatches",
+    "load_corpus", "fit", "evaluate", "JsonlLogger", "plot_loss",
 ]
