@@ -245,6 +245,7 @@ def cmd_reshard(args: argparse.Namespace) -> int:
         _check_fits(ref, {p: md for p, md in saved.items() if p.startswith("params/")}, {"params": params}, False)
         for p, n in _names_by_path({"params": variables["params"]}).items():
             names.setdefault(p, n)
+    _names_for_moments(saved, names)
     target = reshard_target(saved, names, mesh, cfg.rules, cfg.optimizer_rules, cfg.on_indivisible, tree)
     state = restore_checkpoint(ref.path, target)
     step = meta.get("step", ref.step)
@@ -261,11 +262,40 @@ def cmd_reshard(args: argparse.Namespace) -> int:
     with CheckpointManager(out, async_=False, keep=0, rules=cfg.rules, config=_jsonable(cfg.raw),
                            model_name=cfg.model_name, names=names, extra=extra) as mngr:
         mngr.save(int(step), state, force=True)
-    before = _mesh_str(meta.get("mesh"))
+    before = _mesh_str(meta.get("mesh")) if meta.get("mesh") else _saved_mesh_str(saved)
     after = "{" + ", ".join(f"{k}: {v}" for k, v in mesh.shape.items()) + "}"
     print(f"resharded step {step}: {len(saved)} arrays from mesh {before} to {after} "
           f"(rules from {cfg.path}) -> {out.absolute() / str(step)}")
     return 0
+
+
+def _names_for_moments(saved: dict[str, Any], names: dict[str, Any]) -> None:
+    """Optimizer moments without recorded names take their parameter's (``opt_state/0/mu/<param>``).
+
+    Checkpoints written by plain orbax carry no logical names; optax moments
+    mirror the params tree, so a path ending in a parameter's path with the
+    parameter's shape is laid out like that parameter.
+    """
+    params = {p[len("params/"):]: p for p in names if p.startswith("params/")}
+    for p, md in saved.items():
+        if p in names or not p.startswith("opt_state/"):
+            continue
+        parts = p.split("/")
+        for i in range(1, len(parts)):
+            q = params.get("/".join(parts[i:]))
+            if q is not None and q in saved and tuple(saved[q].shape) == tuple(md.shape):
+                names[p] = names[q]
+                break
+
+
+def _saved_mesh_str(saved: dict[str, Any]) -> str:
+    from partitioning.checkpoint_meta import sharding_str
+
+    for md in saved.values():
+        text = sharding_str(md)
+        if " on {" in text:
+            return text.split(" on ", 1)[1]
+    return "(unknown)"
 
 
 def _jsonable(x: Any) -> Any:

@@ -110,6 +110,27 @@ def test_reshard(run, tmp_path, capsys, mesh_yaml, rules, n, spec_q):
     assert str(back.params["blocks"]["attn"]["q"].sharding.spec) == spec_q
 
 
+def test_reshard_plain_orbax_checkpoint(run, tmp_path, capsys):
+    """No toolkit metadata: params take their names from the config's model, moments from their param."""
+    import orbax.checkpoint as ocp
+
+    s, _ = run
+    state = s.state(mesh({"data": 1, "fsdp": 8}), "fsdp", step=11)
+    with ocp.CheckpointManager(tmp_path / "plain") as mngr:
+        mngr.save(11, args=ocp.args.StandardSave(state))
+    cfg = tmp_path / "new.yaml"
+    cfg.write_text(MODEL + "mesh: {shape: {data: 1, fsdp: 2, tensor: 4}, devices: 8}\nrules: fsdp_tp\n")
+    assert main("ckpt", "reshard", tmp_path / "plain", "--config", cfg, "--out", tmp_path / "out") == 0
+    assert capsys.readouterr().out.startswith(
+        "resharded step 11: 38 arrays from mesh {data: 1, fsdp: 8} to {data: 1, fsdp: 2, tensor: 4}")
+    meta = checkpoint_metadata(tmp_path / "out")
+    for p in ("params/embedding", "opt_state/0/mu/embedding", "opt_state/0/nu/embedding"):
+        assert meta["arrays"][p]["names"] == ["vocab", "embed"] and meta["arrays"][p]["spec"] == ["tensor", "fsdp"]
+    assert meta["arrays"]["opt_state/0/count"]["spec"] == []
+    dst = mesh({"data": 1, "fsdp": 2, "tensor": 4})
+    assert_bit_exact(restore_checkpoint(tmp_path / "out", s.target(dst, "fsdp_tp")), state)
+
+
 # -- bad input: one line on stderr, exit 2 --------------------------------------------------------
 
 def _one_line_error(r):
