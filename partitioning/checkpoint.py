@@ -215,7 +215,8 @@ class CheckpointManager:
 
     ``rules``, ``config`` (a mapping, e.g. ``cfg.raw``), ``model_name`` and
     ``abstract`` (the boxed ``eval_shape`` of the init, for logical names; or
-    ``names``, a ``{path: names}`` mapping) are recorded in each checkpoint's metadata with the mesh, step and versions.
+    ``names``, a ``{path: names}`` mapping) are recorded in each checkpoint's
+    metadata with the mesh, step and versions.
     ``keep <= 0`` keeps every checkpoint; ``every == 0`` saves only when asked
     with ``force=True``. With ``keep_best``, the checkpoint with the lowest
     ``best_metric`` (among those saved with that metric) is kept too.
@@ -245,7 +246,7 @@ class CheckpointManager:
         extra: Mapping[str, Any] | None = None,
     ):
         import orbax.checkpoint as ocp
-        from orbax.checkpoint._src.checkpoint_managers import preservation_policy as pp
+        from orbax.checkpoint import checkpoint_managers as pp
 
         self.directory = Path(directory).absolute()
         self.every, self.keep, self.keep_best, self.best_metric = int(every), int(keep), keep_best, best_metric
