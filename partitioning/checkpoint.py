@@ -320,8 +320,9 @@ class CheckpointManager:
     def save(self, step: int, state: Any, *, metrics: Mapping[str, Any] | None = None, force: bool = False) -> bool:
         """Saves ``state`` at ``step`` if due (or ``force``); False if skipped or already saved.
 
-        Asynchronous saves return once the arrays are copied off the devices, so
-        the caller may donate ``state`` to the next step right away.
+        Asynchronous saves return once the device-to-host copies are done, so the
+        caller may hand ``state`` to a donating step right away (on the CPU orbax
+        keeps zero-copy views and XLA then copies instead of donating, once).
         """
         import orbax.checkpoint as ocp
 
