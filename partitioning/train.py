@@ -138,7 +138,12 @@ class Trainer:
         )
         self.replicated = replicated
         batch_sh = {"inputs": self.batch_sharding, "targets": self.batch_sharding}
-        self._init_jit = jax.jit(self._init_fn, out_shardings=self.state_shardings)
+        # Two phases: params (random init, with its temporaries), then the optimizer
+        # state from them. The RNG's scratch space never coexists with the
+        # optimizer state, so the init's peak stays at about the final state.
+        self._init_params_jit = jax.jit(self._init_params_fn, out_shardings=self.state_shardings.params)
+        self._init_opt_jit = jax.jit(self._init_opt_fn, in_shardings=(self.state_shardings.params,),
+                                     out_shardings=(replicated, self.state_shardings.opt_state))
         self._step_jit = jax.jit(self._step_fn, in_shardings=(self.state_shardings, batch_sh),
                                  out_shardings=(self.state_shardings, replicated), donate_argnums=0)
         self._eval_jit = jax.jit(self._eval_fn, in_shardings=(self.state_shardings.params, batch_sh),
@@ -163,14 +168,7 @@ class Trainer:
         return jax.ShapeDtypeStruct((self.micro_batch, self.seq_len), jnp.int32)
 
     def _boxed_init(self, rng):
-        # lazy_init keeps only the computations params depend on: compiling the
-        # init then costs no forward pass. Modules whose params depend on input
-        # values need a real forward (LazyInitError): fall back to init.
-        try:
-            variables = self.model.lazy_init(rng, self._dummy_tokens())
-        except flax.errors.LazyInitError:
-            variables = self.model.init(rng, jnp.zeros((self.micro_batch, self.seq_len), jnp.int32))
-        params = variables["params"]
+        params = self._variables(rng)["params"]
         opt_state = _strip_foreign_boxes(self.tx.init(params), params)
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
 
@@ -193,8 +191,21 @@ class Trainer:
         return state, {"inputs": tok, "targets": tok}
 
     # -- traced functions --------------------------------------------------------
-    def _init_fn(self, rng):
-        return _unbox(self._boxed_init(rng))
+    def _variables(self, rng):
+        # lazy_init keeps only the computations params depend on: compiling the
+        # init then costs no forward pass. Modules whose params depend on input
+        # values need a real forward (LazyInitError): fall back to init.
+        try:
+            return self.model.lazy_init(rng, self._dummy_tokens())
+        except flax.errors.LazyInitError:
+            return self.model.init(rng, jnp.zeros((self.micro_batch, self.seq_len), jnp.int32))
+
+    def _init_params_fn(self, rng):
+        return _unbox(self._variables(rng)["params"])
+
+    def _init_opt_fn(self, params):
+        # Unboxed params give the unboxed optimizer state: the structure of state_shardings.opt_state.
+        return jnp.zeros((), jnp.int32), self.tx.init(params)
 
     def _loss(self, params, batch):
         logits = self.model.apply({"params": params}, batch["inputs"])
@@ -239,7 +250,9 @@ class Trainer:
     def init(self, rng: jax.Array) -> TrainState:
         """A fresh TrainState, every array created directly in its shard."""
         with sharding_context(self.mesh, self.rules):
-            return self._init_jit(rng)
+            params = self._init_params_jit(rng)
+            step, opt_state = self._init_opt_jit(params)
+        return TrainState(step=step, params=params, opt_state=opt_state)
 
     def train_step(self, state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
         """One optimizer step (the input state is donated). Metrics are device scalars."""
@@ -251,10 +264,27 @@ class Trainer:
         with sharding_context(self.mesh, self.rules):
             return self._eval_jit(params, batch)
 
-    def lower_init(self) -> jax.stages.Lowered:
-        """The lowered init, for ``.compile().memory_analysis()``."""
+    def lower_init(self) -> tuple[jax.stages.Lowered, jax.stages.Lowered]:
+        """The two lowered init phases (params from the rng; optimizer state from the params).
+
+        The init's peak per-device memory is the larger of the two compiled
+        phases' ``argument + output + temp - alias`` bytes (:meth:`init_peak_bytes`).
+        """
+        state, _ = self.abstract_inputs()
         with sharding_context(self.mesh, self.rules):
-            return self._init_jit.lower(jax.random.key(0))
+            return (self._init_params_jit.lower(jax.random.key(0)),
+                    self._init_opt_jit.lower(state.params))
+
+    def init_peak_bytes(self) -> int:
+        """Peak per-device bytes of the compiled init (compiles it; allocates nothing)."""
+        first, second = (lowered.compile().memory_analysis() for lowered in self.lower_init())
+        params = sum(l.per_device_bytes for l in self.state_layouts() if l.path.startswith("params/"))
+        phase1 = (first.argument_size_in_bytes + first.output_size_in_bytes + first.temp_size_in_bytes
+                  - first.alias_size_in_bytes)
+        # The params stay alive through phase 2 whether or not it reads them
+        # (jit drops unused arguments, e.g. for adam's zeros_like).
+        phase2 = max(params, second.argument_size_in_bytes) + second.output_size_in_bytes + second.temp_size_in_bytes
+        return max(phase1, phase2)
 
     def lower_train_step(self) -> jax.stages.Lowered:
         """The lowered train step from abstract inputs (nothing allocated).
