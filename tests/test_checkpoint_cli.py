@@ -16,6 +16,8 @@ from partitioning.checkpoint import CheckpointManager, abstract_target, checkpoi
 from partitioning.checkpoint_meta import list_steps
 from tests.test_checkpoint import Setup, assert_bit_exact, mesh
 
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # see test_checkpoint
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "model: {name: gpt, vocab_size: 64, embed: 32, heads: 4, mlp: 64, layers: 2}\n"
 
@@ -213,9 +215,6 @@ def test_train_saves_resumes_and_continues(tmp_path):
     whole = {m["step"]: m for m in map(json.loads, (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines())}
     for m in resumed:
         assert m["loss"] == pytest.approx(whole[m["step"]]["loss"], rel=1e-6), m["step"]
-    # --resume with nothing to resume from is bad input.
-    r = run_cli("train", cfg, "--no-progress", "--resume", "--set", f"checkpoint.dir={tmp_path / 'empty'}")
-    assert _one_line_error(r) == f"error: --resume: no complete checkpoint in {tmp_path / 'empty'}"
 
 
 def test_no_resume_moves_checkpoints_aside(run, tmp_path):
@@ -243,6 +242,10 @@ def test_no_resume_moves_checkpoints_aside(run, tmp_path):
     state = hook.initial_state(tr, jax.random.key(0))
     assert hook.restored_step == 6 and int(state.step) == 6
     hook.manager.close()
+    # --resume (resume=True) with nothing to resume from is bad input.
+    with pytest.raises(pt.CheckpointError) as e:
+        checkpoint_hook(config, tr, tmp_path / "fresh", resume=True)
+    assert str(e.value) == f"--resume: no complete checkpoint in {tmp_path / 'fresh' / 'checkpoints'}"
 
 
 @pytest.mark.slow
@@ -270,3 +273,12 @@ def test_sigterm_saves_before_exiting(tmp_path):
     steps = [s.step for s in list_steps(tmp_path / "run" / "checkpoints")]
     assert steps == [last] and last >= 3
     assert f"checkpoint: saved step {last} to {tmp_path / 'run' / 'checkpoints'} (preempted)" in out
+
+
+def test_train_resume_flag_without_checkpoint(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(TRAIN + f"run_dir: {tmp_path / 'run'}\n")
+    r = run_cli("train", cfg, "--no-progress", "--resume")
+    assert _one_line_error(r) == f"error: --resume: no complete checkpoint in {tmp_path / 'run' / 'checkpoints'}"
+    r = run_cli("train", cfg, "--resume", "--no-resume")
+    assert r.returncode == 2 and "not allowed with argument" in r.stderr
