@@ -190,6 +190,15 @@ def test_same_losses_under_dp_fsdp_tp_fsdp_tp(tokens):
     assert losses["dp"][-1] < losses["dp"][0] - 0.5  # and it did train
 
 
+def test_bf16_compute_with_remat_trains_f32_params(tokens):
+    mesh = pt.make_mesh({"data": 2, "fsdp": 4})
+    model = tiny_gpt(layers=1, dtype="bfloat16", remat="full")
+    trainer = Trainer(model, optax.adam(1e-2), mesh, "fsdp", batch_size=B, seq_len=T)
+    state, losses = run_steps(trainer, tokens, 6)
+    assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.5, losses
+
+
 class ThirdParty(nn.Module):
     """Written against plain Flax: nn.with_logical_partitioning, nn.Dense, nn.Embed."""
 
