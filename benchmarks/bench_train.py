@@ -1,6 +1,6 @@
 """Train-step benchmark: the toolkit's Trainer against hand-written JAX, measured in one run.
 
-    python benchmarks/bench_train.py [--rounds 7] [--steps 5] [--json out.json]
+    python benchmarks/bench_train.py [--rounds 40] [--steps 1] [--json out.json]
 
 All on 8 simulated CPU devices, the quickstart GPT (0.9M params, batch 32 x 128)
 laid out with the ``fsdp`` rules unless said otherwise.
@@ -8,7 +8,8 @@ laid out with the ``fsdp`` rules unless said otherwise.
 1. Step time: ``Trainer.train_step`` against a hand-written ``jax.jit`` step
    (same model, optax transformation, loss, shardings and donation, traced
    under the same mesh and rules). Rounds alternate the two; each round times
-   ``--steps`` steps after a warm-up; the ratio is of the medians
+   ``--steps`` steps (default 1: runs alternate step by step, so slow drifts
+   of a shared machine's load hit both sides alike); the ratio is of the medians
    (target <= 1.02); the median of per-round ratios is printed too, as the
    machine's load drifts less between neighbouring runs, and the ratio of the
    two compiled programs' flops (``cost_analysis``), which no load disturbs.
@@ -188,8 +189,8 @@ def bench_compile_time(repeats: int = 3) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=40, help="alternating runs of each side")
+    p.add_argument("--steps", type=int, default=1, help="steps per run")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     _setup_env()
