@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from partitioning.boxes import is_box, is_logical_box
+from partitioning.boxes import is_box, is_logical_box, with_logical_constraint
 from partitioning.errors import ShardingError
 from partitioning.mesh import sharding_context
 from partitioning.optimizer import current_lr
@@ -216,12 +216,11 @@ class Trainer:
         if self.grad_accum == 1:
             return grad_fn(params, batch)
         a, mb = self.grad_accum, self.micro_batch
-        micro_sh = NamedSharding(self.mesh, PartitionSpec(None, *self.batch_spec))
         # Micro-batch j is rows j, j+a, j+2a, ...: every device already holds
         # its share of each micro-batch, so splitting moves no data.
         micro = jax.tree.map(
-            lambda x: jax.lax.with_sharding_constraint(
-                x.reshape(mb, a, *x.shape[1:]).swapaxes(0, 1), micro_sh), batch)
+            lambda x: with_logical_constraint(x.reshape(mb, a, *x.shape[1:]).swapaxes(0, 1),
+                                              (None, "batch") + (None,) * (x.ndim - 1)), batch)
 
         def body(acc, mbatch):
             (loss, aux), g = grad_fn(params, mbatch)
