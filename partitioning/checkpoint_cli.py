@@ -25,7 +25,7 @@ from typing import Any
 from partitioning import cli
 
 
-def _quiet_orbax() -> None:
+def quiet_orbax() -> None:
     """Bad input must print one line: silence orbax's absl warnings and stray asyncio noise."""
     logging.getLogger("absl").setLevel(logging.ERROR)
     previous = sys.unraisablehook
@@ -325,14 +325,11 @@ def _ckpt_args(p: argparse.ArgumentParser) -> None:
 @cli.command("ckpt", _ckpt_args)
 def cmd_ckpt(args: argparse.Namespace) -> int:
     """Checkpoints: ls RUN_DIR | inspect CKPT | reshard CKPT --config NEW.yaml --out DIR."""
-    _quiet_orbax()
+    quiet_orbax()
     return {"ls": cmd_ls, "inspect": cmd_inspect, "reshard": cmd_reshard}[args.ckpt_cmd](args)
 
 
 # -- train integration ---------------------------------------------------------------------------------
-
-_RESUME: list[bool | None] = [None]   # set from train's --resume / --no-resume
-
 
 def checkpoint_hook(cfg: Any, trainer: Any, run_dir: Path, resume: bool | None = None, log: Any = None):
     """The :class:`CheckpointHook` for a run config's ``checkpoint:`` section.
@@ -362,41 +359,3 @@ def checkpoint_hook(cfg: Any, trainer: Any, run_dir: Path, resume: bool | None =
                              abstract=trainer.abstract_state, extra=extra)
     target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
     return CheckpointHook(mngr, target=target, resume=resume is not False, log=say)
-
-
-def _train_hook(cfg: Any, trainer: Any, run_dir: Path):
-    return checkpoint_hook(cfg, trainer, run_dir, resume=_RESUME[0])
-
-
-def _install_train_integration() -> None:
-    try:
-        from partitioning import train_cli
-    except ModuleNotFoundError:
-        return
-    if _train_hook not in train_cli.HOOK_FACTORIES:
-        train_cli.hook_factory(_train_hook)
-    if "train" not in cli.COMMANDS or getattr(cli.COMMANDS["train"][1], "_with_resume", False):
-        return
-    add, run = cli.COMMANDS["train"]
-
-    def add_with_resume(p: argparse.ArgumentParser) -> None:
-        add(p)
-        g = p.add_mutually_exclusive_group()
-        g.add_argument("--resume", dest="resume", action="store_true", default=None,
-                       help="continue from the latest checkpoint (default when one exists)")
-        g.add_argument("--no-resume", dest="resume", action="store_false",
-                       help="start over (existing checkpoints are moved aside)")
-
-    def run_with_resume(args: argparse.Namespace) -> int:
-        _RESUME[0] = getattr(args, "resume", None)
-        _quiet_orbax()
-        return run(args)
-
-    run_with_resume.__doc__ = run.__doc__
-    run_with_resume._with_resume = True  # type: ignore[attr-defined]
-    cli.COMMANDS["train"] = (add_with_resume, run_with_resume)
-
-
-_install_train_integration()
-
-__all__ = ["checkpoint_hook", "reshard_target", "human_bytes"]

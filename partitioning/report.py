@@ -59,13 +59,13 @@ def abstract_train_state(model: Any, tx: Any, *, batch_size: int, seq_len: int) 
     Built the way :class:`partitioning.Trainer` builds its state, so the plan's
     paths and layouts are the trainer's.
     """
-    from partitioning.train import _strip_foreign_boxes
+    from partitioning.train import strip_foreign_boxes
 
     tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
 
     def init(rng, tok):
         params = model.init(rng, tok)["params"]
-        return params, _strip_foreign_boxes(tx.init(params), params)
+        return params, strip_foreign_boxes(tx.init(params), params)
 
     return jax.eval_shape(init, jax.random.key(0), tokens)
 

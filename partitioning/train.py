@@ -66,7 +66,7 @@ def lm_loss(logits: jax.Array, batch: dict[str, jax.Array]) -> tuple[jax.Array, 
     return loss, {"accuracy": accuracy}
 
 
-def _strip_foreign_boxes(opt_state: Any, params: Any) -> Any:
+def strip_foreign_boxes(opt_state: Any, params: Any) -> Any:
     """Unboxes optimizer-state leaves whose shape is not a param's shape.
 
     Optax maps over the *values* inside boxes, so a state with another shape
@@ -169,7 +169,7 @@ class Trainer:
 
     def _boxed_init(self, rng):
         params = self._variables(rng)["params"]
-        opt_state = _strip_foreign_boxes(self.tx.init(params), params)
+        opt_state = strip_foreign_boxes(self.tx.init(params), params)
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
 
     def _abstract_state(self) -> TrainState:

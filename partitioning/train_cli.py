@@ -7,10 +7,10 @@ Builds the model, optimizer, mesh and rules from the config, trains with
 - ``metrics.jsonl`` one JSON object per logged step;
 - ``loss.png``      the loss curve, at the end (also after Ctrl-C).
 
-Other modules add hooks to every run (e.g. checkpointing) with
-:func:`hook_factory`: a function ``(cfg, trainer, run_dir) -> hook | None``.
-The first hook with ``initial_state(trainer, rng)`` provides the starting
-state (restore or init) instead of ``trainer.init``.
+Every run checkpoints per the config's ``checkpoint:`` section and resumes
+from the latest checkpoint in the run dir (``--resume`` / ``--no-resume``).
+Extra hooks can be added to every run with :func:`hook_factory`: a function
+``(cfg, trainer, run_dir) -> hook | None``.
 """
 
 from __future__ import annotations
@@ -84,6 +84,11 @@ def data_from_config(cfg: Any, trainer: Any):
 def _train_args(p: argparse.ArgumentParser) -> None:
     cli._config_args(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", dest="resume", action="store_true", default=None,
+                   help="continue from the latest checkpoint (the default when one exists; error if none)")
+    g.add_argument("--no-resume", dest="resume", action="store_false",
+                   help="start over (existing checkpoints are moved aside, never deleted)")
 
 
 @cli.command("train", _train_args)
@@ -92,9 +97,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = cli.load(args)  # sets up (simulated) devices before any jax computation
     import jax
 
+    from partitioning.checkpoint_cli import checkpoint_hook, quiet_orbax
     from partitioning.loop import JsonlLogger, fit
     from partitioning.plots import plot_loss
 
+    quiet_orbax()
     mesh = cli.mesh_for(cfg)
     trainer = trainer_from_config(cfg, mesh)
     corpus, train_batches, eval_batches = data_from_config(cfg, trainer)
@@ -107,14 +114,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"train: {cfg.model_name} ({trainer.num_params:,} params) on mesh {dict(mesh.shape)} "
               f"with {len(cfg.rules)} rules{opt}; data {corpus.source}: {len(corpus.train):,} train / "
               f"{len(corpus.eval):,} eval bytes; run_dir {run_dir}", flush=True)
-    hooks = [h for f in HOOK_FACTORIES if (h := f(cfg, trainer, run_dir)) is not None]
+    # The checkpoint hook goes first: it restores before the log is trimmed to that step.
+    ckpt = checkpoint_hook(cfg, trainer, run_dir, resume=args.resume)
+    hooks = [ckpt] + [h for f in HOOK_FACTORIES if (h := f(cfg, trainer, run_dir)) is not None]
     logger = JsonlLogger(run_dir / "metrics.jsonl")
     hooks.append(logger)
-    # A hook that can restore (a checkpoint) provides the first state, so a resumed
-    # run never holds a fresh init and the restored state at once.
-    rng = jax.random.key(cfg.train.seed)
-    source = next((h for h in hooks if hasattr(h, "initial_state")), None)
-    state = source.initial_state(trainer, rng) if source is not None else trainer.init(rng)
+    # Restore (or init) directly, so a resumed run never holds a fresh init and
+    # the restored state at once.
+    state = ckpt.initial_state(trainer, jax.random.key(cfg.train.seed))
     state = fit(trainer, state, train_batches, steps=cfg.train.steps, eval_batches=eval_batches,
                 eval_every=cfg.train.eval_every, log_every=cfg.train.log_every, hooks=hooks,
                 progress=not args.no_progress)
