@@ -19,8 +19,12 @@ MAX_CELLS = 16
 
 
 def _grid(mesh: dict[str, int]) -> tuple[int, int, str, str]:
-    """Rows x columns for drawing a mesh: the last axis across, the others folded down."""
-    axes = list(mesh.items())
+    """Rows x columns for drawing a mesh: the last axis across, the others folded down.
+
+    Size-1 axes are left out (they do not change the picture), so
+    ``{data: 1, fsdp: 8, tensor: 1}`` draws as one row of 8 devices.
+    """
+    axes = [(n, s) for n, s in mesh.items() if s > 1]
     if not axes:
         return 1, 1, "", ""
     cols_name, cols = axes[-1]
@@ -49,10 +53,15 @@ def _draw_mesh(mx: Any, mesh: dict[str, int], rules: list) -> None:
     r_show, c_show = min(rows, MAX_CELLS), min(cols, MAX_CELLS)
     colour = np.tile(np.arange(c_show), (r_show, 1))
     mx.imshow(colour, cmap="tab20" if c_show <= 20 else "viridis", aspect="auto", interpolation="nearest")
+    # Cell borders, so each device is visibly its own square.
+    mx.set_xticks(np.arange(-0.5, c_show, 1), minor=True)
+    mx.set_yticks(np.arange(-0.5, r_show, 1), minor=True)
+    mx.grid(which="minor", color="white", linewidth=2)
+    mx.tick_params(which="minor", length=0)
     for r in range(r_show):
         for c in range(c_show):
             if r_show * c_show <= 128:
-                mx.text(c, r, str(r * cols + c), ha="center", va="center", fontsize=7)
+                mx.text(c, r, str(r * cols + c), ha="center", va="center", fontsize=9)
     mx.set_xticks([0, c_show - 1], ["0", str(c_show - 1)])
     mx.set_yticks([0, r_show - 1], ["0", str(r_show - 1)])
     mx.set_xlabel(cols_name + ("" if c_show == cols else f" (first {c_show} of {cols} shown)"))
