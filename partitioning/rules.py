@@ -14,7 +14,7 @@ Example::
     >>> from partitioning import Rules
     >>> rules = Rules([("batch", ("data", "fsdp")), ("embed", "fsdp"), ("mlp", "tensor")])
     >>> rules.resolve(("embed", "mlp"))
-    PartitionSpec('fsdp', 'tensor')
+    P('fsdp', 'tensor')
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ class Rules(tuple):
 
         >>> rules = Rules.preset("fsdp")
         >>> rules.resolve(("embed", "mlp"))
-        PartitionSpec('fsdp',)
+        P('fsdp',)
     """
 
     origins: tuple[str, ...]
@@ -373,7 +373,7 @@ def axis_rules(rules: Any):
 
         >>> with axis_rules([("embed", "fsdp")]):
         ...     logical_to_mesh_axes(("embed", None))
-        PartitionSpec('fsdp', None)
+        P('fsdp', None)
     """
     import flax.linen as nn
 
