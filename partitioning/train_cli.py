@@ -61,10 +61,19 @@ def trainer_from_config(cfg: Any, mesh: Any):
     t = cfg.train
     if t.steps < 1:
         raise ConfigError(f"{cfg.where('train', 'steps')}: must be >= 1, got {t.steps}")
-    return Trainer(
-        model, optimizer_from_config(cfg.optimizer, t.steps), mesh, cfg.rules,
-        batch_size=t.batch_size, seq_len=t.seq_len, optimizer_rules=cfg.optimizer_rules,
-        on_indivisible=cfg.on_indivisible, grad_accum=t.grad_accum)
+    from partitioning.errors import ShardingError
+
+    try:
+        return Trainer(
+            model, optimizer_from_config(cfg.optimizer, t.steps), mesh, cfg.rules,
+            batch_size=t.batch_size, seq_len=t.seq_len, optimizer_rules=cfg.optimizer_rules,
+            on_indivisible=cfg.on_indivisible, grad_accum=t.grad_accum)
+    except ShardingError as e:
+        # Batch-shape errors are about train.* keys: point at them in the file.
+        if str(e).startswith(("batch_size", "micro-batch")):
+            key = "grad_accum" if "grad_accum" in str(e) and "micro" not in str(e) else "batch_size"
+            raise ShardingError(f"{cfg.where('train', key)}: {e}") from None
+        raise
 
 
 def data_from_config(cfg: Any, trainer: Any):
@@ -72,7 +81,13 @@ def data_from_config(cfg: Any, trainer: Any):
     from partitioning.data import load_corpus
 
     t = cfg.train
-    corpus = load_corpus(cfg.data.path, eval_fraction=cfg.data.eval_fraction)
+    from partitioning.errors import DataError
+
+    try:
+        corpus = load_corpus(cfg.data.path, eval_fraction=cfg.data.eval_fraction)
+    except DataError as e:
+        msg = str(e).removeprefix("data.path ")
+        raise DataError(f"{cfg.where('data', 'path')}: {msg}") from None
     train = corpus.batches("train", t.batch_size, t.seq_len, trainer.batch_sharding, seed=cfg.data.seed)
     if t.eval_batches <= 0:
         return corpus, train, None

@@ -67,9 +67,10 @@ def test_train_writes_metrics_config_and_plot(write, tmp_path, capsys):
     ({"name: adamw": "name: adamx"},
      "{path}:6: optimizer.name: must be one of adamw, adafactor, sgd, got 'adamx'; did you mean 'adamw'?"),
     ({"batch_size: 8": "batch_size: 12"},
-     "batch_size 12 is not divisible by the batch mesh axes ('data', 'fsdp') of size 8; use a multiple of 8"),
+     "{path}:7: train.batch_size: batch_size 12 is not divisible by the batch mesh axes ('data', 'fsdp') "
+     "of size 8; use a multiple of 8"),
     ({"rules: fsdp": "rules: fsdp\ndata: {path: /no/such/dir}"},
-     "data.path '/no/such/dir': no such file or folder"),
+     "{path}:6: data.path: '/no/such/dir': no such file or folder"),
     ({"layers: 2}": "layers: 2, vocab_size: 128}"},
      "{path}:1: model.vocab_size: the data is bytes, so vocab_size must be >= 256, got 128"),
     ({"steps: 6": "steps: 0"}, "{path}:7: train.steps: must be >= 1, got 0"),
