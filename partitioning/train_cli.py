@@ -137,6 +137,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     # Restore (or init) directly, so a resumed run never holds a fresh init and
     # the restored state at once.
     state = ckpt.initial_state(trainer, jax.random.key(cfg.train.seed))
+    from partitioning.loop import host_scalar
+
+    start = int(host_scalar(state.step))
+    if start >= cfg.train.steps and main:
+        print(f"train: the checkpoint is already at step {start} (train.steps is {cfg.train.steps}); "
+              f"raise train.steps to continue, or --no-resume to start over", flush=True)
     state = fit(trainer, state, train_batches, steps=cfg.train.steps, eval_batches=eval_batches,
                 eval_every=cfg.train.eval_every, log_every=cfg.train.log_every, hooks=hooks,
                 progress=not args.no_progress)

@@ -141,3 +141,15 @@ def test_ctrl_c_stops_cleanly_in_a_real_process(repo, tmp_path):
     steps = [r["step"] for r in records(run)]
     assert steps[-1] == int(last.split()[2].rstrip(",")) and 2 <= steps[-1] < 1000
     assert (run / "loss.png").exists() and (run / "config.yaml").exists()
+
+
+def test_rerun_of_a_finished_run_says_so(write, tmp_path, capsys):
+    path = tiny(write, tmp_path, **{"name: gpt, embed: 32, heads: 4, mlp: 64, layers: 2": "name: mlp, embed: 32, mlp: 64",
+                                    "steps: 6": "steps: 2"})
+    assert cli.main(["train", str(path), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", str(path), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert ("train: the checkpoint is already at step 2 (train.steps is 2); raise train.steps to continue, "
+            "or --no-resume to start over") in out
+    assert [r["step"] for r in records(tmp_path / "run")] == [1, 2]  # nothing trained twice
