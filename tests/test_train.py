@@ -162,11 +162,12 @@ LAYOUTS = {
     "fsdp": {"data": 1, "fsdp": 8},
     "tp": {"data": 2, "tensor": 4},
     "fsdp_tp": {"data": 1, "fsdp": 4, "tensor": 2},
+    "seq": {"data": 1, "fsdp": 4, "tensor": 2},
 }
 
 
 @pytest.mark.slow  # ~20 s: six compiles of the GPT step and init
-def test_same_losses_under_dp_fsdp_tp_fsdp_tp(tokens):
+def test_same_losses_under_dp_fsdp_tp_fsdp_tp_seq(tokens):
     losses, start = {}, None
     for rules, shape in LAYOUTS.items():
         trainer = Trainer(tiny_gpt(layers=1), optax.adamw(1e-2), pt.make_mesh(shape), rules, batch_size=B,
