@@ -37,7 +37,7 @@ def command(name: str, add_args: Callable[[argparse.ArgumentParser], None]):
     return deco
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -74,7 +74,7 @@ def ensure_devices(n: int | None) -> None:
     if jax.device_count() < n:
         raise MeshError(f"the config needs {n} devices but only {jax.device_count()} are visible")
     if jax.default_backend() == "cpu" and n > 1:
-        _say(f"simulating {n} CPU devices")
+        say(f"simulating {n} CPU devices")
 
 
 def config_devices(cfg: Any, override: int | None = None) -> int | None:
@@ -100,7 +100,7 @@ def load(args: argparse.Namespace):
     return cfg
 
 
-def _config_args(p: argparse.ArgumentParser, devices: bool = True) -> None:
+def config_args(p: argparse.ArgumentParser, devices: bool = True) -> None:
     p.add_argument("config", help="run config YAML")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set train.steps=50 (repeatable)")
@@ -136,7 +136,7 @@ def mesh_for(cfg: Any, devices: int | None = None):
 
 # -- check -----------------------------------------------------------------------
 
-@command("check", _config_args)
+@command("check", config_args)
 def cmd_check(args: argparse.Namespace) -> int:
     from partitioning.shardings import tree_layouts
 
@@ -150,7 +150,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         warnings.simplefilter("always")
         layouts = tree_layouts(abstract, mesh, cfg.rules, on_indivisible=cfg.on_indivisible)
     for w in caught:
-        _say(f"warning: {w.message}")
+        say(f"warning: {w.message}")
     n_params = sum(l.size for l in layouts)
     print(f"OK: {cfg.path}: model {cfg.model_name} ({n_params:,} parameters, {len(layouts)} arrays) "
           f"on mesh {dict(mesh.shape)} ({mesh.size} devices) with {len(cfg.rules)} rules")
@@ -162,7 +162,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _rules_args(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="rules_cmd", required=True)
     e = sub.add_parser("explain", help="per parameter and dimension, the rule that claimed it")
-    _config_args(e)
+    config_args(e)
 
 
 @command("rules", _rules_args)
@@ -233,10 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.fn(args) or 0)
     except PartitioningError as e:
-        _say(f"error: {' '.join(str(e).split())}")
+        say(f"error: {' '.join(str(e).split())}")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        _say("interrupted")
+        say("interrupted")
         return 130
 
 

@@ -34,7 +34,7 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from partitioning import hlo
-from partitioning.rules import _axes_tuple
+from partitioning.rules import axes_tuple
 from partitioning.shardings import path_str
 
 # XLA's CPU backend refuses programs for more devices than this ("Multiprocess
@@ -57,7 +57,7 @@ def normalize_spec(spec: Any, sizes: Mapping[str, int]) -> tuple:
         if entry is None or entry is PartitionSpec.UNCONSTRAINED:
             out.append(None)
             continue
-        axes = tuple(a for a in _axes_tuple(entry) if sizes.get(a, 1) > 1)
+        axes = tuple(a for a in axes_tuple(entry) if sizes.get(a, 1) > 1)
         out.append(None if not axes else axes)
     while out and out[-1] is None:
         out.pop()

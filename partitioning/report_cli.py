@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from partitioning.cli import _config_args, _say, command, config_devices, ensure_devices
+from partitioning.cli import config_args, say, command, config_devices, ensure_devices
 
 # Meshes up to this size are simulated in this process; larger ones compile in a
 # child (a process holding thousands of CPU devices is slow to start and to exit).
@@ -28,7 +28,7 @@ IN_PROCESS_MAX = 64
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
-    _config_args(p)
+    config_args(p)
     p.add_argument("--json", metavar="FILE", help="write the plan (table, totals, warnings, compiled view) as JSON")
     p.add_argument("--png", metavar="FILE", help="draw per-device memory by category and the mesh")
     _compile_args(p)
@@ -43,7 +43,7 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
 
 
 def _compare_args(p: argparse.ArgumentParser) -> None:
-    _config_args(p)
+    config_args(p)
     p.add_argument("--rules", nargs="+", required=True, metavar="RULES",
                    help="rule tables to compare: preset names or rules YAML files")
     p.add_argument("--json", metavar="FILE", help="write the comparison as JSON")
@@ -343,7 +343,7 @@ def _write_json(path: str, data: Any) -> None:
         p.write_text(json.dumps(data, indent=1, default=str))
     except OSError as e:
         raise ConfigError(f"--json {path}: cannot write: {e.strerror}") from None
-    _say(f"wrote {p}")
+    say(f"wrote {p}")
 
 
 # -- the compile child ----------------------------------------------------------------------

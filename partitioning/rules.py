@@ -62,7 +62,7 @@ def _norm_axes(value: Any, where: str) -> MeshAxes:
     )
 
 
-def _axes_tuple(axes: MeshAxes) -> tuple[str, ...]:
+def axes_tuple(axes: MeshAxes) -> tuple[str, ...]:
     if axes is None:
         return ()
     if isinstance(axes, str):
@@ -149,7 +149,7 @@ class Rules(tuple):
 
     @property
     def mesh_axis_names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(a for _, axes in self for a in _axes_tuple(axes)))
+        return tuple(dict.fromkeys(a for _, axes in self for a in axes_tuple(axes)))
 
     def to_list(self) -> list[list[Any]]:
         """JSON/YAML-friendly form: ``[[logical, axes], ...]``."""
@@ -160,7 +160,7 @@ class Rules(tuple):
         """Checks every mesh axis named by a rule exists in ``mesh``."""
         sizes = mesh_axis_sizes(mesh)
         for (logical, axes), where in zip(self, self.origins):
-            for a in _axes_tuple(axes):
+            for a in axes_tuple(axes):
                 if a not in sizes:
                     raise RuleError(
                         f"{where}: mesh axis {a!r} is not a mesh axis ({', '.join(sizes)})"
@@ -230,7 +230,7 @@ class Rules(tuple):
         owner: dict[str, int] = {}  # mesh axis -> dim that uses it
         for i, n in enumerate(names):
             if not isinstance(n, str):
-                for a in _axes_tuple(n) if isinstance(n, tuple) else ():
+                for a in axes_tuple(n) if isinstance(n, tuple) else ():
                     owner.setdefault(a, i)
         claimed_by: dict[int, int] = {}
         skipped: dict[int, list[str]] = {i: [] for i in range(len(names))}
@@ -242,7 +242,7 @@ class Rules(tuple):
             if result[i] is not unassigned:
                 skipped[i].append(f"skipped {rule_s}: dim {i} already claimed by rule {claimed_by.get(i)}")
                 continue
-            busy = [a for a in _axes_tuple(axes) if a in owner]
+            busy = [a for a in axes_tuple(axes) if a in owner]
             if busy:
                 a = busy[0]
                 j = owner[a]
@@ -251,17 +251,17 @@ class Rules(tuple):
                 )
                 continue
             if shape is not None and sizes:
-                missing = [a for a in _axes_tuple(axes) if a not in sizes]
+                missing = [a for a in axes_tuple(axes) if a not in sizes]
                 if missing:
                     raise RuleError(
                         f"{self.origins[r]}: mesh axis {missing[0]!r} is not a mesh axis "
                         f"({', '.join(sizes)}){did_you_mean(missing[0], sizes)}"
                     )
-                n_shards = math.prod(sizes[a] for a in _axes_tuple(axes))
+                n_shards = math.prod(sizes[a] for a in axes_tuple(axes))
                 if shape[i] % n_shards:
                     msg = (
                         f"{where}dim {i} ({logical!r}, size {shape[i]}) is not divisible by mesh axes "
-                        f"{_axes_tuple(axes)!r} of size {n_shards}"
+                        f"{axes_tuple(axes)!r} of size {n_shards}"
                     )
                     if on_indivisible == "error":
                         raise ShardingError(
@@ -273,7 +273,7 @@ class Rules(tuple):
                     continue
             result[i] = axes
             claimed_by[i] = r
-            for a in _axes_tuple(axes):
+            for a in axes_tuple(axes):
                 owner[a] = i
         out = [None if x is unassigned else x for x in result]
         if log is not None:

@@ -26,7 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from partitioning.boxes import is_box, is_logical_box
 from partitioning.errors import ShardingError
-from partitioning.rules import DimExplanation, IndivisibleWarning, Rules, as_rules, mesh_axis_sizes, _axes_tuple
+from partitioning.rules import DimExplanation, IndivisibleWarning, Rules, as_rules, mesh_axis_sizes, axes_tuple
 
 
 def path_str(keypath: tuple[Any, ...]) -> str:
@@ -88,7 +88,7 @@ def _shards(spec: PartitionSpec, ndim: int, sizes: dict[str, int]) -> tuple[int,
         if entry is None or entry is PartitionSpec.UNCONSTRAINED:
             out.append(1)
         else:
-            out.append(math.prod(sizes.get(a, 1) for a in _axes_tuple(entry)))
+            out.append(math.prod(sizes.get(a, 1) for a in axes_tuple(entry)))
     return tuple(out)
 
 
@@ -112,7 +112,7 @@ def _layout_one(path: str, leaf: Any, mesh: Any, rules: Rules, on_indivisible: s
             if s % n:
                 raise ShardingError(
                     f"{path}: dim {i} (size {s}) is not divisible by mesh axes "
-                    f"{_axes_tuple(spec[i])!r} of size {n}"
+                    f"{axes_tuple(spec[i])!r} of size {n}"
                 )
         return LeafLayout(path, shape, dtype, tuple(leaf.names), spec, (), shards)
     spec = PartitionSpec()

@@ -39,7 +39,7 @@ from partitioning.boxes import is_box, is_logical_box, with_logical_constraint
 from partitioning.errors import ShardingError
 from partitioning.mesh import sharding_context
 from partitioning.optimizer import current_lr
-from partitioning.rules import _axes_tuple, as_rules
+from partitioning.rules import axes_tuple, as_rules
 from partitioning.shardings import LeafLayout, tree_layouts, tree_shardings
 
 
@@ -152,7 +152,7 @@ class Trainer:
     # -- shapes and shardings --------------------------------------------------
     def _batch_spec(self) -> PartitionSpec:
         spec = self.rules.resolve(("batch", None))
-        axes = _axes_tuple(spec[0])
+        axes = axes_tuple(spec[0])
         n = 1
         for a in axes:
             n *= self.mesh.shape[a]
