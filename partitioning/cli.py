@@ -96,8 +96,25 @@ def load(args: argparse.Namespace):
     from partitioning.config import load_config
 
     cfg = load_config(args.config, getattr(args, "set", None) or [])
-    ensure_devices(config_devices(cfg, getattr(args, "devices", None)))
+    n = config_devices(cfg, getattr(args, "devices", None))
+    multi = [getattr(args, k, None) for k in ("coordinator", "num_processes", "process_id")]
+    if getattr(args, "distributed", False) or any(v is not None for v in multi):
+        from partitioning import distributed
+
+        distributed.initialize(*multi, global_devices=n)
+    else:
+        ensure_devices(n)
     return cfg
+
+
+def distributed_args(p: argparse.ArgumentParser) -> None:
+    """Flags that join several processes (hosts) into one run; see :mod:`partitioning.distributed`."""
+    g = p.add_argument_group("multi-host (one process per host)")
+    g.add_argument("--distributed", action="store_true",
+                   help="join the other hosts via jax.distributed.initialize() (cluster auto-detection)")
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0's coordinator service")
+    g.add_argument("--num-processes", type=int, metavar="N", help="number of processes in the run")
+    g.add_argument("--process-id", type=int, metavar="I", help="this process's id, 0..N-1")
 
 
 def config_args(p: argparse.ArgumentParser, devices: bool = True) -> None:

@@ -98,6 +98,7 @@ def data_from_config(cfg: Any, trainer: Any):
 
 def _train_args(p: argparse.ArgumentParser) -> None:
     cli.config_args(p)
+    cli.distributed_args(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--resume", dest="resume", action="store_true", default=None,

@@ -62,3 +62,65 @@ def test_two_processes_match_one_and_checkpoint_restores(tmp_path):
     wi = state.params["blocks"]["mlp"]["wi_0"]
     assert wi.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
     assert np.isfinite(np.asarray(wi)).all()
+
+
+TRAIN_CFG = """\
+model: {name: gpt, embed: 32, heads: 2, mlp: 64, layers: 2}
+mesh:
+  shape: {data: 1, fsdp: -1}
+  devices: 8
+rules: fsdp
+optimizer: {lr: 0.003, warmup_steps: 0, schedule: constant}
+train: {steps: 4, batch_size: 8, seq_len: 32, log_every: 1, eval_every: 4, eval_batches: 1}
+checkpoint: {every: 2}
+"""
+
+
+@pytest.mark.slow
+def test_train_cli_on_two_processes_matches_one(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(TRAIN_CFG)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the CLI sets devices itself
+    port = str(_free_port())
+    cmd = [sys.executable, "-m", "partitioning", "train", str(cfg), "--no-progress"]
+    procs = [
+        subprocess.Popen(cmd + ["--set", f"run_dir={tmp_path / 'multi'}", "--coordinator", f"127.0.0.1:{port}",
+                                "--num-processes", "2", "--process-id", str(i)],
+                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
+    single = subprocess.run(cmd + ["--set", f"run_dir={tmp_path / 'single'}"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=300))
+        except subprocess.TimeoutExpired:
+            [q.kill() for q in procs]
+            pytest.fail("multi-process train timed out")
+    assert single.returncode == 0, single.stderr[-2000:]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    # Process 0 prints and writes; process 1 stays quiet.
+    assert outs[0][0].strip().splitlines()[-1].startswith("done: step 4")
+    assert "done:" not in outs[1][0]
+
+    def losses(run):
+        return [json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+
+    assert len(losses("multi")) == 4
+    np.testing.assert_allclose(losses("multi"), losses("single"), rtol=2e-5)
+    steps = sorted(int(p.name) for p in (tmp_path / "multi" / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == [2, 4]
+
+
+def test_partial_multihost_flags_are_one_line_errors(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(TRAIN_CFG)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    r = subprocess.run([sys.executable, "-m", "partitioning", "train", str(cfg), "--coordinator", "127.0.0.1:1"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip() == (
+        "error: multi-host needs all of --coordinator HOST:PORT, --num-processes N and --process-id I "
+        "(or only --distributed on a cluster jax detects by itself)")
