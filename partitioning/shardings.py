@@ -4,7 +4,9 @@ Takes the output of ``jax.eval_shape`` of an init (params, optax state, a
 whole train state) and gives one sharding per leaf, in the *unboxed* tree
 structure (the structure the arrays have after ``meta.unbox``). Boxed leaves
 with logical names go through the rule table; Flax ``nn.Partitioned`` boxes
-name mesh axes directly; unboxed leaves and scalars are replicated.
+name mesh axes directly; unboxed leaves and scalars are replicated. Flax NNX
+state works too: a Variable's ``out_sharding`` names (``nnx.with_partitioning``)
+are logical names, resolved by the same rules.
 
 Example::
 
@@ -77,8 +79,29 @@ class LeafLayout:
         return all(n == 1 for n in self.shards_per_dim)
 
 
+def _is_nnx_variable(x: Any) -> bool:
+    from flax import nnx
+
+    return isinstance(x, nnx.Variable)
+
+
 def _is_leaf(x: Any) -> bool:
-    return is_box(x)
+    return is_box(x) or _is_nnx_variable(x)
+
+
+def _as_box(leaf: Any) -> Any:
+    """An NNX Variable annotated with ``out_sharding`` logical names -> a Linen box.
+
+    So Linen boxes and NNX variables resolve through one engine and a rule
+    table means the same thing for both.
+    """
+    if not _is_nnx_variable(leaf):
+        return leaf
+    import flax.linen as nn
+
+    names = leaf.get_metadata().get("out_sharding")
+    value = leaf.get_value() if hasattr(leaf, "get_value") else leaf.value
+    return nn.LogicallyPartitioned(value, tuple(names)) if names is not None else value
 
 
 def _shards(spec: PartitionSpec, ndim: int, sizes: dict[str, int]) -> tuple[int, ...]:
@@ -94,6 +117,7 @@ def _shards(spec: PartitionSpec, ndim: int, sizes: dict[str, int]) -> tuple[int,
 
 def _layout_one(path: str, leaf: Any, mesh: Any, rules: Rules, on_indivisible: str) -> LeafLayout:
     sizes = mesh_axis_sizes(mesh)
+    leaf = _as_box(leaf)
     value = leaf.value if is_box(leaf) else leaf
     shape = tuple(int(s) for s in getattr(value, "shape", ()))
     dtype = np.dtype(getattr(value, "dtype", np.float32))
@@ -151,6 +175,7 @@ def tree_shardings(tree: Any, mesh: jax.sharding.Mesh, rules: Any = None, *, on_
 def logical_names(tree: Any) -> Any:
     """Each leaf's logical names (a tuple), or None for unboxed leaves; unboxed structure."""
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_leaf)
+    leaves = [_as_box(l) for l in leaves]
     return jax.tree_util.tree_unflatten(
         treedef, [tuple(l.names) if is_logical_box(l) else None for l in leaves]
     )
