@@ -155,6 +155,7 @@ def mesh_for(cfg: Any, devices: int | None = None):
 
 @command("check", config_args)
 def cmd_check(args: argparse.Namespace) -> int:
+    """Validate a config, its mesh and rules against N devices; print OK or the error."""
     from partitioning.shardings import tree_layouts
 
     cfg = load(args)
@@ -184,6 +185,7 @@ def _rules_args(p: argparse.ArgumentParser) -> None:
 
 @command("rules", _rules_args)
 def cmd_rules(args: argparse.Namespace) -> int:
+    """rules explain CONFIG: per parameter and dimension, the rule that claimed it and why others did not."""
     from rich.console import Console
     from rich.table import Table
 
@@ -233,7 +235,10 @@ def _load_commands() -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     _load_commands()
-    parser = argparse.ArgumentParser(prog="partitioning", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="partitioning",
+        description="Logical-axis sharding for JAX/Flax: check, explain, plan, train and checkpoint "
+                    "a model under a YAML rule table.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name, (add_args, fn) in COMMANDS.items():
         p = sub.add_parser(name, help=(fn.__doc__ or "").strip().split("\n")[0] or None)

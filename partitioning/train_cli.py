@@ -118,7 +118,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from partitioning.plots import plot_loss
 
     quiet_orbax()
-    mesh = cli.mesh_for(cfg)
+    mesh = cli.mesh_for(cfg, args.devices)
     trainer = trainer_from_config(cfg, mesh)
     corpus, train_batches, eval_batches = data_from_config(cfg, trainer)
     run_dir = Path(cfg.run_dir)

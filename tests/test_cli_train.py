@@ -153,3 +153,10 @@ def test_rerun_of_a_finished_run_says_so(write, tmp_path, capsys):
     assert ("train: the checkpoint is already at step 2 (train.steps is 2); raise train.steps to continue, "
             "or --no-resume to start over") in out
     assert [r["step"] for r in records(tmp_path / "run")] == [1, 2]  # nothing trained twice
+
+
+def test_devices_flag_sets_the_mesh(write, tmp_path, capsys):
+    path = tiny(write, tmp_path, **{"name: gpt, embed: 32, heads: 4, mlp: 64, layers: 2": "name: mlp, embed: 32, mlp: 64",
+                                    "steps: 6": "steps: 1"})
+    assert cli.main(["train", str(path), "--no-progress", "--devices", "4"]) == 0
+    assert "on mesh {'data': 1, 'fsdp': 4, 'tensor': 1}" in capsys.readouterr().out
