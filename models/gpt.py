@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from partitioning import register_model, with_logical_constraint, with_logical_partitioning
+from partitioning.boxes import logical_spec, param_for_compute
 
 REMAT_POLICIES = {
     "none": None,
@@ -35,7 +36,7 @@ REMAT_POLICIES = {
 
 def _param(mod: nn.Module, name: str, names: tuple, shape: tuple, dtype: Any, fan_in: int):
     init = nn.initializers.normal(stddev=fan_in ** -0.5)
-    return mod.param(name, with_logical_partitioning(init, names), shape, dtype)
+    return param_for_compute(mod.param(name, with_logical_partitioning(init, names), shape, dtype), names)
 
 
 class RMSNorm(nn.Module):
@@ -45,8 +46,8 @@ class RMSNorm(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        scale = self.param("scale", with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                           (x.shape[-1],), self.param_dtype)
+        scale = param_for_compute(self.param("scale", with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                                             (x.shape[-1],), self.param_dtype), ("embed",))
         x32 = x.astype(jnp.float32)
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         return (y * scale.astype(jnp.float32)).astype(self.dtype)
@@ -60,8 +61,10 @@ class LayerNorm(nn.Module):
     @nn.compact
     def __call__(self, x):
         d = x.shape[-1]
-        scale = self.param("scale", with_logical_partitioning(nn.initializers.ones, ("embed",)), (d,), self.param_dtype)
-        bias = self.param("bias", with_logical_partitioning(nn.initializers.zeros, ("embed",)), (d,), self.param_dtype)
+        scale = param_for_compute(self.param(
+            "scale", with_logical_partitioning(nn.initializers.ones, ("embed",)), (d,), self.param_dtype), ("embed",))
+        bias = param_for_compute(self.param(
+            "bias", with_logical_partitioning(nn.initializers.zeros, ("embed",)), (d,), self.param_dtype), ("embed",))
         x32 = x.astype(jnp.float32)
         mean = x32.mean(-1, keepdims=True)
         var = ((x32 - mean) ** 2).mean(-1, keepdims=True)
@@ -72,6 +75,14 @@ class LayerNorm(nn.Module):
 def _norm(kind: str, dtype, param_dtype, name: str):
     cls = RMSNorm if kind == "rms" else LayerNorm
     return cls(dtype=dtype, param_dtype=param_dtype, name=name)
+
+
+def _embed(emb, tokens):
+    """``emb[tokens]``; on Explicit axes JAX cannot infer a gather's output layout, so it is named."""
+    spec = logical_spec(("batch", "length", "embed"))
+    if spec is None:
+        return jnp.take(emb, tokens, axis=0)
+    return emb.at[tokens].get(out_sharding=spec, mode="fill")
 
 
 def rope(x, theta: float):
@@ -110,13 +121,20 @@ class Attention(nn.Module):
         v = with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
         # Grouped-query: each kv head serves heads // kv_heads query heads.
         q = q.reshape(b, t, g, h // g, k)
-        scores = jnp.einsum("btgrk,bsgk->bgrts", q, kk).astype(jnp.float32) * (k ** -0.5)
+        # Explicit axes with `length` sharded (seq): name the layouts of the two
+        # attention products, which need every key position on every query shard.
+        scores = jnp.einsum("btgrk,bsgk->bgrts", q, kk,
+                            out_sharding=logical_spec(("batch", "kv_heads", None, "length", None)))
+        scores = scores.astype(jnp.float32) * (k ** -0.5)
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
         scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bgrts,bsgk->btgrk", probs, v).reshape(b, t, h, k)
+        out = jnp.einsum("bgrts,bsgk->btgrk", probs, v,
+                         out_sharding=logical_spec(("batch", "length", "kv_heads", None, None))).reshape(b, t, h, k)
         out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
-        y = jnp.einsum("bthk,hkd->btd", out, wo.astype(dt))
+        # Contracts the (tensor-sharded) heads: on Explicit axes the output layout must be named.
+        y = jnp.einsum("bthk,hkd->btd", out, wo.astype(dt),
+                       out_sharding=logical_spec(("batch", "length", "embed")))
         return with_logical_constraint(y, ("batch", "length", "embed"))
 
 
@@ -136,7 +154,9 @@ class MlpBlock(nn.Module):
         up = jnp.einsum("btd,dm->btm", x, wi_1.astype(self.dtype))
         hdn = nn.silu(gate) * up
         hdn = with_logical_constraint(hdn, ("batch", "length", "mlp"))
-        y = jnp.einsum("btm,md->btd", hdn, wo.astype(self.dtype))
+        # Row-parallel: contracts the (tensor-sharded) mlp dimension.
+        y = jnp.einsum("btm,md->btd", hdn, wo.astype(self.dtype),
+                       out_sharding=logical_spec(("batch", "length", "embed")))
         return with_logical_constraint(y, ("batch", "length", "embed"))
 
 
@@ -188,9 +208,10 @@ class GPT(nn.Module):
         head_dim = self.head_dim or self.embed // self.heads
         if self.heads % kv_heads:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({kv_heads})")
-        emb = self.param("embedding", with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")),
-                         (self.vocab_size, self.embed), pd)
-        x = jnp.take(emb, tokens, axis=0).astype(dt)
+        emb = param_for_compute(self.param(
+            "embedding", with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")),
+            (self.vocab_size, self.embed), pd), ("vocab", "embed"))
+        x = _embed(emb, tokens).astype(dt)
         x = with_logical_constraint(x, ("batch", "length", "embed"))
 
         block = Block

@@ -28,7 +28,7 @@ from flax.core import meta
 from jax.sharding import PartitionSpec
 
 from partitioning.errors import RuleError
-from partitioning.rules import as_rules, get_logical_axis_rules
+from partitioning.rules import as_rules, axes_tuple, get_logical_axis_rules
 
 
 class LogicallyPartitioned(nn.LogicallyPartitioned):
@@ -37,7 +37,70 @@ class LogicallyPartitioned(nn.LogicallyPartitioned):
     def unbox(self, apply_constraint: bool = True) -> Any:
         if not apply_constraint:
             return self.value
+        if _is_explicit(jax.sharding.get_abstract_mesh()):
+            return param_for_compute(self.value, tuple(self.names), rules=self.rules)
         return with_logical_constraint(self.value, tuple(self.names), rules=self.rules)
+
+
+def _is_explicit(mesh: Any) -> bool:
+    return not mesh.empty and any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
+
+
+def compute_spec(names: Sequence[Any], rules: Any = None) -> PartitionSpec:
+    """A param's spec for computing with it: its rule spec minus the ``batch`` rule's mesh axes.
+
+    Those axes split the batch, so a param sharded over them (FSDP) must be
+    gathered before use; its other axes (tensor parallelism) stay sharded.
+
+    Example::
+
+        >>> compute_spec(("embed", "heads"), "fsdp_tp")
+        P(None, 'tensor')
+    """
+    rules = as_rules(rules) if rules is not None else get_logical_axis_rules()
+    batch_axes = {a for n, axes in rules if n == "batch" for a in axes_tuple(axes)}
+    out = []
+    for entry in _constraint_spec(tuple(names), rules, Fallback.UNSHARDED):
+        kept = tuple(a for a in axes_tuple(entry) if a not in batch_axes)
+        out.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    return PartitionSpec(*out)
+
+
+def param_for_compute(x: Any, names: Sequence[Any], rules: Any = None) -> Any:
+    """On an Explicit mesh, ``x`` resharded to :func:`compute_spec`; ``x`` itself otherwise.
+
+    Explicit axes never move data implicitly, so FSDP's all-gather has to be
+    spelled out before a param meets a batch-sharded activation; the gradient
+    goes back to the stored layout through reshard's transpose (a
+    reduce-scatter). Models call it on params they read: ``Trainer`` applies
+    them unboxed, so :meth:`LogicallyPartitioned.unbox` does not run there.
+
+    Example::
+
+        >>> scale = param_for_compute(self.param("scale", init, (d,)), ("embed",))
+    """
+    rules = as_rules(rules) if rules is not None else get_logical_axis_rules()
+    if not rules or not _is_explicit(jax.sharding.get_abstract_mesh()):
+        return x
+    return jax.sharding.reshard(x, compute_spec(names, rules))
+
+
+def logical_spec(names: Sequence[Any], rules: Any = None) -> PartitionSpec | None:
+    """The PartitionSpec for ``names`` on an Explicit mesh; ``None`` otherwise.
+
+    For the ``out_sharding=`` of ops whose output sharding JAX cannot infer on
+    Explicit axes (a gather, a contraction over a sharded dimension); ``None``
+    keeps the Auto-axes behaviour (XLA decides) unchanged.
+
+    Example::
+
+        >>> y = jnp.einsum("btm,md->btd", h, wo, out_sharding=logical_spec(("batch", "length", "embed")))
+    """
+    rules = as_rules(rules) if rules is not None else get_logical_axis_rules()
+    mesh = jax.sharding.get_abstract_mesh()
+    if not rules or not _is_explicit(mesh):
+        return None
+    return _constraint_spec(tuple(names), rules, Fallback.UNSHARDED)
 
 
 def with_logical_partitioning(

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from partitioning.boxes import is_box, is_logical_box, with_logical_constraint
+from partitioning.boxes import is_box, is_logical_box, logical_spec, with_logical_constraint
 from partitioning.errors import ShardingError
 from partitioning.mesh import sharding_context
 from partitioning.optimizer import current_lr
@@ -60,6 +60,10 @@ def lm_loss(logits: jax.Array, batch: dict[str, jax.Array]) -> tuple[jax.Array, 
         >>> loss, aux = lm_loss(model.apply(v, batch["inputs"]), batch)
     """
     logits = logits.astype(jnp.float32)
+    spec = logical_spec(("batch", "length", None))
+    if spec is not None:
+        # Explicit axes: the label gather cannot read a vocab-sharded row, so gather the vocab first.
+        logits = jax.sharding.reshard(logits, spec)
     targets = batch["targets"]
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
     accuracy = (jnp.argmax(logits, -1) == targets).mean()
