@@ -28,7 +28,8 @@ from partitioning.rules import (
     set_logical_axis_rules,
 )
 from partitioning.boxes import (
-    Fallback, LogicallyPartitioned, is_box, unbox, with_logical_constraint, with_logical_partitioning,
+    Fallback, LogicallyPartitioned, compute_spec, is_box, logical_spec, param_for_compute, unbox,
+    with_logical_constraint, with_logical_partitioning,
 )
 from partitioning.mesh import MeshSpec, make_mesh, sharding_context
 from partitioning.shardings import (
@@ -54,7 +55,7 @@ __all__ = [
     "DataError", "Rules", "DimExplanation", "IndivisibleWarning", "axis_rules", "get_logical_axis_rules",
     "set_logical_axis_rules", "logical_to_mesh_axes", "logical_to_mesh", "logical_to_mesh_sharding",
     "preset_names", "LogicallyPartitioned", "with_logical_partitioning", "with_logical_constraint",
-    "Fallback", "is_box", "unbox", "MeshSpec", "make_mesh", "sharding_context", "LeafLayout",
+    "Fallback", "is_box", "unbox", "compute_spec", "logical_spec", "param_for_compute", "MeshSpec", "make_mesh", "sharding_context", "LeafLayout",
     "tree_layouts", "tree_specs", "tree_shardings", "logical_names", "per_device_bytes",
     "register_model", "build_model", "model_names", "Config", "load_config",
     "Plan", "build_plan", "abstract_train_state", "activation_names", "compiled_view",
