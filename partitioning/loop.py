@@ -3,7 +3,8 @@
 Steps are dispatched back to back; metrics come to the host only on logging
 steps (the first, every ``log_every``-th and the last), so the device never
 waits for Python in between. Ctrl-C (SIGINT) and SIGTERM stop the loop after
-the current step; hooks then see ``on_exit(state, "interrupted")`` or
+the current step (with several processes: at the next logging step, all
+together); hooks then see ``on_exit(state, "interrupted")`` or
 ``"preempted"``. A second Ctrl-C raises ``KeyboardInterrupt`` at once.
 
 A hook is any object with some of::
@@ -84,6 +85,26 @@ class _StopFlag:
                 signal.signal(sig, old)
 
 
+_REASON_CODES = {None: 0, "interrupted": 1, "preempted": 2}
+
+
+def _agreed_stop(local: str | None) -> str | None:
+    """The stop reason all processes agree on (the strongest any of them saw).
+
+    Signals reach processes at different moments; if one stopped while the
+    others stepped on, they would wait forever in the next step's collectives.
+    So with several processes a stop takes effect only at a logging step, where
+    they exchange what they saw (a tiny host all-gather) and stop together.
+    """
+    if jax.process_count() == 1:
+        return local
+    from jax.experimental import multihost_utils
+
+    codes = multihost_utils.process_allgather(np.int32(_REASON_CODES[local]))
+    strongest = int(np.max(codes))
+    return {v: k for k, v in _REASON_CODES.items()}[strongest]
+
+
 def _progress(total: int, initial: int, enabled: bool):
     from tqdm import tqdm  # not tqdm.auto: its notebook bar needs ipywidgets
 
@@ -128,6 +149,7 @@ def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
     get_batch = _batch_source(train_batches)
     tokens_per_step = trainer.batch_size * trainer.seq_len
     is_main = jax.process_index() == 0
+    single = jax.process_count() == 1
     flag = _StopFlag()
     bar = _progress(steps, min(start, steps), progress and is_main)
     last_t, last_step = time.perf_counter(), start
@@ -141,8 +163,10 @@ def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
                 logging = step == start + 1 or step % max(log_every, 1) == 0 or step == steps
                 evaluating = eval_batches is not None and (
                     step == start + 1 or step == steps or (eval_every and step % eval_every == 0))
+                # One process alone acts on its signal at once; several agree at logging steps.
+                stop = flag.reason if single else (_agreed_stop(flag.reason) if logging or evaluating else None)
                 host = None
-                if logging or evaluating or flag.reason:
+                if logging or evaluating or stop:
                     host = host_metrics(metrics)  # waits for the step: the only sync point
                     now = time.perf_counter()
                     dt = (now - last_t) / max(step - last_step, 1)
@@ -161,8 +185,10 @@ def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
                 for h in hooks:
                     if hasattr(h, "on_step_end"):
                         h.on_step_end(step, state, host)
-                if flag.reason:
-                    reason = flag.reason
+                if single:
+                    stop = flag.reason  # a signal during the hooks counts for this step too
+                if stop:
+                    reason = stop
                     break
     finally:
         bar.close()

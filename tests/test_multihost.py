@@ -124,3 +124,43 @@ def test_partial_multihost_flags_are_one_line_errors(tmp_path):
     assert r.stderr.strip() == (
         "error: multi-host needs all of --coordinator HOST:PORT, --num-processes N and --process-id I "
         "(or only --distributed on a cluster jax detects by itself)")
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_all_at_the_same_step(tmp_path):
+    """Preemption rarely reaches every host at the same instant: the processes
+    agree at the next logging step, stop together, save, and exit 143."""
+    import signal
+    import time
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(TRAIN_CFG.replace("steps: 4", "steps: 100000").replace("log_every: 1", "log_every: 2")
+                   .replace("eval_every: 4", "eval_every: 1000000"))
+    run = tmp_path / "multi"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "partitioning", "train", str(cfg), "--no-progress",
+                          "--set", f"run_dir={run}", "--coordinator", f"127.0.0.1:{port}",
+                          "--num-processes", "2", "--process-id", str(i)],
+                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
+    try:
+        deadline = time.time() + 240
+        metrics = run / "metrics.jsonl"
+        while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+            time.sleep(0.2)
+        assert metrics.exists(), "training never logged"
+        procs[1].send_signal(signal.SIGTERM)  # only the second host is told
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [143, 143], [o[1][-2000:] for o in outs]
+    last = json.loads(metrics.read_text().splitlines()[-1])["step"]
+    assert last % 2 == 0  # stopped at a logging step
+    assert outs[0][0].strip().splitlines()[-1].startswith(f"preempted: step {last}")
+    steps = [int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()]
+    assert max(steps) == last  # saved at the stop step (also every 2 steps before it)
