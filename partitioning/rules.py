@@ -208,6 +208,15 @@ class Rules(tuple):
             self._resolve(names, shape, mesh, on_indivisible, path, log)
         return log
 
+    def resolve_explained(
+        self, names: Sequence[Any], shape: Sequence[int] | None = None, mesh: Any = None,
+        *, on_indivisible: str = "error", path: str = "",
+    ) -> tuple[PartitionSpec, list["DimExplanation"]]:
+        """:meth:`resolve` and :meth:`explain` in one walk of the rules (warns like resolve)."""
+        log: list[DimExplanation] = []
+        spec = PartitionSpec(*self._resolve(names, shape, mesh, on_indivisible, path, log))
+        return spec, log
+
     def _resolve(self, names, shape, mesh, on_indivisible, path, log):
         if on_indivisible not in ON_INDIVISIBLE:
             raise RuleError(f"on_indivisible must be one of {ON_INDIVISIBLE}, got {on_indivisible!r}")

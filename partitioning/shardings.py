@@ -124,10 +124,7 @@ def _layout_one(path: str, leaf: Any, mesh: Any, rules: Rules, on_indivisible: s
     if is_logical_box(leaf):
         names = tuple(leaf.names)
         box_rules = as_rules(leaf.rules) if leaf.rules is not None else rules
-        dims = box_rules.explain(names, shape, mesh, on_indivisible=on_indivisible, path=path)
-        # explain() swallows the fallback warning; resolve() below re-issues it
-        # (or raises) with the parameter path.
-        spec = box_rules.resolve(names, shape, mesh, on_indivisible=on_indivisible, path=path)
+        spec, dims = box_rules.resolve_explained(names, shape, mesh, on_indivisible=on_indivisible, path=path)
         return LeafLayout(path, shape, dtype, names, spec, tuple(dims), _shards(spec, len(shape), sizes))
     if is_box(leaf):  # nn.Partitioned: names are mesh axes already
         spec = PartitionSpec(*leaf.names)
