@@ -113,10 +113,9 @@ def plot_plan(report: dict[str, Any], path: str | Path) -> Path:
     _draw_mesh(mx, report["mesh"], report.get("rules") or [])
     fig.suptitle(f"{report.get('model', {}).get('name', '')} — rules from {report.get('config', '')}", fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    from partitioning.plots import save_figure
+
+    return save_figure(fig, path)
 
 
 __all__ = ["plot_plan"]

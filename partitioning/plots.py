@@ -31,10 +31,15 @@ def plot_loss(records: Sequence[dict[str, Any]], path: str | Path, *, title: str
     ax.grid(True, alpha=0.3)
     if ax.lines:
         ax.legend()
+    return save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Writes a matplotlib Figure as PNG, creating the folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     return path
 
 
-__all__ = ["plot_loss"]
+__all__ = ["plot_loss", "save_figure"]
