@@ -184,10 +184,6 @@ class TokenBatches:
             _local_block(sharding, shape) if sharding is not None else (slice(0, batch_size), slice(0, seq_len))
         )
 
-    @property
-    def tokens_per_batch(self) -> int:
-        return self.batch_size * self.seq_len
-
     def _perm(self, epoch: int) -> np.ndarray:
         if epoch not in self._perms:
             if len(self._perms) > 2:

@@ -147,10 +147,6 @@ class Rules(tuple):
     def logical_names(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(name for name, _ in self))
 
-    @property
-    def mesh_axis_names(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(a for _, axes in self for a in axes_tuple(axes)))
-
     def to_list(self) -> list[list[Any]]:
         """JSON/YAML-friendly form: ``[[logical, axes], ...]``."""
         return [[n, list(a) if isinstance(a, tuple) else a] for n, a in self]
