@@ -107,23 +107,24 @@ def load_corpus(path: str | None = None, *, eval_fraction: float = 0.05) -> Corp
         (True, True)
     """
     if not 0 < eval_fraction < 1:
-        raise DataError(f"data.eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction}")
+        raise DataError(f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction}",
+                        arg="eval_fraction")
     if path is None:
         root = Path(sysconfig.get_paths()["stdlib"])
         files, source = stdlib_files(), f"python stdlib ({root})"
     else:
         p = Path(path).expanduser()
         if not p.exists():
-            raise DataError(f"data.path {str(path)!r}: no such file or folder")
+            raise DataError(f"{str(path)!r}: no such file or folder", arg="path")
         if p.is_file():
             data = np.frombuffer(p.read_bytes(), dtype=np.uint8)
             cut = len(data) - max(1, int(len(data) * eval_fraction))
             if len(data) < 2:
-                raise DataError(f"data.path {str(path)!r}: file is empty")
+                raise DataError(f"{str(path)!r}: file is empty", arg="path")
             return Corpus(data[:cut], data[cut:], str(p), (p.name,), (p.name,))
         root, files, source = p, _text_files(p), str(p)
         if not files:
-            raise DataError(f"data.path {str(path)!r}: folder holds no text files")
+            raise DataError(f"{str(path)!r}: folder holds no text files", arg="path")
     if len(files) == 1:
         return load_corpus(str(files[0]), eval_fraction=eval_fraction)
     rel = [f.relative_to(root).as_posix() for f in files]

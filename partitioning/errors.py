@@ -12,7 +12,16 @@ from collections.abc import Iterable
 
 
 class PartitioningError(Exception):
-    """Base class of every user-facing error of the toolkit."""
+    """Base class of every user-facing error of the toolkit.
+
+    ``arg`` optionally names the function argument that was wrong (e.g.
+    ``"batch_size"``), so a caller that got it from a config key can point at
+    that key's file and line without parsing the message.
+    """
+
+    def __init__(self, *args: object, arg: str | None = None):
+        super().__init__(*args)
+        self.arg = arg
 
 
 class RuleError(PartitioningError, ValueError):

@@ -126,7 +126,7 @@ class Trainer:
         self.batch_size, self.seq_len, self.grad_accum = int(batch_size), int(seq_len), int(grad_accum)
         if self.grad_accum < 1 or self.batch_size % self.grad_accum:
             raise ShardingError(
-                f"batch_size {batch_size} must be a positive multiple of grad_accum {grad_accum}")
+                f"batch_size {batch_size} must be a positive multiple of grad_accum {grad_accum}", arg="grad_accum")
         self.micro_batch = self.batch_size // self.grad_accum
         self.batch_spec = self._batch_spec()
         self.batch_sharding = NamedSharding(mesh, self.batch_spec)
@@ -165,7 +165,7 @@ class Trainer:
                     f"micro-batch {self.micro_batch} (batch_size {self.batch_size} / grad_accum {self.grad_accum})")
             raise ShardingError(
                 f"{what} is not divisible by the batch mesh axes {axes!r} of size {n}; "
-                f"use a multiple of {n}")
+                f"use a multiple of {n}", arg="batch_size")
         return spec
 
     def _dummy_tokens(self):

@@ -69,10 +69,8 @@ def trainer_from_config(cfg: Any, mesh: Any):
             batch_size=t.batch_size, seq_len=t.seq_len, optimizer_rules=cfg.optimizer_rules,
             on_indivisible=cfg.on_indivisible, grad_accum=t.grad_accum)
     except ShardingError as e:
-        # Batch-shape errors are about train.* keys: point at them in the file.
-        if str(e).startswith(("batch_size", "micro-batch")):
-            key = "grad_accum" if "grad_accum" in str(e) and "micro" not in str(e) else "batch_size"
-            raise ShardingError(f"{cfg.where('train', key)}: {e}") from None
+        if e.arg in ("batch_size", "grad_accum"):  # Trainer arguments that are train.* keys
+            raise ShardingError(f"{cfg.where('train', e.arg)}: {e}") from None
         raise
 
 
@@ -86,8 +84,9 @@ def data_from_config(cfg: Any, trainer: Any):
     try:
         corpus = load_corpus(cfg.data.path, eval_fraction=cfg.data.eval_fraction)
     except DataError as e:
-        msg = str(e).removeprefix("data.path ")
-        raise DataError(f"{cfg.where('data', 'path')}: {msg}") from None
+        if e.arg is None:
+            raise
+        raise DataError(f"{cfg.where('data', e.arg)}: {e}") from None
     train = corpus.batches("train", t.batch_size, t.seq_len, trainer.batch_sharding, seed=cfg.data.seed)
     if t.eval_batches <= 0:
         return corpus, train, None

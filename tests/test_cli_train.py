@@ -69,6 +69,8 @@ def test_train_writes_metrics_config_and_plot(write, tmp_path, capsys):
     ({"batch_size: 8": "batch_size: 12"},
      "{path}:7: train.batch_size: batch_size 12 is not divisible by the batch mesh axes ('data', 'fsdp') "
      "of size 8; use a multiple of 8"),
+    ({"batch_size: 8": "batch_size: 8, grad_accum: 3"},
+     "{path}:7: train.grad_accum: batch_size 8 must be a positive multiple of grad_accum 3"),
     ({"rules: fsdp": "rules: fsdp\ndata: {path: /no/such/dir}"},
      "{path}:6: data.path: '/no/such/dir': no such file or folder"),
     ({"layers: 2}": "layers: 2, vocab_size: 128}"},

@@ -50,7 +50,7 @@ def test_user_folder_is_split_by_file_and_single_file_by_bytes(tmp_path):
 
 
 def test_bad_paths_and_tiny_corpora_are_data_errors(tmp_path):
-    with pytest.raises(DataError, match=r"data.path '.*nope': no such file or folder"):
+    with pytest.raises(DataError, match=r"'.*nope': no such file or folder"):
         load_corpus(str(tmp_path / "nope"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="folder holds no text files"):
