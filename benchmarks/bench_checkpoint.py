@@ -47,7 +47,7 @@ def _setup_env() -> None:
 
 def model_for(gib: float):
     """A GPT whose params + two adam moments are about ``gib`` GiB of float32."""
-    from models import GPT
+    from partitioning.models import GPT
 
     embed, mlp = 1024, 4096
     per_layer = 4 * embed * embed + 3 * embed * mlp + 2 * embed

@@ -50,14 +50,14 @@ def _setup_env() -> None:
 
 
 def _tx():
-    from partitioning.optimizer import make_optimizer
+    from partitioning.train.optimizer import make_optimizer
 
     return make_optimizer("adamw", lr=3e-3, total_steps=1000, warmup_steps=20, weight_decay=0.1, clip_norm=1.0)
 
 
 def _trainer(rules="fsdp", mesh_shape=None, **model_kw):
     import partitioning as pt
-    from models import GPT
+    from partitioning.models import GPT
 
     mesh = pt.make_mesh(mesh_shape or {"data": 1, "fsdp": -1, "tensor": 1})
     return pt.Trainer(GPT(**{**QUICKSTART, **model_kw}), _tx(), mesh, rules, batch_size=BATCH, seq_len=SEQ)
@@ -92,7 +92,7 @@ def hand_written_step(trainer):
 def bench_step_time(rounds: int, steps: int) -> dict:
     import jax
 
-    from partitioning.data import load_corpus
+    from partitioning.train.data import load_corpus
     from partitioning.mesh import sharding_context
 
     trainer = _trainer()

@@ -1,7 +1,19 @@
 """partitioning: logical-axis sharding for JAX/Flax.
 
 Annotate parameters with logical axis names once; choose data parallel, FSDP,
-tensor parallel or 2D layouts with a YAML rule table.
+tensor parallel or 2D layouts with a YAML rule table; plan, train and
+checkpoint under it.
+
+The package is a pipeline, one folder per stage::
+
+    rules, boxes, mesh, layout      names -> PartitionSpec -> NamedSharding (the core)
+    train/                          sharded state, jitted step, data, loop
+    checkpoint/                     orbax save / restore onto any mesh and rules
+    plan/                           memory, collectives and warnings before running
+    config/, cli/                   YAML run configs and the command line
+
+This module re-exports what a user needs; everything else stays importable
+from its module.
 
 Example::
 
@@ -22,45 +34,56 @@ Training (state born sharded, jitted step with donation)::
 from partitioning.errors import (
     CheckpointError, ConfigError, DataError, MeshError, PartitioningError, RuleError, ShardingError,
 )
+from partitioning.resolve import DimExplanation, IndivisibleWarning
 from partitioning.rules import (
-    DimExplanation, IndivisibleWarning, Rules, axis_rules, get_logical_axis_rules,
-    logical_to_mesh, logical_to_mesh_axes, logical_to_mesh_sharding, preset_names,
-    set_logical_axis_rules,
+    Rules, axis_rules, get_logical_axis_rules, logical_to_mesh_axes, preset_names, set_logical_axis_rules,
 )
 from partitioning.boxes import (
     Fallback, LogicallyPartitioned, compute_spec, is_box, logical_spec, param_for_compute, unbox,
     with_logical_constraint, with_logical_partitioning,
 )
 from partitioning.mesh import MeshSpec, make_mesh, sharding_context
-from partitioning.shardings import (
-    LeafLayout, logical_names, per_device_bytes, tree_layouts, tree_shardings, tree_specs,
+from partitioning.devices import initialize_distributed, simulate_devices
+from partitioning.layout import (
+    LeafLayout, logical_names, logical_to_mesh, logical_to_mesh_sharding, per_device_bytes, tree_layouts,
+    tree_shardings, tree_specs,
 )
 from partitioning.registry import build_model, model_names, register_model
 from partitioning.config import Config, load_config
-from partitioning.report import Plan, abstract_train_state, activation_names, build_plan
-from partitioning.compiled import compiled_view
-from partitioning.checkpoint import (
-    CheckpointHook, CheckpointManager, abstract_target, checkpoint_metadata, restore_checkpoint, save_checkpoint,
+from partitioning.train import (
+    Corpus, JsonlLogger, TokenBatches, Trainer, TrainState, abstract_train_state, evaluate, fit, lm_loss,
+    load_corpus, lr_schedule, make_optimizer, plot_loss,
 )
-from partitioning.train import TrainState, Trainer, lm_loss
-from partitioning.optimizer import lr_schedule, make_optimizer
-from partitioning.data import Corpus, TokenBatches, load_corpus
-from partitioning.loop import JsonlLogger, evaluate, fit
-from partitioning.plots import plot_loss
+from partitioning.checkpoint import (
+    CheckpointHook, CheckpointManager, abstract_target, checkpoint_metadata, reshard_checkpoint,
+    restore_checkpoint, save_checkpoint,
+)
+from partitioning.plan import Plan, activation_names, build_plan, compiled_view, plot_plan
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "PartitioningError", "RuleError", "MeshError", "ShardingError", "ConfigError", "CheckpointError",
-    "DataError", "Rules", "DimExplanation", "IndivisibleWarning", "axis_rules", "get_logical_axis_rules",
-    "set_logical_axis_rules", "logical_to_mesh_axes", "logical_to_mesh", "logical_to_mesh_sharding",
-    "preset_names", "LogicallyPartitioned", "with_logical_partitioning", "with_logical_constraint",
-    "Fallback", "is_box", "unbox", "compute_spec", "logical_spec", "param_for_compute", "MeshSpec", "make_mesh", "sharding_context", "LeafLayout",
-    "tree_layouts", "tree_specs", "tree_shardings", "logical_names", "per_device_bytes",
+    # errors
+    "PartitioningError", "RuleError", "MeshError", "ShardingError", "ConfigError", "CheckpointError", "DataError",
+    # rules
+    "Rules", "DimExplanation", "IndivisibleWarning", "axis_rules", "get_logical_axis_rules",
+    "set_logical_axis_rules", "logical_to_mesh_axes", "preset_names",
+    # boxes
+    "LogicallyPartitioned", "with_logical_partitioning", "with_logical_constraint", "Fallback", "is_box", "unbox",
+    "compute_spec", "logical_spec", "param_for_compute",
+    # mesh and devices
+    "MeshSpec", "make_mesh", "sharding_context", "simulate_devices", "initialize_distributed",
+    # layout
+    "LeafLayout", "tree_layouts", "tree_specs", "tree_shardings", "logical_names", "per_device_bytes",
+    "logical_to_mesh", "logical_to_mesh_sharding",
+    # models and configs
     "register_model", "build_model", "model_names", "Config", "load_config",
-    "Plan", "build_plan", "abstract_train_state", "activation_names", "compiled_view",
+    # train
+    "Trainer", "TrainState", "abstract_train_state", "lm_loss", "make_optimizer", "lr_schedule", "Corpus",
+    "TokenBatches", "load_corpus", "fit", "evaluate", "JsonlLogger", "plot_loss",
+    # checkpoint
     "CheckpointManager", "CheckpointHook", "abstract_target", "restore_checkpoint", "save_checkpoint",
-    "checkpoint_metadata",
-    "Trainer", "TrainState", "lm_loss", "make_optimizer", "lr_schedule", "Corpus", "TokenBatches",
-    "load_corpus", "fit", "evaluate", "JsonlLogger", "plot_loss",
+    "checkpoint_metadata", "reshard_checkpoint",
+    # plan
+    "Plan", "build_plan", "activation_names", "compiled_view", "plot_plan",
 ]

@@ -28,7 +28,8 @@ from flax.core import meta
 from jax.sharding import PartitionSpec
 
 from partitioning.errors import RuleError
-from partitioning.rules import as_rules, axes_tuple, get_logical_axis_rules
+from partitioning.resolve import axes_tuple
+from partitioning.rules import as_rules, get_logical_axis_rules
 
 
 class LogicallyPartitioned(nn.LogicallyPartitioned):
@@ -47,10 +48,12 @@ def _is_explicit(mesh: Any) -> bool:
 
 
 def compute_spec(names: Sequence[Any], rules: Any = None) -> PartitionSpec:
-    """A param's spec for computing with it: its rule spec minus the ``batch`` rule's mesh axes.
+    """A param's spec for computing with it: its rule spec minus :attr:`Rules.batch_axes`.
 
     Those axes split the batch, so a param sharded over them (FSDP) must be
     gathered before use; its other axes (tensor parallelism) stay sharded.
+    ``batch_axes`` are declared with the rule table, or read off its ``batch``
+    rules.
 
     Example::
 
@@ -58,7 +61,7 @@ def compute_spec(names: Sequence[Any], rules: Any = None) -> PartitionSpec:
         P(None, 'tensor')
     """
     rules = as_rules(rules) if rules is not None else get_logical_axis_rules()
-    batch_axes = {a for n, axes in rules if n == "batch" for a in axes_tuple(axes)}
+    batch_axes = set(rules.batch_axes)
     out = []
     for entry in _constraint_spec(tuple(names), rules, Fallback.UNSHARDED):
         kept = tuple(a for a in axes_tuple(entry) if a not in batch_axes)
@@ -140,8 +143,13 @@ def is_logical_box(x: Any) -> bool:
 
 
 def unbox(tree: Any) -> Any:
-    """Strips every box (ours or Flax's) without applying constraints."""
-    return meta.unbox(tree)
+    """The values inside every box (ours or Flax's), never applying a constraint.
+
+    Example::
+
+        >>> params = unbox(jax.eval_shape(model.init, key, x))["params"]
+    """
+    return jax.tree.map(lambda x: x.value if is_box(x) else x, tree, is_leaf=is_box)
 
 
 class Fallback(enum.Enum):

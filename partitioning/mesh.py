@@ -20,14 +20,21 @@ import jax
 from jax.sharding import AxisType, Mesh
 
 from partitioning.errors import MeshError, did_you_mean
-from partitioning.rules import Rules, as_rules, axis_rules
+from partitioning.fmt import fmt_mesh
+from partitioning.rules import as_rules, axis_rules
 
 AXIS_TYPES = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
-    """An ordered mesh shape, possibly with one ``-1`` (the rest of the devices)."""
+    """An ordered mesh shape, possibly with one ``-1`` (the rest of the devices).
+
+    Example::
+
+        >>> MeshSpec.from_mapping({"data": 2, "fsdp": -1}).resolve(8)
+        {'data': 2, 'fsdp': 4}
+    """
 
     axes: tuple[tuple[str, int], ...]
     axis_types: str = "auto"
@@ -79,7 +86,7 @@ class MeshSpec:
         return dict(self.axes)
 
     def describe(self) -> str:
-        return "{" + ", ".join(f"{n}: {s}" for n, s in self.axes) + "}"
+        return fmt_mesh(self.axes)
 
 
 def make_mesh(
@@ -122,4 +129,4 @@ def sharding_context(mesh: Mesh, rules: Any):
         yield mesh, rules
 
 
-__all__ = ["MeshSpec", "make_mesh", "sharding_context", "Rules"]
+__all__ = ["MeshSpec", "make_mesh", "sharding_context", "AXIS_TYPES"]

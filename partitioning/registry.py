@@ -1,9 +1,12 @@
-"""The model registry: lets a YAML config name a Flax module.
+"""The model registry: lets a YAML config name a model class.
 
-The reference models in ``models/`` register themselves; a user registers
-their own module the same way and then writes ``model: {name: mine, ...}``.
-A registered model maps int token ids ``(batch, length)`` to logits
-``(batch, length, vocab)`` so the CLI's language-model loss applies.
+A registered model is built from keyword options (``model: {name: gpt,
+embed: 128}``). Options are checked against the class's constructor — its
+dataclass fields (Flax Linen modules) or its signature (anything else, Flax
+NNX modules included) — so a typo is an error naming the option, never a
+``TypeError`` deep inside the model. The reference models
+(:mod:`partitioning.models`) register ``mlp`` and ``gpt`` when imported;
+``partitioning`` itself never imports them.
 
 Example::
 
@@ -14,22 +17,32 @@ Example::
     ...     vocab_size: int = 256
     ...     def __call__(self, tokens, deterministic=True):
     ...         return nn.Embed(self.vocab_size, 8)(tokens) @ jnp.ones((8, self.vocab_size))
+    >>> build_model("tiny", vocab_size=512).vocab_size
+    512
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 from partitioning.errors import ConfigError, did_you_mean
 
 _REGISTRY: dict[str, type] = {}
+# Linen's own dataclass fields, set by Flax rather than by a config.
 _RESERVED = {"parent", "name"}
+REQUIRED = dataclasses.MISSING
 
 
 def register_model(name: str, cls: type | None = None) -> Callable[[type], type] | type:
-    """Registers a Flax module class under ``name`` (usable as a decorator)."""
+    """Registers a model class under ``name`` (usable as a decorator).
+
+    Example::
+
+        >>> register_model("mine", MyModel)
+    """
 
     def deco(c: type) -> type:
         _REGISTRY[name] = c
@@ -38,46 +51,74 @@ def register_model(name: str, cls: type | None = None) -> Callable[[type], type]
     return deco(cls) if cls is not None else deco
 
 
-def _load_builtin() -> None:
-    import models  # noqa: F401  (registers mlp and gpt)
-
-
 def model_names() -> list[str]:
-    _load_builtin()
+    """The registered names (``import partitioning.models`` registers ``gpt`` and ``mlp``).
+
+    Example::
+
+        >>> "gpt" in model_names()
+        True
+    """
     return sorted(_REGISTRY)
 
 
 def model_class(name: str) -> type:
-    _load_builtin()
+    """The class registered as ``name``; a :class:`ConfigError` with a did-you-mean otherwise."""
     if name not in _REGISTRY:
         raise ConfigError(
-            f"unknown model {name!r} (registered: {', '.join(sorted(_REGISTRY))}){did_you_mean(name, _REGISTRY)}"
-        )
+            f"unknown model {name!r} (registered: {', '.join(sorted(_REGISTRY))}){did_you_mean(name, _REGISTRY)}",
+            arg="name")
     return _REGISTRY[name]
 
 
-def model_options(name: str) -> dict[str, Any]:
-    """The options a model accepts, with their defaults."""
-    cls = model_class(name)
+def constructor_options(cls: Any) -> dict[str, Any]:
+    """The keyword options ``cls`` takes, with their defaults (``REQUIRED`` when none).
+
+    Dataclasses (Flax Linen modules) by their fields, anything else by its
+    signature.
+    """
+    if dataclasses.is_dataclass(cls):
+        out = {}
+        for f in dataclasses.fields(cls):
+            if f.name in _RESERVED or not f.init:
+                continue
+            if f.default is not dataclasses.MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                out[f.name] = f.default_factory()  # type: ignore[misc]
+            else:
+                out[f.name] = REQUIRED
+        return out
+    target = cls.__init__ if isinstance(cls, type) else cls
     out = {}
-    for f in dataclasses.fields(cls):
-        if f.name in _RESERVED or not f.init:
+    for p in list(inspect.signature(target).parameters.values()):
+        if p.name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            out[f.name] = f.default_factory()  # type: ignore[misc]
-        else:
-            out[f.name] = dataclasses.MISSING
+        out[p.name] = REQUIRED if p.default is inspect.Parameter.empty else p.default
     return out
 
 
-def build_model(name: str, **options: Any) -> Any:
-    """Instantiates the registered module ``name`` with ``options``."""
-    allowed = model_options(name)
+def check_options(what: str, cls: Any, options: dict[str, Any]) -> None:
+    """Raises a :class:`ConfigError` (``arg`` = the option) for an option ``cls`` does not take."""
+    allowed = constructor_options(cls)
     for k in options:
         if k not in allowed:
             raise ConfigError(
-                f"model {name!r} has no option {k!r} (options: {', '.join(allowed)}){did_you_mean(k, allowed)}"
-            )
-    return model_class(name)(**options)
+                f"{what} has no option {k!r} (options: {', '.join(allowed)}){did_you_mean(str(k), allowed)}",
+                arg=str(k))
+
+
+def build_model(name: str, **options: Any) -> Any:
+    """Instantiates the model registered as ``name`` with ``options`` (checked first).
+
+    Example::
+
+        >>> build_model("gpt", embed=64, layers=2)
+    """
+    cls = model_class(name)
+    check_options(f"model {name!r}", cls, options)
+    return cls(**options)
+
+
+__all__ = ["register_model", "model_names", "model_class", "constructor_options", "check_options",
+           "build_model", "REQUIRED"]

@@ -9,6 +9,17 @@ array. Later rules with the same logical name are fallbacks. This is exactly
 :func:`flax.linen.logical_to_mesh_axes` (a differential test keeps it so); the
 toolkit adds mesh validation, divisibility and ``explain``.
 
+Parameter layout vs compute layout: a parameter is *stored* in its rule spec
+and *used* in its compute spec, the rule spec minus the mesh axes that split
+the batch (FSDP gathers a weight before using it). Those axes are
+:attr:`Rules.batch_axes`: declared with the table (``batch_axes:`` in YAML),
+else the mesh axes of the rules for the logical name ``batch``.
+
+The rule context (:func:`axis_rules`, :func:`set_logical_axis_rules`,
+:func:`get_logical_axis_rules`) is Flax's own thread-local store, holding a
+:class:`Rules` (a tuple of pairs, so Flax reads it as is): Flax's and this
+module's context managers nest in any order and always agree.
+
 Example::
 
     >>> from partitioning import Rules
@@ -20,31 +31,25 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import math
-import threading
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
-import jax
+import flax.core.spmd as flax_spmd
 from jax.sharding import PartitionSpec
 
-from partitioning.errors import RuleError, ShardingError, did_you_mean
+from partitioning.errors import ConfigError, RuleError, did_you_mean
+from partitioning.resolve import (
+    ON_INDIVISIBLE, DimExplanation, IndivisibleWarning, MeshAxes, Pair, axes_tuple, mesh_axis_sizes, walk,
+)
+from partitioning.yamlfile import Key, Lines, read_yaml, where as _where
 
-MeshAxes = Union[None, str, tuple[str, ...]]
-Pair = tuple[str, MeshAxes]
 
 # Where the preset YAML files live; `configs/rules` in the repo links here so
 # an installed wheel carries the same presets.
 PRESET_DIR = Path(__file__).parent / "presets"
 
-ON_INDIVISIBLE = ("error", "replicate")
-
-
-class IndivisibleWarning(UserWarning):
-    """A dimension fell back to a later rule (or unsharded) for divisibility."""
 
 
 def _norm_axes(value: Any, where: str) -> MeshAxes:
@@ -62,41 +67,29 @@ def _norm_axes(value: Any, where: str) -> MeshAxes:
     )
 
 
-def axes_tuple(axes: MeshAxes) -> tuple[str, ...]:
-    if axes is None:
-        return ()
-    if isinstance(axes, str):
-        return (axes,)
-    return tuple(axes)
-
-
-def mesh_axis_sizes(mesh: Any) -> dict[str, int]:
-    """``{axis: size}`` of a Mesh, AbstractMesh or plain mapping."""
-    if mesh is None:
-        return {}
-    if isinstance(mesh, Mapping):
-        return {str(k): int(v) for k, v in mesh.items()}
-    return {str(k): int(v) for k, v in mesh.shape.items()}
-
-
 class Rules(tuple):
     """An immutable, ordered rule table.
 
     It *is* a tuple of ``(logical, mesh_axes)`` pairs, so it can be handed to
     any Flax function that takes rules. ``origins`` optionally records, per
     rule, where it came from (``"configs/x.yaml:12: rules[3]"``) so errors can
-    point at the line.
+    point at the line. ``batch_axes`` declares the mesh axes that split the
+    batch (see :attr:`batch_axes`); by default they are read off the rules.
 
     Example::
 
         >>> rules = Rules.preset("fsdp")
         >>> rules.resolve(("embed", "mlp"))
-        P('fsdp',)
+        P('fsdp', None)
+        >>> rules.batch_axes
+        ('data', 'fsdp')
     """
 
     origins: tuple[str, ...]
+    declared_batch_axes: tuple[str, ...] | None
 
-    def __new__(cls, pairs: Iterable[Any] = (), origins: Sequence[str] | None = None):
+    def __new__(cls, pairs: Iterable[Any] = (), origins: Sequence[str] | None = None,
+                *, batch_axes: Sequence[str] | str | None = None):
         pairs = list(pairs)
         if origins is None:
             origins = [f"rules[{i}]" for i in range(len(pairs))]
@@ -112,12 +105,14 @@ class Rules(tuple):
             normed.append((logical, _norm_axes(axes, where)))
         self = super().__new__(cls, normed)
         self.origins = tuple(origins)
+        self.declared_batch_axes = (None if batch_axes is None
+                                    else axes_tuple(_norm_axes(batch_axes, "batch_axes")))
         return self
 
     # -- construction --------------------------------------------------------
     @classmethod
     def preset(cls, name: str) -> "Rules":
-        """The preset table ``configs/rules/NAME.yaml`` (dp, fsdp, tp, fsdp_tp, seq)."""
+        """The preset table ``partitioning/presets/NAME.yaml`` (dp, fsdp, tp, fsdp_tp, seq, ...)."""
         path = PRESET_DIR / f"{name}.yaml"
         if not path.exists():
             names = preset_names()
@@ -128,24 +123,128 @@ class Rules(tuple):
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "Rules":
-        """Reads a YAML file holding a list of pairs or ``{rules: [...]}``."""
-        from partitioning import config as _config  # config owns YAML + line numbers
+        """Reads a rules file: a list of pairs, or a mapping with ``rules:`` (and ``batch_axes:``).
 
-        return _config.load_rules_file(path)
+        Example::
+
+            >>> Rules.from_yaml("my_rules.yaml")[0]
+            ('batch', ('data', 'fsdp'))
+        """
+        path = Path(path)
+        data, lines = read_yaml(path, "rules file")
+        if isinstance(data, Mapping):
+            if "rules" not in data:
+                raise ConfigError(f"{path}: a rules file needs a top-level 'rules:' list")
+            for k in data:
+                if k not in ("rules", "batch_axes"):
+                    raise ConfigError(f"{_where(path, lines, (k,))}: unknown key (valid: rules, batch_axes)"
+                                      f"{did_you_mean(str(k), ['rules', 'batch_axes'])}")
+            rules = cls.parse(data["rules"], path, lines, ("rules",))
+            if data.get("batch_axes") is not None:
+                rules = rules.with_batch_axes(_parse_axes(data["batch_axes"], path, lines, ("batch_axes",)))
+            return rules
+        return cls.parse(data, path, lines, ())
+
+    @classmethod
+    def parse(cls, value: Any, path: str | Path = "", lines: Lines | None = None, key: Key = ()) -> "Rules":
+        """A rule table from its YAML forms; errors name ``path:line: key``.
+
+        ``value`` is a preset name, a rules file (``x.yaml``, relative to
+        ``path``'s folder or the current directory), a list of
+        ``[logical, mesh_axes]`` pairs, or ``{preset: NAME, extra: [...],
+        batch_axes: [...]}`` (extra rules take precedence over the preset's).
+
+        Example::
+
+            >>> Rules.parse({"preset": "fsdp", "extra": [["heads", "tensor"]]})[0]
+            ('heads', 'tensor')
+        """
+        lines = lines if lines is not None else {}
+        here = _where(path, lines, key)
+        if isinstance(value, str):
+            if value.endswith((".yaml", ".yml")):
+                f = Path(value)
+                if not f.is_absolute() and not f.exists() and path:
+                    f = Path(path).parent / f
+                if not f.exists():
+                    raise ConfigError(f"{here}: no such rules file {value!r}")
+                return cls.from_yaml(f)
+            try:
+                return cls.preset(value)
+            except RuleError as e:
+                raise ConfigError(f"{here}: {e}") from None
+        if isinstance(value, Mapping):
+            valid = ("preset", "extra", "batch_axes")
+            for k in value:
+                if k not in valid:
+                    raise ConfigError(f"{_where(path, lines, key + (k,))}: unknown key (valid: {', '.join(valid)})"
+                                      f"{did_you_mean(str(k), valid)}")
+            base = cls.parse(value["preset"], path, lines, key + ("preset",)) if "preset" in value else cls()
+            extra = cls.parse(value.get("extra") or [], path, lines, key + ("extra",))
+            rules = extra + base
+            if value.get("batch_axes") is not None:
+                rules = rules.with_batch_axes(_parse_axes(value["batch_axes"], path, lines, key + ("batch_axes",)))
+            return rules
+        if isinstance(value, list):
+            origins = [_where(path, lines, key + (i,)) for i in range(len(value))]
+            try:
+                return cls(value, origins)
+            except RuleError as e:
+                raise ConfigError(str(e)) from None
+        raise ConfigError(
+            f"{here}: rules must be a preset name ({', '.join(preset_names())}), a list of "
+            f"[logical, mesh_axes] pairs, or {{preset: NAME, extra: [...]}}; got {type(value).__name__}"
+        )
+
+    def with_batch_axes(self, batch_axes: Sequence[str] | str | None) -> "Rules":
+        """The same table with ``batch_axes`` declared (``None``: read them off the rules)."""
+        return Rules(list(self), list(self.origins), batch_axes=batch_axes)
 
     def __add__(self, other: Iterable[Any]) -> "Rules":  # type: ignore[override]
         other = other if isinstance(other, Rules) else Rules(other)
-        return Rules(list(self) + list(other), list(self.origins) + list(other.origins))
+        declared = self.declared_batch_axes if self.declared_batch_axes is not None else other.declared_batch_axes
+        return Rules(list(self) + list(other), list(self.origins) + list(other.origins), batch_axes=declared)
 
     def __repr__(self) -> str:
-        return f"Rules({list(self)!r})"
+        extra = "" if self.declared_batch_axes is None else f", batch_axes={self.declared_batch_axes!r}"
+        return f"Rules({list(self)!r}{extra})"
 
     def __reduce__(self):
-        return (Rules, (list(self), list(self.origins)))
+        return (_rebuild, (list(self), list(self.origins), self.declared_batch_axes))
 
     @property
     def logical_names(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(name for name, _ in self))
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        """The mesh axes that split the batch: declared, else those of every ``batch`` rule.
+
+        A parameter is computed with in its rule spec minus these axes (see
+        :func:`partitioning.compute_spec`): FSDP stores a weight split over a
+        batch axis and gathers it before use.
+        """
+        if self.declared_batch_axes is not None:
+            return self.declared_batch_axes
+        return tuple(dict.fromkeys(a for n, axes in self if n == "batch" for a in axes_tuple(axes)))
+
+    @property
+    def batch_axes_origin(self) -> str:
+        """Where :attr:`batch_axes` come from, for ``explain``."""
+        if self.declared_batch_axes is not None:
+            return "declared (batch_axes)"
+        idx = [i for i, (n, _) in enumerate(self) if n == "batch"]
+        if not idx:
+            return "no rule for 'batch' and none declared: parameters are used as stored"
+        return "from " + ", ".join(f"rule {i} {list(self[i])!r}" for i in idx)
+
+    def batch_spec(self, ndim: int = 1) -> PartitionSpec:
+        """The spec of an input whose dim 0 is the batch: declared axes, else the ``batch`` rule walk."""
+        if self.declared_batch_axes is not None:
+            axes = self.declared_batch_axes
+            head = None if not axes else axes[0] if len(axes) == 1 else axes
+            return PartitionSpec(head, *([None] * (ndim - 1)))
+        return self.resolve(("batch",) + (None,) * (ndim - 1))
 
     def to_list(self) -> list[list[Any]]:
         """JSON/YAML-friendly form: ``[[logical, axes], ...]``."""
@@ -162,6 +261,10 @@ class Rules(tuple):
                         f"{where}: mesh axis {a!r} is not a mesh axis ({', '.join(sizes)})"
                         f"{did_you_mean(a, sizes)}"
                     )
+        for a in self.declared_batch_axes or ():
+            if a not in sizes:
+                raise RuleError(f"batch_axes: {a!r} is not a mesh axis ({', '.join(sizes)})"
+                                f"{did_you_mean(a, sizes)}")
         return self
 
     # -- resolution ----------------------------------------------------------
@@ -183,7 +286,7 @@ class Rules(tuple):
         """
         if names is None:
             return None
-        return PartitionSpec(*self._resolve(names, shape, mesh, on_indivisible, path, None))
+        return PartitionSpec(*self._walk(names, shape, mesh, on_indivisible, path, None))
 
     def explain(
         self, names: Sequence[Any], shape: Sequence[int] | None = None, mesh: Any = None,
@@ -201,8 +304,11 @@ class Rules(tuple):
         log: list[DimExplanation] = []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", IndivisibleWarning)
-            self._resolve(names, shape, mesh, on_indivisible, path, log)
+            self._walk(names, shape, mesh, on_indivisible, path, log)
         return log
+
+    def _walk(self, names, shape, mesh, on_indivisible, path, log):
+        return walk(self, self.origins, names, shape, mesh, on_indivisible, path, log)
 
     def resolve_explained(
         self, names: Sequence[Any], shape: Sequence[int] | None = None, mesh: Any = None,
@@ -210,116 +316,11 @@ class Rules(tuple):
     ) -> tuple[PartitionSpec, list["DimExplanation"]]:
         """:meth:`resolve` and :meth:`explain` in one walk of the rules (warns like resolve)."""
         log: list[DimExplanation] = []
-        spec = PartitionSpec(*self._resolve(names, shape, mesh, on_indivisible, path, log))
+        spec = PartitionSpec(*self._walk(names, shape, mesh, on_indivisible, path, log))
         return spec, log
 
-    def _resolve(self, names, shape, mesh, on_indivisible, path, log):
-        if on_indivisible not in ON_INDIVISIBLE:
-            raise RuleError(f"on_indivisible must be one of {ON_INDIVISIBLE}, got {on_indivisible!r}")
-        names = tuple(names)
-        where = f"{path}: " if path else ""
-        dups = sorted({n for n in names if isinstance(n, str) and names.count(n) > 1})
-        if dups:
-            raise RuleError(
-                f"{where}logical name(s) {', '.join(map(repr, dups))} used for more than one "
-                f"dimension of array {names!r}; each dimension needs its own name"
-            )
-        if shape is not None and len(shape) != len(names):
-            raise ShardingError(
-                f"{where}{len(names)} logical names {names!r} for an array of rank {len(shape)} "
-                f"(shape {tuple(shape)})"
-            )
-        sizes = mesh_axis_sizes(mesh)
-        unassigned = object()
-        result: list[Any] = [unassigned if isinstance(n, str) else n for n in names]
-        owner: dict[str, int] = {}  # mesh axis -> dim that uses it
-        for i, n in enumerate(names):
-            if not isinstance(n, str):
-                for a in axes_tuple(n) if isinstance(n, tuple) else ():
-                    owner.setdefault(a, i)
-        claimed_by: dict[int, int] = {}
-        skipped: dict[int, list[str]] = {i: [] for i in range(len(names))}
-        for r, (logical, axes) in enumerate(self):
-            if logical not in names:
-                continue
-            i = names.index(logical)
-            rule_s = f"rule {r} {(logical, axes)!r}"
-            if result[i] is not unassigned:
-                skipped[i].append(f"skipped {rule_s}: dim {i} already claimed by rule {claimed_by.get(i)}")
-                continue
-            busy = [a for a in axes_tuple(axes) if a in owner]
-            if busy:
-                a = busy[0]
-                j = owner[a]
-                skipped[i].append(
-                    f"skipped {rule_s}: mesh axis {a!r} already used by dim {j} ({names[j]!r})"
-                )
-                continue
-            if shape is not None and sizes:
-                missing = [a for a in axes_tuple(axes) if a not in sizes]
-                if missing:
-                    raise RuleError(
-                        f"{self.origins[r]}: mesh axis {missing[0]!r} is not a mesh axis "
-                        f"({', '.join(sizes)}){did_you_mean(missing[0], sizes)}"
-                    )
-                n_shards = math.prod(sizes[a] for a in axes_tuple(axes))
-                if shape[i] % n_shards:
-                    msg = (
-                        f"{where}dim {i} ({logical!r}, size {shape[i]}) is not divisible by mesh axes "
-                        f"{axes_tuple(axes)!r} of size {n_shards}"
-                    )
-                    if on_indivisible == "error":
-                        raise ShardingError(
-                            msg + "; change the rule or the size, or set on_indivisible: replicate"
-                        )
-                    warnings.warn(msg + "; falling back to the next rule or unsharded",
-                                  IndivisibleWarning, stacklevel=4)
-                    skipped[i].append(f"skipped {rule_s}: size {shape[i]} not divisible by {n_shards}")
-                    continue
-            result[i] = axes
-            claimed_by[i] = r
-            for a in axes_tuple(axes):
-                owner[a] = i
-        out = [None if x is unassigned else x for x in result]
-        if log is not None:
-            for i, n in enumerate(names):
-                if isinstance(n, str) and not skipped[i] and i not in claimed_by:
-                    skipped[i].append(f"no rule for {n!r}")
-                log.append(DimExplanation(
-                    dim=i, name=n, size=None if shape is None else int(shape[i]),
-                    mesh_axes=out[i], rule_index=claimed_by.get(i),
-                    rule=self[claimed_by[i]] if i in claimed_by else None,
-                    notes=tuple(skipped[i]),
-                ))
-        return out
-
-
-@dataclasses.dataclass(frozen=True)
-class DimExplanation:
-    """How one array dimension was assigned (see :meth:`Rules.explain`)."""
-
-    dim: int
-    name: Any
-    size: int | None
-    mesh_axes: MeshAxes
-    rule_index: int | None
-    rule: Pair | None
-    notes: tuple[str, ...]
-
-    @property
-    def claimed(self) -> bool:
-        return self.rule_index is not None
-
-    def __str__(self) -> str:
-        target = "unsharded" if self.mesh_axes is None else repr(self.mesh_axes)
-        head = f"dim {self.dim} {self.name!r} -> {target}"
-        if self.claimed:
-            head += f" by rule {self.rule_index} {self.rule!r}"
-        notes = [n for n in self.notes]
-        return head + ("; " + "; ".join(notes) if notes else "")
-
-
 def preset_names() -> list[str]:
+    """The names of the shipped presets (``dp``, ``fsdp``, ``tp``, ...)."""
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
@@ -334,40 +335,39 @@ def as_rules(rules: Any) -> Rules:
     return Rules(rules)
 
 
-# -- thread-local context (Flax's names and signatures) ------------------------
+def _rebuild(pairs: list[Any], origins: list[str], batch_axes: Any) -> Rules:
+    return Rules(pairs, origins, batch_axes=batch_axes)
 
-_context = threading.local()
+
+def _parse_axes(value: Any, path: Any, lines: Lines, key: Key) -> tuple[str, ...]:
+    try:
+        return axes_tuple(_norm_axes(value, _where(path, lines, key)))
+    except RuleError as e:
+        raise ConfigError(str(e)) from None
 
 
-def _stack() -> list[Rules]:
-    if not hasattr(_context, "stack"):
-        _context.stack = [Rules()]
-    return _context.stack
-
+# -- the rule context: Flax's own thread-local store ---------------------------------
 
 def get_logical_axis_rules() -> Rules:
-    """The rule table of this thread's innermost :func:`axis_rules` context.
+    """The rule table of this thread's innermost rule context (ours or Flax's: they are one).
 
-    Falls back to rules set through Flax's own ``nn.axis_rules`` so modules
-    and code written for Flax see the same table.
+    Example::
+
+        >>> with axis_rules("fsdp"):
+        ...     get_logical_axis_rules()[1]
+        ('embed', 'fsdp')
     """
-    rules = _stack()[-1]
-    if not rules:
-        import flax.linen as nn
-
-        flax_rules = nn.get_logical_axis_rules()
-        if flax_rules:
-            return Rules(flax_rules)
-    return rules
+    return as_rules(flax_spmd.get_logical_axis_rules())
 
 
 def set_logical_axis_rules(rules: Any) -> None:
-    """Sets this thread's rule table (also for Flax's ``nn`` functions)."""
-    import flax.linen as nn
+    """Sets this thread's rule table (the one Flax's ``nn`` functions read too).
 
-    rules = as_rules(rules) if rules is not None else Rules()
-    _stack()[-1] = rules
-    nn.set_logical_axis_rules(tuple(rules))
+    Example::
+
+        >>> set_logical_axis_rules("fsdp")
+    """
+    flax_spmd.set_logical_axis_rules(as_rules(rules) if rules is not None else Rules())
 
 
 @contextlib.contextmanager
@@ -380,45 +380,11 @@ def axis_rules(rules: Any):
         ...     logical_to_mesh_axes(("embed", None))
         P('fsdp', None)
     """
-    import flax.linen as nn
-
-    rules = as_rules(rules)
-    stack = _stack()
-    stack.append(rules)
-    try:
-        with nn.logical_axis_rules(tuple(rules)):
-            yield rules
-    finally:
-        stack.pop()
+    rules = as_rules(rules) if rules is not None else Rules()
+    with flax_spmd.logical_axis_rules(rules):
+        yield rules
 
 
 def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = None) -> PartitionSpec | None:
     """Flax-compatible: the PartitionSpec for logical dimension names."""
     return as_rules(rules).resolve(array_dim_names)
-
-
-def _is_logical_leaf(x: Any) -> bool:
-    from partitioning.boxes import is_box
-
-    return isinstance(x, PartitionSpec) or is_box(x)
-
-
-def _leaf_names(x: Any):
-    from partitioning.boxes import is_box
-
-    return tuple(x.names) if is_box(x) else x
-
-
-def logical_to_mesh(tree: Any, rules: Any = None) -> Any:
-    """Flax-compatible: maps a pytree of logical PartitionSpecs (or boxes) to mesh specs."""
-    rules = as_rules(rules)
-    return jax.tree.map(lambda x: rules.resolve(_leaf_names(x)), tree, is_leaf=_is_logical_leaf)
-
-
-def logical_to_mesh_sharding(tree: Any, mesh: jax.sharding.Mesh, rules: Any = None) -> Any:
-    """Flax-compatible: a pytree of logical PartitionSpecs (or boxes) -> NamedShardings."""
-    specs = logical_to_mesh(tree, rules)
-    return jax.tree.map(
-        lambda s: jax.sharding.NamedSharding(mesh, s), specs,
-        is_leaf=lambda x: isinstance(x, PartitionSpec),
-    )

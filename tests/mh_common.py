@@ -4,10 +4,10 @@ import jax
 import numpy as np
 
 import partitioning as pt
-from models import GPT
+from partitioning.models import GPT
 from partitioning.checkpoint import CheckpointManager
-from partitioning.data import load_corpus
-from partitioning.optimizer import make_optimizer
+from partitioning.train.data import load_corpus
+from partitioning.train.optimizer import make_optimizer
 from partitioning.train import Trainer
 
 STEPS = 4

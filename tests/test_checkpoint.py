@@ -19,12 +19,13 @@ import partitioning as pt
 from partitioning.boxes import is_box
 from partitioning.checkpoint import (
     CheckpointHook, CheckpointManager, abstract_target, checkpoint_metadata, restore_checkpoint, save_checkpoint,
-    target_like,
 )
-from partitioning.checkpoint_meta import list_steps, resolve_checkpoint, verify
-from partitioning.loop import fit
+from partitioning.checkpoint.restore import target_like
+from partitioning.checkpoint.disk import list_steps, resolve_checkpoint
+from partitioning.checkpoint.diagnose import verify
+from partitioning.train.loop import fit
 from partitioning.train import TrainState, Trainer
-from models import GPT, MLP
+from partitioning.models import GPT, MLP
 
 # After a read of a damaged file fails, orbax's other in-flight reads finish on a closed
 # event loop and Python reports them as "unraisable" at some later garbage collection.

@@ -1,6 +1,7 @@
 """``partitioning ckpt ls|inspect|reshard`` and checkpointing in ``partitioning train``."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -11,9 +12,9 @@ import numpy as np
 import pytest
 
 import partitioning as pt
-from partitioning import cli
+from partitioning.cli import main as cli_main
 from partitioning.checkpoint import CheckpointManager, abstract_target, checkpoint_metadata, restore_checkpoint
-from partitioning.checkpoint_meta import list_steps
+from partitioning.checkpoint.disk import list_steps
 from tests.test_checkpoint import Setup, assert_bit_exact, mesh
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # see test_checkpoint
@@ -44,7 +45,7 @@ def run(tmp_path_factory):
 
 
 def main(*args) -> int:
-    return cli.main([str(a) for a in args])
+    return cli_main([str(a) for a in args])
 
 
 def test_ls(run, capsys):
@@ -54,7 +55,9 @@ def test_ls(run, capsys):
     rows = [l for l in out.splitlines() if l.startswith("│")]
     assert [r.split("│")[1].strip() for r in rows] == ["3", "6", "9"]
     assert [r.split("│")[2].strip() for r in rows] == ["complete", "complete", "INCOMPLETE (save unfinished or killed)"]
-    assert "eval_loss 2.75, loss 2.25" in rows[1] and "KiB" in rows[0]
+    assert "eval_loss 2.75, loss 2.25" in rows[1]
+    # On-disk size varies with orbax's chunking: check its form, not its value.
+    assert all(re.fullmatch(r"\d+(\.\d\d)? (B|KiB|MiB)", r.split("│")[3].strip()) for r in rows[:2])
     assert out.rstrip().endswith("latest complete step: 6")
 
 
@@ -220,7 +223,7 @@ def test_train_saves_resumes_and_continues(tmp_path):
 def test_no_resume_moves_checkpoints_aside(run, tmp_path):
     import shutil
 
-    from partitioning.checkpoint_cli import checkpoint_hook
+    from partitioning.config.build import checkpoint_hook_from_config as checkpoint_hook
     from partitioning.config import load_config
 
     s, root = run

@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import partitioning as pt
 from partitioning.checkpoint import CheckpointManager, restore_checkpoint
-from partitioning.checkpoint_meta import list_steps
+from partitioning.checkpoint.disk import list_steps
 
 REPO = Path(__file__).resolve().parent.parent
 SHAPES = {"a": (4096, 4096), "b": (2048, 4096), "c": (1024, 4096)}   # 112 MiB of float32

@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from partitioning import cli
+from partitioning.cli import main as cli_main
 from partitioning.config import load_config
 
 TINY = """\
@@ -42,7 +42,7 @@ def records(run_dir):
 
 def test_train_writes_metrics_config_and_plot(write, tmp_path, capsys):
     path = tiny(write, tmp_path)
-    assert cli.main(["train", str(path), "--no-progress", "--set", "data.seed=3"]) == 0
+    assert cli_main(["train", str(path), "--no-progress", "--set", "data.seed=3"]) == 0
     out = capsys.readouterr().out
     run = tmp_path / "run"
     recs = records(run)
@@ -79,16 +79,16 @@ def test_train_writes_metrics_config_and_plot(write, tmp_path, capsys):
 ])
 def test_bad_config_is_one_line_and_exit_2(write, tmp_path, capsys, replace, message):
     path = tiny(write, tmp_path, **replace)
-    assert cli.main(["train", str(path), "--no-progress"]) == 2
+    assert cli_main(["train", str(path), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "error: " + message.format(path=path)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_sigterm_stops_after_the_current_step_as_preempted(write, tmp_path, capsys):
+def test_sigterm_stops_after_the_current_step_as_preempted(write, tmp_path, capsys, monkeypatch):
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signal handlers need the main thread")
-    from partitioning import train_cli
+    from partitioning.cli import train as train_cli
 
     class Preempt:  # the cluster sends SIGTERM during step 2
         def on_step_end(self, step, state, metrics):
@@ -101,12 +101,10 @@ def test_sigterm_stops_after_the_current_step_as_preempted(write, tmp_path, caps
         def on_exit(self, state, reason):
             seen.append((int(state.step), reason))
 
-    train_cli.HOOK_FACTORIES[:] = [lambda cfg, trainer, run_dir: Preempt(), lambda *a: Exit()]
-    try:
-        path = tiny(write, tmp_path, **{"name: gpt, embed: 32, heads: 4, mlp: 64, layers: 2": "name: mlp, embed: 32, mlp: 64"})
-        code = cli.main(["train", str(path), "--no-progress"])
-    finally:
-        train_cli.HOOK_FACTORIES.clear()
+    real_fit = train_cli.fit
+    monkeypatch.setattr(train_cli, "fit", lambda *a, hooks=(), **kw: real_fit(*a, hooks=[Preempt(), *hooks, Exit()], **kw))
+    path = tiny(write, tmp_path, **{"name: gpt, embed: 32, heads: 4, mlp: 64, layers: 2": "name: mlp, embed: 32, mlp: 64"})
+    code = cli_main(["train", str(path), "--no-progress"])
     assert code == 143
     assert seen == [(2, "preempted")]
     assert [r["step"] for r in records(tmp_path / "run")] == [1, 2]  # the stop step is logged too
@@ -148,9 +146,9 @@ def test_ctrl_c_stops_cleanly_in_a_real_process(repo, tmp_path):
 def test_rerun_of_a_finished_run_says_so(write, tmp_path, capsys):
     path = tiny(write, tmp_path, **{"name: gpt, embed: 32, heads: 4, mlp: 64, layers: 2": "name: mlp, embed: 32, mlp: 64",
                                     "steps: 6": "steps: 2"})
-    assert cli.main(["train", str(path), "--no-progress"]) == 0
+    assert cli_main(["train", str(path), "--no-progress"]) == 0
     capsys.readouterr()
-    assert cli.main(["train", str(path), "--no-progress"]) == 0
+    assert cli_main(["train", str(path), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert ("train: the checkpoint is already at step 2 (train.steps is 2); raise train.steps to continue, "
             "or --no-resume to start over") in out
@@ -160,5 +158,5 @@ def test_rerun_of_a_finished_run_says_so(write, tmp_path, capsys):
 def test_devices_flag_sets_the_mesh(write, tmp_path, capsys):
     path = tiny(write, tmp_path, **{"name: gpt, embed: 32, heads: 4, mlp: 64, layers: 2": "name: mlp, embed: 32, mlp: 64",
                                     "steps: 6": "steps: 1"})
-    assert cli.main(["train", str(path), "--no-progress", "--devices", "4"]) == 0
+    assert cli_main(["train", str(path), "--no-progress", "--devices", "4"]) == 0
     assert "on mesh {'data': 1, 'fsdp': 4, 'tensor': 1}" in capsys.readouterr().out

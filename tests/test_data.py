@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import partitioning as pt
-from partitioning.data import TokenBatches, load_corpus, stdlib_files
+from partitioning.train.data import TokenBatches, load_corpus, stdlib_files
 from partitioning.errors import DataError
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import partitioning as pt
-from partitioning.checkpoint import abstract_target, restore
+from partitioning.checkpoint import abstract_target, restore_checkpoint as restore
 from tests.mh_common import STEPS, losses_and_checkpoint, make_trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,13 +10,15 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
-from partitioning import hlo
-from partitioning.compiled import compiled_view, normalize_spec
+from partitioning.plan import hlo
+from partitioning.plan.compiled import compiled_view, normalize_spec
 from partitioning.config import load_config
 from partitioning.mesh import make_mesh
-from partitioning.report import abstract_train_state, activation_names, build_plan
-from partitioning.report_cli import expected_specs, plan_for_config
-from partitioning.shardings import path_str
+from partitioning.config.build import plan_from_config as plan_for_config
+from partitioning.plan import activation_names, build_plan
+from partitioning.plan.plan import IdleAxis
+from partitioning.train.state import abstract_train_state
+from partitioning.layout import path_str
 from partitioning.train import Trainer
 
 B, T = 8, 16
@@ -71,7 +73,7 @@ def test_llama_parameter_counts_and_per_device_bytes(repo, name, devices, n_para
     # adamw: two f32 moments per param, plus a few replicated scalars
     assert 2 * expect <= p.totals["optimizer"]["per_device"] <= 2 * expect + 64
     assert p.errors == [] and p.replicated == []
-    idle = [{"axis": "data", "size": 8, "shards_optimizer": False}] if devices == 16384 else []
+    idle = [IdleAxis("data", 8, False)] if devices == 16384 else []
     assert p.idle_axes == idle
     assert p.totals["total"]["per_device"] / p.totals["total"]["ideal"] == pytest.approx(devices / 2048, rel=1e-3)
 
@@ -110,16 +112,16 @@ def test_replicated_large_matrix_is_warned():
     rules = pt.Rules([("batch", "fsdp"), ("vocab", "fsdp")])   # nothing shards the mlp matrices
     p = plan(mlp(), {"fsdp": 8}, rules)
     top = p.replicated[0]
-    assert top["path"] in ("params/wi_0", "params/wo_0", "params/wi_1", "params/wo_1")
-    assert top["shape"] in ([32, 256], [256, 32])
+    assert top.path in ("params/wi_0", "params/wo_0", "params/wi_1", "params/wo_1")
+    assert top.shape in ((32, 256), (256, 32))
     per = 32 * 256 * 4
-    assert top["per_device_cost"] == 4 * per          # param + gradient + adam mu + nu
-    assert top["share"] == pytest.approx(4 * per / p.totals["total"]["per_device"])
+    assert top.per_device_cost == 4 * per          # param + gradient + adam mu + nu
+    assert top.share == pytest.approx(4 * per / p.totals["total"]["per_device"])
     assert len(p.replicated) == 4
     msgs = [m for m in p.warnings() if m.startswith("replicated: ")]
     assert len(msgs) == 4
     assert "is whole on every device: 128.00 KiB per device" in msgs[0]
-    assert f"({top['share']:.1%} of per-device memory)" in msgs[0]
+    assert f"({top.share:.1%} of per-device memory)" in msgs[0]
     assert p.replicated_share == pytest.approx(16 * per / p.totals["total"]["per_device"], rel=1e-3)
 
 
@@ -134,12 +136,12 @@ def test_uncovered_names_and_unused_rules():
     rules = pt.Rules([("batch", "data"), ("heads", "tensor"), ("vocab", "tensor")])
     p = plan(mlp(), {"data": 2, "tensor": 4}, rules)
     assert p.uncovered_names == ["embed", "length", "mlp"]
-    assert [u["index"] for u in p.unused_rules] == [1]
-    assert p.idle_axes == [{"axis": "data", "size": 2, "shards_optimizer": False}]
+    assert [u.index for u in p.unused_rules] == [1]
+    assert p.idle_axes == [IdleAxis("data", 2, False)]
     assert "mesh axis 'data' (size 2) shards no parameter: params, gradients and optimizer state are replicated 2x across it" in p.warnings()
     assert "rule 1 ['heads', 'tensor'] never claims a dimension of any parameter or activation (rules[1])" in p.warnings()
     # 'batch' only names activations: it fires through the forward pass
-    assert 0 not in [u["index"] for u in p.unused_rules]
+    assert 0 not in [u.index for u in p.unused_rules]
 
 
 def test_indivisible_dimension_is_reported_not_raised():
@@ -247,7 +249,7 @@ def _view(model, mesh_shape, rules, batch=B):
     tx = optax.sgd(0.1)
     trainer = Trainer(model, tx, mesh, rules, batch_size=batch, seq_len=T)
     p = plan(model, dict(mesh.shape), rules, tx=tx)
-    return p, compiled_view(trainer.lower_train_step, expected=expected_specs(p),
+    return p, compiled_view(trainer.lower_train_step, expected=p.expected_specs(),
                             input_names=("", "batch"), output_names=("", "metrics"))
 
 
@@ -299,7 +301,7 @@ def test_self_check_reports_a_difference_by_path():
     rules = pt.Rules([("batch", "fsdp"), ("embed", "fsdp")])
     trainer = Trainer(model, optax.sgd(0.1), mesh, rules, batch_size=B, seq_len=T)
     p = plan(model, {"fsdp": 8}, rules, tx=optax.sgd(0.1))
-    expected = expected_specs(p) | {"params/wi_0": P(None, "fsdp")}
+    expected = p.expected_specs() | {"params/wi_0": P(None, "fsdp")}
     v = compiled_view(trainer.lower_train_step, expected=expected, input_names=("", "batch"),
                       output_names=("", "metrics"))
     diffs = {(d["side"], d["path"]): d for d in v["sharding_check"]["mismatches"]}
@@ -314,8 +316,8 @@ def test_zero1_optimizer_rules_shard_only_the_optimizer_state():
     t = p.totals
     assert t["params"]["per_device"] == t["params"]["total"]
     assert t["optimizer"]["per_device"] < t["optimizer"]["total"] / 7      # mu, nu split 8 ways (+ count)
-    assert p.idle_axes == [{"axis": "data", "size": 8, "shards_optimizer": True}]
+    assert p.idle_axes == [IdleAxis("data", 8, True)]
     assert ("mesh axis 'data' (size 8) shards no parameter: params and gradients (the optimizer state is "
             "sharded over it) are replicated 8x across it") in p.warnings()
     # the replicated warning counts the param and its gradient, not the (sharded) moments
-    assert p.replicated[0]["per_device_cost"] == 2 * 32 * 256 * 4
+    assert p.replicated[0].per_device_cost == 2 * 32 * 256 * 4

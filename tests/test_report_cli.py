@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from partitioning import cli
+from partitioning.cli import main as cli_main
 
 SMALL = """\
 model:
@@ -30,7 +30,7 @@ COMPILED_KEYS = {"status", "backend", "devices", "lower_s", "compile_s", "memory
 
 
 def run(capsys, *argv):
-    code = cli.main([str(a) for a in argv])
+    code = cli_main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -95,7 +95,8 @@ def test_plan_child_reports_train_step_errors_on_one_line(capsys, write, tmp_pat
     assert code == 0, err
     v = json.loads((tmp_path / "c.json").read_text())["compiled"]
     assert v["status"] == "failed" and "\n" not in v["reason"]
-    assert v["reason"].startswith("batch_size 12 is not divisible by the batch mesh axes ('data', 'fsdp') of size 8")
+    assert v["reason"].startswith(f"{cfg}:12: train.batch_size: batch_size 12 is not divisible by the batch mesh "
+                                  "axes ('data', 'fsdp') of size 8")
 
 
 def test_compare(capsys, write, tmp_path):

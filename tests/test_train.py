@@ -10,12 +10,13 @@ from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
 from partitioning.boxes import is_box, is_logical_box
-from partitioning.data import TokenBatches, load_corpus
+from partitioning.train.data import TokenBatches, load_corpus
 from partitioning.errors import ShardingError
-from partitioning.loop import fit, host_scalar
-from partitioning.optimizer import make_optimizer
+from partitioning.train.loop import fit
+from partitioning.train.state import host_scalar
+from partitioning.train.optimizer import make_optimizer
 from partitioning.train import Trainer, TrainState, lm_loss
-from models import GPT, MLP
+from partitioning.models import GPT, MLP
 
 B, T = 8, 32
 

@@ -1,0 +1,25 @@
+"""Checkpoint: sharded orbax checkpoints that restore onto any mesh and rule table.
+
+Modules:
+
+- :mod:`~partitioning.checkpoint.disk` — the on-disk layout: finding steps, reading metadata.
+- :mod:`~partitioning.checkpoint.diagnose` — damage -> one :class:`CheckpointError` naming the file.
+- :mod:`~partitioning.checkpoint.manager` — ``CheckpointManager``: save every N, keep K (and the best), async.
+- :mod:`~partitioning.checkpoint.restore` — ``abstract_target`` and ``restore_checkpoint`` onto the current layout.
+- :mod:`~partitioning.checkpoint.reshard` — ``reshard_checkpoint``: rewrite a checkpoint for another layout.
+- :mod:`~partitioning.checkpoint.hook` — ``CheckpointHook``: resume, save every K steps, save on exit.
+
+Example::
+
+    >>> mngr = CheckpointManager("runs/a/checkpoints", every=100, keep=3, rules=rules)
+    >>> mngr.save(step, state)
+    >>> state = restore_checkpoint("runs/a", abstract_target(abstract_state, new_mesh, new_rules))
+"""
+
+from partitioning.checkpoint.hook import CheckpointHook
+from partitioning.checkpoint.manager import CheckpointManager, save_checkpoint
+from partitioning.checkpoint.reshard import reshard_checkpoint
+from partitioning.checkpoint.restore import abstract_target, checkpoint_metadata, restore_checkpoint
+
+__all__ = ["CheckpointManager", "CheckpointHook", "save_checkpoint", "abstract_target", "restore_checkpoint",
+           "checkpoint_metadata", "reshard_checkpoint"]

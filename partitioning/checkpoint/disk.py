@@ -1,0 +1,233 @@
+"""Checkpoints on disk: layout, discovery, metadata, and damage diagnosis.
+
+A toolkit checkpoint is a plain orbax ``CheckpointManager`` step directory::
+
+    RUN_DIR/checkpoints/            (checkpoint.dir)
+      200/                          one step, written atomically by orbax
+        state/                      the train state pytree (orbax StandardSave / OCDBT)
+        meta/metadata               JSON: step, rules, mesh, config, versions, per-array layout
+        _CHECKPOINT_METADATA        orbax's own step metadata
+      400.orbax-checkpoint-tmp-…    a save in progress (or killed): never read
+
+Everything here only *reads*: it finds a checkpoint from a run dir, a
+checkpoints dir, a step dir or a bare orbax pytree directory (what
+``ocp.StandardCheckpointer().save(path, tree)`` writes), lists steps and reads
+the metadata; failures go through :mod:`partitioning.checkpoint.diagnose`.
+
+Example::
+
+    >>> ref = resolve_checkpoint("runs/quickstart")        # latest complete step
+    >>> ref.step, read_metadata(ref)["rules"][0]
+    (200, ['batch', ['data', 'fsdp']])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from partitioning.checkpoint.diagnose import diagnose, verify
+from partitioning.errors import CheckpointError
+from partitioning.fmt import fmt_mesh, fmt_spec
+from partitioning.layout import path_str
+
+STATE_ITEM = "state"       # the item holding the train state (or params) pytree
+META_ITEM = "meta"         # the JSON item holding the toolkit's metadata
+DEFAULT_ITEM = "default"   # what a plain orbax CheckpointManager names a single unnamed item
+META_FILE = "metadata"     # orbax JsonSave's file name inside the item directory
+FORMAT = "partitioning.checkpoint/1"
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointRef:
+    """One checkpoint on disk: ``path`` (what the user names), ``item`` (the pytree dir)."""
+
+    path: Path
+    item: Path
+    step: int | None
+
+    @property
+    def meta_file(self) -> Path:
+        return self.path / META_ITEM / META_FILE
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """A step directory under a checkpoints dir, finished or not."""
+
+    step: int
+    path: Path
+    complete: bool
+    nbytes: int
+    mtime: float
+
+
+def _is_pytree_dir(p: Path) -> bool:
+    return (p / "_METADATA").is_file() or (p / "manifest.ocdbt").is_file() or any(p.glob("ocdbt.process_*"))
+
+
+def _step_of(name: str) -> int | None:
+    head = name.split(TMP_SUFFIX, 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def dir_bytes(p: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(p):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:  # removed under us (a save finishing or old step deleted)
+                pass
+    return total
+
+
+def checkpoints_dir(path: str | os.PathLike) -> Path:
+    """``RUN_DIR/checkpoints`` when ``path`` is a run dir holding one, else ``path``."""
+    p = Path(path)
+    sub = p / "checkpoints"
+    if sub.is_dir() and not any(_step_of(c.name) is not None for c in p.iterdir() if c.is_dir()):
+        return sub
+    return p
+
+
+def list_steps(path: str | os.PathLike) -> list[StepInfo]:
+    """Every step directory, finished or in progress, sorted by step (then finished last)."""
+    d = checkpoints_dir(path)
+    if not d.is_dir():
+        raise CheckpointError(f"{d}: no such checkpoint directory")
+    out = []
+    for c in d.iterdir():
+        step = _step_of(c.name)
+        if step is None or not c.is_dir():
+            continue
+        complete = TMP_SUFFIX not in c.name
+        try:
+            mtime = c.stat().st_mtime
+        except OSError:
+            continue
+        out.append(StepInfo(step, c, complete, dir_bytes(c), mtime))
+    return sorted(out, key=lambda s: (s.step, s.complete))
+
+
+def resolve_checkpoint(path: str | os.PathLike, step: int | None = None) -> CheckpointRef:
+    """Finds the checkpoint ``path`` names: a step dir, a pytree dir, or the latest (or ``step``) of a run."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such checkpoint (expected a run dir, a checkpoints dir or a step dir)")
+    if TMP_SUFFIX in p.name:
+        raise CheckpointError(f"{p}: this save never finished (orbax temporary directory); use a complete step")
+    for item in (STATE_ITEM, DEFAULT_ITEM):
+        if (p / item).is_dir():
+            return CheckpointRef(p, p / item, _step_of(p.name))
+    if _is_pytree_dir(p):
+        parent = p.parent
+        if p.name in (STATE_ITEM, DEFAULT_ITEM) and _step_of(parent.name) is not None:
+            return CheckpointRef(parent, p, _step_of(parent.name))
+        return CheckpointRef(p, p, _step_of(p.name))
+    if (p / "_CHECKPOINT_METADATA").exists() or (p / META_ITEM).is_dir():
+        raise CheckpointError(f"{p}: damaged checkpoint: missing directory {p / STATE_ITEM}")
+    steps = list_steps(p)
+    done = [s for s in steps if s.complete]
+    if not done:
+        pending = ", ".join(s.path.name for s in steps) or "none"
+        raise CheckpointError(f"{checkpoints_dir(p)}: no complete checkpoint (unfinished saves: {pending})")
+    if step is None:
+        return resolve_checkpoint(done[-1].path)
+    for s in done:
+        if s.step == step:
+            return resolve_checkpoint(s.path)
+    raise CheckpointError(
+        f"{checkpoints_dir(p)}: no complete checkpoint for step {step} (steps: {', '.join(str(s.step) for s in done)})"
+    )
+
+
+def read_metadata(ref: CheckpointRef) -> dict[str, Any]:
+    """The toolkit's JSON metadata, or ``{}`` for a checkpoint written by plain orbax."""
+    f = ref.meta_file
+    if not f.exists():
+        if ref.path != ref.item and (ref.path / META_ITEM).is_dir():
+            raise CheckpointError(f"checkpoint {ref}: missing file {f}")
+        return {}
+    try:
+        return json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CheckpointError(f"checkpoint {ref}: damaged file {f} (not valid JSON; truncated?)") from None
+
+
+# -- the saved tree ----------------------------------------------------------------
+
+def saved_tree(ref: CheckpointRef) -> Any:
+    """The saved pytree as orbax metadata leaves (shape, dtype, sharding), without reading data."""
+    meta_file = ref.item / "_METADATA"
+    if not meta_file.exists():
+        raise CheckpointError(f"checkpoint {ref}: missing file {meta_file}")
+    try:
+        # orbax reports an unreadable _METADATA as "no metadata": check it ourselves.
+        json.loads(meta_file.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CheckpointError(f"checkpoint {ref}: damaged file {meta_file} (not valid JSON; truncated?)") from None
+    try:
+        md = ocp.PyTreeCheckpointer().metadata(ref.item)
+    except Exception as e:  # orbax internals: never leak them for bad input
+        raise diagnose(ref, e) from None
+    tree = getattr(md, "item_metadata", md)
+    tree = getattr(tree, "tree", tree)
+    if tree is None:
+        found = verify(ref)
+        raise CheckpointError(f"checkpoint {ref}: {found[0] if found else f'cannot read {meta_file}'}")
+    return tree
+
+
+def is_saved_leaf(x: Any) -> bool:
+    """True for an orbax metadata leaf (it has a shape and a dtype)."""
+    return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def flat_saved(tree: Any) -> dict[str, Any]:
+    """``{path: metadata leaf}`` in saving order."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_saved_leaf)[0]
+    return {path_str(kp): leaf for kp, leaf in leaves}
+
+
+def sharding_str(md: Any) -> str:
+    """A short description of a saved leaf's sharding: ``P('fsdp', None) on {fsdp: 8}``."""
+    s = getattr(md, "sharding", None)
+    if s is None:
+        return "-"
+    spec = getattr(s, "partition_spec", None)
+    if spec is not None:
+        names = getattr(s, "axis_names", None) or []
+        shape = getattr(s, "shape", None)
+        sizes = zip(names, np.asarray(shape).tolist()) if shape is not None else []
+        return f"{fmt_spec(tuple(None if a is None else a if isinstance(a, str) else tuple(a) for a in spec))} " \
+               f"on {fmt_mesh(list(sizes))}"
+    device = getattr(s, "device_str", None)
+    return f"single device {device}" if device else type(s).__name__
+
+
+def saved_mesh_str(saved: dict[str, Any]) -> str:
+    """The mesh a plain orbax checkpoint was saved from, read off its first NamedSharding."""
+    for md in saved.values():
+        text = sharding_str(md)
+        if " on {" in text:
+            return text.split(" on ", 1)[1]
+    return "(unknown)"
+
+
+__all__ = [
+    "CheckpointRef", "StepInfo", "STATE_ITEM", "META_ITEM", "META_FILE", "FORMAT", "TMP_SUFFIX",
+    "checkpoints_dir", "list_steps", "resolve_checkpoint", "read_metadata", "saved_tree", "flat_saved",
+    "sharding_str", "saved_mesh_str", "dir_bytes", "is_saved_leaf",
+]

@@ -1,0 +1,114 @@
+"""The training-loop hook: resume on start, save every K steps, save on exit.
+
+Example::
+
+    >>> hook = CheckpointHook(CheckpointManager(run_dir / "checkpoints", every=100))
+    >>> state = hook.initial_state(trainer, jax.random.key(0))   # restore or init
+    >>> fit(trainer, state, batches, hooks=[hook])
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from partitioning.checkpoint.disk import list_steps
+from partitioning.checkpoint.manager import CheckpointManager
+from partitioning.checkpoint.restore import abstract_target, target_like
+from partitioning.errors import CheckpointError
+from partitioning.train.state import state_step
+
+
+class CheckpointHook:
+    """Loop hook: resume on start, save every K steps, save on exit (done / Ctrl-C / SIGTERM).
+
+    ``target`` is the restore target (:func:`abstract_target` of the trainer's
+    abstract state); without it, the state given to ``on_start`` provides the
+    shapes and shardings and its buffers are freed before reading (as donation
+    would), so a resume never holds two states.
+
+    Example::
+
+        >>> hook = CheckpointHook(CheckpointManager(run_dir / "checkpoints", every=100))
+        >>> state = hook.initial_state(trainer, jax.random.key(0))   # restore or init
+        >>> fit(trainer, state, batches, hooks=[hook])
+    """
+
+    def __init__(self, manager: CheckpointManager, *, target: Any = None, resume: bool = True,
+                 save_on_exit: bool = True, free_init: bool = True, log: Any = None):
+        self.manager, self.target, self.resume = manager, target, resume
+        self.save_on_exit, self.free_init = save_on_exit, free_init
+        self.log = log or (lambda msg: None)
+        self.restored_step: int | None = None
+        self._started = False
+        self._last_metrics: tuple[int, Mapping[str, Any]] | None = None
+
+    def initial_state(self, trainer: Any, rng: Any) -> Any:
+        """Restores the latest checkpoint onto the trainer's layout if resuming, else ``trainer.init``."""
+        if self.resume and self.manager.latest_step() is not None:
+            target = self.target or abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
+            return self._restore(target)
+        self._started = True
+        return trainer.init(rng)
+
+    def _restore(self, target: Any) -> Any:
+        state = self.manager.restore(target)
+        self.restored_step = state_step(state)
+        self._started = True
+        self.log(f"checkpoint: resumed from step {self.restored_step} ({self.manager.directory})")
+        return state
+
+    def on_start(self, state: Any) -> Any:
+        if self._started or not self.resume or self.manager.latest_step() is None:
+            self._started = True
+            return state
+        target = self.target or target_like(state)
+        if self.free_init:
+            for x in jax.tree.leaves(state):
+                if isinstance(x, jax.Array) and not x.is_deleted():
+                    x.delete()
+        return self._restore(target)
+
+    def on_step_end(self, step: int, state: Any, metrics: Mapping[str, Any] | None = None) -> None:
+        if metrics is not None:
+            self._last_metrics = (int(step), metrics)   # for a save on exit at this step
+        if self.manager.should_save(int(step)):
+            self.manager.save(int(step), state, metrics=metrics, force=True)
+
+    def on_exit(self, state: Any, reason: str = "done") -> None:
+        try:
+            leaves = jax.tree.leaves(state) if state is not None else []
+            # A step interrupted after donating its input leaves nothing to save.
+            alive = leaves and not any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves)
+            if self.save_on_exit and alive:
+                step = state_step(state)
+                last = self._last_metrics
+                metrics = last[1] if last is not None and last[0] == step else None
+                if self.manager.save(step, state, metrics=metrics, force=True):
+                    self.log(f"checkpoint: saved step {step} to {self.manager.directory} ({reason})")
+        finally:
+            self.manager.close()
+
+
+def prepare_directory(directory: str | os.PathLike, resume: bool | None, log: Any = None) -> Path:
+    """Gets a checkpoint directory ready for a run that resumes (``None``: if it can; ``True``: must)
+    or starts over (``False``: existing checkpoints are moved aside to ``DIR.prev-TIME``, never deleted).
+    """
+    directory = Path(directory)
+    say = log or (lambda msg: None)
+    if resume is False and directory.exists() and any(directory.iterdir()):
+        aside = directory.with_name(f"{directory.name}.prev-{time.strftime('%Y%m%d-%H%M%S')}")
+        if jax.process_index() == 0:
+            directory.rename(aside)
+        say(f"checkpoint: --no-resume: moved existing checkpoints to {aside}")
+    if resume is True and not any(s.complete for s in (list_steps(directory) if directory.is_dir() else [])):
+        raise CheckpointError(f"--resume: no complete checkpoint in {directory}")
+    return directory
+
+
+__all__ = ["CheckpointHook", "prepare_directory"]

@@ -1,0 +1,255 @@
+"""Saving sharded checkpoints with orbax: every N steps, keep the last K (and the best), async.
+
+Saving goes through ``orbax.checkpoint.CheckpointManager`` (asynchronous by
+default: the loop only waits for the device-to-host copy). Each step is a
+plain orbax step directory (see :mod:`partitioning.checkpoint.disk`) with a
+``state`` item (``StandardSave``) and a ``meta`` item (JSON: step, rules,
+mesh, config, versions, per-array logical names and specs).
+
+Example::
+
+    >>> mngr = CheckpointManager("runs/a/checkpoints", every=100, keep=3, rules=rules)
+    >>> mngr.save(step, state)                     # async; returns once arrays are copied
+    >>> mngr.wait()
+    >>> state = mngr.restore(abstract_target(abstract_state, mesh, rules))
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from importlib import metadata as md
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding
+from orbax.checkpoint import checkpoint_managers as ocp_policies
+
+from partitioning.boxes import is_box
+from partitioning.checkpoint.disk import FORMAT, META_ITEM, STATE_ITEM, TMP_SUFFIX
+from partitioning.checkpoint.restore import checkpoint_metadata, restore_checkpoint
+from partitioning.errors import CheckpointError
+from partitioning.layout import path_str
+from partitioning.rules import as_rules
+
+
+def versions() -> dict[str, str]:
+    """Versions of the packages that wrote a checkpoint."""
+    out = {}
+    for dist in ("partitioning", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def mesh_json(mesh: Any) -> dict[str, Any]:
+    return {
+        "axis_names": list(mesh.axis_names),
+        "shape": [int(s) for s in mesh.devices.shape],
+        "axis_types": [str(t).rsplit(".", 1)[-1] for t in getattr(mesh, "axis_types", ())],
+        "devices": int(mesh.devices.size),
+    }
+
+
+def spec_json(spec: Any) -> list[Any]:
+    return [None if a is None else a if isinstance(a, str) else list(a) for a in spec]
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def names_by_path(abstract: Any) -> dict[str, list[Any]]:
+    """Logical names of every boxed leaf of an abstract tree, by (unboxed) path."""
+    leaves = jax.tree_util.tree_flatten_with_path(abstract, is_leaf=is_box)[0]
+    out = {}
+    for kp, leaf in leaves:
+        names = getattr(leaf, "names", None) if is_box(leaf) else None
+        if names is not None:
+            out[path_str(kp)] = [n if n is None or isinstance(n, str) else list(n) for n in names]
+    return out
+
+
+class CheckpointManager:
+    """Saves every ``every`` steps, keeps the last ``keep`` (+ the best by eval loss), async by default.
+
+    ``rules``, ``config`` (a mapping, e.g. ``cfg.raw``), ``model_name`` and
+    ``abstract`` (the boxed ``eval_shape`` of the init, for logical names; or
+    ``names``, a ``{path: names}`` mapping) are recorded in each checkpoint's
+    metadata with the mesh, step and versions.
+    ``keep <= 0`` keeps every checkpoint; ``every == 0`` saves only when asked
+    with ``force=True``. With ``keep_best``, the checkpoint with the lowest
+    ``best_metric`` (among those saved with that metric) is kept too.
+
+    Example::
+
+        >>> with CheckpointManager("ckpts", every=100, keep=2, rules=rules) as mngr:
+        ...     for step in ...:
+        ...         mngr.save(step, state, metrics={"eval_loss": 2.1})
+        >>> state = mngr.restore(abstract_target(abstract, mesh, rules))
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        every: int = 0,
+        keep: int = 3,
+        keep_best: bool = False,
+        best_metric: str = "eval_loss",
+        async_: bool = True,
+        rules: Any = None,
+        config: Mapping[str, Any] | None = None,
+        model_name: str | None = None,
+        abstract: Any = None,
+        names: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ):
+        self.directory = Path(directory).absolute()
+        self.every, self.keep, self.keep_best, self.best_metric = int(every), int(keep), keep_best, best_metric
+        self.async_ = async_
+        self._base_meta: dict[str, Any] = {"format": FORMAT, "state_item": STATE_ITEM, "versions": versions()}
+        if rules is not None:
+            self._base_meta["rules"] = as_rules(rules).to_list()
+        if config is not None:
+            self._base_meta["config"] = dict(config)
+        if model_name is not None:
+            self._base_meta["model"] = model_name
+        self._base_meta.update(extra or {})
+        self._names = dict(names or {})
+        if abstract is not None:
+            self._names.update(names_by_path(abstract))
+        keep: list[Any] = [ocp_policies.LatestN(n=self.keep if self.keep > 0 else None)]
+        best_fn = None
+        if keep_best:
+            best_fn = lambda m: float(m[best_metric])  # noqa: E731
+            keep.append(ocp_policies.BestN(get_metric_fn=best_fn, reverse=True, n=1,
+                                     keep_checkpoints_without_metrics=False))
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=ocp_policies.AnyPreservationPolicy(keep),
+            best_fn=best_fn, best_mode="min",
+            enable_async_checkpointing=async_,
+        )
+        # A save killed mid-write leaves a *.orbax-checkpoint-tmp-* directory: drop it
+        # here, synchronously (orbax's own cleanup runs in a thread close() doesn't wait for).
+        if jax.process_index() == 0 and self.directory.is_dir():
+            for c in self.directory.iterdir():
+                if TMP_SUFFIX in c.name and c.is_dir():
+                    shutil.rmtree(c, ignore_errors=True)
+        try:
+            self._mngr = ocp.CheckpointManager(self.directory, options=options)
+        except OSError as e:
+            raise CheckpointError(f"{self.directory}: cannot create checkpoint directory: {e.strerror}") from None
+
+    # -- what exists -----------------------------------------------------------
+    def steps(self) -> list[int]:
+        return sorted(self._mngr.all_steps())
+
+    def latest_step(self) -> int | None:
+        return self._mngr.latest_step()
+
+    def best_step(self) -> int | None:
+        return self._mngr.best_step() if self.keep_best else None
+
+    def should_save(self, step: int) -> bool:
+        return self.every > 0 and step > 0 and step % self.every == 0
+
+    # -- save ---------------------------------------------------------------
+    def _step_meta(self, step: int, state: Any, metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+        meta = dict(self._base_meta, step=int(step), time=now_iso(), process_count=jax.process_count())
+        if metrics:
+            meta["metrics"] = {k: float(v) for k, v in metrics.items() if _is_number(v)}
+        arrays: dict[str, Any] = {}
+        for kp, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+            p = path_str(kp)
+            entry: dict[str, Any] = {"shape": list(getattr(leaf, "shape", ())),
+                                     "dtype": str(getattr(leaf, "dtype", type(leaf).__name__))}
+            sharding = getattr(leaf, "sharding", None)
+            if isinstance(sharding, NamedSharding):
+                entry["spec"] = spec_json(sharding.spec)
+                meta.setdefault("mesh", mesh_json(sharding.mesh))
+            if p in self._names:
+                entry["names"] = self._names[p]
+            arrays[p] = entry
+        meta["arrays"] = arrays
+        return meta
+
+    def save(self, step: int, state: Any, *, metrics: Mapping[str, Any] | None = None, force: bool = False) -> bool:
+        """Saves ``state`` at ``step`` if due (or ``force``); False if skipped or already saved.
+
+        Asynchronous saves return once the device-to-host copies are done, so the
+        caller may hand ``state`` to a donating step right away (on the CPU orbax
+        keeps zero-copy views and XLA then copies instead of donating, once).
+        """
+        step = int(step)
+        if not force and not self.should_save(step):
+            return False
+        if step in self._mngr.all_steps():
+            return False
+        tracked = None
+        if self.keep_best and metrics and _is_number(metrics.get(self.best_metric)):
+            tracked = {self.best_metric: float(metrics[self.best_metric])}
+        args = ocp.args.Composite(**{
+            STATE_ITEM: ocp.args.StandardSave(state),
+            META_ITEM: ocp.args.JsonSave(self._step_meta(step, state, metrics)),
+        })
+        try:
+            return bool(self._mngr.save(step, args=args, metrics=tracked, force=True))
+        except OSError as e:
+            raise CheckpointError(f"{self.directory}/{step}: cannot write checkpoint: {e.strerror or e}") from None
+
+    def wait(self) -> None:
+        """Blocks until pending asynchronous saves are on disk."""
+        try:
+            self._mngr.wait_until_finished()
+        except OSError as e:
+            raise CheckpointError(f"{self.directory}: a checkpoint write failed: {e.strerror or e}") from None
+
+    def close(self) -> None:
+        self.wait()
+        self._mngr.close()
+
+    def __enter__(self) -> "CheckpointManager":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- restore ------------------------------------------------------------
+    def restore(self, target: Any, step: int | None = None, *, params_only: bool = False) -> Any:
+        """:func:`restore_checkpoint` of this directory's latest (or ``step``) checkpoint."""
+        self.wait()
+        return restore_checkpoint(self.directory, target, step=step, params_only=params_only)
+
+    def metadata(self, step: int | None = None) -> dict[str, Any]:
+        self.wait()
+        return checkpoint_metadata(self.directory, step)
+
+
+def _is_number(v: Any) -> bool:
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def save_checkpoint(directory: str | os.PathLike, step: int, state: Any, **manager_kwargs: Any) -> Path:
+    """Writes one checkpoint synchronously (same layout as the manager); returns its step dir.
+
+    Example::
+
+        >>> save_checkpoint("exported", int(state.step), state, rules=rules)   # exported/STEP/
+    """
+    with CheckpointManager(directory, async_=False, keep=0, **manager_kwargs) as mngr:
+        mngr.save(step, state, force=True)
+    return Path(directory).absolute() / str(int(step))
+
+
+__all__ = ["CheckpointManager", "save_checkpoint", "names_by_path", "versions"]

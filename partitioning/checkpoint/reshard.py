@@ -1,0 +1,152 @@
+"""Offline resharding: rewrite a checkpoint for another mesh and rule table.
+
+Each array's logical names come from the checkpoint's metadata, else from the
+new model's params (``abstract_params``), else — for optimizer moments of a
+plain orbax checkpoint — from the param whose path and shape they mirror.
+The restore reads only each device's slices of the new layout, then the state
+is saved as a new checkpoint whose metadata records where it came from.
+
+Example::
+
+    >>> result = reshard_checkpoint("runs/fsdp", "runs/tp/checkpoints", mesh, Rules.preset("tp"),
+    ...                             abstract_params=jax.eval_shape(model.init, key, x)["params"])
+    >>> result.step, result.path
+    (200, PosixPath('/…/runs/tp/checkpoints/200'))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from partitioning.boxes import unbox
+from partitioning.checkpoint.disk import flat_saved, is_saved_leaf, read_metadata, resolve_checkpoint, saved_mesh_str, saved_tree
+from partitioning.checkpoint.manager import CheckpointManager, names_by_path
+from partitioning.checkpoint.restore import check_fits, restore_checkpoint
+from partitioning.errors import CheckpointError
+from partitioning.fmt import fmt_mesh
+from partitioning.layout import path_str
+from partitioning.rules import as_rules
+
+
+@dataclasses.dataclass(frozen=True)
+class ReshardResult:
+    """What :func:`reshard_checkpoint` wrote."""
+
+    step: int
+    arrays: int
+    source: Path
+    path: Path
+    from_mesh: str
+    to_mesh: str
+
+
+def reshard_target(saved: dict[str, Any], names: Mapping[str, Any], mesh: Any, rules: Any, optimizer_rules: Any,
+                   on_indivisible: str, tree: Any) -> Any:
+    """A restore target shaped like the saved tree, laid out by the new mesh and rules.
+
+    ``names`` maps paths to logical names; the optimizer state follows
+    ``optimizer_rules``. Arrays without names are replicated.
+    """
+    rules = as_rules(rules)
+    opt_rules = as_rules(optimizer_rules) if optimizer_rules is not None else rules
+    specs = {}
+    # Parameters first, so an indivisible dimension is reported as at init.
+    for p in sorted(saved, key=lambda p: not p.startswith("params")):
+        shape = tuple(int(s) for s in saved[p].shape)
+        n = names.get(p)
+        specs[p] = PartitionSpec()
+        if n is not None and len(n) == len(shape):
+            table = opt_rules if p.startswith("opt_state") else rules
+            specs[p] = table.resolve(tuple(tuple(x) if isinstance(x, list) else x for x in n), shape, mesh,
+                                     on_indivisible=on_indivisible, path=p)
+
+    def one(kp: Any, md: Any) -> jax.ShapeDtypeStruct:
+        shape = tuple(int(s) for s in md.shape)
+        return jax.ShapeDtypeStruct(shape, md.dtype, sharding=NamedSharding(mesh, specs[path_str(kp)]))
+
+    return jax.tree_util.tree_map_with_path(one, tree, is_leaf=is_saved_leaf)
+
+
+def names_for_moments(saved: Mapping[str, Any], names: dict[str, Any]) -> None:
+    """Optimizer moments without recorded names take their parameter's (``opt_state/0/mu/<param>``).
+
+    Checkpoints written by plain orbax carry no logical names; optax moments
+    mirror the params tree, so a path ending in a parameter's path with the
+    parameter's shape is laid out like that parameter.
+    """
+    params = {p[len("params/"):]: p for p in names if p.startswith("params/")}
+    for p, md in saved.items():
+        if p in names or not p.startswith("opt_state/"):
+            continue
+        parts = p.split("/")
+        for i in range(1, len(parts)):
+            q = params.get("/".join(parts[i:]))
+            if q is not None and q in saved and tuple(saved[q].shape) == tuple(md.shape):
+                names[p] = names[q]
+                break
+
+
+def _jsonable(x: Any) -> Any:
+    return json.loads(json.dumps(x, default=str))
+
+
+def reshard_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, mesh: Any, rules: Any, *,
+                       optimizer_rules: Any = None, on_indivisible: str = "error", step: int | None = None,
+                       abstract_params: Any = None, config: Mapping[str, Any] | None = None,
+                       model_name: str | None = None) -> ReshardResult:
+    """Rewrites checkpoint ``ckpt`` (latest step, or ``step``) under ``out`` for ``mesh`` and ``rules``.
+
+    ``abstract_params`` (boxed ``eval_shape`` params of the model the new
+    layout is for) checks that the checkpoint holds that model and supplies
+    logical names the checkpoint lacks. Refuses to overwrite an existing step.
+
+    Example::
+
+        >>> reshard_checkpoint("runs/a", "runs/b/checkpoints", make_mesh({"tensor": -1}), "tp")
+    """
+    rules = as_rules(rules)
+    ref = resolve_checkpoint(ckpt, step)
+    meta = read_metadata(ref)
+    tree = saved_tree(ref)
+    saved = flat_saved(tree)
+    rules.validate(mesh)
+    names = {p: a["names"] for p, a in (meta.get("arrays") or {}).items() if a.get("names") is not None}
+    if abstract_params is not None and any(p.startswith("params/") for p in saved):
+        # The new layout must describe the same model: same parameter paths and shapes.
+        check_fits(ref, {p: md for p, md in saved.items() if p.startswith("params/")},
+                   {"params": unbox(abstract_params)}, False)
+        for p, n in names_by_path({"params": abstract_params}).items():
+            names.setdefault(p, n)
+    names_for_moments(saved, names)
+    target = reshard_target(saved, names, mesh, rules, optimizer_rules, on_indivisible, tree)
+    state = restore_checkpoint(ref.path, target)
+    saved_step = meta.get("step", ref.step)
+    if saved_step is None:  # plain orbax: the state's own step counter, if it has one
+        saved_step = int(state["step"].addressable_data(0)) if isinstance(state, dict) and "step" in state else 0
+    out = Path(out)
+    if (out / str(saved_step)).exists():
+        raise CheckpointError(f"{out / str(saved_step)} already exists; choose another --out")
+    extra: dict[str, Any] = {"resharded_from": str(ref.path)}
+    if optimizer_rules is not None:
+        extra["optimizer_rules"] = as_rules(optimizer_rules).to_list()
+    if meta.get("metrics"):
+        extra["metrics"] = meta["metrics"]
+    with CheckpointManager(out, async_=False, keep=0, rules=rules, config=_jsonable(config) if config else None,
+                           model_name=model_name, names=names, extra=extra) as mngr:
+        mngr.save(int(saved_step), state, force=True)
+    before = saved_mesh_str(saved)
+    if meta.get("mesh"):
+        before = fmt_mesh(zip(meta["mesh"]["axis_names"], meta["mesh"]["shape"]))
+    return ReshardResult(step=int(saved_step), arrays=len(saved), source=ref.path,
+                         path=out.absolute() / str(saved_step), from_mesh=before, to_mesh=fmt_mesh(mesh.shape))
+
+
+__all__ = ["reshard_checkpoint", "reshard_target", "names_for_moments", "ReshardResult"]

@@ -1,0 +1,177 @@
+"""Restore: read a checkpoint onto the *current* mesh and rules, each device only its slices.
+
+The target is built from the current layout — ``jax.eval_shape`` of the init
+plus :func:`~partitioning.tree_shardings` — so orbax reads only the slices each
+device needs, whatever layout wrote the checkpoint.
+
+Example::
+
+    >>> target = abstract_target(abstract_state, new_mesh, new_rules)   # no allocation
+    >>> state = restore_checkpoint("runs/a", target)                     # latest complete step
+    >>> params = restore_checkpoint("runs/a", abstract_target(abstract_params, mesh, rules,
+    ...                             dtype=jnp.bfloat16), params_only=True)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+
+from partitioning.boxes import unbox
+from partitioning.checkpoint.diagnose import diagnose
+from partitioning.checkpoint.disk import CheckpointRef, flat_saved, read_metadata, resolve_checkpoint, saved_tree
+from partitioning.errors import CheckpointError
+from partitioning.fmt import fmt_shape
+from partitioning.layout import path_str, tree_shardings
+
+
+def abstract_target(
+    abstract: Any,
+    mesh: jax.sharding.Mesh | None = None,
+    rules: Any = None,
+    *,
+    shardings: Any = None,
+    dtype: Any = None,
+    on_indivisible: str = "error",
+) -> Any:
+    """``jax.ShapeDtypeStruct`` leaves carrying the shardings the current mesh + rules give.
+
+    ``abstract`` is ``jax.eval_shape`` of the init (boxed or not). Pass ``mesh``
+    and ``rules``, or ``shardings`` you already have (e.g. ``trainer.state_shardings``).
+    ``dtype`` casts every floating-point leaf on restore (e.g. ``jnp.bfloat16``).
+    An indivisible dimension raises the same :class:`ShardingError` as at init.
+
+    Example::
+
+        >>> target = abstract_target(jax.eval_shape(model.init, key, x), mesh, "tp")
+    """
+    if shardings is None:
+        if mesh is None:
+            raise TypeError("abstract_target needs a mesh (and rules) or shardings")
+        shardings = tree_shardings(abstract, mesh, rules, on_indivisible=on_indivisible)
+    values = unbox(abstract)
+
+    def one(a: Any, s: Any) -> jax.ShapeDtypeStruct:
+        dt = jnp.dtype(a.dtype)
+        if dtype is not None and jnp.issubdtype(dt, jnp.floating):
+            dt = jnp.dtype(dtype)
+        return jax.ShapeDtypeStruct(tuple(a.shape), dt, sharding=s)
+
+    return jax.tree.map(one, values, shardings)
+
+
+def target_like(tree: Any) -> Any:
+    """A restore target with the shapes, dtypes and shardings of existing arrays."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+# -- restore --------------------------------------------------------------------------
+
+def check_fits(ref: CheckpointRef, saved: dict[str, Any], target: Any, partial: bool) -> None:
+    """Raises a CheckpointError listing the first paths whose presence or shape differs.
+
+    ``saved`` is :func:`~partitioning.checkpoint.disk.flat_saved` of the checkpoint;
+    with ``partial``, arrays only in the checkpoint are fine.
+    """
+    want = {path_str(kp): leaf for kp, leaf in jax.tree_util.tree_flatten_with_path(target)[0]}
+    diffs = []
+    for p, leaf in want.items():
+        if p not in saved:
+            diffs.append((p, f"{p}: not in the checkpoint (model {fmt_shape(leaf.shape)})"))
+        elif tuple(saved[p].shape) != tuple(leaf.shape):
+            diffs.append((p, f"{p}: checkpoint {fmt_shape(saved[p].shape)} vs model {fmt_shape(leaf.shape)}"))
+    if not partial:
+        diffs += [(p, f"{p}: only in the checkpoint ({fmt_shape(md.shape)})") for p, md in saved.items() if p not in want]
+    # Parameters first: they name the model change; optimizer moments only repeat it.
+    diffs = [d for _, d in sorted(diffs, key=lambda pd: not pd[0].startswith("params"))]
+    if diffs:
+        more = f"; … and {len(diffs) - 5} more" if len(diffs) > 5 else ""
+        raise CheckpointError(
+            f"checkpoint {ref} does not fit the model ({len(diffs)} of {len(want)} arrays differ): "
+            + "; ".join(diffs[:5]) + more
+        )
+
+
+def restore_checkpoint(
+    path: str | os.PathLike,
+    target: Any,
+    *,
+    step: int | None = None,
+    params_only: bool = False,
+    max_inflight_bytes: int | None = None,
+) -> Any:
+    """Restores a checkpoint onto the shardings (and dtypes) of ``target``.
+
+    ``path`` is a run dir or checkpoints dir (latest complete step, or ``step``),
+    a step dir, or a directory written by plain ``ocp.StandardCheckpointer``.
+    ``target`` comes from :func:`abstract_target`; orbax reads only the slices
+    each device needs. With ``params_only``, ``target`` is the params tree (or
+    ``{"params": ...}``) and only the checkpoint's ``params`` are read.
+    ``max_inflight_bytes`` bounds the host buffers being read at once (default:
+    256 MiB or the largest array), so peak memory stays near the state's size.
+
+    Example::
+
+        >>> state = restore_checkpoint("runs/a", abstract_target(trainer.abstract_state,
+        ...                 shardings=trainer.state_shardings))
+    """
+    ref = resolve_checkpoint(path, step)
+    saved = flat_saved(saved_tree(ref))
+    tgt, unwrap, partial = target, False, False
+    if params_only:
+        partial = True
+        has_params = any(p == "params" or p.startswith("params/") for p in saved)
+        if isinstance(target, Mapping) and set(target) == {"params"}:
+            pass
+        elif has_params:
+            tgt, unwrap = {"params": target}, True
+        else:
+            partial = False  # the checkpoint holds only params
+    check_fits(ref, saved, tgt, partial)
+    restore_args = ocp.checkpoint_utils.construct_restore_args(tgt)
+    if max_inflight_bytes is None:
+        # orbax's default (96 GB) lets every read buffer live at once next to the
+        # arrays being built: ~1.7x the state at peak. One array at a time is enough.
+        largest = max((_nbytes(md) for md in saved.values()), default=0)
+        max_inflight_bytes = max(256 * 2**20, largest + 2**20)
+    handler = ocp.PyTreeCheckpointHandler(restore_concurrent_gb=max_inflight_bytes / 1e9)
+    try:
+        with ocp.Checkpointer(handler) as ckptr:
+            out = ckptr.restore(ref.item, args=ocp.args.PyTreeRestore(
+                item=tgt, restore_args=restore_args, partial_restore=partial))
+    except Exception as e:  # orbax / tensorstore internals -> one actionable line
+        raise diagnose(ref, e) from None
+    return out["params"] if unwrap else out
+
+
+def _nbytes(md: Any) -> int:
+    n = math.prod(int(s) for s in md.shape)
+    try:
+        return n * jnp.dtype(md.dtype).itemsize
+    except TypeError:
+        return n * 8
+
+
+def checkpoint_metadata(path: str | os.PathLike, step: int | None = None) -> dict[str, Any]:
+    """The metadata saved with a checkpoint (``{}`` for plain orbax ones), plus ``path`` and ``step``.
+
+    Example::
+
+        >>> meta = checkpoint_metadata("runs/quickstart")
+        >>> meta["step"], meta["mesh"]["shape"], meta["arrays"]["params/embedding"]["names"]
+        (200, [1, 8, 1], ['vocab', 'embed'])
+    """
+    ref = resolve_checkpoint(path, step)
+    meta = dict(read_metadata(ref))
+    meta.setdefault("step", ref.step)
+    meta["path"] = str(ref.path)
+    return meta
+
+
+__all__ = ["abstract_target", "target_like", "check_fits", "restore_checkpoint", "checkpoint_metadata"]

@@ -1,0 +1,23 @@
+"""CLI: argument parsing and rendering only; the work is done by the stages below.
+
+Modules:
+
+- :mod:`~partitioning.cli.main` — the command table, ``main``, the one-line error contract (exit 2).
+- :mod:`~partitioning.cli.args` — the arguments config commands share; loading a config with its devices.
+- :mod:`~partitioning.cli.check` — ``check``: validate a config, mesh and rules against N devices.
+- :mod:`~partitioning.cli.explain` — ``rules explain``: which rule claimed each dimension, and why.
+- :mod:`~partitioning.cli.train` — ``train``: the main job.
+- :mod:`~partitioning.cli.plan` — ``plan``: every parameter's layout, memory and communication.
+- :mod:`~partitioning.cli.compare` — ``compare``: several rule tables side by side.
+- :mod:`~partitioning.cli.ckpt` — ``ckpt ls|inspect|reshard``.
+- :mod:`~partitioning.cli.compiling` — where the compiled view is computed (here or a child process).
+- :mod:`~partitioning.cli.render` — rich tables for the terminal.
+
+Example::
+
+    $ partitioning train configs/quickstart.yaml
+"""
+
+from partitioning.cli.main import main
+
+__all__ = ["main"]

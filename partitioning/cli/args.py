@@ -1,0 +1,56 @@
+"""Arguments every config command shares, and loading a config with its devices set up.
+
+Devices must be set up before JAX's backend starts, so :func:`load_with_devices`
+reads the config first, then simulates CPU devices (or joins the other hosts)
+for the mesh it asks for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from partitioning.config.build import config_devices
+from partitioning.config.load import load_config
+from partitioning.config.schema import Config
+from partitioning.devices import initialize_distributed, simulate_devices
+
+
+def say(msg: str) -> None:
+    """One line to stderr (progress and notes; stdout stays for results)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def config_args(p: argparse.ArgumentParser, devices: bool = True) -> None:
+    """CONFIG, --set (and --devices)."""
+    p.add_argument("config", help="run config YAML")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set train.steps=50 (repeatable)")
+    if devices:
+        p.add_argument("--devices", type=int, default=None,
+                       help="number of devices (simulated on the CPU when more than visible)")
+
+
+def distributed_args(p: argparse.ArgumentParser) -> None:
+    """Flags that join several processes (hosts) into one run; see :mod:`partitioning.devices`."""
+    g = p.add_argument_group("multi-host (one process per host)")
+    g.add_argument("--distributed", action="store_true",
+                   help="join the other hosts via jax.distributed.initialize() (cluster auto-detection)")
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0's coordinator service")
+    g.add_argument("--num-processes", type=int, metavar="N", help="number of processes in the run")
+    g.add_argument("--process-id", type=int, metavar="I", help="this process's id, 0..N-1")
+
+
+def load_with_devices(args: argparse.Namespace, config: str | None = None) -> Config:
+    """Loads the config (``args.config`` or ``config``) with ``--set``, then sets up its devices."""
+    cfg = load_config(config or args.config, getattr(args, "set", None) or [])
+    n = config_devices(cfg, getattr(args, "devices", None))
+    multi = [getattr(args, k, None) for k in ("coordinator", "num_processes", "process_id")]
+    if getattr(args, "distributed", False) or any(v is not None for v in multi):
+        initialize_distributed(*multi, global_devices=n)
+    else:
+        simulate_devices(n, quiet=False)
+    return cfg
+
+
+__all__ = ["say", "config_args", "distributed_args", "load_with_devices"]

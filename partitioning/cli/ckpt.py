@@ -1,0 +1,163 @@
+"""``partitioning ckpt ls|inspect|reshard``: checkpoints from the command line.
+
+    partitioning ckpt ls RUN_DIR
+    partitioning ckpt inspect CKPT [--json]
+    partitioning ckpt reshard CKPT --config NEW.yaml --out DIR [--set k=v] [--step N]
+
+``CKPT`` is a run dir or checkpoints dir (latest complete step), a step dir, or
+a directory written by plain orbax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+import time
+from typing import Any
+
+import jax.numpy as jnp
+import yaml
+from rich.table import Table
+
+from partitioning.checkpoint.diagnose import verify
+from partitioning.checkpoint.disk import (
+    META_FILE, META_ITEM, checkpoints_dir, dir_bytes, flat_saved, list_steps, read_metadata, resolve_checkpoint,
+    saved_tree, sharding_str,
+)
+from partitioning.checkpoint.reshard import reshard_checkpoint
+from partitioning.cli.args import load_with_devices
+from partitioning.cli.render import console
+from partitioning.config.build import abstract_model, jsonable, mesh_from_config
+from partitioning.errors import CheckpointError
+from partitioning.fmt import fmt_bytes, fmt_mesh, fmt_rules, fmt_shape
+
+HELP = "checkpoints: ls RUN_DIR | inspect CKPT | reshard CKPT --config NEW.yaml --out DIR"
+
+
+def _mesh_str(mesh: dict[str, Any] | None) -> str:
+    return fmt_mesh(zip(mesh["axis_names"], mesh["shape"])) if mesh else "?"
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    steps = list_steps(args.run_dir)
+    d = checkpoints_dir(args.run_dir)
+    if not steps:
+        print(f"{d}: no checkpoints")
+        return 0
+    table = Table(title=f"checkpoints in {d}")
+    for col in ("step", "status", "size", "saved at", "metrics", "directory"):
+        table.add_column(col, justify="right" if col in ("step", "size") else "left")
+    for s in steps:
+        meta: dict[str, Any] = {}
+        f = s.path / META_ITEM / META_FILE
+        if s.complete and f.exists():
+            with contextlib.suppress(ValueError, OSError):
+                meta = json.loads(f.read_text())
+        when = meta.get("time") or time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(s.mtime))
+        metrics = ", ".join(f"{k} {v:.4g}" for k, v in sorted((meta.get("metrics") or {}).items())
+                            if k in ("loss", "eval_loss"))
+        status = "complete" if s.complete else "INCOMPLETE (save unfinished or killed)"
+        table.add_row(str(s.step), status, fmt_bytes(s.nbytes), when, metrics or "-", s.path.name)
+    console().print(table)
+    done = [s.step for s in steps if s.complete]
+    print(f"latest complete step: {done[-1] if done else 'none'}")
+    return 0
+
+
+# -- inspect ---------------------------------------------------------------------------------
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    ref = resolve_checkpoint(args.ckpt, args.step)
+    meta = read_metadata(ref)
+    saved = flat_saved(saved_tree(ref))
+    problems = verify(ref)
+    arrays_meta = meta.get("arrays") or {}
+    size = dir_bytes(ref.path)
+    if args.json:
+        out = {
+            "path": str(ref.path), "step": meta.get("step", ref.step), "bytes": size, "problems": problems,
+            "metadata": {k: v for k, v in meta.items() if k != "arrays"},
+            "arrays": {p: {"shape": list(map(int, md.shape)), "dtype": str(md.dtype),
+                           "sharding": sharding_str(md), "names": arrays_meta.get(p, {}).get("names")}
+                       for p, md in saved.items()},
+        }
+        print(json.dumps(out, indent=1))
+        return 0
+    n_bytes = sum(math.prod(int(s) for s in md.shape) * _itemsize(md.dtype) for md in saved.values())
+    print(f"checkpoint {ref.path}: step {meta.get('step', ref.step)}, {len(saved)} arrays, "
+          f"{fmt_bytes(n_bytes)} of values, {fmt_bytes(size)} on disk; "
+          f"files: {'OK' if not problems else 'DAMAGED: ' + '; '.join(problems)}")
+    if meta:
+        v = meta.get("versions", {})
+        print(f"saved {meta.get('time', '?')} by partitioning {v.get('partitioning', '?')} "
+              f"(jax {v.get('jax', '?')}, orbax {v.get('orbax-checkpoint', '?')}); model {meta.get('model', '?')}; "
+              f"mesh {_mesh_str(meta.get('mesh'))} ({(meta.get('mesh') or {}).get('devices', '?')} devices); "
+              f"{meta.get('process_count', 1)} process(es)")
+        print(f"rules: {fmt_rules(meta.get('rules'))}")
+        if meta.get("optimizer_rules"):
+            print(f"optimizer rules: {fmt_rules(meta['optimizer_rules'])}")
+        if meta.get("metrics"):
+            print("metrics: " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(meta["metrics"].items())))
+        if meta.get("resharded_from"):
+            print(f"resharded from: {meta['resharded_from']}")
+    else:
+        print("no toolkit metadata: written by plain orbax (layout only)")
+    table = Table(title="arrays")
+    for col in ("path", "shape", "dtype", "logical names", "saved sharding"):
+        table.add_column(col, overflow="fold")
+    for p, md in saved.items():
+        names = arrays_meta.get(p, {}).get("names")
+        table.add_row(p, fmt_shape(md.shape), str(md.dtype),
+                      "(" + ", ".join(str(n) for n in names) + ")" if names is not None else "-", sharding_str(md))
+    console().print(table)
+    if meta.get("config") and args.config:
+        print("config:")
+        print(yaml.safe_dump(meta["config"], sort_keys=False).rstrip())
+    if problems:
+        sys.stdout.flush()
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise CheckpointError(f"checkpoint {ref.path}: {problems[0]}{more}")
+    return 0
+
+
+def _itemsize(dtype: Any) -> int:
+    return jnp.dtype(dtype).itemsize
+
+
+# -- reshard --------------------------------------------------------------------------------------
+
+def cmd_reshard(args: argparse.Namespace) -> int:
+    cfg = load_with_devices(args)  # devices for the *new* layout, before any jax computation
+    mesh = mesh_from_config(cfg)
+    _, variables = abstract_model(cfg)
+    r = reshard_checkpoint(args.ckpt, args.out, mesh, cfg.rules, optimizer_rules=cfg.optimizer_rules,
+                           on_indivisible=cfg.on_indivisible, step=args.step, abstract_params=variables["params"],
+                           config=jsonable(cfg.raw), model_name=cfg.model_name)
+    print(f"resharded step {r.step}: {r.arrays} arrays from mesh {r.from_mesh} to {r.to_mesh} "
+          f"(rules from {cfg.path}) -> {r.path}")
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="ckpt_cmd", required=True)
+    ls = sub.add_parser("ls", help="steps, sizes, times, and which saves completed")
+    ls.add_argument("run_dir", help="a run dir (RUN_DIR/checkpoints) or a checkpoints dir")
+    ins = sub.add_parser("inspect", help="arrays with shapes, dtypes, saved shardings, and the metadata")
+    ins.add_argument("ckpt", help="run dir (latest step), checkpoints dir, step dir, or plain orbax dir")
+    ins.add_argument("--step", type=int, default=None, help="a step other than the latest")
+    ins.add_argument("--json", action="store_true", help="machine-readable output")
+    ins.add_argument("--config", action="store_true", help="also print the saved run config")
+    rs = sub.add_parser("reshard", help="rewrite a checkpoint for another mesh / rule table (offline)")
+    rs.add_argument("ckpt", help="run dir (latest step), checkpoints dir, step dir, or plain orbax dir")
+    rs.add_argument("--config", required=True, help="run config with the new mesh and rules")
+    rs.add_argument("--out", required=True, help="checkpoints dir to write (DIR/STEP/...)")
+    rs.add_argument("--step", type=int, default=None, help="a step other than the latest")
+    rs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    rs.add_argument("--devices", type=int, default=None, help="number of devices (simulated on the CPU)")
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"ls": cmd_ls, "inspect": cmd_inspect, "reshard": cmd_reshard}[args.ckpt_cmd](args)

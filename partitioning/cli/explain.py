@@ -1,0 +1,43 @@
+"""``partitioning rules explain CONFIG``: per parameter and dimension, the rule that claimed it and why."""
+
+from __future__ import annotations
+
+import argparse
+
+from partitioning.boxes import compute_spec
+from partitioning.cli.args import config_args, load_with_devices
+from partitioning.cli.render import console, explain_table
+from partitioning.config.build import abstract_model, mesh_from_config
+from partitioning.fmt import fmt_spec
+from partitioning.layout import tree_layouts
+from partitioning.plan.coverage import activation_names, rule_coverage
+
+HELP = "per parameter and dimension, the rule that claimed it and why others did not"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="rules_cmd", required=True)
+    config_args(sub.add_parser("explain", help=HELP))
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_with_devices(args)
+    mesh = mesh_from_config(cfg, args.devices)
+    model, abstract = abstract_model(cfg)
+    layouts = tree_layouts(abstract, mesh, cfg.rules, on_indivisible=cfg.on_indivisible)
+    acts = activation_names(model, abstract["params"], mesh, cfg.rules, batch_size=cfg.train.batch_size,
+                            seq_len=cfg.train.seq_len)
+    computes = {l.path: fmt_spec(compute_spec(l.names, cfg.rules)) for l in layouts if l.names is not None}
+    out = console()
+    out.print(explain_table(layouts, computes, title=f"{cfg.model_name} on mesh {dict(mesh.shape)}: "
+                                                     f"rules from {cfg.path}"))
+    rules = cfg.rules
+    axes = ", ".join(rules.batch_axes) or "none"
+    print(f"compute layout: parameters are gathered over the batch axes ({axes}; "
+          f"{rules.batch_axes_origin}) before use: 'compute spec' above")
+    cov = rule_coverage(layouts, rules, acts)
+    if cov.uncovered:
+        print(f"logical names no rule mentions (unsharded): {', '.join(cov.uncovered)}")
+    if cov.unused:
+        print("rules that never fire on this model: " + ", ".join(f"rule {u.index} {u.rule}" for u in cov.unused))
+    return 0

@@ -1,0 +1,52 @@
+"""``partitioning plan CONFIG``: every parameter's layout, per-device memory and communication, before running.
+
+The table comes from ``jax.eval_shape`` only (nothing allocated, no device
+needed: the mesh is planned from its axis sizes), so it takes seconds for any
+mesh. The compiled view lowers and compiles the real train step
+(:mod:`partitioning.cli.compiling`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from partitioning.cli.args import config_args
+from partitioning.cli.compiling import compile_args, compiled, setup_devices, write_json
+from partitioning.cli.render import console, render_plan
+from partitioning.config.build import plan_from_config
+from partitioning.config.load import load_config
+from partitioning.plan.plot import plot_plan
+
+HELP = "every parameter's layout, per-device memory and communication, before running"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    config_args(p)
+    p.add_argument("--json", metavar="FILE", help="write the plan (table, totals, warnings, compiled view) as JSON")
+    p.add_argument("--png", metavar="FILE", help="draw per-device memory by category and the mesh")
+    compile_args(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    cfg = load_config(args.config, args.set or [])
+    devices, here = setup_devices(cfg, args)
+    plan, _ = plan_from_config(cfg, devices)
+    t1 = time.perf_counter()
+    view = compiled(cfg, args, devices, here, plan)
+    t2 = time.perf_counter()
+    report = {
+        "config": str(cfg.path),
+        "model": {"name": cfg.model_name, "options": dict(cfg.model_options)},
+        "batch": {"batch_size": cfg.train.batch_size, "seq_len": cfg.train.seq_len},
+        **plan.to_json(),
+        "compiled": view,
+        "timing": {"table_s": round(t1 - t0, 3), "compiled_s": round(t2 - t1, 3)},
+    }
+    render_plan(report, console())
+    if args.json:
+        write_json(args.json, report)
+    if args.png:
+        plot_plan(report, args.png)
+    return 0

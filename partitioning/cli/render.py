@@ -1,0 +1,113 @@
+"""Rendering for the terminal: rich tables of layouts, plans and compiled views.
+
+Example::
+
+    >>> console().print(explain_table(layouts, computes, title="gpt on mesh {...}"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from partitioning.fmt import fmt_bytes
+from partitioning.layout import LeafLayout
+
+
+def console() -> Console:
+    """A console for tables: at least 200 columns wide, no syntax highlighting."""
+    return Console(width=max(200, Console().width), highlight=False, soft_wrap=True)
+
+
+def explain_table(layouts: Sequence[LeafLayout], computes: Mapping[str, str], *, title: str) -> Table:
+    """Per parameter and dimension: logical name, size, mesh axes, the claiming rule and why others did not."""
+    table = Table(title=title)
+    for col in ("parameter", "dim", "logical", "size", "mesh axes", "claimed by / why not", "compute spec"):
+        table.add_column(col, overflow="fold")
+    for l in layouts:
+        for d in l.dims:
+            why = f"rule {d.rule_index} {list(d.rule)}" if d.claimed else "-"
+            if d.notes:
+                why += "; " + "; ".join(d.notes)
+            first = d.dim == 0
+            table.add_row(l.path if first else "", str(d.dim), str(d.name), str(d.size),
+                          "-" if d.mesh_axes is None else str(d.mesh_axes), why,
+                          computes.get(l.path, "") if first else "")
+    return table
+
+
+def _claimed(row: dict[str, Any]) -> str:
+    return " ".join("-" if c is None else f"r{c['rule']}" for c in row["claimed_by"]) or "-"
+
+
+def render_plan(report: dict[str, Any], console: Any) -> None:
+    """The plan: parameter table, per-device totals, warnings, compiled view, timing."""
+    mesh = report["mesh"]
+    console.print(f"[bold]{report['model']['name']}[/bold] ({report['parameters']:,} parameters) on mesh "
+                  f"{mesh} ({report['devices']:,} devices), rules from {report['config']}")
+    t = Table(title="parameters", show_lines=False)
+    for col, just in (("parameter", "left"), ("shape", "left"), ("dtype", "left"), ("logical", "left"),
+                      ("PartitionSpec", "left"), ("rules", "left"), ("per device", "right"), ("total", "right")):
+        t.add_column(col, justify=just, overflow="fold")
+    for r in report["leaves"]:
+        logical = "(" + ", ".join(str(n) for n in r["logical"]) + ")" if r["logical"] is not None else "-"
+        per = fmt_bytes(r["per_device_bytes"])
+        t.add_row(r["path"], str(tuple(r["shape"])), r["dtype"], logical, r["spec"], _claimed(r),
+                  f"[red]{per}[/red]" if r["replicated"] and report["devices"] > 1 and r["total_bytes"] > 4 else per,
+                  fmt_bytes(r["total_bytes"]))
+    console.print(t)
+    console.print("rules: " + "  ".join(f"r{i}={tuple(p)}" for i, p in enumerate(report["rules"])))
+
+    tt = Table(title=f"per device ({report['devices']:,} devices)")
+    for col in ("", "per device", "ideal (total / devices)", "per device / ideal", "total"):
+        tt.add_column(col, justify="right" if col else "left")
+    for k in ("params", "optimizer", "gradients", "total"):
+        v = report["totals"][k]
+        ratio = v["per_device"] / v["ideal"] if v["ideal"] else 1.0
+        tt.add_row(k, fmt_bytes(v["per_device"]), fmt_bytes(v["ideal"]), f"{ratio:.2f}x", fmt_bytes(v["total"]))
+    console.print(tt)
+    console.print(f"replicated share of per-device memory: {report['replicated_share']:.1%}")
+
+    msgs = report["warnings"]["messages"]
+    if msgs:
+        console.print("[bold yellow]warnings[/bold yellow]")
+        for m in msgs:
+            console.print(f"  - {m}", markup=False, highlight=False)
+    render_compiled(report["compiled"], console)
+    tm = report["timing"]
+    console.print(f"timing: table {tm['table_s']:.1f} s, compiled view {tm['compiled_s']:.1f} s")
+
+
+def render_compiled(view: dict[str, Any], console: Any) -> None:
+    """XLA's memory per device, collectives per step and the sharding self-check (or why there is none)."""
+    if view["status"] != "ok":
+        console.print(f"[bold]compiled view {view['status']}:[/bold] {view['reason']}", highlight=False)
+        return
+    console.print(f"[bold]compiled train step[/bold] ({view['devices']} {view['backend']} devices): "
+                  f"lowered in {view['lower_s']:.1f} s, compiled in {view['compile_s']:.1f} s")
+    m = view.get("memory")
+    if m:
+        console.print("XLA memory per device: " + ", ".join(
+            f"{k} {fmt_bytes(m[k])}" for k in ("argument", "output", "alias", "temp", "peak_estimate")))
+    t = Table(title="collectives per step (per device)")
+    for col in ("collective", "count", "bytes"):
+        t.add_column(col, justify="left" if col == "collective" else "right")
+    for k, v in view["collectives"].items():
+        t.add_row(k, f"{v['count']:,}", fmt_bytes(v["bytes"]))
+    console.print(t)
+    chk = view.get("sharding_check")
+    if chk:
+        if not chk["mismatches"]:
+            console.print(f"self-check: the {chk['checked']} compiled input/output shardings match the rules")
+        else:
+            console.print(f"[bold red]self-check: {len(chk['mismatches'])} of {chk['checked']} compiled "
+                          f"shardings differ from the rules[/bold red]")
+            for d in chk["mismatches"]:
+                console.print(f"  - {d['side']} {d['path']}: rules {d['expected']}, compiled {d['compiled']}",
+                              markup=False, highlight=False)
+
+
+__all__ = ["console", "explain_table", "render_plan", "render_compiled"]

@@ -1,0 +1,20 @@
+"""Config: YAML run configs, typed, with ``file:line`` errors; and the one place they become objects.
+
+Modules:
+
+- :mod:`~partitioning.config.schema` — the typed sections (``mesh``, ``train``, ``optimizer``, ...) and defaults.
+- :mod:`~partitioning.config.load` — YAML -> :class:`Config`, ``--set`` overrides, every error at ``file:line``.
+- :mod:`~partitioning.config.build` — Config -> mesh, model, optimizer, trainer, data, checkpoints, plan
+  (imported on its own: it brings the reference models).
+
+Example::
+
+    >>> cfg = load_config("configs/quickstart.yaml", overrides=["train.steps=50"])
+    >>> cfg.train.steps, cfg.rules[0]
+    (50, ('batch', ('data', 'fsdp')))
+"""
+
+from partitioning.config.load import load_config, load_rules_file
+from partitioning.config.schema import Config
+
+__all__ = ["Config", "load_config", "load_rules_file"]

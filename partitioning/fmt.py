@@ -1,0 +1,69 @@
+"""How the toolkit writes values for people: bytes, specs, shapes, meshes, rules.
+
+One copy of each, so a table, a warning and an error print the same thing the
+same way.
+
+Example::
+
+    >>> fmt_bytes(3 * 2**30), fmt_spec(P("fsdp", None)), fmt_mesh({"data": 2, "fsdp": 4})
+    ('3.00 GiB', "P('fsdp', None)", '{data: 2, fsdp: 4}')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from jax.sharding import PartitionSpec
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def fmt_bytes(n: float) -> str:
+    """``1.50 GiB`` style, binary units, two decimals (whole bytes below 1 KiB)."""
+    n = float(n)
+    for unit in _UNITS:
+        if abs(n) < 1024 or unit == _UNITS[-1]:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def fmt_spec(spec: Any) -> str:
+    """``P('fsdp', None)``: a PartitionSpec as JAX prints it (``-`` for none)."""
+    if spec is None:
+        return "-"
+    if not isinstance(spec, PartitionSpec):
+        spec = PartitionSpec(*spec)
+    return str(spec)
+
+
+def fmt_shape(shape: Sequence[int]) -> str:
+    """``(80, 8192)`` and ``(64,)``: a shape as Python writes a tuple."""
+    return "(" + ", ".join(str(int(s)) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def fmt_mesh(sizes: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> str:
+    """``{data: 2, fsdp: 4}``: mesh axes and sizes in order."""
+    items = sizes.items() if isinstance(sizes, Mapping) else sizes
+    return "{" + ", ".join(f"{n}: {s}" for n, s in items) + "}"
+
+
+def fmt_axes(axes: Any) -> str:
+    """A rule's mesh axes: ``fsdp``, ``data/fsdp`` or ``null``."""
+    if axes is None:
+        return "null"
+    if isinstance(axes, str):
+        return axes
+    return "/".join(axes)
+
+
+def fmt_rules(rules: Iterable[Sequence[Any]] | None) -> str:
+    """``batch->data/fsdp, embed->fsdp``: a rule table on one line."""
+    rules = list(rules or [])
+    if not rules:
+        return "(none)"
+    return ", ".join(f"{name}->{fmt_axes(tuple(a) if isinstance(a, list) else a)}" for name, a in rules)
+
+
+__all__ = ["fmt_bytes", "fmt_spec", "fmt_shape", "fmt_mesh", "fmt_axes", "fmt_rules"]

@@ -1,0 +1,222 @@
+"""Layout: pytrees of boxed / abstract arrays -> PartitionSpecs -> NamedShardings.
+
+Takes the output of ``jax.eval_shape`` of an init (params, optax state, a
+whole train state) and gives one sharding per leaf, in the *unboxed* tree
+structure (the structure the arrays have after ``meta.unbox``). Boxed leaves
+with logical names go through the rule table; Flax ``nn.Partitioned`` boxes
+name mesh axes directly; unboxed leaves and scalars are replicated. Flax NNX
+state works too: a Variable's ``out_sharding`` names (``nnx.with_partitioning``)
+are logical names, resolved by the same rules.
+
+Example::
+
+    >>> abstract = jax.eval_shape(model.init, jax.random.key(0), x)
+    >>> shardings = tree_shardings(abstract, mesh, rules)
+    >>> params = jax.jit(model.init, out_shardings=shardings)(jax.random.key(0), x)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from partitioning.boxes import is_box, is_logical_box
+from partitioning.errors import ShardingError
+from partitioning.resolve import DimExplanation, axes_tuple, mesh_axis_sizes
+from partitioning.rules import Rules, as_rules
+
+
+def path_str(keypath: tuple[Any, ...]) -> str:
+    """``params/decoder/mlp/wi/kernel`` for a jax key path (boxes' ``.value`` dropped)."""
+    parts = []
+    for k in keypath:
+        if isinstance(k, jax.tree_util.DictKey):
+            parts.append(str(k.key))
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            parts.append(str(k.idx))
+        elif isinstance(k, jax.tree_util.GetAttrKey):
+            if k.name != "value":
+                parts.append(k.name)
+        elif isinstance(k, jax.tree_util.FlattenedIndexKey):
+            parts.append(str(k.key))
+        else:
+            parts.append(str(k))
+    return "/".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafLayout:
+    """Everything known about how one leaf is laid out on the mesh."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    names: tuple[Any, ...] | None          # logical names (None: unboxed leaf)
+    spec: PartitionSpec
+    dims: tuple[DimExplanation, ...]       # empty for unboxed / mesh-named leaves
+    shards_per_dim: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+    @property
+    def per_device_bytes(self) -> int:
+        local = math.prod(-(-s // n) for s, n in zip(self.shape, self.shards_per_dim))
+        return local * np.dtype(self.dtype).itemsize
+
+    @property
+    def replicated(self) -> bool:
+        return all(n == 1 for n in self.shards_per_dim)
+
+
+def _is_nnx_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def _is_leaf(x: Any) -> bool:
+    return is_box(x) or _is_nnx_variable(x)
+
+
+def _as_box(leaf: Any) -> Any:
+    """An NNX Variable annotated with ``out_sharding`` logical names -> a Linen box.
+
+    So Linen boxes and NNX variables resolve through one engine and a rule
+    table means the same thing for both.
+    """
+    if not _is_nnx_variable(leaf):
+        return leaf
+    names = leaf.get_metadata().get("out_sharding")
+    value = leaf.get_value() if hasattr(leaf, "get_value") else leaf.value
+    return nn.LogicallyPartitioned(value, tuple(names)) if names is not None else value
+
+
+def _shards(spec: PartitionSpec, ndim: int, sizes: dict[str, int]) -> tuple[int, ...]:
+    out = []
+    for i in range(ndim):
+        entry = spec[i] if i < len(spec) else None
+        if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+            out.append(1)
+        else:
+            out.append(math.prod(sizes.get(a, 1) for a in axes_tuple(entry)))
+    return tuple(out)
+
+
+def _layout_one(path: str, leaf: Any, mesh: Any, rules: Rules, on_indivisible: str) -> LeafLayout:
+    sizes = mesh_axis_sizes(mesh)
+    leaf = _as_box(leaf)
+    value = leaf.value if is_box(leaf) else leaf
+    shape = tuple(int(s) for s in getattr(value, "shape", ()))
+    dtype = np.dtype(getattr(value, "dtype", np.float32))
+    if is_logical_box(leaf):
+        names = tuple(leaf.names)
+        box_rules = as_rules(leaf.rules) if leaf.rules is not None else rules
+        spec, dims = box_rules.resolve_explained(names, shape, mesh, on_indivisible=on_indivisible, path=path)
+        return LeafLayout(path, shape, dtype, names, spec, tuple(dims), _shards(spec, len(shape), sizes))
+    if is_box(leaf):  # nn.Partitioned: names are mesh axes already
+        spec = PartitionSpec(*leaf.names)
+        shards = _shards(spec, len(shape), sizes)
+        for i, (s, n) in enumerate(zip(shape, shards)):
+            if s % n:
+                raise ShardingError(
+                    f"{path}: dim {i} (size {s}) is not divisible by mesh axes "
+                    f"{axes_tuple(spec[i])!r} of size {n}"
+                )
+        return LeafLayout(path, shape, dtype, tuple(leaf.names), spec, (), shards)
+    spec = PartitionSpec()
+    return LeafLayout(path, shape, dtype, None, spec, (), (1,) * len(shape))
+
+
+def tree_layouts(tree: Any, mesh: Any, rules: Any = None, *, on_indivisible: str = "error") -> list[LeafLayout]:
+    """One :class:`LeafLayout` per leaf, in flattening order."""
+    rules = as_rules(rules)
+    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_leaf)[0]
+    return [_layout_one(path_str(kp), leaf, mesh, rules, on_indivisible) for kp, leaf in leaves]
+
+
+def tree_specs(tree: Any, mesh: Any, rules: Any = None, *, on_indivisible: str = "error") -> Any:
+    """A PartitionSpec per leaf of ``tree``, in its unboxed structure.
+
+    Divisibility against ``mesh`` is checked up front; the error names the
+    parameter path, dimension, sizes and mesh axes.
+    """
+    layouts = tree_layouts(tree, mesh, rules, on_indivisible=on_indivisible)
+    treedef = jax.tree_util.tree_structure(tree, is_leaf=_is_leaf)
+    return jax.tree_util.tree_unflatten(treedef, [l.spec for l in layouts])
+
+
+def tree_shardings(tree: Any, mesh: jax.sharding.Mesh, rules: Any = None, *, on_indivisible: str = "error") -> Any:
+    """A NamedSharding per leaf of ``tree`` (boxed or not), in its unboxed structure.
+
+    Example::
+
+        >>> shardings = tree_shardings(jax.eval_shape(init, key), mesh, "fsdp")
+    """
+    specs = tree_specs(tree, mesh, rules, on_indivisible=on_indivisible)
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def logical_names(tree: Any) -> Any:
+    """Each leaf's logical names (a tuple), or None for unboxed leaves; unboxed structure."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_leaf)
+    leaves = [_as_box(l) for l in leaves]
+    return jax.tree_util.tree_unflatten(
+        treedef, [tuple(l.names) if is_logical_box(l) else None for l in leaves]
+    )
+
+
+def per_device_bytes(layouts: list[LeafLayout]) -> int:
+    """Bytes one device holds for these leaves (every device holds the same).
+
+    Example::
+
+        >>> per_device_bytes(tree_layouts(abstract, mesh, "fsdp"))
+        1114112
+    """
+    return sum(l.per_device_bytes for l in layouts)
+
+
+def _is_spec_or_box(x: Any) -> bool:
+    return isinstance(x, PartitionSpec) or is_box(x)
+
+
+def logical_to_mesh(tree: Any, rules: Any = None) -> Any:
+    """Flax-compatible: maps a pytree of logical PartitionSpecs (or boxes) to mesh specs.
+
+    Example::
+
+        >>> logical_to_mesh({"w": P("embed", "mlp")}, "fsdp")
+        {'w': P('fsdp', None)}
+    """
+    rules = as_rules(rules)
+    return jax.tree.map(lambda x: rules.resolve(tuple(x.names) if is_box(x) else x), tree,
+                        is_leaf=_is_spec_or_box)
+
+
+def logical_to_mesh_sharding(tree: Any, mesh: jax.sharding.Mesh, rules: Any = None) -> Any:
+    """Flax-compatible: a pytree of logical PartitionSpecs (or boxes) -> NamedShardings.
+
+    Example::
+
+        >>> logical_to_mesh_sharding({"w": P("embed", "mlp")}, mesh, "fsdp")["w"].spec
+        P('fsdp', None)
+    """
+    specs = logical_to_mesh(tree, rules)
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+__all__ = [
+    "LeafLayout", "tree_layouts", "tree_specs", "tree_shardings", "logical_names",
+    "per_device_bytes", "path_str", "logical_to_mesh", "logical_to_mesh_sharding",
+]

@@ -1,0 +1,19 @@
+"""Reference models, annotated only with logical axis names.
+
+- :mod:`partitioning.models.mlp` — ``MLP``: a byte-level MLP language model, the smallest model with real layouts.
+- :mod:`partitioning.models.gpt` — ``GPT``: a Llama-shaped decoder (RMSNorm, SwiGLU, RoPE, GQA, scanned layers).
+
+Importing this package registers them as ``mlp`` and ``gpt``. The library
+never imports it; the config build step (:mod:`partitioning.config.build`)
+and the CLI do.
+
+Example::
+
+    >>> from partitioning.models import GPT
+    >>> model = GPT(embed=128, heads=4, layers=4)
+"""
+
+from partitioning.models.gpt import GPT
+from partitioning.models.mlp import MLP
+
+__all__ = ["GPT", "MLP"]

@@ -1,0 +1,232 @@
+"""A decoder-only transformer annotated only with logical axis names.
+
+Parameters (logical names in brackets):
+  token embedding ``(vocab, embed)``; per block: q ``(embed, heads, kv)``,
+  k/v ``(embed, kv_heads, kv)`` (grouped-query when ``kv_heads < heads``),
+  o ``(heads, kv, embed)``, MLP ``wi (embed, mlp)`` / ``wo (mlp, embed)``,
+  norm scales ``(embed,)``; final norm; untied unembedding ``(embed, vocab)``. Positions are rotary
+(RoPE), so there are no position parameters and no biases: the parameter count
+of a Llama-3 shape is exact.
+With ``scan_layers`` one block is scanned ``layers`` times and every block
+parameter gains a leading ``layers`` axis, so compile time stays flat in depth.
+
+Every parameter is created with its true shape (Flax's ``nn.DenseGeneral``
+flattens kernel shapes before calling the initializer, which breaks 3-name
+annotations), so the layers below use ``self.param`` + ``einsum`` directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from partitioning.boxes import logical_spec, param_for_compute, with_logical_constraint, with_logical_partitioning
+from partitioning.registry import register_model
+
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+}
+
+
+def _param(mod: nn.Module, name: str, names: tuple, shape: tuple, dtype: Any, fan_in: int):
+    init = nn.initializers.normal(stddev=fan_in ** -0.5)
+    return param_for_compute(mod.param(name, with_logical_partitioning(init, names), shape, dtype), names)
+
+
+class RMSNorm(nn.Module):
+    eps: float = 1e-6
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        scale = param_for_compute(self.param("scale", with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                                             (x.shape[-1],), self.param_dtype), ("embed",))
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y * scale.astype(jnp.float32)).astype(self.dtype)
+
+
+class LayerNorm(nn.Module):
+    eps: float = 1e-6
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        d = x.shape[-1]
+        scale = param_for_compute(self.param(
+            "scale", with_logical_partitioning(nn.initializers.ones, ("embed",)), (d,), self.param_dtype), ("embed",))
+        bias = param_for_compute(self.param(
+            "bias", with_logical_partitioning(nn.initializers.zeros, ("embed",)), (d,), self.param_dtype), ("embed",))
+        x32 = x.astype(jnp.float32)
+        mean = x32.mean(-1, keepdims=True)
+        var = ((x32 - mean) ** 2).mean(-1, keepdims=True)
+        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+        return (y * scale + bias).astype(self.dtype)
+
+
+def _norm(kind: str, dtype, param_dtype, name: str):
+    cls = RMSNorm if kind == "rms" else LayerNorm
+    return cls(dtype=dtype, param_dtype=param_dtype, name=name)
+
+
+def _embed(emb, tokens):
+    """``emb[tokens]``; on Explicit axes JAX cannot infer a gather's output layout, so it is named."""
+    spec = logical_spec(("batch", "length", "embed"))
+    if spec is None:
+        return jnp.take(emb, tokens, axis=0)
+    return emb.at[tokens].get(out_sharding=spec, mode="fill")
+
+
+def rope(x, theta: float):
+    """Rotary position embedding over the last axis of ``(batch, length, heads, dim)``."""
+    t, k = x.shape[1], x.shape[-1]
+    half = k // 2
+    freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * freqs[None, :]
+    sin, cos = jnp.sin(angles)[None, :, None, :], jnp.cos(angles)[None, :, None, :]
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+class Attention(nn.Module):
+    heads: int
+    kv_heads: int
+    head_dim: int
+    rope_theta: float
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        b, t, d = x.shape
+        h, g, k = self.heads, self.kv_heads, self.head_dim
+        pd, dt = self.param_dtype, self.dtype
+        wq = _param(self, "q", ("embed", "heads", "kv"), (d, h, k), pd, d)
+        wk = _param(self, "k", ("embed", "kv_heads", "kv"), (d, g, k), pd, d)
+        wv = _param(self, "v", ("embed", "kv_heads", "kv"), (d, g, k), pd, d)
+        wo = _param(self, "o", ("heads", "kv", "embed"), (h, k, d), pd, h * k)
+        q = jnp.einsum("btd,dhk->bthk", x, wq.astype(dt))
+        kk = jnp.einsum("btd,dgk->btgk", x, wk.astype(dt))
+        v = jnp.einsum("btd,dgk->btgk", x, wv.astype(dt))
+        q = rope(with_logical_constraint(q, ("batch", "length", "heads", "kv")), self.rope_theta)
+        kk = rope(with_logical_constraint(kk, ("batch", "length", "kv_heads", "kv")), self.rope_theta)
+        v = with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
+        # Grouped-query: each kv head serves heads // kv_heads query heads.
+        q = q.reshape(b, t, g, h // g, k)
+        # Explicit axes with `length` sharded (seq): name the layouts of the two
+        # attention products, which need every key position on every query shard.
+        scores = jnp.einsum("btgrk,bsgk->bgrts", q, kk,
+                            out_sharding=logical_spec(("batch", "kv_heads", None, "length", None)))
+        scores = scores.astype(jnp.float32) * (k ** -0.5)
+        causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+        scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out = jnp.einsum("bgrts,bsgk->btgrk", probs, v,
+                         out_sharding=logical_spec(("batch", "length", "kv_heads", None, None))).reshape(b, t, h, k)
+        out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
+        # Contracts the (tensor-sharded) heads: on Explicit axes the output layout must be named.
+        y = jnp.einsum("bthk,hkd->btd", out, wo.astype(dt),
+                       out_sharding=logical_spec(("batch", "length", "embed")))
+        return with_logical_constraint(y, ("batch", "length", "embed"))
+
+
+class MlpBlock(nn.Module):
+    mlp: int
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        d = x.shape[-1]
+        # SwiGLU (as in Llama): gate and up projections, then down.
+        wi_0 = _param(self, "wi_0", ("embed", "mlp"), (d, self.mlp), self.param_dtype, d)
+        wi_1 = _param(self, "wi_1", ("embed", "mlp"), (d, self.mlp), self.param_dtype, d)
+        wo = _param(self, "wo", ("mlp", "embed"), (self.mlp, d), self.param_dtype, self.mlp)
+        gate = jnp.einsum("btd,dm->btm", x, wi_0.astype(self.dtype))
+        up = jnp.einsum("btd,dm->btm", x, wi_1.astype(self.dtype))
+        hdn = nn.silu(gate) * up
+        hdn = with_logical_constraint(hdn, ("batch", "length", "mlp"))
+        # Row-parallel: contracts the (tensor-sharded) mlp dimension.
+        y = jnp.einsum("btm,md->btd", hdn, wo.astype(self.dtype),
+                       out_sharding=logical_spec(("batch", "length", "embed")))
+        return with_logical_constraint(y, ("batch", "length", "embed"))
+
+
+class Block(nn.Module):
+    heads: int
+    kv_heads: int
+    head_dim: int
+    mlp: int
+    norm: str
+    rope_theta: float
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x, _=None):
+        y = _norm(self.norm, self.dtype, self.param_dtype, "attn_norm")(x)
+        x = x + Attention(self.heads, self.kv_heads, self.head_dim, self.rope_theta, self.dtype,
+                          self.param_dtype, name="attn")(y)
+        y = _norm(self.norm, self.dtype, self.param_dtype, "mlp_norm")(x)
+        x = x + MlpBlock(self.mlp, self.dtype, self.param_dtype, name="mlp")(y)
+        x = with_logical_constraint(x, ("batch", "length", "embed"))
+        return x, None
+
+
+@register_model("gpt")
+class GPT(nn.Module):
+    """Decoder-only transformer; tokens ``(batch, length)`` -> logits ``(batch, length, vocab)``."""
+
+    vocab_size: int = 256
+    embed: int = 128
+    heads: int = 4
+    kv_heads: int | None = None     # None: = heads (multi-head); fewer: grouped-query
+    head_dim: int | None = None     # None: embed // heads
+    mlp: int = 512
+    layers: int = 4
+    rope_theta: float = 10000.0
+    norm: str = "rms"               # rms | layer
+    scan_layers: bool = True
+    remat: str = "none"             # none | full | dots | dots_no_batch
+    dtype: str = "float32"          # compute dtype, e.g. bfloat16
+    param_dtype: str = "float32"
+
+    @nn.compact
+    def __call__(self, tokens, deterministic: bool = True):
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"remat must be one of {list(REMAT_POLICIES)}, got {self.remat!r}")
+        dt, pd = jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)
+        kv_heads = self.kv_heads or self.heads
+        head_dim = self.head_dim or self.embed // self.heads
+        if self.heads % kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({kv_heads})")
+        emb = param_for_compute(self.param(
+            "embedding", with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")),
+            (self.vocab_size, self.embed), pd), ("vocab", "embed"))
+        x = _embed(emb, tokens).astype(dt)
+        x = with_logical_constraint(x, ("batch", "length", "embed"))
+
+        block = Block
+        if self.remat != "none":
+            block = nn.remat(Block, policy=REMAT_POLICIES[self.remat], prevent_cse=not self.scan_layers)
+        kw = dict(heads=self.heads, kv_heads=kv_heads, head_dim=head_dim, mlp=self.mlp,
+                  norm=self.norm, rope_theta=self.rope_theta, dtype=dt, param_dtype=pd)
+        if self.scan_layers:
+            scanned = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                              length=self.layers, metadata_params={nn.PARTITION_NAME: "layers"})
+            x, _ = scanned(**kw, name="blocks")(x, None)
+        else:
+            for i in range(self.layers):
+                x, _ = block(**kw, name=f"block_{i}")(x, None)
+        x = _norm(self.norm, dt, pd, "final_norm")(x)
+        w = _param(self, "unembed", ("embed", "vocab"), (self.embed, self.vocab_size), pd, self.embed)
+        logits = jnp.einsum("btd,dv->btv", x, w.astype(dt)).astype(jnp.float32)
+        return with_logical_constraint(logits, ("batch", "length", "vocab"))

@@ -1,0 +1,23 @@
+"""Plan: what a layout costs before anything is allocated.
+
+Modules:
+
+- :mod:`~partitioning.plan.plan` — ``build_plan``: every array's layout, per-device totals, warnings.
+- :mod:`~partitioning.plan.coverage` — which logical names are used, which rules fire (params and activations).
+- :mod:`~partitioning.plan.compiled` — ``compiled_view``: XLA's memory, collectives and a sharding self-check.
+- :mod:`~partitioning.plan.hlo` — collectives (kind, bytes, executions) read from optimized HLO text.
+- :mod:`~partitioning.plan.plot` — the plan PNG: per-device memory and the mesh.
+
+Example::
+
+    >>> params, opt_state = pt.abstract_train_state(model, tx, batch_size=256, seq_len=2048)
+    >>> plan = build_plan(params, opt_state, {"data": 1, "fsdp": 256, "tensor": 8}, "fsdp_tp")
+    >>> plan.totals["total"]["per_device"], plan.warnings()
+"""
+
+from partitioning.plan.compiled import compiled_view
+from partitioning.plan.coverage import activation_names, rule_coverage
+from partitioning.plan.plan import Plan, build_plan
+from partitioning.plan.plot import plot_plan
+
+__all__ = ["Plan", "build_plan", "activation_names", "rule_coverage", "compiled_view", "plot_plan"]

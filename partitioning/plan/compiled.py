@@ -1,0 +1,243 @@
+"""The compiled view: what XLA made of a step for a mesh.
+
+:func:`compiled_view` lowers and compiles a function (given as ``lower_fn``
+returning a ``jax.stages.Lowered``, e.g. ``trainer.lower_train_step``) and
+reports XLA's per-device memory analysis, the collectives of the optimized HLO
+(:mod:`partitioning.plan.hlo`) and a self-check: the compiled step's input and
+output shardings read back as ``PartitionSpec`` s and compared, by path, with
+the specs the rules asked for.
+
+:func:`compile_in_child` runs the same in a child process on ``N`` simulated
+CPU devices, for meshes larger than the devices this process has. The child
+writes its result as JSON and leaves with ``os._exit(0)``: JAX's orderly
+teardown of thousands of devices can take minutes.
+
+Example::
+
+    >>> view = compiled_view(trainer.lower_train_step, expected=plan_specs,
+    ...                      input_names=("", "batch"), output_names=("", "metrics"))
+    >>> view["collectives"]["all-gather"]["count"], view["memory"]["temp"]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from partitioning.fmt import fmt_spec
+from partitioning.layout import path_str
+from partitioning.plan.hlo import collectives, summarize
+from partitioning.resolve import axes_tuple
+
+# XLA's CPU backend refuses programs for more devices than this ("Multiprocess
+# computations aren't implemented on the CPU backend").
+CPU_MAX_DEVICES = 2048
+CPU_LIMIT_REASON = (
+    f"XLA's CPU backend compiles for at most {CPU_MAX_DEVICES} devices (beyond that it fails with "
+    f"\"Multiprocess computations aren't implemented on the CPU backend\"), so the compiled view is "
+    f"not available for {{n}} simulated devices; the table above is exact. For the compiled view, "
+    f"plan a {CPU_MAX_DEVICES}-device slice (--devices {CPU_MAX_DEVICES}) with the same per-device layout"
+)
+
+
+def normalize_spec(spec: Any, sizes: Mapping[str, int]) -> tuple:
+    """A spec with size-1 mesh axes and trailing unsharded dims dropped (equivalent layouts compare equal)."""
+    if spec is None:
+        return ()
+    out = []
+    for entry in tuple(spec):
+        if entry is None or entry is PartitionSpec.UNCONSTRAINED:
+            out.append(None)
+            continue
+        axes = tuple(a for a in axes_tuple(entry) if sizes.get(a, 1) > 1)
+        out.append(None if not axes else axes)
+    while out and out[-1] is None:
+        out.pop()
+    return tuple(out)
+
+
+def _named_leaves(tree: Any, names: Sequence[str] | None) -> dict[str, Any]:
+    """``{path: sharding}`` for a tuple of per-argument pytrees of shardings."""
+    out = {}
+    is_leaf = lambda x: x is None or isinstance(x, jax.sharding.Sharding)  # noqa: E731
+    for i, arg in enumerate(tree):
+        prefix = names[i] if names and i < len(names) else str(i)
+        for kp, leaf in jax.tree_util.tree_flatten_with_path(arg, is_leaf=is_leaf)[0]:
+            p = path_str(kp)
+            out["/".join(x for x in (prefix, p) if x)] = leaf
+    return out
+
+
+def sharding_check(compiled: Any, expected: Mapping[str, PartitionSpec], *,
+                   input_names: Sequence[str] | None = None,
+                   output_names: Sequence[str] | None = None) -> dict[str, Any]:
+    """Compiled input / output shardings vs ``expected`` specs, by path.
+
+    Only paths in ``expected`` are checked. Returns ``{"checked": n,
+    "mismatches": [{"path", "side", "expected", "compiled"}], "unused_inputs": [...],
+    "missing": [...]}`` (``unused_inputs``: inputs jit pruned because the step
+    never reads them; ``missing``: expected paths the step does not have).
+    """
+    mesh_sizes: dict[str, int] = {}
+    sides = {
+        "input": _named_leaves(compiled.input_shardings[0], input_names),
+        "output": _named_leaves(
+            compiled.output_shardings if isinstance(compiled.output_shardings, tuple)
+            else (compiled.output_shardings,), output_names),
+    }
+    for leaves in sides.values():
+        for s in leaves.values():
+            if isinstance(s, NamedSharding):
+                mesh_sizes = {str(k): int(v) for k, v in s.mesh.shape.items()}
+                break
+    checked, mismatches, pruned = 0, [], []
+    seen: set[str] = set()
+    for side, leaves in sides.items():
+        for path, s in leaves.items():
+            if path not in expected:
+                continue
+            seen.add(path)
+            if s is None:
+                # jit prunes inputs the step never reads (e.g. an injected
+                # learning rate that is recomputed): nothing to lay out.
+                pruned.append(f"{side} {path}")
+                continue
+            checked += 1
+            want = normalize_spec(expected[path], mesh_sizes)
+            if isinstance(s, NamedSharding):
+                got_spec, got = fmt_spec(s.spec), normalize_spec(s.spec, mesh_sizes)
+            else:
+                got_spec = str(s)
+                got = () if getattr(s, "is_fully_replicated", False) else ("?",)
+            if got != want:
+                mismatches.append({"path": path, "side": side, "expected": fmt_spec(expected[path]),
+                                   "compiled": got_spec})
+    missing = sorted(set(expected) - seen)
+    return {"checked": checked, "mismatches": mismatches, "unused_inputs": pruned, "missing": missing}
+
+
+def memory_stats(compiled: Any) -> dict[str, int] | None:
+    """XLA's per-device memory analysis (bytes), with ``peak_estimate`` = args + outputs - aliased + temp."""
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # some backends do not implement it
+        return None
+    if m is None:
+        return None
+    out = {
+        "argument": int(m.argument_size_in_bytes), "output": int(m.output_size_in_bytes),
+        "alias": int(m.alias_size_in_bytes), "temp": int(m.temp_size_in_bytes),
+        "generated_code": int(m.generated_code_size_in_bytes),
+    }
+    out["peak_estimate"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+    return out
+
+
+def compiled_view(lower_fn: Callable[[], Any], *, expected: Mapping[str, PartitionSpec] | None = None,
+                  input_names: Sequence[str] | None = None,
+                  output_names: Sequence[str] | None = None) -> dict[str, Any]:
+    """Lowers (``lower_fn()``), compiles, and reports memory, collectives and the sharding self-check.
+
+    Example::
+
+        >>> view = compiled_view(trainer.lower_train_step)
+        >>> view["collectives"]["all-reduce"]
+        {'count': 12, 'bytes': 4718592}
+    """
+    t0 = time.perf_counter()
+    lowered = lower_fn()
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    text = compiled.as_text() or ""
+    ops = collectives(text)
+    view: dict[str, Any] = {
+        "status": "ok",
+        "backend": jax.default_backend(),
+        "devices": _num_devices(compiled),
+        "lower_s": round(t1 - t0, 3),
+        "compile_s": round(t2 - t1, 3),
+        "memory": memory_stats(compiled),
+        "collectives": summarize(ops),
+        "collective_ops": [c.to_json() for c in ops],
+    }
+    if expected is not None:
+        view["sharding_check"] = sharding_check(compiled, expected, input_names=input_names,
+                                                output_names=output_names)
+    return view
+
+
+def _num_devices(compiled: Any) -> int | None:
+    for s in jax.tree.leaves(compiled.input_shardings):
+        if isinstance(s, jax.sharding.Sharding):
+            return len(s.device_set)
+    return None
+
+
+def skipped(reason: str) -> dict[str, Any]:
+    return {"status": "skipped", "reason": reason}
+
+
+def failed(reason: str) -> dict[str, Any]:
+    return {"status": "failed", "reason": " ".join(str(reason).split())}
+
+
+# -- child process --------------------------------------------------------------------
+
+def child_env(devices: int) -> dict[str, str]:
+    """The environment of a child that simulates ``devices`` CPU devices."""
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
+    env["JAX_NUM_CPU_DEVICES"] = str(devices)
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def compile_in_child(module: str, args: Sequence[str], devices: int, *, timeout: float = 900) -> dict[str, Any]:
+    """Runs ``python -m module *args --out FILE`` on ``devices`` simulated CPU devices; returns FILE's JSON.
+
+    The child is expected to write a compiled view (or a ``failed`` record) to
+    FILE and exit with ``os._exit(0)``.
+    """
+    with tempfile.TemporaryDirectory(prefix="partitioning-plan-") as tmp:
+        out = os.path.join(tmp, "compiled.json")
+        cmd = [sys.executable, "-m", module, *args, "--out", out]
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, env=child_env(devices), capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return failed(f"compiling for {devices} simulated devices took longer than {timeout:.0f} s")
+        wall = round(time.perf_counter() - t0, 3)
+        if os.path.exists(out):
+            with open(out) as f:
+                view = json.load(f)
+            view["child_wall_s"] = wall
+            return view
+        tail = [l for l in (proc.stderr or "").strip().splitlines() if l.strip()]
+        return failed(f"the compile child exited with status {proc.returncode}: "
+                      f"{tail[-1] if tail else 'no output'}")
+
+
+def write_and_exit(path: str, view: Mapping[str, Any]) -> None:
+    """Writes the child's result and leaves at once (skipping JAX's slow teardown)."""
+    tmp = path + ".part"
+    with open(tmp, "w") as f:
+        json.dump(view, f)
+    os.replace(tmp, path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+__all__ = ["compiled_view", "sharding_check", "memory_stats", "normalize_spec", "compile_in_child",
+           "child_env", "write_and_exit", "CPU_MAX_DEVICES", "CPU_LIMIT_REASON"]

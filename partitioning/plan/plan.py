@@ -1,0 +1,298 @@
+"""The plan: every array's layout and per-device memory, before anything is allocated.
+
+Input is abstract (``jax.eval_shape`` of the init: boxed params and optimizer
+state) and a mesh — a real ``Mesh``, an ``AbstractMesh`` or just
+``{axis: size}``, so a 16384-device mesh is planned without any device.
+Output is a :class:`Plan`: one :class:`~partitioning.shardings.LeafLayout` per
+array, totals per device for params, optimizer state and gradients beside the
+ideal ``total / devices``, and warnings:
+
+- the largest parameters left fully replicated (with their gradient and
+  optimizer state, what each costs per device and its share of the total);
+- logical names the model uses that no rule mentions (those dimensions are
+  unsharded);
+- rules that never claim a dimension of any parameter or activation;
+- mesh axes that split no parameter (pure data parallelism over them: the
+  state is copied across the axis — by design for a ``data`` axis, a mistake
+  for one meant to shard);
+- dimensions the rules could not split (indivisible sizes) — errors when
+  ``on_indivisible='error'``, since the train step would refuse them.
+
+Gradients are laid out like the params they differentiate (the train step's
+reduction produces them in the params' shardings), so they cost what the
+params cost.
+
+Example::
+
+    >>> params, opt_state = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=8, seq_len=64)
+    >>> plan = build_plan(params, opt_state, {"data": 1, "fsdp": 8}, "fsdp")
+    >>> plan.totals["params"]["per_device"], plan.totals["params"]["ideal"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from jax.sharding import PartitionSpec
+
+from partitioning.fmt import fmt_bytes, fmt_spec
+from partitioning.layout import LeafLayout, tree_layouts
+from partitioning.mesh import MeshSpec
+from partitioning.plan.coverage import UnusedRule, rule_coverage
+from partitioning.resolve import IndivisibleWarning, mesh_axis_sizes
+from partitioning.rules import Rules, as_rules
+
+TOP_REPLICATED = 5
+# A replicated parameter is worth a warning when it costs at least this share
+# of a device's state memory; smaller ones (norm scales) are listed, not flagged.
+REPLICATED_WARN_SHARE = 0.01
+CATEGORIES = ("params", "optimizer", "gradients")
+
+
+# -- the plan ----------------------------------------------------------------------
+
+def _prefixed(layouts: list[LeafLayout], prefix: str) -> list[LeafLayout]:
+    return [dataclasses.replace(l, path=f"{prefix}/{l.path}" if l.path else prefix) for l in layouts]
+
+
+@dataclasses.dataclass(frozen=True)
+class Replicated:
+    """A parameter left whole on every device, and what it costs there."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    logical: list[str] | None
+    bytes: int               # the parameter's own bytes
+    per_device_cost: int     # per device, with its gradient and optimizer state
+    share: float             # of a device's state memory
+
+
+@dataclasses.dataclass(frozen=True)
+class IdleAxis:
+    """A mesh axis (size > 1) that splits no parameter: the state is copied across it."""
+
+    axis: str
+    size: int
+    shards_optimizer: bool
+
+
+@dataclasses.dataclass
+class Plan:
+    """Per-array layouts, per-device totals and warnings for one mesh and rule table."""
+
+    mesh: dict[str, int]
+    rules: Rules
+    optimizer_rules: Rules
+    on_indivisible: str
+    params: list[LeafLayout]
+    opt_state: list[LeafLayout]
+    indivisible: list[str]
+    uncovered_names: list[str]
+    unused_rules: list[UnusedRule]
+    replicated: list[Replicated]
+    idle_axes: list[IdleAxis] = dataclasses.field(default_factory=list)
+
+    @property
+    def devices(self) -> int:
+        return math.prod(self.mesh.values())
+
+    @property
+    def num_params(self) -> int:
+        return sum(l.size for l in self.params)
+
+    @property
+    def totals(self) -> dict[str, dict[str, float]]:
+        """Per category: ``per_device`` bytes, ``total`` bytes and ``ideal`` = total / devices."""
+        def cat(layouts):
+            total = sum(l.nbytes for l in layouts)
+            return {"per_device": sum(l.per_device_bytes for l in layouts), "total": total,
+                    "ideal": total / self.devices}
+
+        out = {"params": cat(self.params), "optimizer": cat(self.opt_state), "gradients": cat(self.params)}
+        out["total"] = {k: sum(out[c][k] for c in CATEGORIES) for k in ("per_device", "total", "ideal")}
+        return out
+
+    @property
+    def replicated_share(self) -> float:
+        """Share of a device's state bytes (params + grads + optimizer) in fully replicated arrays."""
+        if self.devices == 1:
+            return 0.0
+        rep = 2 * sum(l.per_device_bytes for l in self.params if l.replicated and l.size > 1)
+        rep += sum(l.per_device_bytes for l in self.opt_state if l.replicated and l.size > 1)
+        total = self.totals["total"]["per_device"]
+        return rep / total if total else 0.0
+
+    @property
+    def errors(self) -> list[str]:
+        """Problems that make the train step refuse this layout."""
+        return list(self.indivisible) if self.on_indivisible == "error" else []
+
+    def warnings(self) -> list[str]:
+        """One line per warning, most expensive first."""
+        out = []
+        for r in self.replicated:
+            if r.share >= REPLICATED_WARN_SHARE:
+                out.append(
+                    f"replicated: {r.path} {tuple(r.shape)} is whole on every device: "
+                    f"{fmt_bytes(r.per_device_cost)} per device with its gradient and optimizer state "
+                    f"({r.share:.1%} of per-device memory)")
+        for a in self.idle_axes:
+            what = ("params and gradients (the optimizer state is sharded over it)" if a.shards_optimizer
+                    else "params, gradients and optimizer state")
+            out.append(f"mesh axis {a.axis!r} (size {a.size}) shards no parameter: {what} are "
+                       f"replicated {a.size}x across it")
+        if self.uncovered_names:
+            out.append("no rule mentions logical name(s) " + ", ".join(map(repr, self.uncovered_names))
+                       + ": those dimensions are unsharded")
+        for u in self.unused_rules:
+            out.append(f"rule {u.index} {u.rule} never claims a dimension of any parameter or "
+                       f"activation ({u.origin})")
+        for msg in self.indivisible:
+            kind = "error" if self.on_indivisible == "error" else "indivisible"
+            out.append(f"{kind}: {msg}")
+        return out
+
+    def expected_specs(self) -> dict[str, Any]:
+        """The spec the rules ask for each train-step input / output, by path (for the compiled self-check)."""
+        specs: dict[str, Any] = {l.path: l.spec for l in self.params + self.opt_state}
+        specs["step"] = PartitionSpec()
+        specs["batch/inputs"] = specs["batch/targets"] = self.rules.batch_spec(2)
+        return specs
+
+    def rows(self, which: str = "params") -> list[dict[str, Any]]:
+        layouts = self.params if which == "params" else self.opt_state
+        return [_row(l) for l in layouts]
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything, JSON-serialisable (see the README for the keys)."""
+        return {
+            "mesh": dict(self.mesh),
+            "devices": self.devices,
+            "rules": self.rules.to_list(),
+            "optimizer_rules": self.optimizer_rules.to_list(),
+            "on_indivisible": self.on_indivisible,
+            "parameters": self.num_params,
+            "leaves": self.rows("params"),
+            "optimizer_leaves": self.rows("optimizer"),
+            "totals": self.totals,
+            "replicated_share": self.replicated_share,
+            "warnings": {
+                "replicated": [dataclasses.asdict(r) for r in self.replicated],
+                "uncovered_names": self.uncovered_names,
+                "unused_rules": [dataclasses.asdict(u) for u in self.unused_rules],
+                "indivisible": self.indivisible,
+                "idle_axes": [dataclasses.asdict(a) for a in self.idle_axes],
+                "messages": self.warnings(),
+            },
+            "errors": self.errors,
+        }
+
+
+def _row(l: LeafLayout) -> dict[str, Any]:
+    claimed = []
+    for d in l.dims:
+        claimed.append(None if d.rule_index is None else {"rule": d.rule_index, "logical": d.rule[0],
+                                                          "mesh_axes": d.mesh_axes})
+    return {
+        "path": l.path, "shape": list(l.shape), "dtype": str(l.dtype),
+        "logical": None if l.names is None else [n if isinstance(n, str) or n is None else str(n) for n in l.names],
+        "spec": fmt_spec(l.spec), "claimed_by": claimed,
+        "per_device_bytes": l.per_device_bytes, "total_bytes": l.nbytes, "replicated": l.replicated,
+    }
+
+
+def _layouts(tree: Any, mesh: Any, rules: Rules, prefix: str) -> tuple[list[LeafLayout], list[str]]:
+    """Layouts with indivisible dimensions falling back (and recorded), never raising."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", IndivisibleWarning)
+        layouts = tree_layouts(tree, mesh, rules, on_indivisible="replicate")
+    msgs = [f"{prefix}/{w.message}" for w in caught if issubclass(w.category, IndivisibleWarning)]
+    return _prefixed(layouts, prefix), list(dict.fromkeys(msgs))
+
+
+def build_plan(params: Any, opt_state: Any, mesh: Any, rules: Any, *, optimizer_rules: Any = None,
+               on_indivisible: str = "error", activations: Iterable[tuple[Any, ...]] = (),
+               top: int = TOP_REPLICATED) -> Plan:
+    """The plan for abstract (boxed) ``params`` and ``opt_state`` on ``mesh`` under ``rules``.
+
+    ``mesh`` may be ``{axis: size}``. ``activations`` are the logical-name tuples
+    the model constrains activations with (see :func:`activation_names`), so a
+    ``batch`` rule is not reported as unused.
+
+    Example::
+
+        >>> plan = build_plan(params, opt_state, {"fsdp": 8}, "fsdp")
+        >>> plan.warnings()
+        []
+    """
+    rules = as_rules(rules)
+    opt_rules = as_rules(optimizer_rules) if optimizer_rules is not None else rules
+    sizes = mesh_axis_sizes(mesh)
+    rules.validate(sizes)
+    opt_rules.validate(sizes)
+    p_layouts, p_msgs = _layouts(params, sizes, rules, "params")
+    o_layouts, o_msgs = _layouts(opt_state, sizes, opt_rules, "opt_state")
+
+    cov = rule_coverage(p_layouts + (o_layouts if opt_rules is rules else []), rules, activations)
+
+    plan = Plan(mesh=dict(sizes), rules=rules, optimizer_rules=opt_rules, on_indivisible=on_indivisible,
+                params=p_layouts, opt_state=o_layouts, indivisible=p_msgs + o_msgs,
+                uncovered_names=cov.uncovered, unused_rules=cov.unused, replicated=[])
+    plan.replicated = _replicated(plan, top)
+    plan.idle_axes = _idle_axes(plan)
+    return plan
+
+
+def _axes_used(layouts: list[LeafLayout]) -> set[str]:
+    used: set[str] = set()
+    for l in layouts:
+        for entry in l.spec:
+            if isinstance(entry, str):
+                used.add(entry)
+            elif isinstance(entry, tuple):
+                used.update(entry)
+    return used
+
+
+def _idle_axes(plan: Plan) -> list[IdleAxis]:
+    """Mesh axes (size > 1) that split no parameter: state is copied across them."""
+    by_params, by_opt = _axes_used(plan.params), _axes_used(plan.opt_state)
+    return [IdleAxis(a, n, a in by_opt) for a, n in plan.mesh.items() if n > 1 and a not in by_params]
+
+
+def _replicated(plan: Plan, top: int) -> list[Replicated]:
+    if plan.devices == 1:
+        return []
+    total = plan.totals["total"]["per_device"] or 1
+    out = []
+    for l in plan.params:
+        if not l.replicated or l.size <= 1:
+            continue
+        # The optimizer state of a param sits at .../<param path without 'params/'>.
+        suffix = l.path[len("params/"):]
+        opt = [o for o in plan.opt_state
+               if o.path.endswith("/" + suffix) and o.shape == l.shape and o.replicated]
+        cost = 2 * l.per_device_bytes + sum(o.per_device_bytes for o in opt)
+        out.append(Replicated(l.path, tuple(l.shape), str(l.dtype),
+                              None if l.names is None else [str(n) for n in l.names], l.nbytes, cost, cost / total))
+    out.sort(key=lambda r: -r.per_device_cost)
+    return out[:top]
+
+
+def mesh_sizes(shape: Mapping[str, int], devices: int) -> dict[str, int]:
+    """Concrete ``{axis: size}`` of an ordered mesh shape (one ``-1`` allowed) for ``devices``.
+
+    Example::
+
+        >>> mesh_sizes({"data": 1, "fsdp": -1}, 2048)
+        {'data': 1, 'fsdp': 2048}
+    """
+    return MeshSpec.from_mapping(dict(shape)).resolve(devices)
+
+
+__all__ = ["Plan", "Replicated", "IdleAxis", "build_plan", "mesh_sizes"]

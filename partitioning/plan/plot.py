@@ -1,0 +1,120 @@
+"""PNG of a plan: per-device memory by category beside the ideal, and the mesh.
+
+Takes the JSON-able report of ``partitioning plan`` (``--json`` writes the
+same dict), so a saved plan can be drawn later.
+
+Example::
+
+    >>> plot_plan(json.load(open("plan.json")), "plan.png")
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from partitioning.fmt import fmt_bytes
+from partitioning.train.plots import save_figure
+
+GIB = 1024 ** 3
+MAX_CELLS = 16
+
+
+def _grid(mesh: dict[str, int]) -> tuple[int, int, str, str]:
+    """Rows x columns for drawing a mesh: the last axis across, the others folded down.
+
+    Size-1 axes are left out (they do not change the picture), so
+    ``{data: 1, fsdp: 8, tensor: 1}`` draws as one row of 8 devices.
+    """
+    axes = [(n, s) for n, s in mesh.items() if s > 1]
+    if not axes:
+        return 1, 1, "", ""
+    cols_name, cols = axes[-1]
+    rows = math.prod(s for _, s in axes[:-1]) if len(axes) > 1 else 1
+    rows_name = " x ".join(f"{n} {s}" for n, s in axes[:-1]) or "-"
+    return rows, cols, rows_name, f"{cols_name} {cols}"
+
+
+def _axis_names(rules: list) -> dict[str, list[str]]:
+    """Mesh axis -> the logical names the rules map onto it."""
+    out: dict[str, list[str]] = {}
+    for logical, axes in rules:
+        for a in ([axes] if isinstance(axes, str) else axes or []):
+            out.setdefault(a, [])
+            if logical not in out[a]:
+                out[a].append(logical)
+    return out
+
+
+def _draw_mesh(mx: Any, mesh: dict[str, int], rules: list) -> None:
+    """The mesh as a grid (last axis across, the rest folded down), capped at
+    MAX_CELLS a side; cells are coloured by their index along the last axis."""
+    rows, cols, rows_name, cols_name = _grid(mesh)
+    r_show, c_show = min(rows, MAX_CELLS), min(cols, MAX_CELLS)
+    colour = np.tile(np.arange(c_show), (r_show, 1))
+    mx.imshow(colour, cmap="tab20" if c_show <= 20 else "viridis", aspect="auto", interpolation="nearest")
+    # Cell borders, so each device is visibly its own square.
+    mx.set_xticks(np.arange(-0.5, c_show, 1), minor=True)
+    mx.set_yticks(np.arange(-0.5, r_show, 1), minor=True)
+    mx.grid(which="minor", color="white", linewidth=2)
+    mx.tick_params(which="minor", length=0)
+    for r in range(r_show):
+        for c in range(c_show):
+            if r_show * c_show <= 128:
+                mx.text(c, r, str(r * cols + c), ha="center", va="center", fontsize=9)
+    mx.set_xticks([0, c_show - 1], ["0", str(c_show - 1)])
+    mx.set_yticks([0, r_show - 1], ["0", str(r_show - 1)])
+    mx.set_xlabel(cols_name + ("" if c_show == cols else f" (first {c_show} of {cols} shown)"))
+    mx.set_ylabel(rows_name + ("" if r_show == rows else f" (first {r_show} of {rows} shown)"))
+    names = _axis_names(rules)
+    lines = [f"{a} ({s}): {', '.join(names.get(a, [])) or 'unused by the rules'}" for a, s in mesh.items()]
+    mx.set_title("mesh " + " x ".join(f"{n}={s}" for n, s in mesh.items()) + " (device index)", fontsize=10)
+    mx.text(0.0, -0.2, "\n".join(lines), transform=mx.transAxes, fontsize=8, va="top", family="monospace")
+
+
+def plot_plan(report: dict[str, Any], path: str | Path) -> Path:
+    """Saves a two-panel PNG: stacked per-device bytes by category (plan and XLA) and the device mesh."""
+    # Imported here: matplotlib costs ~0.5 s and only --png needs it.
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 5.6), dpi=100)
+    ax, mx = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1]})
+
+    totals = report["totals"]
+    cats = [("params", "#4c72b0"), ("gradients", "#55a868"), ("optimizer", "#c44e52")]
+    bars = [("plan", {k: totals[k]["per_device"] for k, _ in cats}),
+            ("ideal", {k: totals[k]["ideal"] for k, _ in cats})]
+    compiled = report.get("compiled") or {}
+    mem = compiled.get("memory") if compiled.get("status") == "ok" else None
+    unit = GIB if totals["total"]["per_device"] >= GIB / 4 else 1024 ** 2
+    unit_name = "GiB" if unit == GIB else "MiB"
+    x = np.arange(len(bars) + (1 if mem else 0))
+    for i, (label, vals) in enumerate(bars):
+        bottom = 0.0
+        for k, color in cats:
+            ax.bar(i, vals[k] / unit, bottom=bottom, color=color, label=k if i == 0 else None)
+            bottom += vals[k] / unit
+        ax.text(i, bottom, fmt_bytes(bottom * unit), ha="center", va="bottom", fontsize=8)
+    if mem:
+        i = len(bars)
+        state = mem["argument"] / unit
+        temp = mem["temp"] / unit
+        ax.bar(i, state, color="#8c8c8c", label="XLA arguments")
+        ax.bar(i, temp, bottom=state, color="#dd8452", label="XLA temporaries")
+        ax.text(i, state + temp, fmt_bytes((state + temp) * unit), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, [b for b, _ in bars] + (["compiled (XLA)"] if mem else []))
+    ax.set_ylabel(f"{unit_name} per device")
+    ax.set_title(f"per-device memory, {report['devices']:,} devices")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(True, axis="y", alpha=0.3)
+
+    _draw_mesh(mx, report["mesh"], report.get("rules") or [])
+    fig.suptitle(f"{report.get('model', {}).get('name', '')} — rules from {report.get('config', '')}", fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+__all__ = ["plot_plan"]

@@ -1,0 +1,31 @@
+"""Train: a sharded state, a jitted step, the data that feeds it and the loop that drives it.
+
+Modules:
+
+- :mod:`~partitioning.train.state` — ``TrainState``, the abstract (``eval_shape``) state, host-side step.
+- :mod:`~partitioning.train.task` — what the model is trained to do: the loss (``lm_loss``).
+- :mod:`~partitioning.train.step` — ``Trainer``: the sharded init and the jitted train / eval steps.
+- :mod:`~partitioning.train.optimizer` — optax optimizers and learning-rate schedules.
+- :mod:`~partitioning.train.data` — byte-level corpora and resumable, per-process global batches.
+- :mod:`~partitioning.train.loop` — ``fit``: steps, evals, hooks, progress, clean stops.
+- :mod:`~partitioning.train.hooks` — loop hooks that record a run (``JsonlLogger``).
+- :mod:`~partitioning.train.plots` — the loss-curve PNG.
+
+Example::
+
+    >>> trainer = Trainer(model, make_optimizer("adamw", lr=3e-3, total_steps=200), mesh, "fsdp",
+    ...                   batch_size=32, seq_len=128)
+    >>> state = fit(trainer, trainer.init(jax.random.key(0)), batches, steps=200)
+"""
+
+from partitioning.train.data import Corpus, TokenBatches, load_corpus
+from partitioning.train.hooks import JsonlLogger
+from partitioning.train.loop import evaluate, fit
+from partitioning.train.optimizer import lr_schedule, make_optimizer
+from partitioning.train.plots import plot_loss
+from partitioning.train.state import TrainState, abstract_train_state
+from partitioning.train.step import Trainer
+from partitioning.train.task import lm_loss
+
+__all__ = ["Trainer", "TrainState", "abstract_train_state", "lm_loss", "make_optimizer", "lr_schedule",
+           "Corpus", "TokenBatches", "load_corpus", "fit", "evaluate", "JsonlLogger", "plot_loss"]

@@ -1,0 +1,67 @@
+"""Loop hooks that record a run: metrics as JSON lines.
+
+A hook is any object with some of ``on_start(state)``, ``on_step_end(step,
+state, metrics)`` and ``on_exit(state, reason)`` (see :func:`partitioning.fit`).
+
+Example::
+
+    >>> logger = JsonlLogger("runs/x/metrics.jsonl")
+    >>> fit(trainer, state, batches, steps=200, hooks=[logger])
+    >>> logger.records[-1]["loss"]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from partitioning.train.state import state_step
+
+
+class JsonlLogger:
+    """Hook writing one JSON object per logged step to ``path`` (process 0 only).
+
+    On start it keeps only the records of steps up to the (possibly restored)
+    start step, so a resumed run's file reads like an uninterrupted one.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.records: list[dict[str, float]] = []
+        self.reason: str | None = None
+
+    def on_start(self, state: Any) -> Any:
+        start = state_step(state)
+        if jax.process_index() == 0:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            kept = []
+            if start > 0 and self.path.exists():
+                for line in self.path.read_text().splitlines():
+                    with contextlib.suppress(ValueError):
+                        rec = json.loads(line)
+                        if rec.get("step", math.inf) <= start:
+                            kept.append(rec)
+            self.records = kept
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        return state
+
+    def on_step_end(self, step: int, state: Any, metrics: dict[str, float] | None) -> None:
+        if metrics is None or jax.process_index() != 0:
+            return
+        # Strict JSON has no NaN / Infinity: a diverged loss is written as null.
+        rec = {"step": int(step), **{k: (v if math.isfinite(v) else None)
+                                     for k, v in metrics.items() if k != "step"}}
+        self.records.append(rec)
+        with self.path.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    def on_exit(self, state: Any, reason: str) -> None:
+        self.reason = reason
+
+
+__all__ = ["JsonlLogger"]

@@ -1,0 +1,197 @@
+"""The training loop: steps, periodic eval, hooks, progress bar, clean stops.
+
+Steps are dispatched back to back; metrics come to the host only on logging
+steps (the first, every ``log_every``-th and the last), so the device never
+waits for Python in between. Ctrl-C (SIGINT) and SIGTERM stop the loop after
+the current step (with several processes: at the next logging step, all
+together); hooks then see ``on_exit(state, "interrupted")`` or
+``"preempted"``. A second Ctrl-C raises ``KeyboardInterrupt`` at once.
+
+A hook is any object with some of::
+
+    on_start(state) -> state          # e.g. restore from a checkpoint
+    on_step_end(step, state, metrics) # metrics: host floats on logging steps, else None
+    on_exit(state, reason)            # "done" | "interrupted" | "preempted"
+
+Example::
+
+    >>> batches = corpus.batches("train", 32, 128, trainer.batch_sharding)
+    >>> state = fit(trainer, trainer.init(jax.random.key(0)), batches, steps=200,
+    ...             hooks=[JsonlLogger("runs/x/metrics.jsonl")])   # see partitioning.train.hooks
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from tqdm import tqdm  # not tqdm.auto: its notebook bar needs ipywidgets
+
+from partitioning.train.state import host_scalar
+
+
+def host_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """Device scalars -> host floats (each read from a local shard)."""
+    return {k: host_scalar(v) for k, v in metrics.items()}
+
+
+def _batch_source(batches: Any) -> Callable[[int], Any]:
+    """``step -> batch`` from an object with ``batch_at``, a callable, or an iterable."""
+    if hasattr(batches, "batch_at"):
+        return batches.batch_at
+    if callable(batches):
+        return batches
+    it = iter(batches)
+    return lambda step: next(it)
+
+
+class _StopFlag:
+    """SIGINT / SIGTERM set a reason instead of killing the step in flight."""
+
+    def __init__(self):
+        self.reason: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum, frame):
+        if signum == signal.SIGINT and self.reason == "interrupted":
+            raise KeyboardInterrupt  # second Ctrl-C: the user really means it
+        self.reason = "preempted" if signum == signal.SIGTERM else "interrupted"
+
+    @contextlib.contextmanager
+    def installed(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield self  # signals only reach the main thread; nothing to install
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handler)
+        try:
+            yield self
+        finally:
+            for sig, old in self._old.items():
+                signal.signal(sig, old)
+
+
+_REASON_CODES = {None: 0, "interrupted": 1, "preempted": 2}
+
+
+def _agreed_stop(local: str | None) -> str | None:
+    """The stop reason all processes agree on (the strongest any of them saw).
+
+    Signals reach processes at different moments; if one stopped while the
+    others stepped on, they would wait forever in the next step's collectives.
+    So with several processes a stop takes effect only at a logging step, where
+    they exchange what they saw (a tiny host all-gather) and stop together.
+    """
+    if jax.process_count() == 1:
+        return local
+    codes = multihost_utils.process_allgather(np.int32(_REASON_CODES[local]))
+    strongest = int(np.max(codes))
+    return {v: k for k, v in _REASON_CODES.items()}[strongest]
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    return tqdm(total=total, initial=initial, disable=not enabled, unit="step", dynamic_ncols=True,
+                mininterval=0.5, leave=True)
+
+
+def evaluate(trainer: Any, params: Any, batches: Iterable[Any]) -> dict[str, float]:
+    """Mean of ``trainer.eval_step`` metrics over ``batches`` (host floats, prefixed ``eval_``).
+
+    Example::
+
+        >>> evaluate(trainer, state.params, [evals.batch_at(i) for i in range(4)])
+        {'eval_loss': 1.71, 'eval_accuracy': 0.52}
+    """
+    sums: dict[str, Any] = {}
+    n = 0
+    for batch in batches:
+        m = trainer.eval_step(params, batch)
+        sums = m if not sums else jax.tree.map(lambda a, b: a + b, sums, m)
+        n += 1
+    return {f"eval_{k}": host_scalar(v) / n for k, v in sums.items()} if n else {}
+
+
+def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
+        eval_batches: Callable[[], Iterable[Any]] | Sequence[Any] | None = None,
+        eval_every: int = 0, log_every: int = 10, hooks: Sequence[Any] = (),
+        progress: bool = True) -> Any:
+    """Trains until ``state.step == steps`` (or a stop signal); returns the final state.
+
+    Args:
+      train_batches: ``batch_at(step)`` object (e.g. :class:`TokenBatches`), a
+        ``step -> batch`` callable, or an iterable. With the first two a state
+        restored at step ``k`` continues with the batch of step ``k``.
+      eval_batches: a callable returning an iterable of batches (or a list);
+        evaluated every ``eval_every`` steps, at the first and at the last step.
+      log_every: metrics are pulled to the host every this many steps (and on
+        the first and last), then passed to the hooks and the progress bar.
+
+    Logged metrics: the step's own (``loss``, ``grad_norm``, ``lr``, ...), plus
+    ``step``, ``tokens_per_s`` and ``step_time_s`` (averages since the previous
+    log; the first log includes compilation) and ``eval_*`` when evaluated.
+    """
+    for h in hooks:
+        if hasattr(h, "on_start"):
+            state = h.on_start(state) or state
+    start = int(host_scalar(state.step))
+    get_batch = _batch_source(train_batches)
+    tokens_per_step = trainer.batch_size * trainer.seq_len
+    is_main = jax.process_index() == 0
+    single = jax.process_count() == 1
+    flag = _StopFlag()
+    bar = _progress(steps, min(start, steps), progress and is_main)
+    last_t, last_step = time.perf_counter(), start
+    step = start
+    reason = "done"
+    try:
+        with flag.installed():
+            while step < steps:
+                state, metrics = trainer.train_step(state, get_batch(step))
+                step += 1
+                logging = step == start + 1 or step % max(log_every, 1) == 0 or step == steps
+                evaluating = eval_batches is not None and (
+                    step == start + 1 or step == steps or (eval_every and step % eval_every == 0))
+                # One process alone acts on its signal at once; several agree at logging steps.
+                stop = flag.reason if single else (_agreed_stop(flag.reason) if logging or evaluating else None)
+                host = None
+                if logging or evaluating or stop:
+                    host = host_metrics(metrics)  # waits for the step: the only sync point
+                    now = time.perf_counter()
+                    dt = (now - last_t) / max(step - last_step, 1)
+                    host.update(step=step, step_time_s=dt,
+                                tokens_per_s=tokens_per_step / dt if dt > 0 else math.inf)
+                    last_t, last_step = now, step
+                    if evaluating:
+                        batches = eval_batches() if callable(eval_batches) else eval_batches
+                        host.update(evaluate(trainer, state.params, batches))
+                        last_t = time.perf_counter()  # eval time is not step time
+                    post = {"loss": f"{host['loss']:.3f}", "tok/s": f"{host['tokens_per_s']:,.0f}"}
+                    if "eval_loss" in host:
+                        post["eval"] = f"{host['eval_loss']:.3f}"
+                    bar.set_postfix(post, refresh=False)
+                bar.update(1)
+                for h in hooks:
+                    if hasattr(h, "on_step_end"):
+                        h.on_step_end(step, state, host)
+                if single:
+                    stop = flag.reason  # a signal during the hooks counts for this step too
+                if stop:
+                    reason = stop
+                    break
+    finally:
+        bar.close()
+    for h in hooks:
+        if hasattr(h, "on_exit"):
+            h.on_exit(state, reason)
+    return state
+
+
+__all__ = ["fit", "evaluate", "host_metrics"]
