@@ -53,7 +53,14 @@ def path_str(keypath: tuple[Any, ...]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class LeafLayout:
-    """Everything known about how one leaf is laid out on the mesh."""
+    """Everything known about how one leaf is laid out on the mesh.
+
+    Example::
+
+        >>> leaf = tree_layouts(abstract, mesh, "fsdp")[0]
+        >>> leaf.path, leaf.spec, leaf.per_device_bytes, leaf.replicated
+        ('params/embedding', P(None, 'fsdp'), 8192, False)
+    """
 
     path: str
     shape: tuple[int, ...]
@@ -139,7 +146,13 @@ def _layout_one(path: str, leaf: Any, mesh: Any, rules: Rules, on_indivisible: s
 
 
 def tree_layouts(tree: Any, mesh: Any, rules: Any = None, *, on_indivisible: str = "error") -> list[LeafLayout]:
-    """One :class:`LeafLayout` per leaf, in flattening order."""
+    """One :class:`LeafLayout` per leaf, in flattening order.
+
+    Example::
+
+        >>> for leaf in tree_layouts(jax.eval_shape(model.init, key, x), mesh, "fsdp"):
+        ...     print(leaf.path, leaf.spec, leaf.per_device_bytes)
+    """
     rules = as_rules(rules)
     leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_leaf)[0]
     return [_layout_one(path_str(kp), leaf, mesh, rules, on_indivisible) for kp, leaf in leaves]
@@ -150,6 +163,11 @@ def tree_specs(tree: Any, mesh: Any, rules: Any = None, *, on_indivisible: str =
 
     Divisibility against ``mesh`` is checked up front; the error names the
     parameter path, dimension, sizes and mesh axes.
+
+    Example::
+
+        >>> tree_specs(abstract, {"fsdp": 8}, "fsdp")["params"]["embedding"]
+        P(None, 'fsdp')
     """
     layouts = tree_layouts(tree, mesh, rules, on_indivisible=on_indivisible)
     treedef = jax.tree_util.tree_structure(tree, is_leaf=_is_leaf)
@@ -168,7 +186,13 @@ def tree_shardings(tree: Any, mesh: jax.sharding.Mesh, rules: Any = None, *, on_
 
 
 def logical_names(tree: Any) -> Any:
-    """Each leaf's logical names (a tuple), or None for unboxed leaves; unboxed structure."""
+    """Each leaf's logical names (a tuple), or None for unboxed leaves; unboxed structure.
+
+    Example::
+
+        >>> logical_names(abstract)["params"]["embedding"]
+        ('vocab', 'embed')
+    """
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_leaf)
     leaves = [_as_box(l) for l in leaves]
     return jax.tree_util.tree_unflatten(

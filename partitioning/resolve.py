@@ -142,7 +142,14 @@ def walk(rules: Sequence[Pair], origins: Sequence[str], names: Sequence[Any], sh
 
 @dataclasses.dataclass(frozen=True)
 class DimExplanation:
-    """How one array dimension was assigned (see :meth:`Rules.explain`)."""
+    """How one array dimension was assigned (see :meth:`Rules.explain`).
+
+    Example::
+
+        >>> d = Rules.preset("fsdp").explain(("embed", "mlp"))[1]
+        >>> d.name, d.mesh_axes, d.claimed
+        ('mlp', None, False)
+    """
 
     dim: int
     name: Any

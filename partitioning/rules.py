@@ -1,13 +1,10 @@
 """Rule tables: ordered logical-axis -> mesh-axes mappings.
 
 A rule table is an ordered list of ``(logical_name, mesh_axes)`` pairs where
-``mesh_axes`` is ``None``, one mesh axis name or a tuple of names. For an array
-whose dimensions carry logical names the rules are walked in order; a rule
-claims dimension ``i`` when its logical name is ``names[i]``, the dimension is
-still unassigned and none of its mesh axes is used by another dimension of the
-array. Later rules with the same logical name are fallbacks. This is exactly
-:func:`flax.linen.logical_to_mesh_axes` (a differential test keeps it so); the
-toolkit adds mesh validation, divisibility and ``explain``.
+``mesh_axes`` is ``None``, one mesh axis name or a tuple of names; how an
+array's names resolve against it is the rule walk (:mod:`partitioning.resolve`,
+exactly :func:`flax.linen.logical_to_mesh_axes`). Here: building tables (pairs,
+YAML forms, presets), validating them against a mesh, and the rule context.
 
 Parameter layout vs compute layout: a parameter is *stored* in its rule spec
 and *used* in its compute spec, the rule spec minus the mesh axes that split
@@ -49,7 +46,6 @@ from partitioning.yamlfile import Key, Lines, read_yaml, where as _where
 # Where the preset YAML files live; `configs/rules` in the repo links here so
 # an installed wheel carries the same presets.
 PRESET_DIR = Path(__file__).parent / "presets"
-
 
 
 def _norm_axes(value: Any, where: str) -> MeshAxes:
@@ -320,7 +316,13 @@ class Rules(tuple):
         return spec, log
 
 def preset_names() -> list[str]:
-    """The names of the shipped presets (``dp``, ``fsdp``, ``tp``, ...)."""
+    """The names of the shipped presets.
+
+    Example::
+
+        >>> preset_names()
+        ['dp', 'fsdp', 'fsdp_tp', 'seq', 'tp']
+    """
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
@@ -386,5 +388,11 @@ def axis_rules(rules: Any):
 
 
 def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = None) -> PartitionSpec | None:
-    """Flax-compatible: the PartitionSpec for logical dimension names."""
+    """Flax-compatible: the PartitionSpec for logical dimension names (rules: argument or context).
+
+    Example::
+
+        >>> logical_to_mesh_axes(("embed", "mlp"), "fsdp_tp")
+        P('fsdp', 'tensor')
+    """
     return as_rules(rules).resolve(array_dim_names)

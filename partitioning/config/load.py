@@ -111,7 +111,13 @@ def _apply_override(data: dict, lines: dict, text: str) -> None:
 
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Config:
-    """Loads, overrides and validates a run config."""
+    """Loads, overrides (``--set`` style ``key=value``) and validates a run config.
+
+    Example::
+
+        >>> load_config("configs/quickstart.yaml", ["rules=tp", "mesh.shape={data: 1, tensor: -1}"]).rules[0]
+        ('batch', 'data')
+    """
     path_s = str(path)
     data, lines = read_yaml(Path(path), "config file")
     if not isinstance(data, dict):

@@ -85,7 +85,14 @@ def field_key(name: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """A validated run config. ``raw`` is the resolved mapping (overrides applied)."""
+    """A validated run config. ``raw`` is the resolved mapping (overrides applied).
+
+    Example::
+
+        >>> cfg = load_config("configs/quickstart.yaml")
+        >>> cfg.model_name, cfg.train.batch_size, cfg.where("train", "steps")
+        ('gpt', 32, 'configs/quickstart.yaml:42: train.steps')
+    """
 
     path: str
     raw: dict[str, Any]

@@ -39,42 +39,32 @@ def _param(mod: nn.Module, name: str, names: tuple, shape: tuple, dtype: Any, fa
     return param_for_compute(mod.param(name, with_logical_partitioning(init, names), shape, dtype), names)
 
 
-class RMSNorm(nn.Module):
+class Norm(nn.Module):
+    """RMSNorm (``rms``: a scale, as in Llama) or LayerNorm (``layer``: scale and bias); statistics in float32."""
+
+    kind: str = "rms"
     eps: float = 1e-6
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x):
-        scale = param_for_compute(self.param("scale", with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                                             (x.shape[-1],), self.param_dtype), ("embed",))
+        def vector(name, init):
+            box = with_logical_partitioning(init, ("embed",))
+            return param_for_compute(self.param(name, box, (x.shape[-1],), self.param_dtype), ("embed",))
+
         x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (y * scale.astype(jnp.float32)).astype(self.dtype)
-
-
-class LayerNorm(nn.Module):
-    eps: float = 1e-6
-    dtype: Any = jnp.float32
-    param_dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, x):
-        d = x.shape[-1]
-        scale = param_for_compute(self.param(
-            "scale", with_logical_partitioning(nn.initializers.ones, ("embed",)), (d,), self.param_dtype), ("embed",))
-        bias = param_for_compute(self.param(
-            "bias", with_logical_partitioning(nn.initializers.zeros, ("embed",)), (d,), self.param_dtype), ("embed",))
-        x32 = x.astype(jnp.float32)
+        scale = vector("scale", nn.initializers.ones).astype(jnp.float32)
+        if self.kind == "rms":
+            return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps) * scale).astype(self.dtype)
+        bias = vector("bias", nn.initializers.zeros).astype(jnp.float32)
         mean = x32.mean(-1, keepdims=True)
         var = ((x32 - mean) ** 2).mean(-1, keepdims=True)
-        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
-        return (y * scale + bias).astype(self.dtype)
+        return ((x32 - mean) * jax.lax.rsqrt(var + self.eps) * scale + bias).astype(self.dtype)
 
 
 def _norm(kind: str, dtype, param_dtype, name: str):
-    cls = RMSNorm if kind == "rms" else LayerNorm
-    return cls(dtype=dtype, param_dtype=param_dtype, name=name)
+    return Norm(kind, dtype=dtype, param_dtype=param_dtype, name=name)
 
 
 def _embed(emb, tokens):
@@ -83,6 +73,16 @@ def _embed(emb, tokens):
     if spec is None:
         return jnp.take(emb, tokens, axis=0)
     return emb.at[tokens].get(out_sharding=spec, mode="fill")
+
+
+def _row_parallel(equation: str, h, w):
+    """An output projection contracting a (tensor-sharded) dimension back to ``embed``.
+
+    On Explicit axes JAX cannot infer the output layout of a contraction over
+    a sharded dimension, so it is named; on Auto axes XLA inserts the all-reduce.
+    """
+    y = jnp.einsum(equation, h, w, out_sharding=logical_spec(("batch", "length", "embed")))
+    return with_logical_constraint(y, ("batch", "length", "embed"))
 
 
 def rope(x, theta: float):
@@ -132,10 +132,7 @@ class Attention(nn.Module):
         out = jnp.einsum("bgrts,bsgk->btgrk", probs, v,
                          out_sharding=logical_spec(("batch", "length", "kv_heads", None, None))).reshape(b, t, h, k)
         out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
-        # Contracts the (tensor-sharded) heads: on Explicit axes the output layout must be named.
-        y = jnp.einsum("bthk,hkd->btd", out, wo.astype(dt),
-                       out_sharding=logical_spec(("batch", "length", "embed")))
-        return with_logical_constraint(y, ("batch", "length", "embed"))
+        return _row_parallel("bthk,hkd->btd", out, wo.astype(dt))
 
 
 class MlpBlock(nn.Module):
@@ -154,10 +151,7 @@ class MlpBlock(nn.Module):
         up = jnp.einsum("btd,dm->btm", x, wi_1.astype(self.dtype))
         hdn = nn.silu(gate) * up
         hdn = with_logical_constraint(hdn, ("batch", "length", "mlp"))
-        # Row-parallel: contracts the (tensor-sharded) mlp dimension.
-        y = jnp.einsum("btm,md->btd", hdn, wo.astype(self.dtype),
-                       out_sharding=logical_spec(("batch", "length", "embed")))
-        return with_logical_constraint(y, ("batch", "length", "embed"))
+        return _row_parallel("btm,md->btd", hdn, wo.astype(self.dtype))
 
 
 class Block(nn.Module):

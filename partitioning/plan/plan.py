@@ -83,7 +83,14 @@ class IdleAxis:
 
 @dataclasses.dataclass
 class Plan:
-    """Per-array layouts, per-device totals and warnings for one mesh and rule table."""
+    """Per-array layouts, per-device totals and warnings for one mesh and rule table.
+
+    Example::
+
+        >>> plan = build_plan(params, opt_state, {"data": 1, "fsdp": 8}, "fsdp")
+        >>> plan.totals["total"]["per_device"] / plan.totals["total"]["ideal"], plan.warnings()
+        (1.0, [])
+    """
 
     mesh: dict[str, int]
     rules: Rules

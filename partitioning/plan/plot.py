@@ -76,7 +76,12 @@ def _draw_mesh(mx: Any, mesh: dict[str, int], rules: list) -> None:
 
 
 def plot_plan(report: dict[str, Any], path: str | Path) -> Path:
-    """Saves a two-panel PNG: stacked per-device bytes by category (plan and XLA) and the device mesh."""
+    """Saves a two-panel PNG: stacked per-device bytes by category (plan and XLA) and the device mesh.
+
+    Example::
+
+        >>> plot_plan(json.load(open("plan.json")), "plan.png")   # what `plan --json` wrote
+    """
     # Imported here: matplotlib costs ~0.5 s and only --png needs it.
     from matplotlib.figure import Figure
 

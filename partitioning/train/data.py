@@ -69,7 +69,13 @@ def _split_key(rel: str) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Corpus:
-    """Train and eval byte streams (``uint8`` arrays) and where they came from."""
+    """Train and eval byte streams (``uint8`` arrays) and where they came from.
+
+    Example::
+
+        >>> corpus = load_corpus("my_text_dir")
+        >>> batches = corpus.batches("train", 32, 128, trainer.batch_sharding, seed=0)
+    """
 
     train: np.ndarray
     eval: np.ndarray

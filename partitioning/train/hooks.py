@@ -28,6 +28,13 @@ class JsonlLogger:
 
     On start it keeps only the records of steps up to the (possibly restored)
     start step, so a resumed run's file reads like an uninterrupted one.
+
+    Example::
+
+        >>> logger = JsonlLogger("runs/x/metrics.jsonl")
+        >>> fit(trainer, state, batches, steps=100, hooks=[logger])
+        >>> logger.records[-1]["step"], logger.reason
+        (100, 'done')
     """
 
     def __init__(self, path: str | Path):

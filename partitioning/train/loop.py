@@ -137,6 +137,11 @@ def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
     Logged metrics: the step's own (``loss``, ``grad_norm``, ``lr``, ...), plus
     ``step``, ``tokens_per_s`` and ``step_time_s`` (averages since the previous
     log; the first log includes compilation) and ``eval_*`` when evaluated.
+
+    Example::
+
+        >>> state = fit(trainer, trainer.init(jax.random.key(0)), batches, steps=200, eval_every=50,
+        ...             eval_batches=lambda: [evals.batch_at(i) for i in range(4)])
     """
     for h in hooks:
         if hasattr(h, "on_start"):

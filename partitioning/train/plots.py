@@ -13,7 +13,12 @@ from typing import Any
 
 
 def plot_loss(records: Sequence[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
-    """Plots train ``loss`` and ``eval_loss`` against ``step`` and saves a PNG."""
+    """Plots train ``loss`` and ``eval_loss`` against ``step`` and saves a PNG.
+
+    Example::
+
+        >>> plot_loss(logger.records, "runs/x/loss.png", title="x")
+    """
     # A bare Figure (no pyplot) renders PNGs with the Agg canvas: no display,
     # and it never switches the backend of a notebook or GUI session.
     # Imported here: matplotlib costs ~0.5 s and only runs that plot need it.

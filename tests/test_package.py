@@ -1,0 +1,158 @@
+"""The package's shape: an acyclic import graph, models imported only where configs are built,
+one installable top-level name, small modules, documented stages and public API."""
+
+import ast
+import inspect
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import partitioning as pt
+
+PKG = Path(pt.__file__).resolve().parent
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in PKG.rglob("*.py"):
+        rel = f.relative_to(PKG.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = f
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports, at module level or inside functions."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                # `from pkg import mod` imports the module pkg.mod; `from mod import name`, mod.
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                           for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level:
+                raise AssertionError(f"{path}: relative import; use absolute imports")
+            graph[mod].update(t for t in targets if t in mods and t != mod)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return stack[stack.index(n):] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_import_graph_is_acyclic():
+    graph = import_graph()
+    assert len(graph) > 30
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_cycle_finder_finds_cycles():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_reference_models_are_imported_only_by_the_config_build_and_the_cli():
+    importers = {m for m, deps in import_graph().items()
+                 if any(d == "partitioning.models" or d.startswith("partitioning.models.") for d in deps)
+                 and not m.startswith("partitioning.models")}
+    assert importers == {"partitioning.config.build"}
+    # The CLI reaches them only through the build step.
+    assert all(m.startswith("partitioning.cli") or m == "partitioning.config.build" or m.startswith("partitioning.models")
+               for m, deps in import_graph().items() if "partitioning.config.build" in deps | {m})
+
+
+def test_import_partitioning_loads_no_reference_model():
+    code = "import sys, partitioning; print([m for m in sys.modules if m.startswith('partitioning.models')])"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_a_users_models_py_does_not_hide_the_builtin_models(tmp_path, repo):
+    # Flax's examples all have a models.py; running beside one must still find gpt and mlp.
+    (tmp_path / "models.py").write_text("raise ImportError('a user module, not ours')\n")
+    code = "import partitioning.config.build, partitioning as pt; print(pt.model_names())"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "['gpt', 'mlp']"
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_only_partitioning(tmp_path, repo):
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+                        "-w", str(tmp_path), str(repo)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    wheel = next(tmp_path.glob("partitioning-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/", 1)[0] for n in names}
+    assert top == {"partitioning", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
+    # The presets ship inside the package, so an installed wheel has them.
+    assert "partitioning/presets/fsdp.yaml" in names and "partitioning/models/gpt.py" in names
+
+
+def test_no_module_over_the_size_limit():
+    long = {str(p.relative_to(PKG.parent)): n for p in PKG.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def test_every_stage_folder_says_what_it_does_and_lists_its_modules():
+    for init in PKG.rglob("__init__.py"):
+        if init.parent == PKG:
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert len(doc.splitlines()) >= 3, f"{init}: the docstring should say what the stage does"
+        pkg = ".".join(init.parent.relative_to(PKG.parent).parts)
+        for mod in sorted(init.parent.glob("*.py")):
+            if mod.name != "__init__.py":
+                assert f"{pkg}.{mod.stem}" in doc or f"~{pkg}.{mod.stem}" in doc, f"{init}: does not list {mod.stem}"
+
+
+def test_every_module_has_a_docstring():
+    missing = [str(p) for p in PKG.rglob("*.py")
+               if p.name != "__main__.py" and not ast.get_docstring(ast.parse(p.read_text()))]
+    assert missing == []
+
+
+def test_public_api_names_have_docstring_examples():
+    lacking = []
+    for name in pt.__all__:
+        obj = getattr(pt, name)
+        if inspect.isclass(obj) and issubclass(obj, Exception):
+            continue  # errors are documented by the messages they carry
+        doc = inspect.getdoc(obj) or ""
+        if "Example" not in doc and ">>>" not in doc:
+            lacking.append(name)
+    assert lacking == []
