@@ -1,4 +1,9 @@
-"""Tests run on the CPU with 8 simulated devices, set before jax starts."""
+"""Tests run on the CPU with 8 simulated devices, set before jax starts.
+
+Fixtures used across test folders live here: paths and files, the base run
+config, the two ways of running the CLI, a Flax module with annotated
+weights, and the checkpoint helpers (the real Trainer's state on any mesh).
+"""
 
 import os
 
@@ -6,9 +11,22 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import NamedTuple  # noqa: E402
 
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
 import pytest  # noqa: E402
+
+import partitioning as pt  # noqa: E402
+from partitioning.boxes import is_box  # noqa: E402
+from partitioning.checkpoint import CheckpointManager, abstract_target  # noqa: E402
+from partitioning.models import GPT  # noqa: E402
+from partitioning.train import Trainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,3 +47,192 @@ def write(tmp_path):
         return p
 
     return _write
+
+
+# -- the base run config ---------------------------------------------------------------
+
+BASE_CONFIG = """\
+model:
+  name: gpt
+  embed: 64
+  heads: 4
+  mlp: 128
+  layers: 2
+mesh:
+  shape: {data: 1, fsdp: -1, tensor: 1}
+  devices: 8
+rules: fsdp
+"""
+
+
+@pytest.fixture(scope="session")
+def base_config() -> str:
+    """A small valid run config (YAML text); tests edit it to make the case they need."""
+    return BASE_CONFIG
+
+
+# -- running the CLI ---------------------------------------------------------------------
+
+class CliResult(NamedTuple):
+    """What an in-process CLI run gives: the same fields as a finished subprocess."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(scope="session")
+def run_cli_subprocess():
+    """run_cli_subprocess(*args, cwd=REPO): ``python -m partitioning ARGS`` in a real subprocess.
+
+    The subprocess does not inherit the tests' XLA_FLAGS: the CLI decides the
+    device count itself. Returns the ``subprocess.CompletedProcess`` (text output).
+    """
+
+    def _run(*args, cwd=None) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        return subprocess.run([sys.executable, "-m", "partitioning", *map(str, args)], capture_output=True,
+                              text=True, cwd=cwd or REPO, env=env, timeout=300)
+
+    return _run
+
+
+@pytest.fixture
+def run_cli_in_process(capsys):
+    """run_cli_in_process(*args): ``partitioning.cli.main(ARGS)`` in this process (8 simulated devices).
+
+    Returns a CliResult (returncode, stdout, stderr) holding what that call printed.
+    """
+
+    def _run(*args) -> CliResult:
+        from partitioning.cli import main
+
+        code = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return CliResult(code, out, err)
+
+    return _run
+
+
+# -- a Flax module with annotated weights ---------------------------------------------------
+
+class Dense(nn.Module):
+    """One weight annotated ("embed", "mlp") through pt.with_logical_partitioning."""
+
+    features: int
+
+    @nn.compact
+    def __call__(self, x):
+        w = self.param("w", pt.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp")),
+                       (x.shape[-1], self.features))
+        return x @ w
+
+
+@pytest.fixture(scope="session")
+def dense_module():
+    """The Dense module class: ``dense_module(features)``, weight (in, features) named ("embed", "mlp")."""
+    return Dense
+
+
+# -- checkpoints of the real Trainer's state ---------------------------------------------------
+
+def mesh_of(shape, n=None):
+    """A mesh of ``shape`` on the first ``n`` devices (all devices when n is None)."""
+    return pt.make_mesh(shape, devices=jax.devices()[:n] if n else None)
+
+
+def _strip(tree):
+    return jax.tree.map(lambda v: v.value if is_box(v) else v, tree, is_leaf=is_box)
+
+
+class CheckpointSetup:
+    """The real Trainer's TrainState layout for a model, on any mesh and rules.
+
+    ``state`` fills it with random values placed directly in their shards
+    (no compile, so the many layouts in the tests stay fast); ``target`` is what a
+    resuming run restores into.
+    """
+
+    def __init__(self, model=None, tx=None):
+        self.model = model or GPT(vocab_size=64, embed=32, heads=4, mlp=64, layers=2)
+        self.tx = tx or optax.adamw(1e-3)
+        self.abstract = self.trainer(mesh_of({"data": 1, "fsdp": 1}, 1), "fsdp").abstract_state
+
+    def trainer(self, m, rules, **kw):
+        return Trainer(self.model, self.tx, m, rules, batch_size=8, seq_len=8, **kw)
+
+    def state(self, m, rules, seed=0, step=7):
+        tr = self.trainer(m, rules)
+        rng = np.random.default_rng(seed)
+
+        def value(a, s):
+            if a.shape == ():  # the step and optax counts
+                return jax.device_put(np.asarray(step, a.dtype), s)
+            return jax.device_put(rng.standard_normal(a.shape).astype(a.dtype), s)
+
+        return jax.tree.map(value, _strip(tr.abstract_state), tr.state_shardings)
+
+    def target(self, m, rules, **kw):
+        tr = self.trainer(m, rules)
+        return abstract_target(tr.abstract_state, shardings=tr.state_shardings, **kw)
+
+
+def gathered(tree):
+    """Host copies of every leaf (tests only: never gather a real state)."""
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def assert_bit_exact(a, b):
+    la, lb = gathered(a), gathered(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        assert x.dtype == y.dtype and np.array_equal(x, y)
+
+
+# The YAML model section of CheckpointSetup's default GPT.
+CKPT_MODEL_YAML = "model: {name: gpt, vocab_size: 64, embed: 32, heads: 4, mlp: 64, layers: 2}\n"
+
+
+@pytest.fixture(scope="session")
+def ckpt_setup():
+    """The CheckpointSetup class: ``ckpt_setup(model=None, tx=None)`` (default: a small GPT, adamw)."""
+    return CheckpointSetup
+
+
+@pytest.fixture(scope="session")
+def ckpt_model_yaml() -> str:
+    """The ``model:`` line of a run config for CheckpointSetup's default GPT."""
+    return CKPT_MODEL_YAML
+
+
+@pytest.fixture(scope="session", name="mesh_of")
+def mesh_of_fixture():
+    """mesh_of(shape, n=None): a mesh of ``shape`` on the first ``n`` devices."""
+    return mesh_of
+
+
+@pytest.fixture(scope="session", name="gathered")
+def gathered_fixture():
+    """gathered(tree): host copies of every leaf."""
+    return gathered
+
+
+@pytest.fixture(scope="session", name="assert_bit_exact")
+def assert_bit_exact_fixture():
+    """assert_bit_exact(a, b): same leaves, same dtypes, same bits."""
+    return assert_bit_exact
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """(CheckpointSetup(), run dir): fsdp checkpoints at steps 3 and 6 (with metadata) and one unfinished save."""
+    s = CheckpointSetup()
+    root = tmp_path_factory.mktemp("run")
+    m = mesh_of({"data": 1, "fsdp": 8})
+    tr = s.trainer(m, "fsdp")
+    with CheckpointManager(root / "checkpoints", every=3, rules="fsdp", model_name="gpt",
+                           abstract=tr.abstract_state, config={"model": {"name": "gpt"}}) as mngr:
+        mngr.save(3, s.state(m, "fsdp", step=3), metrics={"loss": 2.5})
+        mngr.save(6, s.state(m, "fsdp", step=6), metrics={"loss": 2.25, "eval_loss": 2.75})
+    (root / "checkpoints" / "9.orbax-checkpoint-tmp-1234").mkdir()
+    return s, root

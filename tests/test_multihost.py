@@ -14,9 +14,7 @@ import pytest
 
 import partitioning as pt
 from partitioning.checkpoint import abstract_target, restore_checkpoint as restore
-from tests.mh_common import STEPS, losses_and_checkpoint, make_trainer
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.multihost.common import STEPS, losses_and_checkpoint, make_trainer
 
 
 def _free_port() -> int:
@@ -26,12 +24,12 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_and_checkpoint_restores(tmp_path):
+def test_two_processes_match_one_and_checkpoint_restores(repo, tmp_path):
     port = str(_free_port())
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = dict(os.environ, PYTHONPATH=str(repo))
     procs = [
-        subprocess.Popen([sys.executable, "tests/mh_worker.py", str(i), "2", port, str(tmp_path)],
-                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen([sys.executable, "tests/multihost/worker.py", str(i), "2", port, str(tmp_path)],
+                         cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for i in range(2)
     ]
     outs = []
@@ -77,7 +75,7 @@ checkpoint: {every: 2}
 
 
 @pytest.mark.slow
-def test_train_cli_on_two_processes_matches_one(tmp_path):
+def test_train_cli_on_two_processes_matches_one(repo, tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text(TRAIN_CFG)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the CLI sets devices itself
@@ -86,10 +84,10 @@ def test_train_cli_on_two_processes_matches_one(tmp_path):
     procs = [
         subprocess.Popen(cmd + ["--set", f"run_dir={tmp_path / 'multi'}", "--coordinator", f"127.0.0.1:{port}",
                                 "--num-processes", "2", "--process-id", str(i)],
-                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(2)
     ]
-    single = subprocess.run(cmd + ["--set", f"run_dir={tmp_path / 'single'}"], cwd=REPO, env=env,
+    single = subprocess.run(cmd + ["--set", f"run_dir={tmp_path / 'single'}"], cwd=repo, env=env,
                             capture_output=True, text=True, timeout=300)
     outs = []
     for p in procs:
@@ -114,12 +112,10 @@ def test_train_cli_on_two_processes_matches_one(tmp_path):
     assert steps == [2, 4]
 
 
-def test_partial_multihost_flags_are_one_line_errors(tmp_path):
+def test_partial_multihost_flags_are_one_line_errors(repo, tmp_path, run_cli_subprocess):
     cfg = tmp_path / "run.yaml"
     cfg.write_text(TRAIN_CFG)
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    r = subprocess.run([sys.executable, "-m", "partitioning", "train", str(cfg), "--coordinator", "127.0.0.1:1"],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    r = run_cli_subprocess("train", str(cfg), "--coordinator", "127.0.0.1:1", cwd=repo)
     assert r.returncode == 2
     assert r.stderr.strip() == (
         "error: multi-host needs all of --coordinator HOST:PORT, --num-processes N and --process-id I "
@@ -127,7 +123,7 @@ def test_partial_multihost_flags_are_one_line_errors(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_process_stops_all_at_the_same_step(tmp_path):
+def test_sigterm_to_one_process_stops_all_at_the_same_step(repo, tmp_path):
     """Preemption rarely reaches every host at the same instant: the processes
     agree at the next logging step, stop together, save, and exit 143."""
     import signal
@@ -143,7 +139,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(tmp_path):
         subprocess.Popen([sys.executable, "-m", "partitioning", "train", str(cfg), "--no-progress",
                           "--set", f"run_dir={run}", "--coordinator", f"127.0.0.1:{port}",
                           "--num-processes", "2", "--process-id", str(i)],
-                         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for i in range(2)
     ]
     try:

@@ -1,4 +1,5 @@
-"""Trainer: sharded init, shardings from the rules, layout-independent numerics, grad accumulation."""
+"""Trainer (partitioning.train.step): sharded init, shardings from the rules, layout-independent numerics,
+grad accumulation, the compiled step."""
 
 import flax.linen as nn
 import jax
@@ -6,81 +7,23 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
 from partitioning.boxes import is_box, is_logical_box
-from partitioning.train.data import TokenBatches, load_corpus
 from partitioning.errors import ShardingError
-from partitioning.train.loop import fit
+from partitioning.models import MLP
+from partitioning.train import Trainer
+from partitioning.train.data import TokenBatches, load_corpus
 from partitioning.train.state import host_scalar
-from partitioning.train.optimizer import make_optimizer
-from partitioning.train import Trainer, TrainState, lm_loss
-from partitioning.models import GPT, MLP
-
-B, T = 8, 32
 
 
-def tiny_gpt(**kw):
-    return GPT(**{"embed": 32, "heads": 4, "mlp": 64, "layers": 2, **kw})
-
-
-@pytest.fixture(scope="module")
-def tokens():
-    return load_corpus().train[:200_000]
-
-
-FSDP = {"data": 1, "fsdp": 8}
-
-
-@pytest.fixture(scope="module")
-def gpt_fsdp():
-    """The quickstart architecture, tiny, under FSDP; shared so each step compiles once per file."""
-    tx = make_optimizer("adamw", lr=1e-2, total_steps=20, warmup_steps=2, weight_decay=0.1, clip_norm=1.0)
-    return Trainer(tiny_gpt(), tx, pt.make_mesh(FSDP), "fsdp", batch_size=16, seq_len=T)
-
-
-@pytest.fixture(scope="module")
-def mlp_fsdp():
-    tx = make_optimizer("adamw", lr=1e-2, total_steps=10)
-    return Trainer(MLP(embed=64, mlp=128), tx, pt.make_mesh(FSDP), "fsdp", batch_size=B, seq_len=T)
-
-
-def batches(trainer, tokens, seed=0):
-    return TokenBatches(tokens, trainer.batch_size, trainer.seq_len, trainer.batch_sharding, seed=seed)
-
-
-def norm_spec(spec, ndim):
-    """A PartitionSpec as a tuple of length ndim (trailing Nones made explicit, 1-tuples unwrapped)."""
-    out = list(spec) + [None] * (ndim - len(spec))
-    return tuple(a[0] if isinstance(a, tuple) and len(a) == 1 else a for a in out)
-
-
-def run_steps(trainer, tokens, n, seed=0):
-    state = trainer.init(jax.random.key(seed))
-    data = batches(trainer, tokens)
-    losses = []
-    for k in range(n):
-        state, m = trainer.train_step(state, data.batch_at(k))
-        losses.append(host_scalar(m["loss"]))
-    return state, losses
-
-
-def test_lm_loss_of_uniform_logits_is_log_vocab():
-    logits = jnp.zeros((2, 5, 256))
-    batch = {"inputs": jnp.zeros((2, 5), jnp.int32), "targets": jnp.ones((2, 5), jnp.int32)}
-    loss, aux = lm_loss(logits, batch)
-    assert float(loss) == pytest.approx(np.log(256), rel=1e-6)
-    assert set(aux) == {"accuracy"}
-
-
-def test_loss_decreases_on_quickstart_model(tokens, gpt_fsdp):
+def test_loss_decreases_on_quickstart_model(tokens, gpt_fsdp, run_steps, seq_len):
     trainer = gpt_fsdp
     state, losses = run_steps(trainer, tokens, 20)
     assert losses[0] > 5.0
     assert np.mean(losses[-3:]) < losses[0] - 1.5, losses
     assert host_scalar(state.step) == 20
-    ev = trainer.eval_step(state.params, TokenBatches(load_corpus().eval, 16, T, trainer.batch_sharding).batch_at(0))
+    ev = trainer.eval_step(state.params, TokenBatches(load_corpus().eval, 16, seq_len, trainer.batch_sharding).batch_at(0))
     assert host_scalar(ev["loss"]) < losses[0] - 1.5
 
 
@@ -96,10 +39,11 @@ def _leaves_with_layouts(boxed, arrays):
     ("fsdp", {"data": 1, "fsdp": 8}),
     ("fsdp_tp", {"data": 1, "fsdp": 4, "tensor": 2}),
 ])
-def test_every_leaf_has_the_sharding_its_rules_imply(rules, mesh_shape, gpt_fsdp):
+def test_every_leaf_has_the_sharding_its_rules_imply(rules, mesh_shape, gpt_fsdp, tiny_gpt, norm_spec, batch_size,
+                                                     seq_len):
     mesh = pt.make_mesh(mesh_shape)
     table = pt.Rules.preset(rules)
-    trainer = gpt_fsdp if rules == "fsdp" else Trainer(tiny_gpt(), gpt_fsdp.tx, mesh, table, batch_size=B, seq_len=T)
+    trainer = gpt_fsdp if rules == "fsdp" else Trainer(tiny_gpt(), gpt_fsdp.tx, mesh, table, batch_size=batch_size, seq_len=seq_len)
     state = trainer.init(jax.random.key(0))
     checked = 0
     for part in ("params", "opt_state"):
@@ -131,10 +75,10 @@ def test_every_leaf_has_the_sharding_its_rules_imply(rules, mesh_shape, gpt_fsdp
     assert norm_spec(layouts["opt_state/1/inner_state/0/mu/blocks/mlp/wi_0"].spec, 3) == expect
 
 
-def test_optimizer_rules_give_zero1_layout(tokens, mlp_fsdp):
+def test_optimizer_rules_give_zero1_layout(tokens, mlp_fsdp, norm_spec, batches, batch_size, seq_len):
     fsdp = mlp_fsdp
     replicated = pt.Rules([("batch", ("data", "fsdp"))])
-    zero1 = Trainer(fsdp.model, fsdp.tx, fsdp.mesh, replicated, batch_size=B, seq_len=T, optimizer_rules="fsdp")
+    zero1 = Trainer(fsdp.model, fsdp.tx, fsdp.mesh, replicated, batch_size=batch_size, seq_len=seq_len, optimizer_rules="fsdp")
     state = zero1.init(jax.random.key(0))
     adam = lambda s: s.inner_state[0]  # noqa: E731  (inject_hyperparams -> adamw chain)
     wi, mu = state.params["wi_0"], adam(state.opt_state).mu["wi_0"]
@@ -168,11 +112,11 @@ LAYOUTS = {
 
 
 @pytest.mark.slow  # ~20 s: six compiles of the GPT step and init
-def test_same_losses_under_dp_fsdp_tp_fsdp_tp_seq(tokens):
+def test_same_losses_under_dp_fsdp_tp_fsdp_tp_seq(tokens, tiny_gpt, batches, batch_size, seq_len):
     losses, start = {}, None
     for rules, shape in LAYOUTS.items():
-        trainer = Trainer(tiny_gpt(layers=1), optax.adamw(1e-2), pt.make_mesh(shape), rules, batch_size=B,
-                          seq_len=T)
+        trainer = Trainer(tiny_gpt(layers=1), optax.adamw(1e-2), pt.make_mesh(shape), rules, batch_size=batch_size,
+                          seq_len=seq_len)
         if rules in ("dp", "fsdp_tp"):  # two real sharded inits: the values do not depend on the layout
             state = trainer.init(jax.random.key(3))
             emb = np.asarray(state.params["embedding"])
@@ -192,10 +136,10 @@ def test_same_losses_under_dp_fsdp_tp_fsdp_tp_seq(tokens):
     assert losses["dp"][-1] < losses["dp"][0] - 0.5  # and it did train
 
 
-def test_bf16_compute_with_remat_trains_f32_params(tokens):
+def test_bf16_compute_with_remat_trains_f32_params(tokens, tiny_gpt, run_steps, batch_size, seq_len):
     mesh = pt.make_mesh({"data": 2, "fsdp": 4})
     model = tiny_gpt(layers=1, dtype="bfloat16", remat="full")
-    trainer = Trainer(model, optax.adam(1e-2), mesh, "fsdp", batch_size=B, seq_len=T)
+    trainer = Trainer(model, optax.adam(1e-2), mesh, "fsdp", batch_size=batch_size, seq_len=seq_len)
     state, losses = run_steps(trainer, tokens, 6)
     assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype("float32")}
     assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.5, losses
@@ -218,9 +162,9 @@ class ThirdParty(nn.Module):
             nn.initializers.lecun_normal(), ("embed", "vocab")), use_bias=False)(x)
 
 
-def test_plain_flax_third_party_module_trains(tokens):
+def test_plain_flax_third_party_module_trains(tokens, run_steps, norm_spec, batch_size, seq_len):
     mesh = pt.make_mesh({"data": 2, "fsdp": 4})
-    trainer = Trainer(ThirdParty(), optax.adam(3e-2), mesh, "fsdp", batch_size=B, seq_len=T)
+    trainer = Trainer(ThirdParty(), optax.adam(3e-2), mesh, "fsdp", batch_size=batch_size, seq_len=seq_len)
     state, losses = run_steps(trainer, tokens, 8)
     assert losses[-1] < losses[0] - 1.0, losses
     assert norm_spec(state.params["Dense_0"]["kernel"].sharding.spec, 2) == ("fsdp", None)
@@ -228,7 +172,7 @@ def test_plain_flax_third_party_module_trains(tokens):
     assert norm_spec(state.opt_state[0].nu["Dense_1"]["kernel"].sharding.spec, 2) == (None, "fsdp")
 
 
-def test_grad_accumulation_matches_one_big_batch(tokens):
+def test_grad_accumulation_matches_one_big_batch(tokens, batches):
     mesh = pt.make_mesh({"data": 1, "fsdp": 8})
     tx = optax.sgd(0.5)
     results = {}
@@ -245,41 +189,12 @@ def test_grad_accumulation_matches_one_big_batch(tokens):
     assert np.abs(p1["unembed"] - start["unembed"]).max() > 1e-3  # the step did change the params
 
 
-@pytest.mark.parametrize("name", ["adafactor", "sgd"])
-def test_other_optimizers_train_and_shard(name, tokens):
-    mesh = pt.make_mesh({"data": 1, "fsdp": 8})
-    tx = make_optimizer(name, lr=0.05 if name == "sgd" else 1e-2, total_steps=6, weight_decay=0.01, clip_norm=1.0)
-    trainer = Trainer(MLP(embed=64, mlp=128), tx, mesh, "fsdp", batch_size=B, seq_len=T)
-    state, losses = run_steps(trainer, tokens, 6)
-    assert losses[-1] < losses[0], losses
-    layouts = trainer.state_layouts()
-    sharded = [l.path for l in layouts if l.path.startswith("opt_state") and not l.replicated]
-    if name == "adafactor":
-        # Factored second moments have other shapes than their params: replicated (and small).
-        v_row = [l for l in layouts if "v_row" in l.path and "wi_0" in l.path]
-        assert v_row and all(l.replicated for l in v_row)
-        assert any("/v/" in p for p in sharded) or sharded == []
-    else:
-        assert any("trace/wi_0" in p for p in sharded), sharded  # momentum shards like the param
-
-
-def test_metrics_report_lr_from_the_schedule(tokens, gpt_fsdp):
-    state = gpt_fsdp.init(jax.random.key(0))
-    lrs = []
-    for k in range(4):
-        state, m = gpt_fsdp.train_step(state, batches(gpt_fsdp, tokens).batch_at(k))
-        lrs.append(host_scalar(m["lr"]))
-    # warmup over 2 steps starting at lr / 2, then cosine from 1e-2 towards 1e-3 over 18 steps
-    np.testing.assert_allclose(lrs, [5e-3, 1e-2, 1e-2, 1e-3 + 9e-3 * (1 + np.cos(np.pi / 18)) / 2], rtol=1e-5)
-    assert set(m) == {"loss", "grad_norm", "lr", "accuracy"}
-
-
-def test_compiled_step_is_inspectable_and_donates_state(gpt_fsdp):
+def test_compiled_step_is_inspectable_and_donates_state(gpt_fsdp, seq_len):
     trainer = gpt_fsdp
     compiled = trainer.lower_train_step().compile()
     mem = compiled.memory_analysis()
     state_bytes = pt.per_device_bytes(trainer.state_layouts()) + 4  # + the step counter
-    batch_bytes = 2 * (trainer.batch_size // 8) * T * 4
+    batch_bytes = 2 * (trainer.batch_size // 8) * seq_len * 4
     # Arguments are the per-device shards only; the whole state is aliased to the output (donated).
     assert mem.argument_size_in_bytes == pytest.approx(state_bytes + batch_bytes, rel=0.01)
     assert mem.alias_size_in_bytes >= 0.99 * state_bytes
@@ -289,79 +204,28 @@ def test_compiled_step_is_inspectable_and_donates_state(gpt_fsdp):
     assert state_bytes <= trainer.init_peak_bytes() <= 1.01 * state_bytes
 
 
-def test_indivisible_batch_and_bad_grad_accum_are_errors():
+def test_indivisible_batch_and_bad_grad_accum_are_errors(tiny_gpt, seq_len, batch_size):
     mesh = pt.make_mesh({"data": 1, "fsdp": 8})
     with pytest.raises(ShardingError, match=r"batch_size 12 is not divisible by the batch mesh axes \('data', 'fsdp'\) of size 8"):
-        Trainer(tiny_gpt(), optax.sgd(0.1), mesh, "fsdp", batch_size=12, seq_len=T)
+        Trainer(tiny_gpt(), optax.sgd(0.1), mesh, "fsdp", batch_size=12, seq_len=seq_len)
     with pytest.raises(ShardingError, match=r"micro-batch 4 \(batch_size 16 / grad_accum 4\) is not divisible"):
-        Trainer(tiny_gpt(), optax.sgd(0.1), mesh, "fsdp", batch_size=16, seq_len=T, grad_accum=4)
+        Trainer(tiny_gpt(), optax.sgd(0.1), mesh, "fsdp", batch_size=16, seq_len=seq_len, grad_accum=4)
     with pytest.raises(ShardingError, match="batch_size 16 must be a positive multiple of grad_accum 3"):
-        Trainer(tiny_gpt(), optax.sgd(0.1), mesh, "fsdp", batch_size=16, seq_len=T, grad_accum=3)
+        Trainer(tiny_gpt(), optax.sgd(0.1), mesh, "fsdp", batch_size=16, seq_len=seq_len, grad_accum=3)
     with pytest.raises(ShardingError, match=r"^params/blocks/mlp/wi_0: dim 2 \('mlp', size 62\) is not divisible"):
         Trainer(tiny_gpt(mlp=62), optax.sgd(0.1), pt.make_mesh({"data": 2, "tensor": 4}), "tp",
-                batch_size=B, seq_len=T)
-
-
-def test_fit_resumes_with_the_same_data_order(tokens, mlp_fsdp):
-    """Two fits of 2 + 3 steps equal one fit of 5: batch_at(step) makes the loop resumable."""
-
-    class Record:
-        def __init__(self):
-            self.seen, self.exit = {}, None
-
-        def on_step_end(self, step, state, metrics):
-            self.seen[step] = None if metrics is None else metrics["loss"]
-
-        def on_exit(self, state, reason):
-            self.exit = reason
-
-    t1 = t2 = mlp_fsdp  # a Trainer holds no run state: two runs can share it
-    full = Record()
-    fit(t1, t1.init(jax.random.key(0)), batches(t1, tokens), steps=5, log_every=1, hooks=[full], progress=False)
-    first, second = Record(), Record()
-    state = fit(t2, t2.init(jax.random.key(0)), batches(t2, tokens), steps=2, log_every=1, hooks=[first],
-                progress=False)
-    state = fit(t2, state, batches(t2, tokens), steps=5, log_every=1, hooks=[second], progress=False)
-    assert host_scalar(state.step) == 5
-    assert list(second.seen) == [3, 4, 5]
-    np.testing.assert_allclose([first.seen[1], first.seen[2], *second.seen.values()],
-                               list(full.seen.values()), rtol=1e-5)
-    assert full.exit == "done"
-
-
-def test_fit_pulls_metrics_only_on_logging_steps_and_on_start_can_replace_state(tokens, mlp_fsdp):
-    trainer = mlp_fsdp
-    evals = TokenBatches(load_corpus().eval, B, T, trainer.batch_sharding)
-
-    class Hook:
-        def __init__(self):
-            self.logged = {}
-
-        def on_start(self, state):
-            return state.replace(step=jnp.asarray(3, jnp.int32))  # as a restored checkpoint would
-
-        def on_step_end(self, step, state, metrics):
-            self.logged[step] = metrics
-
-    h = Hook()
-    fit(trainer, trainer.init(jax.random.key(0)), batches(trainer, tokens), steps=10, log_every=4,
-        eval_batches=lambda: [evals.batch_at(0)], eval_every=8, hooks=[h], progress=False)
-    assert list(h.logged) == [4, 5, 6, 7, 8, 9, 10]
-    assert [s for s, m in h.logged.items() if m is not None] == [4, 8, 10]  # first, every 4th, last
-    assert {"loss", "grad_norm", "lr", "step", "tokens_per_s", "step_time_s"} <= set(h.logged[8])
-    assert "eval_loss" in h.logged[8] and "eval_loss" in h.logged[10] and "eval_loss" in h.logged[4]
-    assert h.logged[8]["step"] == 8 and h.logged[8]["tokens_per_s"] > 0
+                batch_size=batch_size, seq_len=seq_len)
 
 
 @pytest.mark.slow  # ~25 s: ten compiles of the GPT step
-def test_explicit_mesh_axes_train_to_the_same_losses_as_auto(tokens):
+def test_explicit_mesh_axes_train_to_the_same_losses_as_auto(tokens, tiny_gpt, batches, norm_spec, batch_size, seq_len):
     """On Explicit axes the models gather FSDP params and name the layouts JAX cannot infer."""
     start = None
     for rules, shape in LAYOUTS.items():
         losses, stored = {}, {}
         for axis_types in ("auto", "explicit"):
             mesh = pt.make_mesh(shape, axis_types=axis_types)
-            trainer = Trainer(tiny_gpt(layers=1), optax.adamw(1e-2), mesh, rules, batch_size=B, seq_len=T)
+            trainer = Trainer(tiny_gpt(layers=1), optax.adamw(1e-2), mesh, rules, batch_size=batch_size, seq_len=seq_len)
             if start is None:
                 start = jax.tree.map(np.asarray, trainer.init(jax.random.key(3)))
             state = jax.device_put(start, trainer.state_shardings)

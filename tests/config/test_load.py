@@ -1,23 +1,10 @@
-"""YAML configs: every error names file, line and key."""
+"""YAML configs (partitioning.config.load): every error names file, line and key."""
 
 import pytest
 
 import partitioning as pt
 from partitioning.config import load_config, load_rules_file
 from partitioning.config.build import model_from_config
-
-BASE = """\
-model:
-  name: gpt
-  embed: 64
-  heads: 4
-  mlp: 128
-  layers: 2
-mesh:
-  shape: {data: 1, fsdp: -1, tensor: 1}
-  devices: 8
-rules: fsdp
-"""
 
 
 def test_quickstart_loads(repo):
@@ -27,71 +14,73 @@ def test_quickstart_loads(repo):
     assert cfg.mesh.shape == {"data": 1, "fsdp": -1, "tensor": 1}
 
 
-def test_rules_forms(write):
-    inline = write("a.yaml", BASE.replace("rules: fsdp", "rules:\n  - [batch, [data, fsdp]]\n  - [embed, fsdp]\n  - [mlp, null]\n"))
+def test_rules_forms(write, base_config):
+    inline = write("a.yaml", base_config.replace("rules: fsdp", "rules:\n  - [batch, [data, fsdp]]\n  - [embed, fsdp]\n  - [mlp, null]\n"))
     cfg = load_config(inline)
     assert list(cfg.rules) == [("batch", ("data", "fsdp")), ("embed", "fsdp"), ("mlp", None)]
     assert cfg.rules.origins[2] == f"{inline}:13: rules[2]"
-    extra = write("b.yaml", BASE.replace("rules: fsdp", "rules:\n  preset: fsdp\n  extra:\n    - [mlp, tensor]\n"))
+    extra = write("b.yaml", base_config.replace("rules: fsdp", "rules:\n  preset: fsdp\n  extra:\n    - [mlp, tensor]\n"))
     cfg = load_config(extra)
     assert cfg.rules[0] == ("mlp", "tensor") and cfg.rules[1:] == pt.Rules.preset("fsdp")
     rules_file = write("r.yaml", "rules:\n  - [embed, fsdp]\n")
-    cfg = load_config(write("c.yaml", BASE.replace("rules: fsdp", "rules: r.yaml")))
+    cfg = load_config(write("c.yaml", base_config.replace("rules: fsdp", "rules: r.yaml")))
     assert list(cfg.rules) == [("embed", "fsdp")]
     assert list(load_rules_file(rules_file)) == [("embed", "fsdp")]
 
 
-def test_overrides(write):
-    cfg = load_config(write("a.yaml", BASE), ["train.steps=7", "rules=tp", "mesh.shape={data: 2, tensor: -1}",
-                                               "model.layers=3", "optimizer.lr=0.01"])
+def test_overrides(write, base_config):
+    cfg = load_config(write("a.yaml", base_config), ["train.steps=7", "rules=tp", "mesh.shape={data: 2, tensor: -1}",
+                                                      "model.layers=3", "optimizer.lr=0.01"])
     assert cfg.train.steps == 7 and cfg.rules == pt.Rules.preset("tp")
     assert cfg.mesh.shape == {"data": 2, "tensor": -1}
     assert cfg.model_options["layers"] == 3 and cfg.optimizer.lr == 0.01
     assert cfg.raw["train"]["steps"] == 7  # the resolved config is what gets saved
 
 
+# Each case turns the base config's text into a broken config.
 @pytest.mark.parametrize(
-    "text, overrides, expected",
+    "edit, overrides, expected",
     [
         # typo in a rule's mesh axis: file, line, key, axes, suggestion
-        (BASE.replace("rules: fsdp", "rules:\n  - [batch, data]\n  - [embed, fsdp]\n  - [heads, null]\n  - [mlp, tensr]\n"),
+        (lambda base: base.replace("rules: fsdp", "rules:\n  - [batch, data]\n  - [embed, fsdp]\n  - [heads, null]\n  - [mlp, tensr]\n"),
          [], "{f}:14: rules[3]: mesh axis 'tensr' is not a mesh axis (data, fsdp, tensor); did you mean 'tensor'?"),
-        (BASE + "trian:\n  steps: 3\n", [],
+        (lambda base: base + "trian:\n  steps: 3\n", [],
          "{f}:11: trian: unknown key (valid: model, mesh, rules, optimizer_rules, on_indivisible, data, optimizer, train, checkpoint, run_dir); did you mean 'train'?"),
-        (BASE + "train:\n  stpes: 3\n", [],
+        (lambda base: base + "train:\n  stpes: 3\n", [],
          "{f}:12: train.stpes: unknown key (valid: steps, batch_size, seq_len, grad_accum, log_every, eval_every, eval_batches, seed); did you mean 'steps'?"),
-        (BASE + "train:\n  steps: many\n", [], "{f}:12: train.steps: expected int, got str 'many'"),
-        (BASE + "optimizer:\n  name: adamm\n", [],
+        (lambda base: base + "train:\n  steps: many\n", [], "{f}:12: train.steps: expected int, got str 'many'"),
+        (lambda base: base + "optimizer:\n  name: adamm\n", [],
          "{f}:12: optimizer.name: must be one of adamw, adafactor, sgd, got 'adamm'; did you mean 'adamw'?"),
-        (BASE.replace("shape: {data: 1, fsdp: -1, tensor: 1}", "shape: {data: -1, fsdp: -1}"), [],
+        (lambda base: base.replace("shape: {data: 1, fsdp: -1, tensor: 1}", "shape: {data: -1, fsdp: -1}"), [],
          "{f}:8: mesh.shape: mesh {'data': -1, 'fsdp': -1} has more than one -1; at most one axis can take the rest of the devices"),
-        (BASE.replace("  embed: 64\n", "  embedd: 64\n"), [],
+        (lambda base: base.replace("  embed: 64\n", "  embedd: 64\n"), [],
          "{f}:3: model.embedd: model 'gpt' has no option 'embedd' (options: vocab_size, embed, heads, kv_heads, head_dim, mlp, layers, rope_theta, norm, scan_layers, remat, dtype, param_dtype); did you mean 'embed'?"),
-        (BASE.replace("name: gpt", "name: gtp"), [], "{f}:2: model.name: unknown model 'gtp' (registered: gpt, mlp); did you mean 'gpt'?"),
-        (BASE.replace("rules: fsdp", "rules: fsd"), [],
+        (lambda base: base.replace("name: gpt", "name: gtp"), [], "{f}:2: model.name: unknown model 'gtp' (registered: gpt, mlp); did you mean 'gpt'?"),
+        (lambda base: base.replace("rules: fsdp", "rules: fsd"), [],
          "{f}:10: rules: unknown rule preset 'fsd' (presets: dp, fsdp, fsdp_tp, seq, tp); did you mean 'fsdp'?"),
-        (BASE.replace("rules: fsdp", "rules:\n  - [embed]\n"), [], "{f}:11: rules[0]: a rule is a pair [logical_name, mesh_axes], got ['embed']"),
-        (BASE.replace("rules: fsdp", "rules: 3"), [],
+        (lambda base: base.replace("rules: fsdp", "rules:\n  - [embed]\n"), [], "{f}:11: rules[0]: a rule is a pair [logical_name, mesh_axes], got ['embed']"),
+        (lambda base: base.replace("rules: fsdp", "rules: 3"), [],
          "{f}:10: rules: rules must be a preset name (dp, fsdp, fsdp_tp, seq, tp), a list of [logical, mesh_axes] pairs, or {preset: NAME, extra: [...]}; got int"),
-        (BASE.replace("mesh:\n  shape: {data: 1, fsdp: -1, tensor: 1}\n  devices: 8\n", ""), [], "{f}: missing required section 'mesh'"),
-        (BASE + "on_indivisible: replicat\n", [],
+        (lambda base: base.replace("mesh:\n  shape: {data: 1, fsdp: -1, tensor: 1}\n  devices: 8\n", ""), [], "{f}: missing required section 'mesh'"),
+        (lambda base: base + "on_indivisible: replicat\n", [],
          "{f}:11: on_indivisible: must be one of error, replicate, got 'replicat'; did you mean 'replicate'?"),
-        (BASE + "mesh:\n  devices: 4\n", [], "{f}:11: mesh: key appears twice"),
-        ("model: [gpt\n", [], "{f}:2: invalid YAML: expected ',' or ']', but got '<stream end>'"),
-        (BASE, ["train.steps"], "--set train.steps: expected KEY=VALUE, e.g. train.steps=100"),
-        (BASE, ["trian.steps=3"], "--set trian.steps=3: unknown key 'trian'; did you mean 'train'?"),
+        (lambda base: base + "mesh:\n  devices: 4\n", [], "{f}:11: mesh: key appears twice"),
+        (lambda base: "model: [gpt\n", [], "{f}:2: invalid YAML: expected ',' or ']', but got '<stream end>'"),
+        (lambda base: base, ["train.steps"], "--set train.steps: expected KEY=VALUE, e.g. train.steps=100"),
+        (lambda base: base, ["trian.steps=3"], "--set trian.steps=3: unknown key 'trian'; did you mean 'train'?"),
     ],
+    ids=lambda v: "edit" if callable(v) else None,
 )
-def test_config_errors(write, text, overrides, expected):
-    path = write("run.yaml", text)
+def test_config_errors(write, base_config, edit, overrides, expected):
+    path = write("run.yaml", edit(base_config))
     with pytest.raises(pt.ConfigError) as e:
         # Model options are checked where the models are known: when the model is built.
         model_from_config(load_config(path, overrides))
     assert str(e.value) == expected.replace("{f}", str(path))
 
 
-def test_override_errors_point_at_the_flag(write):
-    path = write("run.yaml", BASE)
+def test_override_errors_point_at_the_flag(write, base_config):
+    path = write("run.yaml", base_config)
     with pytest.raises(pt.ConfigError) as e:
         load_config(path, ["rules=tpp"])
     assert str(e.value) == (
@@ -107,7 +96,7 @@ def test_missing_file(tmp_path):
         load_config(tmp_path / "nope.yaml")
 
 
-def test_missing_rules_file(write):
-    path = write("run.yaml", BASE.replace("rules: fsdp", "rules: missing.yaml"))
+def test_missing_rules_file(write, base_config):
+    path = write("run.yaml", base_config.replace("rules: fsdp", "rules: missing.yaml"))
     with pytest.raises(pt.ConfigError, match=r"run.yaml:10: rules: no such rules file 'missing.yaml'"):
         load_config(path)

@@ -1,6 +1,6 @@
 """One process of a multi-process (multi-host) run: 2 processes x 4 CPU devices.
 
-Usage: python tests/mh_worker.py PROCESS_ID NUM_PROCESSES PORT OUT_DIR
+Usage: python tests/multihost/worker.py PROCESS_ID NUM_PROCESSES PORT OUT_DIR
 Trains a tiny GPT with FSDP over all 8 global devices, saves an orbax
 checkpoint through the multi-host path, and (process 0) writes the losses.
 """
@@ -19,7 +19,7 @@ jax.config.update("jax_num_cpu_devices", 8 // nproc)
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=pid)
 
-from tests.mh_common import losses_and_checkpoint  # noqa: E402
+from tests.multihost.common import losses_and_checkpoint  # noqa: E402
 
 losses = losses_and_checkpoint(out)
 if jax.process_index() == 0:

@@ -1,43 +1,22 @@
-"""`partitioning plan` and `partitioning compare`: output, JSON, PNG, bad input, big meshes."""
+"""`partitioning plan` (partitioning.cli.plan): output, JSON, PNG, bad input, big meshes, compiling in a child."""
 
 import json
 
 import pytest
 
-from partitioning.cli import main as cli_main
-
-SMALL = """\
-model:
-  name: mlp
-  vocab_size: 64
-  embed: 32
-  mlp: 256
-  layers: 2
-mesh:
-  shape: {data: 1, fsdp: -1, tensor: 1}
-  devices: 8
-rules: fsdp
-train:
-  batch_size: 8
-  seq_len: 16
-"""
 
 PLAN_KEYS = {"config", "model", "batch", "mesh", "devices", "rules", "optimizer_rules", "on_indivisible",
              "parameters", "leaves", "optimizer_leaves", "totals", "replicated_share", "warnings", "errors",
              "compiled", "timing"}
+
+
 COMPILED_KEYS = {"status", "backend", "devices", "lower_s", "compile_s", "memory", "collectives",
                  "collective_ops", "sharding_check"}
 
 
-def run(capsys, *argv):
-    code = cli_main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_plan_table_json_png(capsys, write, tmp_path):
-    cfg = write("small.yaml", SMALL)
-    code, out, err = run(capsys, "plan", cfg, "--json", tmp_path / "p.json", "--png", tmp_path / "p.png")
+def test_plan_table_json_png(write, tmp_path, run_cli_in_process, small_config):
+    cfg = write("small.yaml", small_config)
+    code, out, err = run_cli_in_process("plan", cfg, "--json", tmp_path / "p.json", "--png", tmp_path / "p.png")
     assert code == 0, err
     assert f"mlp (36,864 parameters) on mesh {{'data': 1, 'fsdp': 8, 'tensor': 1}} (8 devices), rules from {cfg}" in out
     assert "params/wi_0" in out and "P('fsdp', None)" in out
@@ -57,18 +36,18 @@ def test_plan_table_json_png(capsys, write, tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plan_warns_about_replicated_matrix(capsys, write):
-    cfg = write("rep.yaml", SMALL.replace("rules: fsdp", "rules:\n  - [batch, [data, fsdp]]\n  - [vocab, fsdp]\n"))
-    code, out, err = run(capsys, "plan", cfg, "--no-compile")
+def test_plan_warns_about_replicated_matrix(write, run_cli_in_process, small_config):
+    cfg = write("rep.yaml", small_config.replace("rules: fsdp", "rules:\n  - [batch, [data, fsdp]]\n  - [vocab, fsdp]\n"))
+    code, out, err = run_cli_in_process("plan", cfg, "--no-compile")
     assert code == 0, err
     assert "replicated: params/wi_0 (32, 256) is whole on every device: 128.00 KiB per device" in out
     assert "no rule mentions logical name(s) 'embed', 'length', 'mlp'" in out
     assert "compiled view skipped: --no-compile" in out
 
 
-def test_plan_beyond_cpu_limit_gives_table_and_says_why(capsys, write, tmp_path):
-    cfg = write("big.yaml", SMALL.replace("embed: 32", "embed: 4096").replace("mlp: 256", "mlp: 8192"))
-    code, out, err = run(capsys, "plan", cfg, "--devices", "4096", "--json", tmp_path / "b.json")
+def test_plan_beyond_cpu_limit_gives_table_and_says_why(write, tmp_path, run_cli_in_process, small_config):
+    cfg = write("big.yaml", small_config.replace("embed: 32", "embed: 4096").replace("mlp: 256", "mlp: 8192"))
+    code, out, err = run_cli_in_process("plan", cfg, "--devices", "4096", "--json", tmp_path / "b.json")
     assert code == 0, err
     j = json.loads((tmp_path / "b.json").read_text())
     assert j["devices"] == 4096 and j["mesh"] == {"data": 1, "fsdp": 4096, "tensor": 1}
@@ -78,9 +57,9 @@ def test_plan_beyond_cpu_limit_gives_table_and_says_why(capsys, write, tmp_path)
     assert "compiled view skipped: XLA's CPU backend compiles for at most 2048 devices" in " ".join(out.split())
 
 
-def test_plan_compiles_in_a_child_process(capsys, write, tmp_path):
-    cfg = write("small.yaml", SMALL)
-    code, out, err = run(capsys, "plan", cfg, "--compile-in", "child", "--json", tmp_path / "c.json")
+def test_plan_compiles_in_a_child_process(write, tmp_path, run_cli_in_process, small_config):
+    cfg = write("small.yaml", small_config)
+    code, out, err = run_cli_in_process("plan", cfg, "--compile-in", "child", "--json", tmp_path / "c.json")
     assert code == 0, err
     v = json.loads((tmp_path / "c.json").read_text())["compiled"]
     assert v["status"] == "ok", v
@@ -89,9 +68,9 @@ def test_plan_compiles_in_a_child_process(capsys, write, tmp_path):
     assert v["sharding_check"]["mismatches"] == []
 
 
-def test_plan_child_reports_train_step_errors_on_one_line(capsys, write, tmp_path):
-    cfg = write("small.yaml", SMALL.replace("batch_size: 8", "batch_size: 12"))
-    code, out, err = run(capsys, "plan", cfg, "--compile-in", "child", "--json", tmp_path / "c.json")
+def test_plan_child_reports_train_step_errors_on_one_line(write, tmp_path, run_cli_in_process, small_config):
+    cfg = write("small.yaml", small_config.replace("batch_size: 8", "batch_size: 12"))
+    code, out, err = run_cli_in_process("plan", cfg, "--compile-in", "child", "--json", tmp_path / "c.json")
     assert code == 0, err
     v = json.loads((tmp_path / "c.json").read_text())["compiled"]
     assert v["status"] == "failed" and "\n" not in v["reason"]
@@ -99,28 +78,7 @@ def test_plan_child_reports_train_step_errors_on_one_line(capsys, write, tmp_pat
                                   "axes ('data', 'fsdp') of size 8")
 
 
-def test_compare(capsys, write, tmp_path):
-    cfg = write("small.yaml", SMALL)
-    rules = write("mine.yaml", "rules:\n  - [batch, [data, fsdp]]\n  - [mlp, fsdp]\n")
-    code, out, err = run(capsys, "compare", cfg, "--rules", "fsdp", "dp", rules, "--json", tmp_path / "c.json",
-                         "--set", "mesh.shape={data: 2, fsdp: -1, tensor: 1}")
-    assert code == 0, err
-    j = json.loads((tmp_path / "c.json").read_text())
-    by = {t["rules"]: t for t in j["tables"]}
-    assert list(by) == ["fsdp", "dp", str(rules)]
-    total = 36_864 * 4
-    assert by["dp"]["totals"]["params"]["per_device"] == total
-    assert j["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
-    assert by["fsdp"]["totals"]["params"]["per_device"] == total // 4     # replicated over data
-    assert by[str(rules)]["totals"]["params"]["per_device"] == 4 * (64 * 32 * 2 + 4 * 32 * 256 // 4)
-    assert by["dp"]["replicated_share"] == pytest.approx(1.0, abs=1e-3)
-    assert by["fsdp"]["replicated_share"] == pytest.approx(0.0, abs=1e-3)
-    assert by[str(rules)]["replicated_share"] > 0.1                        # embedding + unembed
-    dp_c, fsdp_c = by["dp"]["compiled"]["collectives"], by["fsdp"]["compiled"]["collectives"]
-    assert dp_c["all-gather"]["count"] == 0 and fsdp_c["all-gather"]["count"] >= 1
-    assert dp_c["all-reduce"]["bytes"] >= total
-    row = next(l for l in out.splitlines() if l.lstrip("│ ").startswith("dp "))
-    assert row.split("│")[2].strip() == "144.00 KiB" and "100.0%" in row
+# plan and compare share their config handling: bad input for either is one line and exit 2.
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -131,9 +89,9 @@ def test_compare(capsys, write, tmp_path):
     (["compare", "{cfg}", "--rules", "fsdp", "fsdp_pt"], "did you mean 'fsdp_tp'?"),
     (["plan", "{cfg}", "--devices", "0"], "error: --devices must be a positive number of devices, got 0"),
 ])
-def test_bad_input_exits_2_with_one_line(capsys, write, argv, message):
-    cfg = write("small.yaml", SMALL)
-    code, out, err = run(capsys, *[a.replace("{cfg}", str(cfg)) for a in argv])
+def test_bad_input_exits_2_with_one_line(write, argv, message, run_cli_in_process, small_config):
+    cfg = write("small.yaml", small_config)
+    code, out, err = run_cli_in_process(*[a.replace("{cfg}", str(cfg)) for a in argv])
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err

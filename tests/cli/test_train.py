@@ -1,4 +1,5 @@
-"""`partitioning train`: run-dir outputs, one-line errors, clean stops on Ctrl-C / SIGTERM."""
+"""`partitioning train` (partitioning.cli.train): run-dir outputs, one-line errors, clean stops on
+Ctrl-C / SIGTERM, checkpoints saved and resumed."""
 
 import json
 import os
@@ -11,8 +12,10 @@ import time
 import pytest
 import yaml
 
-from partitioning.cli import main as cli_main
+from partitioning.checkpoint import checkpoint_metadata
+from partitioning.checkpoint.disk import list_steps
 from partitioning.config import load_config
+
 
 TINY = """\
 model: {name: gpt, embed: 32, heads: 4, mlp: 64, layers: 2}
@@ -24,6 +27,7 @@ optimizer: {name: adamw, lr: 0.01, warmup_steps: 2}
 train: {steps: 6, batch_size: 8, seq_len: 32, log_every: 2, eval_every: 3, eval_batches: 1}
 run_dir: RUN_DIR
 """
+
 
 KEYS = {"step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "accuracy"}
 
@@ -40,10 +44,11 @@ def records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_train_writes_metrics_config_and_plot(write, tmp_path, capsys):
+def test_train_writes_metrics_config_and_plot(write, tmp_path, run_cli_in_process):
     path = tiny(write, tmp_path)
-    assert cli_main(["train", str(path), "--no-progress", "--set", "data.seed=3"]) == 0
-    out = capsys.readouterr().out
+    result = run_cli_in_process("train", str(path), "--no-progress", "--set", "data.seed=3")
+    assert result.returncode == 0
+    out = result.stdout
     run = tmp_path / "run"
     recs = records(run)
     assert [r["step"] for r in recs] == [1, 2, 3, 4, 6]  # first, every 2nd, eval steps, last
@@ -77,15 +82,16 @@ def test_train_writes_metrics_config_and_plot(write, tmp_path, capsys):
      "{path}:1: model.vocab_size: the data is bytes, so vocab_size must be >= 256, got 128"),
     ({"steps: 6": "steps: 0"}, "{path}:7: train.steps: must be >= 1, got 0"),
 ])
-def test_bad_config_is_one_line_and_exit_2(write, tmp_path, capsys, replace, message):
+def test_bad_config_is_one_line_and_exit_2(write, tmp_path, replace, message, run_cli_in_process):
     path = tiny(write, tmp_path, **replace)
-    assert cli_main(["train", str(path), "--no-progress"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    result = run_cli_in_process("train", str(path), "--no-progress")
+    assert result.returncode == 2
+    err = result.stderr.strip().splitlines()
     assert err[-1] == "error: " + message.format(path=path)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_sigterm_stops_after_the_current_step_as_preempted(write, tmp_path, capsys, monkeypatch):
+def test_sigterm_stops_after_the_current_step_as_preempted(write, tmp_path, monkeypatch, run_cli_in_process):
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signal handlers need the main thread")
     from partitioning.cli import train as train_cli
@@ -104,11 +110,11 @@ def test_sigterm_stops_after_the_current_step_as_preempted(write, tmp_path, caps
     real_fit = train_cli.fit
     monkeypatch.setattr(train_cli, "fit", lambda *a, hooks=(), **kw: real_fit(*a, hooks=[Preempt(), *hooks, Exit()], **kw))
     path = tiny(write, tmp_path, **{"name: gpt, embed: 32, heads: 4, mlp: 64, layers: 2": "name: mlp, embed: 32, mlp: 64"})
-    code = cli_main(["train", str(path), "--no-progress"])
-    assert code == 143
+    result = run_cli_in_process("train", str(path), "--no-progress")
+    assert result.returncode == 143
     assert seen == [(2, "preempted")]
     assert [r["step"] for r in records(tmp_path / "run")] == [1, 2]  # the stop step is logged too
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("preempted: step 2")
+    assert result.stdout.strip().splitlines()[-1].startswith("preempted: step 2")
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
 
 
@@ -143,20 +149,100 @@ def test_ctrl_c_stops_cleanly_in_a_real_process(repo, tmp_path):
     assert (run / "loss.png").exists() and (run / "config.yaml").exists()
 
 
-def test_rerun_of_a_finished_run_says_so(write, tmp_path, capsys):
+def test_rerun_of_a_finished_run_says_so(write, tmp_path, run_cli_in_process):
     path = tiny(write, tmp_path, **{"name: gpt, embed: 32, heads: 4, mlp: 64, layers: 2": "name: mlp, embed: 32, mlp: 64",
                                     "steps: 6": "steps: 2"})
-    assert cli_main(["train", str(path), "--no-progress"]) == 0
-    capsys.readouterr()
-    assert cli_main(["train", str(path), "--no-progress"]) == 0
-    out = capsys.readouterr().out
+    assert run_cli_in_process("train", str(path), "--no-progress").returncode == 0
+    result = run_cli_in_process("train", str(path), "--no-progress")
+    assert result.returncode == 0
+    out = result.stdout
     assert ("train: the checkpoint is already at step 2 (train.steps is 2); raise train.steps to continue, "
             "or --no-resume to start over") in out
     assert [r["step"] for r in records(tmp_path / "run")] == [1, 2]  # nothing trained twice
 
 
-def test_devices_flag_sets_the_mesh(write, tmp_path, capsys):
+def test_devices_flag_sets_the_mesh(write, tmp_path, run_cli_in_process):
     path = tiny(write, tmp_path, **{"name: gpt, embed: 32, heads: 4, mlp: 64, layers: 2": "name: mlp, embed: 32, mlp: 64",
                                     "steps: 6": "steps: 1"})
-    assert cli_main(["train", str(path), "--no-progress", "--devices", "4"]) == 0
-    assert "on mesh {'data': 1, 'fsdp': 4, 'tensor': 1}" in capsys.readouterr().out
+    result = run_cli_in_process("train", str(path), "--no-progress", "--devices", "4")
+    assert result.returncode == 0
+    assert "on mesh {'data': 1, 'fsdp': 4, 'tensor': 1}" in result.stdout
+
+
+# -- checkpoints in a run ---------------------------------------------------------------------------
+
+@pytest.fixture
+def ckpt_train_config(ckpt_model_yaml):
+    """A run config of the checkpoint tests' GPT that checkpoints every 3 steps (no run_dir yet)."""
+    return ckpt_model_yaml.replace("vocab_size: 64", "vocab_size: 256") + """mesh: {shape: {data: 1, fsdp: -1}, devices: 8}
+rules: fsdp
+train: {steps: 6, batch_size: 8, seq_len: 16, log_every: 3, eval_every: 3, eval_batches: 1}
+checkpoint: {every: 3, keep: 2}
+optimizer: {schedule: constant, warmup_steps: 0}   # lr independent of train.steps, so 6 + 3 == 9
+"""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # see tests/checkpoint
+@pytest.mark.slow
+def test_train_saves_resumes_and_continues(tmp_path, run_cli_subprocess, ckpt_train_config):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(ckpt_train_config + f"run_dir: {tmp_path / 'run'}\n")
+    r = run_cli_subprocess("train", cfg, "--no-progress")
+    assert r.returncode == 0, r.stderr
+    ckdir = tmp_path / "run" / "checkpoints"
+    assert [s.step for s in list_steps(ckdir)] == [3, 6]
+    meta = checkpoint_metadata(ckdir)
+    assert meta["model"] == "gpt" and meta["config"]["checkpoint"] == {"every": 3, "keep": 2}
+    assert meta["metrics"]["eval_loss"] > 0 and meta["arrays"]["params/embedding"]["names"] == ["vocab", "embed"]
+    r = run_cli_subprocess("train", cfg, "--no-progress", "--set", "train.steps=9")
+    assert r.returncode == 0, r.stderr
+    assert f"checkpoint: resumed from step 6 ({ckdir})" in r.stdout
+    assert [s.step for s in list_steps(ckdir)] == [6, 9]
+    resumed = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in resumed] == [1, 3, 6, 7, 9]
+    # The same loss curve (data order included) as a run that was never interrupted.
+    cfg2 = tmp_path / "whole.yaml"
+    cfg2.write_text(ckpt_train_config.replace("steps: 6", "steps: 9").replace("log_every: 3", "log_every: 1")
+                    + f"run_dir: {tmp_path / 'whole'}\n")
+    assert run_cli_subprocess("train", cfg2, "--no-progress").returncode == 0
+    whole = {m["step"]: m for m in map(json.loads, (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines())}
+    for m in resumed:
+        assert m["loss"] == pytest.approx(whole[m["step"]]["loss"], rel=1e-6), m["step"]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # see tests/checkpoint
+@pytest.mark.slow
+def test_sigterm_saves_before_exiting(tmp_path, ckpt_train_config, repo):
+    """Preemption: SIGTERM stops after the current step, which is checkpointed before exit."""
+    import signal
+    import time
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(ckpt_train_config.replace("steps: 6", "steps: 100000").replace("log_every: 3", "log_every: 1")
+                   .replace("every: 3", "every: 0") + f"run_dir: {tmp_path / 'run'}\n")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.Popen([sys.executable, "-m", "partitioning", "train", str(cfg), "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=repo, env=env)
+    log = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    last = json.loads(log.read_text().splitlines()[-1])["step"]
+    steps = [s.step for s in list_steps(tmp_path / "run" / "checkpoints")]
+    assert steps == [last] and last >= 3
+    assert f"checkpoint: saved step {last} to {tmp_path / 'run' / 'checkpoints'} (preempted)" in out
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # see tests/checkpoint
+def test_train_resume_flag_without_checkpoint(tmp_path, run_cli_subprocess, one_line_error, ckpt_train_config):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(ckpt_train_config + f"run_dir: {tmp_path / 'run'}\n")
+    r = run_cli_subprocess("train", cfg, "--no-progress", "--resume")
+    assert one_line_error(r) == f"error: --resume: no complete checkpoint in {tmp_path / 'run' / 'checkpoints'}"
+    r = run_cli_subprocess("train", cfg, "--resume", "--no-resume")
+    assert r.returncode == 2 and "not allowed with argument" in r.stderr

@@ -11,8 +11,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -22,10 +20,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import partitioning as pt
 from partitioning.checkpoint import CheckpointManager, restore_checkpoint
 from partitioning.checkpoint.disk import list_steps
+from tests.checkpoint.kill_state import SHAPES, base_values
 
-REPO = Path(__file__).resolve().parent.parent
-SHAPES = {"a": (4096, 4096), "b": (2048, 4096), "c": (1024, 4096)}   # 112 MiB of float32
-SHAPES.update({f"small_{i}": (64, 256) for i in range(16)})            # many small arrays too
 
 CHILD = textwrap.dedent("""
     import os, sys, time
@@ -35,7 +31,7 @@ CHILD = textwrap.dedent("""
     import jax, numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
     from partitioning.checkpoint import CheckpointManager
-    from tests.test_checkpoint_kill import SHAPES, base_values
+    from tests.checkpoint.kill_state import SHAPES, base_values
 
     mesh = jax.make_mesh((8,), ("fsdp",))
     sh = NamedSharding(mesh, P("fsdp"))
@@ -61,18 +57,13 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def base_values():
-    rng = np.random.default_rng(0)
-    return {n: rng.standard_normal(s, dtype=np.float32) for n, s in SHAPES.items()}
-
-
-def _run_until(tmp_path, marker):
+def _run_until(repo, tmp_path, marker):
     """Starts the child and SIGKILLs it as soon as it prints ``marker``; returns its output."""
     script = tmp_path / "child.py"
-    script.write_text(CHILD.format(repo=str(REPO)))
+    script.write_text(CHILD.format(repo=str(repo)))
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "ckpt")], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
+                            stderr=subprocess.DEVNULL, text=True, env=env, cwd=repo)
     seen = []
     try:
         for line in proc.stdout:
@@ -111,8 +102,8 @@ def _check_latest(ckpt_dir, step):
     ("WRITING 3", 2, 3),            # 50 ms into the background write
     ("BETWEEN 2", 2, None),         # between saves: everything committed
 ])
-def test_sigkill_keeps_last_complete_checkpoint(tmp_path, marker, last_complete, in_flight):
-    _run_until(tmp_path, marker)
+def test_sigkill_keeps_last_complete_checkpoint(repo, tmp_path, marker, last_complete, in_flight):
+    _run_until(repo, tmp_path, marker)
     ckpt = tmp_path / "ckpt"
     steps = list_steps(ckpt)
     complete = [s.step for s in steps if s.complete]

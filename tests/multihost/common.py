@@ -1,7 +1,6 @@
 """The run shared by the multi-process workers and the single-process reference."""
 
 import jax
-import numpy as np
 
 import partitioning as pt
 from partitioning.models import GPT
@@ -34,7 +33,3 @@ def losses_and_checkpoint(ckpt_dir=None):
             mngr.save(STEPS, state, force=True)
             mngr.wait()
     return losses
-
-
-def gathered(tree):
-    return [np.asarray(x) for x in jax.tree.leaves(tree)]
