@@ -211,3 +211,67 @@ def test_set_logical_axis_rules():
     finally:
         pt.set_logical_axis_rules(None)
     assert pt.get_logical_axis_rules() == ()
+
+
+def test_one_rule_store_shared_with_flax_nesting_in_any_order():
+    a, b = pt.Rules.preset("fsdp"), (("embed", "tensor"),)
+    with pt.axis_rules(a):
+        assert nn.get_logical_axis_rules() is a and pt.get_logical_axis_rules() is a
+        with nn.logical_axis_rules(b):
+            # Flax's context inside ours: both see Flax's table.
+            assert pt.get_logical_axis_rules() == Rules(b)
+            assert pt.logical_to_mesh_axes(("embed", "mlp")) == P("tensor", None)
+        assert pt.get_logical_axis_rules() is a
+    with nn.logical_axis_rules(b):
+        with pt.axis_rules(a):
+            assert nn.get_logical_axis_rules() is a
+            assert nn.logical_to_mesh_axes(("embed", "mlp")) == P("fsdp", None)
+        assert pt.get_logical_axis_rules() == Rules(b)
+    assert pt.get_logical_axis_rules() == Rules()
+
+
+def test_rule_context_is_per_thread():
+    seen = {}
+    with pt.axis_rules("tp"):
+        t = threading.Thread(target=lambda: seen.setdefault("other", pt.get_logical_axis_rules()))
+        t.start()
+        t.join()
+        assert pt.get_logical_axis_rules() == Rules.preset("tp")
+    assert seen["other"] == Rules()
+
+
+def test_batch_axes_default_to_the_batch_rules_and_can_be_declared():
+    fsdp = Rules.preset("fsdp")
+    assert fsdp.batch_axes == ("data", "fsdp") and fsdp.declared_batch_axes is None
+    assert fsdp.batch_spec(2) == P(("data", "fsdp"), None)
+    assert Rules([("embed", "fsdp")]).batch_axes == ()
+    # Fallback rules for `batch` add their axes: every axis that can split the batch.
+    assert Rules([("batch", "data"), ("batch", "fsdp")]).batch_axes == ("data", "fsdp")
+    declared = fsdp.with_batch_axes(["data"])
+    assert declared.batch_axes == ("data",) and declared.batch_spec(3) == P("data", None, None)
+    assert list(declared) == list(fsdp)     # the table itself is unchanged
+    assert pt.compute_spec(("embed", "mlp"), fsdp) == P(None, None)
+    assert pt.compute_spec(("embed", "mlp"), declared) == P("fsdp", None)
+    # MaxText-style names: the batch is `activation_batch`, declared so.
+    maxtext = Rules([("activation_batch", ("data", "fsdp")), ("embed", "fsdp")], batch_axes=("data", "fsdp"))
+    assert pt.compute_spec(("embed",), maxtext) == P(None)
+    assert (declared + [("x", "data")]).batch_axes == ("data",)
+    import pickle
+    assert pickle.loads(pickle.dumps(declared)).batch_axes == ("data",)
+
+
+def test_declared_batch_axes_are_validated_against_the_mesh():
+    with pytest.raises(pt.RuleError, match=r"batch_axes: 'dat' is not a mesh axis \(data, fsdp\); did you mean 'data'\?"):
+        Rules.preset("fsdp").with_batch_axes(["dat"]).validate({"data": 1, "fsdp": 8})
+
+
+def test_rules_parse_forms_with_batch_axes(write):
+    r = Rules.parse({"preset": "fsdp", "extra": [["heads", "tensor"]], "batch_axes": ["data", "fsdp"]})
+    assert r[0] == ("heads", "tensor") and r.declared_batch_axes == ("data", "fsdp")
+    f = write("r.yaml", "batch_axes: data\nrules:\n  - [embed, fsdp]\n")
+    assert Rules.from_yaml(f).declared_batch_axes == ("data",)
+    bad = write("bad.yaml", "rules: []\nbatch_axis: data\n")
+    with pytest.raises(pt.ConfigError, match=r"bad.yaml:2: batch_axis: unknown key \(valid: rules, batch_axes\); did you mean 'batch_axes'\?"):
+        Rules.from_yaml(bad)
+    with pytest.raises(pt.ConfigError, match=r"rules.batch_axes: mesh axes must be names"):
+        Rules.parse({"preset": "fsdp", "batch_axes": [1]}, "x.yaml", {}, ("rules",))

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import PartitionSpec as P
 import pytest
 
 import partitioning as pt
@@ -215,6 +216,16 @@ def test_indivisible_batch_and_bad_grad_accum_are_errors(tiny_gpt, seq_len, batc
     with pytest.raises(ShardingError, match=r"^params/blocks/mlp/wi_0: dim 2 \('mlp', size 62\) is not divisible"):
         Trainer(tiny_gpt(mlp=62), optax.sgd(0.1), pt.make_mesh({"data": 2, "tensor": 4}), "tp",
                 batch_size=batch_size, seq_len=seq_len)
+
+
+def test_declared_batch_axes_shard_the_batch_and_the_compute_layout(tiny_gpt, seq_len):
+    mesh = pt.make_mesh({"data": 2, "fsdp": 4})
+    rules = pt.Rules.preset("fsdp").with_batch_axes(["data"])
+    trainer = Trainer(tiny_gpt(), optax.sgd(0.1), mesh, rules, batch_size=4, seq_len=seq_len)
+    assert trainer.batch_sharding.spec == P("data", None)
+    # Params keep their stored (rule) layout; the step computes with them sharded over fsdp too.
+    assert trainer.state_shardings.params["blocks"]["mlp"]["wi_0"].spec == P(None, "fsdp", None)
+    assert pt.compute_spec(("embed", "mlp"), rules) == P("fsdp", None)
 
 
 @pytest.mark.slow  # ~25 s: ten compiles of the GPT step
