@@ -28,7 +28,8 @@ from flax.core import meta
 from jax.sharding import PartitionSpec
 
 from partitioning.errors import RuleError
-from partitioning.resolve import axes_tuple
+from partitioning.interop import record
+from partitioning.resolve import axes_tuple, mesh_axis_sizes
 from partitioning.rules import as_rules, get_logical_axis_rules
 
 
@@ -46,7 +47,9 @@ class LogicallyPartitioned(nn.LogicallyPartitioned):
     """
 
     def unbox(self, apply_constraint: bool = True) -> Any:
-        if not apply_constraint:
+        # Flax's DenseGeneral unboxes its kernel while it still has the flattened
+        # init shape (fewer dims than names): nothing to constrain yet.
+        if not apply_constraint or getattr(self.value, "ndim", len(self.names)) < len(self.names):
             return self.value
         if _is_explicit(jax.sharding.get_abstract_mesh()):
             return param_for_compute(self.value, tuple(self.names), rules=self.rules)
@@ -73,7 +76,7 @@ def compute_spec(names: Sequence[Any], rules: Any = None) -> PartitionSpec:
     rules = as_rules(rules) if rules is not None else get_logical_axis_rules()
     batch_axes = set(rules.batch_axes)
     out = []
-    for entry in _constraint_spec(tuple(names), rules, Fallback.UNSHARDED):
+    for entry in _constraint_spec(tuple(names), rules, Fallback.UNSHARDED, jax.sharding.get_abstract_mesh()):
         kept = tuple(a for a in axes_tuple(entry) if a not in batch_axes)
         out.append(None if not kept else kept[0] if len(kept) == 1 else kept)
     return PartitionSpec(*out)
@@ -113,13 +116,18 @@ def logical_spec(names: Sequence[Any], rules: Any = None) -> PartitionSpec | Non
     mesh = jax.sharding.get_abstract_mesh()
     if not rules or not _is_explicit(mesh):
         return None
-    return _constraint_spec(tuple(names), rules, Fallback.UNSHARDED)
+    return _constraint_spec(tuple(names), rules, Fallback.UNSHARDED, mesh)
 
 
 def with_logical_partitioning(
     fn: Callable[..., Any], names: Sequence[str | None], rules: Any = None,
 ) -> Callable[..., LogicallyPartitioned]:
     """Wraps an initializer so its result is boxed with logical ``names``.
+
+    Fewer names than dimensions leave the trailing dimensions unsharded. The
+    initializer may be called with a flattened shape (Flax's ``DenseGeneral``
+    does, then reshapes the box's value), so the names are checked against the
+    parameter's final shape when it is laid out.
 
     Example::
 
@@ -131,13 +139,7 @@ def with_logical_partitioning(
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        value = fn(*args, **kwargs)
-        if hasattr(value, "ndim") and value.ndim != len(names):
-            raise RuleError(
-                f"initializer {getattr(fn, '__name__', fn)!r} returned an array of shape "
-                f"{tuple(value.shape)} but {len(names)} logical names {names!r} were given"
-            )
-        return LogicallyPartitioned(value, names, rules=rules)
+        return LogicallyPartitioned(fn(*args, **kwargs), names, rules=rules)
 
     return wrapper
 
@@ -198,12 +200,13 @@ def _fallback(value: Any) -> Fallback:
         ) from None
 
 
-def _constraint_spec(names: Sequence[Any], rules, fallback: Fallback) -> PartitionSpec:
+def _constraint_spec(names: Sequence[Any], rules, fallback: Fallback, mesh: Any = None) -> PartitionSpec:
     names = tuple(names)
     known = set(rules.logical_names)
-    spec = list(rules.resolve(names))
+    sizes = mesh_axis_sizes(mesh) if mesh is not None and not mesh.empty else {}
+    spec = list(rules.resolve(names, mesh=sizes or None))
     for i, n in enumerate(names):
-        if isinstance(n, str) and n not in known:
+        if isinstance(n, str) and n not in known and n not in sizes:
             if fallback is Fallback.ERROR:
                 raise RuleError(
                     f"activation dimension {i} has logical name {n!r} but no rule mentions it "
@@ -217,7 +220,12 @@ def _constraint_spec(names: Sequence[Any], rules, fallback: Fallback) -> Partiti
 def _constrain_one(x: Any, names: Any, rules, fallback: Fallback, mesh) -> Any:
     if names is None:
         return x
-    spec = _constraint_spec(tuple(names), rules, fallback)
+    names = tuple(names)
+    record(names)
+    if len(names) > x.ndim:
+        raise RuleError(f"{len(names)} logical names {names!r} for an activation of rank {x.ndim} "
+                        f"(shape {tuple(x.shape)})")
+    spec = _constraint_spec(names, rules, fallback, mesh)
     explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
     if explicit:
         return jax.sharding.reshard(x, spec)

@@ -8,6 +8,16 @@ fallbacks; unclaimed dimensions are unsharded. This is
 :func:`flax.linen.logical_to_mesh_axes` (a differential test keeps it so),
 plus divisibility against a mesh and a per-dimension explanation.
 
+Two more cases, both as Flax itself treats them:
+
+- fewer names than dimensions (Flax's ``DenseGeneral`` and attention kernels
+  are annotated this way): the trailing dimensions are unsharded, as in a
+  short ``PartitionSpec``;
+- a name no rule mentions that is an axis of the mesh (``nn.Partitioned``,
+  NNX models annotated with mesh axes): that mesh axis, when the mesh is
+  known and the axis is free. Without a mesh such a name is unsharded, which
+  keeps exact parity with :func:`flax.linen.logical_to_mesh_axes`.
+
 Example::
 
     >>> walk([("embed", "fsdp"), ("mlp", "fsdp")], ["r0", "r1"], ("embed", "mlp"),
@@ -70,11 +80,14 @@ def walk(rules: Sequence[Pair], origins: Sequence[str], names: Sequence[Any], sh
             f"{where}logical name(s) {', '.join(map(repr, dups))} used for more than one "
             f"dimension of array {names!r}; each dimension needs its own name"
         )
-    if shape is not None and len(shape) != len(names):
+    if shape is not None and len(names) > len(shape):
         raise ShardingError(
             f"{where}{len(names)} logical names {names!r} for an array of rank {len(shape)} "
-            f"(shape {tuple(shape)})"
+            f"(shape {tuple(shape)}); give at most one name per dimension"
         )
+    given = len(names)
+    if shape is not None:
+        names = names + (None,) * (len(shape) - len(names))   # trailing dimensions: unsharded
     sizes = mesh_axis_sizes(mesh)
     unassigned = object()
     result: list[Any] = [unassigned if isinstance(n, str) else n for n in names]
@@ -85,6 +98,8 @@ def walk(rules: Sequence[Pair], origins: Sequence[str], names: Sequence[Any], sh
                 owner.setdefault(a, i)
     claimed_by: dict[int, int] = {}
     skipped: dict[int, list[str]] = {i: [] for i in range(len(names))}
+    # Mesh-axis names are placed first: like a tuple of mesh axes, they name the layout directly.
+    by_axis = _mesh_axis_names(rules, names, result, owner, sizes, shape, skipped, where)
     for r, (logical, axes) in enumerate(rules):
         if logical not in names:
             continue
@@ -129,15 +144,39 @@ def walk(rules: Sequence[Pair], origins: Sequence[str], names: Sequence[Any], sh
     out = [None if x is unassigned else x for x in result]
     if log is not None:
         for i, n in enumerate(names):
-            if isinstance(n, str) and not skipped[i] and i not in claimed_by:
+            if i >= given:
+                skipped[i].append("no name (a trailing dimension): unsharded")
+            elif isinstance(n, str) and not skipped[i] and i not in claimed_by:
                 skipped[i].append(f"no rule for {n!r}")
             log.append(DimExplanation(
                 dim=i, name=n, size=None if shape is None else int(shape[i]),
                 mesh_axes=out[i], rule_index=claimed_by.get(i),
                 rule=tuple(rules[claimed_by[i]]) if i in claimed_by else None,
-                notes=tuple(skipped[i]),
+                notes=tuple(skipped[i]), by_mesh_axis=i in by_axis,
             ))
     return out
+
+
+def _mesh_axis_names(rules, names, result, owner, sizes, shape, skipped, where) -> set[int]:
+    """Names no rule mentions that are mesh axes take that axis (unless another dim already holds it)."""
+    if not sizes:
+        return set()
+    mentioned = {logical for logical, _ in rules}
+    taken: set[int] = set()
+    for i, n in enumerate(names):
+        if not isinstance(n, str) or n in mentioned or n not in sizes:
+            continue
+        if n in owner:
+            skipped[i].append(f"mesh-axis name {n!r}: axis already used by dim {owner[n]} ({names[owner[n]]!r})")
+            continue
+        if shape is not None and shape[i] % sizes[n]:
+            raise ShardingError(f"{where}dim {i} (mesh axis {n!r}, size {shape[i]}) is not divisible by "
+                                f"the mesh axis size {sizes[n]}")
+        result[i] = n
+        owner[n] = i
+        taken.add(i)
+        skipped[i].append(f"mesh-axis name: no rule mentions {n!r} and it is a mesh axis")
+    return taken
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +197,7 @@ class DimExplanation:
     rule_index: int | None
     rule: Pair | None
     notes: tuple[str, ...]
+    by_mesh_axis: bool = False     # the name is a mesh axis no rule mentions
 
     @property
     def claimed(self) -> bool:

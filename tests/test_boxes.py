@@ -31,8 +31,13 @@ def test_box_names_and_shape_check():
     box = init(jax.random.key(0), (4, 8))
     assert isinstance(box, LogicallyPartitioned) and isinstance(box, nn.LogicallyPartitioned)
     assert box.names == ("embed", "mlp")
-    with pytest.raises(pt.RuleError, match=r"returned an array of shape \(4,\) but 2 logical names \('embed', 'mlp'\) were given"):
-        init(jax.random.key(0), (4,))
+    # An initializer may be called with a flattened shape (DenseGeneral reshapes the box's value
+    # afterwards), so the names are checked when the parameter is laid out, by its path.
+    short = init(jax.random.key(0), (4,))
+    assert short.names == ("embed", "mlp")
+    with pytest.raises(pt.ShardingError, match=r"^params/w: 2 logical names \('embed', 'mlp'\) for an array of rank 1 "
+                                               r"\(shape \(4,\)\); give at most one name per dimension$"):
+        pt.tree_layouts({"params": {"w": short}}, {"fsdp": 4}, "fsdp")
 
 
 def test_scan_inserts_layers_axis_and_get_partition_spec_reads_it():

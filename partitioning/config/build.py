@@ -112,7 +112,7 @@ def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh) -> Trainer:
 
 def data_from_config(cfg: Config, trainer: Trainer) -> tuple[Any, Any, Any]:
     """(corpus, train batches, eval-batches callable or None) for a config's ``data:`` section."""
-    vocab = getattr(trainer.model, "vocab_size", None)
+    vocab = getattr(getattr(trainer.model, "module", None), "vocab_size", None)
     if vocab is not None and vocab < VOCAB_SIZE:
         raise ConfigError(f"{cfg.where('model', 'vocab_size')}: the data is bytes, so vocab_size must be "
                           f">= {VOCAB_SIZE}, got {vocab}")

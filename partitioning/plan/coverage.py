@@ -1,9 +1,10 @@
 """Rule coverage: which logical names a model uses, which rules claim them, which never fire.
 
 Counted over parameters *and* activations. Activations are found by tracing a
-forward pass (``jax.eval_shape``, nothing runs) under a recording rule table,
-so every ``with_logical_constraint`` — the toolkit's or Flax's own
-``nn.with_logical_constraint`` — reports the names it was called with.
+forward pass (``jax.eval_shape``, nothing runs) while recording every name
+tuple resolved (:mod:`partitioning.interop`), so every constraint — the
+toolkit's ``with_logical_constraint`` or Flax's own ``nn.with_logical_constraint``
+— reports the names it was called with.
 
 Example::
 
@@ -20,12 +21,17 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import AbstractMesh, AxisType
 
+from partitioning.boxes import unbox
+from partitioning.interop import recording
 from partitioning.layout import LeafLayout
 from partitioning.resolve import mesh_axis_sizes
-from partitioning.rules import Rules, as_rules, axis_rules
+from partitioning.rules import as_rules, axis_rules
+from partitioning.train.batch import as_abstract, lm_batch, stream_keys
+from partitioning.train.model import as_model
+from partitioning.train.state import model_inputs
+from partitioning.train.task import as_task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,20 +74,14 @@ def rule_coverage(layouts: Sequence[LeafLayout], rules: Any,
     return Coverage(names_used, fired, uncovered, unused)
 
 
-class _RecordingRules(Rules):
-    """A rule table that remembers every tuple of logical names it resolves."""
+def activation_names(model: Any, params: Any, mesh: Any, rules: Any, *, batch_size: int | None = None,
+                     seq_len: int | None = None, batch: Any = None, task: Any = None,
+                     collections: Any = None) -> set[tuple[Any, ...]]:
+    """Logical names of every constraint in a forward pass (traced only, nothing runs).
 
-    seen: set
-
-    def resolve(self, names, *args, **kwargs):
-        if names is not None:
-            self.seen.add(tuple(names))
-        return super().resolve(names, *args, **kwargs)
-
-
-def activation_names(model: Any, params: Any, mesh: Any, rules: Any, *, batch_size: int,
-                     seq_len: int) -> set[tuple[Any, ...]]:
-    """Logical names of every ``with_logical_constraint`` in a forward pass (traced only).
+    Constraints made with the toolkit's ``with_logical_constraint`` and with
+    Flax's own (``nn.with_logical_constraint``, boxes, NNX variables) are all
+    seen (:func:`partitioning.interop.recording`).
 
     Example::
 
@@ -92,12 +92,14 @@ def activation_names(model: Any, params: Any, mesh: Any, rules: Any, *, batch_si
     sizes = mesh_axis_sizes(mesh)
     abstract = AbstractMesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes))
     rules = as_rules(rules).validate(sizes)
-    rec = _RecordingRules(list(rules), list(rules.origins), batch_axes=rules.declared_batch_axes)
-    rec.seen = set()
-    tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
-    with jax.sharding.use_abstract_mesh(abstract), axis_rules(rec):
-        jax.eval_shape(model.apply, {"params": params}, tokens)
-    return rec.seen
+    adapter = as_model(model)
+    batch = lm_batch(batch_size, seq_len) if batch is None else as_abstract(batch)
+    args, kwargs = model_inputs(as_task(task), batch)
+    variables = {"params": unbox(params), **unbox(collections or {})}
+    rngs = stream_keys(0, 0, ("dropout",))
+    with recording() as seen, jax.sharding.use_abstract_mesh(abstract), axis_rules(rules):
+        jax.eval_shape(lambda v: adapter.apply(v, args, kwargs, rngs=rngs, train=True), variables)
+    return seen
 
 
 __all__ = ["Coverage", "UnusedRule", "rule_coverage", "activation_names"]

@@ -2,8 +2,10 @@
 
 Modules:
 
+- :mod:`~partitioning.train.model` — Flax Linen, Flax NNX and plain-function models behind one interface.
+- :mod:`~partitioning.train.task` — what the model is trained to do: built-in losses, custom losses and steps.
+- :mod:`~partitioning.train.batch` — a step's batch: names, shardings, micro-batches, host -> devices, RNG keys.
 - :mod:`~partitioning.train.state` — ``TrainState``, the abstract (``eval_shape``) state, host-side step.
-- :mod:`~partitioning.train.task` — what the model is trained to do: the loss (``lm_loss``).
 - :mod:`~partitioning.train.step` — ``Trainer``: the sharded init and the jitted train / eval steps.
 - :mod:`~partitioning.train.optimizer` — optax optimizers and learning-rate schedules.
 - :mod:`~partitioning.train.data` — byte-level corpora and resumable, per-process global batches.
@@ -18,14 +20,17 @@ Example::
     >>> state = fit(trainer, trainer.init(jax.random.key(0)), batches, steps=200)
 """
 
+from partitioning.train.batch import place
 from partitioning.train.data import Corpus, TokenBatches, load_corpus
 from partitioning.train.hooks import JsonlLogger
 from partitioning.train.loop import evaluate, fit
 from partitioning.train.optimizer import lr_schedule, make_optimizer
 from partitioning.train.plots import plot_loss
 from partitioning.train.state import TrainState, abstract_train_state
+from partitioning.train.model import FunctionModel, LinenModel, NNXModel, as_model
 from partitioning.train.step import Trainer
-from partitioning.train.task import lm_loss
+from partitioning.train.task import Task, as_task, lm_loss
 
-__all__ = ["Trainer", "TrainState", "abstract_train_state", "lm_loss", "make_optimizer", "lr_schedule",
-           "Corpus", "TokenBatches", "load_corpus", "fit", "evaluate", "JsonlLogger", "plot_loss"]
+__all__ = ["Trainer", "TrainState", "abstract_train_state", "lm_loss", "Task", "as_task", "LinenModel", "NNXModel",
+           "FunctionModel", "as_model", "place", "make_optimizer", "lr_schedule", "Corpus", "TokenBatches",
+           "load_corpus", "fit", "evaluate", "JsonlLogger", "plot_loss"]

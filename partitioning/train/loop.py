@@ -35,7 +35,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm  # not tqdm.auto: its notebook bar needs ipywidgets
 
-from partitioning.train.state import host_scalar
+from partitioning.train.state import TrainState, host_scalar
 
 
 def host_metrics(metrics: dict[str, Any]) -> dict[str, float]:
@@ -102,18 +102,21 @@ def _progress(total: int, initial: int, enabled: bool):
                 mininterval=0.5, leave=True)
 
 
-def evaluate(trainer: Any, params: Any, batches: Iterable[Any]) -> dict[str, float]:
-    """Mean of ``trainer.eval_step`` metrics over ``batches`` (host floats, prefixed ``eval_``).
+def evaluate(trainer: Any, state: Any, batches: Iterable[Any]) -> dict[str, float]:
+    """Mean of the eval metrics over ``batches`` (host floats, prefixed ``eval_``).
+
+    ``state`` is a :class:`TrainState` (its params and collections, e.g.
+    BatchNorm statistics, are used) or just params.
 
     Example::
 
-        >>> evaluate(trainer, state.params, [evals.batch_at(i) for i in range(4)])
+        >>> evaluate(trainer, state, [evals.batch_at(i) for i in range(4)])
         {'eval_loss': 1.71, 'eval_accuracy': 0.52}
     """
     sums: dict[str, Any] = {}
     n = 0
     for batch in batches:
-        m = trainer.eval_step(params, batch)
+        m = trainer.evaluate_state(state, batch) if isinstance(state, TrainState) else trainer.eval_step(state, batch)
         sums = m if not sums else jax.tree.map(lambda a, b: a + b, sums, m)
         n += 1
     return {f"eval_{k}": host_scalar(v) / n for k, v in sums.items()} if n else {}
@@ -148,7 +151,7 @@ def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
             state = h.on_start(state) or state
     start = int(host_scalar(state.step))
     get_batch = _batch_source(train_batches)
-    tokens_per_step = trainer.batch_size * trainer.seq_len
+    tokens_per_step = trainer.batch_size * (trainer.seq_len or 1)
     is_main = jax.process_index() == 0
     single = jax.process_count() == 1
     flag = _StopFlag()
@@ -176,7 +179,7 @@ def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
                     last_t, last_step = now, step
                     if evaluating:
                         batches = eval_batches() if callable(eval_batches) else eval_batches
-                        host.update(evaluate(trainer, state.params, batches))
+                        host.update(evaluate(trainer, state, batches))
                         last_t = time.perf_counter()  # eval time is not step time
                     post = {"loss": f"{host['loss']:.3f}", "tok/s": f"{host['tokens_per_s']:,.0f}"}
                     if "eval_loss" in host:

@@ -24,21 +24,28 @@ import jax.numpy as jnp
 import numpy as np
 
 from partitioning.boxes import is_box, is_logical_box
+from partitioning.train.batch import as_abstract, lm_batch
+from partitioning.train.model import as_model
+from partitioning.train.task import as_task
 
 
 @flax.struct.dataclass
 class TrainState:
-    """What a train step reads and writes. ``params`` / ``opt_state`` are unboxed.
+    """What a train step reads and writes, all unboxed.
+
+    ``collections`` holds the model's mutable state other than params
+    (BatchNorm's ``batch_stats``, NNX's RNG counters), keyed by collection.
 
     Example::
 
         >>> state = trainer.init(jax.random.key(0))
-        >>> state.step, jax.tree.leaves(state.params)[0].sharding
+        >>> state.step, jax.tree.leaves(state.params)[0].sharding, list(state.collections)
     """
 
     step: jax.Array
     params: Any
     opt_state: Any
+    collections: Any = flax.struct.field(default_factory=dict)
 
 
 def host_scalar(x: Any) -> float:
@@ -80,23 +87,34 @@ def strip_foreign_boxes(opt_state: Any, params: Any) -> Any:
     return jax.tree.map(fix, opt_state, is_leaf=is_box)
 
 
-def abstract_train_state(model: Any, tx: Any, *, batch_size: int, seq_len: int) -> tuple[Any, Any]:
+def model_inputs(task: Any, batch: Any) -> tuple[tuple, dict]:
+    """The model's (positional, keyword) arguments for ``batch`` under ``task``."""
+    args = task.inputs(batch)
+    return (tuple(args), {}) if not isinstance(args, dict) else ((), dict(args))
+
+
+def abstract_train_state(model: Any, tx: Any, *, batch_size: int | None = None, seq_len: int | None = None,
+                         batch: Any = None, task: Any = None) -> tuple[Any, Any]:
     """(boxed params, boxed optimizer state) as ShapeDtypeStructs, nothing allocated.
 
-    Built the way :class:`partitioning.Trainer` builds its state, so the plan's
-    paths and layouts are the trainer's.
+    ``model`` is anything :func:`~partitioning.train.model.as_model` takes; the
+    batch is the language-model shorthand (``batch_size``, ``seq_len``) or any
+    ``batch`` pytree. Built the way :class:`partitioning.Trainer` builds its
+    state, so the plan's paths and layouts are the trainer's.
 
     Example::
 
         >>> params, opt_state = abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=8, seq_len=64)
     """
-    tokens = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
+    adapter = as_model(model)
+    batch = lm_batch(batch_size, seq_len) if batch is None else as_abstract(batch)
+    args, kwargs = model_inputs(as_task(task), batch)
 
-    def init(rng, tok):
-        params = model.init(rng, tok)["params"]
+    def init(rng):
+        params = adapter.boxed(rng, args, kwargs)["params"]
         return params, strip_foreign_boxes(tx.init(params), params)
 
-    return jax.eval_shape(init, jax.random.key(0), tokens)
+    return jax.eval_shape(init, jax.random.key(0))
 
 
-__all__ = ["TrainState", "host_scalar", "state_step", "strip_foreign_boxes", "abstract_train_state"]
+__all__ = ["TrainState", "host_scalar", "state_step", "strip_foreign_boxes", "abstract_train_state", "model_inputs"]

@@ -1,19 +1,22 @@
 """The sharded init and the jitted train / eval steps, built from the rules.
 
-:class:`Trainer` takes a Flax module, an optax transformation, a mesh and a
-rule table and
+:class:`Trainer` takes a model (Flax Linen, Flax NNX or plain functions; see
+:mod:`partitioning.train.model`), an optax transformation, a mesh and a rule
+table, and
 
 1. traces the init abstractly (``jax.eval_shape``), keeping the boxes that
-   carry logical names on params *and* optimizer state (optax states built
-   from boxed params keep the boxes);
+   carry logical names on params, mutable collections *and* optimizer state
+   (optax states built from boxed params keep the boxes);
 2. turns those into ``NamedSharding`` s (:func:`tree_shardings`), the optimizer
    state through ``optimizer_rules`` when given (ZeRO-1: params replicated,
    optimizer state sharded);
 3. jits the init with ``out_shardings`` so every array is born in its shard,
    and the step with ``in_shardings`` / ``out_shardings`` / ``donate_argnums``.
 
-Tracing happens inside :func:`sharding_context`, so the model's
-``with_logical_constraint`` calls resolve through the same rules.
+Tracing happens inside :func:`sharding_context`, so the model's constraints —
+the toolkit's or Flax's own — resolve through the same rules. What the model
+is trained to do is a :class:`~partitioning.train.task.Task`; RNG streams the
+model asks for (``dropout``, ...) are derived from ``seed`` and the step.
 
 Example::
 
@@ -26,36 +29,43 @@ Example::
 from __future__ import annotations
 
 import functools
-import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import flax
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from partitioning.boxes import unbox, with_logical_constraint
+from partitioning.boxes import unbox
 from partitioning.errors import ShardingError
 from partitioning.layout import LeafLayout, tree_layouts, tree_shardings
 from partitioning.mesh import sharding_context
-from partitioning.resolve import axes_tuple
 from partitioning.rules import as_rules
+from partitioning.train.batch import as_abstract, batch_size_of, batch_specs, lm_batch, micro_batches, place, stream_keys
+from partitioning.train.model import as_model
 from partitioning.train.optimizer import current_lr
-from partitioning.train.state import TrainState, strip_foreign_boxes
-from partitioning.train.task import lm_loss
-
+from partitioning.train.state import TrainState, model_inputs, strip_foreign_boxes
+from partitioning.train.task import as_task
 
 class Trainer:
     """Builds the sharded init and the jitted train / eval steps.
 
     Args:
-      model: a Flax Linen module mapping int tokens ``(batch, length)`` to logits.
+      model: a Flax Linen module, a Flax NNX module (or ``NNXModel(factory)`` for a
+        sharded init), or ``FunctionModel(init, apply)`` (see :func:`as_model`).
       tx: an optax transformation (``make_optimizer`` reports the learning rate).
       mesh: the device mesh; rules: a rule table, preset name or list of pairs.
-      batch_size, seq_len: the global batch shape of one step.
-      loss_fn: ``(logits, batch) -> (loss, aux)``; aux values become metrics.
+      batch_size, seq_len: the language-model shorthand for the global batch
+        (``{"inputs", "targets"}``, int32 ``(batch_size, seq_len)``); or
+      batch: any pytree of arrays / ``ShapeDtypeStruct`` s: one global batch.
+      batch_names: optional logical names per batch leaf (default: dim 0 over
+        the rules' batch axes).
+      task: ``"next_token"`` (default), ``"same_token"``, ``"classification"``, a
+        loss function ``(outputs, batch)``, or a :class:`Task`. ``loss_fn`` is the
+        same as a loss function task.
+      rng_streams: the RNG streams handed to the model (default ``("dropout",)``),
+        derived from ``seed`` and the step.
       optimizer_rules: a separate table for the optimizer state (default: ``rules``).
       on_indivisible: ``'error'`` or ``'replicate'`` (see :meth:`Rules.resolve`).
       grad_accum: micro-batches per step; gradients are averaged over them.
@@ -64,157 +74,197 @@ class Trainer:
 
         >>> trainer = Trainer(model, tx, make_mesh({"data": 1, "fsdp": -1}), "fsdp",
         ...                   batch_size=32, seq_len=128, grad_accum=2)
+        >>> trainer = Trainer(resnet, tx, mesh, "fsdp", batch={"inputs": images, "targets": labels},
+        ...                   task="classification")
         >>> state = trainer.init(jax.random.key(0))
     """
 
     def __init__(self, model: Any, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, rules: Any,
-                 *, batch_size: int, seq_len: int, loss_fn: Callable[..., Any] = lm_loss,
-                 optimizer_rules: Any = None, on_indivisible: str = "error", grad_accum: int = 1):
-        self.model, self.tx, self.mesh, self.loss_fn = model, tx, mesh, loss_fn
+                 *, batch_size: int | None = None, seq_len: int | None = None, batch: Any = None,
+                 batch_names: Any = None, task: Any = None, loss_fn: Callable[..., Any] | None = None,
+                 rng_streams: Sequence[str] = ("dropout",), seed: int = 0, optimizer_rules: Any = None,
+                 on_indivisible: str = "error", grad_accum: int = 1):
+        self.model, self.tx, self.mesh = as_model(model), tx, mesh
+        self.task = as_task(task if task is not None else loss_fn)
         self.rules = as_rules(rules).validate(mesh)
         self.optimizer_rules = as_rules(optimizer_rules).validate(mesh) if optimizer_rules is not None else self.rules
-        self.on_indivisible = on_indivisible
-        self.batch_size, self.seq_len, self.grad_accum = int(batch_size), int(seq_len), int(grad_accum)
+        self.on_indivisible, self.rng_streams, self.seed = on_indivisible, tuple(rng_streams), int(seed)
+        if batch is None:
+            if batch_size is None or seq_len is None:
+                raise TypeError("Trainer needs batch_size and seq_len (a language-model batch) or batch=")
+            batch = lm_batch(batch_size, seq_len)
+        self.abstract_batch = as_abstract(batch)
+        self.batch_size, self.seq_len = batch_size_of(self.abstract_batch), seq_len
+        self.grad_accum = int(grad_accum)
         if self.grad_accum < 1 or self.batch_size % self.grad_accum:
             raise ShardingError(
-                f"batch_size {batch_size} must be a positive multiple of grad_accum {grad_accum}", arg="grad_accum")
+                f"batch_size {self.batch_size} must be a positive multiple of grad_accum {grad_accum}", arg="grad_accum")
         self.micro_batch = self.batch_size // self.grad_accum
-        self.batch_spec = self._batch_spec()
+        what = (f"batch_size {self.batch_size}" if self.grad_accum == 1 else
+                f"micro-batch {self.micro_batch} (batch_size {self.batch_size} / grad_accum {self.grad_accum})")
+        self.batch_specs = batch_specs(self.abstract_batch, self.rules, mesh, batch_names,
+                                       micro_batch=self.micro_batch, what=what)
+        self.batch_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), self.batch_specs,
+                                            is_leaf=lambda x: isinstance(x, PartitionSpec))
+        # The sharding of a (batch, length) leaf: what TokenBatches and most data sources need.
+        self.batch_spec = self.rules.batch_spec(2)
         self.batch_sharding = NamedSharding(mesh, self.batch_spec)
         self.abstract_state = self._abstract_state()
         replicated = NamedSharding(mesh, PartitionSpec())
         # Wrapped in {"params": ...} so error messages name `params/...` paths, as `check` does.
+        a = self.abstract_state
         self.state_shardings = TrainState(
             step=replicated,
-            params=tree_shardings({"params": self.abstract_state.params}, mesh, self.rules,
-                                  on_indivisible=on_indivisible)["params"],
-            opt_state=tree_shardings({"opt_state": self.abstract_state.opt_state}, mesh, self.optimizer_rules,
+            params=tree_shardings({"params": a.params}, mesh, self.rules, on_indivisible=on_indivisible)["params"],
+            opt_state=tree_shardings({"opt_state": a.opt_state}, mesh, self.optimizer_rules,
                                      on_indivisible=on_indivisible)["opt_state"],
+            collections=tree_shardings(a.collections, mesh, self.rules, on_indivisible=on_indivisible),
         )
         self.replicated = replicated
-        batch_sh = {"inputs": self.batch_sharding, "targets": self.batch_sharding}
+        s = self.state_shardings
         # Two phases: params (random init, with its temporaries), then the optimizer
         # state from them. The RNG's scratch space never coexists with the
         # optimizer state, so the init's peak stays at about the final state.
-        self._init_params_jit = jax.jit(self._init_params_fn, out_shardings=self.state_shardings.params)
-        self._init_opt_jit = jax.jit(self._init_opt_fn, in_shardings=(self.state_shardings.params,),
-                                     out_shardings=(replicated, self.state_shardings.opt_state))
-        self._step_jit = jax.jit(self._step_fn, in_shardings=(self.state_shardings, batch_sh),
-                                 out_shardings=(self.state_shardings, replicated), donate_argnums=0)
-        self._eval_jit = jax.jit(self._eval_fn, in_shardings=(self.state_shardings.params, batch_sh),
+        self._init_params_jit = jax.jit(self._init_params_fn, out_shardings=(s.params, s.collections))
+        self._init_opt_jit = jax.jit(self._init_opt_fn, in_shardings=(s.params,),
+                                     out_shardings=(replicated, s.opt_state))
+        self._step_jit = jax.jit(self._step_fn, in_shardings=(s, self.batch_shardings),
+                                 out_shardings=(s, replicated), donate_argnums=0)
+        self._eval_jit = jax.jit(self._eval_fn, in_shardings=(s.params, s.collections, self.batch_shardings),
                                  out_shardings=replicated)
 
     # -- shapes and shardings --------------------------------------------------
-    def _batch_spec(self) -> PartitionSpec:
-        spec = self.rules.batch_spec(2)
-        axes = axes_tuple(spec[0])
-        n = math.prod(self.mesh.shape[a] for a in axes)
-        if self.micro_batch % n:
-            what = (f"batch_size {self.batch_size}" if self.grad_accum == 1 else
-                    f"micro-batch {self.micro_batch} (batch_size {self.batch_size} / grad_accum {self.grad_accum})")
-            raise ShardingError(
-                f"{what} is not divisible by the batch mesh axes {axes!r} of size {n}; "
-                f"use a multiple of {n}", arg="batch_size")
-        return spec
+    def _model_args(self, batch: Any) -> tuple[tuple, dict]:
+        return model_inputs(self.task, batch)
 
-    def _dummy_tokens(self):
-        return jax.ShapeDtypeStruct((self.micro_batch, self.seq_len), jnp.int32)
-
-    def _boxed_init(self, rng):
-        params = self._variables(rng)["params"]
-        opt_state = strip_foreign_boxes(self.tx.init(params), params)
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+    def _micro_abstract(self) -> Any:
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.micro_batch, *x.shape[1:]), x.dtype),
+                            self.abstract_batch)
 
     def _abstract_state(self) -> TrainState:
+        args, kwargs = self._model_args(self._micro_abstract())
+
+        def boxed(rng):
+            variables = dict(self.model.boxed(rng, args, kwargs))
+            params = variables.pop("params")
+            opt_state = strip_foreign_boxes(self.tx.init(params), params)
+            return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
+                              collections=variables)
+
         with sharding_context(self.mesh, self.rules):
-            return jax.eval_shape(self._boxed_init, jax.random.key(0))
+            return jax.eval_shape(boxed, jax.random.key(0))
 
     def state_layouts(self) -> list[LeafLayout]:
-        """One :class:`LeafLayout` per array of params and optimizer state (``params/...``, ``opt_state/...``)."""
+        """One :class:`LeafLayout` per array of params, optimizer state and collections."""
         a, kw = self.abstract_state, {"on_indivisible": self.on_indivisible}
         return (tree_layouts({"params": a.params}, self.mesh, self.rules, **kw)
-                + tree_layouts({"opt_state": a.opt_state}, self.mesh, self.optimizer_rules, **kw))
+                + tree_layouts({"opt_state": a.opt_state}, self.mesh, self.optimizer_rules, **kw)
+                + tree_layouts({"collections": a.collections}, self.mesh, self.rules, **kw))
 
-    def abstract_inputs(self) -> tuple[Any, dict[str, jax.ShapeDtypeStruct]]:
+    def abstract_inputs(self) -> tuple[Any, Any]:
         """(state, batch) as ShapeDtypeStructs carrying their shardings; nothing allocated."""
-        state = jax.tree.map(
-            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-            unbox(self.abstract_state), self.state_shardings)
-        tok = jax.ShapeDtypeStruct((self.batch_size, self.seq_len), jnp.int32, sharding=self.batch_sharding)
-        return state, {"inputs": tok, "targets": tok}
+        state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                             unbox(self.abstract_state), self.state_shardings)
+        batch = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                             self.abstract_batch, self.batch_shardings)
+        return state, batch
+
+    def place(self, host_batch: Any) -> Any:
+        """A global batch of numpy arrays (the same on every process) as sharded jax Arrays."""
+        return place(host_batch, self.batch_shardings)
 
     # -- traced functions --------------------------------------------------------
-    def _variables(self, rng):
-        # lazy_init keeps only the computations params depend on: compiling the
-        # init then costs no forward pass. Modules whose params depend on input
-        # values need a real forward (LazyInitError): fall back to init.
-        try:
-            return self.model.lazy_init(rng, self._dummy_tokens())
-        except flax.errors.LazyInitError:
-            return self.model.init(rng, jnp.zeros((self.micro_batch, self.seq_len), jnp.int32))
-
     def _init_params_fn(self, rng):
-        return unbox(self._variables(rng)["params"])
+        args, kwargs = self._model_args(self._micro_abstract())
+        variables = dict(self.model.init(rng, args, kwargs))
+        return variables.pop("params"), variables
 
     def _init_opt_fn(self, params):
         # Unboxed params give the unboxed optimizer state: the structure of state_shardings.opt_state.
         return jnp.zeros((), jnp.int32), self.tx.init(params)
 
-    def _loss(self, params, batch):
-        logits = self.model.apply({"params": params}, batch["inputs"])
-        return self.loss_fn(logits, batch)
+    def _loss(self, params, collections, batch, rngs, train: bool):
+        updated = dict(collections)
 
-    def _grads(self, params, batch):
-        grad_fn = jax.value_and_grad(self._loss, has_aux=True)
+        def forward(*args, **kwargs):
+            out, updates = self.model.apply({"params": params, **updated}, args, kwargs, rngs=rngs, train=train)
+            updated.update(updates)
+            return out
+
+        loss, aux = self.task.run(forward, batch)
+        return loss, (aux, updated)
+
+    def _grads(self, params, collections, batch, step):
+        grad_fn = jax.value_and_grad(functools.partial(self._loss, train=True), has_aux=True)
         if self.grad_accum == 1:
-            return grad_fn(params, batch)
-        a, mb = self.grad_accum, self.micro_batch
-        # Micro-batch j is rows j, j+a, j+2a, ...: every device already holds
-        # its share of each micro-batch, so splitting moves no data.
-        micro = jax.tree.map(
-            lambda x: with_logical_constraint(x.reshape(mb, a, *x.shape[1:]).swapaxes(0, 1),
-                                              (None, "batch") + (None,) * (x.ndim - 1)), batch)
+            return grad_fn(params, collections, batch, stream_keys(self.seed, step, self.rng_streams))
+        micro = micro_batches(batch, self.grad_accum, self.batch_specs)
 
-        def body(acc, mbatch):
-            (loss, aux), g = grad_fn(params, mbatch)
-            return jax.tree.map(jnp.add, acc, ((loss, aux), g)), None
+        def body(carry, xs):
+            acc, colls = carry
+            j, mbatch = xs
+            (loss, (aux, colls)), g = grad_fn(params, colls, mbatch, stream_keys(self.seed, step, self.rng_streams, j))
+            return (jax.tree.map(jnp.add, acc, ((loss, aux), g)), colls), None
 
-        zero = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro))
-        zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zero)
-        total, _ = jax.lax.scan(body, zero, micro)
-        return jax.tree.map(lambda x: x / a, total)
+        first = jax.tree.map(lambda x: x[0], micro)
+        shapes = jax.eval_shape(grad_fn, params, collections, first, stream_keys(self.seed, step, self.rng_streams))
+        (_, (aux_shape, _)), g_shape = shapes
+        zero = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), ((shapes[0][0], aux_shape), g_shape))
+        (total, colls), _ = jax.lax.scan(body, (zero, collections), (jnp.arange(self.grad_accum), micro))
+        (loss, aux), grads = jax.tree.map(lambda x: x / self.grad_accum, total)
+        return (loss, (aux, colls)), grads
 
     def _step_fn(self, state: TrainState, batch):
-        (loss, aux), grads = self._grads(state.params, batch)
+        (loss, (aux, collections)), grads = self._grads(state.params, state.collections, batch, state.step)
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
         lr = current_lr(opt_state)
         if lr is not None:
             metrics["lr"] = jnp.asarray(lr, jnp.float32)
-        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+        new = TrainState(step=state.step + 1, params=params, opt_state=opt_state, collections=collections)
+        return new, metrics
 
-    def _eval_fn(self, params, batch):
-        loss, aux = self._loss(params, batch)
+    def _eval_fn(self, params, collections, batch):
+        loss, (aux, _) = self._loss(params, collections, batch, stream_keys(self.seed, 0, self.rng_streams), False)
         return {"loss": loss, **aux}
 
     # -- public steps --------------------------------------------------------------
     def init(self, rng: jax.Array) -> TrainState:
         """A fresh TrainState, every array created directly in its shard."""
         with sharding_context(self.mesh, self.rules):
-            params = self._init_params_jit(rng)
+            params, collections = self._init_params_jit(rng)
             step, opt_state = self._init_opt_jit(params)
-        return TrainState(step=step, params=params, opt_state=opt_state)
+        return TrainState(step=step, params=params, opt_state=opt_state, collections=collections)
 
-    def train_step(self, state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+    def train_step(self, state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
         """One optimizer step (the input state is donated). Metrics are device scalars."""
         with sharding_context(self.mesh, self.rules):
             return self._step_jit(state, batch)
 
-    def eval_step(self, params: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        """Loss (and aux metrics) of ``params`` on ``batch``, as device scalars."""
+    def eval_step(self, params: Any, batch: Any, collections: Any = None) -> dict[str, jax.Array]:
+        """Loss (and aux metrics) of ``params`` on ``batch`` in eval mode, as device scalars.
+
+        ``collections`` (e.g. BatchNorm statistics) default to the init's; pass ``state.collections``.
+        """
+        if collections is None:
+            collections = self._empty_collections()
         with sharding_context(self.mesh, self.rules):
-            return self._eval_jit(params, batch)
+            return self._eval_jit(params, collections, batch)
+
+    def evaluate_state(self, state: TrainState, batch: Any) -> dict[str, jax.Array]:
+        """:meth:`eval_step` of a whole train state (its params and collections)."""
+        return self.eval_step(state.params, batch, state.collections)
+
+    @functools.cached_property
+    def _collections_template(self) -> Any:
+        return unbox(self.abstract_state.collections)
+
+    def _empty_collections(self) -> Any:
+        if not jax.tree.leaves(self._collections_template):
+            return self._collections_template
+        raise TypeError("this model carries collections (e.g. batch_stats): pass eval_step(..., collections="
+                        "state.collections) or use evaluate_state(state, batch)")
 
     def lower_init(self) -> tuple[jax.stages.Lowered, jax.stages.Lowered]:
         """The two lowered init phases (params from the rng; optimizer state from the params).
@@ -252,7 +302,7 @@ class Trainer:
     def lower_eval_step(self) -> jax.stages.Lowered:
         state, batch = self.abstract_inputs()
         with sharding_context(self.mesh, self.rules):
-            return self._eval_jit.lower(state.params, batch)
+            return self._eval_jit.lower(state.params, state.collections, batch)
 
     @functools.cached_property
     def num_params(self) -> int:

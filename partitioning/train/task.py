@@ -1,35 +1,145 @@
-"""What a model is trained to do: the loss of its outputs on a batch.
+"""What a model is trained to do: how a batch becomes model inputs, and the loss of the outputs.
+
+A :class:`Task` is either
+
+- ``loss(outputs, batch) -> loss`` or ``(loss, aux)``, with ``inputs(batch)``
+  giving the model's positional arguments (default: ``batch["inputs"]``); or
+- ``step(forward, batch) -> (loss, aux)``: full control — ``forward(*args,
+  **kwargs)`` calls the model (with this step's params, collections, RNGs and
+  train/eval mode) as often as the step needs.
+
+Built in (``train.loss:`` in YAML):
+
+- ``next_token`` — language modelling: logits at position ``t`` predict token
+  ``t + 1``; targets are ``batch["targets"]`` (the data shifts them), or the
+  inputs shifted by one when the batch has no targets;
+- ``same_token`` — for models that shift their inputs inside (Flax's lm1b):
+  logits at ``t`` predict ``batch["inputs"][t]``;
+- ``classification`` — logits ``(batch, classes)`` and integer ``batch["targets"]``.
 
 Example::
 
-    >>> loss, aux = lm_loss(model.apply(v, batch["inputs"]), batch)
+    >>> task = as_task("same_token")
+    >>> task = Task(loss=lambda logits, batch: optax.l2_loss(logits, batch["targets"]).mean())
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from partitioning.boxes import logical_spec
+from partitioning.errors import ConfigError, did_you_mean
 
 
-def lm_loss(logits: jax.Array, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Mean cross entropy (nats) of integer ``labels`` under ``logits`` (any leading shape), and accuracy.
+
+    Example::
+
+        >>> loss, aux = cross_entropy(logits, batch["targets"])
+    """
+    logits = logits.astype(jnp.float32)
+    spec = logical_spec(("batch",) + (None,) * (logits.ndim - 1))
+    if spec is not None:
+        # Explicit axes: the label gather cannot read a class-sharded row, so gather the classes first.
+        logits = jax.sharding.reshard(logits, spec)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    accuracy = (jnp.argmax(logits, -1) == labels).mean()
+    return loss, {"accuracy": accuracy}
+
+
+def lm_loss(logits: jax.Array, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Mean next-token cross entropy (nats per token) and accuracy.
+
+    Targets are ``batch["targets"]``; without them, the inputs shifted by one.
 
     Example::
 
         >>> loss, aux = lm_loss(model.apply(v, batch["inputs"]), batch)
     """
-    logits = logits.astype(jnp.float32)
-    spec = logical_spec(("batch", "length", None))
-    if spec is not None:
-        # Explicit axes: the label gather cannot read a vocab-sharded row, so gather the vocab first.
-        logits = jax.sharding.reshard(logits, spec)
-    targets = batch["targets"]
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
-    accuracy = (jnp.argmax(logits, -1) == targets).mean()
-    return loss, {"accuracy": accuracy}
+    if "targets" in batch:
+        return cross_entropy(logits, batch["targets"])
+    return cross_entropy(logits[:, :-1], batch["inputs"][:, 1:])
 
 
-__all__ = ["lm_loss"]
+def same_token_loss(logits: jax.Array, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Cross entropy of ``batch["inputs"]`` at the same positions (the model shifts inside)."""
+    return cross_entropy(logits, batch["inputs"])
+
+
+def classification_loss(logits: jax.Array, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Cross entropy of the integer class ``batch["targets"]`` under ``(batch, classes)`` logits."""
+    return cross_entropy(logits, batch["targets"])
+
+
+def default_inputs(batch: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The model's positional arguments: ``batch["inputs"]``."""
+    return (batch["inputs"],)
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A loss (with how the batch becomes model inputs) or a whole custom step.
+
+    Example::
+
+        >>> Task(loss=my_loss, inputs=lambda b: (b["image"],))
+        >>> Task(step=lambda forward, batch: contrastive(forward(batch["a"]), forward(batch["b"])))
+    """
+
+    loss: Callable[..., Any] | None = None
+    inputs: Callable[[Any], tuple[Any, ...]] = default_inputs
+    step: Callable[..., Any] | None = None
+    name: str = "custom"
+
+    def __post_init__(self):
+        if (self.loss is None) == (self.step is None):
+            raise ConfigError("a task needs exactly one of loss(outputs, batch) or step(forward, batch)")
+
+    def run(self, forward: Callable[..., Any], batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """``(loss, aux)`` of one batch, calling the model through ``forward``."""
+        if self.step is not None:
+            out = self.step(forward, batch)
+        else:
+            out = self.loss(forward(*self.inputs(batch)), batch)
+        loss, aux = out if isinstance(out, tuple) else (out, {})
+        return jnp.asarray(loss, jnp.float32), dict(aux)
+
+
+BUILTIN = {
+    "next_token": Task(loss=lm_loss, name="next_token"),
+    "same_token": Task(loss=same_token_loss, name="same_token"),
+    "classification": Task(loss=classification_loss, name="classification"),
+}
+
+
+def as_task(task: Any) -> Task:
+    """A :class:`Task` from a built-in name, a loss function ``(outputs, batch)``, or a Task.
+
+    Example::
+
+        >>> as_task("next_token").name, as_task(my_loss).name
+        ('next_token', 'custom')
+    """
+    if task is None:
+        return BUILTIN["next_token"]
+    if isinstance(task, Task):
+        return task
+    if isinstance(task, str):
+        if task not in BUILTIN:
+            raise ConfigError(f"unknown loss {task!r} (built in: {', '.join(BUILTIN)}; or a function "
+                              f"via _target_){did_you_mean(task, BUILTIN)}", arg="loss")
+        return BUILTIN[task]
+    if callable(task):
+        return Task(loss=task, name=getattr(task, "__name__", "custom"))
+    raise ConfigError(f"a task is a built-in name ({', '.join(BUILTIN)}), a loss function or a Task; "
+                      f"got {type(task).__name__}", arg="loss")
+
+
+__all__ = ["Task", "as_task", "cross_entropy", "lm_loss", "same_token_loss", "classification_loss", "BUILTIN"]

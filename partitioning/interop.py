@@ -1,0 +1,143 @@
+"""Flax interop: inside the toolkit's rule context, Flax's own name resolution is the rule walk.
+
+Flax resolves logical names in three places:
+
+- Linen's ``_logical_to_mesh_axes`` (``nn.with_logical_constraint``, Flax's
+  boxes, ``nn.get_partition_spec``) — the same ordered walk as ours;
+- NNX's ``apply_rules`` (eager sharding of every new variable) and
+  ``from_sharding_rules`` (``nnx.get_partition_spec``) — with a dict: the last
+  rule for a name wins, and a name with no rule is passed through as a mesh
+  axis.
+
+When the thread's rule store holds a toolkit :class:`~partitioning.Rules`
+(inside :func:`~partitioning.axis_rules` or
+:func:`~partitioning.sharding_context`), all three defer to
+:func:`partitioning.resolve.walk`, including its mesh-axis names and trailing
+dimensions, so a Linen model, an NNX model and the toolkit's own layout agree
+name for name. With any other table (or none) Flax is untouched. The hooks
+are installed once, when this module is imported.
+
+The same hooks feed a recorder: inside :func:`recording`, every tuple of names
+resolved for a parameter or an activation — by the toolkit or by Flax — is
+collected, which is how ``plan`` sees activations a third-party model
+constrains with Flax's own ``nn.with_logical_constraint``.
+
+Example::
+
+    >>> with recording() as seen, sharding_context(mesh, "fsdp"):
+    ...     jax.eval_shape(model.apply, variables, tokens)
+    >>> ("activation_batch", "activation_length", "activation_embed") in seen
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import flax.core.spmd as flax_spmd
+import flax.linen.spmd as linen_spmd
+import jax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from partitioning.resolve import mesh_axis_sizes, walk
+from partitioning.rules import Rules
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[set[tuple[Any, ...]]]:
+    """Collects, in this thread, every tuple of names resolved for a parameter or activation."""
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    seen: set[tuple[Any, ...]] = set()
+    stack.append(seen)
+    try:
+        yield seen
+    finally:
+        stack.pop()
+
+
+def record(names: Sequence[Any] | None) -> None:
+    """Adds ``names`` to the innermost :func:`recording` of this thread (if any)."""
+    stack = getattr(_local, "stack", None)
+    if stack and names is not None:
+        stack[-1].add(tuple(names))
+
+
+def _context_sizes(mesh: Any = None) -> dict[str, int] | None:
+    mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
+    if mesh is None or getattr(mesh, "empty", False):
+        return None
+    return mesh_axis_sizes(mesh) or None
+
+
+def _toolkit_rules(local: Any = None) -> Rules | None:
+    """The toolkit table in force (a variable's own ``sharding_rules`` first), or None."""
+    rules = flax_spmd.get_logical_axis_rules()
+    if not isinstance(rules, Rules):
+        return None
+    return Rules(local) + rules if local else rules
+
+
+def _resolve(names: Sequence[Any], rules: Rules, mesh: Any = None) -> PartitionSpec:
+    record(names)
+    return rules.resolve(tuple(names), mesh=_context_sizes(mesh))
+
+
+_flax_apply_rules = flax_spmd.apply_rules
+_flax_from_sharding_rules = flax_spmd.from_sharding_rules
+_flax_logical_to_mesh_axes = getattr(linen_spmd, "_logical_to_mesh_axes", None)
+_UNASSIGNED = getattr(linen_spmd, "_unassigned_axis", None)
+
+
+def apply_rules(sharding: Any, sharding_rules: Any = None) -> Any:
+    """NNX eager sharding's name -> mesh-axis step: the walk under a toolkit table."""
+    rules = _toolkit_rules(sharding_rules)
+    if rules is not None:
+        if isinstance(sharding, NamedSharding):
+            return NamedSharding(sharding.mesh, _resolve(sharding.spec, rules, sharding.mesh))
+        if isinstance(sharding, (PartitionSpec, tuple)):
+            return _resolve(sharding, rules)
+    return _flax_apply_rules(sharding, sharding_rules)
+
+
+def from_sharding_rules(sharding: Any, sharding_rules: Any) -> Any:
+    """``nnx.get_partition_spec``'s name -> mesh-axis step: the walk under a toolkit table."""
+    if isinstance(sharding_rules, Rules) and isinstance(sharding, (PartitionSpec, tuple)):
+        return tuple(_resolve(sharding, sharding_rules))
+    return _flax_from_sharding_rules(sharding, sharding_rules)
+
+
+def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = None) -> Any:
+    """Linen's walk, recorded; with a toolkit table and a mesh, mesh-axis names resolve too."""
+    record(array_dim_names)
+    result = _flax_logical_to_mesh_axes(array_dim_names, rules)
+    table = rules if rules is not None else flax_spmd.get_logical_axis_rules()
+    sizes = _context_sizes()
+    if result is None or not isinstance(table, Rules) or not sizes or _UNASSIGNED is None:
+        return result
+    log: list = []
+    out = walk(table, table.origins, tuple(array_dim_names), None, sizes, "error", "", log)
+    # Dims the walk left unclaimed stay Flax's "unassigned" so its fallback modes still apply.
+    return [_UNASSIGNED if (isinstance(d.name, str) and d.rule_index is None and not d.by_mesh_axis) else a
+            for a, d in zip(out, log)]
+
+
+def install() -> None:
+    """Points Flax's resolvers at the ones above (once; they defer to Flax outside the toolkit's context)."""
+    if getattr(flax_spmd.apply_rules, "__module__", "") == __name__:
+        return
+    flax_spmd.apply_rules = apply_rules
+    flax_spmd.from_sharding_rules = from_sharding_rules
+    if _flax_logical_to_mesh_axes is not None:
+        linen_spmd._logical_to_mesh_axes = logical_to_mesh_axes
+
+
+install()
+
+__all__ = ["recording", "record", "install"]

@@ -1,0 +1,309 @@
+"""Models the trainer can drive: Flax Linen modules, Flax NNX modules and plain functions.
+
+One interface for the three, so the train step, the plan and checkpoints never
+ask which kind they hold:
+
+- ``boxed(rng, args, kwargs)``: the initial variables, boxed
+  (``{"params": ..., "batch_stats": ..., ...}``; each box carries the logical
+  or mesh-axis names the model gave it), traceable; ``abstract(args, kwargs)``
+  is its ``jax.eval_shape``: nothing allocated;
+- ``init(rng, args, kwargs)``: the same tree, unboxed, traceable (the trainer
+  jits it with ``out_shardings`` so every array is born in its shard);
+- ``apply(variables, args, kwargs, rngs=, train=)``: ``(outputs, updated
+  collections)`` — the collections other than ``params`` that the model
+  mutates in training (BatchNorm's ``batch_stats``, NNX's RNG counters).
+
+Train vs eval mode is found, in this order, as a ``deterministic`` / ``train``
+/ ``training`` argument of the model's ``__call__``; a field of the module of
+that name; a field of a config dataclass the module holds (Flax's lm1b:
+``config.deterministic``); NNX's ``model.train()`` / ``model.eval()``.
+Where the mode is a field, training uses the model as configured and eval
+flips it to deterministic.
+
+Example::
+
+    >>> model = as_model(nn.Dense(4))                       # Linen
+    >>> model = NNXModel(lambda rngs: MyNNXModel(8, rngs=rngs))   # NNX: a factory taking rngs
+    >>> model = FunctionModel(init_fn, apply_fn)            # plain functions
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from partitioning.boxes import LogicallyPartitioned, unbox
+
+MODE_ARGS = ("deterministic", "train", "training", "is_training")
+# Collections a Linen init may return that are not state to carry between steps.
+TRANSIENT = ("intermediates", "losses")
+# NNX variable types grouped into collections (the rest, except intermediates, go to "state").
+NNX_GROUPS = (("params", nnx.Param), ("batch_stats", nnx.BatchStat), ("rngs", nnx.RngState))
+
+
+def _call_params(fn: Callable[..., Any]) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def _mode_kwargs(params: set[str], train: bool) -> dict[str, bool]:
+    for name in MODE_ARGS:
+        if name in params:
+            return {name: (not train) if name == "deterministic" else train}
+    return {}
+
+
+class LinenModel:
+    """A Flax Linen module (``nn.Module`` instance).
+
+    Example::
+
+        >>> model = LinenModel(TransformerLM(config))
+        >>> variables = model.abstract((tokens,), {})      # boxed ShapeDtypeStructs
+    """
+
+    kind = "linen"
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+        self._call = _call_params(type(module).__call__)
+        self._eval_module = self._deterministic_clone(module)
+
+    def _deterministic_clone(self, module: nn.Module) -> nn.Module:
+        """The module with its mode field (or its config's) set for eval; itself when it has none."""
+        if _mode_kwargs(self._call, False):
+            return module
+        fields = {f.name for f in dataclasses.fields(module)} if dataclasses.is_dataclass(module) else set()
+        for name in MODE_ARGS:
+            if name in fields:
+                return module.clone(**{name: name == "deterministic"})
+        for f in fields - {"parent", "name"}:
+            cfg = getattr(module, f, None)
+            if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+                inner = {g.name for g in dataclasses.fields(cfg)}
+                for name in MODE_ARGS:
+                    if name in inner:
+                        return module.clone(**{f: dataclasses.replace(cfg, **{name: name == "deterministic"})})
+        return module
+
+    def _module(self, train: bool) -> nn.Module:
+        return self.module if train else self._eval_module
+
+    def abstract(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        return jax.eval_shape(lambda rng: self.boxed(rng, args, kwargs), jax.random.key(0))
+
+    def boxed(self, rng: jax.Array, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        rngs = {"params": rng, "dropout": jax.random.fold_in(rng, 1)}
+        kw = {**kwargs, **_mode_kwargs(self._call, False)}
+        module = self._module(False)
+        abstract_args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+        try:
+            # lazy_init keeps only what params depend on: compiling the init costs no forward pass.
+            variables = module.lazy_init(rngs, *abstract_args, **kw)
+        except flax.errors.LazyInitError:
+            zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), args)
+            variables = module.init(rngs, *zeros, **kw)
+        return {k: v for k, v in dict(variables).items() if k not in TRANSIENT}
+
+    def init(self, rng: jax.Array, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        return unbox(self.boxed(rng, args, kwargs))
+
+    def apply(self, variables: Mapping[str, Any], args: tuple, kwargs: Mapping[str, Any], *,
+              rngs: Mapping[str, jax.Array], train: bool) -> tuple[Any, dict[str, Any]]:
+        module = self._module(train)
+        kw = {**kwargs, **_mode_kwargs(self._call, train)}
+        mutable = [c for c in variables if c != "params"] if train else False
+        if mutable:
+            out, updates = module.apply(dict(variables), *args, rngs=dict(rngs), mutable=mutable, **kw)
+            return out, {k: v for k, v in dict(updates).items() if k not in TRANSIENT}
+        return module.apply(dict(variables), *args, rngs=dict(rngs), **kw), {}
+
+
+def _nnx_names(var: nnx.Variable) -> tuple[Any, ...] | None:
+    meta = var.get_metadata()
+    names = meta.get("out_sharding", meta.get("sharding"))
+    if names is None:
+        return None
+    return tuple(getattr(names, "spec", names))   # a NamedSharding's spec, a PartitionSpec or a tuple
+
+
+def _to_boxed(state: nnx.State) -> dict[str, Any]:
+    """An NNX State as a plain nested dict whose leaves are boxes carrying the variables' names."""
+    def leaf(var: nnx.Variable) -> Any:
+        value = var.get_value()
+        names = _nnx_names(var)
+        return LogicallyPartitioned(value, names) if names is not None else value
+
+    boxed = jax.tree.map(leaf, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return _plain(boxed)
+
+
+def _plain(tree: Any) -> Any:
+    if isinstance(tree, (nnx.State, Mapping)):
+        return {k: _plain(v) for k, v in tree.items()}
+    return tree
+
+
+def _key_to_data(x: Any) -> Any:
+    # Typed PRNG keys (NNX's RngKey) are stored as their raw uint32 data: checkpoints hold plain arrays.
+    return jax.random.key_data(x) if jnp.issubdtype(getattr(x, "dtype", jnp.float32), jax.dtypes.prng_key) else x
+
+
+class NNXModel:
+    """A Flax NNX module, built by ``factory(rngs)`` (so the trainer can build it sharded, inside jit).
+
+    An already-built module works too (``NNXModel(module=m)``); its current
+    values are the init.
+
+    Example::
+
+        >>> model = NNXModel(lambda rngs: GPT(cfg, rngs=rngs))
+    """
+
+    kind = "nnx"
+
+    def __init__(self, factory: Callable[[nnx.Rngs], nnx.Module] | None = None, *, module: nnx.Module | None = None):
+        if (factory is None) == (module is None):
+            raise TypeError("NNXModel needs exactly one of factory(rngs) or module=")
+        self.factory, self.module = factory, module
+        with nnx.use_eager_sharding(False):
+            abstract = module if module is not None else nnx.eval_shape(lambda: factory(nnx.Rngs(0)))
+        filters = [f for _, f in NNX_GROUPS]
+        self._graphdef, *states = nnx.split(abstract, *filters, ...)
+        self._templates = dict(zip([g for g, _ in NNX_GROUPS] + ["state"], states))
+        abstract.train()
+        self._train_def = nnx.graphdef(abstract)
+        abstract.eval()
+        self._eval_def = nnx.graphdef(abstract)
+        self._call = _call_params(type(abstract).__call__)
+        self._key_impls = {}
+
+    def _split(self, model: nnx.Module) -> dict[str, nnx.State]:
+        _, *states = nnx.split(model, *[f for _, f in NNX_GROUPS], ...)
+        return dict(zip([g for g, _ in NNX_GROUPS] + ["state"], states))
+
+    def abstract(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        return jax.eval_shape(lambda rng: self.boxed(rng, args, kwargs), jax.random.key(0))
+
+    def _states(self, rng: jax.Array) -> dict[str, nnx.State]:
+        if self.module is not None:
+            return self._split(self.module)
+        # The trainer's out_shardings place every variable; NNX's own eager
+        # constraints would only repeat them (and refuse a replicated fallback).
+        with nnx.use_eager_sharding(False):
+            return self._split(self.factory(nnx.Rngs(rng)))
+
+    def boxed(self, rng: jax.Array, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        out = {}
+        for group, state in self._states(rng).items():
+            if len(state):
+                out[group] = jax.tree.map(_key_data_leaf, _to_boxed(state),
+                                          is_leaf=lambda x: isinstance(x, LogicallyPartitioned))
+        return out
+
+    def init(self, rng: jax.Array, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        return unbox(self.boxed(rng, args, kwargs))
+
+    def merge(self, variables: Mapping[str, Any], train: bool) -> nnx.Module:
+        """The NNX module holding ``variables`` (pure dicts), in train or eval mode."""
+        states = []
+        for group, template in self._templates.items():
+            state = jax.tree.map(lambda v: v, template, is_leaf=lambda x: isinstance(x, nnx.Variable))
+            if group in variables:
+                pure = jax.tree.map(lambda t, v: jax.random.wrap_key_data(v) if _is_key(t) else v,
+                                    nnx.to_pure_dict(template), dict(variables[group]))
+                nnx.replace_by_pure_dict(state, pure)
+            states.append(state)
+        return nnx.merge(self._train_def if train else self._eval_def, *states)
+
+    def apply(self, variables: Mapping[str, Any], args: tuple, kwargs: Mapping[str, Any], *,
+              rngs: Mapping[str, jax.Array], train: bool) -> tuple[Any, dict[str, Any]]:
+        model = self.merge(variables, train)
+        out = model(*args, **{**kwargs, **_mode_kwargs(self._call, train)})
+        if not train:
+            return out, {}
+        states = self._split(model)
+        return out, {g: jax.tree.map(_key_to_data, nnx.to_pure_dict(s))
+                     for g, s in states.items() if g != "params" and g in variables}
+
+
+def _is_key(x: Any) -> bool:
+    return jnp.issubdtype(getattr(x, "dtype", jnp.float32), jax.dtypes.prng_key)
+
+
+def _key_data_leaf(x: Any) -> Any:
+    if isinstance(x, LogicallyPartitioned):
+        return x.replace_boxed(_key_to_data(x.value))
+    return _key_to_data(x)
+
+
+class FunctionModel:
+    """A model given as plain functions: ``init(rng) -> params`` and ``apply(params, *args, **kwargs)``.
+
+    ``init`` may box its arrays with logical names
+    (:func:`partitioning.with_logical_partitioning`, ``nn.LogicallyPartitioned``);
+    ``apply`` receives ``rngs=`` / ``train=`` when its signature takes them.
+
+    Example::
+
+        >>> def init(rng):
+        ...     return {"w": pt.LogicallyPartitioned(jax.random.normal(rng, (64, 10)), ("embed", "vocab"))}
+        >>> model = FunctionModel(init, lambda p, x: x @ p["w"])
+    """
+
+    kind = "function"
+
+    def __init__(self, init: Callable[[jax.Array], Any], apply: Callable[..., Any]):
+        self.init_fn, self.apply_fn = init, apply
+        self._call = _call_params(apply)
+
+    def abstract(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        return jax.eval_shape(lambda rng: self.boxed(rng, args, kwargs), jax.random.key(0))
+
+    def boxed(self, rng: jax.Array, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        return {"params": self.init_fn(rng)}
+
+    def init(self, rng: jax.Array, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        return {"params": unbox(self.init_fn(rng))}
+
+    def apply(self, variables: Mapping[str, Any], args: tuple, kwargs: Mapping[str, Any], *,
+              rngs: Mapping[str, jax.Array], train: bool) -> tuple[Any, dict[str, Any]]:
+        kw = dict(kwargs)
+        if "rngs" in self._call:
+            kw["rngs"] = rngs
+        if "train" in self._call:
+            kw["train"] = train
+        return self.apply_fn(variables["params"], *args, **kw), {}
+
+
+def as_model(model: Any) -> Any:
+    """The adapter for ``model``: a Linen module, an NNX module, an adapter, or ``(init, apply)``.
+
+    Example::
+
+        >>> as_model(GPT()).kind, as_model(nnx_module).kind
+        ('linen', 'nnx')
+    """
+    if isinstance(model, (LinenModel, NNXModel, FunctionModel)):
+        return model
+    if isinstance(model, nn.Module):
+        return LinenModel(model)
+    if isinstance(model, nnx.Module):
+        return NNXModel(module=model)
+    if isinstance(model, tuple) and len(model) == 2 and all(callable(f) for f in model):
+        return FunctionModel(*model)
+    raise TypeError(f"cannot train a {type(model).__name__}: expected a Flax Linen module, an NNX module "
+                    f"(or NNXModel(factory)), or FunctionModel(init, apply)")
+
+
+__all__ = ["LinenModel", "NNXModel", "FunctionModel", "as_model"]
