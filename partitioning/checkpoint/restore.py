@@ -23,7 +23,9 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from partitioning.boxes import unbox
+from flax import nnx
+
+from partitioning.boxes import is_box
 from partitioning.checkpoint.diagnose import diagnose
 from partitioning.checkpoint.disk import CheckpointRef, flat_saved, read_metadata, resolve_checkpoint, saved_tree
 from partitioning.errors import CheckpointError
@@ -42,7 +44,8 @@ def abstract_target(
 ) -> Any:
     """``jax.ShapeDtypeStruct`` leaves carrying the shardings the current mesh + rules give.
 
-    ``abstract`` is ``jax.eval_shape`` of the init (boxed or not). Pass ``mesh``
+    ``abstract`` is ``jax.eval_shape`` of the init (boxed or not), or an NNX
+    state (``nnx.state(nnx.eval_shape(...))``: its Variables are kept). Pass ``mesh``
     and ``rules``, or ``shardings`` you already have (e.g. ``trainer.state_shardings``).
     ``dtype`` casts every floating-point leaf on restore (e.g. ``jnp.bfloat16``).
     An indivisible dimension raises the same :class:`ShardingError` as at init.
@@ -55,15 +58,20 @@ def abstract_target(
         if mesh is None:
             raise TypeError("abstract_target needs a mesh (and rules) or shardings")
         shardings = tree_shardings(abstract, mesh, rules, on_indivisible=on_indivisible)
-    values = unbox(abstract)
 
-    def one(a: Any, s: Any) -> jax.ShapeDtypeStruct:
-        dt = jnp.dtype(a.dtype)
+    def sds(value: Any, s: Any) -> jax.ShapeDtypeStruct:
+        dt = jnp.dtype(value.dtype)
         if dtype is not None and jnp.issubdtype(dt, jnp.floating):
             dt = jnp.dtype(dtype)
-        return jax.ShapeDtypeStruct(tuple(a.shape), dt, sharding=s)
+        return jax.ShapeDtypeStruct(tuple(value.shape), dt, sharding=s)
 
-    return jax.tree.map(one, values, shardings)
+    def one(leaf: Any, s: Any) -> Any:
+        # An NNX Variable stays a Variable (holding the target): a saved nnx.State has that structure.
+        if isinstance(leaf, nnx.Variable):
+            return leaf.replace(sds(leaf.get_value(), s))
+        return sds(leaf.value if is_box(leaf) else leaf, s)
+
+    return jax.tree.map(one, abstract, shardings, is_leaf=lambda x: is_box(x) or isinstance(x, nnx.Variable))
 
 
 def target_like(tree: Any) -> Any:
@@ -80,6 +88,9 @@ def check_fits(ref: CheckpointRef, saved: dict[str, Any], target: Any, partial: 
     with ``partial``, arrays only in the checkpoint are fine.
     """
     want = {path_str(kp): leaf for kp, leaf in jax.tree_util.tree_flatten_with_path(target)[0]}
+    # A saved NNX Variable's value is a `value` key in orbax's metadata; in the target it is the Variable itself.
+    saved = {p[: -len("/value")] if p.endswith("/value") and p not in want and p[: -len("/value")] in want else p: md
+             for p, md in saved.items()}
     diffs = []
     for p, leaf in want.items():
         if p not in saved:

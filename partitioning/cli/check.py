@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
         layouts = tree_layouts(abstract, mesh, cfg.rules, on_indivisible=cfg.on_indivisible)
     for w in caught:
         say(f"warning: {w.message}")
-    n_params = sum(l.size for l in layouts)
-    print(f"OK: {cfg.path}: model {cfg.model_name} ({n_params:,} parameters, {len(layouts)} arrays) "
+    params = [l for l in layouts if l.path.startswith("params/")]
+    n_params = sum(l.size for l in params)
+    print(f"OK: {cfg.path}: model {cfg.model_name} ({n_params:,} parameters, {len(params)} arrays) "
           f"on mesh {dict(mesh.shape)} ({mesh.size} devices) with {len(cfg.rules)} rules")
     return 0

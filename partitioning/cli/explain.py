@@ -7,7 +7,7 @@ import argparse
 from partitioning.boxes import compute_spec
 from partitioning.cli.args import config_args, load_with_devices
 from partitioning.cli.render import console, explain_table
-from partitioning.config.build import abstract_model, mesh_from_config
+from partitioning.config.build import abstract_model, batch_from_config, mesh_from_config, task_from_config
 from partitioning.fmt import fmt_spec
 from partitioning.layout import tree_layouts
 from partitioning.plan.coverage import activation_names, rule_coverage
@@ -25,8 +25,9 @@ def run(args: argparse.Namespace) -> int:
     mesh = mesh_from_config(cfg, args.devices)
     model, abstract = abstract_model(cfg)
     layouts = tree_layouts(abstract, mesh, cfg.rules, on_indivisible=cfg.on_indivisible)
-    acts = activation_names(model, abstract["params"], mesh, cfg.rules, batch_size=cfg.train.batch_size,
-                            seq_len=cfg.train.seq_len)
+    collections = {k: v for k, v in abstract.items() if k != "params"}
+    acts = activation_names(model, abstract["params"], mesh, cfg.rules, batch=batch_from_config(cfg),
+                            task=task_from_config(cfg), collections=collections)
     computes = {l.path: fmt_spec(compute_spec(l.names, cfg.rules)) for l in layouts if l.names is not None}
     out = console()
     out.print(explain_table(layouts, computes, title=f"{cfg.model_name} on mesh {dict(mesh.shape)}: "

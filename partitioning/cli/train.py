@@ -18,7 +18,10 @@ from pathlib import Path
 import jax
 
 from partitioning.cli.args import config_args, distributed_args, load_with_devices
-from partitioning.config.build import checkpoint_hook_from_config, data_from_config, mesh_from_config, trainer_from_config
+from partitioning.config.build import (
+    checkpoint_hook_from_config, data_from_config, dataset_from_config, mesh_from_config, trainer_from_config,
+)
+from partitioning.train.data import Corpus
 from partitioning.train.hooks import JsonlLogger
 from partitioning.train.loop import fit
 from partitioning.train.plots import plot_loss
@@ -39,11 +42,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="start over (existing checkpoints are moved aside, never deleted)")
 
 
+def _describe(dataset) -> str:
+    if isinstance(dataset, Corpus):
+        return f"{dataset.source}: {len(dataset.train):,} train / {len(dataset.eval):,} eval bytes"
+    size = f": {len(dataset):,} train examples" if hasattr(dataset, "__len__") else ""
+    return f"{getattr(dataset, 'source', type(dataset).__name__)}{size}"
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = load_with_devices(args)  # sets up (simulated) devices before any jax computation
     mesh = mesh_from_config(cfg, args.devices)
-    trainer = trainer_from_config(cfg, mesh)
-    corpus, train_batches, eval_batches = data_from_config(cfg, trainer)
+    dataset = dataset_from_config(cfg)
+    trainer = trainer_from_config(cfg, mesh, dataset)
+    _, train_batches, eval_batches = data_from_config(cfg, trainer, dataset)
     run_dir = Path(cfg.run_dir)
     main = jax.process_index() == 0
     if main:
@@ -51,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
         (run_dir / "config.yaml").write_text(cfg.to_yaml())
         opt = " (optimizer state: its own rules)" if cfg.optimizer_rules is not None else ""
         print(f"train: {cfg.model_name} ({trainer.num_params:,} params) on mesh {dict(mesh.shape)} "
-              f"with {len(cfg.rules)} rules{opt}; data {corpus.source}: {len(corpus.train):,} train / "
-              f"{len(corpus.eval):,} eval bytes; run_dir {run_dir}", flush=True)
+              f"with {len(cfg.rules)} rules{opt}; task {trainer.task.name}; data {_describe(dataset)}; "
+              f"run_dir {run_dir}", flush=True)
     log = (lambda m: print(m, flush=True)) if main else (lambda m: None)
     # The checkpoint hook goes first: it restores before the log is trimmed to that step.
     ckpt = checkpoint_hook_from_config(cfg, trainer, run_dir, resume=args.resume, log=log)

@@ -4,6 +4,8 @@ Modules:
 
 - :mod:`~partitioning.config.schema` — the typed sections (``mesh``, ``train``, ``optimizer``, ...) and defaults.
 - :mod:`~partitioning.config.load` — YAML -> :class:`Config`, ``--set`` overrides, every error at ``file:line``.
+- :mod:`~partitioning.config.targets` — ``_target_`` objects (Hydra's convention): imported beside the config,
+  built recursively, options checked against the constructor.
 - :mod:`~partitioning.config.build` — Config -> mesh, model, optimizer, trainer, data, checkpoints, plan
   (imported on its own: it brings the reference models).
 

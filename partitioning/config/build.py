@@ -21,24 +21,28 @@ import math
 from pathlib import Path
 from typing import Any
 
+import flax.linen as nn
 import jax
-import jax.numpy as jnp
 
 import partitioning.models  # noqa: F401  (registers the reference models: gpt, mlp)
 from partitioning.checkpoint.hook import CheckpointHook, prepare_directory
 from partitioning.checkpoint.manager import CheckpointManager
 from partitioning.checkpoint.restore import abstract_target
 from partitioning.config.schema import Config
+from partitioning.config.targets import TARGET, Factory, build_target, check_kwargs, takes_rngs
 from partitioning.errors import ConfigError, DataError, PartitioningError, ShardingError
 from partitioning.mesh import make_mesh
 from partitioning.plan.compiled import compiled_view
 from partitioning.plan.coverage import activation_names
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
-from partitioning.registry import check_options, model_class
-from partitioning.train.data import VOCAB_SIZE, load_corpus
+from partitioning.registry import model_class
+from partitioning.train.batch import lm_batch
+from partitioning.train.data import VOCAB_SIZE, Corpus, load_corpus
+from partitioning.train.model import NNXModel, as_model
 from partitioning.train.optimizer import make_optimizer
-from partitioning.train.state import abstract_train_state
+from partitioning.train.state import abstract_train_state, model_inputs
 from partitioning.train.step import Trainer
+from partitioning.train.task import Task, as_task
 
 
 def _at(cfg: Config, error: PartitioningError, keys: dict[str, tuple[str, ...]]) -> PartitioningError:
@@ -52,13 +56,36 @@ def _at(cfg: Config, error: PartitioningError, keys: dict[str, tuple[str, ...]])
 # -- model, mesh, optimizer --------------------------------------------------------------------
 
 def model_from_config(cfg: Config) -> Any:
-    """The config's model, its name and options checked against the registered class."""
+    """The config's model: a registered name with its options, or a ``_target_`` built recursively.
+
+    Options are checked against the model's constructor (``file:line`` errors
+    with a did-you-mean); NNX models come back as :class:`NNXModel` factories,
+    so the trainer builds them sharded.
+    """
+    if cfg.model_target:
+        obj = build_target({TARGET: cfg.model_name, **cfg.model_options}, path=cfg.path, lines=cfg.lines,
+                           key=("model",))
+    else:
+        try:
+            cls = model_class(cfg.model_name)
+        except ConfigError as e:
+            raise _at(cfg, e, {"name": ("model", "name")}) from None
+        options = build_target(cfg.model_options, path=cfg.path, lines=cfg.lines, key=("model",))
+        check_kwargs(cls, options, f"model {cfg.model_name!r}", lambda k: cfg.where("model", *([k] if k else [])))
+        obj = Factory(cls, options) if takes_rngs(cls) else _construct(cfg, cls, options)
+    if isinstance(obj, Factory):
+        return NNXModel(obj)
     try:
-        cls = model_class(cfg.model_name)
-        check_options(f"model {cfg.model_name!r}", cls, cfg.model_options)
-    except ConfigError as e:
-        raise _at(cfg, e, {"name": ("model", "name"), **{k: ("model", k) for k in cfg.model_options}}) from None
-    return cls(**cfg.model_options)
+        return as_model(obj) if not isinstance(obj, nn.Module) else obj
+    except TypeError as e:
+        raise ConfigError(f"{cfg.where('model')}: {e}") from None
+
+
+def _construct(cfg: Config, cls: Any, options: dict[str, Any]) -> Any:
+    try:
+        return cls(**options)
+    except PartitioningError as e:
+        raise _at(cfg, e, {k: ("model", k) for k in options}) from None
 
 
 def config_devices(cfg: Config, override: int | None = None) -> int | None:
@@ -87,46 +114,94 @@ def optimizer_from_config(cfg: Config) -> Any:
                           b1=o.b1, b2=o.b2, eps=o.eps, momentum=o.momentum, clip_norm=o.clip_norm)
 
 
-def abstract_model(cfg: Config) -> tuple[Any, Any]:
-    """(model, ``eval_shape`` of its init on the config's batch shape), nothing allocated."""
+def dataset_from_config(cfg: Config) -> Any:
+    """The config's data: the embedded corpus or a text file / folder (``data.path``), or ``data._target_``."""
+    if cfg.data.target is not None:
+        return build_target(cfg.data.target, path=cfg.path, lines=cfg.lines, key=("data",))
+    try:
+        return load_corpus(cfg.data.path, eval_fraction=cfg.data.eval_fraction)
+    except DataError as e:
+        raise _at(cfg, e, {"path": ("data", "path"), "eval_fraction": ("data", "eval_fraction")}) from None
+
+
+def batch_from_config(cfg: Config, dataset: Any = None) -> Any:
+    """One global batch's shapes: ``(batch_size, seq_len)`` tokens for text, else ``dataset.example(batch_size)``."""
+    if cfg.data.target is None:
+        return lm_batch(cfg.train.batch_size, cfg.train.seq_len)
+    dataset = dataset if dataset is not None else dataset_from_config(cfg)
+    if not hasattr(dataset, "example"):
+        raise ConfigError(f"{cfg.where('data', TARGET)}: the data object needs example(batch_size) and "
+                          f"batches(split, batch_size, shardings, seed=) (see partitioning.train.data.ArrayDataset)")
+    return dataset.example(cfg.train.batch_size)
+
+
+def task_from_config(cfg: Config) -> Task:
+    """The config's task: ``train.loss`` (a built-in name or a ``_target_`` function) or ``train.step``."""
+    t = cfg.train
+    if t.step is not None:
+        step = build_target(t.step, path=cfg.path, lines=cfg.lines, key=("train", "step"), call=False)
+        return Task(step=step, name=getattr(step, "__name__", "custom step"))
+    loss = t.loss
+    if isinstance(loss, dict):
+        loss = build_target(loss, path=cfg.path, lines=cfg.lines, key=("train", "loss"), call=False)
+    try:
+        return as_task(loss)
+    except ConfigError as e:
+        raise _at(cfg, e, {"loss": ("train", "loss")}) from None
+
+
+def abstract_model(cfg: Config, dataset: Any = None) -> tuple[Any, Any]:
+    """(model, the boxed ``eval_shape`` of its variables on the config's batch), nothing allocated."""
     model = model_from_config(cfg)
-    tokens = jax.ShapeDtypeStruct((cfg.train.batch_size, cfg.train.seq_len), jnp.int32)
-    return model, jax.eval_shape(model.init, jax.random.key(0), tokens)
+    args, kwargs = model_inputs(task_from_config(cfg), batch_from_config(cfg, dataset))
+    return model, as_model(model).abstract(args, kwargs)
 
 
 # -- training ----------------------------------------------------------------------------------
 
-def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh) -> Trainer:
-    """The :class:`Trainer` for a config on ``mesh`` (its model, optimizer, rules, batch shape)."""
+def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh, dataset: Any = None) -> Trainer:
+    """The :class:`Trainer` for a config on ``mesh`` (its model, optimizer, rules, task, batch shape)."""
     model = model_from_config(cfg)
     t = cfg.train
     if t.steps < 1:
         raise ConfigError(f"{cfg.where('train', 'steps')}: must be >= 1, got {t.steps}")
     try:
-        return Trainer(model, optimizer_from_config(cfg), mesh, cfg.rules, batch_size=t.batch_size,
-                       seq_len=t.seq_len, optimizer_rules=cfg.optimizer_rules, on_indivisible=cfg.on_indivisible,
-                       grad_accum=t.grad_accum)
+        return Trainer(model, optimizer_from_config(cfg), mesh, cfg.rules, batch=batch_from_config(cfg, dataset),
+                       task=task_from_config(cfg), rng_streams=t.rngs, seed=t.seed,
+                       optimizer_rules=cfg.optimizer_rules, on_indivisible=cfg.on_indivisible, grad_accum=t.grad_accum)
     except ShardingError as e:
         raise _at(cfg, e, {"batch_size": ("train", "batch_size"), "grad_accum": ("train", "grad_accum")}) from None
 
 
-def data_from_config(cfg: Config, trainer: Trainer) -> tuple[Any, Any, Any]:
-    """(corpus, train batches, eval-batches callable or None) for a config's ``data:`` section."""
-    vocab = getattr(getattr(trainer.model, "module", None), "vocab_size", None)
-    if vocab is not None and vocab < VOCAB_SIZE:
-        raise ConfigError(f"{cfg.where('model', 'vocab_size')}: the data is bytes, so vocab_size must be "
-                          f">= {VOCAB_SIZE}, got {vocab}")
+def _model_vocab(model: Any) -> Any:
+    module = getattr(model, "module", model)
+    if getattr(module, "vocab_size", None) is not None:
+        return module.vocab_size
+    factory = getattr(model, "factory", None)
+    return getattr(factory, "kwargs", {}).get("vocab_size")
+
+
+def data_from_config(cfg: Config, trainer: Trainer, dataset: Any = None) -> tuple[Any, Any, Any]:
+    """(dataset, train batches, eval-batches callable or None) for a config's ``data:`` section."""
     t = cfg.train
-    try:
-        corpus = load_corpus(cfg.data.path, eval_fraction=cfg.data.eval_fraction)
-    except DataError as e:
-        raise _at(cfg, e, {"path": ("data", "path"), "eval_fraction": ("data", "eval_fraction")}) from None
-    train = corpus.batches("train", t.batch_size, t.seq_len, trainer.batch_sharding, seed=cfg.data.seed)
-    if t.eval_batches <= 0:
-        return corpus, train, None
-    # A fixed eval order, independent of the train seed, keeps eval losses comparable.
-    ev = corpus.batches("eval", t.batch_size, t.seq_len, trainer.batch_sharding, seed=0)
-    return corpus, train, lambda: (ev.batch_at(i) for i in range(t.eval_batches))
+    dataset = dataset if dataset is not None else dataset_from_config(cfg)
+    if isinstance(dataset, Corpus):
+        vocab = _model_vocab(trainer.model)
+        if vocab is not None and vocab < VOCAB_SIZE:
+            raise ConfigError(f"{cfg.where('model', 'vocab_size')}: the data is bytes, so vocab_size must be "
+                              f">= {VOCAB_SIZE}, got {vocab}")
+        train = dataset.batches("train", t.batch_size, t.seq_len, trainer.batch_sharding, seed=cfg.data.seed)
+        ev = dataset.batches("eval", t.batch_size, t.seq_len, trainer.batch_sharding, seed=0) if t.eval_batches > 0 else None
+    else:
+        try:
+            train = dataset.batches("train", t.batch_size, trainer.batch_shardings, seed=cfg.data.seed)
+            # A fixed eval order, independent of the train seed, keeps eval losses comparable.
+            ev = dataset.batches("eval", t.batch_size, trainer.batch_shardings, seed=0) if t.eval_batches > 0 else None
+        except DataError as e:
+            raise DataError(f"{cfg.where('data')}: {e}") from None
+    if ev is None:
+        return dataset, train, None
+    return dataset, train, lambda: (ev.batch_at(i) for i in range(t.eval_batches))
 
 
 def jsonable(x: Any) -> Any:
@@ -157,9 +232,9 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
     """(plan, model) for a config on ``devices`` devices, from ``eval_shape`` only."""
     sizes = mesh_sizes(cfg.mesh.shape, devices)
     model = model_from_config(cfg)
-    b, t = cfg.train.batch_size, cfg.train.seq_len
-    params, opt_state = abstract_train_state(model, optimizer_from_config(cfg), batch_size=b, seq_len=t)
-    acts = activation_names(model, params, sizes, cfg.rules, batch_size=b, seq_len=t)
+    batch, task = batch_from_config(cfg), task_from_config(cfg)
+    params, opt_state = abstract_train_state(model, optimizer_from_config(cfg), batch=batch, task=task)
+    acts = activation_names(model, params, sizes, cfg.rules, batch=batch, task=task)
     plan = build_plan(params, opt_state, sizes, cfg.rules, optimizer_rules=cfg.optimizer_rules,
                       on_indivisible=cfg.on_indivisible, activations=acts)
     return plan, model
@@ -176,5 +251,5 @@ def compiled_from_config(cfg: Config, devices: int, plan: Plan | None = None) ->
 
 
 __all__ = ["model_from_config", "config_devices", "mesh_from_config", "optimizer_from_config", "abstract_model",
-           "trainer_from_config", "data_from_config", "checkpoint_hook_from_config", "plan_from_config",
-           "compiled_from_config", "jsonable"]
+           "dataset_from_config", "batch_from_config", "task_from_config", "trainer_from_config", "data_from_config",
+           "checkpoint_hook_from_config", "plan_from_config", "compiled_from_config", "jsonable"]

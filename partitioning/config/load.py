@@ -31,6 +31,8 @@ from partitioning.resolve import ON_INDIVISIBLE
 from partitioning.rules import Rules
 from partitioning.yamlfile import Key, read_yaml, where as _where
 
+TARGET = "_target_"
+
 
 def _type_ok(value: Any, default: Any, annotation: str) -> bool:
     if value is None:
@@ -41,6 +43,8 @@ def _type_ok(value: Any, default: Any, annotation: str) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if "int" in annotation and "dict" not in annotation:
         return isinstance(value, int) and not isinstance(value, bool)
+    if annotation.startswith("list[str]"):
+        return isinstance(value, list) and all(isinstance(x, str) for x in value)
     if "str" in annotation and "dict" not in annotation:
         return isinstance(value, str)
     if "dict" in annotation:
@@ -58,7 +62,11 @@ def _build_section(cls: type, data: Any, path: str, lines, key: Key):
         return cls()
     if not isinstance(data, Mapping):
         raise ConfigError(f"{_where(path, lines, key)}: expected a mapping, got {type(data).__name__}")
-    fields = {field_key(f.name): f for f in dataclasses.fields(cls)}
+    if TARGET in data and "target" in {f.name for f in dataclasses.fields(cls)}:
+        # `_target_` names an object built from the section's other keys (only `seed` stays ours).
+        rest = {k: v for k, v in data.items() if k != "seed"}
+        return cls(target=rest, **({"seed": data["seed"]} if "seed" in data else {}))
+    fields = {field_key(f.name): f for f in dataclasses.fields(cls) if f.name != "target"}
     kwargs = {}
     for k, v in data.items():
         if k not in fields:
@@ -134,9 +142,12 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
             raise ConfigError(f"{path_s}: missing required section {k!r}")
 
     model = data["model"]
-    if not isinstance(model, Mapping) or "name" not in model:
-        raise ConfigError(f"{_where(path_s, lines, ('model',))}: expected a mapping with a 'name' key, e.g. {{name: gpt}}")
-    options = {k: v for k, v in model.items() if k != "name"}
+    if not isinstance(model, Mapping) or ("name" in model) == (TARGET in model):
+        raise ConfigError(f"{_where(path_s, lines, ('model',))}: expected a mapping with a 'name' key (a registered "
+                          f"model, e.g. {{name: gpt}}) or a '_target_' key (module.Class, e.g. "
+                          f"{{_target_: my_models.Transformer}})")
+    head = "name" if "name" in model else TARGET
+    options = {k: v for k, v in model.items() if k != head}
 
     sections = {}
     for name, cls in SECTIONS.items():
@@ -168,7 +179,8 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
     if not isinstance(run_dir, str):
         raise ConfigError(f"{_where(path_s, lines, ('run_dir',))}: expected a path string, got {run_dir!r}")
     return Config(
-        path=path_s, raw=data, lines=lines, model_name=model["name"], model_options=options,
+        path=path_s, raw=data, lines=lines, model_name=model[head], model_options=options,
+        model_target=head == TARGET,
         mesh=sections["mesh"], rules=rules, optimizer_rules=opt_rules, on_indivisible=on_ind,
         data=sections["data"], optimizer=sections["optimizer"], train=sections["train"],
         checkpoint=sections["checkpoint"], run_dir=run_dir,

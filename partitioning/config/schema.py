@@ -26,6 +26,7 @@ class DataConfig:
     path: str | None = None       # None: the embedded standard-library corpus
     eval_fraction: float = 0.05
     seed: int = 0
+    target: dict[str, Any] | None = None   # {_target_: module.fn, ...}: a dataset object instead of text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,9 @@ class TrainConfig:
     eval_every: int = 50
     eval_batches: int = 4
     seed: int = 0
+    loss: Any = "next_token"       # next_token | same_token | classification | {_target_: module.fn}
+    step: Any = None               # {_target_: module.fn}: a whole custom step(forward, batch)
+    rngs: list[str] = dataclasses.field(default_factory=lambda: ["dropout"])   # RNG streams for the model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +101,9 @@ class Config:
     path: str
     raw: dict[str, Any]
     lines: dict[Key, int]
-    model_name: str
+    model_name: str                # a registered name, or the `_target_` (module.attr)
     model_options: dict[str, Any]
+    model_target: bool
     mesh: MeshConfig
     rules: Rules
     optimizer_rules: Rules | None

@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from partitioning.errors import DataError
+from partitioning.train.batch import local_block, place
 
 VOCAB_SIZE = 256
 # Parts of the stdlib tree that are not the library itself (or are tests,
@@ -145,17 +146,6 @@ def load_corpus(path: str | None = None, *, eval_fraction: float = 0.05) -> Corp
                   tuple(r for i, r in enumerate(rel) if i in eval_idx))
 
 
-def _local_block(sharding: Any, shape: tuple[int, int]) -> tuple[slice, slice]:
-    """The rows and columns of a global ``shape`` array this process's devices hold."""
-    idx = sharding.addressable_devices_indices_map(shape).values()
-    out = []
-    for d, size in enumerate(shape):
-        ranges = [ix[d].indices(size)[:2] for ix in idx]
-        lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
-        out.append(slice(lo, hi))
-    return out[0], out[1]
-
-
 class TokenBatches:
     """Next-byte batches where the batch for step ``k`` is a pure function of ``(seed, k)``.
 
@@ -189,7 +179,7 @@ class TokenBatches:
         self._perms: dict[int, np.ndarray] = {}
         shape = (batch_size, seq_len)
         self._rows, self._cols = (
-            _local_block(sharding, shape) if sharding is not None else (slice(0, batch_size), slice(0, seq_len))
+            local_block(sharding, shape) if sharding is not None else (slice(0, batch_size), slice(0, seq_len))
         )
 
     def _perm(self, epoch: int) -> np.ndarray:
@@ -230,4 +220,81 @@ class TokenBatches:
             step += 1
 
 
-__all__ = ["Corpus", "TokenBatches", "load_corpus", "stdlib_files", "VOCAB_SIZE"]
+class ArrayDataset:
+    """A dataset of examples held as arrays with a leading example dimension (images, labels, ...).
+
+    The last ``eval_fraction`` of the examples (after a seeded shuffle by
+    ``split_seed``) is the eval split. A data source a config names with
+    ``data: {_target_: ...}`` returns one of these (or anything with
+    ``example(batch_size)`` and ``batches(split, batch_size, shardings, seed=)``).
+
+    Example::
+
+        >>> data = ArrayDataset({"inputs": images, "targets": labels}, eval_fraction=0.1)
+        >>> trainer = Trainer(model, tx, mesh, "dp", batch=data.example(64), task="classification")
+        >>> batches = data.batches("train", 64, trainer.batch_shardings, seed=0)
+    """
+
+    def __init__(self, arrays: dict[str, Any], *, eval_fraction: float = 0.1, split_seed: int = 0,
+                 source: str = "arrays"):
+        arrays = {k: np.asarray(v) for k, v in arrays.items()}
+        sizes = {len(v) for v in arrays.values()}
+        if len(sizes) != 1 or not sizes or 0 in sizes:
+            raise DataError(f"{source}: the arrays need one shared, non-zero leading (example) dimension, got "
+                            f"{ {k: v.shape for k, v in arrays.items()} }")
+        if not 0 < eval_fraction < 1:
+            raise DataError(f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction}",
+                            arg="eval_fraction")
+        n = sizes.pop()
+        order = np.random.default_rng(split_seed).permutation(n)
+        cut = n - max(1, int(n * eval_fraction))
+        self.splits = {"train": order[:cut], "eval": order[cut:]}
+        self.arrays, self.source = arrays, source
+
+    def example(self, batch_size: int) -> dict[str, Any]:
+        """One batch's shapes and dtypes (``ShapeDtypeStruct`` s)."""
+        return {k: jax.ShapeDtypeStruct((batch_size, *v.shape[1:]), v.dtype) for k, v in self.arrays.items()}
+
+    def __len__(self) -> int:
+        return len(self.splits["train"])
+
+    def batches(self, split: str, batch_size: int, shardings: Any = None, *, seed: int = 0) -> "ArrayBatches":
+        """Resumable batches of ``split``: the batch of step ``k`` is a pure function of ``(seed, k)``."""
+        if split not in self.splits:
+            raise DataError(f"split must be 'train' or 'eval', got {split!r}")
+        return ArrayBatches(self.arrays, self.splits[split], batch_size, shardings, seed=seed,
+                            name=f"{self.source} ({split})")
+
+
+class ArrayBatches:
+    """Batches of examples ``indices`` of ``arrays``; epoch ``e`` visits them in an order seeded by ``(seed, e)``."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], indices: np.ndarray, batch_size: int, shardings: Any,
+                 *, seed: int, name: str):
+        if len(indices) < batch_size:
+            raise DataError(f"{name}: {len(indices)} examples, fewer than the batch size {batch_size}; use more "
+                            f"data or a smaller train.batch_size")
+        self.arrays, self.indices, self.batch_size = arrays, indices, batch_size
+        self.shardings, self.seed = shardings, seed
+        self._perms: dict[int, np.ndarray] = {}
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            self._perms = {k: v for k, v in self._perms.items() if k >= epoch - 1}
+            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(len(self.indices))
+        return self._perms[epoch]
+
+    def host_batch_at(self, step: int) -> dict[str, np.ndarray]:
+        """The global batch of ``step`` as numpy arrays."""
+        g = np.arange(step * self.batch_size, (step + 1) * self.batch_size, dtype=np.int64)
+        n = len(self.indices)
+        rows = np.array([self.indices[self._perm(int(e))[p]] for e, p in zip(g // n, g % n)])
+        return {k: v[rows] for k, v in self.arrays.items()}
+
+    def batch_at(self, step: int) -> dict[str, Any]:
+        """The global batch of ``step``, placed on the devices (each process builds only its rows)."""
+        host = self.host_batch_at(step)
+        return host if self.shardings is None else place(host, self.shardings)
+
+
+__all__ = ["Corpus", "TokenBatches", "ArrayDataset", "ArrayBatches", "load_corpus", "stdlib_files", "VOCAB_SIZE"]
