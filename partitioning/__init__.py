@@ -51,9 +51,11 @@ from partitioning.layout import (
 from partitioning.registry import build_model, model_names, register_model
 from partitioning.config import Config, load_config
 from partitioning.train import (
-    Corpus, JsonlLogger, TokenBatches, Trainer, TrainState, abstract_train_state, evaluate, fit, lm_loss,
-    load_corpus, lr_schedule, make_optimizer, plot_loss,
+    Corpus, FunctionModel, JsonlLogger, LinenModel, NNXModel, Task, TokenBatches, Trainer, TrainState,
+    abstract_train_state, as_model, evaluate, fit, lm_loss, load_corpus, lr_schedule, make_optimizer, place,
+    plot_loss,
 )
+from partitioning.train.data import ArrayDataset
 from partitioning.checkpoint import (
     CheckpointHook, CheckpointManager, abstract_target, checkpoint_metadata, reshard_checkpoint,
     restore_checkpoint, save_checkpoint,
@@ -79,8 +81,9 @@ __all__ = [
     # models and configs
     "register_model", "build_model", "model_names", "Config", "load_config",
     # train
-    "Trainer", "TrainState", "abstract_train_state", "lm_loss", "make_optimizer", "lr_schedule", "Corpus",
-    "TokenBatches", "load_corpus", "fit", "evaluate", "JsonlLogger", "plot_loss",
+    "Trainer", "TrainState", "abstract_train_state", "lm_loss", "Task", "LinenModel", "NNXModel", "FunctionModel",
+    "as_model", "place", "make_optimizer", "lr_schedule", "Corpus", "TokenBatches", "ArrayDataset", "load_corpus",
+    "fit", "evaluate", "JsonlLogger", "plot_loss",
     # checkpoint
     "CheckpointManager", "CheckpointHook", "abstract_target", "restore_checkpoint", "save_checkpoint",
     "checkpoint_metadata", "reshard_checkpoint",

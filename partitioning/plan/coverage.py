@@ -98,7 +98,10 @@ def activation_names(model: Any, params: Any, mesh: Any, rules: Any, *, batch_si
     variables = {"params": unbox(params), **unbox(collections or {})}
     rngs = stream_keys(0, 0, ("dropout",))
     with recording() as seen, jax.sharding.use_abstract_mesh(abstract), axis_rules(rules):
-        jax.eval_shape(lambda v: adapter.apply(v, args, kwargs, rngs=rngs, train=True), variables)
+        jax.eval_shape(lambda v, a, kw: adapter.apply(v, a, kw, rngs=rngs, train=True), variables, args, kwargs)
+    if rules.declared_batch_axes is None:
+        # The input batch itself is laid out by the `batch` rules (dim 0 of every leaf).
+        seen |= {("batch",) + (None,) * (len(x.shape) - 1) for x in jax.tree.leaves(batch) if len(x.shape)}
     return seen
 
 

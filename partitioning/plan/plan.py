@@ -153,6 +153,9 @@ class Plan:
                     else "params, gradients and optimizer state")
             out.append(f"mesh axis {a.axis!r} (size {a.size}) shards no parameter: {what} are "
                        f"replicated {a.size}x across it")
+        if self.devices > 1 and not self.rules.batch_axes:
+            out.append("the batch is not split: no rule maps 'batch' to a mesh axis and no batch_axes are "
+                       "declared, so every device computes the whole batch; add e.g. [batch, [data, fsdp]]")
         if self.uncovered_names:
             out.append("no rule mentions logical name(s) " + ", ".join(map(repr, self.uncovered_names))
                        + ": those dimensions are unsharded")

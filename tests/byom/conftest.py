@@ -1,0 +1,47 @@
+"""Shared by the bring-your-own-model tests: the corpus, a step runner, a state copier."""
+
+import jax
+import numpy as np
+import pytest
+
+import partitioning as pt
+
+MESHES = {
+    "dp": {"data": 8},
+    "fsdp": {"data": 1, "fsdp": 8},
+    "tp": {"data": 2, "tensor": 4},
+    "fsdp_tp": {"data": 1, "fsdp": 4, "tensor": 2},
+    "seq": {"data": 1, "fsdp": 4, "tensor": 2},
+}
+
+
+@pytest.fixture(scope="session")
+def meshes():
+    """The five presets, each with a mesh of 8 devices it fits."""
+    return MESHES
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    return pt.load_corpus()
+
+
+@pytest.fixture
+def train_losses(corpus):
+    """train_losses(trainer, state, steps, batches=None) -> (state, losses): the corpus's first batches."""
+
+    def run(trainer, state, steps, batches=None):
+        batches = batches or corpus.batches("train", trainer.batch_size, trainer.seq_len, trainer.batch_sharding)
+        losses = []
+        for i in range(steps):
+            state, m = trainer.train_step(state, batches.batch_at(i))
+            losses.append(float(m["loss"]))
+        return state, losses
+
+    return run
+
+
+@pytest.fixture
+def copy_state():
+    """copy_state(tree, shardings): the same values as new arrays in ``shardings`` (never aliasing donated ones)."""
+    return lambda tree, shardings: jax.tree.map(lambda a, s: jax.device_put(np.asarray(a), s), tree, shardings)
