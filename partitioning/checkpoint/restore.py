@@ -154,7 +154,7 @@ def restore_checkpoint(
     handler = ocp.PyTreeCheckpointHandler(restore_concurrent_gb=max_inflight_bytes / 1e9)
     try:
         with ocp.Checkpointer(handler) as ckptr:
-            out = ckptr.restore(ref.item, args=ocp.args.PyTreeRestore(
+            out = ckptr.restore(ref.item.absolute(), args=ocp.args.PyTreeRestore(
                 item=tgt, restore_args=restore_args, partial_restore=partial))
     except Exception as e:  # orbax / tensorstore internals -> one actionable line
         raise diagnose(ref, e) from None

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -145,9 +146,13 @@ def task_from_config(cfg: Config) -> Task:
     if isinstance(loss, dict):
         loss = build_target(loss, path=cfg.path, lines=cfg.lines, key=("train", "loss"), call=False)
     try:
-        return as_task(loss)
+        task = as_task(loss)
     except ConfigError as e:
         raise _at(cfg, e, {"loss": ("train", "loss")}) from None
+    if t.inputs is not None:
+        inputs = build_target(t.inputs, path=cfg.path, lines=cfg.lines, key=("train", "inputs"), call=False)
+        task = dataclasses.replace(task, inputs=inputs)
+    return task
 
 
 def abstract_model(cfg: Config, dataset: Any = None) -> tuple[Any, Any]:

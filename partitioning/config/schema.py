@@ -56,6 +56,7 @@ class TrainConfig:
     seed: int = 0
     loss: Any = "next_token"       # next_token | same_token | classification | {_target_: module.fn}
     step: Any = None               # {_target_: module.fn}: a whole custom step(forward, batch)
+    inputs: Any = None             # {_target_: module.fn}: batch -> the model's args (tuple) or kwargs (dict)
     rngs: list[str] = dataclasses.field(default_factory=lambda: ["dropout"])   # RNG streams for the model
 
 

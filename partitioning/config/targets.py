@@ -110,8 +110,12 @@ def _type_ok(value: Any, hint: Any) -> str | None:
     return " or ".join(_PLAIN[o] if o in _PLAIN else "null" for o in options)
 
 
-def check_kwargs(fn: Any, kwargs: Mapping[str, Any], what: str, here: Callable[[str], str]) -> None:
-    """Raises a ConfigError at the offending key for an option ``fn`` does not take or a plain-type mismatch."""
+def check_kwargs(fn: Any, kwargs: Mapping[str, Any], what: str, here: Callable[[str], str], *,
+                 complete: bool = True) -> None:
+    """Raises a ConfigError at the offending key for an option ``fn`` does not take or a plain-type mismatch.
+
+    ``complete``: the call will get no other arguments, so required ones must be here.
+    """
     allowed = constructor_options(fn)
     hints = _hints(fn)
     accepts_any = _takes_var_keywords(fn)
@@ -124,7 +128,7 @@ def check_kwargs(fn: Any, kwargs: Mapping[str, Any], what: str, here: Callable[[
             if expected is not None:
                 raise ConfigError(f"{here(k)}: expected {expected}, got {type(v).__name__} {v!r}", arg=str(k))
     missing = [k for k, d in allowed.items() if d is REQUIRED and k not in kwargs and k != "rngs"]
-    if missing:
+    if missing and complete:
         raise ConfigError(f"{here(None)}: {what} needs option(s) {', '.join(missing)}", arg=missing[0])
 
 
@@ -179,7 +183,7 @@ def _build(value: Any, path: str, lines: Lines, key: Key, config_dir: Path | Non
     def here(k: str | None) -> str:
         return where(path, lines, key + ((k,) if k is not None else ()))
 
-    check_kwargs(fn, kwargs, repr(value[TARGET]), here)
+    check_kwargs(fn, kwargs, repr(value[TARGET]), here, complete=call)
     kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
     if not call:
         return _Built(functools.partial(fn, **kwargs) if kwargs else fn)

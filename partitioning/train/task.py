@@ -94,7 +94,7 @@ class Task:
     """
 
     loss: Callable[..., Any] | None = None
-    inputs: Callable[[Any], tuple[Any, ...]] = default_inputs
+    inputs: Callable[[Any], Any] = default_inputs     # batch -> positional args (tuple) or kwargs (dict)
     step: Callable[..., Any] | None = None
     name: str = "custom"
 
@@ -107,7 +107,8 @@ class Task:
         if self.step is not None:
             out = self.step(forward, batch)
         else:
-            out = self.loss(forward(*self.inputs(batch)), batch)
+            args = self.inputs(batch)
+            out = self.loss(forward(**args) if isinstance(args, Mapping) else forward(*args), batch)
         loss, aux = out if isinstance(out, tuple) else (out, {})
         return jnp.asarray(loss, jnp.float32), dict(aux)
 

@@ -105,7 +105,7 @@ class GPT(nnx.Module):
         def blocks(r):
             return Block(embed, heads, mlp, r)
 
-        self.blocks = blocks(rngs.fork(split=layers))
+        self.blocks = blocks(rngs.split(layers))
         self.final_norm = RMSNorm(embed, rngs)
         self.unembed = param(rngs, (embed, vocab_size), ("embed", "vocab"), embed)
 
