@@ -30,7 +30,9 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -47,6 +49,40 @@ MODE_ARGS = ("deterministic", "train", "training", "is_training")
 TRANSIENT = ("intermediates", "losses")
 # NNX variable types grouped into collections (the rest, except intermediates, go to "state").
 NNX_GROUPS = (("params", nnx.Param), ("batch_stats", nnx.BatchStat), ("rngs", nnx.RngState))
+
+
+_UNBOUND = re.compile(r"unbound axis name: (\S+?)\.")
+
+
+def bind_named_axes(fn: Callable[[], Any], names: list[str]) -> Any:
+    """Runs ``fn()`` with pmap-era collective axis names bound (size 1), learning missing ones.
+
+    Models written for ``pmap`` reduce over a named axis (``BatchNorm(axis_name='batch')``,
+    ``lax.pmean(x, 'batch')``). Under GSPMD a reduction over the batch dimension
+    already spans the global batch, so binding the name to a size-1 ``vmap``
+    axis computes the same statistics. ``names`` grows with every unbound name
+    a trace reports, so later traces bind them at once.
+    """
+    def run(bound: list[str]) -> Any:
+        g = fn
+        for name in bound:
+            g = functools.partial(_size_one_axis, g, name)
+        return g()
+
+    for _ in range(8):
+        try:
+            return run(list(names))
+        except NameError as e:
+            m = _UNBOUND.search(str(e))
+            if m is None or m.group(1) in names:
+                raise
+            names.append(m.group(1))
+    return run(list(names))
+
+
+def _size_one_axis(fn: Callable[[], Any], name: str) -> Any:
+    out = jax.vmap(lambda _: fn(), axis_name=name)(jnp.zeros((1,)))
+    return jax.tree.map(lambda x: x[0], out)
 
 
 def _call_params(fn: Callable[..., Any]) -> set[str]:
@@ -76,6 +112,7 @@ class LinenModel:
 
     def __init__(self, module: nn.Module):
         self.module = module
+        self.axis_names: list[str] = []     # pmap-era collective axes the model reduces over (learned)
         self._call = _call_params(type(module).__call__)
         self._eval_module = self._deterministic_clone(module)
 
@@ -124,9 +161,11 @@ class LinenModel:
         kw = {**kwargs, **_mode_kwargs(self._call, train)}
         mutable = [c for c in variables if c != "params"] if train else False
         if mutable:
-            out, updates = module.apply(dict(variables), *args, rngs=dict(rngs), mutable=mutable, **kw)
+            out, updates = bind_named_axes(
+                lambda: module.apply(dict(variables), *args, rngs=dict(rngs), mutable=mutable, **kw), self.axis_names)
             return out, {k: v for k, v in dict(updates).items() if k not in TRANSIENT}
-        return module.apply(dict(variables), *args, rngs=dict(rngs), **kw), {}
+        return bind_named_axes(lambda: module.apply(dict(variables), *args, rngs=dict(rngs), **kw),
+                               self.axis_names), {}
 
 
 def _nnx_names(var: nnx.Variable) -> tuple[Any, ...] | None:
@@ -186,7 +225,7 @@ class NNXModel:
         abstract.eval()
         self._eval_def = nnx.graphdef(abstract)
         self._call = _call_params(type(abstract).__call__)
-        self._key_impls = {}
+        self.axis_names: list[str] = []
 
     def _split(self, model: nnx.Module) -> dict[str, nnx.State]:
         _, *states = nnx.split(model, *[f for _, f in NNX_GROUPS], ...)
@@ -229,7 +268,7 @@ class NNXModel:
     def apply(self, variables: Mapping[str, Any], args: tuple, kwargs: Mapping[str, Any], *,
               rngs: Mapping[str, jax.Array], train: bool) -> tuple[Any, dict[str, Any]]:
         model = self.merge(variables, train)
-        out = model(*args, **{**kwargs, **_mode_kwargs(self._call, train)})
+        out = bind_named_axes(lambda: model(*args, **{**kwargs, **_mode_kwargs(self._call, train)}), self.axis_names)
         if not train:
             return out, {}
         states = self._split(model)

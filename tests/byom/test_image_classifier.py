@@ -9,8 +9,8 @@ import partitioning as pt
 from tests.byom.models.image_linen import ConvNet, bars
 
 
-def run(preset, meshes, data, steps=5):
-    trainer = pt.Trainer(ConvNet(), optax.adam(1e-2), pt.make_mesh(meshes[preset]), preset, batch=data.example(32),
+def run(preset, meshes, data, steps=5, model=None):
+    trainer = pt.Trainer(model or ConvNet(), optax.adam(1e-2), pt.make_mesh(meshes[preset]), preset, batch=data.example(32),
                          task="classification")
     state = trainer.init(jax.random.key(0))
     batches = data.batches("train", 32, trainer.batch_shardings, seed=0)
@@ -51,3 +51,15 @@ def test_batch_stats_are_checkpointed_and_restored(meshes, tmp_path):
             assert np.array_equal(np.asarray(restored.collections["batch_stats"][path][k]),
                                   np.asarray(state.collections["batch_stats"][path][k]))
     assert int(restored.step) == 3
+
+
+def test_pmap_era_batchnorm_axis_name_runs_unchanged_with_the_same_statistics(meshes):
+    # BatchNorm(axis_name='batch') reduces across pmap replicas; under GSPMD the batch-dim mean already
+    # spans the global batch, so the name is bound with size 1 and the numbers do not change.
+    data = bars()
+    _, plain, plain_losses = run("fsdp", meshes, data, steps=3)
+    trainer, pmapped, losses = run("fsdp", meshes, data, steps=3, model=ConvNet(axis_name="batch"))
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(pmapped.collections["batch_stats"]["BatchNorm_0"]["mean"]),
+                               np.asarray(plain.collections["batch_stats"]["BatchNorm_0"]["mean"]), rtol=1e-5)
+    assert trainer.model.axis_names == ["batch"]

@@ -14,6 +14,7 @@ from partitioning.train.data import ArrayDataset
 class ConvNet(nn.Module):
     classes: int = 8
     channels: int = 32
+    axis_name: str | None = None    # pmap-era cross-replica BatchNorm, as Flax's ImageNet ResNet has
 
     @nn.compact
     def __call__(self, x, train: bool = False):
@@ -22,7 +23,7 @@ class ConvNet(nn.Module):
                         kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
                                                                  (None, None, "embed", "mlp") if i else
                                                                  (None, None, None, "mlp")))(x)
-            x = nn.BatchNorm(use_running_average=not train, momentum=0.9,
+            x = nn.BatchNorm(use_running_average=not train, momentum=0.9, axis_name=self.axis_name,
                              scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("mlp",)),
                              bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))(x)
             x = nn.max_pool(nn.relu(x), (2, 2), (2, 2))
