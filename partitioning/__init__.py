@@ -35,9 +35,8 @@ from partitioning.errors import (
     CheckpointError, ConfigError, DataError, MeshError, PartitioningError, RuleError, ShardingError,
 )
 from partitioning.resolve import DimExplanation, IndivisibleWarning
-from partitioning.rules import (
-    Rules, axis_rules, get_logical_axis_rules, logical_to_mesh_axes, preset_names, set_logical_axis_rules,
-)
+from partitioning.rules import Rules, preset_names
+from partitioning.context import axis_rules, get_logical_axis_rules, logical_to_mesh_axes, set_logical_axis_rules
 from partitioning.boxes import (
     Fallback, LogicallyPartitioned, compute_spec, is_box, logical_spec, param_for_compute, unbox,
     with_logical_constraint, with_logical_partitioning,

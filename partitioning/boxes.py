@@ -28,9 +28,9 @@ from flax.core import meta
 from jax.sharding import PartitionSpec
 
 from partitioning.errors import RuleError
-from partitioning.interop import record
+from partitioning.context import get_logical_axis_rules, record
 from partitioning.resolve import axes_tuple, mesh_axis_sizes
-from partitioning.rules import as_rules, get_logical_axis_rules
+from partitioning.rules import as_rules
 
 
 class LogicallyPartitioned(nn.LogicallyPartitioned):

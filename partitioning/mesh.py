@@ -21,7 +21,8 @@ from jax.sharding import AxisType, Mesh
 
 from partitioning.errors import MeshError, did_you_mean
 from partitioning.fmt import fmt_mesh
-from partitioning.rules import as_rules, axis_rules
+from partitioning.context import axis_rules
+from partitioning.rules import as_rules
 
 AXIS_TYPES = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
 

@@ -12,10 +12,8 @@ the batch (FSDP gathers a weight before using it). Those axes are
 :attr:`Rules.batch_axes`: declared with the table (``batch_axes:`` in YAML),
 else the mesh axes of the rules for the logical name ``batch``.
 
-The rule context (:func:`axis_rules`, :func:`set_logical_axis_rules`,
-:func:`get_logical_axis_rules`) is Flax's own thread-local store, holding a
-:class:`Rules` (a tuple of pairs, so Flax reads it as is): Flax's and this
-module's context managers nest in any order and always agree.
+The rule context in force (:mod:`partitioning.context`) is Flax's own
+thread-local store holding a :class:`Rules`.
 
 Example::
 
@@ -115,7 +113,10 @@ class Rules(tuple):
             raise RuleError(
                 f"unknown rule preset {name!r} (presets: {', '.join(names)}){did_you_mean(name, names)}"
             )
-        return cls.from_yaml(path)
+        table = cls.from_yaml(path)
+        # Name the shipped file the same on every machine: presets/fsdp.yaml:13: rules[2].
+        origins = [o.replace(str(PRESET_DIR), "presets", 1) for o in table.origins]
+        return Rules(list(table), origins, batch_axes=table.declared_batch_axes)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "Rules":
@@ -331,7 +332,9 @@ def as_rules(rules: Any) -> Rules:
     if isinstance(rules, Rules):
         return rules
     if rules is None:
-        return get_logical_axis_rules()
+        # The rule context in force: Flax's thread-local store (see partitioning.context).
+        current = flax_spmd.get_logical_axis_rules()
+        return current if isinstance(current, Rules) else Rules(current)
     if isinstance(rules, str):
         return Rules.preset(rules)
     return Rules(rules)
@@ -346,53 +349,3 @@ def _parse_axes(value: Any, path: Any, lines: Lines, key: Key) -> tuple[str, ...
         return axes_tuple(_norm_axes(value, _where(path, lines, key)))
     except RuleError as e:
         raise ConfigError(str(e)) from None
-
-
-# -- the rule context: Flax's own thread-local store ---------------------------------
-
-def get_logical_axis_rules() -> Rules:
-    """The rule table of this thread's innermost rule context (ours or Flax's: they are one).
-
-    Example::
-
-        >>> with axis_rules("fsdp"):
-        ...     get_logical_axis_rules()[1]
-        ('embed', 'fsdp')
-    """
-    return as_rules(flax_spmd.get_logical_axis_rules())
-
-
-def set_logical_axis_rules(rules: Any) -> None:
-    """Sets this thread's rule table (the one Flax's ``nn`` functions read too).
-
-    Example::
-
-        >>> set_logical_axis_rules("fsdp")
-    """
-    flax_spmd.set_logical_axis_rules(as_rules(rules) if rules is not None else Rules())
-
-
-@contextlib.contextmanager
-def axis_rules(rules: Any):
-    """Context manager that sets the rule table for this thread.
-
-    Example::
-
-        >>> with axis_rules([("embed", "fsdp")]):
-        ...     logical_to_mesh_axes(("embed", None))
-        P('fsdp', None)
-    """
-    rules = as_rules(rules) if rules is not None else Rules()
-    with flax_spmd.logical_axis_rules(rules):
-        yield rules
-
-
-def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = None) -> PartitionSpec | None:
-    """Flax-compatible: the PartitionSpec for logical dimension names (rules: argument or context).
-
-    Example::
-
-        >>> logical_to_mesh_axes(("embed", "mlp"), "fsdp_tp")
-        P('fsdp', 'tensor')
-    """
-    return as_rules(rules).resolve(array_dim_names)

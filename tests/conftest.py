@@ -65,6 +65,21 @@ rules: fsdp
 """
 
 
+PRESET_MESHES = {
+    "dp": {"data": 8},
+    "fsdp": {"data": 1, "fsdp": 8},
+    "tp": {"data": 2, "tensor": 4},
+    "fsdp_tp": {"data": 1, "fsdp": 4, "tensor": 2},
+    "seq": {"data": 1, "fsdp": 4, "tensor": 2},
+}
+
+
+@pytest.fixture(scope="session")
+def meshes() -> dict:
+    """The five presets, each with an 8-device mesh shape it fits."""
+    return PRESET_MESHES
+
+
 @pytest.fixture(scope="session")
 def base_config() -> str:
     """A small valid run config (YAML text); tests edit it to make the case they need."""

@@ -1,5 +1,6 @@
 """The README's five-minute tour runs as written, and its printed output is true."""
 
+import os
 import re
 import subprocess
 import sys
@@ -20,3 +21,17 @@ def test_tour_code_blocks_run(repo, tmp_path):
     expected = re.search(r"# (params/wi .*)", tour).group(1)
     assert expected in r.stdout
     assert "SPEC P('fsdp', 'tensor')" in r.stdout
+
+
+def test_bring_your_own_model_example_runs(repo, tmp_path):
+    text = (repo / "README.md").read_text()
+    section = text.split("## Bring your own model", 1)[1].split("\n## ", 1)[0]
+    [block] = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    script = ("import os\nos.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'\n" + block
+              + "\nprint('LOSS', float(metrics['loss']), trainer.state_shardings.params['wi'].spec)\n")
+    (tmp_path / "byom.py").write_text(script)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    r = subprocess.run([sys.executable, str(tmp_path / "byom.py")], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "P('fsdp', 'tensor')" in r.stdout and "LOSS " in r.stdout

@@ -161,85 +161,6 @@ def test_logical_to_mesh_trees():
     assert pt.logical_to_mesh(tree, rules) == nn.logical_to_mesh(tree, rules)
 
 
-def test_axis_rules_context_nests_and_mirrors_flax():
-    assert pt.get_logical_axis_rules() == ()
-    with pt.axis_rules([("embed", "fsdp")]):
-        assert pt.logical_to_mesh_axes(("embed",)) == P("fsdp")
-        assert nn.get_logical_axis_rules() == (("embed", "fsdp"),)
-        with pt.axis_rules("tp"):
-            assert pt.logical_to_mesh_axes(("mlp",)) == P("tensor")
-        assert pt.logical_to_mesh_axes(("mlp",)) == P(None)
-    assert pt.get_logical_axis_rules() == ()
-    assert nn.get_logical_axis_rules() == ()
-
-
-def test_flax_axis_rules_are_seen():
-    with nn.logical_axis_rules((("embed", "fsdp"),)):
-        assert pt.get_logical_axis_rules() == (("embed", "fsdp"),)
-
-
-def test_rules_context_is_thread_local():
-    barrier = threading.Barrier(8)
-    results, errors = {}, []
-
-    def worker(i):
-        try:
-            axis = f"axis{i}"
-            with pt.axis_rules([("embed", axis)]):
-                barrier.wait(timeout=10)  # every thread is inside its own context now
-                for _ in range(200):
-                    got = pt.logical_to_mesh_axes(("embed",))
-                    if got != P(axis):
-                        errors.append((i, got))
-                results[i] = pt.logical_to_mesh_axes(("embed",))
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append((i, e))
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
-    assert not errors
-    assert results == {i: P(f"axis{i}") for i in range(8)}
-    assert pt.get_logical_axis_rules() == ()
-
-
-def test_set_logical_axis_rules():
-    try:
-        pt.set_logical_axis_rules([("embed", "fsdp")])
-        assert pt.logical_to_mesh_axes(("embed",)) == P("fsdp")
-        assert nn.get_logical_axis_rules() == (("embed", "fsdp"),)
-    finally:
-        pt.set_logical_axis_rules(None)
-    assert pt.get_logical_axis_rules() == ()
-
-
-def test_one_rule_store_shared_with_flax_nesting_in_any_order():
-    a, b = pt.Rules.preset("fsdp"), (("embed", "tensor"),)
-    with pt.axis_rules(a):
-        assert nn.get_logical_axis_rules() is a and pt.get_logical_axis_rules() is a
-        with nn.logical_axis_rules(b):
-            # Flax's context inside ours: both see Flax's table.
-            assert pt.get_logical_axis_rules() == Rules(b)
-            assert pt.logical_to_mesh_axes(("embed", "mlp")) == P("tensor", None)
-        assert pt.get_logical_axis_rules() is a
-    with nn.logical_axis_rules(b):
-        with pt.axis_rules(a):
-            assert nn.get_logical_axis_rules() is a
-            assert nn.logical_to_mesh_axes(("embed", "mlp")) == P("fsdp", None)
-        assert pt.get_logical_axis_rules() == Rules(b)
-    assert pt.get_logical_axis_rules() == Rules()
-
-
-def test_rule_context_is_per_thread():
-    seen = {}
-    with pt.axis_rules("tp"):
-        t = threading.Thread(target=lambda: seen.setdefault("other", pt.get_logical_axis_rules()))
-        t.start()
-        t.join()
-        assert pt.get_logical_axis_rules() == Rules.preset("tp")
-    assert seen["other"] == Rules()
-
-
 def test_batch_axes_default_to_the_batch_rules_and_can_be_declared():
     fsdp = Rules.preset("fsdp")
     assert fsdp.batch_axes == ("data", "fsdp") and fsdp.declared_batch_axes is None
@@ -275,3 +196,29 @@ def test_rules_parse_forms_with_batch_axes(write):
         Rules.from_yaml(bad)
     with pytest.raises(pt.ConfigError, match=r"rules.batch_axes: mesh axes must be names"):
         Rules.parse({"preset": "fsdp", "batch_axes": [1]}, "x.yaml", {}, ("rules",))
+
+
+def test_fewer_names_than_dimensions_leave_the_trailing_ones_unsharded():
+    rules = Rules.preset("fsdp")
+    # Flax's DenseGeneral / attention kernels: ('embed', 'kv') on (embed, heads, head_dim).
+    assert rules.resolve(("embed", "kv"), (64, 8, 8), {"data": 1, "fsdp": 8}) == P("fsdp", None, None)
+    assert [str(d) for d in rules.explain(("embed",), (64, 8), {"fsdp": 8, "data": 1})][1] == \
+        "dim 1 None -> unsharded; no name (a trailing dimension): unsharded"
+    with pytest.raises(pt.ShardingError, match=r"^w: 3 logical names .* rank 2 \(shape \(64, 8\)\); give at most one"):
+        rules.resolve(("embed", "mlp", "kv"), (64, 8), {"fsdp": 8, "data": 1}, path="w")
+
+
+def test_mesh_axis_names_no_rule_mentions_resolve_to_that_axis_with_a_mesh():
+    rules = Rules.preset("fsdp")
+    mesh = {"data": 1, "fsdp": 4, "tensor": 2}
+    assert rules.resolve(("embed", "tensor"), (64, 8), mesh) == P("fsdp", "tensor")
+    # Placed before the rule walk: the explicit axis wins over a rule wanting it.
+    assert rules.resolve(("fsdp", "embed"), (64, 8), mesh) == P("fsdp", None)
+    [d0, d1] = rules.explain(("fsdp", "embed"), (64, 8), mesh)
+    assert d0.by_mesh_axis and d0.rule_index is None
+    assert d1.notes == ("skipped rule 1 ('embed', 'fsdp'): mesh axis 'fsdp' already used by dim 0 ('fsdp')",)
+    # A rule that mentions the name wins; without a mesh the name is unsharded (Flax parity).
+    assert Rules([("tensor", "fsdp")]).resolve(("tensor",), (8,), mesh) == P("fsdp")
+    assert rules.resolve(("embed", "tensor")) == P("fsdp", None)
+    with pytest.raises(pt.ShardingError, match=r"dim 1 \(mesh axis 'tensor', size 7\) is not divisible"):
+        rules.resolve(("embed", "tensor"), (64, 7), mesh)

@@ -2,7 +2,7 @@
 
 Counted over parameters *and* activations. Activations are found by tracing a
 forward pass (``jax.eval_shape``, nothing runs) while recording every name
-tuple resolved (:mod:`partitioning.interop`), so every constraint — the
+tuple resolved (:mod:`partitioning.context`), so every constraint — the
 toolkit's ``with_logical_constraint`` or Flax's own ``nn.with_logical_constraint``
 — reports the names it was called with.
 
@@ -24,10 +24,10 @@ import jax
 from jax.sharding import AbstractMesh, AxisType
 
 from partitioning.boxes import unbox
-from partitioning.interop import recording
+from partitioning.context import axis_rules, recording
 from partitioning.layout import LeafLayout
 from partitioning.resolve import mesh_axis_sizes
-from partitioning.rules import as_rules, axis_rules
+from partitioning.rules import as_rules
 from partitioning.train.batch import as_abstract, lm_batch, stream_keys
 from partitioning.train.model import as_model
 from partitioning.train.state import model_inputs
@@ -81,7 +81,7 @@ def activation_names(model: Any, params: Any, mesh: Any, rules: Any, *, batch_si
 
     Constraints made with the toolkit's ``with_logical_constraint`` and with
     Flax's own (``nn.with_logical_constraint``, boxes, NNX variables) are all
-    seen (:func:`partitioning.interop.recording`).
+    seen (:func:`partitioning.context.recording`).
 
     Example::
 

@@ -1,25 +1,10 @@
-"""Shared by the bring-your-own-model tests: the corpus, a step runner, a state copier."""
+"""Shared by the bring-your-own-model tests: the corpus, a step runner, a state copier (meshes: tests/conftest.py)."""
 
 import jax
 import numpy as np
 import pytest
 
 import partitioning as pt
-
-MESHES = {
-    "dp": {"data": 8},
-    "fsdp": {"data": 1, "fsdp": 8},
-    "tp": {"data": 2, "tensor": 4},
-    "fsdp_tp": {"data": 1, "fsdp": 4, "tensor": 2},
-    "seq": {"data": 1, "fsdp": 4, "tensor": 2},
-}
-
-
-@pytest.fixture(scope="session")
-def meshes():
-    """The five presets, each with a mesh of 8 devices it fits."""
-    return MESHES
-
 
 @pytest.fixture(scope="session")
 def corpus():

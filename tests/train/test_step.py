@@ -103,19 +103,10 @@ def test_optimizer_rules_give_zero1_layout(tokens, mlp_fsdp, norm_spec, batches,
     assert losses["zero1"][-1] < losses["zero1"][0]
 
 
-LAYOUTS = {
-    "dp": {"data": 8},
-    "fsdp": {"data": 1, "fsdp": 8},
-    "tp": {"data": 2, "tensor": 4},
-    "fsdp_tp": {"data": 1, "fsdp": 4, "tensor": 2},
-    "seq": {"data": 1, "fsdp": 4, "tensor": 2},
-}
-
-
 @pytest.mark.slow  # ~20 s: six compiles of the GPT step and init
-def test_same_losses_under_dp_fsdp_tp_fsdp_tp_seq(tokens, tiny_gpt, batches, batch_size, seq_len):
+def test_same_losses_under_dp_fsdp_tp_fsdp_tp_seq(tokens, tiny_gpt, batches, batch_size, seq_len, meshes):
     losses, start = {}, None
-    for rules, shape in LAYOUTS.items():
+    for rules, shape in meshes.items():
         trainer = Trainer(tiny_gpt(layers=1), optax.adamw(1e-2), pt.make_mesh(shape), rules, batch_size=batch_size,
                           seq_len=seq_len)
         if rules in ("dp", "fsdp_tp"):  # two real sharded inits: the values do not depend on the layout
@@ -132,7 +123,7 @@ def test_same_losses_under_dp_fsdp_tp_fsdp_tp_seq(tokens, tiny_gpt, batches, bat
             state, m = trainer.train_step(state, data.batch_at(k))
             out.append(host_scalar(m["loss"]))
         losses[rules] = out
-    for rules in LAYOUTS:
+    for rules in meshes:
         np.testing.assert_allclose(losses[rules], losses["dp"], rtol=1e-4, err_msg=rules)
     assert losses["dp"][-1] < losses["dp"][0] - 0.5  # and it did train
 
@@ -229,10 +220,11 @@ def test_declared_batch_axes_shard_the_batch_and_the_compute_layout(tiny_gpt, se
 
 
 @pytest.mark.slow  # ~25 s: ten compiles of the GPT step
-def test_explicit_mesh_axes_train_to_the_same_losses_as_auto(tokens, tiny_gpt, batches, norm_spec, batch_size, seq_len):
+def test_explicit_mesh_axes_train_to_the_same_losses_as_auto(tokens, tiny_gpt, batches, norm_spec, batch_size, seq_len,
+                                                             meshes):
     """On Explicit axes the models gather FSDP params and name the layouts JAX cannot infer."""
     start = None
-    for rules, shape in LAYOUTS.items():
+    for rules, shape in meshes.items():
         losses, stored = {}, {}
         for axis_types in ("auto", "explicit"):
             mesh = pt.make_mesh(shape, axis_types=axis_types)

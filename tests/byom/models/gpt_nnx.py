@@ -12,6 +12,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import nnx
 
+from partitioning.models.gpt import rope   # the same rotary embedding as the Linen GPT
+
 
 def _init(fan_in):
     return nnx.initializers.normal(stddev=fan_in ** -0.5)
@@ -19,16 +21,6 @@ def _init(fan_in):
 
 def param(rngs, shape, names, fan_in):
     return nnx.Param(nnx.with_partitioning(_init(fan_in), names)(rngs.params(), shape))
-
-
-def rope(x, theta=10000.0):
-    t, k = x.shape[1], x.shape[-1]
-    half = k // 2
-    freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * freqs[None, :]
-    sin, cos = jnp.sin(angles)[None, :, None, :], jnp.cos(angles)[None, :, None, :]
-    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
 def constrain(x, names):
@@ -59,8 +51,8 @@ class Attention(nnx.Module):
         b, t, d = x.shape
         h = self.heads
         k = d // h
-        q = rope(constrain(jnp.einsum("btd,dhk->bthk", x, self.q[...]), ("batch", "length", "heads", "kv")))
-        kk = rope(constrain(jnp.einsum("btd,dgk->btgk", x, self.k[...]), ("batch", "length", "kv_heads", "kv")))
+        q = rope(constrain(jnp.einsum("btd,dhk->bthk", x, self.q[...]), ("batch", "length", "heads", "kv")), 10000.0)
+        kk = rope(constrain(jnp.einsum("btd,dgk->btgk", x, self.k[...]), ("batch", "length", "kv_heads", "kv")), 10000.0)
         v = constrain(jnp.einsum("btd,dgk->btgk", x, self.v[...]), ("batch", "length", "kv_heads", "kv"))
         q = q.reshape(b, t, h, 1, k)
         scores = jnp.einsum("btgrk,bsgk->bgrts", q, kk).astype(jnp.float32) * (k ** -0.5)

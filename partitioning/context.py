@@ -1,4 +1,10 @@
-"""Flax interop: inside the toolkit's rule context, Flax's own name resolution is the rule walk.
+"""The rule context: one store (Flax's), and inside it Flax's own name resolution is the rule walk.
+
+:func:`axis_rules`, :func:`set_logical_axis_rules` and
+:func:`get_logical_axis_rules` (Flax's names and signatures) keep the table in
+Flax's own thread-local store, holding a :class:`~partitioning.Rules` (a
+tuple of pairs, so Flax reads it as is): Flax's and the toolkit's context
+managers nest in any order and always agree.
 
 Flax resolves logical names in three places:
 
@@ -43,9 +49,58 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from partitioning.resolve import mesh_axis_sizes, walk
-from partitioning.rules import Rules
+from partitioning.rules import Rules, as_rules
 
 _local = threading.local()
+
+
+def get_logical_axis_rules() -> Rules:
+    """The rule table of this thread's innermost rule context (ours or Flax's: they are one).
+
+    Example::
+
+        >>> with axis_rules("fsdp"):
+        ...     get_logical_axis_rules()[1]
+        ('embed', 'fsdp')
+    """
+    return as_rules(None)
+
+
+def set_logical_axis_rules(rules: Any) -> None:
+    """Sets this thread's rule table (the one Flax's ``nn`` functions read too).
+
+    Example::
+
+        >>> set_logical_axis_rules("fsdp")
+    """
+    flax_spmd.set_logical_axis_rules(as_rules(rules) if rules is not None else Rules())
+
+
+@contextlib.contextmanager
+def axis_rules(rules: Any):
+    """Context manager that sets the rule table for this thread.
+
+    Example::
+
+        >>> with axis_rules([("embed", "fsdp")]):
+        ...     logical_to_mesh_axes(("embed", None))
+        P('fsdp', None)
+    """
+    rules = as_rules(rules) if rules is not None else Rules()
+    with flax_spmd.logical_axis_rules(rules):
+        yield rules
+
+
+def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = None) -> PartitionSpec | None:
+    """Flax-compatible: the PartitionSpec for logical dimension names (rules: argument or context).
+
+    Example::
+
+        >>> logical_to_mesh_axes(("embed", "mlp"), "fsdp_tp")
+        P('fsdp', 'tensor')
+    """
+    return as_rules(rules).resolve(array_dim_names)
+
 
 
 @contextlib.contextmanager
@@ -95,7 +150,7 @@ _flax_logical_to_mesh_axes = getattr(linen_spmd, "_logical_to_mesh_axes", None)
 _UNASSIGNED = getattr(linen_spmd, "_unassigned_axis", None)
 
 
-def apply_rules(sharding: Any, sharding_rules: Any = None) -> Any:
+def _nnx_apply_rules(sharding: Any, sharding_rules: Any = None) -> Any:
     """NNX eager sharding's name -> mesh-axis step: the walk under a toolkit table."""
     rules = _toolkit_rules(sharding_rules)
     if rules is not None:
@@ -106,14 +161,14 @@ def apply_rules(sharding: Any, sharding_rules: Any = None) -> Any:
     return _flax_apply_rules(sharding, sharding_rules)
 
 
-def from_sharding_rules(sharding: Any, sharding_rules: Any) -> Any:
+def _nnx_from_sharding_rules(sharding: Any, sharding_rules: Any) -> Any:
     """``nnx.get_partition_spec``'s name -> mesh-axis step: the walk under a toolkit table."""
     if isinstance(sharding_rules, Rules) and isinstance(sharding, (PartitionSpec, tuple)):
         return tuple(_resolve(sharding, sharding_rules))
     return _flax_from_sharding_rules(sharding, sharding_rules)
 
 
-def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = None) -> Any:
+def _linen_logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = None) -> Any:
     """Linen's walk, recorded; with a toolkit table and a mesh, mesh-axis names resolve too."""
     record(array_dim_names)
     result = _flax_logical_to_mesh_axes(array_dim_names, rules)
@@ -132,12 +187,13 @@ def install() -> None:
     """Points Flax's resolvers at the ones above (once; they defer to Flax outside the toolkit's context)."""
     if getattr(flax_spmd.apply_rules, "__module__", "") == __name__:
         return
-    flax_spmd.apply_rules = apply_rules
-    flax_spmd.from_sharding_rules = from_sharding_rules
+    flax_spmd.apply_rules = _nnx_apply_rules
+    flax_spmd.from_sharding_rules = _nnx_from_sharding_rules
     if _flax_logical_to_mesh_axes is not None:
-        linen_spmd._logical_to_mesh_axes = logical_to_mesh_axes
+        linen_spmd._logical_to_mesh_axes = _linen_logical_to_mesh_axes
 
 
 install()
 
-__all__ = ["recording", "record", "install"]
+__all__ = ["axis_rules", "get_logical_axis_rules", "set_logical_axis_rules", "logical_to_mesh_axes", "recording",
+           "record", "install"]
