@@ -28,6 +28,9 @@ import jax
 
 from partitioning.errors import MeshError
 
+# XLA's CPU backend compiles for at most this many devices, and simulating more only burns time.
+MAX_SIMULATED = 2048
+
 
 def _on_cpu() -> bool:
     platforms = os.environ.get("JAX_PLATFORMS", "") or jax.config.jax_platforms or ""
@@ -46,10 +49,15 @@ def simulate_devices(n: int | None, *, quiet: bool = True) -> None:
         >>> jax.device_count()
         8
     """
-    if not n:
+    if n is None:
         return
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise MeshError(f"the device count must be a positive integer, got {n!r}", arg="devices")
     if not _on_cpu():
         return  # a real accelerator platform: never simulate
+    if n > MAX_SIMULATED:
+        raise MeshError(f"{n:,} devices: the CPU simulates at most {MAX_SIMULATED:,}; `partitioning plan` and "
+                        f"`partitioning check` price bigger meshes from shapes alone", arg="devices")
     try:
         current = jax.config.jax_num_cpu_devices
         if current is not None and current >= n:
@@ -93,13 +101,18 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
                 raise MeshError(f"{global_devices} devices cannot be split evenly over {num_processes} processes")
             jax.config.update("jax_num_cpu_devices", global_devices // num_processes)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    if all(given):
-        jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
-    else:
-        jax.distributed.initialize()
+    try:
+        if all(given):
+            jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
+        else:
+            jax.distributed.initialize()
+    except (ValueError, RuntimeError) as e:
+        what = f"joining {coordinator}" if all(given) else "--distributed: no cluster to join was detected"
+        raise MeshError(f"{what} ({' '.join(str(e).split())[:160]}); on a machine jax cannot detect as a "
+                        f"cluster, pass --coordinator HOST:PORT, --num-processes N and --process-id I") from None
     if global_devices and jax.device_count() < global_devices:
         raise MeshError(f"the config needs {global_devices} devices but the {jax.process_count()} processes "
                         f"have {jax.device_count()} together")
 
 
-__all__ = ["simulate_devices", "initialize_distributed"]
+__all__ = ["simulate_devices", "initialize_distributed", "MAX_SIMULATED"]

@@ -1,9 +1,17 @@
-"""YAML files read with the line of every key, so errors can say ``file:line: key``.
+"""YAML 1.2 files read safely, with the line of every key, so errors can say ``file:line: key``.
 
 Both rule files (:mod:`partitioning.rules`) and run configs
-(:mod:`partitioning.config`) are read here. A *key* is the tuple of mapping
-keys and list indices leading to a value (``("rules", 3)``); ``lines`` maps
-each key to its 1-based line, or to the ``--set`` flag that replaced it.
+(:mod:`partitioning.config`) are read here, with ruamel.yaml (YAML 1.2: ``3e-3``
+is a float, ``yes`` is a string). A *key* is the tuple of mapping keys and list
+indices leading to a value (``("rules", 3)``); ``lines`` maps each key to its
+1-based line, to ``(file, line)`` when it came from another file (``base:``),
+or to the ``--set`` flag that replaced it.
+
+Reading is bounded, so no input can hang or crash the reader: at most
+:data:`MAX_BYTES` of UTF-8 text, :data:`MAX_DEPTH` levels of nesting and
+:data:`MAX_NODES` values after alias expansion (a "billion laughs" alias bomb
+is refused, not expanded); recursive aliases, non-string keys and duplicate
+keys are errors naming the line.
 
 Example::
 
@@ -14,61 +22,163 @@ Example::
 
 from __future__ import annotations
 
+import datetime
+import io
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.nodes import MappingNode, SequenceNode
 
 from partitioning.errors import ConfigError
 
 Key = tuple[Any, ...]
-Lines = dict[Key, Any]   # key -> line number (int) or the --set flag (str) that set it
+Lines = dict[Key, Any]   # key -> line (int), (file, line) from another file, or the --set flag (str)
+
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 64
+MAX_NODES = 100_000
 
 
-class _Loader(yaml.SafeLoader):
-    pass
+def _yaml() -> YAML:
+    y = YAML(typ="rt", pure=True)
+    y.allow_duplicate_keys = False
+    return y
 
 
-def read_yaml(path: str | Path, what: str = "YAML file") -> tuple[Any, Lines]:
-    """Parses a YAML file keeping the 1-based line of every mapping key and list item.
-
-    ``what`` names the file in errors (``no such config file``).
-    """
-    path = Path(path)
+def read_text(path: Path, what: str) -> str:
+    """The file's text: bounded in size, UTF-8 (a BOM is fine), else one ConfigError."""
     try:
-        text = path.read_text()
+        size = path.stat().st_size
+        if path.is_dir():
+            raise ConfigError(f"{path}: is a folder, not a {what}")
+        if size > MAX_BYTES:
+            raise ConfigError(f"{path}: {size:,} bytes; a {what} is at most {MAX_BYTES:,} bytes")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such {what}") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what}: {e.strerror}") from None
     try:
-        node = yaml.compose(text, Loader=_Loader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}{line}: invalid YAML: {problem}") from None
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        kind = "UTF-16 text" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else "binary data"
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start} looks like {kind}); save it as UTF-8") from None
+
+
+def _mark_line(e: YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    return f":{mark.line + 1}" if mark is not None else ""
+
+
+def _check_graph(node: Any, path: Path) -> None:
+    """Refuses recursive aliases, nesting deeper than MAX_DEPTH and alias expansion past MAX_NODES."""
+    on_path: set[int] = set()
+    stack: list[tuple[Any, int, bool]] = [(node, 1, True)]
+    visited = 0
+    while stack:
+        n, depth, entering = stack.pop()
+        if not entering:
+            on_path.discard(id(n))
+            continue
+        visited += 1
+        line = n.start_mark.line + 1
+        if visited > MAX_NODES:
+            raise ConfigError(f"{path}:{line}: more than {MAX_NODES:,} values after expanding aliases "
+                              f"(an alias bomb?); write the values out")
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{path}:{line}: nested more than {MAX_DEPTH} levels deep")
+        if not isinstance(n, (MappingNode, SequenceNode)):
+            continue
+        if id(n) in on_path:
+            raise ConfigError(f"{path}:{line}: an alias refers to a value that contains it (recursive alias)")
+        on_path.add(id(n))
+        stack.append((n, depth, False))
+        children = [c for pair in n.value for c in pair] if isinstance(n, MappingNode) else list(n.value)
+        stack.extend((c, depth + 1, True) for c in reversed(children))
+
+
+def _plain(value: Any) -> Any:
+    """ruamel's round-trip scalars as plain Python values."""
+    if value is None or isinstance(value, (dict, list)):
+        return value
+    if type(value).__name__ == "ScalarBoolean" or isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return value.isoformat()
+    return value
+
+
+def _convert(value: Any, key: Key, line: int, path: Path, lines: Lines) -> Any:
+    lines.setdefault(key, line)
+    if isinstance(value, Mapping):
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                kind = "a list" if isinstance(k, (list, tuple)) else "a mapping" if isinstance(k, Mapping) else \
+                    f"{type(_plain(k)).__name__} {_plain(k)!r}"
+                raise ConfigError(f"{path}:{line}: {dotted(key) or 'the top level'}: keys must be names (strings), "
+                                  f"got {kind}")
+            try:
+                k_line = value.lc.key(k)[0] + 1
+            except (AttributeError, KeyError, TypeError):   # a key from a merge (<<:): the mapping's own line
+                k_line = line
+            lines[key + (str(k),)] = k_line
+            out[str(k)] = _convert(v, key + (str(k),), k_line, path, lines)
+        return out
+    if isinstance(value, list):
+        out_list = []
+        for i, v in enumerate(value):
+            try:
+                i_line = value.lc.item(i)[0] + 1
+            except (AttributeError, KeyError, TypeError, IndexError):
+                i_line = line
+            out_list.append(_convert(v, key + (i,), i_line, path, lines))
+        return out_list
+    return _plain(value)
+
+
+def read_yaml(path: str | Path, what: str = "YAML file") -> tuple[Any, Lines]:
+    """Parses a YAML file (safely, see the module docstring) keeping the 1-based line of every key and item.
+
+    ``what`` names the file in errors (``no such config file``).
+    """
+    path = Path(path)
+    text = read_text(path, what)
+    return parse_yaml(text, path)
+
+
+def parse_yaml(text: str, path: str | Path = "<text>") -> tuple[Any, Lines]:
+    """:func:`read_yaml` for text already read (``path`` only names it in errors)."""
+    path = Path(path)
+    try:
+        node = _yaml().compose(io.StringIO(text))
+        if node is not None:
+            _check_graph(node, path)
+        data = _yaml().load(io.StringIO(text))
+    except ConfigError:
+        raise
+    except MarkedYAMLError as e:
+        problem = " ".join(str(e.problem or e.context or "invalid YAML").split())
+        dup = re.search(r'duplicate key "([^"]*)"', problem)
+        if dup:
+            raise ConfigError(f"{path}{_mark_line(e)}: {dup.group(1)}: key appears twice") from None
+        raise ConfigError(f"{path}{_mark_line(e)}: invalid YAML: {problem}") from None
+    except YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {' '.join(str(e).split())[:200]}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested more than {MAX_DEPTH} levels deep") from None
     lines: Lines = {}
-    loader = _Loader("")
-
-    def build(n: yaml.Node, key: Key) -> Any:
-        lines.setdefault(key, n.start_mark.line + 1)
-        if isinstance(n, yaml.MappingNode):
-            out: dict[Any, Any] = {}
-            for kn, vn in n.value:
-                k = loader.construct_object(kn, deep=True)
-                if k in out:
-                    raise ConfigError(f"{path}:{kn.start_mark.line + 1}: {dotted(key + (k,))}: key appears twice")
-                lines[key + (k,)] = kn.start_mark.line + 1
-                out[k] = build(vn, key + (k,))
-            return out
-        if isinstance(n, yaml.SequenceNode):
-            return [build(v, key + (i,)) for i, v in enumerate(n.value)]
-        return loader.construct_object(n, deep=True)
-
-    data = build(node, ()) if node is not None else {}
-    return data, lines
+    return (_convert(data, (), 1, path, lines) if data is not None else {}), lines
 
 
 def dotted(key: Key) -> str:
@@ -80,13 +190,15 @@ def dotted(key: Key) -> str:
 
 
 def where(path: str | Path, lines: Mapping[Key, Any], key: Key) -> str:
-    """``file:line: dotted.key`` (or ``file (--set k=v): dotted.key`` for an override)."""
+    """``file:line: dotted.key``, ``other.yaml:line: key`` (from ``base:``) or ``file (--set k=v): key``."""
     k = tuple(key)
     while k and k not in lines:
         k = k[:-1]
     line = lines.get(k)
     if isinstance(line, str):
         loc = f"{path} ({line})"
+    elif isinstance(line, tuple):
+        loc = f"{line[0]}:{line[1]}"
     else:
         loc = f"{path}:{line}" if line is not None else f"{path}"
     return f"{loc}: {dotted(tuple(key))}" if key else loc
@@ -94,7 +206,19 @@ def where(path: str | Path, lines: Mapping[Key, Any], key: Key) -> str:
 
 def dump_yaml(data: Any) -> str:
     """YAML text for plain data, keys in insertion order."""
-    return yaml.safe_dump(data, sort_keys=False)
+    y = YAML(typ="safe", pure=True)
+    y.default_flow_style = False
+    y.sort_base_mapping_type_on_output = False
+    out = io.StringIO()
+    y.dump(data, out)
+    return out.getvalue()
 
 
-__all__ = ["Key", "Lines", "read_yaml", "dotted", "where", "dump_yaml"]
+def load_value(text: str) -> Any:
+    """One YAML value (a ``--set`` right-hand side), as plain Python."""
+    data, _ = parse_yaml(text, "--set")
+    return data
+
+
+__all__ = ["Key", "Lines", "read_yaml", "parse_yaml", "read_text", "dotted", "where", "dump_yaml", "load_value",
+           "MAX_BYTES", "MAX_DEPTH", "MAX_NODES"]

@@ -86,7 +86,7 @@ def test_reference_models_are_imported_only_by_the_config_build_and_the_cli():
                  and not m.startswith("partitioning.models")}
     assert importers == {"partitioning.config.build"}
     # The CLI reaches them only through the build step.
-    assert all(m.startswith("partitioning.cli") or m == "partitioning.config.build" or m.startswith("partitioning.models")
+    assert all(m.startswith(("partitioning.cli", "partitioning.config", "partitioning.models"))
                for m, deps in import_graph().items() if "partitioning.config.build" in deps | {m})
 
 

@@ -14,6 +14,7 @@ from partitioning.config.build import config_devices
 from partitioning.config.load import load_config
 from partitioning.config.schema import Config
 from partitioning.devices import initialize_distributed, simulate_devices
+from partitioning.errors import MeshError
 
 
 def say(msg: str) -> None:
@@ -41,15 +42,31 @@ def distributed_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--process-id", type=int, metavar="I", help="this process's id, 0..N-1")
 
 
-def load_with_devices(args: argparse.Namespace, config: str | None = None) -> Config:
-    """Loads the config (``args.config`` or ``config``) with ``--set``, then sets up its devices."""
+def device_count(args: argparse.Namespace) -> int | None:
+    """``--devices``, checked: a positive integer."""
+    n = getattr(args, "devices", None)
+    if n is not None and n < 1:
+        raise MeshError(f"--devices must be a positive number of devices, got {n}", arg="devices")
+    return n
+
+
+def load_with_devices(args: argparse.Namespace, config: str | None = None, simulate: bool = True) -> Config:
+    """Loads the config (``args.config`` or ``config``) with ``--set``, then sets up its devices.
+
+    ``simulate=False`` leaves devices alone (a mesh priced from shapes only).
+    """
+    requested = device_count(args)
     cfg = load_config(config or args.config, getattr(args, "set", None) or [])
-    n = config_devices(cfg, getattr(args, "devices", None))
+    n = config_devices(cfg, requested)
     multi = [getattr(args, k, None) for k in ("coordinator", "num_processes", "process_id")]
     if getattr(args, "distributed", False) or any(v is not None for v in multi):
         initialize_distributed(*multi, global_devices=n)
-    else:
-        simulate_devices(n, quiet=False)
+    elif simulate:
+        try:
+            simulate_devices(n, quiet=False)
+        except MeshError as e:
+            source = "--devices" if requested else cfg.where("mesh", "devices" if cfg.mesh.devices else "shape")
+            raise MeshError(f"{source}: {e}") from None
     return cfg
 
 

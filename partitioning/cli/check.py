@@ -1,4 +1,10 @@
-"""``partitioning check CONFIG``: validate a config, its mesh and rules against N devices."""
+"""``partitioning check CONFIG``: the pre-flight — every check ``train`` would make, before any step.
+
+Config, mesh, rules, divisibility of params and batch, data size, writable
+``run_dir`` / ``checkpoint.dir``, an existing checkpoint's fit, and the memory
+budget. Meshes this process can simulate are checked on real (CPU) devices;
+larger ones from shapes alone.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +12,41 @@ import argparse
 import warnings
 
 from partitioning.cli.args import config_args, load_with_devices, say
-from partitioning.config.build import abstract_model, mesh_from_config
-from partitioning.layout import tree_layouts
+from partitioning.cli.compiling import IN_PROCESS_MAX, plan_devices
+from partitioning.config.preflight import preflight, preflight_abstract
 
-HELP = "validate a config, its mesh and rules against N devices; print OK or the error"
+HELP = "the pre-flight: every check train would make (config, mesh, rules, batch, data, dirs, checkpoint, memory)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     config_args(p)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--resume", dest="resume", action="store_true", default=None,
+                   help="check as `train --resume` would (a checkpoint must exist and fit)")
+    g.add_argument("--no-resume", dest="resume", action="store_false", help="check as `train --no-resume` would")
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_with_devices(args)
-    mesh = mesh_from_config(cfg, args.devices)
-    cfg.rules.validate(mesh)
-    _, abstract = abstract_model(cfg)
+    cfg = load_with_devices(args, simulate=False)
+    devices = plan_devices(cfg, args.devices)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        layouts = tree_layouts(abstract, mesh, cfg.rules, on_indivisible=cfg.on_indivisible)
+        if devices <= IN_PROCESS_MAX:
+            load_with_devices(args)            # simulate the devices now that the count is known to be small
+            ready = preflight(cfg, devices=devices, resume=args.resume)
+            mesh = dict(ready.mesh.shape)
+        else:
+            ready = preflight_abstract(cfg, devices, resume=args.resume)
+            mesh = dict(ready.mesh)
     for w in caught:
-        say(f"warning: {w.message}")
-    params = [l for l in layouts if l.path.startswith("params/")]
-    n_params = sum(l.size for l in params)
-    print(f"OK: {cfg.path}: model {cfg.model_name} ({n_params:,} parameters, {len(params)} arrays) "
-          f"on mesh {dict(mesh.shape)} ({mesh.size} devices) with {len(cfg.rules)} rules")
+        if "Indivisible" in type(w.message).__name__ or "divisible" in str(w.message):
+            say(f"warning: {w.message}")
+    plan = ready.plan
+    n_params = plan.num_params
+    print(f"OK: {cfg.path}: model {cfg.model_name} ({n_params:,} parameters, {len(plan.params)} arrays) "
+          f"on mesh {mesh} ({devices} devices) with {len(cfg.rules)} rules")
+    if ready.budget is not None:
+        print(f"memory: {ready.budget.describe()}")
+    if ready.resume_step is not None:
+        print(f"resume: train would continue from the checkpoint at step {ready.resume_step} in {ready.checkpoint_dir}")
     return 0

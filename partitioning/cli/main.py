@@ -71,7 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except PartitioningError as e:
-        say(f"error: {' '.join(str(e).split())}")
+        # One line per error (a config reports all of its errors at once).
+        for line in str(e).splitlines() or [type(e).__name__]:
+            say(f"error: {' '.join(line.split())}")
         return EXIT_USAGE
     except KeyboardInterrupt:
         say("interrupted")

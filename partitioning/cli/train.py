@@ -18,9 +18,8 @@ from pathlib import Path
 import jax
 
 from partitioning.cli.args import config_args, distributed_args, load_with_devices
-from partitioning.config.build import (
-    checkpoint_hook_from_config, data_from_config, dataset_from_config, mesh_from_config, trainer_from_config,
-)
+from partitioning.config.build import checkpoint_hook_from_config, model_options_resolved
+from partitioning.config.preflight import preflight
 from partitioning.train.data import Corpus
 from partitioning.train.hooks import JsonlLogger
 from partitioning.train.loop import fit
@@ -51,22 +50,23 @@ def _describe(dataset) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_with_devices(args)  # sets up (simulated) devices before any jax computation
-    mesh = mesh_from_config(cfg, args.devices)
-    dataset = dataset_from_config(cfg)
-    trainer = trainer_from_config(cfg, mesh, dataset)
-    _, train_batches, eval_batches = data_from_config(cfg, trainer, dataset)
-    run_dir = Path(cfg.run_dir)
+    # Every check first: a run that fails here has written nothing.
+    ready = preflight(cfg, devices=args.devices, resume=args.resume)
+    trainer, mesh, run_dir = ready.trainer, ready.mesh, ready.run_dir
+    train_batches, eval_batches = ready.train_batches, ready.eval_batches
     main = jax.process_index() == 0
-    if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(cfg.to_yaml())
-        opt = " (optimizer state: its own rules)" if cfg.optimizer_rules is not None else ""
-        print(f"train: {cfg.model_name} ({trainer.num_params:,} params) on mesh {dict(mesh.shape)} "
-              f"with {len(cfg.rules)} rules{opt}; task {trainer.task.name}; data {_describe(dataset)}; "
-              f"run_dir {run_dir}", flush=True)
     log = (lambda m: print(m, flush=True)) if main else (lambda m: None)
     # The checkpoint hook goes first: it restores before the log is trimmed to that step.
     ckpt = checkpoint_hook_from_config(cfg, trainer, run_dir, resume=args.resume, log=log)
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(cfg.to_yaml(dict(mesh.shape), model_options_resolved(cfg)))
+        opt = " (optimizer state: its own rules)" if cfg.optimizer_rules is not None else ""
+        print(f"train: {cfg.model_name} ({trainer.num_params:,} params) on mesh {dict(mesh.shape)} "
+              f"with {len(cfg.rules)} rules{opt}; task {trainer.task.name}; data {_describe(ready.dataset)}; "
+              f"run_dir {run_dir}", flush=True)
+        if ready.budget is not None and ready.budget.budget is not None:
+            print(f"memory: {ready.budget.describe()}", flush=True)
     logger = JsonlLogger(run_dir / "metrics.jsonl")
     # Restore (or init) directly, so a resumed run never holds a fresh init and
     # the restored state at once.

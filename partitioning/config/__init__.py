@@ -8,6 +8,7 @@ Modules:
   built recursively, options checked against the constructor.
 - :mod:`~partitioning.config.build` — Config -> mesh, model, optimizer, trainer, data, checkpoints, plan
   (imported on its own: it brings the reference models).
+- :mod:`~partitioning.config.preflight` — every check ``train`` makes, before anything is compiled or written.
 
 Example::
 

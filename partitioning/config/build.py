@@ -36,7 +36,7 @@ from partitioning.mesh import make_mesh
 from partitioning.plan.compiled import compiled_view
 from partitioning.plan.coverage import activation_names
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
-from partitioning.registry import model_class
+from partitioning.registry import REQUIRED, constructor_options, model_class
 from partitioning.train.batch import lm_batch
 from partitioning.train.data import VOCAB_SIZE, Corpus, load_corpus
 from partitioning.train.model import NNXModel, as_model
@@ -46,7 +46,7 @@ from partitioning.train.step import Trainer
 from partitioning.train.task import Task, as_task
 
 
-def _at(cfg: Config, error: PartitioningError, keys: dict[str, tuple[str, ...]]) -> PartitioningError:
+def at_key(cfg: Config, error: PartitioningError, keys: dict[str, tuple[str, ...]]) -> PartitioningError:
     """``error`` re-raised at the config key its ``arg`` names (``keys``: arg -> config key)."""
     key = keys.get(error.arg) if error.arg is not None else None
     if key is None:
@@ -70,7 +70,7 @@ def model_from_config(cfg: Config) -> Any:
         try:
             cls = model_class(cfg.model_name)
         except ConfigError as e:
-            raise _at(cfg, e, {"name": ("model", "name")}) from None
+            raise at_key(cfg, e, {"name": ("model", "name")}) from None
         options = build_target(cfg.model_options, path=cfg.path, lines=cfg.lines, key=("model",))
         check_kwargs(cls, options, f"model {cfg.model_name!r}", lambda k: cfg.where("model", *([k] if k else [])))
         obj = Factory(cls, options) if takes_rngs(cls) else _construct(cfg, cls, options)
@@ -86,7 +86,19 @@ def _construct(cfg: Config, cls: Any, options: dict[str, Any]) -> Any:
     try:
         return cls(**options)
     except PartitioningError as e:
-        raise _at(cfg, e, {k: ("model", k) for k in options}) from None
+        raise at_key(cfg, e, {k: ("model", k) for k in options}) from None
+
+
+def model_options_resolved(cfg: Config) -> dict[str, Any]:
+    """The model's options with the constructor's defaults filled in (for a registered model)."""
+    if cfg.model_target:
+        return dict(cfg.model_options)
+    try:
+        defaults = constructor_options(model_class(cfg.model_name))
+    except ConfigError:
+        return dict(cfg.model_options)
+    return {k: cfg.model_options.get(k, d) for k, d in defaults.items()
+            if k in cfg.model_options or d is not REQUIRED and k != "rngs"}
 
 
 def config_devices(cfg: Config, override: int | None = None) -> int | None:
@@ -122,7 +134,7 @@ def dataset_from_config(cfg: Config) -> Any:
     try:
         return load_corpus(cfg.data.path, eval_fraction=cfg.data.eval_fraction)
     except DataError as e:
-        raise _at(cfg, e, {"path": ("data", "path"), "eval_fraction": ("data", "eval_fraction")}) from None
+        raise at_key(cfg, e, {"path": ("data", "path"), "eval_fraction": ("data", "eval_fraction")}) from None
 
 
 def batch_from_config(cfg: Config, dataset: Any = None) -> Any:
@@ -148,7 +160,7 @@ def task_from_config(cfg: Config) -> Task:
     try:
         task = as_task(loss)
     except ConfigError as e:
-        raise _at(cfg, e, {"loss": ("train", "loss")}) from None
+        raise at_key(cfg, e, {"loss": ("train", "loss")}) from None
     if t.inputs is not None:
         inputs = build_target(t.inputs, path=cfg.path, lines=cfg.lines, key=("train", "inputs"), call=False)
         task = dataclasses.replace(task, inputs=inputs)
@@ -175,7 +187,7 @@ def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh, dataset: Any = Non
                        task=task_from_config(cfg), rng_streams=t.rngs, seed=t.seed,
                        optimizer_rules=cfg.optimizer_rules, on_indivisible=cfg.on_indivisible, grad_accum=t.grad_accum)
     except ShardingError as e:
-        raise _at(cfg, e, {"batch_size": ("train", "batch_size"), "grad_accum": ("train", "grad_accum")}) from None
+        raise at_key(cfg, e, {"batch_size": ("train", "batch_size"), "grad_accum": ("train", "grad_accum")}) from None
 
 
 def _model_vocab(model: Any) -> Any:
@@ -255,6 +267,6 @@ def compiled_from_config(cfg: Config, devices: int, plan: Plan | None = None) ->
                          input_names=("", "batch"), output_names=("", "metrics"))
 
 
-__all__ = ["model_from_config", "config_devices", "mesh_from_config", "optimizer_from_config", "abstract_model",
+__all__ = ["at_key", "model_options_resolved", "model_from_config", "config_devices", "mesh_from_config", "optimizer_from_config", "abstract_model",
            "dataset_from_config", "batch_from_config", "task_from_config", "trainer_from_config", "data_from_config",
            "checkpoint_hook_from_config", "plan_from_config", "compiled_from_config", "jsonable"]

@@ -1,11 +1,17 @@
-"""Loading a run config: YAML -> typed :class:`Config`; every error names file, line and key.
+"""Loading a run config: YAML -> typed :class:`Config`; every error of a file at once, each at ``file:line: key``.
 
 A run config has sections ``model``, ``mesh``, ``rules`` (required) and
 ``data``, ``optimizer``, ``train``, ``checkpoint``, ``run_dir``,
-``on_indivisible``, ``optimizer_rules`` (optional). See the README's config
-reference. ``--set a.b.c=value`` overrides any key (value parsed as YAML).
-The model section is checked against the model itself when it is built
-(:mod:`partitioning.config.build`), which is where the models are known.
+``on_indivisible``, ``optimizer_rules``, ``base`` (optional); see the README's
+config reference and :mod:`partitioning.config.schema`.
+
+- ``base: other.yaml`` extends another config (MaxText-style): its keys apply
+  unless this file sets them (mappings merge key by key; other values are
+  replaced). Errors in inherited keys name the other file's line.
+- ``--set a.b.c=value`` overrides any key (the value is YAML); errors in an
+  overridden key name the flag.
+- The model section is checked against the model itself when it is built
+  (:mod:`partitioning.config.build`), which is where the models are known.
 
 Example::
 
@@ -16,76 +22,22 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pydantic import BaseModel, ValidationError
 
-from partitioning.config.schema import CHOICES, REQUIRED, SECTIONS, TOP_KEYS, Config, field_key
-from partitioning.errors import ConfigError, MeshError, RuleError, did_you_mean
-from partitioning.mesh import MeshSpec
-from partitioning.resolve import ON_INDIVISIBLE
+from partitioning.config.schema import REQUIRED, SECTIONS, TOP_KEYS, Config, DataConfig
+from partitioning.errors import ConfigError, PartitioningError, RuleError, did_you_mean
 from partitioning.rules import Rules
-from partitioning.yamlfile import Key, read_yaml, where as _where
+from partitioning.yamlfile import Key, Lines, dotted, load_value, read_yaml, where as _where
 
 TARGET = "_target_"
-
-
-def _type_ok(value: Any, default: Any, annotation: str) -> bool:
-    if value is None:
-        return "None" in annotation
-    if "bool" in annotation:
-        return isinstance(value, bool)
-    if "float" in annotation:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if "int" in annotation and "dict" not in annotation:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation.startswith("list[str]"):
-        return isinstance(value, list) and all(isinstance(x, str) for x in value)
-    if "str" in annotation and "dict" not in annotation:
-        return isinstance(value, str)
-    if "dict" in annotation:
-        return isinstance(value, Mapping)
-    return True
-
-
-def _expected(annotation: str) -> str:
-    a = annotation.replace(" | None", " or null")
-    return {"dict[str, int]": "a mapping of axis name to size"}.get(a, a)
-
-
-def _build_section(cls: type, data: Any, path: str, lines, key: Key):
-    if data is None:
-        return cls()
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{_where(path, lines, key)}: expected a mapping, got {type(data).__name__}")
-    if TARGET in data and "target" in {f.name for f in dataclasses.fields(cls)}:
-        # `_target_` names an object built from the section's other keys (only `seed` stays ours).
-        rest = {k: v for k, v in data.items() if k != "seed"}
-        return cls(target=rest, **({"seed": data["seed"]} if "seed" in data else {}))
-    fields = {field_key(f.name): f for f in dataclasses.fields(cls) if f.name != "target"}
-    kwargs = {}
-    for k, v in data.items():
-        if k not in fields:
-            raise ConfigError(
-                f"{_where(path, lines, key + (k,))}: unknown key (valid: {', '.join(fields)}){did_you_mean(str(k), fields)}"
-            )
-        f = fields[k]
-        if not _type_ok(v, f.default, str(f.type)):
-            raise ConfigError(
-                f"{_where(path, lines, key + (k,))}: expected {_expected(str(f.type))}, got {type(v).__name__} {v!r}"
-            )
-        choices = CHOICES.get((key[-1], k))
-        if choices and v not in choices:
-            raise ConfigError(
-                f"{_where(path, lines, key + (k,))}: must be one of {', '.join(choices)}, got {v!r}"
-                f"{did_you_mean(str(v), choices)}"
-            )
-        kwargs[f.name] = float(v) if "float" in str(f.type) and isinstance(v, int) else v
-    return cls(**kwargs)
+MAX_BASES = 16
 
 
 def load_rules_file(path: str | Path) -> Rules:
@@ -93,33 +45,179 @@ def load_rules_file(path: str | Path) -> Rules:
     return Rules.from_yaml(path)
 
 
-def _apply_override(data: dict, lines: dict, text: str) -> None:
+# -- files and bases --------------------------------------------------------------------------
+
+def _merge(base: dict, base_lines: Lines, over: dict, over_lines: Lines, key: Key = ()) -> None:
+    """Merges ``over`` into ``base`` in place (mappings key by key); lines follow the value that wins."""
+    for k, v in over.items():
+        sub = key + (k,)
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            base_lines[sub] = over_lines.get(sub, base_lines.get(sub))
+            _merge(base[k], base_lines, v, over_lines, sub)
+            continue
+        base[k] = v
+        for old in [x for x in base_lines if x[: len(sub)] == sub]:
+            del base_lines[old]
+        base_lines.update({x: line for x, line in over_lines.items() if x[: len(sub)] == sub})
+
+
+def _read(path: Path, shown: str, chain: tuple[str, ...]) -> tuple[dict, Lines]:
+    data, lines = read_yaml(path, "config file")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{shown}: a run config is a mapping with sections {', '.join(REQUIRED)}")
+    base = data.pop("base", None)
+    if base is None:
+        return data, lines
+    here = _where(shown, lines, ("base",))
+    if not isinstance(base, str):
+        raise ConfigError(f"{here}: expected the path of a config file to extend, got {type(base).__name__}")
+    base_path = Path(base) if Path(base).is_absolute() else path.parent / base
+    resolved = str(base_path.resolve())
+    if resolved in chain or len(chain) >= MAX_BASES:
+        raise ConfigError(f"{here}: 'base' files extend each other in a loop ({' -> '.join(chain + (resolved,))})")
+    if not base_path.exists():
+        raise ConfigError(f"{here}: no such config file {base!r} (looked in {path.parent or '.'})")
+    base_shown = os.path.relpath(base_path) if not Path(base).is_absolute() else base
+    inherited, inherited_lines = _read(base_path, base_shown, chain + (resolved,))
+    # Keys from the base file are located in that file.
+    inherited_lines = {k: (v if isinstance(v, (tuple, str)) else (base_shown, v)) for k, v in inherited_lines.items()}
+    _merge(inherited, inherited_lines, data, {k: v for k, v in lines.items() if k != ("base",)})
+    return inherited, inherited_lines
+
+
+# -- --set overrides ----------------------------------------------------------------------------
+
+def _apply_override(data: dict, lines: Lines, text: str) -> None:
+    flag = f"--set {text}"
     if "=" not in text:
-        raise ConfigError(f"--set {text}: expected KEY=VALUE, e.g. train.steps=100")
-    dotted, raw = text.split("=", 1)
-    keys = dotted.strip().split(".")
+        raise ConfigError(f"{flag}: expected KEY=VALUE, e.g. train.steps=100")
+    dotted_key, raw = text.split("=", 1)
+    keys = dotted_key.strip().split(".")
+    if not all(keys):
+        raise ConfigError(f"{flag}: {dotted_key!r} is not a key; write dotted names, e.g. train.steps=100")
+    if keys[0] not in TOP_KEYS:
+        raise ConfigError(f"{flag}: unknown key {keys[0]!r}{did_you_mean(keys[0], TOP_KEYS)}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw
+        value = load_value(raw) if raw.strip() else None
+    except ConfigError:
+        value = raw   # not YAML: take it as a string, the schema says whether that is right
     node = data
     for i, k in enumerate(keys[:-1]):
-        if i == 0 and k not in TOP_KEYS:
-            raise ConfigError(f"--set {text}: unknown key {k!r}{did_you_mean(k, TOP_KEYS)}")
-        if not isinstance(node.get(k), dict):
+        if k not in node or node[k] is None:
             node[k] = {}
+        elif not isinstance(node[k], dict):
+            raise ConfigError(f"{flag}: {'.'.join(keys[: i + 1])} is a {type(node[k]).__name__} "
+                              f"({node[k]!r}), not a mapping with keys")
         node = node[k]
-    if len(keys) == 1 and keys[0] not in TOP_KEYS:
-        raise ConfigError(f"--set {text}: unknown key {keys[0]!r}{did_you_mean(keys[0], TOP_KEYS)}")
     node[keys[-1]] = value
     # The overridden subtree has no file lines any more: errors point at the flag.
     for k in [k for k in lines if k[: len(keys)] == tuple(keys)]:
         del lines[k]
-    lines[tuple(keys)] = f"--set {text}"  # type: ignore[assignment]
+    lines[tuple(keys)] = flag
+
+
+# -- validation messages ------------------------------------------------------------------------
+
+_TYPE_NAMES = {"int_type": "int", "int_parsing": "int", "float_type": "float", "float_parsing": "float",
+               "bool_type": "true or false", "bool_parsing": "true or false", "string_type": "a string",
+               "dict_type": "a mapping", "list_type": "a list", "none_required": "null",
+               "literal_error": None, "int_from_float": "int"}
+_RANGES = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"), "less_than_equal": ("<=", "le"),
+           "less_than": ("<", "lt")}
+
+
+def _field_path(data: Any, loc: Sequence[Any]) -> tuple[Any, ...]:
+    """The part of a pydantic error location that names keys of the data (not union member tags)."""
+    out, node = [], data
+    for part in loc:
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            break
+        out.append(part)
+    return tuple(out)
+
+
+def _model_keys(model: type[BaseModel]) -> list[str]:
+    return [f.alias or name for name, f in model.model_fields.items() if name != "target"]
+
+
+def _show(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+def _messages(e: ValidationError, section: str, data: Any, model: type[BaseModel], path: str,
+              lines: Lines) -> list[str]:
+    """One ``file:line: key: expected ...`` line per field a pydantic error names."""
+    by_field: dict[tuple[Any, ...], list[dict]] = {}
+    for err in e.errors():
+        by_field.setdefault(_field_path(data, err["loc"]), []).append(err)
+    out = []
+    for field, errs in by_field.items():
+        here = _where(path, lines, (section,) + field)
+        kinds = {err["type"] for err in errs}
+        value = errs[0].get("input")
+        if "extra_forbidden" in kinds:
+            valid = _model_keys(model)
+            out.append(f"{here}: unknown key (valid: {', '.join(valid)}){did_you_mean(str(field[-1]), valid)}")
+        elif "missing" in kinds:
+            out.append(f"{here}: missing required key")
+        elif kinds & set(_RANGES):
+            err = next(x for x in errs if x["type"] in _RANGES)
+            op, name = _RANGES[err["type"]]
+            out.append(f"{here}: must be {op} {err['ctx'][name]}, got {value!r}")
+        elif "literal_error" in kinds:
+            err = next(x for x in errs if x["type"] == "literal_error")
+            choices = re.findall(r"'([^']*)'", str(err["ctx"].get("expected", "")))
+            out.append(f"{here}: must be one of {', '.join(choices)}, got {value!r}{did_you_mean(str(value), choices)}")
+        elif "value_error" in kinds:
+            err = next(x for x in errs if x["type"] == "value_error")
+            out.append(f"{here}: {str(err['msg']).removeprefix('Value error, ')}")
+        else:
+            names = list(dict.fromkeys(_TYPE_NAMES[k] for k in kinds if _TYPE_NAMES.get(k)))
+            expected = " or ".join(names) if names else errs[0]["msg"].lower()
+            out.append(f"{here}: expected {expected}, got {_show(value)}")
+    return out
+
+
+# -- the config --------------------------------------------------------------------------------
+
+def _section(name: str, value: Any, path: str, lines: Lines, errors: list[str]) -> Any:
+    cls = SECTIONS[name]
+    if value is None:
+        return cls()
+    if not isinstance(value, Mapping):
+        errors.append(f"{_where(path, lines, (name,))}: expected a mapping, got {_show(value)}")
+        return cls()
+    if name == "data" and TARGET in value:
+        # `_target_` names a dataset built from the section's other keys (only `seed` stays ours).
+        seed = value.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            errors.append(f"{_where(path, lines, (name, 'seed'))}: expected an int >= 0, got {_show(seed)}")
+            seed = 0
+        return DataConfig(target={k: v for k, v in value.items() if k != "seed"}, seed=seed)
+    try:
+        return cls.model_validate(value)
+    except ValidationError as e:
+        errors.extend(_messages(e, name, value, cls, path, lines))
+        return cls()
+
+
+def _parse_rules(key: str, value: Any, path: str, lines: Lines, errors: list[str]) -> Rules | None:
+    try:
+        return Rules.parse(value, path, lines, (key,))
+    except PartitioningError as e:
+        errors.append(str(e))
+        return None
 
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Config:
-    """Loads, overrides (``--set`` style ``key=value``) and validates a run config.
+    """Loads, extends (``base:``), overrides (``key=value``) and validates a run config.
+
+    Every error of the file is reported at once: the :class:`ConfigError`'s
+    message has one line per error.
 
     Example::
 
@@ -127,60 +225,57 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
         ('batch', 'data')
     """
     path_s = str(path)
-    data, lines = read_yaml(Path(path), "config file")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path_s}: a run config is a mapping with sections {', '.join(REQUIRED)}")
+    data, lines = _read(Path(path), path_s, (str(Path(path).resolve()),))
+    data = copy.deepcopy(data)
     for o in overrides:
         _apply_override(data, lines, o)
+    errors: list[str] = []
     for k in data:
         if k not in TOP_KEYS:
-            raise ConfigError(
-                f"{_where(path_s, lines, (k,))}: unknown key (valid: {', '.join(TOP_KEYS)}){did_you_mean(str(k), TOP_KEYS)}"
-            )
+            errors.append(f"{_where(path_s, lines, (k,))}: unknown key (valid: {', '.join(TOP_KEYS)})"
+                          f"{did_you_mean(str(k), TOP_KEYS)}")
     for k in REQUIRED:
         if k not in data:
-            raise ConfigError(f"{path_s}: missing required section {k!r}")
+            errors.append(f"{path_s}: missing required section {k!r}")
 
-    model = data["model"]
-    if not isinstance(model, Mapping) or ("name" in model) == (TARGET in model):
-        raise ConfigError(f"{_where(path_s, lines, ('model',))}: expected a mapping with a 'name' key (a registered "
+    model = data.get("model", {})
+    head = "name"
+    if "model" in data:
+        if not isinstance(model, Mapping) or ("name" in model) == (TARGET in model):
+            errors.append(f"{_where(path_s, lines, ('model',))}: expected a mapping with a 'name' key (a registered "
                           f"model, e.g. {{name: gpt}}) or a '_target_' key (module.Class, e.g. "
                           f"{{_target_: my_models.Transformer}})")
-    head = "name" if "name" in model else TARGET
-    options = {k: v for k, v in model.items() if k != head}
+            model = {"name": "?"}
+        head = "name" if "name" in model else TARGET
+        if not isinstance(model[head], str):
+            errors.append(f"{_where(path_s, lines, ('model', head))}: expected a string, got {_show(model[head])}")
 
-    sections = {}
-    for name, cls in SECTIONS.items():
-        sections[name] = _build_section(cls, data.get(name), path_s, lines, (name,))
-    try:
-        MeshSpec.from_mapping(sections["mesh"].shape, sections["mesh"].axis_types)
-    except MeshError as e:
-        raise ConfigError(f"{_where(path_s, lines, ('mesh', 'shape'))}: {e}") from None
-
-    rules = Rules.parse(data["rules"], path_s, lines, ("rules",))
-    try:
-        rules.validate(sections["mesh"].shape)
-    except RuleError as e:
-        raise ConfigError(str(e)) from None
+    sections = {name: _section(name, data.get(name), path_s, lines, errors) for name in SECTIONS}
+    mesh_errors = any(e.split(": ", 2)[1].startswith("mesh") for e in errors if e.count(": ") >= 2)
+    rules = _parse_rules("rules", data["rules"], path_s, lines, errors) if "rules" in data else None
     opt_rules = None
     if data.get("optimizer_rules") is not None:
-        opt_rules = Rules.parse(data["optimizer_rules"], path_s, lines, ("optimizer_rules",))
-        try:
-            opt_rules.validate(sections["mesh"].shape)
-        except RuleError as e:
-            raise ConfigError(str(e)) from None
+        opt_rules = _parse_rules("optimizer_rules", data["optimizer_rules"], path_s, lines, errors)
+    if not mesh_errors:   # a broken mesh would only add noise to the rules' errors
+        for table in (rules, opt_rules):
+            if table is None:
+                continue
+            try:
+                table.validate(sections["mesh"].shape)
+            except RuleError as e:
+                errors.append(str(e))
     on_ind = data.get("on_indivisible", "error")
-    if on_ind not in ON_INDIVISIBLE:
-        raise ConfigError(
-            f"{_where(path_s, lines, ('on_indivisible',))}: must be one of {', '.join(ON_INDIVISIBLE)}, got {on_ind!r}"
-            f"{did_you_mean(str(on_ind), ON_INDIVISIBLE)}"
-        )
-    run_dir = data.get("run_dir", f"runs/{Path(path_s).stem}")
+    if on_ind not in ("error", "replicate"):
+        errors.append(f"{_where(path_s, lines, ('on_indivisible',))}: must be one of error, replicate, got "
+                      f"{on_ind!r}{did_you_mean(str(on_ind), ('error', 'replicate'))}")
+    run_dir = data.get("run_dir") or f"runs/{Path(path_s).stem}"
     if not isinstance(run_dir, str):
-        raise ConfigError(f"{_where(path_s, lines, ('run_dir',))}: expected a path string, got {run_dir!r}")
+        errors.append(f"{_where(path_s, lines, ('run_dir',))}: expected a path string, got {_show(run_dir)}")
+    if errors:
+        raise ConfigError("\n".join(dict.fromkeys(errors)))
     return Config(
-        path=path_s, raw=data, lines=lines, model_name=model[head], model_options=options,
-        model_target=head == TARGET,
+        path=path_s, raw=data, lines=lines, model_name=model[head],
+        model_options={k: v for k, v in model.items() if k != head}, model_target=head == TARGET,
         mesh=sections["mesh"], rules=rules, optimizer_rules=opt_rules, on_indivisible=on_ind,
         data=sections["data"], optimizer=sections["optimizer"], train=sections["train"],
         checkpoint=sections["checkpoint"], run_dir=run_dir,

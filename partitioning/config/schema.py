@@ -1,96 +1,171 @@
-"""The run config's typed sections, their defaults and the choices a key allows.
+"""The run config's typed sections: pydantic v2 models with every default and every range.
+
+Unknown keys are errors (``extra="forbid"``), types are strict (``steps: "10"``
+is not an int; an int is fine where a float is expected) and every number has
+its range. :func:`json_schema` is what ``partitioning config schema`` prints,
+so editors can complete and check YAML configs.
 
 Example::
 
     >>> TrainConfig().steps, OptimizerConfig().name
     (200, 'adamw')
+    >>> TrainConfig(steps=0)
+    Traceback (most recent call last):
+    pydantic_core._pydantic_core.ValidationError: ...
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from partitioning.rules import Rules
 from partitioning.yamlfile import Key, dump_yaml, where
 
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    shape: dict[str, int] = dataclasses.field(default_factory=lambda: {"data": 1, "fsdp": -1})
-    axis_types: str = "auto"
-    devices: int | None = None   # None: all visible devices
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)B?\s*$", re.IGNORECASE)
 
 
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    path: str | None = None       # None: the embedded standard-library corpus
-    eval_fraction: float = 0.05
-    seed: int = 0
-    target: dict[str, Any] | None = None   # {_target_: module.fn, ...}: a dataset object instead of text
+def parse_bytes(value: Any) -> int:
+    """``80GiB``, ``80 GB``, ``512MiB`` or a number of bytes -> bytes (``GiB`` binary, ``GB`` decimal)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 80GiB")
+    if isinstance(value, int):
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"expected a size such as 80GiB or 16GB, got {value!r}")
+    number, unit, binary = m.groups()
+    power = "KMGTP".find(unit.upper()) + 1 if unit else 0
+    return int(float(number) * ((1024 if binary else 1000) ** power))
 
 
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-    name: str = "adamw"
-    lr: float = 3e-3
-    warmup_steps: int = 20
-    schedule: str = "cosine"       # cosine | constant | linear
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    b1: float = 0.9
-    b2: float = 0.95
-    eps: float = 1e-8
-    momentum: float = 0.9          # sgd only
-    clip_norm: float | None = 1.0
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    steps: int = 200
-    batch_size: int = 32
-    seq_len: int = 128
-    grad_accum: int = 1
-    log_every: int = 10
-    eval_every: int = 50
-    eval_batches: int = 4
-    seed: int = 0
-    loss: Any = "next_token"       # next_token | same_token | classification | {_target_: module.fn}
-    step: Any = None               # {_target_: module.fn}: a whole custom step(forward, batch)
-    inputs: Any = None             # {_target_: module.fn}: batch -> the model's args (tuple) or kwargs (dict)
-    rngs: list[str] = dataclasses.field(default_factory=lambda: ["dropout"])   # RNG streams for the model
+class MeshConfig(Section):
+    """``mesh:``: axis names and sizes, axis types, devices and their memory."""
+
+    shape: dict[StrictStr, StrictInt] = Field(default_factory=lambda: {"data": 1, "fsdp": -1},
+                                              description="ordered {axis: size}; at most one -1 (the rest)")
+    axis_types: Literal["auto", "explicit"] = "auto"
+    devices: StrictInt | None = Field(default=None, ge=1, description="devices to use; simulated on the CPU if needed")
+    device_memory: StrictInt | StrictStr | None = Field(
+        default=None, description="per-device memory budget, e.g. 80GiB (default: what the device reports)")
+
+    @field_validator("shape")
+    @classmethod
+    def _shape(cls, v: dict[str, int]) -> dict[str, int]:
+        if not v:
+            raise ValueError("needs at least one axis, e.g. {data: -1}")
+        for name, size in v.items():
+            if not name:
+                raise ValueError("axis names must be non-empty")
+            if size < 1 and size != -1:
+                raise ValueError(f"axis {name!r}: size must be a positive integer or -1, got {size}")
+        if sum(1 for s in v.values() if s == -1) > 1:
+            raise ValueError(f"mesh {dict(v)} has more than one -1; at most one axis can take the rest of the devices")
+        return v
+
+    @field_validator("device_memory")
+    @classmethod
+    def _memory(cls, v: Any) -> Any:
+        if v is not None and parse_bytes(v) < 1:
+            raise ValueError("must be at least 1 byte")
+        return v
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return None if self.device_memory is None else parse_bytes(self.device_memory)
 
 
-@dataclasses.dataclass(frozen=True)
-class CheckpointConfig:
-    dir: str | None = None         # None: RUN_DIR/checkpoints
-    every: int = 0                 # 0: only at the end (and on Ctrl-C / SIGTERM)
-    keep: int = 3
-    keep_best: bool = False
-    async_: bool = True
+class DataConfig(Section):
+    """``data:``: the text to train on (or ``_target_``: any dataset object)."""
+
+    path: StrictStr | None = Field(default=None, description="a text file or folder; null: the embedded corpus")
+    eval_fraction: float = Field(default=0.05, gt=0, lt=1)
+    seed: StrictInt = Field(default=0, ge=0, description="order of training examples")
+    target: dict[str, Any] | None = Field(default=None, exclude=True)   # {_target_: module.fn, ...}
 
 
-SECTIONS = {
-    "mesh": MeshConfig, "data": DataConfig, "optimizer": OptimizerConfig,
-    "train": TrainConfig, "checkpoint": CheckpointConfig,
-}
-TOP_KEYS = ["model", "mesh", "rules", "optimizer_rules", "on_indivisible", "data",
-            "optimizer", "train", "checkpoint", "run_dir"]
+class OptimizerConfig(Section):
+    """``optimizer:``: adamw / adafactor / sgd with warmup and a decay schedule."""
+
+    name: Literal["adamw", "adafactor", "sgd"] = "adamw"
+    lr: float = Field(default=3e-3, gt=0)
+    warmup_steps: StrictInt = Field(default=20, ge=0)
+    schedule: Literal["cosine", "constant", "linear"] = "cosine"
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    weight_decay: float = Field(default=0.1, ge=0)
+    b1: float = Field(default=0.9, ge=0, lt=1)
+    b2: float = Field(default=0.95, ge=0, lt=1)
+    eps: float = Field(default=1e-8, gt=0)
+    momentum: float = Field(default=0.9, ge=0, le=1, description="sgd only")
+    clip_norm: float | None = Field(default=1.0, gt=0, description="global-norm clipping; null: off")
+
+
+class TrainConfig(Section):
+    """``train:``: steps, the global batch, logging, evaluation, the task and its RNG streams."""
+
+    steps: StrictInt = Field(default=200, ge=1)
+    batch_size: StrictInt = Field(default=32, ge=1, description="global; divisible by the batch mesh axes")
+    seq_len: StrictInt = Field(default=128, ge=1)
+    grad_accum: StrictInt = Field(default=1, ge=1)
+    log_every: StrictInt = Field(default=10, ge=1)
+    eval_every: StrictInt = Field(default=50, ge=0)
+    eval_batches: StrictInt = Field(default=4, ge=0, description="0: no eval")
+    seed: StrictInt = Field(default=0, ge=0)
+    loss: StrictStr | dict[str, Any] = Field(default="next_token",
+                                             description="next_token | same_token | classification | {_target_: fn}")
+    step: dict[str, Any] | None = Field(default=None, description="{_target_: fn}: a whole step(forward, batch)")
+    inputs: dict[str, Any] | None = Field(default=None, description="{_target_: fn}: batch -> model args/kwargs")
+    rngs: list[StrictStr] = Field(default_factory=lambda: ["dropout"], description="RNG streams for the model")
+
+
+class CheckpointConfig(Section):
+    """``checkpoint:``: where, how often, how many to keep."""
+
+    dir: StrictStr | None = Field(default=None, description="null: RUN_DIR/checkpoints")
+    every: StrictInt = Field(default=0, ge=0, description="0: only at the end (and on Ctrl-C / SIGTERM)")
+    keep: StrictInt = Field(default=3, ge=0, description="the last N; 0: keep all")
+    keep_best: StrictBool = False
+    async_: StrictBool = Field(default=True, alias="async")
+
+
+class RunConfig(Section):
+    """A whole run config, as a JSON Schema (``partitioning config schema``) and for validation."""
+
+    model: dict[str, Any] = Field(description="{name: gpt, ...} or {_target_: module.Class, ...}")
+    mesh: MeshConfig = Field(default_factory=MeshConfig)
+    rules: Any = Field(description="a preset, a rules file, a list of [logical, mesh_axes] or "
+                                   "{preset, extra, batch_axes}")
+    optimizer_rules: Any = None
+    on_indivisible: Literal["error", "replicate"] = "error"
+    data: DataConfig = Field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    run_dir: StrictStr | None = Field(default=None, description="default: runs/<config file name>")
+    base: StrictStr | None = Field(default=None, description="a config this one extends (its keys win)")
+
+
+SECTIONS = {"mesh": MeshConfig, "data": DataConfig, "optimizer": OptimizerConfig, "train": TrainConfig,
+            "checkpoint": CheckpointConfig}
+TOP_KEYS = list(RunConfig.model_fields)
 REQUIRED = ["model", "mesh", "rules"]
-CHOICES = {
-    ("mesh", "axis_types"): ("auto", "explicit"),
-    ("optimizer", "name"): ("adamw", "adafactor", "sgd"),
-    ("optimizer", "schedule"): ("cosine", "constant", "linear"),
-}
 
 
-def field_key(name: str) -> str:
-    """The YAML key of a dataclass field (``async_`` is ``async``)."""
-    return "async" if name == "async_" else name
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a run config (for editors)."""
+    schema = RunConfig.model_json_schema(by_alias=True)
+    schema["title"] = "partitioning run config"
+    return schema
 
 
-@dataclasses.dataclass(frozen=True)
 class Config:
-    """A validated run config. ``raw`` is the resolved mapping (overrides applied).
+    """A validated run config. ``raw`` is what the file(s) and ``--set`` said; sections are typed.
 
     Example::
 
@@ -99,29 +174,48 @@ class Config:
         ('gpt', 32, 'configs/quickstart.yaml:42: train.steps')
     """
 
-    path: str
-    raw: dict[str, Any]
-    lines: dict[Key, int]
-    model_name: str                # a registered name, or the `_target_` (module.attr)
-    model_options: dict[str, Any]
-    model_target: bool
-    mesh: MeshConfig
-    rules: Rules
-    optimizer_rules: Rules | None
-    on_indivisible: str
-    data: DataConfig
-    optimizer: OptimizerConfig
-    train: TrainConfig
-    checkpoint: CheckpointConfig
-    run_dir: str
+    def __init__(self, *, path: str, raw: dict[str, Any], lines: dict[Key, Any], model_name: str,
+                 model_options: dict[str, Any], model_target: bool, mesh: MeshConfig, rules: Rules,
+                 optimizer_rules: Rules | None, on_indivisible: str, data: DataConfig, optimizer: OptimizerConfig,
+                 train: TrainConfig, checkpoint: CheckpointConfig, run_dir: str):
+        self.path, self.raw, self.lines = path, raw, lines
+        self.model_name, self.model_options, self.model_target = model_name, model_options, model_target
+        self.mesh, self.rules, self.optimizer_rules, self.on_indivisible = mesh, rules, optimizer_rules, on_indivisible
+        self.data, self.optimizer, self.train, self.checkpoint, self.run_dir = data, optimizer, train, checkpoint, run_dir
 
     def where(self, *key: Any) -> str:
         """``file:line: dotted.key`` of a key of this config (or the ``--set`` flag that set it)."""
         return where(self.path, self.lines, key)
 
-    def to_yaml(self) -> str:
-        return dump_yaml(self.raw)
+    def resolved(self, mesh_sizes: dict[str, int] | None = None, model_options: dict[str, Any] | None = None) -> dict:
+        """Every key with its value or default, the rule tables written out, mesh sizes resolved if given."""
+        model_head = "_target_" if self.model_target else "name"
+        mesh = self.mesh.model_dump(by_alias=True)
+        if mesh_sizes is not None:
+            mesh["shape"] = dict(mesh_sizes)
+        rules = self.rules.to_list()
+        out: dict[str, Any] = {
+            "model": {model_head: self.model_name, **(model_options or self.model_options)},
+            "mesh": mesh,
+            "rules": rules,
+        }
+        if self.rules.declared_batch_axes is not None:
+            out["rules"] = {"extra": rules, "batch_axes": list(self.rules.declared_batch_axes)}
+        out["optimizer_rules"] = self.optimizer_rules.to_list() if self.optimizer_rules is not None else None
+        out["on_indivisible"] = self.on_indivisible
+        data = self.data.model_dump(by_alias=True)
+        if self.data.target is not None:
+            data = {**self.data.target, "seed": self.data.seed}
+        out["data"] = data
+        for name in ("optimizer", "train", "checkpoint"):
+            out[name] = getattr(self, name).model_dump(by_alias=True)
+        out["run_dir"] = self.run_dir
+        return out
+
+    def to_yaml(self, mesh_sizes: dict[str, int] | None = None, model_options: dict[str, Any] | None = None) -> str:
+        """:meth:`resolved` as YAML: what ``config show`` prints and ``run_dir/config.yaml`` holds."""
+        return dump_yaml(self.resolved(mesh_sizes, model_options))
 
 
-__all__ = ["Config", "MeshConfig", "DataConfig", "OptimizerConfig", "TrainConfig", "CheckpointConfig",
-           "SECTIONS", "TOP_KEYS", "REQUIRED", "CHOICES", "field_key"]
+__all__ = ["Config", "RunConfig", "MeshConfig", "DataConfig", "OptimizerConfig", "TrainConfig", "CheckpointConfig",
+           "SECTIONS", "TOP_KEYS", "REQUIRED", "json_schema", "parse_bytes"]

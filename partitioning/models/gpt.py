@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from partitioning.boxes import logical_spec, param_for_compute, with_logical_constraint, with_logical_partitioning
+from partitioning.errors import ConfigError
+from partitioning.models.checks import choice, divides, float_dtype, positive
 from partitioning.registry import register_model
 
 REMAT_POLICIES = {
@@ -193,15 +195,23 @@ class GPT(nn.Module):
     dtype: str = "float32"          # compute dtype, e.g. bfloat16
     param_dtype: str = "float32"
 
+    def __post_init__(self):
+        positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
+        divides(self, "kv_heads", "heads")
+        if self.head_dim is None:
+            divides(self, "heads", "embed")
+        if not self.rope_theta > 0:
+            raise ConfigError(f"rope_theta must be > 0, got {self.rope_theta!r}", arg="rope_theta")
+        choice(self, "norm", ("rms", "layer"))
+        choice(self, "remat", REMAT_POLICIES)
+        float_dtype(self, "dtype", "param_dtype")
+        super().__post_init__()
+
     @nn.compact
     def __call__(self, tokens, deterministic: bool = True):
-        if self.remat not in REMAT_POLICIES:
-            raise ValueError(f"remat must be one of {list(REMAT_POLICIES)}, got {self.remat!r}")
         dt, pd = jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)
         kv_heads = self.kv_heads or self.heads
         head_dim = self.head_dim or self.embed // self.heads
-        if self.heads % kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({kv_heads})")
         emb = param_for_compute(self.param(
             "embedding", with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")),
             (self.vocab_size, self.embed), pd), ("vocab", "embed"))

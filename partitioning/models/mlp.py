@@ -11,6 +11,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from partitioning.boxes import logical_spec, param_for_compute, with_logical_constraint, with_logical_partitioning
+from partitioning.models.checks import float_dtype, positive
 from partitioning.registry import register_model
 
 _init = nn.initializers.normal(stddev=0.02)
@@ -29,6 +30,11 @@ class MLP(nn.Module):
     layers: int = 2
     dtype: str = "float32"
     param_dtype: str = "float32"
+
+    def __post_init__(self):
+        positive(self, "vocab_size", "embed", "mlp", "layers")
+        float_dtype(self, "dtype", "param_dtype")
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, tokens, deterministic: bool = True):

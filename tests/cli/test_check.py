@@ -41,7 +41,8 @@ def test_check_device_mismatch(write, run_cli_subprocess, base_config):
     path = write("run.yaml", base_config.replace("{data: 1, fsdp: -1, tensor: 1}", "{data: 3, fsdp: 2}").replace("devices: 8", "devices: 4"))
     r = run_cli_subprocess("check", str(path))
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1] == "error: mesh {data: 3, fsdp: 2} needs 6 devices, but there are 4; change a size or use -1 for one axis"
+    assert r.stderr.strip().splitlines()[-1] == (f"error: {path}:8: mesh.shape: mesh {{data: 3, fsdp: 2}} needs 6 devices, but there are 4; "
+                                                "change a size or use -1 for one axis")
 
 
 def test_missing_config_exit_2(tmp_path, run_cli_subprocess):

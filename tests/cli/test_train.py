@@ -61,7 +61,12 @@ def test_train_writes_metrics_config_and_plot(write, tmp_path, run_cli_in_proces
     assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["data"]["seed"] == 3  # the resolved config, overrides applied
-    assert saved == load_config(path, ["data.seed=3"]).raw
+    # Every default, mesh sizes resolved, the rule table written out: it reproduces the run by itself.
+    assert saved["optimizer"]["b2"] == 0.95 and saved["checkpoint"]["keep"] == 3
+    assert -1 not in saved["mesh"]["shape"].values() and saved["rules"][0] == ["batch", ["data", "fsdp"]]
+    again = load_config(run / "config.yaml")
+    assert again.train == load_config(path, ["data.seed=3"]).train and list(again.rules) == list(
+        load_config(path).rules)
     assert out.splitlines()[0].startswith("train: gpt (")
     assert "on mesh {'data': 1, 'fsdp': 8, 'tensor': 1} with 4 rules" in out
     last = out.strip().splitlines()[-1]

@@ -1,0 +1,191 @@
+"""The pre-flight: every check ``train`` would make, before anything is compiled, allocated or written.
+
+``partitioning check`` is the pre-flight; ``partitioning train`` runs the same
+checks first, so a run that passes ``check`` does not fail on a config
+mistake later, and a run that fails changes nothing on disk. In order:
+
+1. the mesh fits the devices (sizes, ``-1``, ``--devices``);
+2. the model builds (options checked against its constructor) and every
+   parameter divides over the mesh axes its rules give it;
+3. the batch (and micro-batch) divides over the batch axes;
+4. the data is there and holds at least one batch for training and for eval;
+5. ``run_dir`` and ``checkpoint.dir`` are folders (or can be made) and writable;
+6. an existing checkpoint fits the model, if the run would resume from it;
+7. the per-device peak fits the memory budget (compiled when a budget is set).
+
+Example::
+
+    >>> ready = preflight(load_config("configs/quickstart.yaml"), devices=None, resume=None)
+    >>> ready.trainer.num_params, ready.resume_step
+    (1115264, None)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from partitioning.checkpoint.disk import flat_saved, list_steps, resolve_checkpoint, saved_tree
+from partitioning.checkpoint.restore import abstract_target, check_fits
+from partitioning.config.build import (
+    at_key, batch_from_config, data_from_config, dataset_from_config, mesh_from_config, plan_from_config,
+    task_from_config, trainer_from_config,
+)
+from partitioning.config.schema import Config
+from partitioning.errors import CheckpointError, ConfigError, DataError, MeshError, ShardingError
+from partitioning.plan.budget import Budget, check_budget, device_memory
+from partitioning.plan.compiled import memory_stats
+from partitioning.plan.plan import Plan, build_plan, mesh_sizes
+from partitioning.train.batch import batch_specs
+from partitioning.train.step import Trainer
+
+
+@dataclasses.dataclass
+class Ready:
+    """What the pre-flight built and found; ``train`` goes on from here."""
+
+    cfg: Config
+    mesh: Any
+    dataset: Any
+    trainer: Trainer | None
+    train_batches: Any
+    eval_batches: Any
+    run_dir: Path
+    checkpoint_dir: Path
+    resume_step: int | None
+    budget: Budget | None
+    plan: Plan | None = None
+
+
+def writable_dir(path: Path, where: str) -> None:
+    """``path`` is a folder, or can be made one, and can be written; else one ConfigError at ``where``."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{where}: {path} is a file, not a folder")
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{where}: cannot make {path}: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where}: cannot write {path}: {existing} is not writable")
+
+
+def _dirs(cfg: Config) -> tuple[Path, Path]:
+    run_dir = Path(cfg.run_dir)
+    writable_dir(run_dir, cfg.where("run_dir") if "run_dir" in cfg.raw else f"{cfg.path}: run_dir")
+    ckpt = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
+    writable_dir(ckpt, cfg.where("checkpoint", "dir") if cfg.checkpoint.dir else f"{cfg.path}: run_dir")
+    return run_dir, ckpt
+
+
+def check_resume(directory: Path, target: Any, resume: bool | None, partial: bool = False) -> int | None:
+    """The step a run would resume from (None: it starts fresh), after checking the checkpoint fits ``target``."""
+    complete = [s for s in list_steps(directory) if s.complete] if directory.is_dir() else []
+    if resume is False or not complete:
+        if resume is True:
+            raise CheckpointError(f"--resume: no complete checkpoint in {directory}")
+        return None
+    ref = resolve_checkpoint(directory)
+    try:
+        check_fits(ref, flat_saved(saved_tree(ref)), target, partial)
+    except CheckpointError as e:
+        raise CheckpointError(f"{e}; to start over with this model use --no-resume (the old checkpoints are "
+                              f"moved aside) or another run_dir") from None
+    return ref.step
+
+
+def _mesh(cfg: Config, devices: int | None):
+    try:
+        return mesh_from_config(cfg, devices)
+    except MeshError as e:
+        raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
+
+
+def _budget(cfg: Config) -> int | None:
+    return cfg.mesh.memory_bytes if cfg.mesh.memory_bytes is not None else device_memory()
+
+
+def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_memory: bool | None = None) -> Ready:
+    """Runs every check ``train`` needs on this process's devices; raises the first problem as one line.
+
+    ``compile_memory``: compile the step for XLA's memory figure (default:
+    only when there is a budget to compare it with).
+    """
+    mesh = _mesh(cfg, devices)
+    dataset = dataset_from_config(cfg)
+    trainer = trainer_from_config(cfg, mesh, dataset)
+    try:
+        _, train, evals = data_from_config(cfg, trainer, dataset)
+    except DataError as e:
+        key = ("data", "path") if cfg.data.path else ("train", "batch_size")
+        raise DataError(f"{cfg.where(*key)}: {e}") from None
+    run_dir, ckpt_dir = _dirs(cfg)
+    target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
+    step = check_resume(ckpt_dir, target, resume)
+    budget = _budget(cfg)
+    a = trainer.abstract_state
+    plan = build_plan(a.params, a.opt_state, mesh, cfg.rules, optimizer_rules=cfg.optimizer_rules,
+                      on_indivisible=cfg.on_indivisible)
+    compiled = None
+    if compile_memory or (compile_memory is None and budget is not None):
+        compiled = memory_stats(trainer.lower_train_step().compile())
+    fit = check_budget(plan, budget, compiled)
+    if not fit.fits:
+        raise fit.error(cfg.where("mesh", "device_memory") if cfg.mesh.device_memory is not None
+                        else f"{cfg.path}: the devices' memory")
+    return Ready(cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan)
+
+
+def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None) -> Ready:
+    """The pre-flight for a mesh larger than this process can hold: from shapes only, nothing simulated."""
+    try:
+        sizes = mesh_sizes(cfg.mesh.shape, devices)
+    except MeshError as e:
+        raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
+    plan, _ = plan_from_config(cfg, devices)
+    if plan.errors:
+        raise ShardingError(plan.errors[0])
+    t = cfg.train
+    micro = t.batch_size // t.grad_accum if t.grad_accum and t.batch_size % t.grad_accum == 0 else None
+    if micro is None:
+        raise ShardingError(f"{cfg.where('train', 'grad_accum')}: batch_size {t.batch_size} must be a positive "
+                            f"multiple of grad_accum {t.grad_accum}")
+    what = f"batch_size {t.batch_size}" if t.grad_accum == 1 else f"micro-batch {micro}"
+    try:
+        batch_specs(batch_from_config(cfg), cfg.rules, sizes, micro_batch=micro, what=what)
+    except ShardingError as e:
+        raise at_key(cfg, e, {"batch_size": ("train", "batch_size")}) from None
+    task_from_config(cfg)
+    run_dir, ckpt_dir = _dirs(cfg)
+    # Without a trainer (no devices), an existing checkpoint's params are compared by path and shape.
+    step = None
+    if resume is not False and ckpt_dir.is_dir() and any(s.complete for s in list_steps(ckpt_dir)):
+        want = {l.path: jax.ShapeDtypeStruct(l.shape, l.dtype) for l in plan.params}
+        step = check_resume(ckpt_dir, _nest(want), resume, partial=True)
+    elif resume is True:
+        raise CheckpointError(f"--resume: no complete checkpoint in {ckpt_dir}")
+    fit = check_budget(plan, _budget(cfg))
+    if not fit.fits:
+        raise fit.error(cfg.where("mesh", "device_memory") if cfg.mesh.device_memory is not None
+                        else f"{cfg.path}: the devices' memory")
+    return Ready(cfg, sizes, None, None, None, None, run_dir, ckpt_dir, step, fit, plan)
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path, leaf in flat.items():
+        node = out
+        parts = path.split("/")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = leaf
+    return out
+
+
+__all__ = ["Ready", "preflight", "preflight_abstract", "writable_dir", "check_resume"]

@@ -1,0 +1,91 @@
+"""The memory budget: does a layout's per-device peak fit the device, and if not, what takes the room.
+
+The peak is XLA's compiled figure when the step was compiled (arguments +
+outputs - aliased + temporaries: the state, the batch and every intermediate),
+else the plan's analytic one (params + gradients + optimizer state per device;
+activations not included, and said so). The budget is ``mesh.device_memory``,
+else what the device reports (``memory_stats()["bytes_limit"]`` on GPUs and
+TPUs; the CPU reports none).
+
+Example::
+
+    >>> fit = check_budget(plan, budget=80 * 2**30, compiled=view.get("memory"))
+    >>> fit.fits, fit.peak, fit.top
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from partitioning.errors import ShardingError
+from partitioning.fmt import fmt_bytes
+from partitioning.plan.plan import Plan
+
+
+def device_memory() -> int | None:
+    """Bytes one device can hold, when the backend says (GPU / TPU); None on the CPU."""
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:  # backends without memory stats
+        return None
+    limit = (stats or {}).get("bytes_limit")
+    return int(limit) if limit else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """A per-device peak against a budget, and the largest consumers of it."""
+
+    budget: int | None
+    peak: int
+    source: str                         # "compiled" | "analytic (params + gradients + optimizer; no activations)"
+    top: tuple[tuple[str, int], ...]     # (what, bytes per device), largest first
+
+    @property
+    def fits(self) -> bool:
+        return self.budget is None or self.peak <= self.budget
+
+    def describe(self) -> str:
+        """One line: the peak, the budget, and what takes the room."""
+        room = "no budget set" if self.budget is None else f"budget {fmt_bytes(self.budget)}"
+        top = ", ".join(f"{what} {fmt_bytes(n)}" for what, n in self.top)
+        return f"peak {fmt_bytes(self.peak)} per device ({self.source}), {room}; largest: {top}"
+
+    def error(self, where: str = "mesh.device_memory") -> ShardingError:
+        """The refusal: numbers, the top three consumers, and what to change."""
+        return ShardingError(
+            f"{where}: this layout needs {fmt_bytes(self.peak)} per device ({self.source}), more than the budget "
+            f"of {fmt_bytes(self.budget)}; largest: " + ", ".join(f"{w} {fmt_bytes(n)}" for w, n in self.top)
+            + "; shard more (fsdp / tensor axes), remat, a smaller batch, or raise mesh.device_memory",
+            arg="device_memory")
+
+
+def consumers(plan: Plan, compiled: dict[str, int] | None = None, top: int = 3) -> tuple[tuple[str, int], ...]:
+    """The largest per-device consumers: each parameter with its gradient and optimizer state, and temporaries."""
+    by_param: dict[str, int] = {}
+    for leaf in plan.params:
+        by_param[leaf.path] = 2 * leaf.per_device_bytes     # the param and its gradient
+    for leaf in plan.opt_state:
+        owner = next((p for p in by_param if leaf.path.endswith("/" + p[len("params/"):])), None)
+        if owner is not None:
+            by_param[owner] += leaf.per_device_bytes
+    items = [(f"{p} (+grad, optimizer)", n) for p, n in by_param.items()]
+    if compiled:
+        items.append(("temporaries (activations, XLA scratch)", int(compiled["temp"])))
+    return tuple(sorted(items, key=lambda x: -x[1])[:top])
+
+
+def check_budget(plan: Plan, budget: int | None, compiled: dict[str, int] | None = None) -> Budget:
+    """The layout's per-device peak against ``budget`` (compiled figures when given)."""
+    if compiled:
+        peak, source = int(compiled["peak_estimate"]), "compiled"
+    else:
+        peak = int(plan.totals["total"]["per_device"])
+        source = "analytic: params + gradients + optimizer state; activations not included"
+    return Budget(budget=budget, peak=peak, source=source, top=consumers(plan, compiled))
+
+
+__all__ = ["Budget", "check_budget", "consumers", "device_memory"]
