@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from orbax.checkpoint.path import step as step_lib
 
 from partitioning.checkpoint.diagnose import diagnose, verify
 from partitioning.errors import CheckpointError
@@ -44,6 +45,9 @@ DEFAULT_ITEM = "default"   # what a plain orbax CheckpointManager names a single
 META_FILE = "metadata"     # orbax JsonSave's file name inside the item directory
 FORMAT = "partitioning.checkpoint/1"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
+# Pruned steps are first renamed (atomically) into this folder, then deleted: a step is either
+# whole where `ls` looks, or gone from there.
+PRUNED = "_pruned"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +106,17 @@ def checkpoints_dir(path: str | os.PathLike) -> Path:
     return p
 
 
+def is_complete(step_dir: Path) -> bool:
+    """A step orbax finalized whose pytree item is all there (a partly deleted step is not)."""
+    try:
+        if not step_lib.is_checkpoint_finalized(step_dir):
+            return False
+    except Exception:   # an unreadable directory is not a complete checkpoint
+        return False
+    return any((step_dir / item / "_METADATA").is_file() for item in (STATE_ITEM, DEFAULT_ITEM)) or \
+        (step_dir / "_METADATA").is_file()
+
+
 def list_steps(path: str | os.PathLike) -> list[StepInfo]:
     """Every step directory, finished or in progress, sorted by step (then finished last)."""
     d = checkpoints_dir(path)
@@ -112,7 +127,7 @@ def list_steps(path: str | os.PathLike) -> list[StepInfo]:
         step = _step_of(c.name)
         if step is None or not c.is_dir():
             continue
-        complete = TMP_SUFFIX not in c.name
+        complete = TMP_SUFFIX not in c.name and is_complete(c)
         try:
             mtime = c.stat().st_mtime
         except OSError:
@@ -228,7 +243,7 @@ def saved_mesh_str(saved: dict[str, Any]) -> str:
 
 
 __all__ = [
-    "CheckpointRef", "StepInfo", "STATE_ITEM", "META_ITEM", "META_FILE", "FORMAT", "TMP_SUFFIX",
+    "CheckpointRef", "StepInfo", "STATE_ITEM", "META_ITEM", "META_FILE", "FORMAT", "TMP_SUFFIX", "PRUNED", "is_complete",
     "checkpoints_dir", "list_steps", "resolve_checkpoint", "read_metadata", "saved_tree", "flat_saved",
     "sharding_str", "saved_mesh_str", "dir_bytes", "is_saved_leaf",
 ]

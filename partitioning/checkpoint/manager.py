@@ -30,7 +30,7 @@ from jax.sharding import NamedSharding
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
 from partitioning.boxes import is_box
-from partitioning.checkpoint.disk import FORMAT, META_ITEM, STATE_ITEM, TMP_SUFFIX
+from partitioning.checkpoint.disk import FORMAT, META_ITEM, PRUNED, STATE_ITEM, TMP_SUFFIX
 from partitioning.checkpoint.restore import checkpoint_metadata, restore_checkpoint
 from partitioning.errors import CheckpointError
 from partitioning.layout import path_str
@@ -135,7 +135,11 @@ class CheckpointManager:
             preservation_policy=ocp_policies.AnyPreservationPolicy(keep),
             best_fn=best_fn, best_mode="min",
             enable_async_checkpointing=async_,
+            # Prune by renaming into PRUNED (atomic), never by deleting in place: a kill mid-prune
+            # cannot leave a half-deleted step that looks complete.
+            todelete_subdir=PRUNED,
         )
+        self._drop_pruned()
         # A save killed mid-write leaves a *.orbax-checkpoint-tmp-* directory: drop it
         # here, synchronously (orbax's own cleanup runs in a thread close() doesn't wait for).
         if jax.process_index() == 0 and self.directory.is_dir():
@@ -195,6 +199,7 @@ class CheckpointManager:
         tracked = None
         if self.keep_best and metrics and _is_number(metrics.get(self.best_metric)):
             tracked = {self.best_metric: float(metrics[self.best_metric])}
+        self._drop_pruned()
         args = ocp.args.Composite(**{
             STATE_ITEM: ocp.args.StandardSave(state),
             META_ITEM: ocp.args.JsonSave(self._step_meta(step, state, metrics)),
@@ -211,9 +216,17 @@ class CheckpointManager:
         except OSError as e:
             raise CheckpointError(f"{self.directory}: a checkpoint write failed: {e.strerror or e}") from None
 
+    def _drop_pruned(self) -> None:
+        """Deletes the steps orbax pruned (renamed into PRUNED); each entry, so a rename in flight is safe."""
+        pruned = self.directory / PRUNED
+        if jax.process_index() == 0 and pruned.is_dir():
+            for c in list(pruned.iterdir()):
+                shutil.rmtree(c, ignore_errors=True)
+
     def close(self) -> None:
         self.wait()
         self._mngr.close()
+        self._drop_pruned()
 
     def __enter__(self) -> "CheckpointManager":
         return self

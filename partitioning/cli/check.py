@@ -16,6 +16,9 @@ from partitioning.cli.compiling import IN_PROCESS_MAX, plan_devices
 from partitioning.config.preflight import preflight, preflight_abstract
 
 HELP = "the pre-flight: every check train would make (config, mesh, rules, batch, data, dirs, checkpoint, memory)"
+EXAMPLES = """examples:
+  partitioning check configs/quickstart.yaml
+  partitioning check configs/llama3_70b.yaml --devices 2048 --set mesh.device_memory=80GiB"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

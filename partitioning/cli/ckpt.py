@@ -19,7 +19,6 @@ import time
 from typing import Any
 
 import jax.numpy as jnp
-import yaml
 from rich.table import Table
 
 from partitioning.checkpoint.diagnose import verify
@@ -33,8 +32,12 @@ from partitioning.cli.render import console
 from partitioning.config.build import abstract_model, jsonable, mesh_from_config
 from partitioning.errors import CheckpointError
 from partitioning.fmt import fmt_bytes, fmt_mesh, fmt_rules, fmt_shape
+from partitioning.yamlfile import dump_yaml
 
 HELP = "checkpoints: ls RUN_DIR | inspect CKPT | reshard CKPT --config NEW.yaml --out DIR"
+EXAMPLES = """examples:
+  partitioning ckpt ls runs/quickstart
+  partitioning ckpt reshard runs/quickstart --config tp.yaml --out runs/tp/checkpoints"""
 
 
 def _mesh_str(mesh: dict[str, Any] | None) -> str:
@@ -85,6 +88,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                        for p, md in saved.items()},
         }
         print(json.dumps(out, indent=1))
+        if problems:   # the JSON says what; the exit status says it is damaged
+            sys.stdout.flush()
+            raise CheckpointError(f"checkpoint {ref.path}: {problems[0]}")
         return 0
     n_bytes = sum(math.prod(int(s) for s in md.shape) * _itemsize(md.dtype) for md in saved.values())
     print(f"checkpoint {ref.path}: step {meta.get('step', ref.step)}, {len(saved)} arrays, "
@@ -115,7 +121,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     console().print(table)
     if meta.get("config") and args.config:
         print("config:")
-        print(yaml.safe_dump(meta["config"], sort_keys=False).rstrip())
+        print(dump_yaml(meta["config"]).rstrip())
     if problems:
         sys.stdout.flush()
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

@@ -15,6 +15,9 @@ from partitioning.config.load import load_config
 from partitioning.fmt import fmt_bytes
 
 HELP = "side by side per-device memory, communication and replication of several rule tables"
+EXAMPLES = """examples:
+  partitioning compare configs/quickstart.yaml --rules fsdp fsdp_tp tp
+  partitioning compare configs/llama3_70b.yaml --rules fsdp_tp my_rules.yaml --no-compile"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -13,6 +13,9 @@ from partitioning.layout import tree_layouts
 from partitioning.plan.coverage import activation_names, rule_coverage
 
 HELP = "per parameter and dimension, the rule that claimed it and why others did not"
+EXAMPLES = """examples:
+  partitioning rules explain configs/quickstart.yaml
+  partitioning rules explain configs/quickstart.yaml --set rules=fsdp_tp --set mesh.shape.tensor=2"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

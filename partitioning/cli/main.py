@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import re
 import sys
+from importlib import metadata
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from partitioning.cli import check, ckpt, compare, explain, plan, train
+from partitioning.cli import check, ckpt, compare, config, explain, plan, train
 from partitioning.cli.args import say
-from partitioning.errors import PartitioningError
+from partitioning.errors import PartitioningError, did_you_mean
 
 EXIT_USAGE = 2
 
@@ -33,6 +36,7 @@ COMMANDS: dict[str, ModuleType] = {
     "plan": plan,
     "compare": compare,
     "ckpt": ckpt,
+    "config": config,
 }
 
 
@@ -52,24 +56,50 @@ def quiet_orbax() -> None:
     sys.unraisablehook = hook
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors: ``error: MESSAGE; see 'partitioning train --help'`` and exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        hint = did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2))) if m else ""
+        say(f"error: {' '.join(message.split())}{hint}; see '{self.prog} --help'")
+        raise SystemExit(EXIT_USAGE)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="partitioning",
         description="Logical-axis sharding for JAX/Flax: check, explain, plan, train and checkpoint "
-                    "a model under a YAML rule table.")
-    sub = parser.add_subparsers(dest="cmd", required=True)
+                    "a model under a YAML rule table.",
+        epilog="Run 'partitioning COMMAND --help' for a command's options and examples.")
+    parser.add_argument("--version", action="version", version=f"partitioning {version()}")
+    sub = parser.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     for name, module in COMMANDS.items():
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP,
+                           epilog=getattr(module, "EXAMPLES", None), formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser
+
+
+def version() -> str:
+    try:
+        return metadata.version("partitioning")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_orbax()
     try:
-        return int(args.run(args) or 0)
+        code = int(args.run(args) or 0)
+        sys.stdout.flush()   # inside the try: a closed pipe is noticed here, not at exit
+        return code
+    except BrokenPipeError:
+        # `partitioning ... | head`: the reader left; stop quietly (and keep Python from complaining at exit).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except PartitioningError as e:
         # One line per error (a config reports all of its errors at once).
         for line in str(e).splitlines() or [type(e).__name__]:

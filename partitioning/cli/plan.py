@@ -16,9 +16,13 @@ from partitioning.cli.compiling import compile_args, compiled, setup_devices, wr
 from partitioning.cli.render import console, render_plan
 from partitioning.config.build import plan_from_config
 from partitioning.config.load import load_config
+from partitioning.plan.budget import check_budget, device_memory
 from partitioning.plan.plot import plot_plan
 
 HELP = "every parameter's layout, per-device memory and communication, before running"
+EXAMPLES = """examples:
+  partitioning plan configs/llama3_70b.yaml
+  partitioning plan configs/quickstart.yaml --json plan.json --png plan.png"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,9 +48,17 @@ def run(args: argparse.Namespace) -> int:
         "compiled": view,
         "timing": {"table_s": round(t1 - t0, 3), "compiled_s": round(t2 - t1, 3)},
     }
+    budget = cfg.mesh.memory_bytes if cfg.mesh.memory_bytes is not None else device_memory()
+    fit = check_budget(plan, budget, view.get("memory") if view.get("status") == "ok" else None)
+    report["memory_budget"] = {"budget": fit.budget, "peak": fit.peak, "source": fit.source, "fits": fit.fits,
+                               "largest": [list(x) for x in fit.top]}
     render_plan(report, console())
+    print(f"memory: {fit.describe()}")
     if args.json:
         write_json(args.json, report)
     if args.png:
         plot_plan(report, args.png)
+    if not fit.fits:   # printed in full above; the exit status refuses the layout
+        raise fit.error(cfg.where("mesh", "device_memory") if cfg.mesh.device_memory is not None
+                        else f"{cfg.path}: the devices' memory")
     return 0

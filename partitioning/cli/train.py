@@ -27,6 +27,9 @@ from partitioning.train.plots import plot_loss
 from partitioning.train.state import state_step
 
 HELP = "train the config's model with its mesh and rules; writes RUN_DIR/metrics.jsonl, config.yaml, loss.png"
+EXAMPLES = """examples:
+  partitioning train configs/quickstart.yaml
+  partitioning train configs/quickstart.yaml --no-resume --set rules=fsdp_tp --set mesh.shape.tensor=2"""
 EXIT_CODES = {"done": 0, "interrupted": 130, "preempted": 143}
 
 

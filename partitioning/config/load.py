@@ -167,7 +167,9 @@ def _messages(e: ValidationError, section: str, data: Any, model: type[BaseModel
         elif kinds & set(_RANGES):
             err = next(x for x in errs if x["type"] in _RANGES)
             op, name = _RANGES[err["type"]]
-            out.append(f"{here}: must be {op} {err['ctx'][name]}, got {value!r}")
+            bound = err["ctx"][name]
+            bound = int(bound) if isinstance(bound, float) and bound.is_integer() else bound
+            out.append(f"{here}: must be {op} {bound}, got {value!r}")
         elif "literal_error" in kinds:
             err = next(x for x in errs if x["type"] == "literal_error")
             choices = re.findall(r"'([^']*)'", str(err["ctx"].get("expected", "")))
@@ -183,6 +185,12 @@ def _messages(e: ValidationError, section: str, data: Any, model: type[BaseModel
 
 
 # -- the config --------------------------------------------------------------------------------
+
+def _line_order(message: str) -> tuple[str, int]:
+    """Errors of a file in the order a person reads it: by file, then line."""
+    m = re.match(r"^(.*?):(\d+): ", message)
+    return (m.group(1), int(m.group(2))) if m else (message.split(":", 1)[0], 0)
+
 
 def _section(name: str, value: Any, path: str, lines: Lines, errors: list[str]) -> Any:
     cls = SECTIONS[name]
@@ -272,7 +280,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
     if not isinstance(run_dir, str):
         errors.append(f"{_where(path_s, lines, ('run_dir',))}: expected a path string, got {_show(run_dir)}")
     if errors:
-        raise ConfigError("\n".join(dict.fromkeys(errors)))
+        raise ConfigError("\n".join(sorted(dict.fromkeys(errors), key=_line_order)))
     return Config(
         path=path_s, raw=data, lines=lines, model_name=model[head],
         model_options={k: v for k, v in model.items() if k != head}, model_target=head == TARGET,

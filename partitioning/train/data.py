@@ -57,9 +57,12 @@ def _text_files(folder: Path) -> list[Path]:
         rel = f.relative_to(folder).parts
         if not f.is_file() or any(p.startswith(".") for p in rel):
             continue
-        with f.open("rb") as fh:
-            if b"\0" in fh.read(8192):  # binary file: not text
-                continue
+        try:
+            with f.open("rb") as fh:
+                if b"\0" in fh.read(8192):  # binary file: not text
+                    continue
+        except OSError as e:
+            raise DataError(f"{str(f)!r}: cannot read: {e.strerror}", arg="path") from None
         out.append(f)
     return out
 
@@ -96,8 +99,15 @@ class Corpus:
                             name=f"{self.source} ({split})")
 
 
+def _read(f: Path) -> bytes:
+    try:
+        return f.read_bytes()
+    except OSError as e:
+        raise DataError(f"{str(f)!r}: cannot read: {e.strerror}", arg="path") from None
+
+
 def _join(files: list[Path]) -> np.ndarray:
-    return np.frombuffer(b"".join(f.read_bytes() for f in files), dtype=np.uint8)
+    return np.frombuffer(b"".join(_read(f) for f in files), dtype=np.uint8)
 
 
 @functools.lru_cache(maxsize=4)
@@ -125,7 +135,7 @@ def load_corpus(path: str | None = None, *, eval_fraction: float = 0.05) -> Corp
         if not p.exists():
             raise DataError(f"{str(path)!r}: no such file or folder", arg="path")
         if p.is_file():
-            data = np.frombuffer(p.read_bytes(), dtype=np.uint8)
+            data = np.frombuffer(_read(p), dtype=np.uint8)
             cut = len(data) - max(1, int(len(data) * eval_fraction))
             if len(data) < 2:
                 raise DataError(f"{str(path)!r}: file is empty", arg="path")

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from partitioning.errors import ConfigError
+
 
 def plot_loss(records: Sequence[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
     """Plots train ``loss`` and ``eval_loss`` against ``step`` and saves a PNG.
@@ -48,8 +50,11 @@ def save_figure(fig: Any, path: str | Path) -> Path:
         >>> save_figure(fig, "runs/x/plan.png")
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot write the PNG: {e.strerror or e}", arg="png") from None
     return path
 
 

@@ -123,3 +123,43 @@ def test_sigkill_keeps_last_complete_checkpoint(repo, tmp_path, marker, last_com
                                       **{n: jax.device_put(v + np.float32(last_complete + 1), sh)
                                          for n, v in base.items()}})
     _check_latest(ckpt, last_complete + 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("marker", ["COMMITTED 3", "BETWEEN 3", "COMMITTED 4"])
+def test_sigkill_around_pruning_leaves_only_steps_that_restore(repo, tmp_path, marker):
+    # keep=2: committing step k prunes step k-2 (renamed into _pruned, then deleted) around these markers.
+    _run_until(repo, tmp_path, marker)
+    ckpt = tmp_path / "ckpt"
+    complete = [s.step for s in list_steps(ckpt) if s.complete]
+    assert complete and complete == sorted(set(complete))
+    base = base_values()
+    for step in complete:    # every step `ls` calls complete restores, bit for bit
+        state = restore_checkpoint(ckpt, _target(), step=step)
+        assert all(np.array_equal(np.asarray(state[n]), base[n] + np.float32(step)) for n in SHAPES), step
+
+
+def test_a_half_deleted_step_is_not_complete(tmp_path):
+    mesh = jax.make_mesh((8,), ("fsdp",))
+    sh = NamedSharding(mesh, P("fsdp"))
+    with CheckpointManager(tmp_path / "ckpt", keep=0, async_=False) as mngr:
+        for k in (1, 2):
+            mngr.save(k, {"step": np.int32(k), "w": jax.device_put(np.full((64,), k, np.float32), sh)}, force=True)
+    # What an interrupted in-place delete leaves: the step's folder, part of its files gone.
+    (tmp_path / "ckpt" / "2" / "state" / "_METADATA").unlink()
+    steps = {s.step: s.complete for s in list_steps(tmp_path / "ckpt")}
+    assert steps == {1: True, 2: False}
+    mesh1 = jax.make_mesh((8,), ("fsdp",))
+    target = {"step": jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(mesh1, P())),
+              "w": jax.ShapeDtypeStruct((64,), np.float32, sharding=sh)}
+    assert int(restore_checkpoint(tmp_path / "ckpt", target)["step"]) == 1     # latest *complete*
+
+
+def test_pruned_steps_are_moved_then_deleted(tmp_path):
+    mesh = jax.make_mesh((8,), ("fsdp",))
+    sh = NamedSharding(mesh, P("fsdp"))
+    with CheckpointManager(tmp_path / "ckpt", keep=1, async_=False) as mngr:
+        for k in range(1, 5):
+            mngr.save(k, {"w": jax.device_put(np.full((64,), k, np.float32), sh)}, force=True)
+    names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert names == ["4", "_pruned"] and list((tmp_path / "ckpt" / "_pruned").iterdir()) == []

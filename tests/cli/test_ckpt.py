@@ -128,6 +128,10 @@ def test_inspect_truncated_checkpoint(saved_run, tmp_path, run_cli_subprocess, o
     assert line.startswith(f"error: checkpoint {ck}: truncated file {victim} (10 bytes, needs at least ")
     # The tree is still shown: shapes and shardings come from the intact metadata.
     assert "files: DAMAGED: truncated file" in r.stdout.splitlines()[0] and "params/blocks/attn/q" in r.stdout
+    # --json too: the JSON lists the problem, the exit status says damaged, and relative paths work.
+    r = run_cli_subprocess("ckpt", "inspect", "6", "--json", cwd=tmp_path)
+    assert one_line_error(r).startswith("error: checkpoint 6: truncated file ")
+    assert json.loads(r.stdout)["problems"][0].startswith("truncated file ")
 
 
 def test_reshard_bad_inputs(saved_run, tmp_path, one_line_error, run_cli_subprocess, ckpt_model_yaml):
