@@ -106,8 +106,8 @@ def _apply_override(data: dict, lines: Lines, text: str) -> None:
         if k not in node or node[k] is None:
             node[k] = {}
         elif not isinstance(node[k], dict):
-            raise ConfigError(f"{flag}: {'.'.join(keys[: i + 1])} is a {type(node[k]).__name__} "
-                              f"({node[k]!r}), not a mapping with keys")
+            raise ConfigError(f"{flag}: {'.'.join(keys[: i + 1])} is {node[k]!r} "
+                              f"({type(node[k]).__name__}), not a mapping with keys")
         node = node[k]
     node[keys[-1]] = value
     # The overridden subtree has no file lines any more: errors point at the flag.

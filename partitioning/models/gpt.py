@@ -200,6 +200,12 @@ class GPT(nn.Module):
         divides(self, "kv_heads", "heads")
         if self.head_dim is None:
             divides(self, "heads", "embed")
+        head_dim = self.head_dim or self.embed // self.heads
+        if head_dim % 2:
+            # RoPE rotates pairs of features; an odd head size fails deep inside attention.
+            arg = "head_dim" if self.head_dim else "embed"
+            how = f"head_dim {head_dim}" if self.head_dim else f"embed / heads = {self.embed} / {self.heads} = {head_dim}"
+            raise ConfigError(f"{how} must be even: rotary position embeddings rotate pairs of features", arg=arg)
         if not self.rope_theta > 0:
             raise ConfigError(f"rope_theta must be > 0, got {self.rope_theta!r}", arg="rope_theta")
         choice(self, "norm", ("rms", "layer"))

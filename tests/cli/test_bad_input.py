@@ -83,6 +83,8 @@ def test_yaml_12_numbers_merge_keys_and_every_error_at_once(in_tmp, run_cli_in_p
     (("heads: 4", "heads: 0"), "run.yaml:4: model.heads: heads must be a positive integer, got 0"),
     (("heads: 4", "heads: 4\n  kv_heads: 3"), "run.yaml:5: model.kv_heads: heads (4) must be a multiple of kv_heads (3)"),
     (("embed: 64", "embed: 66"), "run.yaml:4: model.heads: embed (66) must be a multiple of heads (4)"),
+    (("embed: 64", "embed: 20"), "run.yaml:3: model.embed: embed / heads = 20 / 4 = 5 must be even: "
+                                 "rotary position embeddings rotate pairs of features"),
     (("layers: 2", "layers: -1"), "run.yaml:6: model.layers: layers must be a positive integer, got -1"),
     (("layers: 2", "layers: 2\n  remat: ful"),
      "run.yaml:7: model.remat: remat must be one of none, full, dots, dots_no_batch, got 'ful'; did you mean 'full'?"),
@@ -107,8 +109,8 @@ def test_bad_values_name_their_key(in_tmp, run_cli_in_process, base_config, edit
 @pytest.mark.parametrize("args, error", [
     (["--devices", "0"], "--devices must be a positive number of devices, got 0"),
     (["--devices", "-4"], "--devices must be a positive number of devices, got -4"),
-    (["--set", "model.name.x=1"], "--set model.name.x=1: model.name is a str ('gpt'), not a mapping with keys"),
-    (["--set", "train.steps.max=3"], "--set train.steps.max=3: train.steps is a int (5), not a mapping with keys"),
+    (["--set", "model.name.x=1"], "--set model.name.x=1: model.name is 'gpt' (str), not a mapping with keys"),
+    (["--set", "train.steps.max=3"], "--set train.steps.max=3: train.steps is 5 (int), not a mapping with keys"),
     (["--set", "train.steps=x"], "run.yaml (--set train.steps=x): train.steps: expected int, got str 'x'"),
 ])
 def test_bad_arguments_name_the_flag(in_tmp, run_cli_in_process, base_config, args, error):

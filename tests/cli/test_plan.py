@@ -7,7 +7,7 @@ import pytest
 
 PLAN_KEYS = {"config", "model", "batch", "mesh", "devices", "rules", "optimizer_rules", "on_indivisible",
              "parameters", "leaves", "optimizer_leaves", "totals", "replicated_share", "warnings", "errors",
-             "compiled", "timing"}
+             "compiled", "timing", "memory_budget"}
 
 
 COMPILED_KEYS = {"status", "backend", "devices", "lower_s", "compile_s", "memory", "collectives",
@@ -25,6 +25,8 @@ def test_plan_table_json_png(write, tmp_path, run_cli_in_process, small_config):
     j = json.loads((tmp_path / "p.json").read_text())
     assert set(j) == PLAN_KEYS
     assert j["parameters"] == 36_864 and j["devices"] == 8
+    # No mesh.device_memory and a CPU reports no limit: peak is known, the budget is not, so it fits.
+    assert j["memory_budget"]["peak"] > 0 and j["memory_budget"]["fits"] is True
     assert j["totals"]["params"] == {"per_device": 36_864 * 4 // 8, "total": 36_864 * 4, "ideal": 36_864 * 4 / 8}
     assert set(j["compiled"]) >= COMPILED_KEYS and j["compiled"]["status"] == "ok"
     assert j["compiled"]["collectives"]["all-gather"]["count"] >= 1
