@@ -10,6 +10,7 @@ Modules:
 - :mod:`~partitioning.cli.plan` — ``plan``: every parameter's layout, memory and communication.
 - :mod:`~partitioning.cli.compare` — ``compare``: several rule tables side by side.
 - :mod:`~partitioning.cli.ckpt` — ``ckpt ls|inspect|reshard``.
+- :mod:`~partitioning.cli.config` — ``config show|schema``: the resolved config, the JSON Schema.
 - :mod:`~partitioning.cli.compiling` — where the compiled view is computed (here or a child process).
 - :mod:`~partitioning.cli.render` — rich tables for the terminal.
 
