@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import partitioning as pt
+from partitioning import registry
 
 MODELS = Path(__file__).parent / "models"
 
@@ -146,6 +147,8 @@ def test_a_registered_nnx_class_and_a_forward_adapter(workdir, run_cli_in_proces
     from tests.byom.models.gpt_nnx import GPT
 
     monkeypatch.chdir(workdir)
+    # A private copy of the registry, so other tests' "registered: ..." messages do not see the twin.
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     pt.register_model("gpt_nnx_twin", GPT)
     (workdir / "glue.py").write_text(
         "def inputs(batch):\n    return {'tokens': batch['inputs']}   # the model's own argument name\n")
