@@ -55,7 +55,7 @@ def test_bad_paths_and_tiny_corpora_are_data_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="folder holds no text files"):
         load_corpus(str(tmp_path / "empty"))
-    with pytest.raises(DataError, match=r"1,000 bytes make only 7 windows of 129 bytes, fewer than the batch size 32"):
+    with pytest.raises(DataError, match=r"1,000 tokens make only 7 windows of 129 tokens, fewer than the batch size 32"):
         TokenBatches(np.zeros(1000, np.uint8), 32, 128)
 
 
