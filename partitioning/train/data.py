@@ -59,6 +59,7 @@ class Corpus:
     eval_files: tuple[str, ...] = ()
     kind: str = "text"
     vocab: int | None = BYTE_VOCAB
+    eval_source: str | None = None   # where eval came from, when not split off ``source``
 
     def tokens(self, split: str) -> Any:
         if split not in ("train", "eval"):
@@ -68,8 +69,9 @@ class Corpus:
     def batches(self, split: str, batch_size: int, seq_len: int, sharding: Any = None,
                 *, seed: int = 0) -> "TokenBatches":
         """Resumable batches of ``split``; see :class:`TokenBatches`."""
-        return TokenBatches(self.tokens(split), batch_size, seq_len, sharding, seed=seed,
-                            name=f"{self.source} ({split})", split=split)
+        where = self.eval_source if split == "eval" and self.eval_source else self.source
+        return TokenBatches(self.tokens(split), batch_size, seq_len, sharding, seed=seed, name=f"{where} ({split})",
+                            split=split)
 
     def describe(self) -> str:
         unit = "bytes" if self.kind == "text" else "tokens"
@@ -98,7 +100,8 @@ def load_corpus(path: str | None = None, *, source: str | None = None, dtype: st
     """
     train, ev, info = read_splits(path, source=source, dtype=dtype, eval_path=eval_path,
                                   eval_fraction=eval_fraction)
-    return Corpus(train, ev, info["source"], info["train_files"], info["eval_files"], info["kind"], info["vocab"])
+    return Corpus(train, ev, info["source"], info["train_files"], info["eval_files"], info["kind"], info["vocab"],
+                  info["eval_source"] if info["eval_source"] != info["source"] else None)
 
 
 class TokenBatches:
@@ -129,8 +132,9 @@ class TokenBatches:
         self.split = split
         self.n_windows = max(0, (len(self.tokens) - 1) // seq_len)
         if self.n_windows < batch_size:
+            windows = f"{self.n_windows} window{'s' * (self.n_windows != 1)}"
             raise DataError(
-                f"{name}: {len(self.tokens):,} tokens make only {self.n_windows} windows of "
+                f"{name}: {len(self.tokens):,} tokens make only {windows} of "
                 f"{seq_len + 1} tokens, fewer than the batch size {batch_size}; use more data or "
                 f"smaller train.batch_size / train.seq_len"
             )

@@ -56,9 +56,11 @@ class TokenStream:
         array([[ 8,  9, 10, 11]])
     """
 
-    def __init__(self, parts: Sequence[np.ndarray], names: Sequence[str] = ()):
+    def __init__(self, parts: Sequence[np.ndarray], names: Sequence[str] = (), origins: Sequence[int] = ()):
         self.parts = [np.asarray(p).reshape(-1) for p in parts]
         self.names = list(names) or [f"part {i}" for i in range(len(self.parts))]
+        # Where each part starts in its file (a split of one file is a slice of it).
+        self.origins = list(origins) or [0] * len(self.parts)
         self.offsets = np.cumsum([0] + [len(p) for p in self.parts], dtype=np.int64)
         self.dtype = np.result_type(*self.parts) if self.parts else np.dtype(np.uint8)
 
@@ -93,13 +95,13 @@ class TokenStream:
         info = np.iinfo(self.dtype)
         if info.min >= 0 and info.max < vocab_size:
             return None
-        for part, name in zip(self.parts, self.names):
+        for part, name, origin in zip(self.parts, self.names, self.origins):
             for lo in range(0, len(part), _CHUNK):
                 chunk = part[lo:lo + _CHUNK]
                 bad = (chunk >= vocab_size) | (chunk < 0)
                 if bad.any():
                     i = int(np.argmax(bad))
-                    return int(chunk[i]), name, lo + i
+                    return int(chunk[i]), name, origin + lo + i
         return None
 
 
@@ -157,6 +159,10 @@ def open_tokens(f: Path, dtype: str | None, arg: str = "path") -> np.ndarray:
             raise DataError(f"{str(f)!r}: file is empty", arg=arg)
         return _memmap(f, dtype, arg)
     try:
+        with f.open("rb") as fh:
+            magic = fh.read(6)
+        if magic != b"\x93NUMPY":
+            raise DataError(f"{str(f)!r}: not a .npy file (no NumPy header); raw tokens go in a .bin file", arg=arg)
         arr = np.load(f, mmap_mode="r", allow_pickle=False)
     except OSError as e:
         raise DataError(f"{str(f)!r}: cannot read: {e.strerror}", arg=arg) from None
@@ -246,7 +252,7 @@ def read_splits(path: str | None = None, *, source: str | None = None, dtype: st
     """(train tokens, eval tokens, info) of a text or token source; see the module docstring.
 
     Tokens are a ``uint8`` array for text, a :class:`TokenStream` for token
-    files. ``info``: ``kind``, ``source`` (a description), ``vocab`` (256 for
+    files. ``info``: ``kind``, ``source`` and ``eval_source`` (descriptions), ``vocab`` (256 for
     text, None for tokens), ``train_files`` and ``eval_files``.
     """
     if not 0 < eval_fraction < 1:
@@ -263,10 +269,11 @@ def read_splits(path: str | None = None, *, source: str | None = None, dtype: st
     else:
         root, files = _files(path, kind, "path")
         desc = str(Path(path).expanduser())
-    info = {"kind": kind, "source": desc, "vocab": BYTE_VOCAB if kind == "text" else None}
+    info = {"kind": kind, "source": desc, "eval_source": desc, "vocab": BYTE_VOCAB if kind == "text" else None}
     if eval_path is not None:
         eroot, efiles = _files(eval_path, kind, "eval_path")
-        info.update(train_files=tuple(_rel(files, root)), eval_files=tuple(_rel(efiles, eroot)))
+        info.update(train_files=tuple(_rel(files, root)), eval_files=tuple(_rel(efiles, eroot)),
+                    eval_source=str(Path(eval_path).expanduser()))
         return _stream(files, root, kind, dtype, "path"), _stream(efiles, eroot, kind, dtype, "eval_path"), info
     if len(files) == 1:
         data = _stream(files, root, kind, dtype, "path")
@@ -279,7 +286,7 @@ def read_splits(path: str | None = None, *, source: str | None = None, dtype: st
         if kind == "text":
             return data[:cut], data[cut:], info
         parts = data.parts[0]
-        return (TokenStream([parts[:cut]], data.names), TokenStream([parts[cut:]], data.names), info)
+        return TokenStream([parts[:cut]], data.names), TokenStream([parts[cut:]], data.names, [cut]), info
     rel = _rel(files, root)
     n_eval = min(len(files) - 1, max(1, math.ceil(len(files) * eval_fraction)))
     by_key = sorted(range(len(files)), key=lambda i: (zlib.crc32(rel[i].encode("utf-8")), rel[i]))
