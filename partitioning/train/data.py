@@ -31,7 +31,7 @@ import numpy as np
 
 from partitioning.errors import DataError
 from partitioning.train.batch import local_block
-from partitioning.train.pipeline import array_batches, examples, process_rows, token_batches
+from partitioning.train.pipeline import ProcessRows, array_batches, example_order, process_rows, token_batches
 from partitioning.train.sources import BYTE_VOCAB, TokenStream, read_splits, stdlib_files
 
 VOCAB_SIZE = BYTE_VOCAB
@@ -147,8 +147,8 @@ class TokenBatches:
 
     def windows_at(self, step: int) -> np.ndarray:
         """Window indices of the global batch of ``step`` (all rows): the same shuffle, over indices."""
-        order = examples(range(self.n_windows), self.seed, self.split)
-        return np.array([order[step * self.batch_size + r] for r in range(self.batch_size)], dtype=np.int64)
+        return ProcessRows(example_order(self.n_windows, self.seed, self.split), self.batch_size,
+                           slice(0, self.batch_size))[step]
 
     def host_batch_at(self, step: int) -> dict[str, np.ndarray]:
         """This process's block of the batch of ``step`` as numpy ``int32`` arrays."""

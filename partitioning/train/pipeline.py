@@ -1,17 +1,20 @@
-"""The grain pipeline behind every batch: random-access sources, a seeded endless example order, this
-process's rows of global batch ``k``.
+"""The grain pipeline behind every batch: a seeded endless example order, this process's rows of global
+batch ``k``, read in one gather.
 
-Example ``g`` of a run (``g = k * batch_size + row``) is read from a grain
-``MapDataset`` built as::
+Example ``g`` of a run (``g = k * batch_size + row``) is the window (or
+array row) grain's ``MapDataset`` ::
 
-    MapDataset.source(windows).seed(s).shuffle().repeat()
+    MapDataset.range(n).seed(s).shuffle().repeat()
 
-so it is a pure function of ``(seed, g)``: epoch ``e = g // n`` visits all
-``n`` examples once, in an order seeded by ``(s + e)``, with ``s`` derived
-from the user's seed and the split. :class:`ProcessRows` is the global batch
-of step ``k`` cut to the rows (and columns) this process's devices hold, so
-each process reads only its own data, and one process or eight, any mesh,
-and a run resumed at step ``k`` all see the same global batch ``k``.
+gives at index ``g``, so it is a pure function of ``(seed, g)``: epoch
+``e = g // n`` visits all ``n`` examples once, in an order seeded by
+``(s + e)``, with ``s`` derived from the user's seed and the split.
+:class:`ProcessRows` is global batch ``k`` cut to the rows this process's
+devices hold, and a ``map`` reads exactly those examples (only the columns
+the process holds, for token windows), so each process reads only its own
+data, and one process or eight, any mesh, and a run resumed at step ``k`` all
+see the same global batch ``k``. The order carries indices, not data, so the
+read is one vectorized gather per batch rather than one per example.
 
 Example::
 
@@ -25,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import zlib
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,68 +50,15 @@ def grain_seed(seed: int, split: str = "train") -> int:
     return int(np.random.SeedSequence([int(seed), _SALT.get(split, 2)]).generate_state(1)[0])
 
 
-class TokenWindows:
-    """A grain random-access source: window ``i`` is tokens ``[i*T + c0, i*T + c1 + 1)`` of a stream.
-
-    ``T`` is ``seq_len``; ``cols = slice(c0, c1)`` are the columns of the batch
-    this process holds (all by default). Batched reads gather every window of
-    a batch in one indexing operation.
-    """
-
-    def __init__(self, tokens: Any, seq_len: int, cols: slice | None = None):
-        self.stream = tokens if isinstance(tokens, TokenStream) else TokenStream([tokens])
-        self.seq_len = int(seq_len)
-        self.cols = cols if cols is not None else slice(0, self.seq_len)
-        self.n = (len(self.stream) - 1) // self.seq_len
-
-    def __len__(self) -> int:
-        return self.n
-
-    def _read(self, indices: Sequence[int]) -> np.ndarray:
-        starts = np.asarray(indices, dtype=np.int64) * self.seq_len + self.cols.start
-        return self.stream.take(starts, self.cols.stop - self.cols.start + 1)
-
-    def __getitem__(self, index: int) -> np.ndarray:
-        return self._read([index])[0]
-
-    def _getitems(self, indices: Sequence[int]) -> list[np.ndarray]:
-        return list(self._read(indices))
-
-    def __repr__(self) -> str:
-        return f"TokenWindows({len(self.stream):,} tokens, seq_len={self.seq_len})"
-
-
-class ArrayRows:
-    """A grain random-access source: row ``i`` is ``{key: array[indices[i]]}`` of a dict of arrays."""
-
-    def __init__(self, arrays: dict[str, np.ndarray], indices: np.ndarray):
-        self.arrays, self.indices = arrays, np.asarray(indices)
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        return {k: v[self.indices[index]] for k, v in self.arrays.items()}
-
-    def _getitems(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        rows = self.indices[np.asarray(indices, dtype=np.int64)]
-        block = {k: v[rows] for k, v in self.arrays.items()}
-        return [{k: v[i] for k, v in block.items()} for i in range(len(rows))]
-
-
-def examples(source: Any, seed: int, split: str = "train") -> grain.MapDataset:
-    """The endless example order of a run: item ``g`` is example ``g``, epoch by epoch reshuffled."""
-    return grain.MapDataset.source(source).seed(grain_seed(seed, split)).shuffle().repeat()
-
-
-def _stack(items: list[Any]) -> Any:
-    return jax.tree.map(lambda *xs: np.stack(xs), *items)
+def example_order(n: int, seed: int, split: str = "train") -> grain.MapDataset:
+    """The endless example order of a run: item ``g`` is the index (in ``[0, n)``) of example ``g``."""
+    return grain.MapDataset.range(n).seed(grain_seed(seed, split)).shuffle().repeat()
 
 
 class ProcessRows(grain.MapDataset):
-    """Item ``k``: rows ``rows`` of global batch ``k`` of ``parent`` (examples ``k*B + r``), stacked.
+    """Item ``k``: rows ``rows`` of global batch ``k`` of ``parent`` (items ``k*B + r``), as one array.
 
-    The grain counterpart of ``parent.batch(batch_size)[k][rows]`` that reads
+    The grain counterpart of ``parent.batch(batch_size)[k][rows]`` that touches
     only the rows asked for.
     """
 
@@ -127,30 +76,63 @@ class ProcessRows(grain.MapDataset):
         if isinstance(index, slice):
             return self.slice(index)
         base = int(index) * self.batch_size
-        # grain's batched read: one gather per batch for sources that support it.
+        # grain's batched read (what its own batch transform uses), one call per batch.
         items = self._parent._getitems([base + r for r in range(self.rows.start, self.rows.stop)])  # noqa: SLF001
-        return _stack(list(items))
+        return np.asarray(items, dtype=np.int64)
 
 
-def _inputs_targets(window: np.ndarray) -> dict[str, np.ndarray]:
-    w = window.astype(np.int32)
-    return {"inputs": w[:, :-1], "targets": w[:, 1:]}
+class TokenWindows:
+    """Window ``i`` of a token stream: tokens ``[i*T + c0, i*T + c1 + 1)``, read many at a time.
+
+    ``T`` is ``seq_len``; ``cols = slice(c0, c1)`` are the columns of the batch
+    this process holds (all by default).
+    """
+
+    def __init__(self, tokens: Any, seq_len: int, cols: slice | None = None):
+        self.stream = tokens if isinstance(tokens, TokenStream) else TokenStream([tokens])
+        self.seq_len = int(seq_len)
+        self.cols = cols if cols is not None else slice(0, self.seq_len)
+        self.n = (len(self.stream) - 1) // self.seq_len
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __call__(self, windows: np.ndarray) -> dict[str, np.ndarray]:
+        """``{"inputs", "targets"}`` (int32) of the windows, targets shifted by one token."""
+        starts = np.asarray(windows, dtype=np.int64) * self.seq_len + self.cols.start
+        w = self.stream.take(starts, self.cols.stop - self.cols.start + 1).astype(np.int32)
+        return {"inputs": w[:, :-1], "targets": w[:, 1:]}
+
+
+class ArrayRows:
+    """Rows ``indices[i]`` of a dict of arrays, read many at a time."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], indices: np.ndarray):
+        self.arrays, self.indices = arrays, np.asarray(indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __call__(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        picked = self.indices[rows]
+        return {k: v[picked] for k, v in self.arrays.items()}
 
 
 def token_batches(tokens: Any, *, seq_len: int, batch_size: int, seed: int, split: str = "train",
                   rows: slice | None = None, cols: slice | None = None) -> grain.MapDataset:
     """Item ``k``: this process's block of step ``k``'s ``{"inputs", "targets"}`` (int32), from windows of
     ``seq_len + 1`` tokens."""
-    source = TokenWindows(tokens, seq_len, cols)
+    read = TokenWindows(tokens, seq_len, cols)
     rows = rows if rows is not None else slice(0, batch_size)
-    return ProcessRows(examples(source, seed, split), batch_size, rows).map(_inputs_targets)
+    return ProcessRows(example_order(len(read), seed, split), batch_size, rows).map(read)
 
 
 def array_batches(arrays: dict[str, np.ndarray], indices: np.ndarray, *, batch_size: int, seed: int,
                   split: str = "train", rows: slice | None = None) -> grain.MapDataset:
     """Item ``k``: rows ``rows`` of step ``k``'s batch of examples ``indices`` of ``arrays``."""
+    read = ArrayRows(arrays, indices)
     rows = rows if rows is not None else slice(0, batch_size)
-    return ProcessRows(examples(ArrayRows(arrays, indices), seed, split), batch_size, rows)
+    return ProcessRows(example_order(len(read), seed, split), batch_size, rows).map(read)
 
 
 def process_rows(shardings: Any, shapes: Any) -> slice:
@@ -210,5 +192,5 @@ class LoggedBatches:
         return batch
 
 
-__all__ = ["TokenWindows", "ArrayRows", "ProcessRows", "examples", "token_batches", "array_batches", "grain_seed",
+__all__ = ["TokenWindows", "ArrayRows", "ProcessRows", "example_order", "token_batches", "array_batches", "grain_seed",
            "process_rows", "batch_digest", "LoggedBatches"]
