@@ -39,7 +39,6 @@ from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.registry import REQUIRED, constructor_options, model_class
 from partitioning.train.batch import lm_batch
 from partitioning.train.data import Corpus, load_corpus
-from partitioning.train.pipeline import LoggedBatches
 from partitioning.train.model import NNXModel, as_model
 from partitioning.train.optimizer import make_optimizer
 from partitioning.train.state import abstract_train_state, model_inputs
@@ -255,6 +254,8 @@ def data_from_config(cfg: Config, trainer: Trainer, dataset: Any = None) -> tupl
         ev = _batches_at_key(cfg, "eval", lambda: dataset.batches(
             "eval", t.batch_size, trainer.batch_shardings, seed=0)) if t.eval_batches > 0 else None
     if cfg.data.log_batches:
+        from partitioning.train.pipeline import LoggedBatches
+
         train = LoggedBatches(train, Path(cfg.run_dir) / f"batches.{jax.process_index()}.jsonl")
     if ev is None:
         return dataset, train, None

@@ -31,7 +31,6 @@ import numpy as np
 
 from partitioning.errors import DataError
 from partitioning.train.batch import local_block
-from partitioning.train.pipeline import ProcessRows, array_batches, example_order, process_rows, token_batches
 from partitioning.train.sources import BYTE_VOCAB, TokenStream, read_splits, stdlib_files
 
 VOCAB_SIZE = BYTE_VOCAB
@@ -142,11 +141,15 @@ class TokenBatches:
         self._rows, self._cols = (
             local_block(sharding, shape) if sharding is not None else (slice(0, batch_size), slice(0, seq_len))
         )
+        from partitioning.train.pipeline import token_batches   # grain loads on first use (~0.5 s at startup)
+
         self.dataset = token_batches(self.tokens, seq_len=seq_len, batch_size=batch_size, seed=seed, split=split,
                                      rows=self._rows, cols=self._cols)
 
     def windows_at(self, step: int) -> np.ndarray:
         """Window indices of the global batch of ``step`` (all rows): the same shuffle, over indices."""
+        from partitioning.train.pipeline import ProcessRows, example_order
+
         return ProcessRows(example_order(self.n_windows, self.seed, self.split), self.batch_size,
                            slice(0, self.batch_size))[step]
 
@@ -230,6 +233,8 @@ class ArrayBatches:
                             f"data or a smaller train.batch_size")
         self.arrays, self.indices, self.batch_size = arrays, indices, batch_size
         self.shardings, self.seed = shardings, seed
+        from partitioning.train.pipeline import array_batches, process_rows   # grain loads on first use
+
         self.shapes = {k: (batch_size, *v.shape[1:]) for k, v in arrays.items()}
         if shardings is None:
             self.rows = slice(0, batch_size)
