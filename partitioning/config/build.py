@@ -147,6 +147,8 @@ def batch_from_config(cfg: Config, dataset: Any = None) -> Any:
     if cfg.data.target is None:
         return lm_batch(cfg.train.batch_size, cfg.train.seq_len)
     dataset = dataset if dataset is not None else dataset_from_config(cfg)
+    if isinstance(dataset, Corpus):   # a _target_ that returns tokens, e.g. your own tokenizing loader
+        return lm_batch(cfg.train.batch_size, cfg.train.seq_len)
     if not hasattr(dataset, "example"):
         raise ConfigError(f"{cfg.where('data', TARGET)}: the data object needs example(batch_size) and "
                           f"batches(split, batch_size, shardings, seed=) (see partitioning.train.data.ArrayDataset)")

@@ -144,3 +144,13 @@ def test_token_arrays_train_and_the_checkpoint_records_the_data_position(in_tmp,
     assert r.returncode == 0, r.stderr
     assert ("data: changed since the checkpoint (seed 5 -> 6): the steps from here on see other batches than the "
             "saved run would have") in r.stdout
+
+
+def test_a_target_that_returns_a_corpus_is_token_data(in_tmp, run_cli_in_process, one_line_error):
+    tokens("train.npy", 5000)
+    write_config("_target_: partitioning.train.data.load_corpus\npath: train.npy\nseed: 3")
+    r = run_cli_in_process("check", "run.yaml")
+    assert r.returncode == 0, r.stderr
+    write_config("_target_: partitioning.train.data.load_corpus\npath: nope.npy")
+    assert one_line_error(run_cli_in_process("check", "run.yaml")) == \
+        f"error: run.yaml:{DATA_LINE + 2}: data.path: 'nope.npy': no such file or folder"

@@ -180,3 +180,16 @@ def test_array_batches_read_only_this_process_rows():
     sh = NamedSharding(mesh, P(("data", "fsdp")))
     placed = data.batches("train", 16, {"inputs": sh, "targets": sh}, seed=2).batch_at(11)
     np.testing.assert_array_equal(np.asarray(placed["targets"]), whole["targets"])
+
+
+def test_a_process_holding_some_columns_reads_only_those():
+    """Sequence parallelism across processes: a process's block is rows x columns of the batch."""
+    class Block:
+        def addressable_devices_indices_map(self, shape):
+            return {0: (slice(0, 8), slice(16, 32))}
+
+    tokens = np.random.default_rng(1).integers(0, 1000, 20_000).astype(np.uint16)
+    whole = TokenBatches(tokens, 16, 32, seed=4).host_batch_at(9)
+    block = TokenBatches(tokens, 16, 32, Block(), seed=4).host_batch_at(9)
+    for k in ("inputs", "targets"):
+        np.testing.assert_array_equal(block[k], whole[k][:8, 16:32])
