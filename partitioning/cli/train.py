@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _describe(dataset) -> str:
     if isinstance(dataset, Corpus):
-        return f"{dataset.source}: {len(dataset.train):,} train / {len(dataset.eval):,} eval bytes"
+        return dataset.describe()
     size = f": {len(dataset):,} train examples" if hasattr(dataset, "__len__") else ""
     return f"{getattr(dataset, 'source', type(dataset).__name__)}{size}"
 
@@ -70,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
               f"run_dir {run_dir}", flush=True)
         if ready.budget is not None and ready.budget.budget is not None:
             print(f"memory: {ready.budget.describe()}", flush=True)
+        if ready.data_note:
+            print(ready.data_note, flush=True)
     logger = JsonlLogger(run_dir / "metrics.jsonl")
     # Restore (or init) directly, so a resumed run never holds a fresh init and
     # the restored state at once.

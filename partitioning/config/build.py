@@ -38,7 +38,7 @@ from partitioning.plan.coverage import activation_names
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.registry import REQUIRED, constructor_options, model_class
 from partitioning.train.batch import lm_batch
-from partitioning.train.data import VOCAB_SIZE, Corpus, load_corpus
+from partitioning.train.data import Corpus, load_corpus
 from partitioning.train.model import NNXModel, as_model
 from partitioning.train.optimizer import make_optimizer
 from partitioning.train.state import abstract_train_state, model_inputs
@@ -127,14 +127,19 @@ def optimizer_from_config(cfg: Config) -> Any:
                           b1=o.b1, b2=o.b2, eps=o.eps, momentum=o.momentum, clip_norm=o.clip_norm)
 
 
+_DATA_KEYS = {k: ("data", k) for k in ("path", "eval_path", "dtype", "source", "eval_fraction")}
+
+
 def dataset_from_config(cfg: Config) -> Any:
-    """The config's data: the embedded corpus or a text file / folder (``data.path``), or ``data._target_``."""
-    if cfg.data.target is not None:
-        return build_target(cfg.data.target, path=cfg.path, lines=cfg.lines, key=("data",))
+    """The config's data: the embedded corpus, text or token arrays (``data.path``), or ``data._target_``."""
+    d = cfg.data
+    if d.target is not None:
+        return build_target(d.target, path=cfg.path, lines=cfg.lines, key=("data",))
     try:
-        return load_corpus(cfg.data.path, eval_fraction=cfg.data.eval_fraction)
+        return load_corpus(d.path, source=d.source, dtype=d.dtype, eval_path=d.eval_path,
+                           eval_fraction=d.eval_fraction)
     except DataError as e:
-        raise at_key(cfg, e, {"path": ("data", "path"), "eval_fraction": ("data", "eval_fraction")}) from None
+        raise at_key(cfg, e, _DATA_KEYS) from None
 
 
 def batch_from_config(cfg: Config, dataset: Any = None) -> Any:
@@ -142,6 +147,8 @@ def batch_from_config(cfg: Config, dataset: Any = None) -> Any:
     if cfg.data.target is None:
         return lm_batch(cfg.train.batch_size, cfg.train.seq_len)
     dataset = dataset if dataset is not None else dataset_from_config(cfg)
+    if isinstance(dataset, Corpus):   # a _target_ that returns tokens, e.g. your own tokenizing loader
+        return lm_batch(cfg.train.batch_size, cfg.train.seq_len)
     if not hasattr(dataset, "example"):
         raise ConfigError(f"{cfg.where('data', TARGET)}: the data object needs example(batch_size) and "
                           f"batches(split, batch_size, shardings, seed=) (see partitioning.train.data.ArrayDataset)")
@@ -198,27 +205,85 @@ def _model_vocab(model: Any) -> Any:
     return getattr(factory, "kwargs", {}).get("vocab_size")
 
 
+def _check_vocab(cfg: Config, trainer: Trainer, corpus: Corpus) -> None:
+    """Every token below the model's vocab_size (text: vocab_size >= 256), before anything compiles."""
+    vocab = _model_vocab(trainer.model)
+    if vocab is None:
+        return
+    here = cfg.where("model", "vocab_size")
+    if corpus.vocab is not None:
+        if vocab < corpus.vocab:
+            raise ConfigError(f"{here}: the data is bytes, so vocab_size must be >= {corpus.vocab}, got {vocab}")
+        return
+    for split, key in (("train", "path"), ("eval", "eval_path" if cfg.data.eval_path else "path")):
+        bad = corpus.tokens(split).out_of_range(int(vocab))
+        if bad is not None:
+            token, name, index = bad
+            raise DataError(f"{cfg.where('data', key)}: {name}: token {token} at index {index:,} is outside the "
+                            f"model's vocabulary [0, {vocab}) ({here})")
+
+
+def _batches_at_key(cfg: Config, split: str, make: Any) -> Any:
+    try:
+        return make()
+    except DataError as e:
+        d = cfg.data
+        if d.target is not None:
+            raise DataError(f"{cfg.where('data')}: {e}") from None
+        key = ("data", "eval_path") if split == "eval" and d.eval_path else \
+            ("data", "path") if d.path else ("train", "batch_size")
+        raise DataError(f"{cfg.where(*key)}: {e}") from None
+
+
 def data_from_config(cfg: Config, trainer: Trainer, dataset: Any = None) -> tuple[Any, Any, Any]:
-    """(dataset, train batches, eval-batches callable or None) for a config's ``data:`` section."""
+    """(dataset, train batches, eval-batches callable or None) for a config's ``data:`` section.
+
+    Every data problem (too few tokens for a batch, a token outside the
+    model's vocabulary) is one error at the config key it comes from.
+    """
     t = cfg.train
     dataset = dataset if dataset is not None else dataset_from_config(cfg)
     if isinstance(dataset, Corpus):
-        vocab = _model_vocab(trainer.model)
-        if vocab is not None and vocab < VOCAB_SIZE:
-            raise ConfigError(f"{cfg.where('model', 'vocab_size')}: the data is bytes, so vocab_size must be "
-                              f">= {VOCAB_SIZE}, got {vocab}")
-        train = dataset.batches("train", t.batch_size, t.seq_len, trainer.batch_sharding, seed=cfg.data.seed)
-        ev = dataset.batches("eval", t.batch_size, t.seq_len, trainer.batch_sharding, seed=0) if t.eval_batches > 0 else None
+        _check_vocab(cfg, trainer, dataset)
+        train = _batches_at_key(cfg, "train", lambda: dataset.batches(
+            "train", t.batch_size, t.seq_len, trainer.batch_sharding, seed=cfg.data.seed))
+        ev = _batches_at_key(cfg, "eval", lambda: dataset.batches(
+            "eval", t.batch_size, t.seq_len, trainer.batch_sharding, seed=0)) if t.eval_batches > 0 else None
     else:
-        try:
-            train = dataset.batches("train", t.batch_size, trainer.batch_shardings, seed=cfg.data.seed)
-            # A fixed eval order, independent of the train seed, keeps eval losses comparable.
-            ev = dataset.batches("eval", t.batch_size, trainer.batch_shardings, seed=0) if t.eval_batches > 0 else None
-        except DataError as e:
-            raise DataError(f"{cfg.where('data')}: {e}") from None
+        train = _batches_at_key(cfg, "train", lambda: dataset.batches(
+            "train", t.batch_size, trainer.batch_shardings, seed=cfg.data.seed))
+        # A fixed eval order, independent of the train seed, keeps eval losses comparable.
+        ev = _batches_at_key(cfg, "eval", lambda: dataset.batches(
+            "eval", t.batch_size, trainer.batch_shardings, seed=0)) if t.eval_batches > 0 else None
+    if cfg.data.log_batches:
+        from partitioning.train.pipeline import LoggedBatches
+
+        train = LoggedBatches(train, Path(cfg.run_dir) / f"batches.{jax.process_index()}.jsonl")
     if ev is None:
         return dataset, train, None
     return dataset, train, lambda: (ev.batch_at(i) for i in range(t.eval_batches))
+
+
+def data_position(cfg: Config) -> dict[str, Any]:
+    """What a checkpoint records of the data: the batch of step ``k`` is a pure function of these and ``k``,
+    so the step saved with the checkpoint is the data's position."""
+    d, t = cfg.data, cfg.train
+    where = {TARGET: d.target.get(TARGET)} if d.target is not None else \
+        {"source": d.source, "path": d.path, "eval_path": d.eval_path, "dtype": d.dtype}
+    return {"position": "step", **where, "seed": d.seed, "batch_size": t.batch_size, "seq_len": t.seq_len}
+
+
+def data_resume_note(cfg: Config, saved: dict[str, Any] | None) -> str | None:
+    """A line saying how this run's data differs from the checkpoint's (None: the same batches follow)."""
+    if not saved:
+        return None
+    now = data_position(cfg)
+    changed = [f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(now) | set(saved))
+               if saved.get(k) != now.get(k)]
+    if not changed:
+        return None
+    return (f"data: changed since the checkpoint ({'; '.join(changed)}): the steps from here on see other "
+            f"batches than the saved run would have")
 
 
 def jsonable(x: Any) -> Any:
@@ -235,7 +300,9 @@ def checkpoint_hook_from_config(cfg: Config, trainer: Trainer, run_dir: Path, re
     """
     c = cfg.checkpoint
     directory = prepare_directory(Path(c.dir) if c.dir else Path(run_dir) / "checkpoints", resume, log)
-    extra = {"optimizer_rules": cfg.optimizer_rules.to_list()} if cfg.optimizer_rules is not None else None
+    extra: dict[str, Any] = {"data": data_position(cfg)}
+    if cfg.optimizer_rules is not None:
+        extra["optimizer_rules"] = cfg.optimizer_rules.to_list()
     mngr = CheckpointManager(directory, every=c.every, keep=c.keep, keep_best=c.keep_best, async_=c.async_,
                              rules=cfg.rules, config=jsonable(cfg.raw), model_name=cfg.model_name,
                              abstract=trainer.abstract_state, extra=extra)
@@ -269,4 +336,5 @@ def compiled_from_config(cfg: Config, devices: int, plan: Plan | None = None) ->
 
 __all__ = ["at_key", "model_options_resolved", "model_from_config", "config_devices", "mesh_from_config", "optimizer_from_config", "abstract_model",
            "dataset_from_config", "batch_from_config", "task_from_config", "trainer_from_config", "data_from_config",
+           "data_position", "data_resume_note",
            "checkpoint_hook_from_config", "plan_from_config", "compiled_from_config", "jsonable"]

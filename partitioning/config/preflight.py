@@ -8,7 +8,8 @@ mistake later, and a run that fails changes nothing on disk. In order:
 2. the model builds (options checked against its constructor) and every
    parameter divides over the mesh axes its rules give it;
 3. the batch (and micro-batch) divides over the batch axes;
-4. the data is there and holds at least one batch for training and for eval;
+4. the data is there, of the right type, holds at least one batch for training and for eval, and
+   (token arrays) every token is inside the model's vocabulary;
 5. ``run_dir`` and ``checkpoint.dir`` are folders (or can be made) and writable;
 6. an existing checkpoint fits the model, if the run would resume from it;
 7. the per-device peak fits the memory budget (compiled when a budget is set).
@@ -30,13 +31,13 @@ from typing import Any
 import jax
 
 from partitioning.checkpoint.disk import flat_saved, list_steps, resolve_checkpoint, saved_tree
-from partitioning.checkpoint.restore import abstract_target, check_fits
+from partitioning.checkpoint.restore import abstract_target, check_fits, checkpoint_metadata
 from partitioning.config.build import (
-    at_key, batch_from_config, data_from_config, dataset_from_config, mesh_from_config, plan_from_config,
-    task_from_config, trainer_from_config,
+    at_key, batch_from_config, data_from_config, data_resume_note, dataset_from_config, mesh_from_config,
+    plan_from_config, task_from_config, trainer_from_config,
 )
 from partitioning.config.schema import Config
-from partitioning.errors import CheckpointError, ConfigError, DataError, MeshError, ShardingError
+from partitioning.errors import CheckpointError, ConfigError, MeshError, ShardingError
 from partitioning.plan.budget import Budget, check_budget, device_memory
 from partitioning.plan.compiled import memory_stats
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
@@ -59,6 +60,7 @@ class Ready:
     resume_step: int | None
     budget: Budget | None
     plan: Plan | None = None
+    data_note: str | None = None   # how the data differs from the checkpoint's, when resuming
 
 
 def writable_dir(path: Path, where: str) -> None:
@@ -120,14 +122,11 @@ def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_
     mesh = _mesh(cfg, devices)
     dataset = dataset_from_config(cfg)
     trainer = trainer_from_config(cfg, mesh, dataset)
-    try:
-        _, train, evals = data_from_config(cfg, trainer, dataset)
-    except DataError as e:
-        key = ("data", "path") if cfg.data.path else ("train", "batch_size")
-        raise DataError(f"{cfg.where(*key)}: {e}") from None
+    _, train, evals = data_from_config(cfg, trainer, dataset)
     run_dir, ckpt_dir = _dirs(cfg)
     target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
     step = check_resume(ckpt_dir, target, resume)
+    note = data_resume_note(cfg, checkpoint_metadata(ckpt_dir, step).get("data")) if step is not None else None
     budget = _budget(cfg)
     a = trainer.abstract_state
     plan = build_plan(a.params, a.opt_state, mesh, cfg.rules, optimizer_rules=cfg.optimizer_rules,
@@ -139,7 +138,7 @@ def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_
     if not fit.fits:
         raise fit.error(cfg.where("mesh", "device_memory") if cfg.mesh.device_memory is not None
                         else f"{cfg.path}: the devices' memory")
-    return Ready(cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan)
+    return Ready(cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note)
 
 
 def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None) -> Ready:

@@ -82,11 +82,18 @@ class MeshConfig(Section):
 
 
 class DataConfig(Section):
-    """``data:``: the text to train on (or ``_target_``: any dataset object)."""
+    """``data:``: text or pre-tokenized arrays to train on (or ``_target_``: any dataset object)."""
 
-    path: StrictStr | None = Field(default=None, description="a text file or folder; null: the embedded corpus")
+    source: Literal["text", "tokens"] | None = Field(
+        default=None, description="text (bytes) | tokens (.npy / .bin arrays); null: from the path")
+    path: StrictStr | None = Field(default=None, description="a file or folder; null: the embedded corpus")
+    eval_path: StrictStr | None = Field(default=None, description="the eval data; null: split off path")
+    dtype: Literal["uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64"] | None = Field(
+        default=None, description="tokens of a raw .bin file (a .npy file says its own)")
     eval_fraction: float = Field(default=0.05, gt=0, lt=1)
     seed: StrictInt = Field(default=0, ge=0, description="order of training examples")
+    log_batches: StrictBool = Field(default=False,
+                                    description="debug: a digest of each step's batch in RUN_DIR/batches.N.jsonl")
     target: dict[str, Any] | None = Field(default=None, exclude=True)   # {_target_: module.fn, ...}
 
 

@@ -55,7 +55,7 @@ def test_bad_paths_and_tiny_corpora_are_data_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="folder holds no text files"):
         load_corpus(str(tmp_path / "empty"))
-    with pytest.raises(DataError, match=r"1,000 bytes make only 7 windows of 129 bytes, fewer than the batch size 32"):
+    with pytest.raises(DataError, match=r"1,000 tokens make only 7 windows of 129 tokens, fewer than the batch size 32"):
         TokenBatches(np.zeros(1000, np.uint8), 32, 128)
 
 
@@ -110,3 +110,86 @@ def test_process_builds_only_its_rows(monkeypatch):
     full = TokenBatches(tokens, 16, 32, seed=0).batch_at(4)
     assert local["inputs"].shape == (8, 32)
     np.testing.assert_array_equal(local["inputs"], full["inputs"][8:])
+
+
+# -- grain: the batch of step k is a pure function of (seed, k), whoever reads it --------------------
+
+class RowsOf:
+    """The sharding a process of a multi-process run sees: it addresses only rows [lo, hi) of the batch."""
+
+    def __init__(self, lo, hi, per_device=2):
+        self.lo, self.hi, self.per = lo, hi, per_device
+
+    def addressable_devices_indices_map(self, shape):
+        return {i: (slice(r, r + self.per), slice(None)) for i, r in enumerate(range(self.lo, self.hi, self.per))}
+
+
+def test_batches_are_grain_map_datasets():
+    import grain
+
+    tokens = np.arange(5000, dtype=np.uint16)
+    b = TokenBatches(tokens, 4, 16, seed=0)
+    assert isinstance(b.dataset, grain.MapDataset)
+    np.testing.assert_array_equal(b.dataset[3]["inputs"], b.batch_at(3)["inputs"])
+    # window w of the batch is tokens[w*16 : w*16 + 17]
+    np.testing.assert_array_equal(b.batch_at(3)["inputs"][:, 0], b.windows_at(3) * 16)
+
+
+def test_one_and_two_processes_see_the_same_global_batch_at_every_step(monkeypatch):
+    """Process p of 2 reads only its 8 rows; stacked, they are the 1-process batch, step by step."""
+    from partitioning.train import pipeline
+
+    tokens = np.random.default_rng(0).integers(0, 50_000, 20_000).astype(np.uint16)
+    one = TokenBatches(tokens, 16, 32, seed=3)
+    procs = [TokenBatches(tokens, 16, 32, RowsOf(0, 8), seed=3), TokenBatches(tokens, 16, 32, RowsOf(8, 16), seed=3)]
+    reads = []
+    real = pipeline.TokenWindows.__call__
+    monkeypatch.setattr(pipeline.TokenWindows, "__call__", lambda self, idx: reads.append(len(idx)) or real(self, idx))
+    for step in [0, 1, 2, 37, 5, 2]:                   # any order, repeated: a pure function of (seed, step)
+        whole = one.host_batch_at(step)
+        reads.clear()
+        parts = [p.host_batch_at(step) for p in procs]
+        assert reads == [8, 8]                          # each process read only its own rows
+        for k in ("inputs", "targets"):
+            np.testing.assert_array_equal(np.concatenate([p[k] for p in parts]), whole[k])
+    # the global arrays on two meshes of the 8 devices are the same batch too
+    for shape in ({"data": 8}, {"data": 2, "fsdp": 2, "tensor": 2}):
+        mesh = pt.make_mesh(shape)
+        batch = TokenBatches(tokens, 16, 32, NamedSharding(mesh, P(mesh.axis_names[:2])), seed=3).batch_at(37)
+        np.testing.assert_array_equal(np.asarray(batch["inputs"]), one.batch_at(37)["inputs"])
+
+
+def test_adjacent_seeds_do_not_share_epochs():
+    """Grain reseeds epoch e with s + e; the user's seed is hashed first, so seed 1 is not seed 0 shifted."""
+    tokens = np.arange(8 * 10 + 1, dtype=np.uint8)
+    a, b = TokenBatches(tokens, 2, 8, seed=0), TokenBatches(tokens, 2, 8, seed=1)
+    epoch1_of_a = np.concatenate([a.windows_at(s) for s in range(5, 10)])
+    epoch0_of_b = np.concatenate([b.windows_at(s) for s in range(5)])
+    assert list(epoch1_of_a) != list(epoch0_of_b)
+
+
+def test_array_batches_read_only_this_process_rows():
+    data = pt.ArrayDataset({"inputs": np.arange(200 * 3, dtype=np.float32).reshape(200, 3),
+                            "targets": np.arange(200, dtype=np.int32)}, eval_fraction=0.1)
+    whole = data.batches("train", 16, seed=2).host_batch_at(11)
+    half = data.batches("train", 16, {"inputs": RowsOf(8, 16), "targets": RowsOf(8, 16)}, seed=2)
+    assert half.rows == slice(8, 16)
+    np.testing.assert_array_equal(half.host_batch_at(11)["targets"], whole["targets"][8:])
+    np.testing.assert_array_equal(whole["inputs"][:, 0] / 3, whole["targets"])   # rows stay whole
+    mesh = pt.make_mesh({"data": 2, "fsdp": 4})
+    sh = NamedSharding(mesh, P(("data", "fsdp")))
+    placed = data.batches("train", 16, {"inputs": sh, "targets": sh}, seed=2).batch_at(11)
+    np.testing.assert_array_equal(np.asarray(placed["targets"]), whole["targets"])
+
+
+def test_a_process_holding_some_columns_reads_only_those():
+    """Sequence parallelism across processes: a process's block is rows x columns of the batch."""
+    class Block:
+        def addressable_devices_indices_map(self, shape):
+            return {0: (slice(0, 8), slice(16, 32))}
+
+    tokens = np.random.default_rng(1).integers(0, 1000, 20_000).astype(np.uint16)
+    whole = TokenBatches(tokens, 16, 32, seed=4).host_batch_at(9)
+    block = TokenBatches(tokens, 16, 32, Block(), seed=4).host_batch_at(9)
+    for k in ("inputs", "targets"):
+        np.testing.assert_array_equal(block[k], whole[k][:8, 16:32])
