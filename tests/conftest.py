@@ -251,3 +251,16 @@ def saved_run(tmp_path_factory):
         mngr.save(6, s.state(m, "fsdp", step=6), metrics={"loss": 2.25, "eval_loss": 2.75})
     (root / "checkpoints" / "9.orbax-checkpoint-tmp-1234").mkdir()
     return s, root
+
+
+@pytest.fixture
+def free_port():
+    """free_port(): a TCP port on 127.0.0.1 that is free now (for a jax.distributed coordinator)."""
+    import socket
+
+    def _port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    return _port

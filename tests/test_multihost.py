@@ -4,7 +4,6 @@ checkpoint through the multi-host path that a single process restores."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -17,15 +16,9 @@ from partitioning.checkpoint import abstract_target, restore_checkpoint as resto
 from tests.multihost.common import STEPS, losses_and_checkpoint, make_trainer
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
-def test_two_processes_match_one_and_checkpoint_restores(repo, tmp_path):
-    port = str(_free_port())
+def test_two_processes_match_one_and_checkpoint_restores(repo, tmp_path, free_port):
+    port = str(free_port())
     env = dict(os.environ, PYTHONPATH=str(repo))
     procs = [
         subprocess.Popen([sys.executable, "tests/multihost/worker.py", str(i), "2", port, str(tmp_path)],
@@ -75,11 +68,11 @@ checkpoint: {every: 2}
 
 
 @pytest.mark.slow
-def test_train_cli_on_two_processes_matches_one(repo, tmp_path):
+def test_train_cli_on_two_processes_matches_one(repo, tmp_path, free_port):
     cfg = tmp_path / "run.yaml"
     cfg.write_text(TRAIN_CFG)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the CLI sets devices itself
-    port = str(_free_port())
+    port = str(free_port())
     cmd = [sys.executable, "-m", "partitioning", "train", str(cfg), "--no-progress"]
     procs = [
         subprocess.Popen(cmd + ["--set", f"run_dir={tmp_path / 'multi'}", "--coordinator", f"127.0.0.1:{port}",
@@ -123,7 +116,7 @@ def test_partial_multihost_flags_are_one_line_errors(repo, tmp_path, run_cli_sub
 
 
 @pytest.mark.slow
-def test_sigterm_to_one_process_stops_all_at_the_same_step(repo, tmp_path):
+def test_sigterm_to_one_process_stops_all_at_the_same_step(repo, tmp_path, free_port):
     """Preemption rarely reaches every host at the same instant: the processes
     agree at the next logging step, stop together, save, and exit 143."""
     import signal
@@ -134,7 +127,7 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(repo, tmp_path):
                    .replace("eval_every: 4", "eval_every: 1000000"))
     run = tmp_path / "multi"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    port = str(_free_port())
+    port = str(free_port())
     procs = [
         subprocess.Popen([sys.executable, "-m", "partitioning", "train", str(cfg), "--no-progress",
                           "--set", f"run_dir={run}", "--coordinator", f"127.0.0.1:{port}",

@@ -18,7 +18,6 @@ from partitioning.checkpoint import checkpoint_metadata
 from partitioning.checkpoint.disk import list_steps
 from partitioning.train.data import load_corpus
 from partitioning.train.pipeline import batch_digest
-from tests.test_multihost import _free_port
 
 CONFIG = """\
 model: {name: mlp, vocab_size: 64, embed: 32, mlp: 64, layers: 1}
@@ -34,10 +33,9 @@ checkpoint: {every: 3}
 STEPS, KILL_AFTER, SAVED = 10, 7, 6   # frozen after step 7: the last checkpoint is step 6
 
 
-def _launch(repo, cwd, run, log, env_extra=None):
+def _launch(repo, cwd, run, log, port, env_extra=None):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(PYTHONPATH=str(repo), **(env_extra or {}))
-    port = str(_free_port())
     procs = []
     for i in range(2):
         out = open(cwd / f"{log}.{i}.out", "w")
@@ -80,7 +78,7 @@ def _losses(run: Path) -> list[float]:
 
 
 @pytest.mark.slow
-def test_killed_and_resumed_run_sees_the_batches_of_an_uninterrupted_run(repo, tmp_path, monkeypatch,
+def test_killed_and_resumed_run_sees_the_batches_of_an_uninterrupted_run(repo, tmp_path, free_port, monkeypatch,
                                                                          run_cli_in_process):
     np.save(tmp_path / "tokens.npy", np.random.default_rng(0).integers(0, 64, 20_000).astype(np.uint16))
     (tmp_path / "run.yaml").write_text(CONFIG)
@@ -94,7 +92,7 @@ def test_killed_and_resumed_run_sees_the_batches_of_an_uninterrupted_run(repo, t
     # The same run, frozen after step 7 (checkpoint 6 on disk, step 7 trained but unsaved), then SIGKILLed.
     run = tmp_path / "killed"
     flag = tmp_path / "paused"
-    procs = _launch(repo, tmp_path, run, "killed", {"PAUSE_AFTER": str(KILL_AFTER), "PAUSE_FLAG": str(flag)})
+    procs = _launch(repo, tmp_path, run, "killed", free_port(), {"PAUSE_AFTER": str(KILL_AFTER), "PAUSE_FLAG": str(flag)})
     try:
         deadline = time.time() + 300
         while time.time() < deadline and not all(Path(f"{flag}.{i}").exists() for i in range(2)):
@@ -109,7 +107,7 @@ def test_killed_and_resumed_run_sees_the_batches_of_an_uninterrupted_run(repo, t
     assert max(s.step for s in list_steps(run / "checkpoints") if s.complete) == SAVED
     assert max(_digests(run)) == KILL_AFTER - 1        # it had taken the batch of step 7 (index 6)
 
-    outs = _finish(_launch(repo, tmp_path, run, "resumed"), tmp_path, "resumed")
+    outs = _finish(_launch(repo, tmp_path, run, "resumed", free_port()), tmp_path, "resumed")
     assert f"checkpoint: resumed from step {SAVED}" in outs[0]
     assert outs[0].strip().splitlines()[-1].startswith(f"done: step {STEPS}")
 
