@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from partitioning.boxes import logical_spec, param_for_compute, with_logical_constraint, with_logical_partitioning
 from partitioning.errors import ConfigError
 from partitioning.models.checks import choice, divides, float_dtype, positive
+from partitioning.parallel.pipeline import LayerStack
 from partitioning.registry import register_model
 
 REMAT_POLICIES = {
@@ -230,9 +231,8 @@ class GPT(nn.Module):
         kw = dict(heads=self.heads, kv_heads=kv_heads, head_dim=head_dim, mlp=self.mlp,
                   norm=self.norm, rope_theta=self.rope_theta, dtype=dt, param_dtype=pd)
         if self.scan_layers:
-            scanned = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                              length=self.layers, metadata_params={nn.PARTITION_NAME: "layers"})
-            x, _ = scanned(**kw, name="blocks")(x, None)
+            # nn.scan over a `layers` axis; a GPipe pipeline when the mesh has a `stage` axis.
+            x, _ = LayerStack(block, self.layers, kw, name="blocks")(x)
         else:
             for i in range(self.layers):
                 x, _ = block(**kw, name=f"block_{i}")(x, None)
