@@ -7,6 +7,8 @@ model only marks where its layers stack and where its experts sit:
   with ``spmd_axis_name="stage"``, a collective-permute shift), and ``bubble_fraction``.
 - :mod:`~partitioning.parallel.pipeline` — ``LayerStack`` (Linen) and ``scan_layers`` (NNX): a stack of layers
   that is a scan, or a pipeline when the mesh has a ``stage`` axis; ``microbatching``; up-front checks.
+- :mod:`~partitioning.parallel.trace` — records of the stacks (and expert layers) a forward pass traced,
+  for the plan's analytic costs.
 
 Example::
 
@@ -14,9 +16,11 @@ Example::
 """
 
 from partitioning.parallel.pipeline import (
-    LayerStack, PipelineError, check_pipeline, microbatching, pipeline_stages, scan_layers,
+    LayerStack, PipelineError, check_layers, check_microbatches, layers_sizes, microbatching, pipeline_stages,
+    scan_layers,
 )
 from partitioning.parallel.schedule import bubble_fraction, gpipe
 
-__all__ = ["LayerStack", "scan_layers", "microbatching", "pipeline_stages", "check_pipeline", "PipelineError",
+__all__ = ["LayerStack", "scan_layers", "microbatching", "pipeline_stages", "check_microbatches", "check_layers",
+           "layers_sizes", "PipelineError",
            "gpipe", "bubble_fraction"]

@@ -41,6 +41,7 @@ from partitioning.boxes import is_logical_box, unbox
 from partitioning.context import get_logical_axis_rules
 from partitioning.errors import PartitioningError
 from partitioning.parallel.schedule import STAGE_AXIS, gpipe
+from partitioning.parallel.trace import record
 from partitioning.resolve import axes_tuple, mesh_axis_sizes
 from partitioning.train.model import SOWN_LOSSES
 from partitioning.train.task import sown_losses
@@ -90,23 +91,51 @@ def current_microbatches(stages: int) -> int:
     return int(m) if m else int(stages)
 
 
-def check_pipeline(layers: Sequence[int], stages: int, microbatches: int | None, batch_rows: int,
-                   rules: Any, *, batch_what: str = "batch_size") -> int:
-    """Checks a pipeline layout up front; returns ``M``.
+def check_microbatches(mesh: Any, rules: Any, microbatches: int | None, rows: int,
+                       what: str = "batch_size") -> tuple[int, int, str]:
+    """What can be checked before the model is traced: ``(M, rows per micro-batch, their description)``.
 
-    ``layers`` are the sizes of every ``layers`` dimension of the params.
+    ``rows`` is the batch one forward pass sees (``batch_size / grad_accum``).
+    Without a ``stage`` axis (size > 1) nothing is pipelined: ``(1, rows, what)``.
     Raises :class:`PipelineError` naming what to change.
 
     Example::
 
-        >>> check_pipeline([8], stages=4, microbatches=8, batch_rows=32, rules=Rules.preset("pp"))
-        8
+        >>> check_microbatches({"stage": 4, "data": 2}, Rules.preset("pp"), 8, 32)
+        (8, 4, 'pipeline micro-batch 4 (batch_size 32 / microbatches 8)')
     """
-    m = int(microbatches) if microbatches else int(stages)
-    if m < 1:
-        raise PipelineError(f"microbatches must be >= 1, got {microbatches}", arg="microbatches")
+    if microbatches is not None and (isinstance(microbatches, bool) or int(microbatches) < 1):
+        raise PipelineError(f"microbatches must be a positive integer, got {microbatches!r}", arg="microbatches")
+    stages = pipeline_stages(mesh)
     if stages <= 1:
-        return m
+        return 1, rows, what
+    types = getattr(mesh, "axis_types", ())
+    if any(t == jax.sharding.AxisType.Explicit for t in types):
+        raise PipelineError("pipeline stages run on Auto mesh axes (GSPMD places the stage buffers); "
+                            "use axis_types 'auto'", arg="axis_types")
+    if STAGE_AXIS not in axes_tuple(rules.resolve(("layers",))[0]):
+        raise PipelineError(f"the mesh has a 'stage' axis of size {stages} but the rules do not put 'layers' on it; "
+                            "add the rule [layers, stage] (presets pp, pp_fsdp)", arg="stage")
+    if STAGE_AXIS in rules.batch_axes:
+        raise PipelineError("the 'stage' axis cannot also split the batch: remove it from the batch rules "
+                            "(stages pass micro-batches to each other)", arg="stage")
+    m = int(microbatches or stages)
+    if rows % m:
+        raise PipelineError(f"{what} cannot be split into {m} pipeline micro-batches; use a multiple of {m}"
+                            + ("" if microbatches else " (microbatches defaults to the stage axis size)"),
+                            arg="microbatches")
+    return m, rows // m, f"pipeline micro-batch {rows // m} ({what} / microbatches {m})"
+
+
+def check_layers(layers: Sequence[int], stages: int) -> None:
+    """Every stacked ``layers`` dimension (sizes in ``layers``) splits into ``stages``; else :class:`PipelineError`.
+
+    Example::
+
+        >>> check_layers(layers_sizes(abstract_params), 4)
+    """
+    if stages <= 1:
+        return
     if not layers:
         raise PipelineError(f"the mesh has a 'stage' axis of size {stages} but the model has no stacked 'layers' "
                             "axis to split into stages; stack the repeated block with LayerStack / scan_layers "
@@ -115,16 +144,6 @@ def check_pipeline(layers: Sequence[int], stages: int, microbatches: int | None,
         if n % stages:
             raise PipelineError(f"{n} layers cannot be split into {stages} pipeline stages: the number of layers "
                                 f"must be a multiple of the stage axis size", arg="stage")
-    if "stage" not in axes_tuple(rules.resolve(("layers",))[0]):
-        raise PipelineError(f"the mesh has a 'stage' axis of size {stages} but the rules do not put 'layers' on it; "
-                            "add the rule [layers, stage] (presets pp, pp_fsdp)", arg="stage")
-    if STAGE_AXIS in rules.batch_axes:
-        raise PipelineError("the 'stage' axis cannot also split the batch: remove it from the batch rules "
-                            "(stages pass micro-batches to each other)", arg="stage")
-    if batch_rows % m:
-        raise PipelineError(f"{batch_what} {batch_rows} cannot be split into {m} pipeline micro-batches; "
-                            f"use a multiple of {m}", arg="microbatches")
-    return m
 
 
 def layers_sizes(params: Any) -> list[int]:
@@ -143,16 +162,10 @@ def layers_sizes(params: Any) -> list[int]:
 
 
 def _check_traced(stages: int, n_layers: int, batch: int, m: int) -> None:
-    """The same checks for a stack traced outside the Trainer (direct ``apply`` under a stage mesh)."""
-    if n_layers % stages:
-        raise PipelineError(f"{n_layers} layers cannot be split into {stages} pipeline stages", arg="stage")
-    if batch % m:
-        raise PipelineError(f"a batch of {batch} cannot be split into {m} pipeline micro-batches",
-                            arg="microbatches")
-    rules = get_logical_axis_rules()
-    if rules and STAGE_AXIS not in axes_tuple(rules.resolve(("layers",))[0]):
-        raise PipelineError("the rules do not put 'layers' on the 'stage' mesh axis; add [layers, stage]",
-                            arg="stage")
+    """The Trainer's checks, for a stack applied directly under a stage mesh."""
+    check_layers([n_layers], stages)
+    check_microbatches(jax.sharding.get_abstract_mesh(), get_logical_axis_rules(), m, batch,
+                       f"a batch of {batch}")
 
 
 def _batched(args: tuple, batch: int) -> tuple[list[int], list[int]]:
@@ -170,6 +183,10 @@ def run_stack(layer_fn: Any, layers: Any, x: jax.Array, args: tuple = ()) -> tup
     """
     n_layers = jax.tree.leaves(layers)[0].shape[0]
     s = pipeline_stages()
+    m = current_microbatches(s) if s > 1 else 1
+    rules = get_logical_axis_rules()
+    record("pipeline", layers=int(n_layers), stages=s, microbatches=m, shape=tuple(x.shape), dtype=str(x.dtype),
+           batch_axes=tuple(rules.batch_axes) if rules else ())
     if s <= 1:
         def body(carry, kl):
             h, aux = carry
@@ -182,7 +199,6 @@ def run_stack(layer_fn: Any, layers: Any, x: jax.Array, args: tuple = ()) -> tup
         aux0 = {k: jnp.zeros((), v.dtype) for k, v in dict(shapes).items()}
         (x, aux), _ = jax.lax.scan(body, (x, aux0), (layers, jnp.arange(n_layers, dtype=jnp.int32)))
         return x, aux
-    m = current_microbatches(s)
     _check_traced(s, n_layers, x.shape[0], m)
     per_example, shared = _batched(args, x.shape[0])
 
@@ -192,7 +208,6 @@ def run_stack(layer_fn: Any, layers: Any, x: jax.Array, args: tuple = ()) -> tup
             full[pos] = a
         return layer_fn(layer, h, tuple(full), i, j)
 
-    rules = get_logical_axis_rules()
     return gpipe(staged_fn, layers, x, [args[i] for i in per_example], stages=s, microbatches=m,
                  batch_axes=rules.batch_axes if rules else None)
 
@@ -265,4 +280,4 @@ def scan_layers(blocks: Any, x: jax.Array, *args: Any) -> jax.Array:
 
 
 __all__ = ["LayerStack", "scan_layers", "microbatching", "pipeline_stages", "current_microbatches",
-           "check_pipeline", "layers_sizes", "run_stack", "PipelineError", "SCANNED"]
+           "check_microbatches", "check_layers", "layers_sizes", "run_stack", "PipelineError", "SCANNED"]

@@ -19,7 +19,7 @@ one collective-permute per iteration. Micro-batch ``j`` is rows ``j, j + M,
 j + 2M, …`` of the batch (as in gradient accumulation): every device already
 holds its rows of every micro-batch. The last stage's outputs collect in a
 stage-sharded buffer written locally, and reach the other stages once, at the
-end (one all-reduce over ``stage``).
+end (one all-reduce over ``stage``); likewise the gradient of the inputs.
 
 Example::
 
@@ -104,6 +104,10 @@ def gpipe(layer_fn: Callable[..., tuple[jax.Array, Mapping[str, jax.Array]]], la
     staged = _split_stages(layers, s, axis)
     bspec = batch_axes if batch_axes else None
     xs = constrain(_microbatched(x, m), _spec((None, bspec), x.ndim + 1))
+    # Every stage's own copy of the inputs (local: they are not split over `stage`). Stage 0 reads its
+    # copy; the gradient then collects in a stage-split buffer, summed over `stage` once at the end
+    # instead of once per iteration.
+    xs_staged = constrain(jnp.broadcast_to(xs[None], (s, *xs.shape)), _spec((axis, None, bspec), x.ndim + 2))
     mb_args = [constrain(_microbatched(a, m), _spec((None, bspec), a.ndim + 1)) for a in args]
     buf_spec = _spec((axis, bspec), x.ndim + 1)
     stage_ids = jnp.arange(s, dtype=jnp.int32)
@@ -122,6 +126,7 @@ def gpipe(layer_fn: Callable[..., tuple[jax.Array, Mapping[str, jax.Array]]], la
     run_stages = jax.vmap(stage_fn, spmd_axis_name=axis)
     # Stage s sees its micro-batch's args by index: they are not sharded over `stage`, so this is local.
     pick = jax.vmap(lambda a, j: jax.lax.dynamic_index_in_dim(a, j, 0, keepdims=False), in_axes=(None, 0))
+    pick_staged = jax.vmap(lambda a, j: jax.lax.dynamic_index_in_dim(a, j, 0, keepdims=False), in_axes=(0, None))
     is_first = (stage_ids == 0).reshape(s, *([1] * x.ndim))
     is_last = (stage_ids == s - 1).reshape(s, *([1] * (x.ndim + 1)))
 
@@ -130,8 +135,8 @@ def gpipe(layer_fn: Callable[..., tuple[jax.Array, Mapping[str, jax.Array]]], la
         micro = t - stage_ids                                  # the micro-batch each stage works on
         valid = (micro >= 0) & (micro < m)
         micro = jnp.clip(micro, 0, m - 1)
-        fresh = jax.lax.dynamic_index_in_dim(xs, jnp.minimum(t, m - 1), 0, keepdims=False)
-        h = constrain(jnp.where(is_first, fresh[None], state), buf_spec)
+        fresh = pick_staged(xs_staged, jnp.minimum(t, m - 1))
+        h = constrain(jnp.where(is_first, fresh, state), buf_spec)
         h, new = run_stages(staged, h, stage_ids, micro, [pick(a, micro) for a in mb_args])
         aux = jax.tree.map(lambda acc, v: acc + jnp.where(valid, v, 0).sum() / m, aux, new)
         # The last stage finished micro-batch t - (S - 1): every stage writes its own buffer row

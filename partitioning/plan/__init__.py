@@ -8,6 +8,8 @@ Modules:
 - :mod:`~partitioning.plan.hlo` — collectives (kind, bytes, executions) read from optimized HLO text.
 - :mod:`~partitioning.plan.budget` — the memory budget: does the per-device peak fit, and what takes the room.
 - :mod:`~partitioning.plan.plot` — the plan PNG: per-device memory and the mesh.
+- :mod:`~partitioning.plan.axes` — per mesh axis: what it splits, and the compiled collectives that run over it.
+- :mod:`~partitioning.plan.parallel` — analytic pipeline (bubble, collective-permute) and expert (all-to-all) costs.
 
 Example::
 

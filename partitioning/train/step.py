@@ -41,7 +41,9 @@ from partitioning.boxes import unbox
 from partitioning.errors import ShardingError
 from partitioning.layout import LeafLayout, tree_layouts, tree_shardings
 from partitioning.mesh import sharding_context
-from partitioning.parallel.pipeline import check_pipeline, layers_sizes, microbatching, pipeline_stages
+from partitioning.parallel.pipeline import (
+    check_layers, check_microbatches, layers_sizes, microbatching, pipeline_stages,
+)
 from partitioning.rules import as_rules
 from partitioning.train.batch import as_abstract, batch_size_of, batch_specs, lm_batch, micro_batches, place, stream_keys
 from partitioning.train.model import SOWN_LOSSES, as_model
@@ -109,17 +111,9 @@ class Trainer:
         self.micro_batch = self.batch_size // self.grad_accum
         what = (f"batch_size {self.batch_size}" if self.grad_accum == 1 else
                 f"micro-batch {self.micro_batch} (batch_size {self.batch_size} / grad_accum {self.grad_accum})")
-        # Pipeline stages (the `stage` mesh axis) run micro-batches of micro-batches.
+        # Pipeline stages (a `stage` mesh axis) run micro-batches of these micro-batches.
         self.stages = pipeline_stages(mesh)
-        self.microbatches = check_pipeline([], 1, microbatches, self.micro_batch, self.rules)
-        rows = self.micro_batch
-        if self.stages > 1:
-            self.microbatches = microbatches or self.stages
-            if self.micro_batch % self.microbatches:
-                check_pipeline([self.stages], self.stages, self.microbatches, self.micro_batch, self.rules,
-                               batch_what=what)
-            rows = self.micro_batch // self.microbatches
-            what = f"pipeline micro-batch {rows} ({what} / microbatches {self.microbatches})"
+        self.microbatches, rows, what = check_microbatches(mesh, self.rules, microbatches, self.micro_batch, what)
         self.batch_specs = batch_specs(self.abstract_batch, self.rules, mesh, batch_names,
                                        micro_batch=rows, what=what)
         self.batch_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), self.batch_specs,
@@ -128,9 +122,7 @@ class Trainer:
         self.batch_spec = self.rules.batch_spec(2)
         self.batch_sharding = NamedSharding(mesh, self.batch_spec)
         self.abstract_state = self._abstract_state()
-        if self.stages > 1:
-            check_pipeline(layers_sizes(self.abstract_state.params), self.stages, self.microbatches,
-                           self.micro_batch, self.rules, batch_what=what)
+        check_layers(layers_sizes(self.abstract_state.params), self.stages)
         replicated = NamedSharding(mesh, PartitionSpec())
         # Wrapped in {"params": ...} so error messages name `params/...` paths, as `check` does.
         a = self.abstract_state
