@@ -10,6 +10,7 @@ The package is a pipeline, one folder per stage::
     train/                          sharded state, jitted step, data, loop
     checkpoint/                     orbax save / restore onto any mesh and rules
     plan/                           memory, collectives and warnings before running
+    parallel/                       pipeline stages (the `layers` axis over `stage`) and experts
     config/, cli/                   YAML run configs and the command line
 
 This module re-exports what a user needs; everything else stays importable
@@ -55,6 +56,7 @@ from partitioning.train import (
     plot_loss,
 )
 from partitioning.train.data import ArrayDataset
+from partitioning.parallel import LayerStack, PipelineError, bubble_fraction, microbatching, scan_layers
 from partitioning.checkpoint import (
     CheckpointHook, CheckpointManager, abstract_target, checkpoint_metadata, reshard_checkpoint,
     restore_checkpoint, save_checkpoint,
@@ -83,6 +85,8 @@ __all__ = [
     "Trainer", "TrainState", "abstract_train_state", "lm_loss", "Task", "LinenModel", "NNXModel", "FunctionModel",
     "as_model", "place", "make_optimizer", "lr_schedule", "Corpus", "TokenBatches", "ArrayDataset", "load_corpus",
     "fit", "evaluate", "JsonlLogger", "plot_loss",
+    # pipeline and experts
+    "LayerStack", "scan_layers", "microbatching", "bubble_fraction", "PipelineError",
     # checkpoint
     "CheckpointManager", "CheckpointHook", "abstract_target", "restore_checkpoint", "save_checkpoint",
     "checkpoint_metadata", "reshard_checkpoint",

@@ -1,0 +1,55 @@
+"""The shipped pipeline configs: configs/pipeline.yaml trains to the quickstart's losses; plan shows the pipeline;
+configs/llama3_405b_pp.yaml plans 405B in stages."""
+
+import json
+
+import pytest
+
+SHORT = ["--set", "train.steps=2", "--set", "train.batch_size=16", "--set", "train.seq_len=32",
+         "--set", "train.eval_batches=0", "--set", "train.log_every=1", "--no-progress"]
+
+
+def _losses(run_dir):
+    return [json.loads(l)["loss"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_pipeline_config_trains_to_the_quickstarts_losses(repo, tmp_path, run_cli_in_process):
+    for name in ("pipeline", "quickstart"):
+        r = run_cli_in_process("train", repo / "configs" / f"{name}.yaml", *SHORT,
+                               "--set", f"run_dir={tmp_path / name}", "--set", "train.microbatches=4")
+        assert r.returncode == 0, r.stderr
+    pipe, quick = _losses(tmp_path / "pipeline"), _losses(tmp_path / "quickstart")
+    assert len(pipe) == 2 and pipe == pytest.approx(quick, rel=1e-4)
+
+
+def test_plan_of_the_pipeline_config(repo, tmp_path, run_cli_in_process):
+    r = run_cli_in_process("plan", repo / "configs" / "pipeline.yaml", "--set", "train.batch_size=16",
+                           "--set", "train.seq_len=32", "--json", tmp_path / "p.json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads((tmp_path / "p.json").read_text())
+    p = j["parallel"]["pipeline"]
+    assert (p["stages"], p["microbatches"], p["layers_per_stage"]) == (4, 8, 1)
+    assert p["bubble"] == pytest.approx(3 / 11)
+    # The analytic shifts are what the compiled step sends over `stage`.
+    compiled = j["compiled"]["collectives_by_axis"]["stage"]["collective-permute"]["bytes"]
+    assert compiled == p["collective_permute_bytes"] == 2 * 11 * (16 // 8 // 2) * 32 * 128 * 4
+    assert j["axes"]["stage"]["splits"] == ["layers"]
+    assert "pipeline: 4 layers in 4 stages of 1, 8 micro-batches of 2 rows: bubble (S-1)/(M+S-1) = 27.3%" in r.stdout
+
+
+def test_the_405b_pipeline_config_plans(repo, tmp_path, run_cli_in_process):
+    r = run_cli_in_process("plan", repo / "configs" / "llama3_405b_pp.yaml", "--no-compile",
+                           "--json", tmp_path / "p.json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads((tmp_path / "p.json").read_text())
+    assert j["parameters"] == 405_853_388_800 and j["devices"] == 6144
+    assert j["mesh"] == {"stage": 6, "data": 4, "fsdp": 32, "tensor": 8}
+    p = j["parallel"]["pipeline"]
+    assert (p["stages"], p["layers_per_stage"], p["microbatches"]) == (6, 21, 24)
+    assert p["bubble"] == pytest.approx(5 / 29)
+    # bf16 activations of one micro-batch on a device: 128 rows / (data 4 x fsdp 32) x 2048 x 16384.
+    assert p["activation_bytes"] == 1 * 2048 * 16384 * 2
+    q = next(l for l in j["leaves"] if l["path"] == "params/blocks/attn/q")
+    assert q["spec"] == "P('stage', 'fsdp', 'tensor', None)"
+    assert j["axes"]["stage"]["splits"] == ["layers"] and j["errors"] == []
