@@ -56,12 +56,14 @@ from partitioning.train import (
     plot_loss,
 )
 from partitioning.train.data import ArrayDataset
-from partitioning.parallel import LayerStack, PipelineError, bubble_fraction, microbatching, scan_layers
+from partitioning.parallel import (
+    LayerStack, PipelineError, bubble_fraction, expert_capacity, microbatching, moe_ffn, scan_layers,
+)
 from partitioning.checkpoint import (
     CheckpointHook, CheckpointManager, abstract_target, checkpoint_metadata, reshard_checkpoint,
     restore_checkpoint, save_checkpoint,
 )
-from partitioning.plan import Plan, activation_names, build_plan, compiled_view, plot_plan
+from partitioning.plan import Plan, activation_names, build_plan, compiled_view, parallel_costs, plot_plan
 
 __version__ = "0.1.0"
 
@@ -86,10 +88,10 @@ __all__ = [
     "as_model", "place", "make_optimizer", "lr_schedule", "Corpus", "TokenBatches", "ArrayDataset", "load_corpus",
     "fit", "evaluate", "JsonlLogger", "plot_loss",
     # pipeline and experts
-    "LayerStack", "scan_layers", "microbatching", "bubble_fraction", "PipelineError",
+    "LayerStack", "scan_layers", "microbatching", "bubble_fraction", "PipelineError", "moe_ffn", "expert_capacity",
     # checkpoint
     "CheckpointManager", "CheckpointHook", "abstract_target", "restore_checkpoint", "save_checkpoint",
     "checkpoint_metadata", "reshard_checkpoint",
     # plan
-    "Plan", "build_plan", "activation_names", "compiled_view", "plot_plan",
+    "Plan", "build_plan", "activation_names", "compiled_view", "plot_plan", "parallel_costs",
 ]

@@ -96,6 +96,10 @@ def render_axes(report: dict[str, Any], console: Any) -> None:
         t.add_row(name, str(a.get("size", "")), ", ".join(a.get("splits", [])) or "-",
                   fmt_bytes(a["per_device_bytes"]) if a else "", fmt_bytes(a["unsplit_bytes"]) if a else "", colls)
     console.print(t)
+    def compiled(kind: str, axis: str) -> str:
+        c = (by_axis.get(axis) or {}).get(kind)
+        return f"; compiled over `{axis}`: {c['count']}x {fmt_bytes(c['bytes'])}" if c else ""
+
     p = (report.get("parallel") or {}).get("pipeline")
     if p and p["stages"] > 1:
         console.print(
@@ -103,13 +107,15 @@ def render_axes(report: dict[str, Any], console: Any) -> None:
             f"{p['microbatches']} micro-batches of {p['micro_batch_rows']} rows: bubble (S-1)/(M+S-1) = "
             f"{p['bubble']:.1%} (interleaved, R=2: {p['bubble_interleaved_r2']:.1%}); shifts "
             f"{p['collective_permute_count']}x collective-permute {fmt_bytes(p['collective_permute_bytes'])}, "
-            f"stage all-reduce {fmt_bytes(p['stage_all_reduce_bytes'])} per step and device", highlight=False)
+            f"stage all-reduce {fmt_bytes(p['stage_all_reduce_bytes'])} per step and device (analytic)"
+            + compiled("collective-permute", "stage"), highlight=False)
     e = (report.get("parallel") or {}).get("experts")
     if e:
         console.print(
             f"experts: {e['experts']} (top-{e['top_k']}, capacity {e['capacity']}) over {e['expert_shards']} "
             f"shard(s) in {e['layers']} layers: all-to-all {e['all_to_all_count']}x "
-            f"{fmt_bytes(e['all_to_all_bytes'])} per step and device", highlight=False)
+            f"{fmt_bytes(e['all_to_all_bytes'])} per step and device (analytic)"
+            + (compiled("all-to-all", "expert") if e["expert_shards"] > 1 else ""), highlight=False)
 
 
 def render_compiled(view: dict[str, Any], console: Any) -> None:

@@ -39,7 +39,7 @@ from partitioning.parallel.pipeline import (
 )
 from partitioning.parallel.schedule import STAGE_AXIS
 from partitioning.parallel.trace import recording
-from partitioning.plan.parallel import parallel_costs
+from partitioning.plan.parallel import costs_from_records
 from partitioning.plan.compiled import compiled_view
 from partitioning.plan.coverage import activation_names
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
@@ -347,7 +347,7 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
         acts = activation_names(model, params, sizes, cfg.rules, batch=forward, task=task)
     plan = build_plan(params, opt_state, sizes, cfg.rules, optimizer_rules=cfg.optimizer_rules,
                       on_indivisible=cfg.on_indivisible, activations=acts,
-                      parallel=parallel_costs(stacks, sizes, passes=g))
+                      parallel=costs_from_records(stacks, sizes, passes=g))
     return plan, model
 
 

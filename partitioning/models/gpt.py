@@ -25,7 +25,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from partitioning.boxes import logical_spec, param_for_compute, with_logical_constraint, with_logical_partitioning
+from partitioning.boxes import compute_spec, logical_spec, param_for_compute, with_logical_constraint, with_logical_partitioning
+from partitioning.context import get_logical_axis_rules
 from partitioning.errors import ConfigError
 from partitioning.models.checks import choice, divides, float_dtype, positive
 from partitioning.models.moe import MoE, MoeMlp
@@ -77,6 +78,11 @@ def _embed(emb, tokens):
     """``emb[tokens]``; on Explicit axes JAX cannot infer a gather's output layout, so it is named."""
     spec = logical_spec(("batch", "length", "embed"))
     if spec is None:
+        if get_logical_axis_rules() and not jax.sharding.get_abstract_mesh().empty:
+            # Gather the table over the batch axes first (FSDP's all-gather), so the lookup is local:
+            # XLA cannot move a lookup split along `embed` to a batch split over several axes (ep)
+            # without replicating the activations.
+            emb = jax.lax.with_sharding_constraint(emb, compute_spec(("vocab", "embed")))
         return jnp.take(emb, tokens, axis=0)
     return emb.at[tokens].get(out_sharding=spec, mode="fill")
 

@@ -22,7 +22,7 @@ import flax.linen as nn
 
 from partitioning.boxes import with_logical_partitioning
 from partitioning.errors import ConfigError, did_you_mean
-from partitioning.parallel.experts import capacity, moe_ffn
+from partitioning.parallel.experts import expert_capacity, moe_ffn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +67,7 @@ class MoE:
         return moe
 
     def capacity(self, tokens: int) -> int:
-        return capacity(tokens, self.experts, self.top_k, None if self.dropless else self.capacity_factor)
+        return expert_capacity(tokens, self.experts, self.top_k, None if self.dropless else self.capacity_factor)
 
 
 class MoeMlp(nn.Module):

@@ -17,6 +17,7 @@ Example::
     >>> x, _ = LayerStack(Block, length=8, block_kwargs={"dim": 64}, name="blocks")(x)
 """
 
+from partitioning.parallel.experts import expert_capacity, moe_ffn
 from partitioning.parallel.pipeline import (
     LayerStack, PipelineError, check_layers, check_microbatches, layers_sizes, microbatching, pipeline_stages,
     scan_layers,
@@ -25,4 +26,4 @@ from partitioning.parallel.schedule import bubble_fraction, gpipe
 
 __all__ = ["LayerStack", "scan_layers", "microbatching", "pipeline_stages", "check_microbatches", "check_layers",
            "layers_sizes", "PipelineError",
-           "gpipe", "bubble_fraction"]
+           "gpipe", "bubble_fraction", "moe_ffn", "expert_capacity"]

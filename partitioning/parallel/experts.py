@@ -27,7 +27,7 @@ data-parallel MoE.
 
 Example::
 
-    >>> y, aux = moe_ffn(x, router, (wi_0, wi_1, wo), top_k=2, capacity=capacity(128, 8, 2, 1.25))
+    >>> y, aux = moe_ffn(x, router, (wi_0, wi_1, wo), top_k=2, capacity=expert_capacity(128, 8, 2, 1.25))
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ DISPATCHED = ("batch", "expert", None, "embed")      # the (groups, experts, cap
 TOKENS = ("batch", "length", "embed")
 
 
-def capacity(tokens: int, experts: int, top_k: int, capacity_factor: float | None) -> int:
+def expert_capacity(tokens: int, experts: int, top_k: int, capacity_factor: float | None) -> int:
     """Tokens one expert takes per group: ``ceil(cf · S · k / E)`` (at most ``S``); ``S`` when dropless (None).
 
     Example::
 
-        >>> capacity(128, 8, 2, 1.25), capacity(128, 8, 2, None)
+        >>> pt.expert_capacity(128, 8, 2, 1.25), pt.expert_capacity(128, 8, 2, None)
         (40, 128)
     """
     if capacity_factor is None:
@@ -64,11 +64,23 @@ def route(logits: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array, jax.Arra
     """``(gates (G, S, k), experts (G, S, k), load-balancing loss)`` from router logits ``(G, S, E)``."""
     e = logits.shape[-1]
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    top, idx = jax.lax.top_k(probs, top_k)
+    top, idx = _top_k(probs, top_k)
     gates = top / jnp.sum(top, axis=-1, keepdims=True) if top_k > 1 else top
     share = jnp.mean(jax.nn.one_hot(idx, e, dtype=jnp.float32), axis=(0, 1, 2))    # f_e (sums to 1)
     aux = e * jnp.sum(share * jnp.mean(probs, axis=(0, 1)))
     return gates, idx, aux
+
+
+def _top_k(probs: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """``lax.top_k`` over the last axis as ``k`` argmaxes: XLA partitions a reduction over the batch
+    dimensions, whereas its TopK gathers every token's scores onto every device first."""
+    vals, idxs = [], []
+    for _ in range(k):
+        i = jnp.argmax(probs, axis=-1)
+        vals.append(jnp.take_along_axis(probs, i[..., None], axis=-1)[..., 0])
+        idxs.append(i.astype(jnp.int32))
+        probs = jnp.where(jax.nn.one_hot(i, probs.shape[-1], dtype=jnp.bool_), -jnp.inf, probs)
+    return jnp.stack(vals, axis=-1), jnp.stack(idxs, axis=-1)
 
 
 def _slots(idx: jax.Array, experts: int, cap: int) -> tuple[jax.Array, jax.Array]:
@@ -106,16 +118,29 @@ def combine(y: jax.Array, slots: jax.Array, keep: jax.Array, gates: jax.Array) -
     return jax.vmap(one)(y, slots, keep, gates)
 
 
-def moe_ffn(x: jax.Array, router: jax.Array, weights: Sequence[jax.Array], *, top_k: int, capacity: int,
+def moe_ffn(x: jax.Array, router: jax.Array, weights: Sequence[jax.Array], *, top_k: int,
+            capacity: int | None = None,
             expert_fn: Callable[..., jax.Array] | None = None) -> tuple[jax.Array, jax.Array]:
     """A mixture-of-experts FFN over ``x`` ``(G, S, D)``: ``(y (G, S, D), load-balancing loss)``.
 
     ``router``: ``(D, E)``; ``weights``: the experts' stacked weights, leading
     ``E`` axis, for ``expert_fn(buffer (G, E, C, D), *weights) -> (G, E, C, D)``
     (default: SwiGLU with ``wi_0, wi_1 (E, D, M)``, ``wo (E, M, D)``).
+    ``capacity``: tokens per expert and group (:func:`expert_capacity`); None: dropless
+    (``S``). Name the weights' expert dimension ``expert`` and the rules decide
+    where the experts live; the tokens follow (module docstring).
+
+    Example::
+
+        >>> y, aux = pt.moe_ffn(x, router, (wi_0, wi_1, wo), top_k=2)       # dropless
+        >>> self.sow("losses", "moe_aux_loss", 0.01 * aux)                 # the Trainer adds it to the loss
     """
     e = router.shape[-1]
+    capacity = x.shape[1] if capacity is None else int(capacity)
     logits = jnp.einsum("gsd,de->gse", x, router.astype(x.dtype)).astype(jnp.float32)
+    # Every token's scores for all experts where the token is: top-k needs the whole row, so a router
+    # split over `expert` is gathered (D x E), not the tokens' logits (tokens x E).
+    logits = with_logical_constraint(logits, ("batch", "length", None))
     gates, idx, aux = route(logits, top_k)
     buf, slots, keep = dispatch(x, idx, e, capacity)
     _record(x, e, top_k, capacity)
@@ -148,4 +173,4 @@ def _record(x: jax.Array, experts: int, top_k: int, cap: int) -> None:
            batch_axes=axes(tokens[0]) if tokens else (), expert_axes=axes(buffer[1]) if buffer else ())
 
 
-__all__ = ["capacity", "route", "dispatch", "combine", "moe_ffn", "swiglu", "DISPATCHED", "TOKENS"]
+__all__ = ["expert_capacity", "route", "dispatch", "combine", "moe_ffn", "swiglu", "DISPATCHED", "TOKENS"]

@@ -168,6 +168,13 @@ def _check_traced(stages: int, n_layers: int, batch: int, m: int) -> None:
                        f"a batch of {batch}")
 
 
+def _record_stack(n_layers: int, stages: int, microbatches: int, x: jax.Array) -> None:
+    """For plan's analytic costs (:mod:`partitioning.parallel.trace`): the stack's shape, once per trace."""
+    rules = get_logical_axis_rules()
+    record("pipeline", layers=int(n_layers), stages=int(stages), microbatches=int(microbatches),
+           shape=tuple(x.shape), dtype=str(x.dtype), batch_axes=tuple(rules.batch_axes) if rules else ())
+
+
 def _batched(args: tuple, batch: int) -> tuple[list[int], list[int]]:
     """Positions of the args with the batch's leading dimension (micro-batched) and the rest (broadcast)."""
     per_example = [i for i, a in enumerate(args) if getattr(a, "ndim", 0) and a.shape[0] == batch]
@@ -185,8 +192,7 @@ def run_stack(layer_fn: Any, layers: Any, x: jax.Array, args: tuple = ()) -> tup
     s = pipeline_stages()
     m = current_microbatches(s) if s > 1 else 1
     rules = get_logical_axis_rules()
-    record("pipeline", layers=int(n_layers), stages=s, microbatches=m, shape=tuple(x.shape), dtype=str(x.dtype),
-           batch_axes=tuple(rules.batch_axes) if rules else ())
+    _record_stack(n_layers, s, m, x)
     if s <= 1:
         def body(carry, kl):
             h, aux = carry
@@ -245,6 +251,8 @@ class LayerStack(nn.Module):
 
     def __call__(self, x, *args):
         if pipeline_stages() <= 1 or self.is_initializing():
+            if not self.is_initializing():
+                _record_stack(self.length, 1, 1, x)
             return self.scanned(x, *args)
         params = unbox(self.variables["params"])
         base = {r: self.make_rng(r) for r in self.rng_streams if self.has_rng(r)}

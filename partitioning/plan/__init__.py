@@ -20,7 +20,8 @@ Example::
 
 from partitioning.plan.compiled import compiled_view
 from partitioning.plan.coverage import activation_names, rule_coverage
+from partitioning.plan.parallel import parallel_costs
 from partitioning.plan.plan import Plan, build_plan
 from partitioning.plan.plot import plot_plan
 
-__all__ = ["Plan", "build_plan", "activation_names", "rule_coverage", "compiled_view", "plot_plan"]
+__all__ = ["Plan", "build_plan", "activation_names", "rule_coverage", "compiled_view", "plot_plan", "parallel_costs"]

@@ -14,9 +14,13 @@ layer stack and per expert layer). Per device and per train step:
   ``(tokens, experts, capacity, embed)`` per device, twice forward (dispatch,
   combine) and twice backward, per expert layer.
 
+:func:`parallel_costs` traces the model itself (what ``plan`` prints, from Python);
+:func:`costs_from_records` works on records already traced.
+
 Example::
 
-    >>> costs = parallel_costs(records, {"stage": 4, "data": 2})
+    >>> costs = pt.parallel_costs(model, params, {"stage": 4, "data": 2}, "pp", batch_size=32, seq_len=128,
+    ...                           microbatches=8)
     >>> costs["pipeline"]["bubble"], costs["pipeline"]["collective_permute_bytes"]
     (0.2727..., 114688)
 """
@@ -27,9 +31,17 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
+from jax.sharding import AbstractMesh, AxisType
 
+from partitioning.parallel.pipeline import check_microbatches, microbatching
 from partitioning.parallel.schedule import bubble_fraction
+from partitioning.parallel.trace import recording
+from partitioning.plan.coverage import activation_names
+from partitioning.resolve import mesh_axis_sizes
+from partitioning.rules import as_rules
+from partitioning.train.batch import as_abstract, batch_size_of, lm_batch
 
 
 def _shards(axes: Sequence[str], mesh: Mapping[str, int]) -> int:
@@ -75,8 +87,8 @@ def expert_cost(rec: Mapping[str, Any], mesh: Mapping[str, int], layers: int = 1
     }
 
 
-def parallel_costs(records: Sequence[Mapping[str, Any]], mesh: Mapping[str, int],
-                   passes: int = 1) -> dict[str, Any]:
+def costs_from_records(records: Sequence[Mapping[str, Any]], mesh: Mapping[str, int],
+                       passes: int = 1) -> dict[str, Any]:
     """``{"pipeline": ..., "experts": ...}`` per step for the records of one traced forward pass.
 
     Either is None when the model has no layer stack / expert layer. ``passes``
@@ -97,4 +109,34 @@ def parallel_costs(records: Sequence[Mapping[str, Any]], mesh: Mapping[str, int]
     return out
 
 
-__all__ = ["pipeline_cost", "expert_cost", "parallel_costs"]
+def parallel_costs(model: Any, params: Any, mesh: Any, rules: Any, *, batch_size: int | None = None,
+                   seq_len: int | None = None, batch: Any = None, task: Any = None,
+                   microbatches: int | None = None, grad_accum: int = 1) -> dict[str, Any]:
+    """``{"pipeline": ..., "experts": ...}``: the analytic costs per train step and device of ``model`` laid out
+    by ``rules`` on ``mesh`` (``{axis: size}`` or a Mesh) — what ``partitioning plan`` prints beside the
+    compiled collectives. Traces one forward pass (``jax.eval_shape``; nothing runs, nothing is allocated).
+
+    ``params``: abstract boxed params (:func:`~partitioning.train.state.abstract_train_state`);
+    ``microbatches`` / ``grad_accum`` as for the Trainer. Either entry is None when the model has no
+    layer stack / expert layer.
+
+    Example::
+
+        >>> params, _ = pt.abstract_train_state(model, tx, batch_size=32, seq_len=128)
+        >>> pt.parallel_costs(model, params, {"data": 1, "fsdp": 2, "expert": 4}, "ep", batch_size=32,
+        ...                   seq_len=128)["experts"]["all_to_all_bytes"]
+        10485760
+    """
+    sizes = mesh_axis_sizes(mesh)
+    rules = as_rules(rules)
+    full = lm_batch(batch_size, seq_len) if batch is None else as_abstract(batch)
+    g = max(1, int(grad_accum))
+    forward = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // g, *x.shape[1:]), x.dtype), full)
+    abstract = AbstractMesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes))
+    m, _, _ = check_microbatches(abstract, rules, microbatches, batch_size_of(forward))
+    with microbatching(m), recording() as records:
+        activation_names(model, params, sizes, rules, batch=forward, task=task)
+    return costs_from_records(records, sizes, passes=g)
+
+
+__all__ = ["pipeline_cost", "expert_cost", "costs_from_records", "parallel_costs"]

@@ -238,7 +238,7 @@ def build_plan(params: Any, opt_state: Any, mesh: Any, rules: Any, *, optimizer_
     ``mesh`` may be ``{axis: size}``. ``activations`` are the logical-name tuples
     the model constrains activations with (see :func:`activation_names`), so a
     ``batch`` rule is not reported as unused. ``parallel`` are the pipeline /
-    expert costs (:func:`partitioning.plan.parallel.parallel_costs`).
+    expert costs (:func:`partitioning.plan.parallel.costs_from_records`).
 
     Example::
 

@@ -12,7 +12,7 @@ import partitioning as pt
 from partitioning.checkpoint import abstract_target, restore_checkpoint, save_checkpoint
 from partitioning.config import load_config
 from partitioning.config.build import model_from_config
-from partitioning.parallel.experts import capacity, moe_ffn, route, swiglu
+from partitioning.parallel.experts import expert_capacity, moe_ffn, route, swiglu
 from partitioning.plan.axes import collectives_by_axis
 from partitioning.plan.hlo import collectives
 from tests.parallel.conftest import small_gpt
@@ -54,7 +54,7 @@ def reference(x, router, w, top_k, cap):
 @pytest.mark.parametrize("top_k,cf", [(1, None), (2, None), (2, 1.0), (1, 0.5)])
 def test_moe_ffn_equals_a_token_by_token_reference(moe_inputs, top_k, cf):
     x, router, w = moe_inputs
-    cap = capacity(S, E, top_k, cf)
+    cap = expert_capacity(S, E, top_k, cf)
     y, aux = jax.jit(lambda x: moe_ffn(x, router, w, top_k=top_k, capacity=cap))(x)
     np.testing.assert_allclose(y, reference(x, router, w, top_k, cap), rtol=1e-5, atol=1e-5)
     # The load-balancing loss: E * sum_e (share of assignments to e) * (mean router probability of e).
@@ -65,18 +65,48 @@ def test_moe_ffn_equals_a_token_by_token_reference(moe_inputs, top_k, cf):
 
 
 def test_capacity():
-    assert capacity(128, 8, 2, 1.25) == 40 and capacity(128, 8, 2, None) == 128
-    assert capacity(16, 4, 1, 0.01) == 1 and capacity(16, 4, 2, 100.0) == 16
+    assert expert_capacity(128, 8, 2, 1.25) == 40 and expert_capacity(128, 8, 2, None) == 128
+    assert expert_capacity(16, 4, 1, 0.01) == 1 and expert_capacity(16, 4, 2, 100.0) == 16
 
 
-@pytest.mark.parametrize("moe", [DROPLESS, {"experts": 8, "top_k": 2, "capacity_factor": 1.0}],
-                         ids=["dropless", "capacity-1.0"])
+def test_moe_ffn_gives_the_same_values_under_ep_and_moves_tokens_with_all_to_all(moe_inputs, mesh_of):
+    """With dropping (capacity < tokens): routing is per sequence, so what is dropped does not depend on the layout."""
+    x, router, w = moe_inputs
+    cap = expert_capacity(S, E, 2, 1.0)
+    assert cap < S
+    f = jax.jit(lambda x, r, w: moe_ffn(x, r, w, top_k=2, capacity=cap))
+    ref_y, ref_aux = f(x, router, w)
+    mesh = mesh_of({"data": 1, "fsdp": 1, "expert": 4}, 4)
+    with pt.sharding_context(mesh, "ep"):
+        xs = jax.device_put(x, jax.NamedSharding(mesh, jax.P("expert")))
+        ws = tuple(jax.device_put(a, jax.NamedSharding(mesh, jax.P("expert"))) for a in w)
+        y, aux = f(xs, router, ws)
+        ops = collectives(f.lower(xs, router, ws).compile().as_text())
+    np.testing.assert_allclose(y, ref_y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(aux, ref_aux, rtol=1e-6)
+    # Dispatch and combine: the (groups, experts, capacity, embed) buffer of one device (1 sequence here).
+    a2a = collectives_by_axis(ops, {"expert": 4})["expert"]["all-to-all"]
+    assert a2a == {"count": 2, "bytes": 2 * (1 * E * cap * D * 4)}
+    # Nothing else moves the tokens: no all-gather of activations (top-k stays local to each token).
+    assert [c.kind for c in ops if c.kind != "all-to-all" and c.bytes >= G * S * E * 4 // 4] == []
+
+
+def test_expert_weights_are_named_expert_embed_mlp():
+    params, _ = pt.abstract_train_state(small_gpt(layers=2, moe=DROPLESS), pt.make_optimizer("sgd", lr=0.1,
+                                                                                             total_steps=1),
+                                        batch_size=8, seq_len=16)
+    mlp = params["blocks"]["mlp"]
+    names = {k: tuple(v.names) for k, v in mlp.items()}
+    assert names == {"router": ("layers", "embed", "expert"), "wi_0": ("layers", "expert", "embed", "mlp"),
+                     "wi_1": ("layers", "expert", "embed", "mlp"), "wo": ("layers", "expert", "mlp", "embed")}
+    assert mlp["wi_0"].value.shape == (2, 8, 32, 64)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["fsdp", "dp-moe"])
-def test_losses_equal_between_ep_and_layouts_without_it(runs, moe, layout):
-    key = "dropless" if moe.get("dropless") else "capacity"
-    _, _, ep_losses, ep_metrics = runs.run(("ep", key), small_gpt(layers=2, moe=moe), *EP)
-    _, _, losses, metrics = runs.run((layout, key), small_gpt(layers=2, moe=moe), *LAYOUTS[layout])
-    # Tokens are routed within sequences, so dropping (if any) does not depend on the layout either.
+def test_losses_equal_between_ep_and_layouts_without_it(runs, layout):
+    _, _, ep_losses, ep_metrics = runs.run(("ep", "dropless"), small_gpt(layers=2, moe=DROPLESS), *EP)
+    _, _, losses, metrics = runs.run((layout, "dropless"), small_gpt(layers=2, moe=DROPLESS), *LAYOUTS[layout])
     np.testing.assert_allclose(losses, ep_losses, rtol=1e-4)
     np.testing.assert_allclose([m["moe_aux_loss"] for m in metrics], [m["moe_aux_loss"] for m in ep_metrics],
                                rtol=1e-4)
@@ -94,8 +124,12 @@ def test_ep_moves_tokens_with_all_to_all_and_keeps_expert_weights_in_place(runs)
     # Dispatch and combine, forward and backward, in each of the 2 layers: the (groups, experts, capacity,
     # embed) buffer of this device: 16 sequences / 8 devices x 8 experts x 32 tokens (dropless) x 32 floats.
     assert a2a["count"] == 8 and a2a["bytes"] == 8 * (2 * 8 * 32 * 32 * 4)
+    # ... which is the analytic figure `plan` prints.
+    costs = pt.parallel_costs(tr.model, tr.abstract_state.params, EP[0], EP[1], batch_size=16, seq_len=32)
+    assert costs["experts"]["all_to_all_count"] == a2a["count"] and costs["experts"]["all_to_all_bytes"] == a2a["bytes"]
+    assert costs["pipeline"]["stages"] == 1 and costs["pipeline"]["collective_permute_bytes"] == 0
     assert sum(v["all-to-all"]["count"] for k, v in by_axis.items() if k != "expert") == 0
-    # Expert weights are never gathered over `expert` (only the small router is).
+    # Expert weights are never gathered over `expert` (the router and the dense weights, FSDP over fsdp x expert, are).
     one_layer_experts = 3 * 8 * 32 * 64 * 4
     assert all(c.bytes < one_layer_experts for c in ops if c.kind == "all-gather" and "expert" in
                collectives_by_axis([c], {"data": 1, "fsdp": 2, "expert": 4}))
@@ -107,6 +141,7 @@ def test_an_expert_axis_of_size_1_is_a_data_parallel_moe(runs):
     assert not [c for c in collectives(tr.lower_train_step().compile().as_text()) if c.kind == "all-to-all"]
 
 
+@pytest.mark.slow
 def test_the_load_balancing_loss_joins_the_objective(runs):
     off = dict(DROPLESS, aux_loss_weight=0.0)
     _, s_off, l_off, m_off = runs.run(("fsdp", "no-aux"), small_gpt(layers=2, moe=off), *LAYOUTS["fsdp"], steps=2)

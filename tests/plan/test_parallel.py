@@ -2,7 +2,7 @@
 
 import pytest
 
-from partitioning.plan.parallel import expert_cost, parallel_costs, pipeline_cost
+from partitioning.plan.parallel import expert_cost, costs_from_records, pipeline_cost
 
 STACK = {"kind": "pipeline", "layers": 8, "stages": 4, "microbatches": 8, "shape": (32, 128, 64),
          "dtype": "bfloat16", "batch_axes": ("data",)}
@@ -26,8 +26,8 @@ def test_expert_cost_and_steps_of_several_passes():
     assert (c["dispatch_bytes"], c["all_to_all_count"], c["all_to_all_bytes"]) == (buffer, 12, 12 * buffer)
     # No expert axis: no all-to-all (a data-parallel MoE).
     assert expert_cost(EXPERTS, {"data": 1, "fsdp": 8, "expert": 1})["all_to_all_bytes"] == 0
-    both = parallel_costs([STACK, EXPERTS, EXPERTS], {"stage": 4, "data": 2, "fsdp": 1, "expert": 1}, passes=2)
+    both = costs_from_records([STACK, EXPERTS, EXPERTS], {"stage": 4, "data": 2, "fsdp": 1, "expert": 1}, passes=2)
     assert both["pipeline"]["collective_permute_bytes"] == 2 * pipeline_cost(STACK, {"stage": 4, "data": 2})[
         "collective_permute_bytes"]
     assert both["experts"]["layers"] == 8      # inside the stack: once per stacked layer
-    assert parallel_costs([], {"data": 8}) == {"pipeline": None, "experts": None}
+    assert costs_from_records([], {"data": 8}) == {"pipeline": None, "experts": None}
