@@ -58,7 +58,14 @@ class MoE:
             if k not in names:
                 raise ConfigError(f"unknown moe option {k!r} (options: {', '.join(names)})"
                                   f"{did_you_mean(str(k), names)}", arg="moe")
+        for k, v in options.items():
+            kinds = {"experts": (int,), "top_k": (int,), "dropless": (bool,)}.get(k, (int, float, type(None)))
+            if isinstance(v, bool) != (kinds == (bool,)) or not isinstance(v, kinds):
+                want = {(int,): "an integer", (bool,): "true or false"}.get(kinds, "a number")
+                raise ConfigError(f"moe.{k} must be {want}, got {v!r}", arg="moe")
         moe = cls(**dict(options))
+        if moe.aux_loss_weight is None or moe.aux_loss_weight < 0:
+            raise ConfigError(f"moe.aux_loss_weight must be a number >= 0, got {moe.aux_loss_weight!r}", arg="moe")
         if moe.experts < 1 or not 1 <= moe.top_k <= moe.experts:
             raise ConfigError(f"moe needs experts >= 1 and 1 <= top_k <= experts, got experts {moe.experts}, "
                               f"top_k {moe.top_k}", arg="moe")
