@@ -92,7 +92,7 @@ def test_yaml_12_numbers_merge_keys_and_every_error_at_once(in_tmp, run_cli_in_p
                                                "(float32, bfloat16, float16, float64), got 'bf16'; did you mean 'bfloat16'?"),
     (("layers: 2", "layers: 2\n  moe: {experts: 8, top_k: 9}"),
      "run.yaml:7: model.moe: moe needs experts >= 1 and 1 <= top_k <= experts, got experts 8, top_k 9"),
-    (("{data: 1, fsdp: -1, tensor: 1}", "{stage: 2, data: -1}"),
+    (("{data: 1, fsdp: -1, tensor: 1}", "{stage: 2, data: 1, fsdp: -1}"),
      "run.yaml:8: mesh.shape.stage: the mesh has a 'stage' axis of size 2 but the rules do not put 'layers' on it; "
      "add the rule [layers, stage] (presets pp, pp_fsdp)"),
     (("devices: 8", "devices: 0"), "run.yaml:9: mesh.devices: must be >= 1, got 0"),
