@@ -10,6 +10,7 @@ The package is a pipeline, one folder per stage::
     train/                          sharded state, jitted step, data, loop
     checkpoint/                     orbax save / restore onto any mesh and rules
     plan/                           memory, collectives and warnings before running
+    parallel/                       pipeline stages (the `layers` axis over `stage`) and experts
     config/, cli/                   YAML run configs and the command line
 
 This module re-exports what a user needs; everything else stays importable
@@ -55,11 +56,14 @@ from partitioning.train import (
     plot_loss,
 )
 from partitioning.train.data import ArrayDataset
+from partitioning.parallel import (
+    LayerStack, PipelineError, bubble_fraction, expert_capacity, microbatching, moe_ffn, scan_layers,
+)
 from partitioning.checkpoint import (
     CheckpointHook, CheckpointManager, abstract_target, checkpoint_metadata, reshard_checkpoint,
     restore_checkpoint, save_checkpoint,
 )
-from partitioning.plan import Plan, activation_names, build_plan, compiled_view, plot_plan
+from partitioning.plan import Plan, activation_names, build_plan, compiled_view, parallel_costs, plot_plan
 
 __version__ = "0.1.0"
 
@@ -83,9 +87,11 @@ __all__ = [
     "Trainer", "TrainState", "abstract_train_state", "lm_loss", "Task", "LinenModel", "NNXModel", "FunctionModel",
     "as_model", "place", "make_optimizer", "lr_schedule", "Corpus", "TokenBatches", "ArrayDataset", "load_corpus",
     "fit", "evaluate", "JsonlLogger", "plot_loss",
+    # pipeline and experts
+    "LayerStack", "scan_layers", "microbatching", "bubble_fraction", "PipelineError", "moe_ffn", "expert_capacity",
     # checkpoint
     "CheckpointManager", "CheckpointHook", "abstract_target", "restore_checkpoint", "save_checkpoint",
     "checkpoint_metadata", "reshard_checkpoint",
     # plan
-    "Plan", "build_plan", "activation_names", "compiled_view", "plot_plan",
+    "Plan", "build_plan", "activation_names", "compiled_view", "plot_plan", "parallel_costs",
 ]

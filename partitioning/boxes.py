@@ -119,6 +119,17 @@ def logical_spec(names: Sequence[Any], rules: Any = None) -> PartitionSpec | Non
     return _constraint_spec(tuple(names), rules, Fallback.UNSHARDED, mesh)
 
 
+def constrain(x: jax.Array, spec: PartitionSpec) -> jax.Array:
+    """``x`` constrained to ``spec`` on the context mesh: ``reshard`` on Explicit axes, else a sharding
+    constraint; the identity outside a mesh."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+        return jax.sharding.reshard(x, spec)
+    return jax.lax.with_sharding_constraint(x, spec)
+
+
 def with_logical_partitioning(
     fn: Callable[..., Any], names: Sequence[str | None], rules: Any = None,
 ) -> Callable[..., LogicallyPartitioned]:

@@ -35,3 +35,27 @@ def test_bring_your_own_model_example_runs(repo, tmp_path):
                        cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "P('fsdp', 'tensor')" in r.stdout and "LOSS " in r.stdout
+
+
+def test_the_yaml_that_turns_on_pipeline_and_expert_parallelism_plans(repo, tmp_path):
+    from partitioning.config import load_config
+    from partitioning.config.build import plan_from_config
+
+    text = (repo / "README.md").read_text()
+
+    def first_yaml(title):
+        return re.findall(r"```yaml\n(.*?)```", text.split(title, 1)[1].split("\n## ", 1)[0], flags=re.S)[0]
+
+    small = ["train.batch_size=32", "train.seq_len=32"]
+    pipe = tmp_path / "pp.yaml"
+    pipe.write_text("model: {name: gpt, embed: 64, heads: 4, mlp: 128, layers: 4}\n" + first_yaml("## Pipeline parallelism"))
+    plan, _ = plan_from_config(load_config(pipe, small), devices=8)
+    p = plan.parallel["pipeline"]
+    assert (plan.mesh, p["stages"], p["microbatches"], plan.errors) == ({"stage": 4, "data": 2}, 4, 8, [])
+    moe = tmp_path / "moe.yaml"
+    moe.write_text(first_yaml("## Expert parallelism"))
+    plan, _ = plan_from_config(load_config(moe, small), devices=8)
+    e = plan.parallel["experts"]
+    assert (plan.mesh, e["experts"], e["top_k"], e["expert_shards"], plan.errors) == (
+        {"data": 1, "fsdp": 2, "expert": 4}, 8, 2, 4, [])
+    assert e["capacity"] == 10 and e["all_to_all_bytes"] > 0

@@ -141,7 +141,7 @@ def test_presets_load_and_resolve():
     assert Rules.preset("tp").resolve(("embed", "mlp")) == P(None, "tensor")
     assert Rules.preset("dp").resolve(("batch", "length", "embed")) == P("data", None, None)
     assert Rules.preset("seq").resolve(("batch", "length", "embed")) == P(("data", "fsdp"), "tensor", None)
-    with pytest.raises(pt.RuleError, match=r"unknown rule preset 'fsdpp' \(presets: dp, fsdp, fsdp_tp, seq, tp\); did you mean 'fsdp'\?"):
+    with pytest.raises(pt.RuleError, match=r"unknown rule preset 'fsdpp' \(presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp\); did you mean 'fsdp'\?"):
         Rules.preset("fsdpp")
 
 

@@ -71,6 +71,7 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
     console.print(tt)
     console.print(f"replicated share of per-device memory: {report['replicated_share']:.1%}")
 
+    render_axes(report, console)
     msgs = report["warnings"]["messages"]
     if msgs:
         console.print("[bold yellow]warnings[/bold yellow]")
@@ -79,6 +80,42 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
     render_compiled(report["compiled"], console)
     tm = report["timing"]
     console.print(f"timing: table {tm['table_s']:.1f} s, compiled view {tm['compiled_s']:.1f} s")
+
+
+def render_axes(report: dict[str, Any], console: Any) -> None:
+    """Per mesh axis: what it splits and the collectives over it; the pipeline's and the experts' costs."""
+    axes, view = report.get("axes") or {}, report.get("compiled") or {}
+    by_axis = view.get("collectives_by_axis") or {}
+    t = Table(title="per mesh axis (state per device; collectives per step and device, compiled)")
+    for col in ("axis", "size", "splits", "state it splits", "without it", "collectives over it"):
+        t.add_column(col, justify="right" if col in ("size", "state it splits", "without it") else "left")
+    for name in list(axes) + [k for k in by_axis if k not in axes]:
+        a = axes.get(name, {})
+        colls = ", ".join(f"{k} {v['count']}x {fmt_bytes(v['bytes'])}" for k, v in by_axis.get(name, {}).items()
+                          if v["count"]) or "-"
+        t.add_row(name, str(a.get("size", "")), ", ".join(a.get("splits", [])) or "-",
+                  fmt_bytes(a["per_device_bytes"]) if a else "", fmt_bytes(a["unsplit_bytes"]) if a else "", colls)
+    console.print(t)
+    def compiled(kind: str, axis: str) -> str:
+        c = (by_axis.get(axis) or {}).get(kind)
+        return f"; compiled over `{axis}`: {c['count']}x {fmt_bytes(c['bytes'])}" if c else ""
+
+    p = (report.get("parallel") or {}).get("pipeline")
+    if p and p["stages"] > 1:
+        console.print(
+            f"pipeline: {p['layers']} layers in {p['stages']} stages of {p['layers_per_stage']}, "
+            f"{p['microbatches']} micro-batches of {p['micro_batch_rows']} rows: bubble (S-1)/(M+S-1) = "
+            f"{p['bubble']:.1%} (interleaved, R=2: {p['bubble_interleaved_r2']:.1%}); shifts "
+            f"{p['collective_permute_count']}x collective-permute {fmt_bytes(p['collective_permute_bytes'])}, "
+            f"stage all-reduce {fmt_bytes(p['stage_all_reduce_bytes'])} per step and device (analytic)"
+            + compiled("collective-permute", "stage"), highlight=False)
+    e = (report.get("parallel") or {}).get("experts")
+    if e:
+        console.print(
+            f"experts: {e['experts']} (top-{e['top_k']}, capacity {e['capacity']}) over {e['expert_shards']} "
+            f"shard(s) in {e['layers']} layers: all-to-all {e['all_to_all_count']}x "
+            f"{fmt_bytes(e['all_to_all_bytes'])} per step and device (analytic)"
+            + (compiled("all-to-all", "expert") if e["expert_shards"] > 1 else ""), highlight=False)
 
 
 def render_compiled(view: dict[str, Any], console: Any) -> None:
@@ -110,4 +147,4 @@ def render_compiled(view: dict[str, Any], console: Any) -> None:
                               markup=False, highlight=False)
 
 
-__all__ = ["console", "explain_table", "render_plan", "render_compiled"]
+__all__ = ["console", "explain_table", "render_plan", "render_axes", "render_compiled"]

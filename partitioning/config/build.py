@@ -24,6 +24,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+from jax.sharding import AbstractMesh
 
 import partitioning.models  # noqa: F401  (registers the reference models: gpt, mlp)
 from partitioning.checkpoint.hook import CheckpointHook, prepare_directory
@@ -32,7 +33,13 @@ from partitioning.checkpoint.restore import abstract_target
 from partitioning.config.schema import Config
 from partitioning.config.targets import TARGET, Factory, build_target, check_kwargs, takes_rngs
 from partitioning.errors import ConfigError, DataError, PartitioningError, ShardingError
-from partitioning.mesh import make_mesh
+from partitioning.mesh import AXIS_TYPES, make_mesh
+from partitioning.parallel.pipeline import (
+    PipelineError, check_layers, check_microbatches, layers_sizes, microbatching,
+)
+from partitioning.parallel.schedule import STAGE_AXIS
+from partitioning.parallel.trace import recording
+from partitioning.plan.parallel import costs_from_records
 from partitioning.plan.compiled import compiled_view
 from partitioning.plan.coverage import activation_names
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
@@ -44,6 +51,11 @@ from partitioning.train.optimizer import make_optimizer
 from partitioning.train.state import abstract_train_state, model_inputs
 from partitioning.train.step import Trainer
 from partitioning.train.task import Task, as_task
+
+
+# PipelineError.arg -> the config key to point at.
+PIPELINE_KEYS = {"microbatches": ("train", "microbatches"), "stage": ("mesh", "shape", "stage"),
+                 "axis_types": ("mesh", "axis_types")}
 
 
 def at_key(cfg: Config, error: PartitioningError, keys: dict[str, tuple[str, ...]]) -> PartitioningError:
@@ -192,9 +204,11 @@ def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh, dataset: Any = Non
     try:
         return Trainer(model, optimizer_from_config(cfg), mesh, cfg.rules, batch=batch_from_config(cfg, dataset),
                        task=task_from_config(cfg), rng_streams=t.rngs, seed=t.seed,
-                       optimizer_rules=cfg.optimizer_rules, on_indivisible=cfg.on_indivisible, grad_accum=t.grad_accum)
-    except ShardingError as e:
-        raise at_key(cfg, e, {"batch_size": ("train", "batch_size"), "grad_accum": ("train", "grad_accum")}) from None
+                       optimizer_rules=cfg.optimizer_rules, on_indivisible=cfg.on_indivisible, grad_accum=t.grad_accum,
+                       microbatches=t.microbatches)
+    except (ShardingError, PipelineError) as e:
+        raise at_key(cfg, e, {"batch_size": ("train", "batch_size"), "grad_accum": ("train", "grad_accum"),
+                              **PIPELINE_KEYS}) from None
 
 
 def _model_vocab(model: Any) -> Any:
@@ -318,9 +332,22 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
     model = model_from_config(cfg)
     batch, task = batch_from_config(cfg), task_from_config(cfg)
     params, opt_state = abstract_train_state(model, optimizer_from_config(cfg), batch=batch, task=task)
-    acts = activation_names(model, params, sizes, cfg.rules, batch=batch, task=task)
+    # What one forward pass sees (grad_accum splits the batch), pipelined as the Trainer would.
+    g = max(1, cfg.train.grad_accum)
+    forward = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // g, *x.shape[1:]), x.dtype), batch)
+    types = (AXIS_TYPES[cfg.mesh.axis_types],) * len(sizes)
+    try:
+        m, _, _ = check_microbatches(AbstractMesh(tuple(sizes.values()), tuple(sizes), axis_types=types), cfg.rules,
+                                     cfg.train.microbatches, cfg.train.batch_size // g,
+                                     f"batch_size {cfg.train.batch_size}")
+        check_layers(layers_sizes(params), sizes.get(STAGE_AXIS, 1))
+    except PipelineError as e:
+        raise at_key(cfg, e, PIPELINE_KEYS) from None
+    with microbatching(m), recording() as stacks:
+        acts = activation_names(model, params, sizes, cfg.rules, batch=forward, task=task)
     plan = build_plan(params, opt_state, sizes, cfg.rules, optimizer_rules=cfg.optimizer_rules,
-                      on_indivisible=cfg.on_indivisible, activations=acts)
+                      on_indivisible=cfg.on_indivisible, activations=acts,
+                      parallel=costs_from_records(stacks, sizes, passes=g))
     return plan, model
 
 

@@ -120,6 +120,8 @@ class TrainConfig(Section):
     batch_size: StrictInt = Field(default=32, ge=1, description="global; divisible by the batch mesh axes")
     seq_len: StrictInt = Field(default=128, ge=1)
     grad_accum: StrictInt = Field(default=1, ge=1)
+    microbatches: StrictInt | None = Field(default=None, ge=1, description="pipeline micro-batches when the mesh "
+                                           "has a `stage` axis (default: its size)")
     log_every: StrictInt = Field(default=10, ge=1)
     eval_every: StrictInt = Field(default=50, ge=0)
     eval_batches: StrictInt = Field(default=4, ge=0, description="0: no eval")

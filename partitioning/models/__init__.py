@@ -3,6 +3,7 @@
 - :mod:`partitioning.models.mlp` — ``MLP``: a byte-level MLP language model, the smallest model with real layouts.
 - :mod:`partitioning.models.gpt` — ``GPT``: a Llama-shaped decoder (RMSNorm, SwiGLU, RoPE, GQA, scanned layers).
 - :mod:`partitioning.models.checks` — option checks on construction: bad values are errors at their config key.
+- :mod:`partitioning.models.moe` — ``MoE`` options and the GPT's mixture-of-experts MLP (``moe:``).
 
 Importing this package registers them as ``mlp`` and ``gpt``. The library
 never imports it; the config build step (:mod:`partitioning.config.build`)

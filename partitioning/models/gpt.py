@@ -4,7 +4,9 @@ Parameters (logical names in brackets):
   token embedding ``(vocab, embed)``; per block: q ``(embed, heads, kv)``,
   k/v ``(embed, kv_heads, kv)`` (grouped-query when ``kv_heads < heads``),
   o ``(heads, kv, embed)``, MLP ``wi (embed, mlp)`` / ``wo (mlp, embed)``,
-  norm scales ``(embed,)``; final norm; untied unembedding ``(embed, vocab)``. Positions are rotary
+  norm scales ``(embed,)``; final norm; untied unembedding ``(embed, vocab)``. With ``moe`` every
+  block's MLP is a mixture of experts (:mod:`partitioning.models.moe`): router ``(embed, expert)``,
+  experts ``(expert, embed, mlp)``. Positions are rotary
 (RoPE), so there are no position parameters and no biases: the parameter count
 of a Llama-3 shape is exact.
 With ``scan_layers`` one block is scanned ``layers`` times and every block
@@ -23,9 +25,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from partitioning.boxes import logical_spec, param_for_compute, with_logical_constraint, with_logical_partitioning
+from partitioning.boxes import compute_spec, logical_spec, param_for_compute, with_logical_constraint, with_logical_partitioning
+from partitioning.context import get_logical_axis_rules
 from partitioning.errors import ConfigError
 from partitioning.models.checks import choice, divides, float_dtype, positive
+from partitioning.models.moe import MoE, MoeMlp
+from partitioning.parallel.pipeline import LayerStack
 from partitioning.registry import register_model
 
 REMAT_POLICIES = {
@@ -73,6 +78,11 @@ def _embed(emb, tokens):
     """``emb[tokens]``; on Explicit axes JAX cannot infer a gather's output layout, so it is named."""
     spec = logical_spec(("batch", "length", "embed"))
     if spec is None:
+        if get_logical_axis_rules() and not jax.sharding.get_abstract_mesh().empty:
+            # Gather the table over the batch axes first (FSDP's all-gather), so the lookup is local:
+            # XLA cannot move a lookup split along `embed` to a batch split over several axes (ep)
+            # without replicating the activations.
+            emb = jax.lax.with_sharding_constraint(emb, compute_spec(("vocab", "embed")))
         return jnp.take(emb, tokens, axis=0)
     return emb.at[tokens].get(out_sharding=spec, mode="fill")
 
@@ -165,6 +175,7 @@ class Block(nn.Module):
     rope_theta: float
     dtype: Any
     param_dtype: Any
+    moe: MoE | None = None
 
     @nn.compact
     def __call__(self, x, _=None):
@@ -172,7 +183,10 @@ class Block(nn.Module):
         x = x + Attention(self.heads, self.kv_heads, self.head_dim, self.rope_theta, self.dtype,
                           self.param_dtype, name="attn")(y)
         y = _norm(self.norm, self.dtype, self.param_dtype, "mlp_norm")(x)
-        x = x + MlpBlock(self.mlp, self.dtype, self.param_dtype, name="mlp")(y)
+        if self.moe is not None:
+            x = x + MoeMlp(self.moe, self.mlp, self.dtype, self.param_dtype, name="mlp")(y)
+        else:
+            x = x + MlpBlock(self.mlp, self.dtype, self.param_dtype, name="mlp")(y)
         x = with_logical_constraint(x, ("batch", "length", "embed"))
         return x, None
 
@@ -194,6 +208,7 @@ class GPT(nn.Module):
     remat: str = "none"             # none | full | dots | dots_no_batch
     dtype: str = "float32"          # compute dtype, e.g. bfloat16
     param_dtype: str = "float32"
+    moe: Any = None                 # {experts, top_k, capacity_factor | dropless, aux_loss_weight}: MoE MLPs
 
     def __post_init__(self):
         positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
@@ -211,6 +226,7 @@ class GPT(nn.Module):
         choice(self, "norm", ("rms", "layer"))
         choice(self, "remat", REMAT_POLICIES)
         float_dtype(self, "dtype", "param_dtype")
+        MoE.parse(self.moe)         # a bad `moe:` option fails at construction, naming `moe`
         super().__post_init__()
 
     @nn.compact
@@ -228,11 +244,10 @@ class GPT(nn.Module):
         if self.remat != "none":
             block = nn.remat(Block, policy=REMAT_POLICIES[self.remat], prevent_cse=not self.scan_layers)
         kw = dict(heads=self.heads, kv_heads=kv_heads, head_dim=head_dim, mlp=self.mlp,
-                  norm=self.norm, rope_theta=self.rope_theta, dtype=dt, param_dtype=pd)
+                  norm=self.norm, rope_theta=self.rope_theta, dtype=dt, param_dtype=pd, moe=MoE.parse(self.moe))
         if self.scan_layers:
-            scanned = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                              length=self.layers, metadata_params={nn.PARTITION_NAME: "layers"})
-            x, _ = scanned(**kw, name="blocks")(x, None)
+            # nn.scan over a `layers` axis; a GPipe pipeline when the mesh has a `stage` axis.
+            x, _ = LayerStack(block, self.layers, kw, name="blocks")(x)
         else:
             for i in range(self.layers):
                 x, _ = block(**kw, name=f"block_{i}")(x, None)

@@ -8,6 +8,8 @@ Modules:
 - :mod:`~partitioning.plan.hlo` — collectives (kind, bytes, executions) read from optimized HLO text.
 - :mod:`~partitioning.plan.budget` — the memory budget: does the per-device peak fit, and what takes the room.
 - :mod:`~partitioning.plan.plot` — the plan PNG: per-device memory and the mesh.
+- :mod:`~partitioning.plan.axes` — per mesh axis: what it splits, and the compiled collectives that run over it.
+- :mod:`~partitioning.plan.parallel` — analytic pipeline (bubble, collective-permute) and expert (all-to-all) costs.
 
 Example::
 
@@ -18,7 +20,8 @@ Example::
 
 from partitioning.plan.compiled import compiled_view
 from partitioning.plan.coverage import activation_names, rule_coverage
+from partitioning.plan.parallel import parallel_costs
 from partitioning.plan.plan import Plan, build_plan
 from partitioning.plan.plot import plot_plan
 
-__all__ = ["Plan", "build_plan", "activation_names", "rule_coverage", "compiled_view", "plot_plan"]
+__all__ = ["Plan", "build_plan", "activation_names", "rule_coverage", "compiled_view", "plot_plan", "parallel_costs"]

@@ -35,6 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from partitioning.fmt import fmt_spec
 from partitioning.layout import path_str
+from partitioning.plan.axes import collectives_by_axis
 from partitioning.plan.hlo import collectives, summarize
 from partitioning.resolve import axes_tuple
 
@@ -170,10 +171,20 @@ def compiled_view(lower_fn: Callable[[], Any], *, expected: Mapping[str, Partiti
         "collectives": summarize(ops),
         "collective_ops": [c.to_json() for c in ops],
     }
+    mesh = _mesh_shape(compiled)
+    if mesh:
+        view["collectives_by_axis"] = collectives_by_axis(ops, mesh)
     if expected is not None:
         view["sharding_check"] = sharding_check(compiled, expected, input_names=input_names,
                                                 output_names=output_names)
     return view
+
+
+def _mesh_shape(compiled: Any) -> dict[str, int] | None:
+    for s in jax.tree.leaves(compiled.input_shardings):
+        if isinstance(s, NamedSharding):
+            return {str(k): int(v) for k, v in s.mesh.shape.items()}
+    return None
 
 
 def _num_devices(compiled: Any) -> int | None:

@@ -9,7 +9,8 @@ count once per iteration, from XLA's ``known_trip_count``).
 ``bytes`` is the per-device size of the collective's full buffer: the
 gathered result of an all-gather, the input of a reduce-scatter, the reduced
 buffer of an all-reduce, the exchanged buffer of an all-to-all or
-collective-permute. Wire traffic of a ring algorithm is about
+collective-permute (for a permute in which only some devices send, the mean
+over all devices: the buffer times the share of devices that are sources). Wire traffic of a ring algorithm is about
 ``(n-1)/n`` of that (twice for an all-reduce).
 
 XLA's CPU backend never forms ``reduce-scatter``: it keeps the all-reduce and
@@ -28,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections import defaultdict
@@ -107,9 +109,11 @@ class Collective:
     group_size: int | None  # devices taking part in each group
     executions: int         # per step (loop trip counts multiplied in)
     source: str             # jax op_name from the metadata, if any
+    # The replica_groups / source_target_pairs text: which devices talk (plan.axes maps it to mesh axes).
+    groups: str = dataclasses.field(default="", repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"shapes": list(self.shapes)}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "groups"} | {"shapes": list(self.shapes)}
 
 
 def _operand_text(rest: str) -> tuple[str, str]:
@@ -129,7 +133,7 @@ def parse(text: str) -> Module:
     comps: dict[str, dict[str, Instr]] = {}
     entry = None
     current: dict[str, Instr] | None = None
-    m = re.search(r"num_partitions=(\d+)", text[:2000])
+    m = re.search(r"num_partitions=(\d+)", text.split("\n", 1)[0])   # the HloModule line
     num_partitions = int(m.group(1)) if m else None
     for line in text.splitlines():
         if current is None:
@@ -253,6 +257,19 @@ def _ends_in_slice(module: Module, comp: str, value: str, users_of, depth: int =
     return True
 
 
+_GROUPS = re.compile(r"(?:replica_groups|source_target_pairs)=(\{\{[\d,{} ]*\}\}|\{\}|\[[\d,]+\]<=\[[\d,]+\]"
+                     r"(?:T\([\d,]+\))?|mesh\[[^\]]*\](?:,\s*device_ids=\(\[[\d,]+\](?:T\([\d,]+\))?\))?"
+                     r"\s*\{[^}]*\})")
+
+
+def _groups_text(attrs: str) -> str:
+    m = _GROUPS.search(attrs)
+    return m.group(1) if m else ""
+
+
+_Collective = Collective
+
+
 def collectives(text: str) -> list[Collective]:
     """Every collective of an optimized HLO module, with bytes and executions per step."""
     module = parse(text)
@@ -279,6 +296,15 @@ def collectives(text: str) -> list[Collective]:
             group = _group_size(ins.attrs, module.num_partitions)
             src = re.search(r'op_name="([^"]*)"', ins.attrs)
             source = src.group(1) if src else ""
+            groups = _groups_text(ins.attrs)
+            Collective = functools.partial(_Collective, groups=groups)  # noqa: N806
+            if base == "collective-permute" and not op.endswith("-start"):
+                # Only the devices that are sources send: the mean per device over the step.
+                pairs = groups.count("},{") + 1 if groups.startswith("{{") else None
+                share = pairs / module.num_partitions if pairs and module.num_partitions else 1.0
+                out.append(Collective(base, op, ins.name, cname, tuple(map(str, ins.shape)),
+                                      round(ins.nbytes * min(share, 1.0)), group, n_exec, source))
+                continue
             if op.endswith("-start"):
                 # async pairs: the start's tuple holds (operands, results, scratch)
                 nbytes = max((a.nbytes for a in ins.shape), default=0)

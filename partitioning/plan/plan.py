@@ -42,6 +42,7 @@ from jax.sharding import PartitionSpec
 from partitioning.fmt import fmt_bytes, fmt_spec
 from partitioning.layout import LeafLayout, tree_layouts
 from partitioning.mesh import MeshSpec
+from partitioning.plan.axes import memory_by_axis
 from partitioning.plan.coverage import UnusedRule, rule_coverage
 from partitioning.resolve import IndivisibleWarning, mesh_axis_sizes
 from partitioning.rules import Rules, as_rules
@@ -103,6 +104,8 @@ class Plan:
     unused_rules: list[UnusedRule]
     replicated: list[Replicated]
     idle_axes: list[IdleAxis] = dataclasses.field(default_factory=list)
+    # Analytic pipeline / expert costs (partitioning.plan.parallel), when the model has them.
+    parallel: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def devices(self) -> int:
@@ -200,6 +203,8 @@ class Plan:
                 "messages": self.warnings(),
             },
             "errors": self.errors,
+            "axes": memory_by_axis(self.params + self.opt_state, self.mesh),
+            "parallel": dict(self.parallel),
         }
 
 
@@ -227,12 +232,13 @@ def _layouts(tree: Any, mesh: Any, rules: Rules, prefix: str) -> tuple[list[Leaf
 
 def build_plan(params: Any, opt_state: Any, mesh: Any, rules: Any, *, optimizer_rules: Any = None,
                on_indivisible: str = "error", activations: Iterable[tuple[Any, ...]] = (),
-               top: int = TOP_REPLICATED) -> Plan:
+               top: int = TOP_REPLICATED, parallel: dict[str, Any] | None = None) -> Plan:
     """The plan for abstract (boxed) ``params`` and ``opt_state`` on ``mesh`` under ``rules``.
 
     ``mesh`` may be ``{axis: size}``. ``activations`` are the logical-name tuples
     the model constrains activations with (see :func:`activation_names`), so a
-    ``batch`` rule is not reported as unused.
+    ``batch`` rule is not reported as unused. ``parallel`` are the pipeline /
+    expert costs (:func:`partitioning.plan.parallel.costs_from_records`).
 
     Example::
 
@@ -252,7 +258,8 @@ def build_plan(params: Any, opt_state: Any, mesh: Any, rules: Any, *, optimizer_
 
     plan = Plan(mesh=dict(sizes), rules=rules, optimizer_rules=opt_rules, on_indivisible=on_indivisible,
                 params=p_layouts, opt_state=o_layouts, indivisible=p_msgs + o_msgs,
-                uncovered_names=cov.uncovered, unused_rules=cov.unused, replicated=[])
+                uncovered_names=cov.uncovered, unused_rules=cov.unused, replicated=[],
+                parallel=dict(parallel or {}))
     plan.replicated = _replicated(plan, top)
     plan.idle_axes = _idle_axes(plan)
     return plan

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from partitioning.boxes import constrain
 from partitioning.errors import ShardingError
 from partitioning.resolve import axes_tuple, mesh_axis_sizes
 from partitioning.rules import Rules
@@ -99,17 +100,6 @@ def micro_batches(batch: Any, count: int, specs: Any) -> Any:
         return constrain(x.reshape(mb, count, *x.shape[1:]).swapaxes(0, 1), PartitionSpec(None, *spec))
 
     return jax.tree.map(split, batch, specs)
-
-
-def constrain(x: jax.Array, spec: PartitionSpec) -> jax.Array:
-    """``x`` constrained to ``spec`` on the context mesh: ``reshard`` on Explicit axes, else a sharding
-    constraint; the identity outside a mesh."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return x
-    if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
-        return jax.sharding.reshard(x, spec)
-    return jax.lax.with_sharding_constraint(x, spec)
 
 
 def local_block(sharding: Any, shape: Sequence[int]) -> tuple[slice, ...]:

@@ -47,6 +47,9 @@ from partitioning.boxes import LogicallyPartitioned, unbox
 MODE_ARGS = ("deterministic", "train", "training", "is_training")
 # Collections a Linen init may return that are not state to carry between steps.
 TRANSIENT = ("intermediates", "losses")
+# Scalars a model sows here are terms of the training objective (an MoE load-balancing loss):
+# ``apply`` returns them among its updates, the trainer adds them to the loss.
+SOWN_LOSSES = "losses"
 # NNX variable types grouped into collections (the rest, except intermediates, go to "state").
 NNX_GROUPS = (("params", nnx.Param), ("batch_stats", nnx.BatchStat), ("rngs", nnx.RngState))
 
@@ -159,13 +162,11 @@ class LinenModel:
               rngs: Mapping[str, jax.Array], train: bool) -> tuple[Any, dict[str, Any]]:
         module = self._module(train)
         kw = {**kwargs, **_mode_kwargs(self._call, train)}
-        mutable = [c for c in variables if c != "params"] if train else False
-        if mutable:
-            out, updates = bind_named_axes(
-                lambda: module.apply(dict(variables), *args, rngs=dict(rngs), mutable=mutable, **kw), self.axis_names)
-            return out, {k: v for k, v in dict(updates).items() if k not in TRANSIENT}
-        return bind_named_axes(lambda: module.apply(dict(variables), *args, rngs=dict(rngs), **kw),
-                               self.axis_names), {}
+        mutable = ([c for c in variables if c != "params"] if train else []) + [SOWN_LOSSES]
+        out, updates = bind_named_axes(
+            lambda: module.apply(dict(variables), *args, rngs=dict(rngs), mutable=mutable, **kw), self.axis_names)
+        keep = {k: v for k, v in dict(updates).items() if k not in TRANSIENT or k == SOWN_LOSSES}
+        return out, (keep if train else {k: v for k, v in keep.items() if k == SOWN_LOSSES})
 
 
 def _nnx_names(var: nnx.Variable) -> tuple[Any, ...] | None:
@@ -345,4 +346,4 @@ def as_model(model: Any) -> Any:
                     f"(or NNXModel(factory)), or FunctionModel(init, apply)")
 
 
-__all__ = ["LinenModel", "NNXModel", "FunctionModel", "as_model"]
+__all__ = ["LinenModel", "NNXModel", "FunctionModel", "as_model", "SOWN_LOSSES"]

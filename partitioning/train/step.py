@@ -41,12 +41,15 @@ from partitioning.boxes import unbox
 from partitioning.errors import ShardingError
 from partitioning.layout import LeafLayout, tree_layouts, tree_shardings
 from partitioning.mesh import sharding_context
+from partitioning.parallel.pipeline import (
+    check_layers, check_microbatches, layers_sizes, microbatching, pipeline_stages,
+)
 from partitioning.rules import as_rules
 from partitioning.train.batch import as_abstract, batch_size_of, batch_specs, lm_batch, micro_batches, place, stream_keys
-from partitioning.train.model import as_model
+from partitioning.train.model import SOWN_LOSSES, as_model
 from partitioning.train.optimizer import current_lr
 from partitioning.train.state import TrainState, model_inputs, strip_foreign_boxes
-from partitioning.train.task import as_task
+from partitioning.train.task import as_task, sown_losses
 
 class Trainer:
     """Builds the sharded init and the jitted train / eval steps.
@@ -69,6 +72,12 @@ class Trainer:
       optimizer_rules: a separate table for the optimizer state (default: ``rules``).
       on_indivisible: ``'error'`` or ``'replicate'`` (see :meth:`Rules.resolve`).
       grad_accum: micro-batches per step; gradients are averaged over them.
+      microbatches: pipeline micro-batches (per grad_accum micro-batch) when the mesh has a
+        ``stage`` axis (default: its size); see :mod:`partitioning.parallel.pipeline`.
+
+    Scalars the model sows into its ``losses`` collection (an MoE load-balancing
+    loss) are added to the objective and reported as metrics under their names;
+    the ``loss`` metric stays the task's loss.
 
     Example::
 
@@ -83,7 +92,7 @@ class Trainer:
                  *, batch_size: int | None = None, seq_len: int | None = None, batch: Any = None,
                  batch_names: Any = None, task: Any = None, loss_fn: Callable[..., Any] | None = None,
                  rng_streams: Sequence[str] = ("dropout",), seed: int = 0, optimizer_rules: Any = None,
-                 on_indivisible: str = "error", grad_accum: int = 1):
+                 on_indivisible: str = "error", grad_accum: int = 1, microbatches: int | None = None):
         self.model, self.tx, self.mesh = as_model(model), tx, mesh
         self.task = as_task(task if task is not None else loss_fn)
         self.rules = as_rules(rules).validate(mesh)
@@ -102,14 +111,18 @@ class Trainer:
         self.micro_batch = self.batch_size // self.grad_accum
         what = (f"batch_size {self.batch_size}" if self.grad_accum == 1 else
                 f"micro-batch {self.micro_batch} (batch_size {self.batch_size} / grad_accum {self.grad_accum})")
+        # Pipeline stages (a `stage` mesh axis) run micro-batches of these micro-batches.
+        self.stages = pipeline_stages(mesh)
+        self.microbatches, rows, what = check_microbatches(mesh, self.rules, microbatches, self.micro_batch, what)
         self.batch_specs = batch_specs(self.abstract_batch, self.rules, mesh, batch_names,
-                                       micro_batch=self.micro_batch, what=what)
+                                       micro_batch=rows, what=what)
         self.batch_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), self.batch_specs,
                                             is_leaf=lambda x: isinstance(x, PartitionSpec))
         # The sharding of a (batch, length) leaf: what TokenBatches and most data sources need.
         self.batch_spec = self.rules.batch_spec(2)
         self.batch_sharding = NamedSharding(mesh, self.batch_spec)
         self.abstract_state = self._abstract_state()
+        check_layers(layers_sizes(self.abstract_state.params), self.stages)
         replicated = NamedSharding(mesh, PartitionSpec())
         # Wrapped in {"params": ...} so error messages name `params/...` paths, as `check` does.
         a = self.abstract_state
@@ -184,14 +197,22 @@ class Trainer:
         return jnp.zeros((), jnp.int32), self.tx.init(params)
 
     def _loss(self, params, collections, batch, rngs, train: bool):
-        updated = dict(collections)
+        updated, sown = dict(collections), {}
 
         def forward(*args, **kwargs):
-            out, updates = self.model.apply({"params": params, **updated}, args, kwargs, rngs=rngs, train=train)
+            with microbatching(self.microbatches):
+                out, updates = self.model.apply({"params": params, **updated}, args, kwargs, rngs=rngs, train=train)
+            updates = dict(updates)
+            for name, value in sown_losses(updates.pop(SOWN_LOSSES, {})).items():
+                sown[name] = sown.get(name, 0.0) + value
             updated.update(updates)
             return out
 
         loss, aux = self.task.run(forward, batch)
+        if sown:
+            # The objective adds the model's own loss terms; the `loss` metric stays the task's.
+            aux = {**aux, **sown, "loss": loss}
+            loss = loss + sum(sown.values())
         return loss, (aux, updated)
 
     def _grads(self, params, collections, batch, step):

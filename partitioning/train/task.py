@@ -113,6 +113,24 @@ class Task:
         return jnp.asarray(loss, jnp.float32), dict(aux)
 
 
+def sown_losses(tree: Any) -> dict[str, jax.Array]:
+    """Loss terms a model sowed (``self.sow("losses", name, value)``): ``{name: total}``.
+
+    Values under one sow name (per layer, per scanned step, per module) are summed.
+
+    Example::
+
+        >>> sown_losses({"blocks": {"mlp": {"moe_aux_loss": (jnp.ones(4),)}}})
+        {'moe_aux_loss': Array(4., dtype=float32)}
+    """
+    out: dict[str, jax.Array] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        keys = [k.key for k in path if isinstance(getattr(k, "key", None), str)]
+        name = keys[-1] if keys else "aux_loss"
+        out[name] = out.get(name, 0.0) + jnp.sum(leaf).astype(jnp.float32)
+    return out
+
+
 BUILTIN = {
     "next_token": Task(loss=lm_loss, name="next_token"),
     "same_token": Task(loss=same_token_loss, name="same_token"),
@@ -143,4 +161,4 @@ def as_task(task: Any) -> Task:
                       f"got {type(task).__name__}", arg="loss")
 
 
-__all__ = ["Task", "as_task", "cross_entropy", "lm_loss", "same_token_loss", "classification_loss", "BUILTIN"]
+__all__ = ["Task", "as_task", "sown_losses", "cross_entropy", "lm_loss", "same_token_loss", "classification_loss", "BUILTIN"]

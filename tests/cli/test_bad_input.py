@@ -70,7 +70,7 @@ def test_yaml_12_numbers_merge_keys_and_every_error_at_once(in_tmp, run_cli_in_p
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "error: run.yaml:11: train.steps: must be >= 1, got 0",
-        "error: run.yaml:11: train.batch_sise: unknown key (valid: steps, batch_size, seq_len, grad_accum, log_every, "
+        "error: run.yaml:11: train.batch_sise: unknown key (valid: steps, batch_size, seq_len, grad_accum, microbatches, log_every, "
         "eval_every, eval_batches, seed, loss, step, inputs, rngs); did you mean 'batch_size'?",
         "error: run.yaml:12: optimizer.b1: must be < 1, got 1.5",
     ]
@@ -90,6 +90,11 @@ def test_yaml_12_numbers_merge_keys_and_every_error_at_once(in_tmp, run_cli_in_p
      "run.yaml:7: model.remat: remat must be one of none, full, dots, dots_no_batch, got 'ful'; did you mean 'full'?"),
     (("layers: 2", "layers: 2\n  dtype: bf16"), "run.yaml:7: model.dtype: dtype must be a floating-point dtype "
                                                "(float32, bfloat16, float16, float64), got 'bf16'; did you mean 'bfloat16'?"),
+    (("layers: 2", "layers: 2\n  moe: {experts: 8, top_k: 9}"),
+     "run.yaml:7: model.moe: moe needs experts >= 1 and 1 <= top_k <= experts, got experts 8, top_k 9"),
+    (("{data: 1, fsdp: -1, tensor: 1}", "{stage: 2, data: 1, fsdp: -1}"),
+     "run.yaml:8: mesh.shape.stage: the mesh has a 'stage' axis of size 2 but the rules do not put 'layers' on it; "
+     "add the rule [layers, stage] (presets pp, pp_fsdp)"),
     (("devices: 8", "devices: 0"), "run.yaml:9: mesh.devices: must be >= 1, got 0"),
     (("rules: fsdp", "rules: fsdp\ncheckpoint: {every: -2}"), "run.yaml:11: checkpoint.every: must be >= 0, got -2"),
     (("rules: fsdp", "rules: fsdp\ntrain: {batch_size: 12}"),

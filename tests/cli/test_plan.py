@@ -7,7 +7,7 @@ import pytest
 
 PLAN_KEYS = {"config", "model", "batch", "mesh", "devices", "rules", "optimizer_rules", "on_indivisible",
              "parameters", "leaves", "optimizer_leaves", "totals", "replicated_share", "warnings", "errors",
-             "compiled", "timing", "memory_budget"}
+             "compiled", "timing", "memory_budget", "axes", "parallel"}
 
 
 COMPILED_KEYS = {"status", "backend", "devices", "lower_s", "compile_s", "memory", "collectives",

@@ -1,0 +1,105 @@
+"""The reference GPT's mixture-of-experts MLP: a router, ``E`` SwiGLU experts, top-``k`` routing.
+
+Parameters (logical names in brackets): router ``(embed, expert)``; experts
+``wi_0`` / ``wi_1`` ``(expert, embed, mlp)`` and ``wo`` ``(expert, mlp, embed)``.
+Routing, capacity and dispatch are :mod:`partitioning.parallel.experts`; the
+load-balancing loss, times ``aux_loss_weight``, is sown into ``losses`` as
+``moe_aux_loss``, which the trainer adds to the objective and reports.
+
+Example::
+
+    >>> GPT(moe={"experts": 8, "top_k": 2, "capacity_factor": 1.25})
+    >>> GPT(moe={"experts": 8, "top_k": 2, "dropless": True})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+
+from partitioning.boxes import with_logical_partitioning
+from partitioning.errors import ConfigError, did_you_mean
+from partitioning.parallel.experts import expert_capacity, moe_ffn
+
+
+@dataclasses.dataclass(frozen=True)
+class MoE:
+    """The ``moe:`` options of the reference GPT.
+
+    ``capacity_factor``: each expert takes ``ceil(cf · tokens · top_k / experts)``
+    tokens of a sequence, the rest of its tokens skip it; ``dropless: true``
+    lets every expert take every token (no token is ever dropped).
+
+    Example::
+
+        >>> MoE.parse({"experts": 8, "top_k": 2, "dropless": True}).capacity(128)
+        128
+    """
+
+    experts: int = 8
+    top_k: int = 2
+    capacity_factor: float | None = 1.25
+    dropless: bool = False
+    aux_loss_weight: float = 0.01
+
+    @classmethod
+    def parse(cls, options: Any) -> "MoE | None":
+        """``None`` / a mapping of options / a ``MoE`` -> ``MoE | None``; a ConfigError naming ``moe``."""
+        if options is None or isinstance(options, MoE):
+            return options
+        if not isinstance(options, Mapping):
+            raise ConfigError(f"moe must be a mapping of {[f.name for f in dataclasses.fields(cls)]}, "
+                              f"got {type(options).__name__}", arg="moe")
+        names = [f.name for f in dataclasses.fields(cls)]
+        for k in options:
+            if k not in names:
+                raise ConfigError(f"unknown moe option {k!r} (options: {', '.join(names)})"
+                                  f"{did_you_mean(str(k), names)}", arg="moe")
+        for k, v in options.items():
+            kinds = {"experts": (int,), "top_k": (int,), "dropless": (bool,)}.get(k, (int, float, type(None)))
+            if isinstance(v, bool) != (kinds == (bool,)) or not isinstance(v, kinds):
+                want = {(int,): "an integer", (bool,): "true or false"}.get(kinds, "a number")
+                raise ConfigError(f"moe.{k} must be {want}, got {v!r}", arg="moe")
+        moe = cls(**dict(options))
+        if moe.aux_loss_weight is None or moe.aux_loss_weight < 0:
+            raise ConfigError(f"moe.aux_loss_weight must be a number >= 0, got {moe.aux_loss_weight!r}", arg="moe")
+        if moe.experts < 1 or not 1 <= moe.top_k <= moe.experts:
+            raise ConfigError(f"moe needs experts >= 1 and 1 <= top_k <= experts, got experts {moe.experts}, "
+                              f"top_k {moe.top_k}", arg="moe")
+        if not moe.dropless and (moe.capacity_factor is None or moe.capacity_factor <= 0):
+            raise ConfigError("moe.capacity_factor must be > 0 (or set dropless: true)", arg="moe")
+        return moe
+
+    def capacity(self, tokens: int) -> int:
+        return expert_capacity(tokens, self.experts, self.top_k, None if self.dropless else self.capacity_factor)
+
+
+class MoeMlp(nn.Module):
+    """Top-k routed SwiGLU experts in place of the dense MLP."""
+
+    moe: MoE
+    mlp: int
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        d, e, m, pd = x.shape[-1], self.moe.experts, self.mlp, self.param_dtype
+
+        def param(name, names, shape, fan_in):
+            init = nn.initializers.normal(stddev=fan_in ** -0.5)
+            return self.param(name, with_logical_partitioning(init, names), shape, pd)
+
+        router = param("router", ("embed", "expert"), (d, e), d)
+        experts = (param("wi_0", ("expert", "embed", "mlp"), (e, d, m), d),
+                   param("wi_1", ("expert", "embed", "mlp"), (e, d, m), d),
+                   param("wo", ("expert", "mlp", "embed"), (e, m, d), m))
+        y, aux = moe_ffn(x, router, experts, top_k=self.moe.top_k, capacity=self.moe.capacity(x.shape[1]))
+        self.sow("losses", "moe_aux_loss", self.moe.aux_loss_weight * aux)
+        return y.astype(self.dtype)
+
+
+__all__ = ["MoE", "MoeMlp"]

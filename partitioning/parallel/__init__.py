@@ -1,0 +1,29 @@
+"""Parallelism over the layers and the experts: the ``stage`` and ``expert`` mesh axes.
+
+Both are chosen like every other layout — a mesh axis plus rules — and the
+model only marks where its layers stack and where its experts sit:
+
+- :mod:`~partitioning.parallel.schedule` — ``gpipe``: the GPipe schedule as a pure function (vmap over stages
+  with ``spmd_axis_name="stage"``, a collective-permute shift), and ``bubble_fraction``.
+- :mod:`~partitioning.parallel.pipeline` — ``LayerStack`` (Linen) and ``scan_layers`` (NNX): a stack of layers
+  that is a scan, or a pipeline when the mesh has a ``stage`` axis; ``microbatching``; up-front checks.
+- :mod:`~partitioning.parallel.experts` — mixture-of-experts routing (top-k, load-balancing loss), capacity,
+  dispatch / combine; the dispatched tokens' layout is the rules' (``expert`` axis: all-to-all).
+- :mod:`~partitioning.parallel.trace` — records of the stacks (and expert layers) a forward pass traced,
+  for the plan's analytic costs.
+
+Example::
+
+    >>> x, _ = LayerStack(Block, length=8, block_kwargs={"dim": 64}, name="blocks")(x)
+"""
+
+from partitioning.parallel.experts import expert_capacity, moe_ffn
+from partitioning.parallel.pipeline import (
+    LayerStack, PipelineError, check_layers, check_microbatches, layers_sizes, microbatching, pipeline_stages,
+    scan_layers,
+)
+from partitioning.parallel.schedule import bubble_fraction, gpipe
+
+__all__ = ["LayerStack", "scan_layers", "microbatching", "pipeline_stages", "check_microbatches", "check_layers",
+           "layers_sizes", "PipelineError",
+           "gpipe", "bubble_fraction", "moe_ffn", "expert_capacity"]

@@ -1,0 +1,176 @@
+"""Mixture-of-experts routing and dispatch, laid out by the rules: experts over an ``expert`` mesh axis.
+
+Tokens are routed within *groups* (a sequence each: the ``batch`` dimension),
+so what is kept or dropped never depends on the layout. Per group of ``S``
+tokens and ``E`` experts:
+
+1. **route** — softmax router probabilities, the top-``k`` experts of each
+   token and their renormalised gates; the load-balancing loss
+   ``E · Σ_e f_e · P_e`` (``f_e`` the share of assignments to expert ``e``,
+   ``P_e`` its mean probability) over the whole batch;
+2. **dispatch** — each expert takes up to ``C`` (capacity) tokens, first
+   choices before second ones, in token order; the tokens are gathered into a
+   ``(groups, experts, capacity, embed)`` buffer (``dropless``: ``C = S``, no
+   token is ever dropped);
+3. **experts** — each expert's FFN on its buffer row;
+4. **combine** — every token sums its experts' outputs weighted by its gates.
+
+Layout is the rules' business. The buffer is constrained to logical names
+``(batch, expert, None, embed)``: with a rule ``[expert, expert]`` ahead of the
+batch rules (preset ``ep``) its expert dimension goes over the ``expert`` mesh
+axis while the groups, split over ``expert`` too outside the expert layer,
+fall back to the remaining batch axes — XLA moves the tokens to the devices
+holding their experts with one all-to-all, and back with another. Expert
+weights named ``(expert, embed, mlp)`` stay where they are stored. With no
+such rule (or an ``expert`` axis of size 1) the same code is a plain
+data-parallel MoE.
+
+Example::
+
+    >>> y, aux = moe_ffn(x, router, (wi_0, wi_1, wo), top_k=2, capacity=expert_capacity(128, 8, 2, 1.25))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from partitioning.boxes import with_logical_constraint
+from partitioning.context import get_logical_axis_rules
+from partitioning.parallel.trace import record
+
+DISPATCHED = ("batch", "expert", None, "embed")      # the (groups, experts, capacity, embed) buffer
+TOKENS = ("batch", "length", "embed")
+
+
+def expert_capacity(tokens: int, experts: int, top_k: int, capacity_factor: float | None) -> int:
+    """Tokens one expert takes per group: ``ceil(cf · S · k / E)`` (at most ``S``); ``S`` when dropless (None).
+
+    Example::
+
+        >>> pt.expert_capacity(128, 8, 2, 1.25), pt.expert_capacity(128, 8, 2, None)
+        (40, 128)
+    """
+    if capacity_factor is None:
+        return int(tokens)
+    return max(1, min(int(tokens), math.ceil(capacity_factor * tokens * top_k / experts)))
+
+
+def route(logits: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(gates (G, S, k), experts (G, S, k), load-balancing loss)`` from router logits ``(G, S, E)``."""
+    e = logits.shape[-1]
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    top, idx = _top_k(probs, top_k)
+    gates = top / jnp.sum(top, axis=-1, keepdims=True) if top_k > 1 else top
+    share = jnp.mean(jax.nn.one_hot(idx, e, dtype=jnp.float32), axis=(0, 1, 2))    # f_e (sums to 1)
+    aux = e * jnp.sum(share * jnp.mean(probs, axis=(0, 1)))
+    return gates, idx, aux
+
+
+def _top_k(probs: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """``lax.top_k`` over the last axis as ``k`` argmaxes: XLA partitions a reduction over the batch
+    dimensions, whereas its TopK gathers every token's scores onto every device first."""
+    vals, idxs = [], []
+    for _ in range(k):
+        i = jnp.argmax(probs, axis=-1)
+        vals.append(jnp.take_along_axis(probs, i[..., None], axis=-1)[..., 0])
+        idxs.append(i.astype(jnp.int32))
+        probs = jnp.where(jax.nn.one_hot(i, probs.shape[-1], dtype=jnp.bool_), -jnp.inf, probs)
+    return jnp.stack(vals, axis=-1), jnp.stack(idxs, axis=-1)
+
+
+def _slots(idx: jax.Array, experts: int, cap: int) -> tuple[jax.Array, jax.Array]:
+    """Per (token, choice) of one group: the flat slot ``e · C + position`` and whether it fits."""
+    s, k = idx.shape
+    order = idx.T.reshape(-1)                                   # first choices of all tokens first
+    onehot = jax.nn.one_hot(order, experts, dtype=jnp.int32)
+    position = jnp.sum((jnp.cumsum(onehot, axis=0) - 1) * onehot, axis=-1).reshape(k, s).T
+    keep = position < cap
+    return jnp.where(keep, idx * cap + position, experts * cap), keep
+
+
+def dispatch(x: jax.Array, idx: jax.Array, experts: int, cap: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(buffer (G, E, C, D), slots (G, S, k), keep (G, S, k))``: every group's tokens in their experts' slots."""
+    def one(xg, ig):
+        slots, keep = _slots(ig, experts, cap)
+        s = xg.shape[0]
+        token = jnp.full((experts * cap,), s, jnp.int32)
+        token = token.at[slots.reshape(-1)].set(jnp.repeat(jnp.arange(s, dtype=jnp.int32), ig.shape[1]),
+                                                mode="drop")
+        padded = jnp.concatenate([xg, jnp.zeros((1, xg.shape[-1]), xg.dtype)])   # row s: an empty slot
+        return padded[token].reshape(experts, cap, -1), slots, keep
+
+    return jax.vmap(one)(x, idx)
+
+
+def combine(y: jax.Array, slots: jax.Array, keep: jax.Array, gates: jax.Array) -> jax.Array:
+    """``(G, S, D)``: each token's experts' outputs (``y``: ``(G, E, C, D)``) summed with its gates."""
+    def one(yg, sg, kg, gg):
+        flat = yg.reshape(-1, yg.shape[-1])
+        picked = flat[jnp.minimum(sg, flat.shape[0] - 1)]                         # (S, k, D)
+        w = (gg * kg).astype(picked.dtype)
+        return jnp.einsum("skd,sk->sd", picked, w)
+
+    return jax.vmap(one)(y, slots, keep, gates)
+
+
+def moe_ffn(x: jax.Array, router: jax.Array, weights: Sequence[jax.Array], *, top_k: int,
+            capacity: int | None = None,
+            expert_fn: Callable[..., jax.Array] | None = None) -> tuple[jax.Array, jax.Array]:
+    """A mixture-of-experts FFN over ``x`` ``(G, S, D)``: ``(y (G, S, D), load-balancing loss)``.
+
+    ``router``: ``(D, E)``; ``weights``: the experts' stacked weights, leading
+    ``E`` axis, for ``expert_fn(buffer (G, E, C, D), *weights) -> (G, E, C, D)``
+    (default: SwiGLU with ``wi_0, wi_1 (E, D, M)``, ``wo (E, M, D)``).
+    ``capacity``: tokens per expert and group (:func:`expert_capacity`); None: dropless
+    (``S``). Name the weights' expert dimension ``expert`` and the rules decide
+    where the experts live; the tokens follow (module docstring).
+
+    Example::
+
+        >>> y, aux = pt.moe_ffn(x, router, (wi_0, wi_1, wo), top_k=2)       # dropless
+        >>> self.sow("losses", "moe_aux_loss", 0.01 * aux)                 # the Trainer adds it to the loss
+    """
+    e = router.shape[-1]
+    capacity = x.shape[1] if capacity is None else int(capacity)
+    logits = jnp.einsum("gsd,de->gse", x, router.astype(x.dtype)).astype(jnp.float32)
+    # Every token's scores for all experts where the token is: top-k needs the whole row, so a router
+    # split over `expert` is gathered (D x E), not the tokens' logits (tokens x E).
+    logits = with_logical_constraint(logits, ("batch", "length", None))
+    gates, idx, aux = route(logits, top_k)
+    buf, slots, keep = dispatch(x, idx, e, capacity)
+    _record(x, e, top_k, capacity)
+    # To the devices holding each expert (an all-to-all over `expert` when the rules split it) ...
+    buf = with_logical_constraint(buf, DISPATCHED)
+    out = (expert_fn or swiglu)(buf, *weights)
+    out = with_logical_constraint(out, DISPATCHED)
+    # ... and back to the devices holding each token's group.
+    out = with_logical_constraint(out, ("batch", None, None, None))
+    y = combine(out, slots, keep, gates)
+    return with_logical_constraint(y, TOKENS), aux
+
+
+def swiglu(buf: jax.Array, wi_0: jax.Array, wi_1: jax.Array, wo: jax.Array) -> jax.Array:
+    """Each expert's SwiGLU FFN on its rows of ``buf`` ``(G, E, C, D)``."""
+    dt = buf.dtype
+    gate = jnp.einsum("gecd,edm->gecm", buf, wi_0.astype(dt))
+    up = jnp.einsum("gecd,edm->gecm", buf, wi_1.astype(dt))
+    h = with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "expert", None, "mlp"))
+    return jnp.einsum("gecm,emd->gecd", h, wo.astype(dt))
+
+
+def _record(x: jax.Array, experts: int, top_k: int, cap: int) -> None:
+    rules = get_logical_axis_rules()
+    tokens = rules.resolve(TOKENS) if rules else None
+    buffer = rules.resolve(DISPATCHED) if rules else None
+    axes = lambda entry: () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)  # noqa: E731
+    record("experts", experts=int(experts), top_k=int(top_k), capacity=int(cap), embed=int(x.shape[-1]),
+           groups=int(x.shape[0]), dtype=str(x.dtype),
+           batch_axes=axes(tokens[0]) if tokens else (), expert_axes=axes(buffer[1]) if buffer else ())
+
+
+__all__ = ["expert_capacity", "route", "dispatch", "combine", "moe_ffn", "swiglu", "DISPATCHED", "TOKENS"]

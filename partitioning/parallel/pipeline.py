@@ -1,0 +1,291 @@
+"""Pipeline parallelism chosen by the mesh: a stack of layers that runs as a GPipe pipeline over ``stage``.
+
+A model opts in once, where it stacks its repeated block:
+
+- Linen: :class:`LayerStack` ``(block, length, block_kwargs)`` in place of
+  ``nn.scan(block, variable_axes={"params": 0}, length=…, metadata_params=
+  {nn.PARTITION_NAME: "layers"})``: the same parameters (one tree, every leaf
+  with a leading ``layers`` axis), the same init;
+- NNX: :func:`scan_layers` ``(blocks, x)`` in place of ``jax.lax.scan`` over a
+  module built with ``nnx.vmap(…, transform_metadata={nnx.PARTITION_NAME:
+  "layers"})``.
+
+Whether it pipelines is the layout's business, not the model's: when the
+mesh in context has a ``stage`` axis of size ``S > 1`` (and the rules put
+``layers`` on it, presets ``pp`` / ``pp_fsdp``), the stack runs the GPipe
+schedule of :mod:`partitioning.parallel.schedule` with ``M`` micro-batches
+(:func:`microbatching`; ``Trainer(microbatches=M)`` / ``train.microbatches``
+set it, default ``S``); otherwise it is a plain scan. Either way the layers
+axis is the same array, so a checkpoint moves between pipelined and
+unpipelined layouts unchanged.
+
+Example::
+
+    >>> x, _ = LayerStack(Block, length=8, block_kwargs={"dim": 64}, name="blocks")(x)
+    >>> with sharding_context(mesh, "pp"), microbatching(8):
+    ...     logits = model.apply(params, tokens)            # 4 stages x 8 micro-batches
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from partitioning.boxes import is_logical_box, unbox
+from partitioning.context import get_logical_axis_rules
+from partitioning.errors import PartitioningError
+from partitioning.parallel.schedule import STAGE_AXIS, gpipe
+from partitioning.parallel.trace import record
+from partitioning.resolve import axes_tuple, mesh_axis_sizes
+from partitioning.train.model import SOWN_LOSSES
+from partitioning.train.task import sown_losses
+
+# Collections a scanned block may write: sown losses (MoE load balancing) are stacked per layer.
+SCANNED = {"params": 0, "losses": 0}
+_local = threading.local()
+
+
+class PipelineError(PartitioningError, ValueError):
+    """A pipeline layout that cannot run: stages, layers, micro-batches or rules do not fit.
+
+    ``arg`` is ``"stage"`` (the mesh axis) or ``"microbatches"``, so a config
+    front end can point at ``mesh.shape.stage`` or ``train.microbatches``.
+    """
+
+
+@contextlib.contextmanager
+def microbatching(microbatches: int | None) -> Iterator[None]:
+    """Sets the number of pipeline micro-batches for stacks traced in this thread (None: ``S``).
+
+    Example::
+
+        >>> with sharding_context(mesh, "pp"), microbatching(8):
+        ...     jax.jit(model.apply)(params, tokens)
+    """
+    old = getattr(_local, "microbatches", None)
+    _local.microbatches = microbatches
+    try:
+        yield
+    finally:
+        _local.microbatches = old
+
+
+def pipeline_stages(mesh: Any = None) -> int:
+    """``S``: the size of the ``stage`` axis of ``mesh`` (default: the mesh in context); 1 without one."""
+    if mesh is None:
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh.empty:
+            return 1
+    return int(mesh_axis_sizes(mesh).get(STAGE_AXIS, 1))
+
+
+def current_microbatches(stages: int) -> int:
+    """``M`` for a stack traced now: the :func:`microbatching` value, else ``stages``."""
+    m = getattr(_local, "microbatches", None)
+    return int(m) if m else int(stages)
+
+
+def check_microbatches(mesh: Any, rules: Any, microbatches: int | None, rows: int,
+                       what: str = "batch_size") -> tuple[int, int, str]:
+    """What can be checked before the model is traced: ``(M, rows per micro-batch, their description)``.
+
+    ``rows`` is the batch one forward pass sees (``batch_size / grad_accum``).
+    Without a ``stage`` axis (size > 1) nothing is pipelined: ``(1, rows, what)``.
+    Raises :class:`PipelineError` naming what to change.
+
+    Example::
+
+        >>> check_microbatches({"stage": 4, "data": 2}, Rules.preset("pp"), 8, 32)
+        (8, 4, 'pipeline micro-batch 4 (batch_size 32 / microbatches 8)')
+    """
+    if microbatches is not None and (isinstance(microbatches, bool) or int(microbatches) < 1):
+        raise PipelineError(f"microbatches must be a positive integer, got {microbatches!r}", arg="microbatches")
+    stages = pipeline_stages(mesh)
+    if stages <= 1:
+        return 1, rows, what
+    types = getattr(mesh, "axis_types", ())
+    if any(t == jax.sharding.AxisType.Explicit for t in types):
+        raise PipelineError("pipeline stages run on Auto mesh axes (GSPMD places the stage buffers); "
+                            "use axis_types 'auto'", arg="axis_types")
+    if STAGE_AXIS not in axes_tuple(rules.resolve(("layers",))[0]):
+        raise PipelineError(f"the mesh has a 'stage' axis of size {stages} but the rules do not put 'layers' on it; "
+                            "add the rule [layers, stage] (presets pp, pp_fsdp)", arg="stage")
+    if STAGE_AXIS in rules.batch_axes:
+        raise PipelineError("the 'stage' axis cannot also split the batch: remove it from the batch rules "
+                            "(stages pass micro-batches to each other)", arg="stage")
+    m = int(microbatches or stages)
+    if rows % m:
+        raise PipelineError(f"{what} cannot be split into {m} pipeline micro-batches; use a multiple of {m}"
+                            + ("" if microbatches else " (microbatches defaults to the stage axis size)"),
+                            arg="microbatches")
+    return m, rows // m, f"pipeline micro-batch {rows // m} ({what} / microbatches {m})"
+
+
+def check_layers(layers: Sequence[int], stages: int) -> None:
+    """Every stacked ``layers`` dimension (sizes in ``layers``) splits into ``stages``; else :class:`PipelineError`.
+
+    Example::
+
+        >>> check_layers(layers_sizes(abstract_params), 4)
+    """
+    if stages <= 1:
+        return
+    if not layers:
+        raise PipelineError(f"the mesh has a 'stage' axis of size {stages} but the model has no stacked 'layers' "
+                            "axis to split into stages; stack the repeated block with LayerStack / scan_layers "
+                            "(GPT: scan_layers: true), or set the stage axis to 1", arg="stage")
+    for n in sorted(set(layers)):
+        if n % stages:
+            raise PipelineError(f"{n} layers cannot be split into {stages} pipeline stages: the number of layers "
+                                f"must be a multiple of the stage axis size", arg="stage")
+
+
+def layers_sizes(params: Any) -> list[int]:
+    """The size of the ``layers`` dimension of every boxed param that has one (abstract or concrete).
+
+    Example::
+
+        >>> layers_sizes(trainer.abstract_state.params)
+        [4, 4, 4, 4, 4, 4, 4, 4, 4]
+    """
+    out = []
+    for leaf in jax.tree.leaves(params, is_leaf=is_logical_box):
+        if is_logical_box(leaf) and "layers" in tuple(leaf.names):
+            out.append(int(leaf.value.shape[tuple(leaf.names).index("layers")]))
+    return out
+
+
+def _check_traced(stages: int, n_layers: int, batch: int, m: int) -> None:
+    """The Trainer's checks, for a stack applied directly under a stage mesh."""
+    check_layers([n_layers], stages)
+    check_microbatches(jax.sharding.get_abstract_mesh(), get_logical_axis_rules(), m, batch,
+                       f"a batch of {batch}")
+
+
+def _record_stack(n_layers: int, stages: int, microbatches: int, x: jax.Array) -> None:
+    """For plan's analytic costs (:mod:`partitioning.parallel.trace`): the stack's shape, once per trace."""
+    rules = get_logical_axis_rules()
+    record("pipeline", layers=int(n_layers), stages=int(stages), microbatches=int(microbatches),
+           shape=tuple(x.shape), dtype=str(x.dtype), batch_axes=tuple(rules.batch_axes) if rules else ())
+
+
+def _batched(args: tuple, batch: int) -> tuple[list[int], list[int]]:
+    """Positions of the args with the batch's leading dimension (micro-batched) and the rest (broadcast)."""
+    per_example = [i for i, a in enumerate(args) if getattr(a, "ndim", 0) and a.shape[0] == batch]
+    return per_example, [i for i in range(len(args)) if i not in per_example]
+
+
+def run_stack(layer_fn: Any, layers: Any, x: jax.Array, args: tuple = ()) -> tuple[jax.Array, dict]:
+    """``layer_fn`` over stacked ``layers``: pipelined when the mesh has a ``stage`` axis, else a scan.
+
+    ``layer_fn(layer, x, args, layer_index, micro_index) -> (x, aux)``. Arrays in
+    ``args`` with ``x``'s batch dimension are micro-batched; others are passed
+    to every layer unchanged.
+    """
+    n_layers = jax.tree.leaves(layers)[0].shape[0]
+    s = pipeline_stages()
+    m = current_microbatches(s) if s > 1 else 1
+    rules = get_logical_axis_rules()
+    _record_stack(n_layers, s, m, x)
+    if s <= 1:
+        def body(carry, kl):
+            h, aux = carry
+            layer, i = kl
+            h, new = layer_fn(layer, h, args, i, jnp.zeros((), jnp.int32))
+            return (h, {k: aux.get(k, 0) + v for k, v in dict(new).items()}), None
+        first = jax.tree.map(lambda a: a[0], layers)
+        zero = jnp.zeros((), jnp.int32)
+        _, shapes = jax.eval_shape(lambda l, h: layer_fn(l, h, args, zero, zero), first, x)
+        aux0 = {k: jnp.zeros((), v.dtype) for k, v in dict(shapes).items()}
+        (x, aux), _ = jax.lax.scan(body, (x, aux0), (layers, jnp.arange(n_layers, dtype=jnp.int32)))
+        return x, aux
+    _check_traced(s, n_layers, x.shape[0], m)
+    per_example, shared = _batched(args, x.shape[0])
+
+    def staged_fn(layer, h, mb_args, i, j):
+        full = list(args)
+        for pos, a in zip(per_example, mb_args):
+            full[pos] = a
+        return layer_fn(layer, h, tuple(full), i, j)
+
+    return gpipe(staged_fn, layers, x, [args[i] for i in per_example], stages=s, microbatches=m,
+                 batch_axes=rules.batch_axes if rules else None)
+
+
+class LayerStack(nn.Module):
+    """``length`` copies of a Linen ``block`` with stacked params (a leading ``layers`` axis); GPipe over ``stage``.
+
+    Unpipelined it *is* ``nn.scan(block, variable_axes={"params": 0, "losses": 0},
+    split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast, length=length,
+    metadata_params={nn.PARTITION_NAME: "layers"})`` sharing this module's scope, so params sit at
+    ``<name>/<block's own params>`` exactly as with ``nn.scan``. ``block`` follows ``nn.scan``'s
+    convention: ``__call__(self, x, *args) -> (x, y)`` (``y`` is dropped). Under a mesh with a
+    ``stage`` axis (size > 1) it runs the GPipe schedule instead; per-example ``args`` (leading
+    batch dim) are micro-batched, the rest broadcast; RNG streams (``rng_streams``) are folded
+    per layer and micro-batch; scalars the block sows into ``losses`` are summed over layers and
+    averaged over micro-batches. Other mutable collections are not supported while pipelined.
+
+    Example::
+
+        >>> x, _ = LayerStack(Block, 24, {"heads": 8}, name="blocks")(x)
+    """
+
+    block: Any
+    length: int
+    block_kwargs: Mapping[str, Any] | None = None
+    rng_streams: Sequence[str] = ("dropout",)
+
+    def setup(self):
+        scanned = nn.scan(self.block, variable_axes=dict(SCANNED),
+                          split_rngs={"params": True, **{r: True for r in self.rng_streams}},
+                          in_axes=nn.broadcast, length=self.length,
+                          metadata_params={nn.PARTITION_NAME: "layers"})
+        self.scanned = scanned(**dict(self.block_kwargs or {}))
+        nn.share_scope(self, self.scanned)
+
+    def __call__(self, x, *args):
+        if pipeline_stages() <= 1 or self.is_initializing():
+            if not self.is_initializing():
+                _record_stack(self.length, 1, 1, x)
+            return self.scanned(x, *args)
+        params = unbox(self.variables["params"])
+        base = {r: self.make_rng(r) for r in self.rng_streams if self.has_rng(r)}
+        block = self.block(**dict(self.block_kwargs or {}), parent=None)
+
+        def layer_fn(layer, h, layer_args, i, j):
+            rngs = {r: jax.random.fold_in(jax.random.fold_in(k, i), j) for r, k in base.items()}
+            (h, _), sown = block.apply({"params": layer}, h, *layer_args, rngs=rngs, mutable=["losses"])
+            return h, sown_losses(sown.get(SOWN_LOSSES, {}))
+
+        y, aux = run_stack(layer_fn, params, x, args)
+        for name, value in aux.items():
+            self.sow("losses", name, value)
+        return y, None
+
+
+def scan_layers(blocks: Any, x: jax.Array, *args: Any) -> jax.Array:
+    """Applies a stacked NNX module (``nnx.vmap``-built, leading ``layers`` axis) layer by layer; GPipe over ``stage``.
+
+    Replaces ``jax.lax.scan(lambda x, b: (b(x, *args), None), x, blocks)[0]``; a
+    block returns ``x`` (or ``(x, y)``, ``y`` dropped). While pipelined, the
+    blocks' own state updates (RNG counters, batch statistics) are not kept.
+
+    Example::
+
+        >>> x = scan_layers(self.blocks, x)
+    """
+    def layer_fn(block, h, layer_args, i, j):
+        out = block(h, *layer_args)
+        return (out[0] if isinstance(out, tuple) else out), {}
+
+    return run_stack(layer_fn, blocks, x, tuple(args))[0]
+
+
+__all__ = ["LayerStack", "scan_layers", "microbatching", "pipeline_stages", "current_microbatches",
+           "check_microbatches", "check_layers", "layers_sizes", "run_stack", "PipelineError", "SCANNED"]

@@ -1,0 +1,142 @@
+"""Per mesh axis: what each axis splits (memory) and what travels over it (collectives of the compiled step).
+
+A collective's devices come from its HLO ``replica_groups`` (explicit lists,
+iota forms ``[2,4]<=[8]`` / ``[4,2]<=[2,4]T(1,0)``, or ``mesh[...]``) or a
+permute's ``source_target_pairs``. Device ``i`` of an SPMD program is the
+``i``-th device of the mesh in row-major order, so the mesh axes along which
+a group's devices differ are the axes the collective runs over: an FSDP
+all-gather over ``fsdp``, a pipeline shift over ``stage``, an expert
+dispatch all-to-all over ``expert``.
+
+Example::
+
+    >>> view = compiled_view(trainer.lower_train_step)
+    >>> collectives_by_axis(view["collective_ops"], {"stage": 4, "data": 2})["stage"]["collective-permute"]
+    {'count': 14, 'bytes': 114688}
+    >>> memory_by_axis(plan)["stage"]["splits"]
+    ['layers']
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from partitioning.plan.hlo import KINDS
+from partitioning.resolve import axes_tuple
+
+
+def _iota(dims: Sequence[int], perm: Sequence[int] | None) -> np.ndarray:
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    return ids.transpose(perm) if perm else ids
+
+
+def _ints(text: str | None) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()] if text else []
+
+
+def device_groups(text: str, num_devices: int) -> list[list[int]]:
+    """The device groups of a ``replica_groups`` / ``source_target_pairs`` text (pairs for a permute).
+
+    Forms: ``{{0,1},{2,3}}``, ``{}`` (all devices), the iota forms ``[2,4]<=[8]`` and
+    ``[4,2]<=[2,4]T(1,0)``, and ``mesh['axis_0'=4,'axis_1'=2] {'axis_0'}`` (optionally with
+    ``device_ids=([4,2]T(1,0))``): devices laid out in that shape, a group varying along the
+    named axes (only the first group is returned for this form).
+
+    Example::
+
+        >>> device_groups("[2,4]<=[8]", 8)
+        [[0, 1, 2, 3], [4, 5, 6, 7]]
+        >>> device_groups("[4,2]<=[2,4]T(1,0)", 8)[0]
+        [0, 4]
+        >>> device_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_0'}", 8)
+        [[0, 2, 4, 6]]
+    """
+    text = text.strip()
+    if not text or text == "{}":
+        return [list(range(num_devices))]
+    if text.startswith("{{"):
+        return [_ints(g) for g in re.findall(r"\{([\d,\s]*)\}", text[1:-1])]
+    m = re.fullmatch(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", text)
+    if m:
+        return _iota(_ints(m.group(2)), _ints(m.group(3))).reshape(_ints(m.group(1))[0], -1).tolist()
+    m = re.fullmatch(r"mesh\[([^\]]*)\](?:,\s*device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?\))?\s*\{([^}]*)\}", text)
+    if m:
+        axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
+        sizes = [int(n) for _, n in axes]
+        ids = (_iota(_ints(m.group(2)), _ints(m.group(3))) if m.group(2) else np.arange(math.prod(sizes)))
+        ids = ids.reshape(sizes)
+        chosen = set(re.findall(r"'([^']+)'", m.group(4)))
+        index = tuple(slice(None) if name in chosen else 0 for name, _ in axes)
+        return [ids[index].reshape(-1).tolist()]
+    return []
+
+
+def group_axes(text: str, mesh: Mapping[str, int], permute: bool = False) -> tuple[str, ...]:
+    """The mesh axes (size > 1) a collective's device groups span; ``()`` when it cannot tell.
+
+    Example::
+
+        >>> group_axes("[2,4]<=[8]", {"data": 2, "fsdp": 4})
+        ('fsdp',)
+        >>> group_axes("{{0,2},{2,4},{4,6},{6,0}}", {"stage": 4, "data": 2}, permute=True)
+        ('stage',)
+    """
+    names, sizes = list(mesh), [int(v) for v in mesh.values()]
+    n = math.prod(sizes)
+    groups = device_groups(text, n)
+    varying: set[int] = set()
+    for g in groups if permute else groups[:1]:
+        coords = [np.unravel_index(d, sizes) for d in g if d < n]
+        for a in range(len(sizes)):
+            if len({c[a] for c in coords}) > 1:
+                varying.add(a)
+    return tuple(names[a] for a in sorted(varying) if sizes[a] > 1)
+
+
+def collectives_by_axis(ops: Sequence[Mapping[str, Any]] | Sequence[Any],
+                        mesh: Mapping[str, int]) -> dict[str, dict[str, dict[str, int]]]:
+    """Per mesh axis (or ``"a+b"`` for a collective over several): per kind, executions and bytes per step.
+
+    ``ops`` are :class:`~partitioning.plan.hlo.Collective` s or their ``to_json()`` plus ``groups``.
+    """
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for c in ops:
+        get = c.get if isinstance(c, Mapping) else (lambda k, c=c: getattr(c, k))
+        axes = group_axes(get("groups") or "", mesh, permute=get("kind") == "collective-permute")
+        key = "+".join(axes) if axes else "?"
+        row = out.setdefault(key, {k: {"count": 0, "bytes": 0} for k in KINDS})
+        row[get("kind")]["count"] += int(get("executions"))
+        row[get("kind")]["bytes"] += int(get("executions")) * int(get("bytes"))
+    return out
+
+
+def memory_by_axis(layouts: Sequence[Any], mesh: Mapping[str, int]) -> dict[str, dict[str, Any]]:
+    """Per mesh axis: the logical names it splits, the per-device bytes of the arrays it splits, and those
+    bytes were the axis to split nothing (its saving).
+
+    Example::
+
+        >>> memory_by_axis(plan.params + plan.opt_state, plan.mesh)["fsdp"]["splits"]
+        ['embed', 'mlp', 'vocab']
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for axis, size in mesh.items():
+        names: set[str] = set()
+        split = 0
+        for l in layouts:
+            hit = [d for d in l.dims if axis in axes_tuple(d.mesh_axes)]
+            if not hit and not any(axis in axes_tuple(e) for e in l.spec if e is not None):
+                continue
+            names.update(str(d.name) for d in hit)
+            split += l.per_device_bytes
+        out[axis] = {"size": int(size), "splits": sorted(names), "per_device_bytes": split,
+                     "unsplit_bytes": split * int(size)}
+    return out
+
+
+__all__ = ["device_groups", "group_axes", "collectives_by_axis", "memory_by_axis"]
