@@ -7,7 +7,8 @@ out FSDP over 8 simulated CPU devices, values random (no compile needed).
 
 1. Save throughput: ``CheckpointManager.save`` + ``wait`` (synchronous end to
    end) against ``np.save`` of every array (gathered to the host) + ``fsync``.
-   Throughputs are medians of 3 runs, alternating toolkit and NumPy.
+   Throughputs are medians of 4 rounds; the order alternates every round (the
+   first reader after a save pays for re-growing the process's memory).
 2. Restore throughput: ``restore_checkpoint`` onto the same layout against
    ``np.load`` + ``jax.device_put`` with the same shardings.
 3. Loop blocking: how long ``save`` holds the caller when asynchronous vs
@@ -36,6 +37,7 @@ import time
 from pathlib import Path
 
 DEVICES = 8
+ROUNDS = 4  # save / restore rounds; even, so each side goes first equally often
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -84,6 +86,12 @@ def state_bytes(state) -> int:
     import jax
 
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+
+
+def med(xs: list[float]) -> float:
+    """The median (the mean of the middle two for an even count)."""
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
 
 
 def _fsync_dir(d: Path) -> None:
@@ -213,25 +221,35 @@ def main() -> None:
         timed_save(scratch / "warm", 1, state, async_=False)
         shutil.rmtree(scratch / "warm")
 
-        # 1./2. save and restore throughput vs np.save + fsync / np.load + device_put (medians of 3)
+        # 1./2. save and restore throughput vs np.save + fsync / np.load + device_put (medians of 4).
+        # Whichever side runs first after a save pays for the memory the process grows
+        # into again (the kernel zeroing ~1 GiB of fresh pages: ~0.7 s here), so the
+        # order alternates every round and each side is first in half of them.
         target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
         saves, np_saves, restores, np_loads = [], [], [], []
-        for rep in range(3):
-            _, t = timed_save(scratch / "sync", 2, state, async_=False)
-            saves.append(t)
-            np_saves.append(numpy_save(state, scratch / "npy"))
+
+        def toolkit_save():
+            saves.append(timed_save(scratch / "sync", 2, state, async_=False)[1])
+
+        def toolkit_restore():
             t = time.perf_counter()
             back = restore_checkpoint(scratch / "sync", target)
             jax.block_until_ready(back)
             restores.append(time.perf_counter() - t)
-            del back
-            t, loaded = numpy_load(state, scratch / "npy")
-            np_loads.append(t)
-            del loaded
+
+        def baseline_load():
+            np_loads.append(numpy_load(state, scratch / "npy")[0])
+
+        for rep in range(ROUNDS):
+            first_toolkit = rep % 2 == 0
+            for save in ((toolkit_save, lambda: np_saves.append(numpy_save(state, scratch / "npy"))) if first_toolkit
+                         else (lambda: np_saves.append(numpy_save(state, scratch / "npy")), toolkit_save)):
+                save()
+            for load in (toolkit_restore, baseline_load) if first_toolkit else (baseline_load, toolkit_restore):
+                load()
             shutil.rmtree(scratch / "npy")
-            if rep < 2:
+            if rep < ROUNDS - 1:
                 shutil.rmtree(scratch / "sync")
-        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
         t_save, t_np_save, t_restore, t_np_load = med(saves), med(np_saves), med(restores), med(np_loads)
 
         # 3. how long the loop is blocked: async vs sync save (median of 3 each)
