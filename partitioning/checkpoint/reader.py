@@ -2,12 +2,13 @@
 
 Orbax's own ``jax.Array`` reader allocates a zero-filled host buffer per
 shard, has tensorstore copy the read into it and then copies it again onto
-the device, all on its one event-loop thread. Measured on a 2-core host
-(``benchmarks/bench_checkpoint.py``, uncompressed checkpoint): that path
-restores at ~0.5x the speed of ``np.load`` + ``device_put`` of the same
-bytes, while one tensorstore read per device slice handed to ``device_put``
-(zero-copy on the CPU, a plain host-to-device transfer elsewhere) runs at
-~0.9x.
+the device, all on its one event-loop thread. Here each array's device
+slices are read by tensorstore into 64-byte-aligned host buffers (which the
+CPU client adopts without a copy; elsewhere a plain host-to-device transfer)
+with one budget wait and one batched ``device_put`` per array. Measured on a
+2-core host (``benchmarks/bench_checkpoint.py``, 1.13 GiB uncompressed): orbax's
+reader 0.83 GiB/s, this one 1.05 GiB/s, ``np.load`` + ``device_put`` 1.25
+GiB/s in the same (loaded) run; its CPU time is within ~10% of NumPy's.
 
 :func:`fast_registry` is orbax's type-handler registry with only the
 ``jax.Array`` *restore* replaced by that read. It is public orbax machinery
@@ -25,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import math
 from collections import defaultdict
@@ -40,24 +42,43 @@ _th = ocp.type_handlers
 
 
 class _Budget:
-    """Bytes being read at once, bounded (one read larger than the bound runs alone)."""
+    """Bytes being read at once, bounded; waiters are served first come, first served.
+
+    A request larger than the bound is granted alone (as if it were the bound).
+    Releasing wakes only the waiters that now fit: a shared condition woke all
+    of them on every release, which on a 2-core host cost more than the reads.
+    """
 
     def __init__(self, limit: int):
         self.limit, self.used = max(int(limit), 1), 0
-        self.cond = asyncio.Condition()
+        self.waiters: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
 
     @contextlib.asynccontextmanager
     async def reserve(self, nbytes: int):
         n = min(int(nbytes), self.limit)
-        async with self.cond:
-            await self.cond.wait_for(lambda: self.used + n <= self.limit)
+        if not self.waiters and self.used + n <= self.limit:
             self.used += n
+        else:
+            fut = asyncio.get_running_loop().create_future()
+            self.waiters.append((n, fut))
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self._release(n)  # granted, then cancelled before it ran
+                raise
         try:
             yield
         finally:
-            async with self.cond:
-                self.used -= n
-                self.cond.notify_all()
+            self._release(n)
+
+    def _release(self, n: int) -> None:
+        self.used -= n
+        while self.waiters and (self.waiters[0][1].done() or self.used + self.waiters[0][0] <= self.limit):
+            m, fut = self.waiters.popleft()
+            if not fut.done():
+                self.used += m
+                fut.set_result(None)
 
 
 def _plain(arg: Any) -> bool:
@@ -133,20 +154,25 @@ class FastArrayRestore(_th.TypeHandler):
             by_slice[key].append(device)
         itemsize = np.dtype(store.dtype.numpy_dtype).itemsize
         chunk = tuple(store.chunk_layout.read_chunk.shape or shape)
-
-        async def read(key: tuple, devices: list[jax.Device]) -> list[jax.Array]:
-            index = tuple(slice(a, b) for a, b in key)
-            # A slice is read in whole stored chunks (another layout's shards): count those bytes.
-            async with budget.reserve(_chunked_bytes(key, chunk, itemsize)):
-                # Read into a 64-byte-aligned buffer: the CPU client then adopts it
-                # (device_put without a copy); other backends transfer it as usual.
-                data = _aligned_empty(tuple(b - a for a, b in key), store.dtype.numpy_dtype)
-                await ts.array(data).write(store[index])
-                return [jax.device_put(data, jax.sharding.SingleDeviceSharding(d, memory_kind=sharding.memory_kind))
-                        for d in devices]
-
-        parts = await asyncio.gather(*[read(k, ds) for k, ds in by_slice.items()])
-        return jax.make_array_from_single_device_arrays(shape, sharding, [a for p in parts for a in p])
+        # A slice is read in whole stored chunks (another layout's shards): count those bytes.
+        nbytes = sum(_chunked_bytes(key, chunk, itemsize) for key in by_slice)
+        # One budget wait, one gather and one batched device_put per array, not per
+        # slice: on a 2-core host the Python around 300 slice reads cost ~15% of a restore.
+        async with budget.reserve(nbytes):
+            # 64-byte-aligned buffers: the CPU client then adopts them (device_put
+            # without a copy); other backends transfer them as usual.
+            bufs = [_aligned_empty(tuple(b - a for a, b in key), store.dtype.numpy_dtype) for key in by_slice]
+            # All reads are issued before the first is awaited (they run on tensorstore's threads).
+            writes = [ts.array(buf).write(store[tuple(slice(a, b) for a, b in key)]) for buf, key in zip(bufs, by_slice)]
+            for w in writes:
+                await w
+            host, targets = [], []
+            for buf, devices in zip(bufs, by_slice.values()):
+                for d in devices:
+                    host.append(buf)
+                    targets.append(jax.sharding.SingleDeviceSharding(d, memory_kind=sharding.memory_kind))
+            shards = jax.device_put(host, targets)
+        return jax.make_array_from_single_device_arrays(shape, sharding, shards)
 
 
 class _Registry(_th.TypeHandlerRegistry):
