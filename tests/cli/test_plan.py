@@ -10,7 +10,7 @@ PLAN_KEYS = {"config", "model", "batch", "mesh", "devices", "rules", "optimizer_
              "compiled", "timing", "memory_budget"}
 
 
-COMPILED_KEYS = {"status", "backend", "devices", "lower_s", "compile_s", "memory", "collectives",
+COMPILED_KEYS = {"status", "backend", "devices", "lower_s", "compile_s", "memory", "flops", "collectives",
                  "collective_ops", "sharding_check"}
 
 
@@ -35,6 +35,12 @@ def test_plan_table_json_png(write, tmp_path, run_cli_in_process, small_config):
     # the state is donated: XLA's argument bytes are the plan's params + optimizer state (+ batch, scalars)
     state = j["totals"]["params"]["per_device"] + j["totals"]["optimizer"]["per_device"]
     assert state <= j["compiled"]["memory"]["argument"] <= state + 1024
+    # FLOPs: each device does 1/8 of the step; an MLP on tokens still does ~6 FLOPs per parameter per token
+    # (its matmuls are all but the embedding gather).
+    f = j["compiled"]["flops"]
+    assert f["total"] == pytest.approx(8 * f["per_device"])
+    assert 0.5 * f["six_n_tokens"] <= f["total"] <= 1.5 * f["six_n_tokens"]
+    assert f"FLOPs per step: {f['per_device'] / 1e12:.4g} TFLOP per device" in out
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
