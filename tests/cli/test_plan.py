@@ -103,3 +103,14 @@ def test_bad_input_exits_2_with_one_line(write, argv, message, run_cli_in_proces
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+
+
+@pytest.mark.parametrize("columns", [72, 100])  # the table needs 110 columns unfolded
+def test_tables_fit_the_terminal(write, run_cli_in_process, small_config, monkeypatch, columns):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    cfg = write("small.yaml", small_config)
+    code, out, err = run_cli_in_process("plan", cfg, "--no-compile")
+    assert code == 0, err
+    table = [l for l in out.splitlines() if l[:1] in "┏┃┡│└"]
+    assert table and max(len(l) for l in table) <= columns
+    assert "params/wi_0" in out  # long cells fold inside their column, never vanish

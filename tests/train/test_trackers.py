@@ -59,6 +59,7 @@ def test_wandb_offline_logs_the_run(tmp_path, monkeypatch):
     hook.on_exit(None, "done")
     assert list((tmp_path / "run" / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
     assert wandb.run is None
+    wandb.teardown()  # stop W&B's background service now, not when pytest exits
 
 
 def test_fit_logs_tflops_and_mfu_and_prints_one_line_per_logged_step(mlp_fsdp, tokens, batches, tmp_path, capsys):
