@@ -100,7 +100,13 @@ def _chunked_bytes(key: tuple, chunk: tuple, itemsize: int) -> int:
 
 
 def _aligned_empty(shape: tuple, dtype: Any, align: int = 64) -> np.ndarray:
-    """An uninitialised array whose data starts on an ``align``-byte boundary."""
+    """An uninitialised array whose data starts on an ``align``-byte boundary.
+
+    One buffer per slice, not one per array carved into slices: NumPy asks for
+    huge pages for buffers of 4 MiB and more, and with ``defrag=madvise`` the
+    kernel compacts memory for them while tensorstore's threads fault them in:
+    fresh processes restoring 1.13 GiB took 0.95-2.4 s that way, 0.84-0.98 s so.
+    """
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     raw = np.empty(nbytes + align, np.uint8)
