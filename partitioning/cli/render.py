@@ -7,6 +7,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,12 +19,16 @@ from partitioning.layout import LeafLayout
 
 
 def console() -> Console:
-    """A console for tables as wide as the terminal (``$COLUMNS``, else 80 off a terminal), no syntax highlighting.
+    """A console for tables: as wide as the terminal (or ``$COLUMNS``), no syntax highlighting.
 
-    Tables fold long cells to fit; plain lines are not wrapped (``soft_wrap``), so they
-    stay whole when copied or grepped.
+    Tables fold long cells to fit the terminal. Into a file or a pipe (and no
+    ``$COLUMNS``) they are 200 columns wide, so each row stays one greppable
+    line. Plain lines are never wrapped (``soft_wrap``).
     """
-    return Console(highlight=False, soft_wrap=True)
+    out = Console(highlight=False, soft_wrap=True)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(width=200, highlight=False, soft_wrap=True)
+    return out
 
 
 def explain_table(layouts: Sequence[LeafLayout], computes: Mapping[str, str], *, title: str) -> Table:

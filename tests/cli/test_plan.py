@@ -14,7 +14,8 @@ COMPILED_KEYS = {"status", "backend", "devices", "lower_s", "compile_s", "memory
                  "collective_ops", "sharding_check"}
 
 
-def test_plan_table_json_png(write, tmp_path, run_cli_in_process, small_config):
+def test_plan_table_json_png(write, tmp_path, run_cli_in_process, small_config, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # a wide terminal: cells unfolded (narrow ones: test_tables_fit_the_terminal)
     cfg = write("small.yaml", small_config)
     code, out, err = run_cli_in_process("plan", cfg, "--json", tmp_path / "p.json", "--png", tmp_path / "p.png")
     assert code == 0, err
