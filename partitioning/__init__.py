@@ -53,7 +53,7 @@ from partitioning.config import Config, load_config
 from partitioning.train import (
     Corpus, FunctionModel, JsonlLogger, LinenModel, NNXModel, Task, TokenBatches, Trainer, TrainState,
     abstract_train_state, as_model, evaluate, fit, lm_loss, load_corpus, lr_schedule, make_optimizer, place,
-    plot_loss,
+    plot_loss, LossPlot, TensorBoardLogger, WandbLogger,
 )
 from partitioning.train.data import ArrayDataset
 from partitioning.parallel import (
@@ -63,7 +63,10 @@ from partitioning.checkpoint import (
     CheckpointHook, CheckpointManager, abstract_target, checkpoint_metadata, reshard_checkpoint,
     restore_checkpoint, save_checkpoint,
 )
-from partitioning.plan import Plan, activation_names, build_plan, compiled_view, parallel_costs, plot_plan
+from partitioning.plan import (
+    Plan, activation_names, build_plan, compiled_view, parallel_costs, peak_tflops, plot_plan, step_flops,
+    transformer_flops,
+)
 
 __version__ = "0.1.0"
 
@@ -86,12 +89,13 @@ __all__ = [
     # train
     "Trainer", "TrainState", "abstract_train_state", "lm_loss", "Task", "LinenModel", "NNXModel", "FunctionModel",
     "as_model", "place", "make_optimizer", "lr_schedule", "Corpus", "TokenBatches", "ArrayDataset", "load_corpus",
-    "fit", "evaluate", "JsonlLogger", "plot_loss",
+    "fit", "evaluate", "JsonlLogger", "TensorBoardLogger", "WandbLogger", "LossPlot", "plot_loss",
     # pipeline and experts
     "LayerStack", "scan_layers", "microbatching", "bubble_fraction", "PipelineError", "moe_ffn", "expert_capacity",
     # checkpoint
     "CheckpointManager", "CheckpointHook", "abstract_target", "restore_checkpoint", "save_checkpoint",
     "checkpoint_metadata", "reshard_checkpoint",
     # plan
-    "Plan", "build_plan", "activation_names", "compiled_view", "plot_plan", "parallel_costs",
+    "Plan", "build_plan", "activation_names", "compiled_view", "plot_plan", "parallel_costs", "step_flops",
+    "transformer_flops", "peak_tflops",
 ]

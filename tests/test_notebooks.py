@@ -29,3 +29,28 @@ def test_notebook_executes(path, monkeypatch):
               if o.get("output_type") == "error"]
     assert not errors
     assert all(c.get("execution_count") for c in nb.cells if c.cell_type == "code" and c.source.strip())
+
+
+# The public API: `import partitioning as pt`, the reference models and the CLI entry point.
+PUBLIC = {"partitioning", "partitioning.models", "partitioning.cli"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_uses_only_the_public_api(path):
+    import ast
+
+    nb = nbformat.read(path, as_version=4)
+    used = set()
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        src = "\n".join(l for l in cell.source.splitlines() if not l.lstrip().startswith(("%", "!")))
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.Import):
+                used |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                used.add(node.module)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "pt":
+                assert not node.attr.startswith("_"), f"{path.name}: pt.{node.attr} is private"
+    private = sorted(m for m in used if m.split(".")[0] == "partitioning" and m not in PUBLIC)
+    assert private == [], f"{path.name} imports {private}; use `import partitioning as pt`"

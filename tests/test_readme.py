@@ -14,13 +14,16 @@ def test_tour_code_blocks_run(repo, tmp_path):
     script = "\n".join(blocks)
     script += "\nassert y.shape == (8, 64)\nprint('SPEC', params['params']['wi'].value.sharding.spec)\n"
     (tmp_path / "tour.py").write_text(script)
+    # As pasted into a fresh shell: no device flags from the test run.
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
     r = subprocess.run([sys.executable, str(tmp_path / "tour.py")], capture_output=True, text=True,
-                       timeout=300, cwd=repo)
+                       timeout=300, cwd=repo, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     # The comment in the README shows what the loop prints for params/wi.
     expected = re.search(r"# (params/wi .*)", tour).group(1)
     assert expected in r.stdout
     assert "SPEC P('fsdp', 'tensor')" in r.stdout
+    assert "┘" in r.stdout  # visualize_array_sharding drew the unboxed param
 
 
 def test_bring_your_own_model_example_runs(repo, tmp_path):

@@ -6,6 +6,7 @@ Modules:
 - :mod:`~partitioning.checkpoint.diagnose` — damage -> one :class:`CheckpointError` naming the file.
 - :mod:`~partitioning.checkpoint.manager` — ``CheckpointManager``: save every N, keep K (and the best), async.
 - :mod:`~partitioning.checkpoint.restore` — ``abstract_target`` and ``restore_checkpoint`` onto the current layout.
+- :mod:`~partitioning.checkpoint.reader` — fast restore reads: each device slice from tensorstore to its device.
 - :mod:`~partitioning.checkpoint.reshard` — ``reshard_checkpoint``: rewrite a checkpoint for another layout.
 - :mod:`~partitioning.checkpoint.hook` — ``CheckpointHook``: resume, save every K steps, save on exit.
 

@@ -3,8 +3,13 @@
 Saving goes through ``orbax.checkpoint.CheckpointManager`` (asynchronous by
 default: the loop only waits for the device-to-host copy). Each step is a
 plain orbax step directory (see :mod:`partitioning.checkpoint.disk`) with a
-``state`` item (``StandardSave``) and a ``meta`` item (JSON: step, rules,
-mesh, config, versions, per-array logical names and specs).
+``state`` item (an orbax PyTree, what ``StandardSave`` writes) and a ``meta``
+item (JSON: step, rules, mesh, config, versions, per-array logical names and specs).
+
+Arrays are written uncompressed by default. Orbax's default (zstd on every
+chunk) made restores ~4x slower on a 2-core host, where decoding costs far
+more CPU than reading the bytes, while float weights and optimizer moments
+shrink by only ~8%: their mantissas are noise to zstd. ``compress=True`` brings it back.
 
 Example::
 
@@ -35,6 +40,11 @@ from partitioning.checkpoint.restore import checkpoint_metadata, restore_checkpo
 from partitioning.errors import CheckpointError
 from partitioning.layout import path_str
 from partitioning.rules import as_rules
+
+# OCDBT packs arrays into data files of about this size. Orbax's default (2 GiB)
+# writes a state into a handful of files one after the other; 64 MiB files are
+# written (and fsynced) in parallel: saves took 0.6x the time on the benchmark.
+DATA_FILE_BYTES = 64 * 2**20
 
 
 def versions() -> dict[str, str]:
@@ -83,6 +93,8 @@ class CheckpointManager:
     ``abstract`` (the boxed ``eval_shape`` of the init, for logical names; or
     ``names``, a ``{path: names}`` mapping) are recorded in each checkpoint's
     metadata with the mesh, step and versions.
+    ``compress`` writes arrays zstd-compressed (orbax's default; ~8% smaller
+    for float states, restores several times slower on a CPU-bound host).
     ``keep <= 0`` keeps every checkpoint; ``every == 0`` saves only when asked
     with ``force=True``. With ``keep_best``, the checkpoint with the lowest
     ``best_metric`` (among those saved with that metric) is kept too.
@@ -110,6 +122,7 @@ class CheckpointManager:
         abstract: Any = None,
         names: Mapping[str, Any] | None = None,
         extra: Mapping[str, Any] | None = None,
+        compress: bool = False,
     ):
         self.directory = Path(directory).absolute()
         self.every, self.keep, self.keep_best, self.best_metric = int(every), int(keep), keep_best, best_metric
@@ -146,8 +159,12 @@ class CheckpointManager:
             for c in self.directory.iterdir():
                 if TMP_SUFFIX in c.name and c.is_dir():
                     shutil.rmtree(c, ignore_errors=True)
+        # The state is written by orbax's PyTree handler (the one behind StandardSave, so
+        # ocp.StandardCheckpointer still reads it) to choose the compression.
+        handlers = {STATE_ITEM: ocp.PyTreeCheckpointHandler(use_compression=compress),
+                    META_ITEM: ocp.JsonCheckpointHandler()}
         try:
-            self._mngr = ocp.CheckpointManager(self.directory, options=options)
+            self._mngr = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
         except OSError as e:
             raise CheckpointError(f"{self.directory}: cannot create checkpoint directory: {e.strerror}") from None
 
@@ -201,7 +218,7 @@ class CheckpointManager:
             tracked = {self.best_metric: float(metrics[self.best_metric])}
         self._drop_pruned()
         args = ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.StandardSave(state),
+            STATE_ITEM: ocp.args.PyTreeSave(state, ocdbt_target_data_file_size=DATA_FILE_BYTES),
             META_ITEM: ocp.args.JsonSave(self._step_meta(step, state, metrics)),
         })
         try:

@@ -7,6 +7,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,8 +19,16 @@ from partitioning.layout import LeafLayout
 
 
 def console() -> Console:
-    """A console for tables: at least 200 columns wide, no syntax highlighting."""
-    return Console(width=max(200, Console().width), highlight=False, soft_wrap=True)
+    """A console for tables: as wide as the terminal (or ``$COLUMNS``), no syntax highlighting.
+
+    Tables fold long cells to fit the terminal. Into a file or a pipe (and no
+    ``$COLUMNS``) they are 200 columns wide, so each row stays one greppable
+    line. Plain lines are never wrapped (``soft_wrap``).
+    """
+    out = Console(highlight=False, soft_wrap=True)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(width=200, highlight=False, soft_wrap=True)
+    return out
 
 
 def explain_table(layouts: Sequence[LeafLayout], computes: Mapping[str, str], *, title: str) -> Table:
@@ -119,7 +128,7 @@ def render_axes(report: dict[str, Any], console: Any) -> None:
 
 
 def render_compiled(view: dict[str, Any], console: Any) -> None:
-    """XLA's memory per device, collectives per step and the sharding self-check (or why there is none)."""
+    """XLA's memory per device, FLOPs and collectives per step and the sharding self-check (or why there is none)."""
     if view["status"] != "ok":
         console.print(f"[bold]compiled view {view['status']}:[/bold] {view['reason']}", highlight=False)
         return
@@ -129,6 +138,13 @@ def render_compiled(view: dict[str, Any], console: Any) -> None:
     if m:
         console.print("XLA memory per device: " + ", ".join(
             f"{k} {fmt_bytes(m[k])}" for k in ("argument", "output", "alias", "temp", "peak_estimate")))
+    f = view.get("flops")
+    if f:
+        line = (f"FLOPs per step: {f['per_device'] / 1e12:.4g} TFLOP per device, {f['total'] / 1e12:.4g} TFLOP on "
+                f"{view['devices']} devices (XLA cost analysis, loop trips counted)")
+        if f.get("six_n_tokens"):
+            line += f"; 6·N·tokens {f['six_n_tokens'] / 1e12:.4g} TFLOP"
+        console.print(line, highlight=False)
     t = Table(title="collectives per step (per device)")
     for col in ("collective", "count", "bytes"):
         t.add_column(col, justify="left" if col == "collective" else "right")

@@ -4,10 +4,15 @@ Builds the model, optimizer, mesh and rules from the config, trains with
 :func:`partitioning.fit` and writes into ``run_dir``:
 
 - ``config.yaml``   the resolved config (overrides applied);
-- ``metrics.jsonl`` one JSON object per logged step;
-- ``loss.png``      the loss curve, at the end (also after Ctrl-C);
+- ``metrics.jsonl`` one JSON object per logged step (tracker ``jsonl``);
+- ``tensorboard/``  TensorBoard event files (tracker ``tensorboard``);
+- ``loss.png``      the loss curve, redrawn at every eval and at the end (also after Ctrl-C);
 - ``checkpoints/``  per the config's ``checkpoint:`` section; a run resumes
   from the latest one (``--resume`` / ``--no-resume``).
+
+On a terminal, progress is a bar; otherwise (or with ``--no-progress``) one
+line per logged step. Both show TFLOP/s per device (the compiled step's FLOPs)
+and MFU where the device's peak is known (``--peak-tflops`` sets it).
 """
 
 from __future__ import annotations
@@ -17,13 +22,15 @@ from pathlib import Path
 
 import jax
 
+from partitioning.errors import ConfigError
+
 from partitioning.cli.args import config_args, distributed_args, load_with_devices
-from partitioning.config.build import checkpoint_hook_from_config, model_options_resolved
+from partitioning.config.build import checkpoint_hook_from_config, model_options_resolved, trackers_from_config
 from partitioning.config.preflight import preflight
+from partitioning.plan.flops import peak_tflops, transformer_flops
 from partitioning.train.data import Corpus
-from partitioning.train.hooks import JsonlLogger
 from partitioning.train.loop import fit
-from partitioning.train.plots import plot_loss
+from partitioning.train.plots import LossPlot
 from partitioning.train.state import state_step
 
 HELP = "train the config's model with its mesh and rules; writes RUN_DIR/metrics.jsonl, config.yaml, loss.png"
@@ -36,7 +43,10 @@ EXIT_CODES = {"done": 0, "interrupted": 130, "preempted": 143}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     config_args(p)
     distributed_args(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar: one plain line per logged step (the default when not on a terminal)")
+    p.add_argument("--peak-tflops", type=float, metavar="T", default=None,
+                   help="the device's peak TFLOP/s, for MFU (default: known GPUs/TPUs; none on CPUs)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--resume", dest="resume", action="store_true", default=None,
                    help="continue from the latest checkpoint (the default when one exists; error if none)")
@@ -51,7 +61,21 @@ def _describe(dataset) -> str:
     return f"{getattr(dataset, 'source', type(dataset).__name__)}{size}"
 
 
+def _flops_line(trainer, flops: float | None, peak: float | None) -> str:
+    """What the compiled step costs: FLOPs per device and in all, 6·N·tokens for language models, the peak."""
+    if flops is None:
+        return "flops: the backend gives no cost analysis; no TFLOP/s or MFU"
+    n = trainer.mesh.size
+    out = f"flops: {flops / 1e12:.4g} TFLOP per step per device ({flops * n / 1e12:.4g} on {n} devices, compiled step)"
+    if trainer.seq_len:
+        out += f"; 6·N·tokens {transformer_flops(trainer.num_params, trainer.batch_size * trainer.seq_len) / 1e12:.4g}"
+    return out + (f"; peak {peak:g} TFLOP/s per device" if peak else "; no peak known for this device: no MFU")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        raise ConfigError(f"--peak-tflops must be a positive number of TFLOP/s, got {args.peak_tflops:g}",
+                          arg="--peak-tflops")
     cfg = load_with_devices(args)  # sets up (simulated) devices before any jax computation
     # Every check first: a run that fails here has written nothing.
     ready = preflight(cfg, devices=args.devices, resume=args.resume)
@@ -61,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     log = (lambda m: print(m, flush=True)) if main else (lambda m: None)
     # The checkpoint hook goes first: it restores before the log is trimmed to that step.
     ckpt = checkpoint_hook_from_config(cfg, trainer, run_dir, resume=args.resume, log=log)
+    resolved = cfg.resolved(dict(mesh.shape), model_options_resolved(cfg))
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(cfg.to_yaml(dict(mesh.shape), model_options_resolved(cfg)))
@@ -72,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"memory: {ready.budget.describe()}", flush=True)
         if ready.data_note:
             print(ready.data_note, flush=True)
-    logger = JsonlLogger(run_dir / "metrics.jsonl")
+    logger, trackers = trackers_from_config(cfg, run_dir, resolved)
+    plot = LossPlot(logger, run_dir / "loss.png", title=f"{Path(cfg.path).stem}: {cfg.model_name}")
     # Restore (or init) directly, so a resumed run never holds a fresh init and
     # the restored state at once.
     state = ckpt.initial_state(trainer, jax.random.key(cfg.train.seed))
@@ -80,13 +106,17 @@ def run(args: argparse.Namespace) -> int:
     if start >= cfg.train.steps and main:
         print(f"train: the checkpoint is already at step {start} (train.steps is {cfg.train.steps}); "
               f"raise train.steps to continue, or --no-resume to start over", flush=True)
+    flops = peak = None
+    if start < cfg.train.steps:
+        flops = trainer.step_flops()  # compiles the step (the loop then reuses it)
+        peak = args.peak_tflops if args.peak_tflops is not None else peak_tflops(jax.devices()[0])
+        log(_flops_line(trainer, flops, peak))
     state = fit(trainer, state, train_batches, steps=cfg.train.steps, eval_batches=eval_batches,
-                eval_every=cfg.train.eval_every, log_every=cfg.train.log_every, hooks=[ckpt, logger],
-                progress=not args.no_progress)
+                eval_every=cfg.train.eval_every, log_every=cfg.train.log_every,
+                hooks=[ckpt, logger, *trackers, plot], progress="lines" if args.no_progress else True,
+                flops_per_step=flops, peak_tflops=peak)
     reason = logger.reason or "done"
     if main:
-        if logger.records:
-            plot_loss(logger.records, run_dir / "loss.png", title=f"{Path(cfg.path).stem}: {cfg.model_name}")
         last = logger.records[-1] if logger.records else {}
         evals = [r["eval_loss"] for r in logger.records if r.get("eval_loss") is not None]
         summary = f"{reason}: step {last.get('step', 0)}"
@@ -94,5 +124,8 @@ def run(args: argparse.Namespace) -> int:
             summary += f", loss {last['loss']:.3f}"
         if evals:
             summary += f", eval_loss {evals[-1]:.3f}"
-        print(f"{summary}; wrote {run_dir / 'metrics.jsonl'}, {run_dir / 'loss.png'}", flush=True)
+        wrote = [run_dir / "metrics.jsonl"] if logger.path is not None else []
+        wrote += [t.logdir for t in trackers if hasattr(t, "logdir")]
+        wrote += [run_dir / "loss.png"] if logger.records else []
+        print(f"{summary}; wrote {', '.join(str(w) for w in wrote) or 'nothing'}", flush=True)
     return EXIT_CODES[reason]

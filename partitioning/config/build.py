@@ -42,6 +42,7 @@ from partitioning.parallel.trace import recording
 from partitioning.plan.parallel import costs_from_records
 from partitioning.plan.compiled import compiled_view
 from partitioning.plan.coverage import activation_names
+from partitioning.plan.flops import transformer_flops
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.registry import REQUIRED, constructor_options, model_class
 from partitioning.train.batch import lm_batch
@@ -51,6 +52,8 @@ from partitioning.train.optimizer import make_optimizer
 from partitioning.train.state import abstract_train_state, model_inputs
 from partitioning.train.step import Trainer
 from partitioning.train.task import Task, as_task
+from partitioning.train.hooks import JsonlLogger
+from partitioning.train.trackers import TensorBoardLogger, WandbLogger
 
 
 # PipelineError.arg -> the config key to point at.
@@ -324,6 +327,23 @@ def checkpoint_hook_from_config(cfg: Config, trainer: Trainer, run_dir: Path, re
     return CheckpointHook(mngr, target=target, resume=resume is not False, log=log)
 
 
+def trackers_from_config(cfg: Config, run_dir: Path, config: Any = None) -> tuple[JsonlLogger, list[Any]]:
+    """(the metrics logger, the other trackers' hooks) for ``train.tracker``.
+
+    The :class:`JsonlLogger` always keeps the records (the loss plot and the
+    summary read them); it writes ``RUN_DIR/metrics.jsonl`` only with ``jsonl``.
+    ``config`` (the resolved config) goes to wandb.
+    """
+    kinds = cfg.train.tracker
+    logger = JsonlLogger(Path(run_dir) / "metrics.jsonl" if "jsonl" in kinds else None)
+    hooks: list[Any] = []
+    if "tensorboard" in kinds:
+        hooks.append(TensorBoardLogger(Path(run_dir) / "tensorboard"))
+    if "wandb" in kinds:
+        hooks.append(WandbLogger(run_dir, config=config))
+    return logger, hooks
+
+
 # -- planning ----------------------------------------------------------------------------------
 
 def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
@@ -357,11 +377,14 @@ def compiled_from_config(cfg: Config, devices: int, plan: Plan | None = None) ->
         plan, _ = plan_from_config(cfg, devices)
     mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axis_types, devices=jax.devices()[:devices])
     trainer = trainer_from_config(cfg, mesh)
-    return compiled_view(trainer.lower_train_step, expected=plan.expected_specs(),
+    view = compiled_view(trainer.lower_train_step, expected=plan.expected_specs(),
                          input_names=("", "batch"), output_names=("", "metrics"))
+    if view.get("flops") and trainer.seq_len:
+        view["flops"]["six_n_tokens"] = transformer_flops(trainer.num_params, trainer.batch_size * trainer.seq_len)
+    return view
 
 
 __all__ = ["at_key", "model_options_resolved", "model_from_config", "config_devices", "mesh_from_config", "optimizer_from_config", "abstract_model",
            "dataset_from_config", "batch_from_config", "task_from_config", "trainer_from_config", "data_from_config",
            "data_position", "data_resume_note",
-           "checkpoint_hook_from_config", "plan_from_config", "compiled_from_config", "jsonable"]
+           "checkpoint_hook_from_config", "trackers_from_config", "plan_from_config", "compiled_from_config", "jsonable"]

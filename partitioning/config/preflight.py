@@ -10,7 +10,8 @@ mistake later, and a run that fails changes nothing on disk. In order:
 3. the batch (and micro-batch) divides over the batch axes;
 4. the data is there, of the right type, holds at least one batch for training and for eval, and
    (token arrays) every token is inside the model's vocabulary;
-5. ``run_dir`` and ``checkpoint.dir`` are folders (or can be made) and writable;
+5. ``run_dir`` and ``checkpoint.dir`` are folders (or can be made) and writable,
+   and the trackers' packages are installed;
 6. an existing checkpoint fits the model, if the run would resume from it;
 7. the per-device peak fits the memory budget (compiled when a budget is set).
 
@@ -24,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -83,7 +85,20 @@ def _dirs(cfg: Config) -> tuple[Path, Path]:
     writable_dir(run_dir, cfg.where("run_dir") if "run_dir" in cfg.raw else f"{cfg.path}: run_dir")
     ckpt = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
     writable_dir(ckpt, cfg.where("checkpoint", "dir") if cfg.checkpoint.dir else f"{cfg.path}: run_dir")
+    check_trackers(cfg)
     return run_dir, ckpt
+
+
+TRACKER_PACKAGES = {"tensorboard": ("tensorboardX", "tensorboardX"), "wandb": ("wandb", "'partitioning[wandb]'")}
+
+
+def check_trackers(cfg: Config) -> None:
+    """Every tracker in ``train.tracker`` can be imported; else one ConfigError naming the package to install."""
+    for kind in cfg.train.tracker:
+        module, pip = TRACKER_PACKAGES.get(kind, (None, None))
+        if module and importlib.util.find_spec(module) is None:
+            raise ConfigError(f"{cfg.where('train', 'tracker')}: tracker {kind!r} needs the {module} package, "
+                              f"which is not installed: pip install {pip} (or leave {kind} out of train.tracker)")
 
 
 def check_resume(directory: Path, target: Any, resume: bool | None, partial: bool = False) -> int | None:
@@ -187,4 +202,4 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["Ready", "preflight", "preflight_abstract", "writable_dir", "check_resume"]
+__all__ = ["Ready", "preflight", "preflight_abstract", "writable_dir", "check_resume", "check_trackers"]

@@ -125,6 +125,9 @@ class TrainConfig(Section):
     log_every: StrictInt = Field(default=10, ge=1)
     eval_every: StrictInt = Field(default=50, ge=0)
     eval_batches: StrictInt = Field(default=4, ge=0, description="0: no eval")
+    tracker: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["jsonl", "tensorboard"],
+        description="where logged metrics go: RUN_DIR/metrics.jsonl, RUN_DIR/tensorboard/, wandb (an extra)")
     seed: StrictInt = Field(default=0, ge=0)
     loss: StrictStr | dict[str, Any] = Field(default="next_token",
                                              description="next_token | same_token | classification | {_target_: fn}")

@@ -6,6 +6,7 @@ Modules:
 - :mod:`~partitioning.plan.coverage` — which logical names are used, which rules fire (params and activations).
 - :mod:`~partitioning.plan.compiled` — ``compiled_view``: XLA's memory, collectives and a sharding self-check.
 - :mod:`~partitioning.plan.hlo` — collectives (kind, bytes, executions) read from optimized HLO text.
+- :mod:`~partitioning.plan.flops` — FLOPs of a compiled step (loops counted), 6·N·tokens, device peaks, MFU.
 - :mod:`~partitioning.plan.budget` — the memory budget: does the per-device peak fit, and what takes the room.
 - :mod:`~partitioning.plan.plot` — the plan PNG: per-device memory and the mesh.
 - :mod:`~partitioning.plan.axes` — per mesh axis: what it splits, and the compiled collectives that run over it.
@@ -20,8 +21,10 @@ Example::
 
 from partitioning.plan.compiled import compiled_view
 from partitioning.plan.coverage import activation_names, rule_coverage
+from partitioning.plan.flops import mfu, peak_tflops, step_flops, transformer_flops
 from partitioning.plan.parallel import parallel_costs
 from partitioning.plan.plan import Plan, build_plan
 from partitioning.plan.plot import plot_plan
 
-__all__ = ["Plan", "build_plan", "activation_names", "rule_coverage", "compiled_view", "plot_plan", "parallel_costs"]
+__all__ = ["Plan", "build_plan", "activation_names", "rule_coverage", "compiled_view", "plot_plan", "parallel_costs",
+           "step_flops", "transformer_flops", "peak_tflops", "mfu"]

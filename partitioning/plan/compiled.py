@@ -36,6 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from partitioning.fmt import fmt_spec
 from partitioning.layout import path_str
 from partitioning.plan.axes import collectives_by_axis
+from partitioning.plan.flops import step_flops
 from partitioning.plan.hlo import collectives, summarize
 from partitioning.resolve import axes_tuple
 
@@ -146,7 +147,7 @@ def memory_stats(compiled: Any) -> dict[str, int] | None:
 def compiled_view(lower_fn: Callable[[], Any], *, expected: Mapping[str, PartitionSpec] | None = None,
                   input_names: Sequence[str] | None = None,
                   output_names: Sequence[str] | None = None) -> dict[str, Any]:
-    """Lowers (``lower_fn()``), compiles, and reports memory, collectives and the sharding self-check.
+    """Lowers (``lower_fn()``), compiles, and reports memory, FLOPs, collectives and the sharding self-check.
 
     Example::
 
@@ -161,13 +162,18 @@ def compiled_view(lower_fn: Callable[[], Any], *, expected: Mapping[str, Partiti
     t2 = time.perf_counter()
     text = compiled.as_text() or ""
     ops = collectives(text)
+    per_device = step_flops(compiled)
+    devices = _num_devices(compiled)
     view: dict[str, Any] = {
         "status": "ok",
         "backend": jax.default_backend(),
-        "devices": _num_devices(compiled),
+        "devices": devices,
         "lower_s": round(t1 - t0, 3),
         "compile_s": round(t2 - t1, 3),
         "memory": memory_stats(compiled),
+        # One device's FLOPs per step (cost analysis, loop trips counted) and all devices' together.
+        "flops": None if per_device is None else {"per_device": per_device,
+                                                  "total": per_device * (devices or 1)},
         "collectives": summarize(ops),
         "collective_ops": [c.to_json() for c in ops],
     }

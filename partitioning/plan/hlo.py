@@ -167,8 +167,12 @@ def _callees(ins: Instr) -> list[str]:
     return out
 
 
-def executions(module: Module) -> dict[str, int]:
-    """How many times one run of the entry computation runs each computation."""
+def executions(module: Module, loops: bool = True) -> dict[str, int]:
+    """How many times one run of the entry computation runs each computation.
+
+    With ``loops=False`` every loop body and condition counts once (how XLA's
+    cost analysis walks a module).
+    """
     edges: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for cname, instrs in module.computations.items():
         for ins in instrs.values():
@@ -177,7 +181,9 @@ def executions(module: Module) -> dict[str, int]:
                 m = _TRIP.search(ins.attrs)
                 trip = int(m.group(1)) if m else 1
             for callee in _callees(ins):
-                if ins.op == "while" and f"body=%{callee}" not in ins.attrs and f"body={callee}" not in ins.attrs:
+                if not loops:
+                    mult = 1
+                elif ins.op == "while" and f"body=%{callee}" not in ins.attrs and f"body={callee}" not in ins.attrs:
                     mult = (trip or 1) + 1  # the condition runs once more than the body
                 else:
                     mult = trip or 1

@@ -34,14 +34,16 @@ def _grid(mesh: dict[str, int]) -> tuple[int, int, str, str]:
         return 1, 1, "", ""
     cols_name, cols = axes[-1]
     rows = math.prod(s for _, s in axes[:-1]) if len(axes) > 1 else 1
-    rows_name = " x ".join(f"{n} {s}" for n, s in axes[:-1]) or "-"
+    rows_name = " x ".join(f"{n} {s}" for n, s in axes[:-1])
     return rows, cols, rows_name, f"{cols_name} {cols}"
 
 
-def _axis_names(rules: list) -> dict[str, list[str]]:
-    """Mesh axis -> the logical names the rules map onto it."""
+def _axis_names(rules: list, unused: set[int] = frozenset()) -> dict[str, list[str]]:
+    """Mesh axis -> the logical names the rules map onto it (rules at the ``unused`` indices left out)."""
     out: dict[str, list[str]] = {}
-    for logical, axes in rules:
+    for i, (logical, axes) in enumerate(rules):
+        if i in unused:
+            continue
         for a in ([axes] if isinstance(axes, str) else axes or []):
             out.setdefault(a, [])
             if logical not in out[a]:
@@ -49,9 +51,10 @@ def _axis_names(rules: list) -> dict[str, list[str]]:
     return out
 
 
-def _draw_mesh(mx: Any, mesh: dict[str, int], rules: list) -> None:
+def _draw_mesh(mx: Any, mesh: dict[str, int], rules: list, unused: set[int] = frozenset()) -> None:
     """The mesh as a grid (last axis across, the rest folded down), capped at
-    MAX_CELLS a side; cells are coloured by their index along the last axis."""
+    MAX_CELLS a side; cells are coloured by their index along the last axis.
+    Below it, each axis with the logical names of the rules that fire on it."""
     rows, cols, rows_name, cols_name = _grid(mesh)
     r_show, c_show = min(rows, MAX_CELLS), min(cols, MAX_CELLS)
     colour = np.tile(np.arange(c_show), (r_show, 1))
@@ -65,12 +68,15 @@ def _draw_mesh(mx: Any, mesh: dict[str, int], rules: list) -> None:
         for c in range(c_show):
             if r_show * c_show <= 128:
                 mx.text(c, r, str(r * cols + c), ha="center", va="center", fontsize=9)
-    mx.set_xticks([0, c_show - 1], ["0", str(c_show - 1)])
-    mx.set_yticks([0, r_show - 1], ["0", str(r_show - 1)])
+    mx.set_xticks(sorted({0, c_show - 1}), [str(i) for i in sorted({0, c_show - 1})])
     mx.set_xlabel(cols_name + ("" if c_show == cols else f" (first {c_show} of {cols} shown)"))
-    mx.set_ylabel(rows_name + ("" if r_show == rows else f" (first {r_show} of {rows} shown)"))
-    names = _axis_names(rules)
-    lines = [f"{a} ({s}): {', '.join(names.get(a, [])) or 'unused by the rules'}" for a, s in mesh.items()]
+    if rows > 1:
+        mx.set_yticks([0, r_show - 1], ["0", str(r_show - 1)])
+        mx.set_ylabel(rows_name + ("" if r_show == rows else f" (first {r_show} of {rows} shown)"))
+    else:  # one row: a row axis would only label nothing
+        mx.set_yticks([])
+    names = _axis_names(rules, unused)
+    lines = [f"{a} ({s}): {', '.join(names.get(a, [])) or 'no rule fires on it'}" for a, s in mesh.items()]
     mx.set_title("mesh " + " x ".join(f"{n}={s}" for n, s in mesh.items()) + " (device index)", fontsize=10)
     mx.text(0.0, -0.2, "\n".join(lines), transform=mx.transAxes, fontsize=8, va="top", family="monospace")
 
@@ -113,10 +119,13 @@ def plot_plan(report: dict[str, Any], path: str | Path) -> Path:
     ax.set_xticks(x, [b for b, _ in bars] + (["compiled (XLA)"] if mem else []))
     ax.set_ylabel(f"{unit_name} per device")
     ax.set_title(f"per-device memory, {report['devices']:,} devices")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.margins(y=0.12)  # room above the tallest bar for its label
+    # Below the axes, never over a bar or its label.
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=5, frameon=False)
     ax.grid(True, axis="y", alpha=0.3)
 
-    _draw_mesh(mx, report["mesh"], report.get("rules") or [])
+    unused = {u["index"] for u in (report.get("warnings") or {}).get("unused_rules", [])}
+    _draw_mesh(mx, report["mesh"], report.get("rules") or [], unused)
     fig.suptitle(f"{report.get('model', {}).get('name', '')} — rules from {report.get('config', '')}", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path)

@@ -13,7 +13,8 @@ Modules:
 - :mod:`~partitioning.train.data` — corpora and resumable, per-process global batches (the public API).
 - :mod:`~partitioning.train.loop` — ``fit``: steps, evals, hooks, progress, clean stops.
 - :mod:`~partitioning.train.hooks` — loop hooks that record a run (``JsonlLogger``).
-- :mod:`~partitioning.train.plots` — the loss-curve PNG.
+- :mod:`~partitioning.train.trackers` — TensorBoard and Weights & Biases as loop hooks.
+- :mod:`~partitioning.train.plots` — the loss-curve PNG (and ``LossPlot``, the hook that redraws it).
 
 Example::
 
@@ -27,7 +28,8 @@ from partitioning.train.data import Corpus, TokenBatches, load_corpus
 from partitioning.train.hooks import JsonlLogger
 from partitioning.train.loop import evaluate, fit
 from partitioning.train.optimizer import lr_schedule, make_optimizer
-from partitioning.train.plots import plot_loss
+from partitioning.train.plots import LossPlot, plot_loss
+from partitioning.train.trackers import TensorBoardLogger, WandbLogger
 from partitioning.train.state import TrainState, abstract_train_state
 from partitioning.train.model import FunctionModel, LinenModel, NNXModel, as_model
 from partitioning.train.step import Trainer
@@ -35,4 +37,4 @@ from partitioning.train.task import Task, as_task, lm_loss
 
 __all__ = ["Trainer", "TrainState", "abstract_train_state", "lm_loss", "Task", "as_task", "LinenModel", "NNXModel",
            "FunctionModel", "as_model", "place", "make_optimizer", "lr_schedule", "Corpus", "TokenBatches",
-           "load_corpus", "fit", "evaluate", "JsonlLogger", "plot_loss"]
+           "load_corpus", "fit", "evaluate", "JsonlLogger", "TensorBoardLogger", "WandbLogger", "LossPlot", "plot_loss"]

@@ -24,7 +24,7 @@ from partitioning.train.state import state_step
 
 
 class JsonlLogger:
-    """Hook writing one JSON object per logged step to ``path`` (process 0 only).
+    """Hook writing one JSON object per logged step to ``path`` (process 0 only; ``None``: keep them in memory).
 
     On start it keeps only the records of steps up to the (possibly restored)
     start step, so a resumed run's file reads like an uninterrupted one.
@@ -37,14 +37,14 @@ class JsonlLogger:
         (100, 'done')
     """
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+    def __init__(self, path: str | Path | None):
+        self.path = Path(path) if path is not None else None
         self.records: list[dict[str, float]] = []
         self.reason: str | None = None
 
     def on_start(self, state: Any) -> Any:
         start = state_step(state)
-        if jax.process_index() == 0:
+        if jax.process_index() == 0 and self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             kept = []
             if start > 0 and self.path.exists():
@@ -64,8 +64,9 @@ class JsonlLogger:
         rec = {"step": int(step), **{k: (v if math.isfinite(v) else None)
                                      for k, v in metrics.items() if k != "step"}}
         self.records.append(rec)
-        with self.path.open("a") as f:
-            f.write(json.dumps(rec) + "\n")
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
 
     def on_exit(self, state: Any, reason: str) -> None:
         self.reason = reason

@@ -1,8 +1,10 @@
-"""The training loop: steps, periodic eval, hooks, progress bar, clean stops.
+"""The training loop: steps, periodic eval, hooks, progress (a bar or plain lines), clean stops.
 
 Steps are dispatched back to back; metrics come to the host only on logging
 steps (the first, every ``log_every``-th and the last), so the device never
-waits for Python in between. Ctrl-C (SIGINT) and SIGTERM stop the loop after
+waits for Python in between. On a terminal the progress is a bar; when the
+output goes to a file or a pipe (or with ``progress="lines"``) it is one plain
+line per logged step, so logs hold no ``\r`` frames. Ctrl-C (SIGINT) and SIGTERM stop the loop after
 the current step (with several processes: at the next logging step, all
 together); hooks then see ``on_exit(state, "interrupted")`` or
 ``"preempted"``. A second Ctrl-C raises ``KeyboardInterrupt`` at once.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -102,6 +105,48 @@ def _progress(total: int, initial: int, enabled: bool):
                 mininterval=0.5, leave=True)
 
 
+def _on_terminal() -> bool:
+    """The bar draws on stderr; results go to stdout: both must be terminals for a bar to make sense."""
+    return all(getattr(s, "isatty", lambda: False)() for s in (sys.stdout, sys.stderr))
+
+
+def _num(v: float, digits: int = 4) -> str:
+    return "nan" if v is None or not math.isfinite(v) else f"{v:.{digits}g}"
+
+
+def format_line(metrics: dict[str, Any], steps: int) -> str:
+    """One plain log line of logged metrics.
+
+    Example::
+
+        >>> format_line({"step": 10, "loss": 3.21, "lr": 3e-3, "tokens_per_s": 12345.0,
+        ...              "tflops_per_device": 0.52, "step_time_s": 0.08}, 200)
+        'step 10/200  loss 3.21  lr 0.003  12,345 tok/s  0.52 TFLOP/s/device  0.08 s/step'
+    """
+    parts = [f"step {int(metrics['step'])}/{steps}"]
+    for k in ("loss", "eval_loss"):
+        if k in metrics:
+            parts.append(f"{k} {_num(metrics[k])}")
+    parts += [f"{k} {_num(v)}" for k, v in metrics.items()
+              if k not in {"step", "loss", "eval_loss", "tokens_per_s", "step_time_s", "tflops_per_device", "mfu"}
+              and isinstance(v, (int, float))]
+    if "tokens_per_s" in metrics and math.isfinite(metrics["tokens_per_s"]):
+        parts.append(f"{metrics['tokens_per_s']:,.0f} tok/s")
+    if "tflops_per_device" in metrics:
+        parts.append(f"{_num(metrics['tflops_per_device'], 3)} TFLOP/s/device")
+    if metrics.get("mfu") is not None:
+        parts.append(f"MFU {metrics['mfu']:.1%}")
+    if "step_time_s" in metrics:
+        parts.append(f"{_num(metrics['step_time_s'], 3)} s/step")
+    return "  ".join(parts)
+
+
+def step_flops_of(trainer: Any) -> float | None:
+    """FLOPs per device of one train step, if ``trainer`` can say (:meth:`Trainer.step_flops`)."""
+    fn = getattr(trainer, "step_flops", None)
+    return fn() if callable(fn) else None
+
+
 def evaluate(trainer: Any, state: Any, batches: Iterable[Any]) -> dict[str, float]:
     """Mean of the eval metrics over ``batches`` (host floats, prefixed ``eval_``).
 
@@ -125,7 +170,8 @@ def evaluate(trainer: Any, state: Any, batches: Iterable[Any]) -> dict[str, floa
 def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
         eval_batches: Callable[[], Iterable[Any]] | Sequence[Any] | None = None,
         eval_every: int = 0, log_every: int = 10, hooks: Sequence[Any] = (),
-        progress: bool = True) -> Any:
+        progress: bool | str = True, flops_per_step: float | None = None,
+        peak_tflops: float | None = None) -> Any:
     """Trains until ``state.step == steps`` (or a stop signal); returns the final state.
 
     Args:
@@ -136,10 +182,17 @@ def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
         evaluated every ``eval_every`` steps, at the first and at the last step.
       log_every: metrics are pulled to the host every this many steps (and on
         the first and last), then passed to the hooks and the progress bar.
+      progress: ``True``: a bar on a terminal, else one line per logged step
+        (process 0, to stdout); ``"lines"``: always lines; ``False``: silent.
+      flops_per_step: FLOPs per device of one step (default: ``trainer.step_flops()``,
+        which compiles the step before the loop: the compiled step's cost analysis).
+      peak_tflops: the device's peak TFLOP/s for ``mfu`` (default: the
+        :data:`~partitioning.plan.flops.PEAK_TFLOPS` table; none on CPUs).
 
     Logged metrics: the step's own (``loss``, ``grad_norm``, ``lr``, ...), plus
     ``step``, ``tokens_per_s`` and ``step_time_s`` (averages since the previous
-    log; the first log includes compilation) and ``eval_*`` when evaluated.
+    log), ``tflops_per_device`` (when the FLOPs are known), ``mfu`` (when the
+    peak is known too) and ``eval_*`` when evaluated.
 
     Example::
 
@@ -154,8 +207,15 @@ def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
     tokens_per_step = trainer.batch_size * (trainer.seq_len or 1)
     is_main = jax.process_index() == 0
     single = jax.process_count() == 1
+    if flops_per_step is None and start < steps:
+        flops_per_step = step_flops_of(trainer)
+    if peak_tflops is None:
+        from partitioning.plan.flops import peak_tflops as device_peak
+
+        peak_tflops = device_peak(jax.devices()[0])
     flag = _StopFlag()
-    bar = _progress(steps, min(start, steps), progress and is_main)
+    lines = is_main and (progress == "lines" or (progress is True and not _on_terminal()))
+    bar = _progress(steps, min(start, steps), progress is True and is_main and not lines)
     last_t, last_step = time.perf_counter(), start
     step = start
     reason = "done"
@@ -176,6 +236,10 @@ def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
                     dt = (now - last_t) / max(step - last_step, 1)
                     host.update(step=step, step_time_s=dt,
                                 tokens_per_s=tokens_per_step / dt if dt > 0 else math.inf)
+                    if flops_per_step and dt > 0:
+                        host["tflops_per_device"] = flops_per_step / dt / 1e12
+                        if peak_tflops:
+                            host["mfu"] = host["tflops_per_device"] / peak_tflops
                     last_t, last_step = now, step
                     if evaluating:
                         batches = eval_batches() if callable(eval_batches) else eval_batches
@@ -184,7 +248,13 @@ def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
                     post = {"loss": f"{host['loss']:.3f}", "tok/s": f"{host['tokens_per_s']:,.0f}"}
                     if "eval_loss" in host:
                         post["eval"] = f"{host['eval_loss']:.3f}"
+                    if "tflops_per_device" in host:
+                        post["TFLOP/s/dev"] = f"{host['tflops_per_device']:.3g}"
+                    if "mfu" in host:
+                        post["MFU"] = f"{host['mfu']:.1%}"
                     bar.set_postfix(post, refresh=False)
+                    if lines:
+                        print(format_line(host, steps), flush=True)
                 bar.update(1)
                 for h in hooks:
                     if hasattr(h, "on_step_end"):
@@ -202,4 +272,4 @@ def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
     return state
 
 
-__all__ = ["fit", "evaluate", "host_metrics"]
+__all__ = ["fit", "evaluate", "host_metrics", "format_line"]

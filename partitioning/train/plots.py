@@ -1,8 +1,9 @@
-"""Loss-curve PNG from logged metrics (matplotlib, headless ``Agg`` backend).
+"""Loss-curve PNG from logged metrics (matplotlib, headless ``Agg`` backend), and the hook that redraws it.
 
 Example::
 
     >>> plot_loss(logger.records, "runs/quickstart/loss.png", title="quickstart")
+    >>> fit(trainer, state, batches, steps=200, hooks=[logger, LossPlot(logger, "runs/x/loss.png")])
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import jax
 
 from partitioning.errors import ConfigError
 
@@ -25,6 +28,7 @@ def plot_loss(records: Sequence[dict[str, Any]], path: str | Path, *, title: str
     # and it never switches the backend of a notebook or GUI session.
     # Imported here: matplotlib costs ~0.5 s and only runs that plot need it.
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(6, 4), dpi=100)
     ax = fig.add_subplot()
@@ -33,6 +37,7 @@ def plot_loss(records: Sequence[dict[str, Any]], path: str | Path, *, title: str
         if pts:
             xs, ys = zip(*pts)
             ax.plot(xs, ys, style, label=label, markersize=4)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats / token)")
     ax.set_title(title)
@@ -58,4 +63,29 @@ def save_figure(fig: Any, path: str | Path) -> Path:
     return path
 
 
-__all__ = ["plot_loss", "save_figure"]
+class LossPlot:
+    """Hook redrawing ``path`` from ``logger.records`` at every eval and when the loop ends (process 0).
+
+    ``logger`` is anything with a ``records`` list of logged metrics (a :class:`JsonlLogger`).
+
+    Example::
+
+        >>> fit(trainer, state, batches, steps=200, hooks=[logger, LossPlot(logger, "runs/x/loss.png", title="x")])
+    """
+
+    def __init__(self, logger: Any, path: str | Path, *, title: str = ""):
+        self.logger, self.path, self.title = logger, Path(path), title
+
+    def draw(self) -> None:
+        if jax.process_index() == 0 and self.logger.records:
+            plot_loss(self.logger.records, self.path, title=self.title)
+
+    def on_step_end(self, step: int, state: Any, metrics: dict[str, Any] | None) -> None:
+        if metrics is not None and "eval_loss" in metrics:
+            self.draw()
+
+    def on_exit(self, state: Any, reason: str) -> None:
+        self.draw()
+
+
+__all__ = ["plot_loss", "save_figure", "LossPlot"]

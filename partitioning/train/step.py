@@ -60,7 +60,8 @@ class Trainer:
       tx: an optax transformation (``make_optimizer`` reports the learning rate).
       mesh: the device mesh; rules: a rule table, preset name or list of pairs.
       batch_size, seq_len: the language-model shorthand for the global batch
-        (``{"inputs", "targets"}``, int32 ``(batch_size, seq_len)``); or
+        (``{"inputs", "targets"}``, int32 ``(batch_size, seq_len)``; a ``batch``
+        with integer 2-D ``inputs`` gives ``seq_len`` too); or
       batch: any pytree of arrays / ``ShapeDtypeStruct`` s: one global batch.
       batch_names: optional logical names per batch leaf (default: dim 0 over
         the rules' batch axes).
@@ -103,6 +104,11 @@ class Trainer:
                 raise TypeError("Trainer needs batch_size and seq_len (a language-model batch) or batch=")
             batch = lm_batch(batch_size, seq_len)
         self.abstract_batch = as_abstract(batch)
+        if seq_len is None:
+            # A language-model batch passed whole (as configs do): its length makes tokens/s and 6·N·tokens.
+            inputs = self.abstract_batch.get("inputs") if isinstance(self.abstract_batch, dict) else None
+            if inputs is not None and len(inputs.shape) == 2 and jnp.issubdtype(inputs.dtype, jnp.integer):
+                seq_len = int(inputs.shape[1])
         self.batch_size, self.seq_len = batch_size_of(self.abstract_batch), seq_len
         self.grad_accum = int(grad_accum)
         if self.grad_accum < 1 or self.batch_size % self.grad_accum:
@@ -319,6 +325,20 @@ class Trainer:
         """
         with sharding_context(self.mesh, self.rules):
             return self._step_jit.lower(*self.abstract_inputs())
+
+    def step_flops(self) -> float | None:
+        """FLOPs one device does in one train step: the compiled step's cost analysis, loop trips counted.
+
+        Compiles the step (the same executable the first ``train_step`` then
+        uses). See :mod:`partitioning.plan.flops`.
+
+        Example::
+
+            >>> trainer.step_flops() * len(trainer.mesh.devices.flat) / 1e12    # TFLOPs per step, all devices
+        """
+        from partitioning.plan.flops import step_flops
+
+        return step_flops(self.lower_train_step().compile())
 
     def lower_eval_step(self) -> jax.stages.Lowered:
         state, batch = self.abstract_inputs()

@@ -71,7 +71,7 @@ def test_yaml_12_numbers_merge_keys_and_every_error_at_once(in_tmp, run_cli_in_p
     assert r.stderr.strip().splitlines() == [
         "error: run.yaml:11: train.steps: must be >= 1, got 0",
         "error: run.yaml:11: train.batch_sise: unknown key (valid: steps, batch_size, seq_len, grad_accum, microbatches, log_every, "
-        "eval_every, eval_batches, seed, loss, step, inputs, rngs); did you mean 'batch_size'?",
+        "eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs); did you mean 'batch_size'?",
         "error: run.yaml:12: optimizer.b1: must be < 1, got 1.5",
     ]
 
@@ -121,6 +121,25 @@ def test_bad_values_name_their_key(in_tmp, run_cli_in_process, base_config, edit
 def test_bad_arguments_name_the_flag(in_tmp, run_cli_in_process, base_config, args, error):
     write(base_config + "train: {steps: 5}\n")
     assert one_line(run_cli_in_process("check", RUN, *args)) == error
+
+
+def test_trackers_name_their_key_and_the_package_to_install(in_tmp, run_cli_in_process, base_config, monkeypatch):
+    write(base_config + "train: {tracker: [jsonl, tensorbord]}\n")
+    assert one_line(run_cli_in_process("check", RUN)) == (
+        "run.yaml:11: train.tracker[1]: must be one of jsonl, tensorboard, wandb, got 'tensorbord'; "
+        "did you mean 'tensorboard'?")
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    write(base_config + "train: {tracker: [jsonl, wandb]}\n")
+    assert one_line(run_cli_in_process("train", RUN)) == (
+        "run.yaml:11: train.tracker: tracker 'wandb' needs the wandb package, which is not installed: "
+        "pip install 'partitioning[wandb]' (or leave wandb out of train.tracker)")
+    assert not Path("runs").exists()
+    write(base_config)
+    assert one_line(run_cli_in_process("train", RUN, "--peak-tflops", "0")) == (
+        "--peak-tflops must be a positive number of TFLOP/s, got 0")
 
 
 def test_huge_device_counts_answer_at_once(in_tmp, run_cli_in_process, base_config):

@@ -10,11 +10,12 @@ PLAN_KEYS = {"config", "model", "batch", "mesh", "devices", "rules", "optimizer_
              "compiled", "timing", "memory_budget", "axes", "parallel"}
 
 
-COMPILED_KEYS = {"status", "backend", "devices", "lower_s", "compile_s", "memory", "collectives",
+COMPILED_KEYS = {"status", "backend", "devices", "lower_s", "compile_s", "memory", "flops", "collectives",
                  "collective_ops", "sharding_check"}
 
 
-def test_plan_table_json_png(write, tmp_path, run_cli_in_process, small_config):
+def test_plan_table_json_png(write, tmp_path, run_cli_in_process, small_config, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # a wide terminal: cells unfolded (narrow ones: test_tables_fit_the_terminal)
     cfg = write("small.yaml", small_config)
     code, out, err = run_cli_in_process("plan", cfg, "--json", tmp_path / "p.json", "--png", tmp_path / "p.png")
     assert code == 0, err
@@ -35,6 +36,12 @@ def test_plan_table_json_png(write, tmp_path, run_cli_in_process, small_config):
     # the state is donated: XLA's argument bytes are the plan's params + optimizer state (+ batch, scalars)
     state = j["totals"]["params"]["per_device"] + j["totals"]["optimizer"]["per_device"]
     assert state <= j["compiled"]["memory"]["argument"] <= state + 1024
+    # FLOPs: each device does 1/8 of the step; an MLP on tokens still does ~6 FLOPs per parameter per token
+    # (its matmuls are all but the embedding gather).
+    f = j["compiled"]["flops"]
+    assert f["total"] == pytest.approx(8 * f["per_device"])
+    assert 0.5 * f["six_n_tokens"] <= f["total"] <= 1.5 * f["six_n_tokens"]
+    assert f"FLOPs per step: {f['per_device'] / 1e12:.4g} TFLOP per device" in out
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -97,3 +104,14 @@ def test_bad_input_exits_2_with_one_line(write, argv, message, run_cli_in_proces
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+
+
+@pytest.mark.parametrize("columns", [72, 100])  # the table needs 110 columns unfolded
+def test_tables_fit_the_terminal(write, run_cli_in_process, small_config, monkeypatch, columns):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    cfg = write("small.yaml", small_config)
+    code, out, err = run_cli_in_process("plan", cfg, "--no-compile")
+    assert code == 0, err
+    table = [l for l in out.splitlines() if l[:1] in "┏┃┡│└"]
+    assert table and max(len(l) for l in table) <= columns
+    assert "params/wi_0" in out  # long cells fold inside their column, never vanish

@@ -29,7 +29,7 @@ run_dir: RUN_DIR
 """
 
 
-KEYS = {"step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "accuracy"}
+KEYS = {"step", "loss", "grad_norm", "lr", "tokens_per_s", "step_time_s", "accuracy", "tflops_per_device"}
 
 
 def tiny(write, tmp_path, **replace):
@@ -71,6 +71,24 @@ def test_train_writes_metrics_config_and_plot(write, tmp_path, run_cli_in_proces
     assert "on mesh {'data': 1, 'fsdp': 8, 'tensor': 1} with 4 rules" in out
     last = out.strip().splitlines()[-1]
     assert last.startswith(f"done: step 6, loss {recs[-1]['loss']:.3f}, eval_loss {recs[-1]['eval_loss']:.3f}")
+    assert recs[0]["tokens_per_s"] == pytest.approx(8 * 32 / recs[0]["step_time_s"])  # tokens, not examples
+    assert all("mfu" not in r for r in recs)  # no peak on a CPU
+    # Off a terminal: one plain line per logged step (no \r frames), each with TFLOP/s per device.
+    assert "\r" not in out
+    lines = [l for l in out.splitlines() if l.startswith("step ")]
+    assert [l.split()[1] for l in lines] == ["1/6", "2/6", "3/6", "4/6", "6/6"]
+    assert all(f"loss {r['loss']:.4g}" in l and "TFLOP/s/device" in l for l, r in zip(lines, recs))
+    flops_line = next(l for l in out.splitlines() if l.startswith("flops: "))
+    assert "compiled step" in flops_line and "6·N·tokens" in flops_line and "no MFU" in flops_line
+    # TensorBoard's own reader finds the logged values at the logged steps.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    for tag, key in (("train/loss", "loss"), ("eval/loss", "eval_loss"), ("train/lr", "lr"),
+                     ("perf/tflops_per_device", "tflops_per_device")):
+        got = {e.step: e.value for e in events.Scalars(tag)}
+        assert got == pytest.approx({r["step"]: r[key] for r in recs if key in r}, rel=1e-6), tag
 
 
 @pytest.mark.parametrize("replace,message", [

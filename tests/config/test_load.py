@@ -47,7 +47,7 @@ def test_overrides(write, base_config):
         (lambda base: base + "trian:\n  steps: 3\n", [],
          "{f}:11: trian: unknown key (valid: model, mesh, rules, optimizer_rules, on_indivisible, data, optimizer, train, checkpoint, run_dir, base); did you mean 'train'?"),
         (lambda base: base + "train:\n  stpes: 3\n", [],
-         "{f}:12: train.stpes: unknown key (valid: steps, batch_size, seq_len, grad_accum, microbatches, log_every, eval_every, eval_batches, seed, loss, step, inputs, rngs); did you mean 'steps'?"),
+         "{f}:12: train.stpes: unknown key (valid: steps, batch_size, seq_len, grad_accum, microbatches, log_every, eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs); did you mean 'steps'?"),
         (lambda base: base + "train:\n  steps: many\n", [], "{f}:12: train.steps: expected int, got str 'many'"),
         (lambda base: base + "optimizer:\n  name: adamm\n", [],
          "{f}:12: optimizer.name: must be one of adamw, adafactor, sgd, got 'adamm'; did you mean 'adamw'?"),

@@ -1,0 +1,211 @@
+"""Fast restore reads: each device's slice from tensorstore straight to the device.
+
+Orbax's own ``jax.Array`` reader allocates a zero-filled host buffer per
+shard, has tensorstore copy the read into it and then copies it again onto
+the device, all on its one event-loop thread. Here each array's device
+slices are read by tensorstore into 64-byte-aligned host buffers (which the
+CPU client adopts without a copy; elsewhere a plain host-to-device transfer)
+with one budget wait and one batched ``device_put`` per array. Measured on a
+2-core host (``benchmarks/bench_checkpoint.py``, 1.13 GiB uncompressed): orbax's
+reader 0.83 GiB/s, this one 1.05 GiB/s, ``np.load`` + ``device_put`` 1.25
+GiB/s in the same (loaded) run; its CPU time is within ~10% of NumPy's.
+
+:func:`fast_registry` is orbax's type-handler registry with only the
+``jax.Array`` *restore* replaced by that read. It is public orbax machinery
+(``PyTreeCheckpointHandler(type_handler_registry=...)``) and reads the files
+through orbax's own tensorstore spec (``get_json_tspec_read``), so the tree,
+metadata, partial restores and NNX Variables stay orbax's. Anything unusual
+(PRNG keys, padding or truncation, layouts, a stored shape that differs)
+goes to orbax's handler unchanged.
+
+Example::
+
+    >>> handler = ocp.PyTreeCheckpointHandler(type_handler_registry=fast_registry(256 * 2**20))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import tensorstore as ts
+
+_th = ocp.type_handlers
+
+
+class _Budget:
+    """Bytes being read at once, bounded; waiters are served first come, first served.
+
+    A request larger than the bound is granted alone (as if it were the bound).
+    Releasing wakes only the waiters that now fit: a shared condition woke all
+    of them on every release, which on a 2-core host cost more than the reads.
+    """
+
+    def __init__(self, limit: int):
+        self.limit, self.used = max(int(limit), 1), 0
+        self.waiters: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
+
+    @contextlib.asynccontextmanager
+    async def reserve(self, nbytes: int):
+        n = min(int(nbytes), self.limit)
+        if not self.waiters and self.used + n <= self.limit:
+            self.used += n
+        else:
+            fut = asyncio.get_running_loop().create_future()
+            self.waiters.append((n, fut))
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self._release(n)  # granted, then cancelled before it ran
+                raise
+        try:
+            yield
+        finally:
+            self._release(n)
+
+    def _release(self, n: int) -> None:
+        self.used -= n
+        while self.waiters and (self.waiters[0][1].done() or self.used + self.waiters[0][0] <= self.limit):
+            m, fut = self.waiters.popleft()
+            if not fut.done():
+                self.used += m
+                fut.set_result(None)
+
+
+def _plain(arg: Any) -> bool:
+    """Restore args this reader handles: a concrete sharding, no layout, no PRNG key dtype."""
+    if not isinstance(arg, _th.ArrayRestoreArgs) or not isinstance(arg.sharding, jax.sharding.Sharding):
+        return False
+    if arg.mesh is not None or arg.mesh_axes is not None or not getattr(arg, "strict", True):
+        return False
+    return arg.dtype is None or not jax.dtypes.issubdtype(arg.dtype, jax.dtypes.prng_key)
+
+
+def _chunked_bytes(key: tuple, chunk: tuple, itemsize: int) -> int:
+    """Bytes of the stored chunks a slice ``((start, stop), ...)`` touches."""
+    n = itemsize
+    for (a, b), c in zip(key, chunk):
+        c = max(int(c or 1), 1)
+        n *= -(-b // c) * c - a // c * c
+    return n
+
+
+def _aligned_empty(shape: tuple, dtype: Any, align: int = 64) -> np.ndarray:
+    """An uninitialised array whose data starts on an ``align``-byte boundary.
+
+    One buffer per slice, not one per array carved into slices: NumPy asks for
+    huge pages for buffers of 4 MiB and more, and with ``defrag=madvise`` the
+    kernel compacts memory for them while tensorstore's threads fault them in:
+    fresh processes restoring 1.13 GiB took 0.95-2.4 s that way, 0.84-0.98 s so.
+    """
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + align, np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+class FastArrayRestore(_th.TypeHandler):
+    """Orbax's ``jax.Array`` handler, except that plain restores read each device slice directly.
+
+    Example::
+
+        >>> FastArrayRestore(ocp.type_handlers.get_type_handler(jax.Array), max_inflight_bytes=2**28)
+    """
+
+    def __init__(self, inner: Any, max_inflight_bytes: int):
+        self.inner, self.max_inflight_bytes = inner, int(max_inflight_bytes)
+
+    def __getattr__(self, name: str) -> Any:  # e.g. orbax asks for _array_metadata_store
+        return getattr(self.inner, name)
+
+    def typestr(self) -> str:
+        return self.inner.typestr()
+
+    async def metadata(self, infos: Sequence[Any]) -> Sequence[Any]:
+        return await self.inner.metadata(infos)
+
+    async def serialize(self, values, infos, args=None):
+        return await self.inner.serialize(values, infos, args)
+
+    async def deserialize(self, infos: Sequence[Any], args: Sequence[Any] | None = None) -> Sequence[Any]:
+        if not args or not all(_plain(a) for a in args):
+            return await self.inner.deserialize(infos, args)
+        await asyncio.gather(*[info.await_path_creation() for info in infos])
+        budget = _Budget(self.max_inflight_bytes)
+        return await asyncio.gather(*[self._one(info, arg, budget) for info, arg in zip(infos, args)])
+
+    async def _one(self, info: Any, arg: Any, budget: _Budget) -> jax.Array:
+        tspec = _th.get_json_tspec_read(info, use_ocdbt=bool(info.is_ocdbt_checkpoint))
+        if arg.dtype is not None:
+            tspec = _th.get_cast_tspec_deserialize(tspec, arg)  # cast while reading, on the host
+        store = await ts.open(tspec, context=info.ts_context, open=True, read=True)
+        shape = tuple(arg.global_shape) if arg.global_shape is not None else tuple(store.shape)
+        if tuple(store.shape) != shape:
+            return (await self.inner.deserialize([info], [arg]))[0]  # orbax's error (or padding)
+        sharding = arg.sharding
+        # Devices holding the same slice (replicated axes) share one read.
+        by_slice: dict[tuple, list[jax.Device]] = defaultdict(list)
+        for device, index in sharding.addressable_devices_indices_map(shape).items():
+            key = tuple((s.start, s.stop) for s in (slice(*sl.indices(n)) for sl, n in zip(index, shape)))
+            by_slice[key].append(device)
+        itemsize = np.dtype(store.dtype.numpy_dtype).itemsize
+        chunk = tuple(store.chunk_layout.read_chunk.shape or shape)
+        # A slice is read in whole stored chunks (another layout's shards): count those bytes.
+        nbytes = sum(_chunked_bytes(key, chunk, itemsize) for key in by_slice)
+        # One budget wait, one gather and one batched device_put per array, not per
+        # slice: on a 2-core host the Python around 300 slice reads cost ~15% of a restore.
+        async with budget.reserve(nbytes):
+            # 64-byte-aligned buffers: the CPU client then adopts them (device_put
+            # without a copy); other backends transfer them as usual.
+            bufs = [_aligned_empty(tuple(b - a for a, b in key), store.dtype.numpy_dtype) for key in by_slice]
+            # All reads are issued before the first is awaited (they run on tensorstore's threads).
+            writes = [ts.array(buf).write(store[tuple(slice(a, b) for a, b in key)]) for buf, key in zip(bufs, by_slice)]
+            for w in writes:
+                await w
+            host, targets = [], []
+            for buf, devices in zip(bufs, by_slice.values()):
+                for d in devices:
+                    host.append(buf)
+                    targets.append(jax.sharding.SingleDeviceSharding(d, memory_kind=sharding.memory_kind))
+            shards = jax.device_put(host, targets)
+        return jax.make_array_from_single_device_arrays(shape, sharding, shards)
+
+
+class _Registry(_th.TypeHandlerRegistry):
+    """The global registry as it is, with its ``jax.Array`` handler wrapped for fast restores."""
+
+    def __init__(self, max_inflight_bytes: int):
+        self.fast = FastArrayRestore(_th.get_type_handler(jax.Array), max_inflight_bytes)
+
+    def add(self, ty: Any, handler: Any, func: Any = None, override: bool = False) -> None:
+        raise TypeError("the restore registry is read-only; register handlers with ocp.type_handlers")
+
+    def get(self, ty: Any) -> Any:
+        handler = _th.get_type_handler(ty)
+        return self.fast if handler is self.fast.inner else handler
+
+    def has(self, ty: Any) -> bool:
+        return _th.has_type_handler(ty)
+
+
+def fast_registry(max_inflight_bytes: int) -> _th.TypeHandlerRegistry:
+    """Orbax's type-handler registry with fast ``jax.Array`` restores (at most this many bytes read at once).
+
+    Example::
+
+        >>> ocp.PyTreeCheckpointHandler(type_handler_registry=fast_registry(256 * 2**20))
+    """
+    return _Registry(max_inflight_bytes)
+
+
+__all__ = ["FastArrayRestore", "fast_registry"]
