@@ -36,6 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from partitioning.fmt import fmt_spec
 from partitioning.layout import path_str
 from partitioning.plan.hlo import collectives, summarize
+from partitioning.plan.hlo_cost import op_costs, summarize_ops
 from partitioning.resolve import axes_tuple
 
 # XLA's CPU backend refuses programs for more devices than this ("Multiprocess
@@ -170,6 +171,9 @@ def compiled_view(lower_fn: Callable[[], Any], *, expected: Mapping[str, Partiti
         "collectives": summarize(ops),
         "collective_ops": [c.to_json() for c in ops],
     }
+    costs = op_costs(text)
+    view["cost"] = summarize_ops(costs)            # FLOPs and bytes per phase, loops counted
+    view["cost_ops"] = [c.to_json() for c in costs]
     if expected is not None:
         view["sharding_check"] = sharding_check(compiled, expected, input_names=input_names,
                                                 output_names=output_names)
