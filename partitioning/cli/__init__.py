@@ -9,6 +9,8 @@ Modules:
 - :mod:`~partitioning.cli.train` — ``train``: the main job.
 - :mod:`~partitioning.cli.plan` — ``plan``: every parameter's layout, memory and communication.
 - :mod:`~partitioning.cli.compare` — ``compare``: several rule tables side by side.
+- :mod:`~partitioning.cli.tune` — ``tune``: every candidate layout priced, the best one recommended and written.
+- :mod:`~partitioning.cli.tune_report` — ``tune``'s ranked table, recommendation, rejections and best YAML.
 - :mod:`~partitioning.cli.ckpt` — ``ckpt ls|inspect|reshard``.
 - :mod:`~partitioning.cli.compiling` — where the compiled view is computed (here or a child process).
 - :mod:`~partitioning.cli.render` — rich tables for the terminal.

@@ -140,6 +140,19 @@ def _fusion_bytes(module: Module, ins: Instr, comp: dict[str, Instr]) -> float:
     return total + ins.nbytes
 
 
+def _op_name(module: Module, ins: Instr) -> str:
+    """The JAX op name of an instruction, or of its fused computation's ops when the fusion has none."""
+    m = _OP_NAME.search(ins.attrs)
+    if m:
+        return m.group(1)
+    for c in _callees(ins):
+        for inner in module.computations.get(c, {}).values():
+            m = _OP_NAME.search(inner.attrs)
+            if m:
+                return m.group(1)
+    return ""
+
+
 def op_costs(text: str) -> list[OpCost]:
     """Every priced op of a compiled step (see the module docstring)."""
     module = parse(text)
@@ -166,8 +179,7 @@ def op_costs(text: str) -> list[OpCost]:
                     nbytes = 2 * comp[ins.operands[1]].nbytes
                 elif ins.op == "dynamic-slice":
                     nbytes = 2 * ins.nbytes
-            m = _OP_NAME.search(ins.attrs)
-            out.append(OpCost(ins.name, ins.op, phase_of(m.group(1) if m else ""), flops * n, nbytes * n, n))
+            out.append(OpCost(ins.name, ins.op, phase_of(_op_name(module, ins)), flops * n, nbytes * n, n))
     return out
 
 

@@ -7,9 +7,9 @@ run once per micro-batch. Per phase ``p``:
 - **compute** ``C_p = max(FLOPs_p / peak, HBM bytes_p / HBM bandwidth)`` per
   device (analytic: per op of the compiled step when there is one);
 - **communication** ``X_p = sum over its collectives of latency + f * bytes / W(axes)``
-  with ``f = (n-1)/n`` for an all-gather or reduce-scatter over ``n``
-  devices and ``2 (n-1)/n`` for an all-reduce, ``W`` the per-device bandwidth
-  of the mesh axes it runs over (:meth:`Hardware.bandwidth`).
+  with ``f = 1`` for an all-gather or reduce-scatter, ``2`` for an all-reduce
+  (:func:`~partitioning.tune.hardware.collective_time`), ``W`` the per-device
+  bandwidth of the mesh axes it runs over (:meth:`Hardware.bandwidth`).
 
 A collective can only hide behind the compute of its own phase (a gradient
 all-reduce cannot start before the backward pass makes the gradient), so
@@ -124,12 +124,31 @@ class Estimate:
 
     @property
     def bottleneck(self) -> str:
-        """What bounds the step: ``compute``, ``memory bandwidth`` or ``comm <axis>``."""
-        flops_t = sum(self.flops.values()) / self.peak_flops
-        hbm_t = sum(self.compute.values()) - flops_t if sum(self.compute.values()) > flops_t else 0.0
-        terms = {"compute": flops_t, "memory bandwidth": hbm_t, **self.other}
-        terms.update({f"comm {k}": v for k, v in self.per_axis().items()})
-        return max(terms, key=terms.get)
+        """What bounds the step: ``compute``, ``memory bandwidth`` or ``comm <axis>``.
+
+        Each phase's time goes to its binding term (overlapped: the larger of
+        compute and communication, the latter to its busiest axis; not
+        overlapped: every term its own time); the largest total wins.
+        """
+        score: dict[str, float] = defaultdict(float)
+        for p in PHASES:
+            kind = "compute" if self.flops[p] / self.peak_flops >= self.compute[p] * 0.999 else "memory bandwidth"
+            axes: dict[str, float] = defaultdict(float)
+            for c in self.comm:
+                if c.phase == p:
+                    axes[f"comm {c.label}"] += c.seconds
+            comm = sum(axes.values())
+            if not self.overlap:
+                score[kind] += self.compute[p]
+                for a, t in axes.items():
+                    score[a] += t
+            elif self.compute[p] >= comm:
+                score[kind] += self.compute[p]
+            else:
+                score[max(axes, key=axes.get)] += comm
+        for k, v in self.other.items():
+            score[k] += v
+        return max(score, key=score.get) if score else "compute"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -288,13 +307,20 @@ def axes_of_group(mesh: Mapping[str, int], group: int | None, hw: Hardware) -> t
 
 def compiled_estimate(ops: Sequence[Sequence[Any]], collective_ops: Sequence[Mapping[str, Any]],
                       mesh: Mapping[str, int], hw: Hardware, *, model_flops: float,
-                      temp_bytes: float = 0.0) -> Estimate:
-    """The :class:`Estimate` of a compiled step: a roofline per op, collectives priced on their mesh axes.
+                      temp_bytes: float = 0.0, analytic: Estimate | None = None) -> Estimate:
+    """The :class:`Estimate` of a compiled step.
 
     ``ops``: ``[name, op, phase, flops, bytes, executions]`` rows
     (:func:`partitioning.plan.hlo_cost.op_costs`); ``collective_ops``: the
     compiled view's collectives (kind, bytes, executions, group_size, source);
     ``temp_bytes``: XLA's temporaries per device (``memory_analysis().temp_size_in_bytes``).
+
+    On the machine that compiled the step (``hw.measured``: the cpu profile)
+    every term is the compiled one: a roofline per op and the collectives priced
+    on their mesh axes. For other hardware the program is XLA:CPU's, which
+    computes bfloat16 in float32 (more bytes, wider collectives, copies a
+    bfloat16 scan's stacked outputs): the compiled FLOPs per phase are used (loops
+    counted), memory traffic and collectives stay those of ``analytic``.
     """
     from partitioning.plan.hlo_cost import phase_of
 
@@ -305,6 +331,11 @@ def compiled_estimate(ops: Sequence[Sequence[Any]], collective_ops: Sequence[Map
         flops[phase] += fl
         hbm[phase] += nbytes
         compute[phase] += max(fl / hw.peak_flops, nbytes / hw.memory_bandwidth)
+    if not hw.measured and analytic is not None:
+        hbm = dict(analytic.hbm_bytes)
+        compute = {p: max(flops[p] / hw.peak_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
+        return Estimate("compiled", flops, hbm, compute, list(analytic.comm), hw.overlap, model_flops,
+                        math.prod(mesh.values()), hw.peak_flops, dict(analytic.other))
     buckets: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for c in collective_ops:
         axes = axes_of_group(mesh, c.get("group_size"), hw)

@@ -116,11 +116,10 @@ def measure_cpu(devices: int | None = None, *, matmul: int = 512, stream: int = 
 
     coll: dict[str, float] = {}
     latency: list[float] = []
-    ring = (n - 1) / n if n > 1 else 1.0
     bodies = {
-        "all-gather": (lambda v: jax.lax.all_gather(v, "d", tiled=True), lambda k: 4 * k * n, ring),
-        "reduce-scatter": (lambda v: jax.lax.psum_scatter(jnp.tile(v, n), "d", tiled=True), lambda k: 4 * k * n, ring),
-        "all-reduce": (lambda v: jax.lax.psum(v, "d"), lambda k: 4 * k, 2 * ring),
+        "all-gather": (lambda v: jax.lax.all_gather(v, "d", tiled=True), lambda k: 4 * k * n, 1.0),
+        "reduce-scatter": (lambda v: jax.lax.psum_scatter(jnp.tile(v, n), "d", tiled=True), lambda k: 4 * k * n, 1.0),
+        "all-reduce": (lambda v: jax.lax.psum(v, "d"), lambda k: 4 * k, 2.0),
     }
     for kind, (body, full, factor) in bodies.items():
         f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
@@ -138,7 +137,7 @@ def measure_cpu(devices: int | None = None, *, matmul: int = 512, stream: int = 
         peak_flops=flops, memory=_host_memory() // max(1, n), memory_bandwidth=bandwidth, topology="nodes",
         node_size=max(n, 1), link_bandwidth=coll["all-gather"], network_bandwidth=coll["all-gather"],
         latency=statistics.median(latency), overlap=False, collective_bandwidth=coll,
-        alloc_bandwidth=fault_bandwidth(mesh),
+        alloc_bandwidth=fault_bandwidth(mesh), measured=True,
         sources=("measured on the spot: partitioning.tune.measure",))
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from partitioning.errors import PartitioningError
 from partitioning.fmt import fmt_bytes
+from partitioning.plan.compiled import normalize_spec
 from partitioning.plan.plan import Plan, build_plan
 from partitioning.rules import Rules
 from partitioning.tune.cost import Estimate, analytic_estimate, compiled_estimate, token_axes, leaf_axes
@@ -56,6 +57,7 @@ class Result:
     analytic: Estimate | None = None
     compiled: Estimate | None = None
     compiled_view: dict[str, Any] | None = None
+    scale: float = 1.0       # analytic estimates: times the compiled / analytic ratio of compiled layouts
 
     @property
     def fits(self) -> bool:
@@ -67,13 +69,16 @@ class Result:
 
     @property
     def step_time(self) -> float:
-        return self.estimate.step_time if self.estimate else math.inf
+        if self.compiled:
+            return self.compiled.step_time
+        return self.analytic.step_time * self.scale if self.analytic else math.inf
 
     def to_json(self) -> dict[str, Any]:
         view = self.compiled_view or {}
         return {
             **self.candidate.to_json(), "rules_table": self.rules.to_list(),
             "optimizer_rules": self.optimizer_rules.to_list() if self.optimizer_rules is not None else None,
+            "step_time_s": self.step_time, "analytic_scale": self.scale if not self.compiled else 1.0,
             "state_bytes": self.state, "activation_bytes": self.activations, "peak_bytes": self.peak,
             "peak_source": self.peak_source, "fits": self.fits, "reason": self.reason,
             "estimate": self.estimate.to_json() if self.estimate else None,
@@ -94,6 +99,14 @@ class Search:
     workload: Workload
     devices: int
     seconds: float = 0.0
+    duplicates: int = 0       # layouts equal to an earlier one once size-1 axes are dropped
+
+    @property
+    def calibration(self) -> float:
+        """The median compiled / analytic step-time ratio over the compiled layouts (1 before any compile)."""
+        ratios = sorted(r.compiled.step_time / r.analytic.step_time for r in self.results
+                        if r.compiled and r.analytic and r.analytic.step_time > 0)
+        return ratios[len(ratios) // 2] if ratios else 1.0
 
     @property
     def ranked(self) -> list[Result]:
@@ -134,7 +147,11 @@ class Search:
             result.compiled = compiled_estimate(view["cost_ops"], view.get("collective_ops", []),
                                                 result.candidate.sizes, self.hardware,
                                                 model_flops=self.workload.flops_per_step("none")["model"],
-                                                temp_bytes=float((mem or {}).get("temp", 0)))
+                                                temp_bytes=float((mem or {}).get("temp", 0)),
+                                                analytic=result.analytic)
+            scale = self.calibration
+            for r in self.results:
+                r.scale = scale
 
     def nothing_fits(self) -> str:
         """Why no candidate fits, and the budget that would fit the smallest."""
@@ -154,7 +171,8 @@ class Search:
         ranked = self.ranked
         return {"devices": self.devices, "hardware": self.hardware.to_json(), "budget_bytes": self.budget,
                 "workload": dataclasses.asdict(self.workload), "search_s": round(self.seconds, 3),
-                "candidates": len(self.results), "fitting": len(ranked),
+                "candidates": len(self.results), "fitting": len(ranked), "duplicates": self.duplicates,
+                "calibration": self.calibration,
                 "ranked": [r.to_json() for r in ranked],
                 "rejected": [r.to_json() for r in self.rejected]}
 
@@ -164,6 +182,18 @@ def _largest(r: Result) -> list[tuple[str, float]]:
              ("gradients", r.state.get("gradients", 0))]
     parts += [(f"activations ({k})", v) for k, v in r.activations.items() if k != "total" and v]
     return sorted(parts, key=lambda kv: -kv[1])[:3]
+
+
+def _layout_key(plan: Plan, rules: Rules, c: Candidate) -> tuple:
+    """What a layout does, with size-1 mesh axes dropped: the same key is the same program."""
+    sizes = plan.mesh
+    specs = tuple((l.path, normalize_spec(l.spec, sizes)) for l in plan.params + plan.opt_state)
+    acts = tuple(normalize_spec(rules.resolve(names), sizes) for names in _ACTIVATIONS)
+    return (c.remat, c.grad_accum, specs, acts)
+
+
+_ACTIVATIONS = (("batch", "length", "embed"), ("batch", "length", "mlp"), ("batch", "length", "heads", "kv"),
+                ("batch", "length", "kv_heads", "kv"), ("batch", "length", "vocab"))
 
 
 def _gathered_layer_bytes(plan: Plan, tokens: Sequence[str], layers: int) -> float:
@@ -190,6 +220,8 @@ def search(params: Any, opt_state: Any, tables: Mapping[str, Rules], devices: in
                        rejected=rejected)
     results = [Result(c, tables[c.rules_name], None, reason=why) for c, why in rejected]
     plans: dict[tuple, Plan | PartitioningError] = {}
+    seen: set[tuple] = set()
+    duplicates = 0
     for c in cands:
         rules = tables[c.rules_name]
         opt_rules = zero1_rules(rules) if c.zero1 else None
@@ -210,6 +242,12 @@ def search(params: Any, opt_state: Any, tables: Mapping[str, Rules], devices: in
         if plan.errors:
             r.reason = f"indivisible: {plan.errors[0]}"
             continue
+        key = _layout_key(plan, rules, c)
+        if key in seen:
+            results.pop()
+            duplicates += 1
+            continue
+        seen.add(key)
         tot = plan.totals
         r.state = {k: float(tot[k]["per_device"]) for k in ("params", "optimizer", "gradients")}
         tokens = token_axes(rules, c.sizes, w)
@@ -226,7 +264,7 @@ def search(params: Any, opt_state: Any, tables: Mapping[str, Rules], devices: in
                         f"{fmt_bytes(budget)}")
     if progress:
         progress(f"priced {len(results):,} layouts ({len(plans)} plans) in {time.perf_counter() - t0:.1f} s")
-    return Search(results, hw, int(budget), w, devices, time.perf_counter() - t0)
+    return Search(results, hw, int(budget), w, devices, time.perf_counter() - t0, duplicates)
 
 
 __all__ = ["Result", "Search", "search"]
