@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     w = workload(p0.params, batch_size=cfg.train.batch_size, seq_len=cfg.train.seq_len,
                  compute_dtype=model_options_resolved(cfg).get("dtype"))
     s = search(params, opt_state, tables, devices, w, hw, budget, remats=_remats(cfg, sets),
-               activations={n: names for n in tables}, on_indivisible=cfg.on_indivisible, progress=say)
+               activations={n: names for n in tables}, on_indivisible=cfg.on_indivisible)
     compiles = args.compiles if args.compiles is not None else (8 if here else 2)
     t1 = time.perf_counter()
     n_compiled = refine(s, cfg, sets, devices, here, compiles, args.timeout)

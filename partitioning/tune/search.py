@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from partitioning.errors import PartitioningError
@@ -164,8 +164,8 @@ class Search:
         top = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in _largest(small))
         return (f"no layout of {self.devices:,} devices fits {fmt_bytes(self.budget)} per device: the smallest peak, "
                 f"{fmt_bytes(small.peak)} ({small.peak_source}), is {small.candidate.label}; largest: {top}; "
-                f"a budget of {fmt_bytes(small.peak)} (--device-memory {math.ceil(small.peak / 2**30)}GiB) would fit "
-                f"it, or use more devices")
+                f"a budget of {fmt_bytes(small.peak)} (--device-memory {_size_flag(small.peak)}) would fit it, "
+                f"or use more devices")
 
     def to_json(self) -> dict[str, Any]:
         ranked = self.ranked
@@ -175,6 +175,14 @@ class Search:
                 "calibration": self.calibration,
                 "ranked": [r.to_json() for r in ranked],
                 "rejected": [r.to_json() for r in self.rejected]}
+
+
+def _size_flag(n: float) -> str:
+    """A size at least ``n`` bytes, written for ``--device-memory`` (``93.2GiB``)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{math.ceil(n / size * 10) / 10:g}{unit}"
+    return f"{math.ceil(n)}B"
 
 
 def _largest(r: Result) -> list[tuple[str, float]]:
@@ -207,7 +215,7 @@ def search(params: Any, opt_state: Any, tables: Mapping[str, Rules], devices: in
            budget: int, *, remats: Sequence[str | None] = (None,), max_grad_accum: int = 16,
            activations: Mapping[str, set] | None = None, on_indivisible: str = "error",
            flops: Mapping[str, Mapping[str, float]] | None = None,
-           progress: Callable[[str], None] | None = None) -> Search:
+           ) -> Search:
     """Prices every candidate (see the module docstring). ``params`` / ``opt_state``: the boxed abstract state.
 
     ``activations``: per table, the activation name tuples (so rule coverage is
@@ -262,8 +270,6 @@ def search(params: Any, opt_state: Any, tables: Mapping[str, Rules], devices: in
         if r.peak > budget:
             r.reason = (f"memory: needs {fmt_bytes(r.peak)} per device (estimate), more than the budget of "
                         f"{fmt_bytes(budget)}")
-    if progress:
-        progress(f"priced {len(results):,} layouts ({len(plans)} plans) in {time.perf_counter() - t0:.1f} s")
     return Search(results, hw, int(budget), w, devices, time.perf_counter() - t0, duplicates)
 
 

@@ -15,10 +15,12 @@ Activation bytes per device (:func:`activation_bytes`), for a transformer
 block of the names above, with ``s`` the compute dtype's bytes and each
 tensor's per-device size from the rule walk of its activation names:
 
-- ``remat: none`` keeps per layer ``s (4R + 2Q + 2KV + 4M) + (4 + s) S + 8R``
+- ``remat: none`` keeps per layer ``s (6R + 2Q + 2KV + 4M) + (8 + s) S + 8R``
   (R residual ``(batch, length, embed)``, Q ``(.., heads, kv)``, KV
   ``(.., kv_heads, kv)``, M ``(.., mlp)``, S the ``(batch, heads, length, length)``
-  attention scores kept in float32 and the compute dtype; 8R the float32 norm inputs);
+  attention scores: float32 scores and probabilities, and the probabilities
+  in the compute dtype; 8R the float32 norm inputs and the row-parallel
+  partial sums);
 - ``dots`` keeps the matmul outputs: ``s (2R + 2Q + 2KV + 2M + S)``;
 - ``full`` keeps only each layer's input ``s R`` and recomputes one layer
   (the ``none`` set once) in the backward pass;
@@ -26,8 +28,11 @@ tensor's per-device size from the rule walk of its activation names:
 plus the float32 logits (three copies: logits, softmax, their gradient),
 the weights one layer gathers under FSDP (twice, and its float32 gradient
 before the reduce-scatter) and, with micro-batches, a float32 gradient
-accumulator. An estimate: the compiled view (XLA's ``temp``) is the measure,
-and the tuner compiles its finalists.
+accumulator. An estimate, within about 25% of XLA's compiled ``temp`` for the
+reference GPT in float32 on the CPU (tests/tune/test_workload.py); XLA's CPU
+backend computes bfloat16 in float32, so its compiled figure for a bfloat16
+model is above this estimate (and above what a TPU or GPU needs). The tuner
+compiles its finalists: the compiled view is the measure.
 
 Example::
 
@@ -103,7 +108,9 @@ def workload(params: Sequence[LeafLayout], *, batch_size: int, seq_len: int,
     """The :class:`Workload` of a model from its parameter layouts (``plan.params``)."""
     n = sum(l.size for l in params)
     lookup = sum(l.size for l in params if l.names and tuple(l.names) == ("vocab", "embed"))
-    matmul = sum(l.size for l in params if len(l.shape) >= 2) - lookup
+    # Matmul weights have two dimensions besides a scan's `layers` axis (norm scales have one).
+    matmul = sum(l.size for l in params
+                 if len(l.shape) - (1 if l.names and "layers" in l.names else 0) >= 2) - lookup
     dtype = np.dtype(compute_dtype) if compute_dtype is not None else max(
         (np.dtype(l.dtype) for l in params), key=lambda d: d.itemsize, default=np.dtype("float32"))
     return Workload(params=n, matmul_params=matmul, batch=int(batch_size), seq_len=int(seq_len),
@@ -147,7 +154,7 @@ def activation_bytes(w: Workload, rules: Rules, mesh: Mapping[str, int], *, rema
            for k, (names, shape) in activation_shapes(w, micro_batch).items()}
     R, M, Q, KV, S = (loc.get(k, 0.0) for k in ("R", "M", "Q", "KV", "S"))
     s = w.compute_bytes
-    none = s * (4 * R + 2 * Q + 2 * KV + 4 * M) + (4 + s) * S + 8 * R
+    none = s * (6 * R + 2 * Q + 2 * KV + 4 * M) + (8 + s) * S + 8 * R
     saved = {"none": none, "dots": s * (2 * R + 2 * Q + 2 * KV + 2 * M + S), "full": s * R}.get(remat, none)
     parts = {
         "layers": w.layers * saved,
