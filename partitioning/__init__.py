@@ -10,6 +10,7 @@ The package is a pipeline, one folder per stage::
     train/                          sharded state, jitted step, data, loop
     checkpoint/                     orbax save / restore onto any mesh and rules
     plan/                           memory, collectives and warnings before running
+    tune/                           the best layout for a device count and a budget: priced, ranked, explained
     config/, cli/                   YAML run configs and the command line
 
 This module re-exports what a user needs; everything else stays importable
@@ -60,6 +61,10 @@ from partitioning.checkpoint import (
     restore_checkpoint, save_checkpoint,
 )
 from partitioning.plan import Plan, activation_names, build_plan, compiled_view, plot_plan
+from partitioning.tune import Hardware, Workload, hardware, load_hardware, workload
+from partitioning.tune import search as search_layouts
+from partitioning.tune.crossover import crossover
+from partitioning.tune.measure import measure_cpu
 
 __version__ = "0.1.0"
 
@@ -88,4 +93,6 @@ __all__ = [
     "checkpoint_metadata", "reshard_checkpoint",
     # plan
     "Plan", "build_plan", "activation_names", "compiled_view", "plot_plan",
+    # tune
+    "Hardware", "hardware", "load_hardware", "measure_cpu", "Workload", "workload", "search_layouts", "crossover",
 ]

@@ -83,7 +83,13 @@ def _solve(c1: float, c2: float, x1: float, x2: float) -> float:
 
 def crossover(hw: Hardware, mesh: Mapping[str, int], rules: Any, *, embed: int, mlp: int,
               layers: int = 1) -> dict[str, Any]:
-    """``{"layout": b*, "axes": {axis: b*}, "phase": binding phase}`` (tokens per device; see the module docstring)."""
+    """``{"layout": b*, "axes": {axis: b*}, "phase": binding phase}`` (tokens per device; see the module docstring).
+
+    Example::
+
+        >>> pt.crossover(pt.hardware("h100"), {"data": 1, "fsdp": 2048}, "fsdp", embed=8192, mlp=28672)["layout"]
+        2472.5
+    """
     hw = dataclasses.replace(hw, latency=0.0)
     f1, x1 = _terms(hw, mesh, rules, embed, mlp, layers, 1)
     f2, x2 = _terms(hw, mesh, rules, embed, mlp, layers, 2)

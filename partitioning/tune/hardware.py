@@ -47,7 +47,14 @@ KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective
 
 @dataclasses.dataclass(frozen=True)
 class Hardware:
-    """One device type and its interconnect (see the module docstring for the two topologies)."""
+    """One device type and its interconnect (see the module docstring for the two topologies).
+
+    Example::
+
+        >>> hw = pt.hardware("v5p")
+        >>> hw.peak_flops / hw.link_bandwidth          # FLOPs per byte over one ICI axis
+        2550.0
+    """
 
     name: str
     peak_flops: float              # dense bf16 FLOP/s per device

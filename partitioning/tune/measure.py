@@ -90,7 +90,13 @@ def _host_memory() -> int:
 
 def measure_cpu(devices: int | None = None, *, matmul: int = 512, stream: int = 1 << 22,
                 sizes: tuple[int, int] = (1 << 10, 1 << 18), repeats: int = 3) -> Hardware:
-    """The ``cpu`` :class:`Hardware` of this process's first ``devices`` CPU devices (see the module docstring)."""
+    """The ``cpu`` :class:`Hardware` of this process's first ``devices`` CPU devices (see the module docstring).
+
+    Example::
+
+        >>> hw = pt.measure_cpu(8)       # a few seconds
+        >>> hw.peak_flops, hw.memory_bandwidth, hw.collective_bandwidth["all-gather"]
+    """
     devs = jax.devices()[: devices or jax.device_count()]
     n = len(devs)
     mesh = jax.make_mesh((n,), ("d",), devices=devs)

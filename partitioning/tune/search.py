@@ -221,6 +221,12 @@ def search(params: Any, opt_state: Any, tables: Mapping[str, Rules], devices: in
     ``activations``: per table, the activation name tuples (so rule coverage is
     right); ``flops``: per remat policy, whole-step FLOPs to use instead of the
     analytic count (e.g. from a compiled step).
+
+    Example::
+
+        >>> s = pt.search_layouts(params, opt_state, {"fsdp": pt.Rules.preset("fsdp")}, 8, w, pt.hardware("h100"),
+        ...                       budget=80 * 2**30, remats=("none", "full"))
+        >>> [(r.candidate.label, r.step_time) for r in s.ranked[:3]], s.rejected[0].reason
     """
     t0 = time.perf_counter()
     rejected: list[tuple[Candidate, str]] = []

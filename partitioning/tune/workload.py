@@ -61,7 +61,13 @@ REMATS = ("none", "dots", "full")
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """What one train step computes: parameter count, widths, layers, tokens and dtypes."""
+    """What one train step computes: parameter count, widths, layers, tokens and dtypes.
+
+    Example::
+
+        >>> w = pt.workload(plan.params, batch_size=32, seq_len=128)
+        >>> w.tokens, w.flops_per_step("full")["total"]
+    """
 
     params: int
     matmul_params: int          # parameters used in matmuls (lookup tables left out)
@@ -105,7 +111,14 @@ def _layers(layouts: Sequence[LeafLayout]) -> int:
 
 def workload(params: Sequence[LeafLayout], *, batch_size: int, seq_len: int,
              compute_dtype: Any = None) -> Workload:
-    """The :class:`Workload` of a model from its parameter layouts (``plan.params``)."""
+    """The :class:`Workload` of a model from its parameter layouts (``plan.params``).
+
+    Example::
+
+        >>> w = pt.workload(pt.build_plan(params, opt_state, {"data": 1}, "dp").params, batch_size=32, seq_len=128)
+        >>> w.layers, w.embed, w.mlp
+        (4, 128, 512)
+    """
     n = sum(l.size for l in params)
     lookup = sum(l.size for l in params if l.names and tuple(l.names) == ("vocab", "embed"))
     # Matmul weights have two dimensions besides a scan's `layers` axis (norm scales have one).
