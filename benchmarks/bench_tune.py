@@ -6,9 +6,10 @@
 2. Twelve layouts of a small GPT (vocab 256, embed 128, 8 heads, mlp 512,
    4 scanned layers; batch 32 x 128; adamw) — every preset on the 8-device
    meshes it fits, plus remat and micro-batch variants — are compiled, and each
-   step time is predicted from the compiled step: a roofline per op and the
-   collectives on their mesh axes (:func:`partitioning.tune.cost.compiled_estimate`),
-   with the analytic estimate beside it.
+   step time is predicted from the compiled step: a roofline per op, the
+   collectives on their mesh axes and the step's fresh temporaries
+   (:func:`partitioning.tune.cost.compiled_estimate`), with the analytic
+   estimate beside it.
 3. Each layout's step is measured in device-seconds (process CPU time / 8:
    the machine is shared, and CPU time is what the profile is measured in),
    rounds alternating the layouts so that drifts of the machine hit all alike;
@@ -16,7 +17,8 @@
 
 Prints both columns, the Spearman rank correlation (target >= 0.8) and how
 far the predicted best layout's measured time is from the measured best
-(target <= 10%); JSON to ``--json``.
+(target <= 10%); JSON to ``--json`` (with each layout's compiled view, so the
+predictions can be recomputed from it).
 """
 
 from __future__ import annotations
@@ -85,8 +87,9 @@ def build(layout, hw):
     import partitioning as pt
     from partitioning.models import GPT
     from partitioning.plan import build_plan, compiled_view
-    from partitioning.tune.cost import analytic_estimate, compiled_estimate
-    from partitioning.tune.workload import workload
+    from partitioning.tune.cost import analytic_estimate, compiled_estimate, token_axes
+    from partitioning.tune.search import _gathered_layer_bytes
+    from partitioning.tune.workload import activation_bytes, workload
 
     rules, mesh, remat, accum = layout
     tx = pt.make_optimizer("adamw", lr=1e-3, total_steps=1000, warmup_steps=10)
@@ -97,10 +100,14 @@ def build(layout, hw):
     plan = build_plan(params, opt, mesh, rules)
     w = workload(plan.params, batch_size=BATCH, seq_len=SEQ)
     state = {k: float(plan.totals[k]["per_device"]) for k in ("params", "optimizer", "gradients")}
-    analytic = analytic_estimate(plan.params, state, mesh, pt.Rules.preset(rules), w, hw, remat=remat,
-                                 grad_accum=accum)
+    table = pt.Rules.preset(rules)
+    acts = activation_bytes(w, table, mesh, remat=remat, micro_batch=BATCH // accum, grad_accum=accum,
+                            gathered_layer_bytes=_gathered_layer_bytes(plan, token_axes(table, mesh, w), w.layers),
+                            grad_bytes=state["gradients"])
+    analytic = analytic_estimate(plan.params, state, mesh, table, w, hw, remat=remat, grad_accum=accum,
+                                 temp_bytes=acts["total"])
     compiled = compiled_estimate(view["cost_ops"], view["collective_ops"], mesh, hw,
-                                 model_flops=w.flops_per_step("none")["model"])
+                                 model_flops=w.flops_per_step("none")["model"], temp_bytes=view["memory"]["temp"])
     rng = np.random.default_rng(0)
     batch = trainer.place({k: rng.integers(0, 256, (BATCH, SEQ)).astype(np.int32) for k in ("inputs", "targets")})
     st = trainer.init(jax.random.key(0))
@@ -108,7 +115,8 @@ def build(layout, hw):
         st, m = trainer.train_step(st, batch)
         jax.block_until_ready(m)
     return {"name": "", "trainer": trainer, "state": st, "batch": batch, "analytic": analytic.step_time,
-            "predicted": compiled.step_time, "times": [], "walls": []}
+            "predicted": compiled.step_time, "estimate": compiled.to_json(), "mesh": mesh, "times": [], "walls": [],
+            "view": {k: view[k] for k in ("memory", "cost", "cost_ops", "collective_ops")}}
 
 
 def main(argv=None) -> int:
@@ -160,8 +168,8 @@ def main(argv=None) -> int:
     out = {"spearman": rho, "spearman_analytic": rho_analytic, "best_gap": gap,
            "predicted_best": best_pred["name"], "measured_best": best_meas["name"],
            "profile": hw.to_json(),
-           "layouts": [{k: r[k] for k in ("name", "measured", "predicted", "analytic", "times", "walls")}
-                       for r in rows]}
+           "layouts": [{k: r[k] for k in ("name", "mesh", "measured", "predicted", "analytic", "times", "walls",
+                                          "estimate", "view")} for r in rows]}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0 if rho >= 0.8 and gap <= 0.10 else 1

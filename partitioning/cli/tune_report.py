@@ -15,11 +15,10 @@ from typing import Any
 
 from rich.table import Table
 
-from partitioning.cli.args import say
+from partitioning.cli.compiling import write_text
 from partitioning.config.build import model_options_resolved
 from partitioning.config.load import load_config
 from partitioning.config.schema import Config
-from partitioning.errors import ConfigError
 from partitioning.fmt import fmt_bytes, fmt_mesh
 from partitioning.tune.cost import PHASES, Estimate
 from partitioning.tune.search import Result, Search
@@ -40,8 +39,9 @@ def _axes(e: Estimate) -> str:
 
 def _row(i: int, r: Result, budget: int) -> list[str]:
     c, e = r.candidate, r.estimate
+    peak = f"{fmt_bytes(r.peak)} / {fmt_bytes(budget)}" + (" *" if r.peak_source == "compiled" else "")
     return [str(i), c.rules_name + (" +zero1" if c.zero1 else ""), fmt_mesh(c.mesh), c.remat or "-",
-            str(c.grad_accum), f"{fmt_bytes(r.peak)} / {fmt_bytes(budget)}" + (" *" if r.peak_source == "compiled" else ""),
+            str(c.grad_accum), peak,
             fmt_seconds(sum(e.compute.values())), _axes(e), fmt_seconds(r.step_time),
             f"{e.mfu * e.step_time / r.step_time:.0%}", e.bottleneck,
             e.source if e.source == "compiled" or r.scale == 1 else f"analytic x{r.scale:.2f}"]
@@ -73,9 +73,9 @@ def render_search(report: dict[str, Any], s: Search, top: int, console: Any) -> 
     for i, r in enumerate(ranked[:top], 1):
         t.add_row(*_row(i, r, s.budget))
     console.print(t)
+    unit = "; times in device-seconds (CPU time / devices)" if cpu else ""
     console.print("peak: params + gradients + optimizer state (exact) + activations (estimate); * XLA's compiled "
-                  "peak. step: the roofline of cost.py" + ("; times in device-seconds (CPU time / devices)" if cpu else ""),
-                  highlight=False)
+                  "peak. step: the roofline of cost.py" + unit, highlight=False)
     if s.duplicates:
         console.print(f"{s.duplicates:,} layouts equal to a listed one once size-1 axes are dropped are not listed",
                       highlight=False)
@@ -113,16 +113,10 @@ def write_best(cfg: Config, sets: list[str], best: Result, path: str, report: di
             f"({report['search']['hardware']['name']}):",
             f"#   {best.candidate.label}",
             f"#   estimated {fmt_seconds(best.step_time)} per step ({e.source}), bound by {e.bottleneck};",
-            f"#   peak {fmt_bytes(best.peak)} per device ({best.peak_source}) of a {fmt_bytes(report['search']['budget_bytes'])} budget."]
+            f"#   peak {fmt_bytes(best.peak)} per device ({best.peak_source}) of a "
+            f"{fmt_bytes(report['search']['budget_bytes'])} budget."]
     text = "\n".join(head) + "\n" + tuned.to_yaml(best.candidate.sizes, model_options_resolved(tuned))
-    p = Path(path)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-    except OSError as err:
-        raise ConfigError(f"--out {path}: cannot write: {err.strerror}", arg="out") from None
-    say(f"wrote {p}")
-    return p
+    return write_text(path, text, "--out")
 
 
 __all__ = ["render_search", "write_best", "fmt_seconds", "why"]
