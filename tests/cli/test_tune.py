@@ -32,7 +32,7 @@ def tuned(tmp_path_factory):
     (d / "gpt.yaml").write_text(GPT_CONFIG)
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["tune", str(d / "gpt.yaml"), "--hardware", "h100", "--compile", "2", "--top", "5",
+        code = main(["tune", str(d / "gpt.yaml"), "--hardware", "h100", "--compile", "1", "--top", "5",
                      "--json", str(d / "tune.json"), "--png", str(d / "tune.png"), "--out", str(d / "best.yaml")])
     return code, out.getvalue(), err.getvalue(), d
 

@@ -43,7 +43,7 @@ def test_flops_per_step(gpt_workload):
 ])
 def test_activation_estimate_is_near_the_compiled_peak(rules, mesh, remat):
     b, t = 16, 256
-    model = pt.build_model("gpt", vocab_size=512, embed=256, heads=8, mlp=1024, layers=4, remat=remat)
+    model = pt.build_model("gpt", vocab_size=512, embed=256, heads=8, mlp=1024, layers=2, remat=remat)
     tx = optax.adamw(1e-3)
     trainer = pt.Trainer(model, tx, pt.make_mesh(mesh), rules, batch_size=b, seq_len=t)
     m = trainer.lower_train_step().compile().memory_analysis()
