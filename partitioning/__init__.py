@@ -11,6 +11,7 @@ The package is a pipeline, one folder per stage::
     checkpoint/                     orbax save / restore onto any mesh and rules
     plan/                           memory, collectives and warnings before running
     parallel/                       pipeline stages (the `layers` axis over `stage`) and experts
+    tune/                           the best layout for a device count and a budget: priced, ranked, explained
     config/, cli/                   YAML run configs and the command line
 
 This module re-exports what a user needs; everything else stays importable
@@ -67,6 +68,10 @@ from partitioning.plan import (
     Plan, activation_names, build_plan, compiled_view, parallel_costs, peak_tflops, plot_plan, step_flops,
     transformer_flops,
 )
+from partitioning.tune import Hardware, Workload, hardware, load_hardware, workload
+from partitioning.tune import search as search_layouts
+from partitioning.tune.crossover import crossover
+from partitioning.tune.measure import measure_cpu
 
 __version__ = "0.1.0"
 
@@ -98,4 +103,6 @@ __all__ = [
     # plan
     "Plan", "build_plan", "activation_names", "compiled_view", "plot_plan", "parallel_costs", "step_flops",
     "transformer_flops", "peak_tflops",
+    # tune
+    "Hardware", "hardware", "load_hardware", "measure_cpu", "Workload", "workload", "search_layouts", "crossover",
 ]

@@ -86,13 +86,19 @@ def compiled(cfg: Config, args: argparse.Namespace, devices: int, here: bool, pl
 
 def write_json(path: str, data: Any) -> None:
     """Writes ``--json FILE`` (one error line if it cannot)."""
+    write_text(path, json.dumps(data, indent=1, default=str), "--json")
+
+
+def write_text(path: str, text: str, flag: str) -> Path:
+    """Writes a file a command was asked for with ``flag`` (one error line if it cannot), and says so."""
     p = Path(path)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(data, indent=1, default=str))
+        p.write_text(text)
     except OSError as e:
-        raise ConfigError(f"--json {path}: cannot write: {e.strerror}") from None
+        raise ConfigError(f"{flag} {path}: cannot write: {e.strerror}") from None
     print(f"wrote {p}", file=sys.stderr, flush=True)
+    return p
 
 
 def _child(argv: list[str]) -> None:

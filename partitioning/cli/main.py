@@ -5,6 +5,7 @@
     partitioning train CONFIG [--set k=v ...]
     partitioning plan CONFIG [--devices N] [--json F] [--png F]
     partitioning compare CONFIG --rules A B ...
+    partitioning tune CONFIG [--devices N] [--hardware NAME|FILE] [--device-memory X] [--out best.yaml]
     partitioning ckpt ls|inspect|reshard ...
 
 Bad input (a :class:`PartitioningError`) prints one line to stderr and exits 2.
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from partitioning.cli import check, ckpt, compare, config, explain, plan, train
+from partitioning.cli import check, ckpt, compare, config, explain, plan, train, tune
 from partitioning.cli.args import say
 from partitioning.errors import PartitioningError, did_you_mean
 
@@ -35,6 +36,7 @@ COMMANDS: dict[str, ModuleType] = {
     "train": train,
     "plan": plan,
     "compare": compare,
+    "tune": tune,
     "ckpt": ckpt,
     "config": config,
 }

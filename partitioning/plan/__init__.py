@@ -7,6 +7,7 @@ Modules:
 - :mod:`~partitioning.plan.compiled` — ``compiled_view``: XLA's memory, collectives and a sharding self-check.
 - :mod:`~partitioning.plan.hlo` — collectives (kind, bytes, executions) read from optimized HLO text.
 - :mod:`~partitioning.plan.flops` — FLOPs of a compiled step (loops counted), 6·N·tokens, device peaks, MFU.
+- :mod:`~partitioning.plan.hlo_cost` — FLOPs and bytes of every op of a compiled step, loops counted, by phase.
 - :mod:`~partitioning.plan.budget` — the memory budget: does the per-device peak fit, and what takes the room.
 - :mod:`~partitioning.plan.plot` — the plan PNG: per-device memory and the mesh.
 - :mod:`~partitioning.plan.axes` — per mesh axis: what it splits, and the compiled collectives that run over it.

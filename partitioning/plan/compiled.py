@@ -38,6 +38,7 @@ from partitioning.layout import path_str
 from partitioning.plan.axes import collectives_by_axis
 from partitioning.plan.flops import step_flops
 from partitioning.plan.hlo import collectives, summarize
+from partitioning.plan.hlo_cost import op_costs, summarize_ops
 from partitioning.resolve import axes_tuple
 
 # XLA's CPU backend refuses programs for more devices than this ("Multiprocess
@@ -180,6 +181,9 @@ def compiled_view(lower_fn: Callable[[], Any], *, expected: Mapping[str, Partiti
     mesh = _mesh_shape(compiled)
     if mesh:
         view["collectives_by_axis"] = collectives_by_axis(ops, mesh)
+    costs = op_costs(text)
+    view["cost"] = summarize_ops(costs)            # FLOPs and bytes per phase, loops counted
+    view["cost_ops"] = [c.to_json() for c in costs]
     if expected is not None:
         view["sharding_check"] = sharding_check(compiled, expected, input_names=input_names,
                                                 output_names=output_names)

@@ -1,0 +1,122 @@
+"""What ``partitioning tune`` prints and writes: the ranked table, the recommendation with its terms, the
+rejections, and the best layout as a runnable config.
+
+Example::
+
+    >>> render_search(report, s, top=10, console=console())
+    >>> write_best(cfg, sets, s.best, "best.yaml", report)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from partitioning.cli.compiling import write_text
+from partitioning.config.build import model_options_resolved
+from partitioning.config.load import load_config
+from partitioning.config.schema import Config
+from partitioning.fmt import fmt_bytes, fmt_mesh
+from partitioning.tune.cost import PHASES, Estimate
+from partitioning.tune.search import Result, Search
+
+
+def fmt_seconds(t: float) -> str:
+    """``12.3 ms`` / ``1.25 s``."""
+    if t != t or t == float("inf"):
+        return "-"
+    if t < 1e-3:
+        return f"{t * 1e6:.0f} µs"
+    return f"{t * 1e3:.1f} ms" if t < 1 else f"{t:.2f} s"
+
+
+def _axes(e: Estimate) -> str:
+    return ", ".join(f"{a} {fmt_seconds(t)}" for a, t in e.per_axis().items() if t > 0) or "-"
+
+
+def _row(i: int, r: Result, budget: int) -> list[str]:
+    c, e = r.candidate, r.estimate
+    peak = f"{fmt_bytes(r.peak)} / {fmt_bytes(budget)}" + (" *" if r.peak_source == "compiled" else "")
+    return [str(i), c.rules_name + (" +zero1" if c.zero1 else ""), fmt_mesh(c.mesh), c.remat or "-",
+            str(c.grad_accum), peak,
+            fmt_seconds(sum(e.compute.values())), _axes(e), fmt_seconds(r.step_time),
+            f"{e.mfu * e.step_time / r.step_time:.0%}", e.bottleneck,
+            e.source if e.source == "compiled" or r.scale == 1 else f"analytic x{r.scale:.2f}"]
+
+
+def why(r: Result) -> str:
+    """The recommendation's terms: compute and communication per phase, and how they combine."""
+    e = r.estimate
+    phases = "; ".join(f"{p}: compute {fmt_seconds(e.compute[p])}, comm {fmt_seconds(e.comm_time(p))}" for p in PHASES)
+    other = "".join(f"; {k} {fmt_seconds(v)}" for k, v in e.other.items())
+    how = "max(compute, comm) per phase" if e.overlap else "compute + comm per phase (not overlapped)"
+    return f"{phases}{other}; step = {how} = {fmt_seconds(e.step_time)}"
+
+
+def render_search(report: dict[str, Any], s: Search, top: int, console: Any) -> None:
+    """The header, the ranked table, the recommendation and the rejections."""
+    hw, w = s.hardware, s.workload
+    cpu = hw.name == "cpu"
+    console.print(f"[bold]{report['model']}[/bold] ({w.params:,} parameters, {w.tokens:,} tokens per step) on "
+                  f"{s.devices:,} x {hw.name}: {hw.peak_flops / 1e12:,.1f} TFLOP/s, {fmt_bytes(hw.memory)} at "
+                  f"{hw.memory_bandwidth / 1e9:,.0f} GB/s; budget {fmt_bytes(s.budget)} per device")
+    ranked = s.ranked
+    t = Table(title=f"{len(ranked):,} of {len(s.results):,} layouts fit; the fastest {min(top, len(ranked))}")
+    for col, just in (("#", "right"), ("rules", "left"), ("mesh", "left"), ("remat", "left"),
+                      ("micro-batches", "right"), ("peak / budget", "right"), ("compute", "right"),
+                      ("comm by axis", "left"), ("step", "right"), ("MFU", "right"), ("bound by", "left"),
+                      ("estimate", "left")):
+        t.add_column(col, justify=just, overflow="fold")
+    for i, r in enumerate(ranked[:top], 1):
+        t.add_row(*_row(i, r, s.budget))
+    console.print(t)
+    unit = "; times in device-seconds (CPU time / devices)" if cpu else ""
+    console.print("peak: params + gradients + optimizer state (exact) + activations (estimate); * XLA's compiled "
+                  "peak. step: the roofline of cost.py" + unit, highlight=False)
+    if s.duplicates:
+        console.print(f"{s.duplicates:,} layouts equal to a listed one once size-1 axes are dropped are not listed",
+                      highlight=False)
+    if s.calibration != 1.0:
+        console.print(f"analytic estimates are scaled by {s.calibration:.2f}, the median compiled / analytic ratio "
+                      f"of the compiled layouts", highlight=False)
+    if ranked:
+        b = ranked[0]
+        console.print(f"[bold]best:[/bold] {b.candidate.label}: {fmt_seconds(b.step_time)} per step "
+                      f"({b.estimate.source}), MFU {b.estimate.mfu:.0%}, bound by {b.estimate.bottleneck}; peak "
+                      f"{fmt_bytes(b.peak)} of {fmt_bytes(s.budget)} ({b.peak_source})", highlight=False)
+        console.print(f"  why: {why(b)}", highlight=False, markup=False)
+        view = b.compiled_view or {}
+        if view and view.get("status") != "ok":
+            console.print(f"  compiled view {view.get('status')}: {view.get('reason')}", highlight=False, markup=False)
+    rejected = s.rejected
+    if rejected:
+        kinds = Counter(r.reason.split(":")[0] for r in rejected)
+        console.print(f"rejected {len(rejected):,}: " + ", ".join(f"{k} {n:,}" for k, n in kinds.most_common()),
+                      highlight=False)
+        priced = sorted((r for r in rejected if r.peak > 0), key=lambda r: r.peak)[:3]
+        for r in priced:
+            console.print(f"  - {r.candidate.label}: {r.reason}", highlight=False, markup=False)
+    tm = report["timing"]
+    console.print(f"timing: search {tm['search_s']:.1f} s, {tm['compiles']} compiles {tm['compile_s']:.1f} s, "
+                  f"total {tm['total_s']:.1f} s", highlight=False)
+
+
+def write_best(cfg: Config, sets: list[str], best: Result, path: str, report: dict[str, Any]) -> Path:
+    """The config with the best layout applied, every default resolved (``partitioning train`` runs it)."""
+    overrides = best.candidate.overrides(best.rules, best.optimizer_rules)
+    tuned = load_config(cfg.path, sets + overrides)
+    e = best.estimate
+    head = [f"# Written by `partitioning tune {cfg.path}` for {best.candidate.devices:,} devices "
+            f"({report['search']['hardware']['name']}):",
+            f"#   {best.candidate.label}",
+            f"#   estimated {fmt_seconds(best.step_time)} per step ({e.source}), bound by {e.bottleneck};",
+            f"#   peak {fmt_bytes(best.peak)} per device ({best.peak_source}) of a "
+            f"{fmt_bytes(report['search']['budget_bytes'])} budget."]
+    text = "\n".join(head) + "\n" + tuned.to_yaml(best.candidate.sizes, model_options_resolved(tuned))
+    return write_text(path, text, "--out")
+
+
+__all__ = ["render_search", "write_best", "fmt_seconds", "why"]

@@ -1,0 +1,30 @@
+"""Tune: the best layout for a model, a device count and a memory budget, with the reasons.
+
+Modules:
+
+- :mod:`~partitioning.tune.hardware` — hardware profiles (H100, H200, A100, TPU v4 / v5e / v5p, YAML files) and
+  the bandwidth of a collective over mesh axes.
+- :mod:`~partitioning.tune.measure` — the ``cpu`` profile, measured on the spot in device-seconds.
+- :mod:`~partitioning.tune.workload` — the model's shape from its logical names; FLOPs; the activation estimate.
+- :mod:`~partitioning.tune.space` — the candidates: meshes x rule tables x ZeRO-1 x remat x micro-batches.
+- :mod:`~partitioning.tune.cost` — the roofline: compute and per-axis communication per phase, overlapped or not.
+- :mod:`~partitioning.tune.search` — price every candidate, reject with the reason, rank; fold in compiled views.
+- :mod:`~partitioning.tune.crossover` — the per-device batch below which a layout becomes communication-bound.
+- :mod:`~partitioning.tune.plot` — the candidates' PNG: peak memory against estimated step time, the budget line.
+
+Example::
+
+    >>> w = workload(plan.params, batch_size=256, seq_len=2048, compute_dtype="bfloat16")
+    >>> s = search(params, opt_state, {"fsdp_tp": Rules.preset("fsdp_tp")}, 2048, w, hardware("v5p"), 95 * 2**30)
+    >>> s.best.candidate.label, s.best.estimate.step_time, s.best.estimate.bottleneck
+"""
+
+from partitioning.tune.cost import Estimate, analytic_estimate, compiled_estimate
+from partitioning.tune.hardware import PROFILES, Hardware, hardware, load_hardware, profile_names
+from partitioning.tune.search import Result, Search, search
+from partitioning.tune.space import Candidate, candidates
+from partitioning.tune.workload import Workload, workload
+
+__all__ = ["Hardware", "PROFILES", "hardware", "load_hardware", "profile_names", "Workload", "workload",
+           "Candidate", "candidates", "Estimate", "analytic_estimate", "compiled_estimate", "Result", "Search",
+           "search"]

@@ -1,0 +1,356 @@
+"""The cost model: a train step's time as a roofline of compute and per-axis communication, each term shown.
+
+A step has three phases: the forward pass, the backward pass (with any
+recomputation) and the optimizer update; with micro-batches the first two
+run once per micro-batch. Per phase ``p``:
+
+- **compute** ``C_p = max(FLOPs_p / peak, HBM bytes_p / HBM bandwidth)`` per
+  device (analytic: per op of the compiled step when there is one);
+- **communication** ``X_p = sum over its collectives of latency + f * bytes / W(axes)``
+  with ``f = 1`` for an all-gather or reduce-scatter, ``2`` for an all-reduce
+  (:func:`~partitioning.tune.hardware.collective_time`), ``W`` the per-device
+  bandwidth of the mesh axes it runs over (:meth:`Hardware.bandwidth`).
+
+A collective can only hide behind the compute of its own phase (a gradient
+all-reduce cannot start before the backward pass makes the gradient), so
+
+    overlapped:   T = sum_p max(C_p, X_p)        not overlapped:   T = sum_p (C_p + X_p)
+
+and the estimate is the overlapped one when the hardware runs collectives
+asynchronously (``Hardware.overlap``), the other one on the CPU. On the CPU a
+step also pays for faulting in its fresh temporary memory (``temp bytes /
+Hardware.alloc_bandwidth``, added to either; accelerators pool their memory). This is the
+model of "How to Scale Your Model" (Part 5), which compares forward and backward
+FLOPs with the collectives of the same pass.
+
+Analytic communication per step and device (:func:`analytic_comm`), from the
+plan's layouts; "token axes" split the batch (or the sequence):
+
+- a parameter split over token axes (FSDP) is all-gathered in the forward
+  and again in the backward pass, and its gradient reduce-scattered, over
+  those axes, once per layer and micro-batch;
+- token axes that do not split a parameter (data parallelism) all-reduce
+  its gradient, once per micro-batch;
+- a parameter split over other axes (tensor parallelism) with an ``embed``
+  dimension: split dimensions before ``embed`` contract into the residual
+  stream (row-parallel: an all-reduce of the ``(batch, length, embed)``
+  activation in the forward pass), after it expand from it (column-parallel:
+  one all-reduce of the activation's gradient per module in the backward pass);
+- a sequence split over an axis (``length``) all-gathers keys and values for
+  attention in the forward pass and reduce-scatters their gradients.
+
+Example::
+
+    >>> est = analytic_estimate(plan, w, rules, hw, remat="full", grad_accum=1)
+    >>> est.step_time, est.per_axis(), est.bottleneck
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from itertools import combinations
+from typing import Any
+
+from partitioning.layout import LeafLayout
+from partitioning.resolve import axes_tuple
+from partitioning.rules import Rules
+from partitioning.tune.hardware import Hardware, collective_time
+from partitioning.tune.workload import Workload, local_elements
+
+PHASES = ("fwd", "bwd", "update")
+
+
+@dataclasses.dataclass(frozen=True)
+class Comm:
+    """Collectives of one kind over some mesh axes in one phase, per step and device."""
+
+    axes: tuple[str, ...]
+    kind: str
+    phase: str
+    bytes: float        # full-buffer bytes (gathered result, reduced buffer), summed over executions
+    count: float        # executions per step
+    group: int
+    seconds: float
+    what: str = ""
+
+    @property
+    def label(self) -> str:
+        return "+".join(self.axes) or "?"
+
+
+@dataclasses.dataclass
+class Estimate:
+    """The terms of one layout's step time (see the module docstring) and their roofline."""
+
+    source: str                              # "analytic" | "compiled"
+    flops: dict[str, float]                  # per device, per phase
+    hbm_bytes: dict[str, float]              # per device, per phase
+    compute: dict[str, float]                # seconds per phase: max(flops / peak, bytes / HBM bandwidth)
+    comm: list[Comm]
+    overlap: bool
+    model_flops: float                       # whole step, all devices (for MFU)
+    devices: int
+    peak_flops: float
+    other: dict[str, float] = dataclasses.field(default_factory=dict)   # seconds outside the phases
+
+    def comm_time(self, phase: str | None = None) -> float:
+        return sum(c.seconds for c in self.comm if phase is None or c.phase == phase)
+
+    def per_axis(self) -> dict[str, float]:
+        """Seconds of communication per mesh axis (``a+b`` for collectives over several)."""
+        out: dict[str, float] = defaultdict(float)
+        for c in self.comm:
+            out[c.label] += c.seconds
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    @property
+    def overlapped(self) -> float:
+        return sum(max(self.compute[p], self.comm_time(p)) for p in PHASES) + sum(self.other.values())
+
+    @property
+    def serial(self) -> float:
+        return sum(self.compute[p] + self.comm_time(p) for p in PHASES) + sum(self.other.values())
+
+    @property
+    def step_time(self) -> float:
+        return self.overlapped if self.overlap else self.serial
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops / (self.step_time * self.devices * self.peak_flops) if self.step_time else 0.0
+
+    @property
+    def bottleneck(self) -> str:
+        """What bounds the step: ``compute``, ``memory bandwidth`` or ``comm <axis>``.
+
+        Each phase's time goes to its binding term (overlapped: the larger of
+        compute and communication, the latter to its busiest axis; not
+        overlapped: every term its own time); the largest total wins.
+        """
+        score: dict[str, float] = defaultdict(float)
+        for p in PHASES:
+            kind = "compute" if self.flops[p] / self.peak_flops >= self.compute[p] * 0.999 else "memory bandwidth"
+            axes: dict[str, float] = defaultdict(float)
+            for c in self.comm:
+                if c.phase == p:
+                    axes[f"comm {c.label}"] += c.seconds
+            comm = sum(axes.values())
+            if not self.overlap:
+                score[kind] += self.compute[p]
+                for a, t in axes.items():
+                    score[a] += t
+            elif self.compute[p] >= comm:
+                score[kind] += self.compute[p]
+            else:
+                score[max(axes, key=axes.get)] += comm
+        for k, v in self.other.items():
+            score[k] += v
+        return max(score, key=score.get) if score else "compute"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source, "step_time_s": self.step_time, "overlapped_s": self.overlapped,
+            "serial_s": self.serial, "overlap": self.overlap, "mfu": self.mfu, "bottleneck": self.bottleneck,
+            "flops": self.flops, "hbm_bytes": self.hbm_bytes, "compute_s": self.compute,
+            "comm_s": {p: self.comm_time(p) for p in PHASES}, "comm_per_axis_s": self.per_axis(),
+            "other_s": self.other,
+            "collectives": [dataclasses.asdict(c) | {"axes": list(c.axes)} for c in self.comm],
+        }
+
+
+# -- analytic terms --------------------------------------------------------------------------------
+
+def token_axes(rules: Rules, mesh: Mapping[str, int], w: Workload) -> list[str]:
+    """Mesh axes (size > 1) that split the tokens: the batch axes, then those splitting ``length``."""
+    out = [a for a in rules.batch_axes if mesh.get(a, 1) > 1]
+    spec = rules.resolve(("batch", "length", "embed"))
+    if spec is not None and len(spec) > 1:
+        out += [a for a in axes_tuple(spec[1]) if mesh.get(a, 1) > 1 and a not in out]
+    return out
+
+
+def _length_axes(rules: Rules, mesh: Mapping[str, int]) -> list[str]:
+    spec = rules.resolve(("batch", "length", "embed"))
+    return [a for a in axes_tuple(spec[1]) if mesh.get(a, 1) > 1] if spec is not None and len(spec) > 1 else []
+
+
+def leaf_axes(l: LeafLayout, mesh: Mapping[str, int]) -> list[str]:
+    return [a for e in l.spec for a in axes_tuple(e) if mesh.get(a, 1) > 1]
+
+
+def _repeats(l: LeafLayout) -> int:
+    """How many times a step uses the leaf's slices one after another (its ``layers`` axis)."""
+    if l.names and "layers" in l.names:
+        return int(l.shape[list(l.names).index("layers")])
+    return 1
+
+
+def _ordered(mesh: Mapping[str, int], axes: Sequence[str]) -> tuple[str, ...]:
+    return tuple(a for a in mesh if a in axes)
+
+
+def analytic_comm(params: Sequence[LeafLayout], mesh: Mapping[str, int], rules: Rules, w: Workload,
+                  hw: Hardware, *, micro_batch: int, grad_accum: int = 1) -> list[Comm]:
+    """The collectives of one step, per device (see the module docstring)."""
+    tokens = token_axes(rules, mesh, w)
+    buckets: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])   # (axes, kind, phase, what) -> bytes, count
+
+    def add(axes, kind, phase, nbytes, count, what):
+        key = (_ordered(mesh, axes), kind, phase, what)
+        buckets[key][0] += nbytes * grad_accum
+        buckets[key][1] += count * grad_accum
+
+    resid = local_elements(rules, mesh, ("batch", "length", "embed"), (micro_batch, w.seq_len, w.embed))
+    resid_bytes = resid * w.compute_bytes
+    row, col = defaultdict(int), set()
+    for l in params:
+        axes = leaf_axes(l, mesh)
+        fsdp = [a for a in axes if a in tokens]
+        dp = [a for a in tokens if a not in axes]
+        mp = [a for a in axes if a not in tokens]
+        reps = _repeats(l)
+        if fsdp:
+            gathered = l.per_device_bytes * math.prod(mesh[a] for a in fsdp)
+            add(fsdp, "all-gather", "fwd", gathered, reps, "FSDP weights (forward)")
+            add(fsdp, "all-gather", "bwd", gathered, reps, "FSDP weights (backward)")
+            add(fsdp, "reduce-scatter", "bwd", gathered, reps, "FSDP gradients")
+        if dp:
+            add(dp, "all-reduce", "bwd", l.per_device_bytes, 1, "gradients (data parallel)")
+        if mp and l.names and "embed" in l.names:
+            e = list(l.names).index("embed")
+            split = [i for i, (d, n) in enumerate(zip(l.spec, l.shards_per_dim)) if n > 1 and i != e
+                     and any(a in mp for a in axes_tuple(d))]
+            parent = l.path.rsplit("/", 1)[0]
+            if split and max(split) < e:
+                row[(tuple(mp), l.path, reps)] += 1
+            elif split:
+                col.add((tuple(mp), parent, reps))
+    for (mp, _, reps), n in row.items():
+        add(mp, "all-reduce", "fwd", n * resid_bytes * reps, n * reps, "activations (row-parallel matmuls)")
+    for mp, _, reps in col:
+        add(mp, "all-reduce", "bwd", resid_bytes * reps, reps, "activation gradients (column-parallel matmuls)")
+    seq = _length_axes(rules, mesh)
+    if seq and w.heads and w.head_dim:
+        kv = local_elements(rules, mesh, ("batch", "length", "kv_heads", "kv"),
+                            (micro_batch, w.seq_len, w.kv_heads, w.head_dim))
+        gathered = 2 * kv * w.compute_bytes * math.prod(mesh[a] for a in seq) * w.layers
+        add(seq, "all-gather", "fwd", gathered, 2 * w.layers, "keys and values (sequence split)")
+        add(seq, "reduce-scatter", "bwd", gathered, 2 * w.layers, "key and value gradients (sequence split)")
+    out = []
+    for (axes, kind, phase, what), (nbytes, count) in buckets.items():
+        group = math.prod(mesh[a] for a in axes)
+        bw = hw.bandwidth(mesh, axes, kind)
+        out.append(Comm(axes, kind, phase, nbytes, count, group,
+                        collective_time(hw, kind, nbytes, group, bw, count), what))
+    return out
+
+
+def compute_parallelism(params: Sequence[LeafLayout], mesh: Mapping[str, int], rules: Rules, w: Workload) -> int:
+    """Devices that share the step's FLOPs: token axes times the axes splitting layer weights (the rest copy)."""
+    tokens = token_axes(rules, mesh, w)
+    model = {a for l in params if _repeats(l) > 1 or l.names and "mlp" in l.names
+             for a in leaf_axes(l, mesh) if a not in tokens}
+    return math.prod(mesh[a] for a in tokens) * math.prod(mesh[a] for a in model)
+
+
+def analytic_estimate(params: Sequence[LeafLayout], state_bytes: Mapping[str, float], mesh: Mapping[str, int],
+                      rules: Rules, w: Workload, hw: Hardware, *, remat: str, grad_accum: int,
+                      flops_total: Mapping[str, float] | None = None, temp_bytes: float = 0.0) -> Estimate:
+    """The analytic :class:`Estimate` of one layout.
+
+    ``state_bytes``: per-device ``params``, ``gradients``, ``optimizer`` bytes
+    (the plan's totals). ``flops_total``: whole-step ``fwd`` / ``bwd`` FLOPs
+    (e.g. from a compiled step, scaled); default :meth:`Workload.flops_per_step`.
+    ``temp_bytes``: the step's temporaries per device (see :func:`temporaries_time`).
+    """
+    devices = math.prod(mesh.values())
+    micro = w.batch // grad_accum
+    f = dict(flops_total) if flops_total else w.flops_per_step(remat)
+    par = compute_parallelism(params, mesh, rules, w)
+    flops = {"fwd": f["fwd"] / par, "bwd": (f["bwd"] + f.get("recompute", 0.0)) / par, "update": 0.0}
+    # Memory traffic: each pass reads the weights it uses (gathered ones in full), the backward twice,
+    # and about eight residual-sized activations per layer and token; the update reads and writes the state.
+    tokens = token_axes(rules, mesh, w)
+    used = sum(l.per_device_bytes * math.prod(mesh[a] for a in leaf_axes(l, mesh) if a in tokens) for l in params)
+    act = w.tokens / par * w.embed * w.compute_bytes * max(1, w.layers) * 8
+    hbm = {"fwd": grad_accum * used + act, "bwd": grad_accum * (2 + (remat == "full")) * used + 2 * act,
+           "update": 2 * state_bytes["params"] + 2 * state_bytes["optimizer"] + state_bytes["gradients"]}
+    compute = {p: max(flops[p] / hw.peak_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
+    comm = analytic_comm(params, mesh, rules, w, hw, micro_batch=micro, grad_accum=grad_accum)
+    return Estimate("analytic", flops, hbm, compute, comm, hw.overlap, w.flops_per_step(remat)["model"],
+                    devices, hw.peak_flops, temporaries_time(hw, temp_bytes))
+
+
+def temporaries_time(hw: Hardware, temp_bytes: float) -> dict[str, float]:
+    """``{"temporaries": seconds}`` where fresh temporary memory costs time each step (the CPU), else ``{}``."""
+    if not hw.alloc_bandwidth or not temp_bytes:
+        return {}
+    return {"temporaries": temp_bytes / hw.alloc_bandwidth}
+
+
+# -- from a compiled step ----------------------------------------------------------------------------
+
+def axes_of_group(mesh: Mapping[str, int], group: int | None, hw: Hardware) -> tuple[str, ...]:
+    """The mesh axes whose sizes multiply to a collective's group size (the slowest such set when several do)."""
+    names = [a for a, s in mesh.items() if s > 1]
+    if not group or group <= 1:
+        return ()
+    found = [c for r in range(1, len(names) + 1) for c in combinations(names, r)
+             if math.prod(mesh[a] for a in c) == group]
+    if not found:
+        return tuple(names)
+    return min(found, key=lambda c: hw.bandwidth(mesh, c))
+
+
+def compiled_estimate(ops: Sequence[Sequence[Any]], collective_ops: Sequence[Mapping[str, Any]],
+                      mesh: Mapping[str, int], hw: Hardware, *, model_flops: float,
+                      temp_bytes: float = 0.0, analytic: Estimate | None = None) -> Estimate:
+    """The :class:`Estimate` of a compiled step.
+
+    ``ops``: ``[name, op, phase, flops, bytes, executions]`` rows
+    (:func:`partitioning.plan.hlo_cost.op_costs`); ``collective_ops``: the
+    compiled view's collectives (kind, bytes, executions, group_size, source);
+    ``temp_bytes``: XLA's temporaries per device (``memory_analysis().temp_size_in_bytes``).
+
+    On the machine that compiled the step (``hw.measured``: the cpu profile)
+    every term is the compiled one: a roofline per op and the collectives priced
+    on their mesh axes. For other hardware the program is XLA:CPU's, which
+    computes bfloat16 in float32 (more bytes, wider collectives, copies a
+    bfloat16 scan's stacked outputs): the compiled FLOPs per phase are used (loops
+    counted), memory traffic and collectives stay those of ``analytic``.
+    """
+    from partitioning.plan.hlo_cost import phase_of
+
+    flops = {p: 0.0 for p in PHASES}
+    hbm = {p: 0.0 for p in PHASES}
+    compute = {p: 0.0 for p in PHASES}
+    for _, _, phase, fl, nbytes, _ in ops:
+        flops[phase] += fl
+        hbm[phase] += nbytes
+        compute[phase] += max(fl / hw.peak_flops, nbytes / hw.memory_bandwidth)
+    if not hw.measured and analytic is not None:
+        hbm = dict(analytic.hbm_bytes)
+        compute = {p: max(flops[p] / hw.peak_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
+        return Estimate("compiled", flops, hbm, compute, list(analytic.comm), hw.overlap, model_flops,
+                        math.prod(mesh.values()), hw.peak_flops, dict(analytic.other))
+    buckets: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for c in collective_ops:
+        axes = axes_of_group(mesh, c.get("group_size"), hw)
+        key = (axes, c["kind"], phase_of(c.get("source", "")))
+        buckets[key][0] += c["bytes"] * c["executions"]
+        buckets[key][1] += c["executions"]
+    comm = []
+    for (axes, kind, phase), (nbytes, count) in buckets.items():
+        group = math.prod(mesh[a] for a in axes) if axes else 1
+        bw = hw.bandwidth(mesh, axes, kind)
+        comm.append(Comm(axes, kind, phase, nbytes, count, group,
+                         collective_time(hw, kind, nbytes, group, bw, count), "compiled"))
+    return Estimate("compiled", flops, hbm, compute, comm, hw.overlap, model_flops, math.prod(mesh.values()),
+                    hw.peak_flops, temporaries_time(hw, temp_bytes))
+
+
+__all__ = ["Comm", "Estimate", "PHASES", "temporaries_time", "analytic_comm", "analytic_estimate", "compiled_estimate",
+           "compute_parallelism", "token_axes", "axes_of_group"]

@@ -1,0 +1,349 @@
+"""Hardware profiles: what one accelerator computes, holds and moves, and how fast each mesh axis talks.
+
+A :class:`Hardware` is a roofline's inputs: peak dense bf16 FLOP/s, HBM bytes
+and bandwidth per device, and the interconnect. Two interconnect shapes:
+
+- ``nodes`` (GPUs): ``node_size`` devices behind a switch (NVLink), each with
+  ``link_bandwidth`` bytes/s of egress; nodes joined by a network giving each
+  device ``network_bandwidth`` bytes/s (its share of the node's NICs).
+- ``torus`` (TPUs): chips on a ``torus_dims``-dimensional torus (ICI) with
+  ``link_bandwidth`` bytes/s per torus axis (both directions of the ring), up
+  to ``node_size`` chips (a pod); pods joined by the data-centre network
+  (DCN) at ``network_bandwidth`` bytes/s per chip.
+
+:meth:`Hardware.bandwidth` is the per-device bandwidth of a collective over
+some mesh axes: an all-gather or reduce-scatter of a ``B``-byte buffer takes
+``latency + B / W``, an all-reduce twice that (:func:`collective_time`). Mesh axes
+are laid out like ``jax.make_mesh``: the last axis varies fastest, so it is
+the one inside a node / on the first torus dimensions.
+
+Every number of :data:`PROFILES` cites its public source. The ``cpu`` profile
+is measured on the spot (:mod:`partitioning.tune.measure`). Any other machine
+is a YAML file with the same keys (:func:`load_hardware`).
+
+Example::
+
+    >>> hw = hardware("v5p")
+    >>> hw.bandwidth({"fsdp": 256, "tensor": 8}, ["tensor"])   # one torus axis (16x16x8 slice)
+    180000000000.0
+    >>> hardware("h100").bandwidth({"data": 256, "tensor": 8}, ["data"])   # one GPU per node in each group
+    50000000000.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from partitioning.errors import ConfigError, did_you_mean
+from partitioning.yamlfile import read_yaml, where
+
+GB, GIB = 10 ** 9, 2 ** 30
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """One device type and its interconnect (see the module docstring for the two topologies).
+
+    Example::
+
+        >>> hw = pt.hardware("v5p")
+        >>> hw.peak_flops / hw.link_bandwidth          # FLOPs per byte over one ICI axis
+        2550.0
+    """
+
+    name: str
+    peak_flops: float              # dense bf16 FLOP/s per device
+    memory: int                    # HBM bytes per device
+    memory_bandwidth: float        # HBM bytes/s per device
+    topology: str                  # "nodes" | "torus"
+    node_size: int                 # devices per node (nodes) / chips per pod (torus)
+    link_bandwidth: float          # bytes/s: per device inside a node (nodes) / per torus axis (torus)
+    network_bandwidth: float       # bytes/s per device across nodes / pods
+    torus_dims: int = 0
+    latency: float = 1e-5          # seconds: the fixed cost of one collective
+    overlap: bool = True           # collectives run beside compute (async), not in turn with it
+    collective_bandwidth: Mapping[str, float] = dataclasses.field(default_factory=dict)  # per kind, replaces links
+    # Bytes/s at which a step's fresh temporary memory is faulted in (the CPU runtime maps it anew each
+    # step and the kernel zeroes every page); None where device memory is pooled (GPUs, TPUs).
+    alloc_bandwidth: float | None = None
+    # True for the profile of the machine that compiles (the measured cpu): its compiled ops' bytes and
+    # collectives are its own. For any other hardware they are XLA:CPU's, which computes bf16 in f32.
+    measured: bool = False
+    description: str = ""
+    sources: tuple[str, ...] = ()
+
+    def torus_shape(self, devices: int) -> tuple[int, ...]:
+        """The physical torus of a ``devices``-chip slice, smallest dimension first (prime factors dealt out evenly)."""
+        dims = [1] * max(1, self.torus_dims)
+        n = min(devices, self.node_size) if self.node_size else devices
+        for p in sorted(_prime_factors(n), reverse=True):
+            i = min(range(len(dims)), key=lambda j: (dims[j], j))
+            dims[i] *= p
+        return tuple(sorted(dims))
+
+    def _torus_axes(self, mesh: Mapping[str, int]) -> dict[str, set[int]]:
+        """Mesh axis -> the torus dimensions it spans: the last (fastest) mesh axis on the smallest dimensions,
+        so an 8-way axis of a 16x16x8 slice takes one whole dimension."""
+        caps = list(self.torus_shape(math.prod(mesh.values())))
+        out: dict[str, set[int]] = {}
+        i = 0
+        for name, size in reversed(list(mesh.items())):
+            spans: set[int] = set()
+            s = int(size)
+            while s > 1 and i < len(caps):
+                g = math.gcd(s, caps[i])
+                if g == 1:
+                    i += 1
+                    continue
+                spans.add(i)
+                caps[i] //= g
+                s //= g
+                if caps[i] == 1:
+                    i += 1
+            out[name] = spans or ({0} if size > 1 else set())
+        return out
+
+    def bandwidth(self, mesh: Mapping[str, int], axes: Sequence[str], kind: str = "all-gather") -> float:
+        """Bytes/s per device for a collective over ``axes`` of ``mesh`` (``{axis: size}``, in order)."""
+        axes = [a for a in axes if mesh.get(a, 1) > 1]
+        if kind in self.collective_bandwidth:
+            return float(self.collective_bandwidth[kind])
+        if not axes:
+            return math.inf
+        inside, group = _members_per_node(mesh, axes, self.node_size), math.prod(mesh[a] for a in axes)
+        if self.topology == "torus":
+            spanned = set().union(*(self._torus_axes(mesh)[a] for a in axes))
+            local = max(1, len(spanned)) * self.link_bandwidth
+        else:
+            local = self.link_bandwidth
+        if group <= inside:
+            return local
+        # Across nodes / pods a hierarchical collective splits the buffer over the
+        # group's members in one node, each sending its part over its own NIC share.
+        return min(local, self.network_bandwidth * inside)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["collective_bandwidth"] = dict(self.collective_bandwidth)
+        d["sources"] = list(self.sources)
+        return d
+
+
+def _prime_factors(n: int) -> list[int]:
+    out, p = [], 2
+    while n > 1 and p * p <= n:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return out + ([n] if n > 1 else [])
+
+
+def _members_per_node(mesh: Mapping[str, int], axes: Sequence[str], node_size: int) -> int:
+    """How many devices of one collective group sit in the same node (consecutive device ids)."""
+    sizes = list(mesh.items())
+    inside = 1
+    for i, (name, size) in enumerate(sizes):
+        if name not in axes:
+            continue
+        stride = math.prod(s for _, s in sizes[i + 1:])
+        inside *= 1 if stride >= node_size else min(size, max(1, node_size // stride))
+    return inside
+
+
+def collective_time(hw: Hardware, kind: str, nbytes: float, group: int, bandwidth: float,
+                    count: float = 1) -> float:
+    """Seconds for ``count`` collectives of kind ``kind`` moving ``nbytes`` (per device, full buffer) in total.
+
+    An all-gather or reduce-scatter costs ``bytes / W``, an all-reduce twice
+    that, an all-to-all a quarter (a bidirectional ring) and a permute the
+    buffer once, plus ``latency`` each. Like the published analyses ("How to
+    Scale Your Model", Part 3: ``V / W (n-1)/n -> V / W``) the ring's
+    ``(n-1)/n`` is taken as 1: exact for large groups, and for small ones it
+    stands for the peak that collectives seldom reach (an 8xH100 all-reduce
+    measures ~370 of NVLink's 450 GB/s, Part 12).
+
+    Example::
+
+        >>> collective_time(hardware("v5p"), "all-reduce", 2 * 10**9, 2048, 5.4e11)   # ~7.4 ms
+        0.00741...
+    """
+    if group <= 1 or nbytes <= 0:
+        return 0.0
+    factor = {"all-reduce": 2.0, "all-to-all": 0.25}.get(kind, 1.0)
+    return count * hw.latency + factor * nbytes / bandwidth
+
+
+# -- the published profiles ------------------------------------------------------------------------
+# SB = "How to Scale Your Model" (Austin et al., Google DeepMind, 2025), https://jax-ml.github.io/scaling-book/
+#   Part 2 (tpus): the TPU spec tables; Part 5 (training): C = 4.6e14, W = 2 * 9e10 for v5p;
+#   Part 12 (gpus): GPU tables, "GPU egress 450e9, node egress 400e9" for H100 / B200 DGX SuperPODs.
+
+_SB_TPU = "https://jax-ml.github.io/scaling-book/tpus/"
+_SB_TRAIN = "https://jax-ml.github.io/scaling-book/training/"
+_SB_GPU = "https://jax-ml.github.io/scaling-book/gpus/"
+
+PROFILES: dict[str, Hardware] = {
+    "h100": Hardware(
+        name="h100", description="NVIDIA H100 SXM 80GB, 8 per node (NVLink 4), 8x400 Gb/s InfiniBand per node",
+        peak_flops=989e12,             # datasheet: 1,979 TFLOP/s bf16 with sparsity -> 989 dense
+        memory=80 * GB, memory_bandwidth=3.35e12,      # datasheet: 80 GB HBM3, 3.35 TB/s
+        topology="nodes", node_size=8,
+        link_bandwidth=450e9,          # NVLink 4: 900 GB/s bidirectional = 450 GB/s egress (SB Part 12)
+        network_bandwidth=50e9,        # one 400 Gb/s NIC per GPU: node egress 400 GB/s / 8 (SB Part 12)
+        latency=1e-5,
+        sources=("https://www.nvidia.com/en-us/data-center/h100/", _SB_GPU,
+                 "https://docs.nvidia.com/dgx-superpod-reference-architecture-dgx-h100.pdf")),
+    "h200": Hardware(
+        name="h200", description="NVIDIA H200 SXM 141GB, 8 per node (NVLink 4), 8x400 Gb/s InfiniBand per node",
+        peak_flops=989e12,             # datasheet: 1,979 TFLOP/s bf16 with sparsity (same Hopper die as H100)
+        memory=141 * GB, memory_bandwidth=4.8e12,     # datasheet: 141 GB HBM3e, 4.8 TB/s
+        topology="nodes", node_size=8, link_bandwidth=450e9, network_bandwidth=50e9, latency=1e-5,
+        sources=("https://www.nvidia.com/en-us/data-center/h200/", _SB_GPU)),
+    "a100-80g": Hardware(
+        name="a100-80g", description="NVIDIA A100 SXM 80GB, 8 per node (NVLink 3), 8x200 Gb/s InfiniBand per node",
+        peak_flops=312e12,             # datasheet: 312 TFLOP/s bf16 dense
+        memory=80 * GB, memory_bandwidth=2.039e12,    # datasheet: 80 GB HBM2e, 2,039 GB/s
+        topology="nodes", node_size=8,
+        link_bandwidth=300e9,          # NVLink 3: 600 GB/s bidirectional = 300 GB/s egress
+        network_bandwidth=25e9,        # DGX A100: one 200 Gb/s HDR NIC per GPU
+        latency=1e-5,
+        sources=("https://www.nvidia.com/en-us/data-center/a100/",
+                 "https://docs.nvidia.com/dgx-superpod-reference-architecture-dgx-a100.pdf")),
+    "v4": Hardware(
+        name="v4", description="Google TPU v4, 3D torus, 4096-chip pods",
+        peak_flops=2.75e14, memory=32 * GIB, memory_bandwidth=1.2e12,   # SB Part 2 table; 32 GiB HBM2
+        topology="torus", torus_dims=3, node_size=4096,                 # pod 16x16x16 (SB Part 2)
+        link_bandwidth=9e10,           # ICI 4.5e10 one-way per link, 9e10 both ways (SB Part 2)
+        network_bandwidth=2.5e10 / 4,  # DCN ~2.5e10 per host of 4 chips (SB Part 2)
+        latency=1e-5,
+        sources=(_SB_TPU, "https://cloud.google.com/tpu/docs/v4")),
+    "v5e": Hardware(
+        name="v5e", description="Google TPU v5e, 2D torus, 256-chip pods",
+        peak_flops=1.97e14, memory=16 * GIB, memory_bandwidth=8.1e11,   # SB Part 2 table; 16 GiB HBM2e
+        topology="torus", torus_dims=2, node_size=256,                  # pod 16x16
+        link_bandwidth=1e11,           # ICI 5e10 one-way per link, 1e11 both ways (SB Part 2)
+        network_bandwidth=2.5e10 / 8,  # DCN ~2.5e10 per host of 8 chips (4x2 hosts)
+        latency=1e-5,
+        sources=(_SB_TPU, "https://cloud.google.com/tpu/docs/v5e")),
+    "v5p": Hardware(
+        name="v5p", description="Google TPU v5p, 3D torus, 8960-chip pods",
+        peak_flops=4.59e14, memory=95 * GIB, memory_bandwidth=2.76e12,  # Cloud docs: 459 TFLOP/s, 95 GiB, 2,765 GB/s
+        topology="torus", torus_dims=3, node_size=8960,                 # pod 16x20x28 (SB Part 2)
+        # SB Part 5 derives its crossovers with W = 2 * 9e10 per axis ("1D data parallelism over ICI");
+        # Part 2's table lists 1e11 one-way in a later revision. The published analysis uses 9e10.
+        link_bandwidth=1.8e11,
+        network_bandwidth=2.5e10 / 4,  # DCN ~2.5e10 per host of 4 chips (SB Part 5, "Scaling between pods")
+        latency=1e-5,
+        sources=(_SB_TRAIN, _SB_TPU, "https://cloud.google.com/tpu/docs/v5p")),
+}
+
+ALIASES = {"a100": "a100-80g", "v4p": "v4", "tpu-v4": "v4", "tpu-v5e": "v5e", "tpu-v5p": "v5p", "h100-sxm": "h100"}
+_FIELDS = {f.name: f for f in dataclasses.fields(Hardware)}
+_REQUIRED = ("peak_flops", "memory", "memory_bandwidth", "topology", "node_size", "link_bandwidth",
+             "network_bandwidth")
+
+
+def profile_names() -> list[str]:
+    """The built-in profiles, plus ``cpu`` (measured)."""
+    return [*PROFILES, "cpu"]
+
+
+def hardware(name: str) -> Hardware:
+    """A built-in profile by name (``cpu`` is measured: see :func:`partitioning.tune.measure.measure_cpu`).
+
+    Example::
+
+        >>> hardware("h100").peak_flops
+        989000000000000.0
+    """
+    key = ALIASES.get(name.lower(), name.lower())
+    if key in PROFILES:
+        return PROFILES[key]
+    raise ConfigError(f"--hardware {name!r}: no such profile; choose one of {', '.join(profile_names())} "
+                      f"or give a YAML file{did_you_mean(key, profile_names())}", arg="hardware")
+
+
+def load_hardware(path: str | Path) -> Hardware:
+    """A profile from a YAML file with :class:`Hardware`'s keys (sizes may be written ``80GiB``).
+
+    Example (``my_gpu.yaml``)::
+
+        name: my-gpu
+        peak_flops: 4.0e14
+        memory: 48GiB
+        memory_bandwidth: 1.0e12
+        topology: nodes          # or torus (then torus_dims: 2 or 3)
+        node_size: 4
+        link_bandwidth: 2.0e11   # bytes/s per device inside a node (per torus axis for a torus)
+        network_bandwidth: 2.5e10
+    """
+    from partitioning.config.schema import parse_bytes  # the size parser the configs use
+
+    shown = str(path)
+    data, lines = read_yaml(Path(path), "hardware file")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{shown}: a hardware file is a mapping with keys {', '.join(_REQUIRED)}")
+    errors = []
+    for k in data:
+        if k not in _FIELDS:
+            errors.append(f"{where(shown, lines, (k,))}: unknown key{did_you_mean(k, list(_FIELDS))}")
+    for k in _REQUIRED:
+        if k not in data:
+            errors.append(f"{shown}: missing key {k!r}")
+    kw: dict[str, Any] = {"name": str(data.get("name", Path(path).stem))}
+    for k, v in data.items():
+        if k not in _FIELDS or k == "name":
+            continue
+        try:
+            kw[k] = _value(k, v, parse_bytes)
+        except (TypeError, ValueError) as e:
+            errors.append(f"{where(shown, lines, (k,))}: {e}")
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return Hardware(**kw)
+
+
+def _value(key: str, v: Any, parse_bytes: Any) -> Any:
+    if key == "topology":
+        if v not in ("nodes", "torus"):
+            raise ValueError(f"expected 'nodes' or 'torus', got {v!r}")
+        return v
+    if key == "alloc_bandwidth":
+        return None if v is None else _positive(v)
+    if key in ("description",):
+        return str(v)
+    if key == "sources":
+        return tuple(str(x) for x in (v if isinstance(v, list) else [v]))
+    if key in ("overlap", "measured"):
+        if not isinstance(v, bool):
+            raise ValueError(f"expected true or false, got {v!r}")
+        return v
+    if key == "collective_bandwidth":
+        if not isinstance(v, dict) or any(k not in KINDS for k in v):
+            raise ValueError(f"expected a mapping of {', '.join(KINDS)} to bytes/s")
+        return {k: _positive(x) for k, x in v.items()}
+    if key in ("memory",):
+        n = parse_bytes(v)
+        if n < 1:
+            raise ValueError("must be at least 1 byte")
+        return n
+    if key in ("node_size", "torus_dims"):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "torus_dims" else 1):
+            raise ValueError(f"expected a positive integer, got {v!r}")
+        return v
+    return _positive(v)
+
+
+def _positive(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise ValueError(f"expected a positive number, got {v!r}")
+    return float(v)
+
+
+__all__ = ["Hardware", "PROFILES", "hardware", "load_hardware", "profile_names", "collective_time", "KINDS"]

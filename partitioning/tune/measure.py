@@ -1,0 +1,150 @@
+"""The ``cpu`` profile, measured on the spot over the simulated devices this process has.
+
+Simulated CPU devices share the machine's cores, and a shared machine's wall
+clock says as much about the neighbours as about the program. So time is
+measured in **device-seconds**: the process's CPU time (user + system, all
+threads) divided by the number of devices, i.e. the wall time each device
+would take with a core of its own. Step times measured the same way
+(:func:`device_seconds`) compare with what this profile predicts.
+
+Measured, with every device busy at once:
+
+- ``peak_flops``: a float32 matmul per device (``m x m`` by ``m x m``);
+- ``memory_bandwidth``: an elementwise ``x * a + b`` over a large array (read + write);
+- per collective kind (all-gather, reduce-scatter, all-reduce) a latency and a
+  bandwidth, fitted to ``t = latency + f bytes / W`` at two buffer sizes
+  (``f`` as in :func:`partitioning.tune.hardware.collective_time`).
+
+- ``alloc_bandwidth``: a step writing a fresh 64 MiB output per device, beyond
+  the same step writing into its donated input. XLA's CPU runtime maps a step's temporary buffers anew for
+  every step and the kernel faults in and zeroes each page: a step with 70 MB
+  of temporaries per device spends about as long in the kernel as in its
+  elementwise ops.
+
+Collectives on the CPU are memory copies on the same cores that compute, so
+the profile does not overlap them with compute.
+
+Example::
+
+    >>> hw = measure_cpu()            # ~5 s on 8 simulated devices
+    >>> hw.peak_flops, hw.collective_bandwidth["all-gather"]
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from partitioning.tune.hardware import Hardware
+
+
+def device_seconds(fn: Callable[[], Any], devices: int, repeats: int = 3, min_seconds: float = 0.05) -> float:
+    """CPU seconds of one call divided by ``devices``: the median of ``repeats`` timings, each of
+    enough calls to last ``min_seconds`` of CPU time (after a warm-up call)."""
+    jax.block_until_ready(fn())
+    t0 = time.process_time()
+    jax.block_until_ready(fn())
+    calls = max(1, min(1000, int(min_seconds / max(time.process_time() - t0, 1e-6))))
+    out = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        for _ in range(calls):
+            jax.block_until_ready(fn())
+        out.append((time.process_time() - t0) / calls / devices)
+    return max(statistics.median(out), 1e-9)
+
+
+def fault_bandwidth(mesh: Any, nbytes: int = 1 << 26, repeats: int = 3) -> float:
+    """Bytes per device-second of a step writing fresh memory (a new output buffer) beyond
+    writing memory it already has (the same op with its input donated)."""
+    n = mesh.devices.size
+    split = NamedSharding(mesh, P("d"))
+    k = nbytes // 4
+    x = jax.device_put(jnp.ones((n * k,), jnp.float32), split)
+    fresh = jax.jit(lambda v: v * 1.5 + 1.0, out_shardings=split)
+    inplace = jax.jit(lambda v: v * 1.5 + 1.0, out_shardings=split, donate_argnums=0)
+    y = [jax.device_put(jnp.ones((n * k,), jnp.float32), split)]
+
+    def donated():
+        y[0] = inplace(y[0])
+        return y[0]
+
+    t_fresh = device_seconds(lambda: fresh(x), n, repeats)
+    t_inplace = device_seconds(donated, n, repeats)
+    return nbytes / max(t_fresh - t_inplace, 1e-9)
+
+
+def _host_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 * 2 ** 30
+
+
+def measure_cpu(devices: int | None = None, *, matmul: int = 512, stream: int = 1 << 22,
+                sizes: tuple[int, int] = (1 << 10, 1 << 18), repeats: int = 3) -> Hardware:
+    """The ``cpu`` :class:`Hardware` of this process's first ``devices`` CPU devices (see the module docstring).
+
+    Example::
+
+        >>> hw = pt.measure_cpu(8)       # a few seconds
+        >>> hw.peak_flops, hw.memory_bandwidth, hw.collective_bandwidth["all-gather"]
+    """
+    devs = jax.devices()[: devices or jax.device_count()]
+    n = len(devs)
+    mesh = jax.make_mesh((n,), ("d",), devices=devs)
+    split = NamedSharding(mesh, P("d"))
+    reps = 4
+
+    a = jax.device_put(jnp.ones((n * matmul, matmul), jnp.float32), split)
+    b = jax.device_put(jnp.ones((n * matmul, matmul), jnp.float32), split)
+
+    def mm(a, b):
+        x = a.reshape(n, matmul, matmul)
+        y = b.reshape(n, matmul, matmul)
+        for _ in range(reps):
+            x = jnp.einsum("nij,njk->nik", x, y) * (1.0 / matmul)
+        return x
+
+    mm_jit = jax.jit(mm, out_shardings=NamedSharding(mesh, P("d")))
+    flops = 2 * matmul ** 3 * reps / device_seconds(lambda: mm_jit(a, b), n, repeats)
+
+    x = jax.device_put(jnp.ones((n * stream,), jnp.float32), split)
+    sx = jax.jit(lambda x: x * 1.5 + 1.0, out_shardings=split)
+    bandwidth = 2 * 4 * stream / device_seconds(lambda: sx(x), n, repeats)
+
+    coll: dict[str, float] = {}
+    latency: list[float] = []
+    bodies = {
+        "all-gather": (lambda v: jax.lax.all_gather(v, "d", tiled=True), lambda k: 4 * k * n, 1.0),
+        "reduce-scatter": (lambda v: jax.lax.psum_scatter(jnp.tile(v, n), "d", tiled=True), lambda k: 4 * k * n, 1.0),
+        "all-reduce": (lambda v: jax.lax.psum(v, "d"), lambda k: 4 * k, 2.0),
+    }
+    for kind, (body, full, factor) in bodies.items():
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+        t = []
+        for k in sizes:
+            v = jax.device_put(jnp.ones((n * k,), jnp.float32), split)
+            t.append(device_seconds(lambda v=v: f(v), n, repeats))
+        moved = [factor * full(k) for k in sizes]
+        w = (moved[1] - moved[0]) / max(t[1] - t[0], 1e-9)
+        coll[kind] = w
+        latency.append(max(0.0, t[0] - moved[0] / w))
+    return Hardware(
+        name="cpu", description=f"this machine: {n} simulated CPU devices on {os.cpu_count()} cores, "
+                                f"measured in device-seconds (process CPU time / devices)",
+        peak_flops=flops, memory=_host_memory() // max(1, n), memory_bandwidth=bandwidth, topology="nodes",
+        node_size=max(n, 1), link_bandwidth=coll["all-gather"], network_bandwidth=coll["all-gather"],
+        latency=statistics.median(latency), overlap=False, collective_bandwidth=coll,
+        alloc_bandwidth=fault_bandwidth(mesh), measured=True,
+        sources=("measured on the spot: partitioning.tune.measure",))
+
+
+__all__ = ["measure_cpu", "device_seconds"]

@@ -1,0 +1,282 @@
+"""The search: price every candidate, reject what does not fit (with the reason), rank the rest.
+
+For each :class:`~partitioning.tune.space.Candidate`:
+
+1. the plan (:func:`partitioning.plan.build_plan`, once per mesh and table):
+   exact per-device bytes of params, gradients and optimizer state, and the
+   dimensions the rules cannot split (rejected when the train step would refuse them);
+2. the activation estimate (:func:`partitioning.tune.workload.activation_bytes`);
+   the peak is state + activations, rejected above the budget;
+3. the analytic step time (:func:`partitioning.tune.cost.analytic_estimate`).
+
+The fitting candidates are ranked by estimated step time (then peak memory).
+:meth:`Search.add_compiled` folds in a compiled view of a finalist: XLA's
+memory replaces the estimate (a finalist that does not fit is rejected) and the
+compiled step's ops and collectives replace the analytic terms. When nothing
+fits, :meth:`Search.nothing_fits` says which budget would and what takes the room.
+
+Example::
+
+    >>> s = search(params, opt_state, {"fsdp": fsdp}, 8, w, hardware("h100"), budget=80 * 2**30)
+    >>> s.ranked[0].candidate.label, s.ranked[0].estimate.step_time
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from partitioning.errors import PartitioningError
+from partitioning.fmt import fmt_bytes
+from partitioning.plan.compiled import normalize_spec
+from partitioning.plan.plan import Plan, build_plan
+from partitioning.rules import Rules
+from partitioning.tune.cost import Estimate, analytic_estimate, compiled_estimate, token_axes, leaf_axes
+from partitioning.tune.hardware import Hardware
+from partitioning.tune.space import Candidate, candidates, zero1_rules
+from partitioning.tune.workload import Workload, activation_bytes
+
+REMAT_ORDER = {None: 0, "none": 0, "dots": 1, "dots_no_batch": 2, "full": 3}
+
+
+@dataclasses.dataclass
+class Result:
+    """One priced candidate: memory, fit (or why not), estimate, and its compiled view when it has one."""
+
+    candidate: Candidate
+    rules: Rules
+    optimizer_rules: Rules | None
+    state: dict[str, float] = dataclasses.field(default_factory=dict)
+    activations: dict[str, float] = dataclasses.field(default_factory=dict)
+    peak: float = 0.0
+    peak_source: str = "estimate"
+    reason: str | None = None
+    analytic: Estimate | None = None
+    compiled: Estimate | None = None
+    compiled_view: dict[str, Any] | None = None
+    scale: float = 1.0       # analytic estimates: times the compiled / analytic ratio of compiled layouts
+
+    @property
+    def fits(self) -> bool:
+        return self.reason is None
+
+    @property
+    def estimate(self) -> Estimate | None:
+        return self.compiled or self.analytic
+
+    @property
+    def step_time(self) -> float:
+        if self.compiled:
+            return self.compiled.step_time
+        return self.analytic.step_time * self.scale if self.analytic else math.inf
+
+    def to_json(self) -> dict[str, Any]:
+        view = self.compiled_view or {}
+        return {
+            **self.candidate.to_json(), "rules_table": self.rules.to_list(),
+            "optimizer_rules": self.optimizer_rules.to_list() if self.optimizer_rules is not None else None,
+            "step_time_s": self.step_time, "analytic_scale": self.scale if not self.compiled else 1.0,
+            "state_bytes": self.state, "activation_bytes": self.activations, "peak_bytes": self.peak,
+            "peak_source": self.peak_source, "fits": self.fits, "reason": self.reason,
+            "estimate": self.estimate.to_json() if self.estimate else None,
+            "analytic": self.analytic.to_json() if self.analytic else None,
+            "compiled": ({"status": view.get("status"), "reason": view.get("reason"), "memory": view.get("memory"),
+                          "collectives": view.get("collectives"), "compile_s": view.get("compile_s")}
+                         if self.compiled_view else None),
+        }
+
+
+@dataclasses.dataclass
+class Search:
+    """All candidates priced for one workload, hardware and budget."""
+
+    results: list[Result]
+    hardware: Hardware
+    budget: int
+    workload: Workload
+    devices: int
+    seconds: float = 0.0
+    duplicates: int = 0       # layouts equal to an earlier one once size-1 axes are dropped
+
+    @property
+    def calibration(self) -> float:
+        """The median compiled / analytic step-time ratio over the compiled layouts (1 before any compile)."""
+        ratios = sorted(r.compiled.step_time / r.analytic.step_time for r in self.results
+                        if r.compiled and r.analytic and r.analytic.step_time > 0)
+        return ratios[len(ratios) // 2] if ratios else 1.0
+
+    @property
+    def ranked(self) -> list[Result]:
+        """Fitting candidates, fastest first; within 0.1% of each other the simpler layout first
+        (fewer micro-batches, no ZeRO-1, less recomputation), then the smaller peak."""
+        fit = [r for r in self.results if r.fits]
+        if not fit:
+            return []
+        best = max(min(r.step_time for r in fit), 1e-12)
+
+        def key(r: Result) -> tuple:
+            c = r.candidate
+            return (round(r.step_time / best, 3), c.grad_accum, c.zero1, REMAT_ORDER.get(c.remat, 0), r.peak)
+
+        return sorted(fit, key=key)
+
+    @property
+    def rejected(self) -> list[Result]:
+        return [r for r in self.results if not r.fits]
+
+    @property
+    def best(self) -> Result | None:
+        ranked = self.ranked
+        return ranked[0] if ranked else None
+
+    def add_compiled(self, result: Result, view: Mapping[str, Any]) -> None:
+        """Folds a compiled view into ``result``: XLA's peak and, from its ops, the compiled estimate."""
+        result.compiled_view = dict(view)
+        if view.get("status") != "ok":
+            return
+        mem = view.get("memory")
+        if mem:
+            result.peak, result.peak_source = float(mem["peak_estimate"]), "compiled"
+            if result.peak > self.budget:
+                result.reason = (f"memory (compiled): needs {fmt_bytes(result.peak)} per device, "
+                                 f"more than the budget of {fmt_bytes(self.budget)}")
+        if view.get("cost_ops") is not None:
+            result.compiled = compiled_estimate(view["cost_ops"], view.get("collective_ops", []),
+                                                result.candidate.sizes, self.hardware,
+                                                model_flops=self.workload.flops_per_step("none")["model"],
+                                                temp_bytes=float((mem or {}).get("temp", 0)),
+                                                analytic=result.analytic)
+            scale = self.calibration
+            for r in self.results:
+                r.scale = scale
+
+    def nothing_fits(self) -> str:
+        """Why no candidate fits, and the budget that would fit the smallest."""
+        priced = [r for r in self.results if r.peak > 0]
+        if not priced:
+            reasons = sorted({r.reason.split(":")[0] for r in self.results if r.reason})
+            return (f"no layout of {self.devices:,} devices can run this config ({', '.join(reasons)}): "
+                    + (self.results[0].reason if self.results else "no candidates"))
+        small = min(priced, key=lambda r: r.peak)
+        top = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in _largest(small))
+        return (f"no layout of {self.devices:,} devices fits {fmt_bytes(self.budget)} per device: the smallest peak, "
+                f"{fmt_bytes(small.peak)} ({small.peak_source}), is {small.candidate.label}; largest: {top}; "
+                f"a budget of {fmt_bytes(small.peak)} (--device-memory {_size_flag(small.peak)}) would fit it, "
+                f"or use more devices")
+
+    def to_json(self) -> dict[str, Any]:
+        ranked = self.ranked
+        return {"devices": self.devices, "hardware": self.hardware.to_json(), "budget_bytes": self.budget,
+                "workload": dataclasses.asdict(self.workload), "search_s": round(self.seconds, 3),
+                "candidates": len(self.results), "fitting": len(ranked), "duplicates": self.duplicates,
+                "calibration": self.calibration,
+                "ranked": [r.to_json() for r in ranked],
+                "rejected": [r.to_json() for r in self.rejected]}
+
+
+def _size_flag(n: float) -> str:
+    """A size at least ``n`` bytes, written for ``--device-memory`` (``93.2GiB``)."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{math.ceil(n / size * 10) / 10:g}{unit}"
+    return f"{math.ceil(n)}B"
+
+
+def _largest(r: Result) -> list[tuple[str, float]]:
+    parts = [("params", r.state.get("params", 0)), ("optimizer state", r.state.get("optimizer", 0)),
+             ("gradients", r.state.get("gradients", 0))]
+    parts += [(f"activations ({k})", v) for k, v in r.activations.items() if k != "total" and v]
+    return sorted(parts, key=lambda kv: -kv[1])[:3]
+
+
+def _layout_key(plan: Plan, rules: Rules, c: Candidate) -> tuple:
+    """What a layout does, with size-1 mesh axes dropped: the same key is the same program."""
+    sizes = plan.mesh
+    specs = tuple((l.path, normalize_spec(l.spec, sizes)) for l in plan.params + plan.opt_state)
+    acts = tuple(normalize_spec(rules.resolve(names), sizes) for names in _ACTIVATIONS)
+    return (c.remat, c.grad_accum, specs, acts)
+
+
+_ACTIVATIONS = (("batch", "length", "embed"), ("batch", "length", "mlp"), ("batch", "length", "heads", "kv"),
+                ("batch", "length", "kv_heads", "kv"), ("batch", "length", "vocab"))
+
+
+def _gathered_layer_bytes(plan: Plan, tokens: Sequence[str], layers: int) -> float:
+    mesh = plan.mesh
+    total = sum(l.per_device_bytes * math.prod(mesh[a] for a in leaf_axes(l, mesh) if a in tokens)
+                for l in plan.params if any(a in tokens for a in leaf_axes(l, mesh)))
+    return total / max(1, layers)
+
+
+def search(params: Any, opt_state: Any, tables: Mapping[str, Rules], devices: int, w: Workload, hw: Hardware,
+           budget: int, *, remats: Sequence[str | None] = (None,), max_grad_accum: int = 16,
+           activations: Mapping[str, set] | None = None, on_indivisible: str = "error",
+           flops: Mapping[str, Mapping[str, float]] | None = None,
+           ) -> Search:
+    """Prices every candidate (see the module docstring). ``params`` / ``opt_state``: the boxed abstract state.
+
+    ``activations``: per table, the activation name tuples (so rule coverage is
+    right); ``flops``: per remat policy, whole-step FLOPs to use instead of the
+    analytic count (e.g. from a compiled step).
+
+    Example::
+
+        >>> s = pt.search_layouts(params, opt_state, {"fsdp": pt.Rules.preset("fsdp")}, 8, w, pt.hardware("h100"),
+        ...                       budget=80 * 2**30, remats=("none", "full"))
+        >>> [(r.candidate.label, r.step_time) for r in s.ranked[:3]], s.rejected[0].reason
+    """
+    t0 = time.perf_counter()
+    rejected: list[tuple[Candidate, str]] = []
+    cands = candidates(devices, tables, batch_size=w.batch, remats=remats, max_grad_accum=max_grad_accum,
+                       rejected=rejected)
+    results = [Result(c, tables[c.rules_name], None, reason=why) for c, why in rejected]
+    plans: dict[tuple, Plan | PartitioningError] = {}
+    seen: set[tuple] = set()
+    duplicates = 0
+    for c in cands:
+        rules = tables[c.rules_name]
+        opt_rules = zero1_rules(rules) if c.zero1 else None
+        key = (c.mesh, c.rules_name, c.zero1)
+        if key not in plans:
+            try:
+                plans[key] = build_plan(params, opt_state, c.sizes, rules, optimizer_rules=opt_rules,
+                                        on_indivisible=on_indivisible,
+                                        activations=(activations or {}).get(c.rules_name, ()))
+            except PartitioningError as e:
+                plans[key] = e
+        plan = plans[key]
+        r = Result(c, rules, opt_rules)
+        results.append(r)
+        if isinstance(plan, PartitioningError):
+            r.reason = f"rules: {plan}"
+            continue
+        if plan.errors:
+            r.reason = f"indivisible: {plan.errors[0]}"
+            continue
+        key = _layout_key(plan, rules, c)
+        if key in seen:
+            results.pop()
+            duplicates += 1
+            continue
+        seen.add(key)
+        tot = plan.totals
+        r.state = {k: float(tot[k]["per_device"]) for k in ("params", "optimizer", "gradients")}
+        tokens = token_axes(rules, c.sizes, w)
+        r.activations = activation_bytes(
+            w, rules, c.sizes, remat=c.remat or "none", micro_batch=w.batch // c.grad_accum,
+            gathered_layer_bytes=_gathered_layer_bytes(plan, tokens, w.layers),
+            grad_bytes=r.state["gradients"], grad_accum=c.grad_accum)
+        r.peak = sum(r.state.values()) + r.activations["total"]
+        r.analytic = analytic_estimate(plan.params, r.state, c.sizes, rules, w, hw, remat=c.remat or "none",
+                                       grad_accum=c.grad_accum, flops_total=(flops or {}).get(c.remat or "none"),
+                                       temp_bytes=r.activations["total"])
+        if r.peak > budget:
+            r.reason = (f"memory: needs {fmt_bytes(r.peak)} per device (estimate), more than the budget of "
+                        f"{fmt_bytes(budget)}")
+    return Search(results, hw, int(budget), w, devices, time.perf_counter() - t0, duplicates)
+
+
+__all__ = ["Result", "Search", "search"]

@@ -1,0 +1,183 @@
+"""The workload: a model's shape read off its parameters' logical names, its FLOPs, and its activation memory.
+
+:func:`workload` reads, from the plan's parameter layouts (shapes and logical
+names, no config): the parameter count, the widths ``embed`` (D), ``mlp`` (F),
+``heads`` (H), ``kv_heads`` (G), ``kv`` (K), ``vocab`` (V) and the number of
+layers (the ``layers`` axis of scanned parameters, else the numbered blocks).
+
+FLOPs per step (analytic, the usual transformer count): every matmul weight
+costs 2 FLOPs per token forward and 4 backward, and attention ``4 T H K`` per
+token and layer forward (``QK^T`` and ``PV``); ``remat: full`` runs the
+forward again in the backward pass. The model FLOPs of MFU leave the
+recomputation out: ``6 N tokens + 12 L T H K tokens``.
+
+Activation bytes per device (:func:`activation_bytes`), for a transformer
+block of the names above, with ``s`` the compute dtype's bytes and each
+tensor's per-device size from the rule walk of its activation names:
+
+- ``remat: none`` keeps per layer ``s (6R + 2Q + 2KV + 4M) + (8 + s) S + 8R``
+  (R residual ``(batch, length, embed)``, Q ``(.., heads, kv)``, KV
+  ``(.., kv_heads, kv)``, M ``(.., mlp)``, S the ``(batch, heads, length, length)``
+  attention scores: float32 scores and probabilities, and the probabilities
+  in the compute dtype; 8R the float32 norm inputs and the row-parallel
+  partial sums);
+- ``dots`` keeps the matmul outputs: ``s (2R + 2Q + 2KV + 2M + S)``;
+- ``full`` keeps only each layer's input ``s R`` and recomputes one layer
+  (the ``none`` set once) in the backward pass;
+
+plus the float32 logits (three copies: logits, softmax, their gradient),
+the weights one layer gathers under FSDP (twice, and its float32 gradient
+before the reduce-scatter) and, with micro-batches, a float32 gradient
+accumulator. An estimate, within about 25% of XLA's compiled ``temp`` for the
+reference GPT in float32 on the CPU (tests/tune/test_workload.py); XLA's CPU
+backend computes bfloat16 in float32, so its compiled figure for a bfloat16
+model is above this estimate (and above what a TPU or GPU needs). The tuner
+compiles its finalists: the compiled view is the measure.
+
+Example::
+
+    >>> w = workload(plan.params, batch_size=256, seq_len=2048, compute_dtype="bfloat16")
+    >>> w.layers, w.embed, w.mlp, w.flops_per_step("full")["total"]
+    (80, 8192, 28672, ...)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from partitioning.layout import LeafLayout
+from partitioning.resolve import IndivisibleWarning, axes_tuple
+from partitioning.rules import Rules
+
+REMATS = ("none", "dots", "full")
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What one train step computes: parameter count, widths, layers, tokens and dtypes.
+
+    Example::
+
+        >>> w = pt.workload(plan.params, batch_size=32, seq_len=128)
+        >>> w.tokens, w.flops_per_step("full")["total"]
+    """
+
+    params: int
+    matmul_params: int          # parameters used in matmuls (lookup tables left out)
+    batch: int                  # global batch (sequences)
+    seq_len: int
+    layers: int
+    embed: int
+    mlp: int = 0
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    vocab: int = 0
+    compute_bytes: int = 4      # bytes of the compute dtype (activations)
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq_len
+
+    def flops_per_step(self, remat: str = "none") -> dict[str, float]:
+        """Analytic FLOPs of one step: ``fwd``, ``bwd``, ``recompute``, ``total`` and ``model`` (for MFU)."""
+        attn = 4 * self.seq_len * self.heads * self.head_dim * self.layers
+        fwd = self.tokens * (2 * self.matmul_params + attn)
+        recompute = fwd if remat == "full" else 0.0
+        return {"fwd": float(fwd), "bwd": 2.0 * fwd, "recompute": float(recompute),
+                "total": 3.0 * fwd + recompute, "model": 3.0 * fwd, "six_n": 6.0 * self.params * self.tokens}
+
+
+def _dim(layouts: Sequence[LeafLayout], name: str) -> int:
+    sizes = [s for l in layouts if l.names for n, s in zip(l.names, l.shape) if n == name]
+    return max(sizes, default=0)
+
+
+def _layers(layouts: Sequence[LeafLayout]) -> int:
+    n = _dim(layouts, "layers")
+    if n:
+        return n
+    blocks = {m.group(1) for l in layouts if l.names and "mlp" in l.names
+              for m in [re.search(r"_(\d+)(?:/|$)", l.path)] if m}
+    return max(1, len(blocks))
+
+
+def workload(params: Sequence[LeafLayout], *, batch_size: int, seq_len: int,
+             compute_dtype: Any = None) -> Workload:
+    """The :class:`Workload` of a model from its parameter layouts (``plan.params``).
+
+    Example::
+
+        >>> w = pt.workload(pt.build_plan(params, opt_state, {"data": 1}, "dp").params, batch_size=32, seq_len=128)
+        >>> w.layers, w.embed, w.mlp
+        (4, 128, 512)
+    """
+    n = sum(l.size for l in params)
+    lookup = sum(l.size for l in params if l.names and tuple(l.names) == ("vocab", "embed"))
+    # Matmul weights have two dimensions besides a scan's `layers` axis (norm scales have one).
+    matmul = sum(l.size for l in params
+                 if len(l.shape) - (1 if l.names and "layers" in l.names else 0) >= 2) - lookup
+    dtype = np.dtype(compute_dtype) if compute_dtype is not None else max(
+        (np.dtype(l.dtype) for l in params), key=lambda d: d.itemsize, default=np.dtype("float32"))
+    return Workload(params=n, matmul_params=matmul, batch=int(batch_size), seq_len=int(seq_len),
+                    layers=_layers(params), embed=_dim(params, "embed"), mlp=_dim(params, "mlp"),
+                    heads=_dim(params, "heads"), kv_heads=_dim(params, "kv_heads") or _dim(params, "heads"),
+                    head_dim=_dim(params, "kv"), vocab=_dim(params, "vocab"), compute_bytes=dtype.itemsize)
+
+
+def local_elements(rules: Rules, mesh: Mapping[str, int], names: Sequence[Any], shape: Sequence[int]) -> float:
+    """Elements per device of an activation with these logical names under ``rules`` on ``mesh``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IndivisibleWarning)
+        spec = rules.resolve(tuple(names), tuple(shape), dict(mesh), on_indivisible="replicate")
+    split = 1
+    for entry in spec:
+        for a in axes_tuple(entry):
+            split *= mesh.get(a, 1)
+    return math.prod(shape) / split
+
+
+def activation_shapes(w: Workload, micro_batch: int) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
+    """The activations of one block (names, global shape) that the estimate counts."""
+    b, t = micro_batch, w.seq_len
+    out = {"R": (("batch", "length", "embed"), (b, t, w.embed))}
+    if w.mlp:
+        out["M"] = (("batch", "length", "mlp"), (b, t, w.mlp))
+    if w.heads and w.head_dim:
+        out["Q"] = (("batch", "length", "heads", "kv"), (b, t, w.heads, w.head_dim))
+        out["KV"] = (("batch", "length", "kv_heads", "kv"), (b, t, w.kv_heads, w.head_dim))
+        out["S"] = (("batch", "heads", None, None), (b, w.heads, t, t))
+    if w.vocab:
+        out["V"] = (("batch", "length", "vocab"), (b, t, w.vocab))
+    return out
+
+
+def activation_bytes(w: Workload, rules: Rules, mesh: Mapping[str, int], *, remat: str, micro_batch: int,
+                     gathered_layer_bytes: float = 0.0, grad_bytes: float = 0.0,
+                     grad_accum: int = 1) -> dict[str, float]:
+    """Per-device activation memory of one step, by part (see the module docstring), and ``total``."""
+    loc = {k: local_elements(rules, mesh, names, shape)
+           for k, (names, shape) in activation_shapes(w, micro_batch).items()}
+    R, M, Q, KV, S = (loc.get(k, 0.0) for k in ("R", "M", "Q", "KV", "S"))
+    s = w.compute_bytes
+    none = s * (6 * R + 2 * Q + 2 * KV + 4 * M) + (8 + s) * S + 8 * R
+    saved = {"none": none, "dots": s * (2 * R + 2 * Q + 2 * KV + 2 * M + S), "full": s * R}.get(remat, none)
+    parts = {
+        "layers": w.layers * saved,
+        "recompute": none if remat != "none" else 0.0,
+        "logits": 3 * 4 * loc.get("V", 0.0),
+        "gathered_weights": 3 * gathered_layer_bytes,
+        "grad_accumulator": grad_bytes if grad_accum > 1 else 0.0,
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+__all__ = ["Workload", "workload", "activation_bytes", "activation_shapes", "local_elements", "REMATS"]
