@@ -11,7 +11,6 @@ Modules:
 - :mod:`~partitioning.cli.compare` — ``compare``: several rule tables side by side.
 - :mod:`~partitioning.cli.tune` — ``tune``: every candidate layout priced, the best one recommended and written.
 - :mod:`~partitioning.cli.tune_report` — ``tune``'s ranked table, recommendation, rejections and best YAML.
-- :mod:`~partitioning.cli.config` — ``config schema|show``: the JSON Schema, a config fully resolved.
 - :mod:`~partitioning.cli.ckpt` — ``ckpt ls|inspect|reshard``.
 - :mod:`~partitioning.cli.config` — ``config show|schema``: the resolved config, the JSON Schema.
 - :mod:`~partitioning.cli.compiling` — where the compiled view is computed (here or a child process).

@@ -273,7 +273,7 @@ def data_from_config(cfg: Config, trainer: Trainer, dataset: Any = None) -> tupl
         ev = _batches_at_key(cfg, "eval", lambda: dataset.batches(
             "eval", t.batch_size, trainer.batch_shardings, seed=0)) if t.eval_batches > 0 else None
     if cfg.data.log_batches:
-        from partitioning.train.pipeline import LoggedBatches
+        from partitioning.train.order import LoggedBatches
 
         train = LoggedBatches(train, Path(cfg.run_dir) / f"batches.{jax.process_index()}.jsonl")
     if ev is None:

@@ -82,24 +82,24 @@ def peak_tflops(device: Any) -> float | None:
     return next((peak for name, peak in PEAK_TFLOPS if name in kind), None)
 
 
-def _shape_of(module: Module, comp: str, name: str) -> tuple[int, ...] | None:
-    ins = module.computations.get(comp, {}).get(name)
+def _dims(comp: dict[str, Instr], name: str) -> tuple[int, ...] | None:
+    ins = comp.get(name)
     return ins.shape[0].dims if ins is not None and ins.shape else None
 
 
-def _instr_flops(module: Module, comp: str, ins: Instr) -> int:
-    """2 x multiply-adds of one dot or convolution (0 for anything else)."""
+def matmul_flops(ins: Instr, comp: dict[str, Instr]) -> int:
+    """2 x multiply-adds of one ``dot`` or ``convolution`` in computation ``comp`` (0 for any other op)."""
     if not ins.shape or ins.is_tuple:
         return 0
     out = math.prod(ins.shape[0].dims)
     if ins.op == "dot" and ins.operands:
-        lhs = _shape_of(module, comp, ins.operands[0])
+        lhs = _dims(comp, ins.operands[0])
         dims = dict(_DIMS.findall(ins.attrs)).get("lhs", "")
         if lhs is None:
             return 0
         return 2 * out * math.prod(lhs[int(d)] for d in dims.split(",") if d)
     if ins.op == "convolution" and len(ins.operands) > 1:
-        kernel = _shape_of(module, comp, ins.operands[1])
+        kernel = _dims(comp, ins.operands[1])
         m = _LABELS.search(ins.attrs)
         if kernel is None or not m or "o" not in m.group(1):
             return 0
@@ -121,7 +121,7 @@ def loop_flops(text: str) -> tuple[int, int]:
     for comp, instrs in module.computations.items():
         for ins in instrs.values():
             if ins.op in ("dot", "convolution"):
-                f = _instr_flops(module, comp, ins)
+                f = matmul_flops(ins, module.computations[comp])
                 total += f * real.get(comp, 0)
                 once_total += f * once.get(comp, 0)
     return total, once_total
@@ -178,4 +178,4 @@ def mfu(flops_per_device: float, step_time_s: float, peak: float | None) -> floa
     return flops_per_device / step_time_s / 1e12 / peak
 
 
-__all__ = ["PEAK_TFLOPS", "peak_tflops", "step_flops", "loop_flops", "transformer_flops", "mfu"]
+__all__ = ["PEAK_TFLOPS", "peak_tflops", "step_flops", "loop_flops", "matmul_flops", "transformer_flops", "mfu"]

@@ -32,6 +32,7 @@ import math
 import re
 from typing import Any
 
+from partitioning.plan.flops import matmul_flops
 from partitioning.plan.hlo import KINDS, Instr, Module, _callees, executions, parse
 
 _FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "call", "conditional",
@@ -66,18 +67,6 @@ def phase_of(op_name: str) -> str:
     return "update"
 
 
-def _dot_flops(ins: Instr, comp: dict[str, Instr]) -> float:
-    out = math.prod(ins.shape[0].dims) if ins.shape else 0
-    m = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", ins.attrs)
-    lhs = comp.get(ins.operands[0]) if ins.operands else None
-    k = 1
-    if m and lhs is not None and lhs.shape:
-        k = math.prod(lhs.shape[0].dims[int(d)] for d in m.group(1).split(",") if d)
-    elif ins.op == "convolution" and lhs is not None and lhs.shape:
-        k = lhs.shape[0].dims[-1]
-    return 2.0 * out * k
-
-
 def _elements(ins: Instr) -> float:
     return float(sum(math.prod(a.dims) for a in ins.shape))
 
@@ -89,7 +78,7 @@ def _comp_flops(module: Module, name: str, memo: dict[str, float]) -> float:
         total = 0.0
         for ins in comp.values():
             if ins.op in ("dot", "convolution"):
-                total += _dot_flops(ins, comp)
+                total += matmul_flops(ins, comp)
             elif ins.op == "fusion":
                 total += sum(_comp_flops(module, c, memo) for c in _callees(ins) if c in module.computations)
             elif ins.op not in _FREE:
@@ -173,7 +162,7 @@ def op_costs(text: str) -> list[OpCost]:
                 flops = sum(_comp_flops(module, c, memo) for c in _callees(ins) if c in module.computations)
                 nbytes = _fusion_bytes(module, ins, comp)
             else:
-                flops = _dot_flops(ins, comp) if ins.op in ("dot", "convolution") else _elements(ins)
+                flops = matmul_flops(ins, comp) if ins.op in ("dot", "convolution") else _elements(ins)
                 nbytes = ins.nbytes + sum(comp[o].nbytes for o in ins.operands if o in comp)
                 if ins.op == "dynamic-update-slice" and len(ins.operands) > 1 and ins.operands[1] in comp:
                     nbytes = 2 * comp[ins.operands[1]].nbytes

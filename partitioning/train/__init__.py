@@ -9,7 +9,7 @@ Modules:
 - :mod:`~partitioning.train.step` — ``Trainer``: the sharded init and the jitted train / eval steps.
 - :mod:`~partitioning.train.optimizer` — optax optimizers and learning-rate schedules.
 - :mod:`~partitioning.train.sources` — where tokens come from: text files (bytes), ``.npy`` / ``.bin`` token arrays.
-- :mod:`~partitioning.train.pipeline` — the grain ``MapDataset`` s: seeded example order, each process's rows.
+- :mod:`~partitioning.train.order` — the grain ``MapDataset`` s: seeded example order, each process's rows.
 - :mod:`~partitioning.train.data` — corpora and resumable, per-process global batches (the public API).
 - :mod:`~partitioning.train.loop` — ``fit``: steps, evals, hooks, progress, clean stops.
 - :mod:`~partitioning.train.hooks` — loop hooks that record a run (``JsonlLogger``).

@@ -5,7 +5,7 @@ With no path, the corpus is the running interpreter's own standard library
 A path is a text file or folder (bytes, vocabulary 256) or pre-tokenized
 ``.npy`` / ``.bin`` arrays, memory-mapped (see :mod:`partitioning.train.sources`).
 
-Batches come from a grain ``MapDataset`` (:mod:`partitioning.train.pipeline`):
+Batches come from a grain ``MapDataset`` (:mod:`partitioning.train.order`):
 the batch for step ``k`` is a pure function of ``(seed, k)``, so a run
 resumed at step ``k`` — on another mesh or another number of processes —
 sees exactly the data the uninterrupted run would have. Each process reads
@@ -141,14 +141,14 @@ class TokenBatches:
         self._rows, self._cols = (
             local_block(sharding, shape) if sharding is not None else (slice(0, batch_size), slice(0, seq_len))
         )
-        from partitioning.train.pipeline import token_batches   # grain loads on first use (~0.5 s at startup)
+        from partitioning.train.order import token_batches   # grain loads on first use (~0.5 s at startup)
 
         self.dataset = token_batches(self.tokens, seq_len=seq_len, batch_size=batch_size, seed=seed, split=split,
                                      rows=self._rows, cols=self._cols)
 
     def windows_at(self, step: int) -> np.ndarray:
         """Window indices of the global batch of ``step`` (all rows): the same shuffle, over indices."""
-        from partitioning.train.pipeline import ProcessRows, example_order
+        from partitioning.train.order import ProcessRows, example_order
 
         return ProcessRows(example_order(self.n_windows, self.seed, self.split), self.batch_size,
                            slice(0, self.batch_size))[step]
@@ -233,7 +233,7 @@ class ArrayBatches:
                             f"data or a smaller train.batch_size")
         self.arrays, self.indices, self.batch_size = arrays, indices, batch_size
         self.shardings, self.seed = shardings, seed
-        from partitioning.train.pipeline import array_batches, process_rows   # grain loads on first use
+        from partitioning.train.order import array_batches, process_rows   # grain loads on first use
 
         self.shapes = {k: (batch_size, *v.shape[1:]) for k, v in arrays.items()}
         if shardings is None:

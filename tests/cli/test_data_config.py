@@ -134,7 +134,7 @@ def test_token_arrays_train_and_the_checkpoint_records_the_data_position(in_tmp,
     records = [json.loads(line) for line in Path("runs/run/batches.0.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     # the digests are those of the pure function of (seed, step)
-    from partitioning.train.pipeline import batch_digest
+    from partitioning.train.order import batch_digest
 
     expected = load_corpus("train.bin", dtype="uint16", eval_path="val.bin").batches("train", 8, 16, seed=5)
     assert records[2]["rows"] == batch_digest(expected.batch_at(2))

@@ -137,14 +137,14 @@ def test_batches_are_grain_map_datasets():
 
 def test_one_and_two_processes_see_the_same_global_batch_at_every_step(monkeypatch):
     """Process p of 2 reads only its 8 rows; stacked, they are the 1-process batch, step by step."""
-    from partitioning.train import pipeline
+    from partitioning.train import order
 
     tokens = np.random.default_rng(0).integers(0, 50_000, 20_000).astype(np.uint16)
     one = TokenBatches(tokens, 16, 32, seed=3)
     procs = [TokenBatches(tokens, 16, 32, RowsOf(0, 8), seed=3), TokenBatches(tokens, 16, 32, RowsOf(8, 16), seed=3)]
     reads = []
-    real = pipeline.TokenWindows.__call__
-    monkeypatch.setattr(pipeline.TokenWindows, "__call__", lambda self, idx: reads.append(len(idx)) or real(self, idx))
+    real = order.TokenWindows.__call__
+    monkeypatch.setattr(order.TokenWindows, "__call__", lambda self, idx: reads.append(len(idx)) or real(self, idx))
     for step in [0, 1, 2, 37, 5, 2]:                   # any order, repeated: a pure function of (seed, step)
         whole = one.host_batch_at(step)
         reads.clear()
