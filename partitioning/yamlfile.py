@@ -215,7 +215,9 @@ def dump_yaml(data: Any) -> str:
 
 
 def load_value(text: str) -> Any:
-    """One YAML value (a ``--set`` right-hand side), as plain Python."""
+    """One YAML value (a ``--set`` right-hand side), as plain Python (``null`` is None)."""
+    if text.strip() in ("null", "Null", "NULL", "~"):   # YAML 1.2's nulls: an empty *document* reads as {}
+        return None
     data, _ = parse_yaml(text, "--set")
     return data
 

@@ -3,8 +3,9 @@
 1. Reads the config's model, optimizer and batch (``jax.eval_shape`` only).
 2. Prices every candidate layout (:mod:`partitioning.tune`): meshes of the
    devices over the axes of each rule table (the presets and the config's
-   own), ZeRO-1, remat policies (when the model has ``remat``) and
-   micro-batches; rejects what the rules cannot split or the budget cannot
+   own; ``pp`` and ``pp_fsdp`` when the model stacks its layers, ``ep`` when it
+   has expert layers), ZeRO-1, remat policies (when the model has ``remat``),
+   micro-batches and pipeline micro-batches; rejects what the rules cannot split or the budget cannot
    hold, with the reason; ranks the rest by estimated step time.
 3. Compiles the leader (in this process up to 64 devices, else in a child on
    simulated devices; XLA's CPU backend stops at 2048) and folds in XLA's
@@ -35,6 +36,8 @@ from partitioning.config.load import load_config
 from partitioning.config.schema import Config, parse_bytes
 from partitioning.devices import simulate_devices
 from partitioning.errors import ConfigError, MeshError, PartitioningError, ShardingError
+from partitioning.parallel.pipeline import microbatching
+from partitioning.parallel.trace import recording
 from partitioning.plan.coverage import activation_names
 from partitioning.plan.plan import build_plan
 from partitioning.rules import Rules, preset_names
@@ -95,7 +98,8 @@ def _hardware(name: str, devices: int) -> Hardware:
     return measure_cpu(n)
 
 
-def _tables(cfg: Config, names: list[str] | None, config_path: str) -> dict[str, Rules]:
+def _tables(cfg: Config, names: list[str] | None, config_path: str,
+            records: list[dict[str, Any]] = ()) -> dict[str, Rules]:
     if names:
         out = {}
         for n in names:
@@ -104,7 +108,9 @@ def _tables(cfg: Config, names: list[str] | None, config_path: str) -> dict[str,
             except PartitioningError as e:
                 raise ConfigError(f"--rules {n}: {e}") from None
         return out
-    out = {n: Rules.preset(n) for n in PRESETS}
+    kinds = {r["kind"] for r in records}
+    extra = (("pp", "pp_fsdp") if "pipeline" in kinds else ()) + (("ep",) if "experts" in kinds else ())
+    out = {n: Rules.preset(n) for n in PRESETS + extra}
     own = cfg.rules.to_list()
     if not any(own == r.to_list() and cfg.rules.declared_batch_axes == r.declared_batch_axes for r in out.values()):
         out[f"config ({Path(config_path).name})"] = cfg.rules
@@ -179,17 +185,20 @@ def run(args: argparse.Namespace) -> int:
             raise MeshError(f"--devices: {e}") from None
     hw = _hardware(args.hardware, devices)
     budget = _budget(cfg, args, hw)
-    tables = _tables(cfg, args.rules, args.config)
     model, batch, task = model_from_config(cfg), batch_from_config(cfg), task_from_config(cfg)
     params, opt_state = abstract_train_state(model, optimizer_from_config(cfg), batch=batch, task=task)
-    first = next(iter(tables.values()))
-    names = activation_names(model, params, {a: 1 for a in ["data", *table_axes(first)]}, first,
-                             batch=batch, task=task)
+    # One trace, unpipelined, at the full batch: the activation names, and the layer stacks and
+    # expert layers that add pipeline / expert candidates and their costs.
+    with microbatching(1), recording() as records:
+        names = activation_names(model, params, {a: 1 for a in ["data", *table_axes(cfg.rules)]}, cfg.rules,
+                                 batch=batch, task=task)
+    tables = _tables(cfg, args.rules, args.config, records)
     p0 = build_plan(params, opt_state, {"data": 1}, Rules([]), on_indivisible="replicate")
     w = workload(p0.params, batch_size=cfg.train.batch_size, seq_len=cfg.train.seq_len,
-                 compute_dtype=model_options_resolved(cfg).get("dtype"))
+                 compute_dtype=model_options_resolved(cfg).get("dtype"),
+                 expert_layer=next((r for r in records if r["kind"] == "experts"), None))
     s = search(params, opt_state, tables, devices, w, hw, budget, remats=_remats(cfg, sets),
-               activations={n: names for n in tables}, on_indivisible=cfg.on_indivisible)
+               activations={n: names for n in tables}, on_indivisible=cfg.on_indivisible, records=records)
     compiles = args.compiles if args.compiles is not None else (8 if here else 2)
     t1 = time.perf_counter()
     n_compiled = refine(s, cfg, sets, devices, here, compiles, args.timeout)

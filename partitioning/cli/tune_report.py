@@ -41,7 +41,7 @@ def _row(i: int, r: Result, budget: int) -> list[str]:
     c, e = r.candidate, r.estimate
     peak = f"{fmt_bytes(r.peak)} / {fmt_bytes(budget)}" + (" *" if r.peak_source == "compiled" else "")
     return [str(i), c.rules_name + (" +zero1" if c.zero1 else ""), fmt_mesh(c.mesh), c.remat or "-",
-            str(c.grad_accum), peak,
+            str(c.grad_accum) + (f", M={c.microbatches}" if c.stages > 1 else ""), peak,
             fmt_seconds(sum(e.compute.values())), _axes(e), fmt_seconds(r.step_time),
             f"{e.mfu * e.step_time / r.step_time:.0%}", e.bottleneck,
             e.source if e.source == "compiled" or r.scale == 1 else f"analytic x{r.scale:.2f}"]

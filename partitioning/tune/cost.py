@@ -37,7 +37,15 @@ plan's layouts; "token axes" split the batch (or the sequence):
   activation in the forward pass), after it expand from it (column-parallel:
   one all-reduce of the activation's gradient per module in the backward pass);
 - a sequence split over an axis (``length``) all-gathers keys and values for
-  attention in the forward pass and reduce-scatters their gradients.
+  attention in the forward pass and reduce-scatters their gradients;
+- a split of a stacked ``layers`` dimension (pipeline stages) or of an
+  ``expert`` dimension is the device's own share of the work: it is never
+  gathered; instead (:func:`parallel_comm`) the stages pass each micro-batch's
+  activations on (a collective-permute per iteration, forward and backward, and
+  the last stage's outputs to all), idle a bubble of ``(S-1)/M`` of their
+  compute (:func:`bubble_time`) and, under FSDP, gather their weights once per
+  schedule iteration; expert layers send the dispatched tokens to their
+  experts' devices and back (an all-to-all each way, forward and backward).
 
 Example::
 
@@ -181,6 +189,24 @@ def leaf_axes(l: LeafLayout, mesh: Mapping[str, int]) -> list[str]:
     return [a for e in l.spec for a in axes_tuple(e) if mesh.get(a, 1) > 1]
 
 
+OWNED = ("layers", "expert")     # dimensions whose split is the device's share of the work, never gathered
+
+
+def _owned(names: Sequence[Any], i: int) -> bool:
+    """Dimension ``i`` is a stacked ``layers`` axis, or the ``expert`` axis of an expert's weights
+    ``(expert, embed, mlp)`` (a router's ``(embed, expert)`` is a dense matmul: gathered)."""
+    if i >= len(names) or names[i] not in OWNED:
+        return False
+    return names[i] == "layers" or "mlp" in names
+
+
+def shared_axes(l: LeafLayout, mesh: Mapping[str, int]) -> list[str]:
+    """The leaf's mesh axes (size > 1) except those splitting a ``layers`` or an expert weight's ``expert``
+    dimension."""
+    names = list(l.names or ())
+    return [a for i, e in enumerate(l.spec) if not _owned(names, i) for a in axes_tuple(e) if mesh.get(a, 1) > 1]
+
+
 def _repeats(l: LeafLayout) -> int:
     """How many times a step uses the leaf's slices one after another (its ``layers`` axis)."""
     if l.names and "layers" in l.names:
@@ -193,8 +219,12 @@ def _ordered(mesh: Mapping[str, int], axes: Sequence[str]) -> tuple[str, ...]:
 
 
 def analytic_comm(params: Sequence[LeafLayout], mesh: Mapping[str, int], rules: Rules, w: Workload,
-                  hw: Hardware, *, micro_batch: int, grad_accum: int = 1) -> list[Comm]:
-    """The collectives of one step, per device (see the module docstring)."""
+                  hw: Hardware, *, micro_batch: int, grad_accum: int = 1, iterations: int = 1) -> list[Comm]:
+    """The collectives of one step, per device (see the module docstring).
+
+    ``iterations``: the pipeline schedule's ``M + S - 1`` iterations, each of which runs a stage's
+    layers once (and gathers their FSDP weights once); 1 unpipelined.
+    """
     tokens = token_axes(rules, mesh, w)
     buckets: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])   # (axes, kind, phase, what) -> bytes, count
 
@@ -207,22 +237,25 @@ def analytic_comm(params: Sequence[LeafLayout], mesh: Mapping[str, int], rules: 
     resid_bytes = resid * w.compute_bytes
     row, col = defaultdict(int), set()
     for l in params:
-        axes = leaf_axes(l, mesh)
+        every = leaf_axes(l, mesh)
+        axes = shared_axes(l, mesh)
         fsdp = [a for a in axes if a in tokens]
-        dp = [a for a in tokens if a not in axes]
+        dp = [a for a in tokens if a not in every]
         mp = [a for a in axes if a not in tokens]
         reps = _repeats(l)
         if fsdp:
-            gathered = l.per_device_bytes * math.prod(mesh[a] for a in fsdp)
-            add(fsdp, "all-gather", "fwd", gathered, reps, "FSDP weights (forward)")
-            add(fsdp, "all-gather", "bwd", gathered, reps, "FSDP weights (backward)")
-            add(fsdp, "reduce-scatter", "bwd", gathered, reps, "FSDP gradients")
+            # A stacked leaf split over stages is gathered once per schedule iteration.
+            again = iterations if len(every) > len(axes) and reps > 1 else 1
+            gathered = l.per_device_bytes * math.prod(mesh[a] for a in fsdp) * again
+            add(fsdp, "all-gather", "fwd", gathered, reps * again, "FSDP weights (forward)")
+            add(fsdp, "all-gather", "bwd", gathered, reps * again, "FSDP weights (backward)")
+            add(fsdp, "reduce-scatter", "bwd", gathered, reps * again, "FSDP gradients")
         if dp:
             add(dp, "all-reduce", "bwd", l.per_device_bytes, 1, "gradients (data parallel)")
         if mp and l.names and "embed" in l.names:
             e = list(l.names).index("embed")
             split = [i for i, (d, n) in enumerate(zip(l.spec, l.shards_per_dim)) if n > 1 and i != e
-                     and any(a in mp for a in axes_tuple(d))]
+                     and not _owned(l.names, i) and any(a in mp for a in axes_tuple(d))]
             parent = l.path.rsplit("/", 1)[0]
             if split and max(split) < e:
                 row[(tuple(mp), l.path, reps)] += 1
@@ -248,23 +281,60 @@ def analytic_comm(params: Sequence[LeafLayout], mesh: Mapping[str, int], rules: 
     return out
 
 
+def parallel_comm(costs: Mapping[str, Any], mesh: Mapping[str, int], hw: Hardware,
+                  expert_axes: Sequence[str] = ("expert",)) -> list[Comm]:
+    """The pipeline's and the experts' collectives from their analytic costs per step and device
+    (:func:`partitioning.plan.parallel.costs_from_records`), half forward and half backward."""
+    out = []
+
+    def add(axes, kind, nbytes, count, what):
+        axes = _ordered(mesh, [a for a in axes if mesh.get(a, 1) > 1])
+        if not axes or not nbytes:
+            return
+        group = math.prod(mesh[a] for a in axes)
+        bw = hw.bandwidth(mesh, axes, kind)
+        for phase in ("fwd", "bwd"):
+            out.append(Comm(axes, kind, phase, nbytes / 2, count / 2, group,
+                            collective_time(hw, kind, nbytes / 2, group, bw, count / 2), what))
+
+    pipe, experts = costs.get("pipeline"), costs.get("experts")
+    if pipe and pipe["stages"] > 1:
+        add(("stage",), "collective-permute", pipe["collective_permute_bytes"], pipe["collective_permute_count"],
+            "activations to the next stage")
+        add(("stage",), "all-reduce", pipe["stage_all_reduce_bytes"], 2, "last stage's outputs to every stage")
+    if experts and experts["expert_shards"] > 1:
+        add(expert_axes, "all-to-all", experts["all_to_all_bytes"], experts["all_to_all_count"],
+            "tokens to their experts and back")
+    return out
+
+
+def bubble_time(compute: Mapping[str, float], stages: int, microbatches: int) -> dict[str, float]:
+    """``{"pipeline bubble": s}``: the stages' idle time, ``(S-1)/M`` of their forward and backward compute."""
+    if stages <= 1:
+        return {}
+    return {"pipeline bubble": (stages - 1) / microbatches * (compute["fwd"] + compute["bwd"])}
+
+
 def compute_parallelism(params: Sequence[LeafLayout], mesh: Mapping[str, int], rules: Rules, w: Workload) -> int:
     """Devices that share the step's FLOPs: token axes times the axes splitting layer weights (the rest copy)."""
     tokens = token_axes(rules, mesh, w)
-    model = {a for l in params if _repeats(l) > 1 or l.names and "mlp" in l.names
+    model = {a for l in params if _repeats(l) > 1 or l.names and ("mlp" in l.names or "expert" in l.names)
              for a in leaf_axes(l, mesh) if a not in tokens}
     return math.prod(mesh[a] for a in tokens) * math.prod(mesh[a] for a in model)
 
 
 def analytic_estimate(params: Sequence[LeafLayout], state_bytes: Mapping[str, float], mesh: Mapping[str, int],
                       rules: Rules, w: Workload, hw: Hardware, *, remat: str, grad_accum: int,
-                      flops_total: Mapping[str, float] | None = None, temp_bytes: float = 0.0) -> Estimate:
+                      flops_total: Mapping[str, float] | None = None, temp_bytes: float = 0.0,
+                      parallel: Mapping[str, Any] | None = None) -> Estimate:
     """The analytic :class:`Estimate` of one layout.
 
     ``state_bytes``: per-device ``params``, ``gradients``, ``optimizer`` bytes
     (the plan's totals). ``flops_total``: whole-step ``fwd`` / ``bwd`` FLOPs
     (e.g. from a compiled step, scaled); default :meth:`Workload.flops_per_step`.
     ``temp_bytes``: the step's temporaries per device (see :func:`temporaries_time`).
+    ``parallel``: the pipeline's and experts' analytic costs
+    (:func:`partitioning.plan.parallel.costs_from_records`): their collectives and the bubble.
     """
     devices = math.prod(mesh.values())
     micro = w.batch // grad_accum
@@ -279,9 +349,19 @@ def analytic_estimate(params: Sequence[LeafLayout], state_bytes: Mapping[str, fl
     hbm = {"fwd": grad_accum * used + act, "bwd": grad_accum * (2 + (remat == "full")) * used + 2 * act,
            "update": 2 * state_bytes["params"] + 2 * state_bytes["optimizer"] + state_bytes["gradients"]}
     compute = {p: max(flops[p] / hw.peak_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
-    comm = analytic_comm(params, mesh, rules, w, hw, micro_batch=micro, grad_accum=grad_accum)
+    pipe = (parallel or {}).get("pipeline") or {}
+    stages, m = int(pipe.get("stages", 1)), int(pipe.get("microbatches", 1))
+    comm = analytic_comm(params, mesh, rules, w, hw, micro_batch=micro, grad_accum=grad_accum,
+                         iterations=m + stages - 1 if stages > 1 else 1)
+    comm += parallel_comm(parallel or {}, mesh, hw, _expert_axes(rules, mesh))
+    other = {**temporaries_time(hw, temp_bytes), **bubble_time(compute, stages, m)}
     return Estimate("analytic", flops, hbm, compute, comm, hw.overlap, w.flops_per_step(remat)["model"],
-                    devices, hw.peak_flops, temporaries_time(hw, temp_bytes))
+                    devices, hw.peak_flops, other)
+
+
+def _expert_axes(rules: Rules, mesh: Mapping[str, int]) -> list[str]:
+    spec = rules.resolve(("batch", "expert", None, "embed"))
+    return [a for a in axes_tuple(spec[1]) if mesh.get(a, 1) > 1] if spec is not None and len(spec) > 1 else []
 
 
 def temporaries_time(hw: Hardware, temp_bytes: float) -> dict[str, float]:
@@ -334,8 +414,10 @@ def compiled_estimate(ops: Sequence[Sequence[Any]], collective_ops: Sequence[Map
     if not hw.measured and analytic is not None:
         hbm = dict(analytic.hbm_bytes)
         compute = {p: max(flops[p] / hw.peak_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
+        # The compiled loop runs every stage in every iteration: its FLOPs hold the bubble already.
+        other = {k: v for k, v in analytic.other.items() if k != "pipeline bubble"}
         return Estimate("compiled", flops, hbm, compute, list(analytic.comm), hw.overlap, model_flops,
-                        math.prod(mesh.values()), hw.peak_flops, dict(analytic.other))
+                        math.prod(mesh.values()), hw.peak_flops, other)
     buckets: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for c in collective_ops:
         axes = axes_of_group(mesh, c.get("group_size"), hw)
@@ -353,4 +435,4 @@ def compiled_estimate(ops: Sequence[Sequence[Any]], collective_ops: Sequence[Map
 
 
 __all__ = ["Comm", "Estimate", "PHASES", "temporaries_time", "analytic_comm", "analytic_estimate", "compiled_estimate",
-           "compute_parallelism", "token_axes", "axes_of_group"]
+           "compute_parallelism", "token_axes", "axes_of_group", "parallel_comm", "bubble_time", "shared_axes"]

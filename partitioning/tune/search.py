@@ -7,7 +7,10 @@ For each :class:`~partitioning.tune.space.Candidate`:
    dimensions the rules cannot split (rejected when the train step would refuse them);
 2. the activation estimate (:func:`partitioning.tune.workload.activation_bytes`);
    the peak is state + activations, rejected above the budget;
-3. the analytic step time (:func:`partitioning.tune.cost.analytic_estimate`).
+3. the analytic step time (:func:`partitioning.tune.cost.analytic_estimate`);
+   with pipeline stages or expert layers (``records`` of one traced forward
+   pass, :func:`partitioning.parallel.trace.recording`), their collectives and
+   the bubble from :func:`partitioning.plan.parallel.costs_from_records`.
 
 The fitting candidates are ranked by estimated step time (then peak memory).
 :meth:`Search.add_compiled` folds in a compiled view of a finalist: XLA's
@@ -31,10 +34,13 @@ from typing import Any
 
 from partitioning.errors import PartitioningError
 from partitioning.fmt import fmt_bytes
+from partitioning.parallel.experts import DISPATCHED, TOKENS
 from partitioning.plan.compiled import normalize_spec
+from partitioning.plan.parallel import costs_from_records
 from partitioning.plan.plan import Plan, build_plan
+from partitioning.resolve import axes_tuple
 from partitioning.rules import Rules
-from partitioning.tune.cost import Estimate, analytic_estimate, compiled_estimate, token_axes, leaf_axes
+from partitioning.tune.cost import Estimate, analytic_estimate, compiled_estimate, shared_axes, token_axes
 from partitioning.tune.hardware import Hardware
 from partitioning.tune.space import Candidate, candidates, zero1_rules
 from partitioning.tune.workload import Workload, activation_bytes
@@ -119,7 +125,8 @@ class Search:
 
         def key(r: Result) -> tuple:
             c = r.candidate
-            return (round(r.step_time / best, 3), c.grad_accum, c.zero1, REMAT_ORDER.get(c.remat, 0), r.peak)
+            return (round(r.step_time / best, 3), c.grad_accum, c.microbatches, c.zero1, REMAT_ORDER.get(c.remat, 0),
+                    r.peak)
 
         return sorted(fit, key=key)
 
@@ -193,11 +200,16 @@ def _largest(r: Result) -> list[tuple[str, float]]:
 
 
 def _layout_key(plan: Plan, rules: Rules, c: Candidate) -> tuple:
-    """What a layout does, with size-1 mesh axes dropped: the same key is the same program."""
+    """What a layout does, with size-1 mesh axes dropped: the same key is the same program.
+
+    The sizes of the other axes are part of it: ``{data: 2, fsdp: 4}`` and
+    ``{data: 4, fsdp: 2}`` give the same specs but different programs.
+    """
     sizes = plan.mesh
     specs = tuple((l.path, normalize_spec(l.spec, sizes)) for l in plan.params + plan.opt_state)
     acts = tuple(normalize_spec(rules.resolve(names), sizes) for names in _ACTIVATIONS)
-    return (c.remat, c.grad_accum, specs, acts)
+    used = tuple(sorted((a, n) for a, n in sizes.items() if n > 1))
+    return (c.remat, c.grad_accum, c.microbatches if c.stages > 1 else 1, used, specs, acts)
 
 
 _ACTIVATIONS = (("batch", "length", "embed"), ("batch", "length", "mlp"), ("batch", "length", "heads", "kv"),
@@ -206,21 +218,44 @@ _ACTIVATIONS = (("batch", "length", "embed"), ("batch", "length", "mlp"), ("batc
 
 def _gathered_layer_bytes(plan: Plan, tokens: Sequence[str], layers: int) -> float:
     mesh = plan.mesh
-    total = sum(l.per_device_bytes * math.prod(mesh[a] for a in leaf_axes(l, mesh) if a in tokens)
-                for l in plan.params if any(a in tokens for a in leaf_axes(l, mesh)))
+    total = sum(l.per_device_bytes * math.prod(mesh[a] for a in shared_axes(l, mesh) if a in tokens)
+                for l in plan.params if any(a in tokens for a in shared_axes(l, mesh)))
     return total / max(1, layers)
+
+
+def _records_for(records: Sequence[Mapping[str, Any]], rules: Rules, c: Candidate) -> list[dict[str, Any]]:
+    """The traced records (full batch, unpipelined) as candidate ``c`` would trace them."""
+    def axes(spec, i):
+        return axes_tuple(spec[i]) if spec is not None and len(spec) > i else ()
+
+    out = []
+    for rec in records:
+        rec = dict(rec)
+        if rec["kind"] == "pipeline":
+            shape = tuple(rec["shape"])
+            rec.update(stages=c.stages, microbatches=c.microbatches if c.stages > 1 else 1,
+                       shape=(shape[0] // c.grad_accum, *shape[1:]), batch_axes=tuple(rules.batch_axes))
+        elif rec["kind"] == "experts":
+            rec.update(groups=max(1, int(rec["groups"]) // c.grad_accum),
+                       batch_axes=axes(rules.resolve(TOKENS), 0), expert_axes=axes(rules.resolve(DISPATCHED), 1))
+        out.append(rec)
+    return out
 
 
 def search(params: Any, opt_state: Any, tables: Mapping[str, Rules], devices: int, w: Workload, hw: Hardware,
            budget: int, *, remats: Sequence[str | None] = (None,), max_grad_accum: int = 16,
            activations: Mapping[str, set] | None = None, on_indivisible: str = "error",
            flops: Mapping[str, Mapping[str, float]] | None = None,
+           records: Sequence[Mapping[str, Any]] = (),
            ) -> Search:
     """Prices every candidate (see the module docstring). ``params`` / ``opt_state``: the boxed abstract state.
 
     ``activations``: per table, the activation name tuples (so rule coverage is
     right); ``flops``: per remat policy, whole-step FLOPs to use instead of the
-    analytic count (e.g. from a compiled step).
+    analytic count (e.g. from a compiled step); ``records``: one traced forward
+    pass's layer stacks and expert layers at the full batch, unpipelined
+    (:func:`partitioning.parallel.trace.recording`), which adds ``stage``
+    candidates (split of the stacked layers) and the pipeline / expert costs.
 
     Example::
 
@@ -230,8 +265,9 @@ def search(params: Any, opt_state: Any, tables: Mapping[str, Rules], devices: in
     """
     t0 = time.perf_counter()
     rejected: list[tuple[Candidate, str]] = []
+    layers = next((int(r["layers"]) for r in records if r["kind"] == "pipeline"), 0)
     cands = candidates(devices, tables, batch_size=w.batch, remats=remats, max_grad_accum=max_grad_accum,
-                       rejected=rejected)
+                       layers=layers, rejected=rejected)
     results = [Result(c, tables[c.rules_name], None, reason=why) for c, why in rejected]
     plans: dict[tuple, Plan | PartitioningError] = {}
     seen: set[tuple] = set()
@@ -267,12 +303,15 @@ def search(params: Any, opt_state: Any, tables: Mapping[str, Rules], devices: in
         tokens = token_axes(rules, c.sizes, w)
         r.activations = activation_bytes(
             w, rules, c.sizes, remat=c.remat or "none", micro_batch=w.batch // c.grad_accum,
-            gathered_layer_bytes=_gathered_layer_bytes(plan, tokens, w.layers),
-            grad_bytes=r.state["gradients"], grad_accum=c.grad_accum)
+            gathered_layer_bytes=_gathered_layer_bytes(plan, tokens, w.layers // c.stages),
+            grad_bytes=r.state["gradients"], grad_accum=c.grad_accum, stages=c.stages,
+            microbatches=c.microbatches)
         r.peak = sum(r.state.values()) + r.activations["total"]
+        parallel = costs_from_records(_records_for(records, rules, c), c.sizes, passes=c.grad_accum) \
+            if records else None
         r.analytic = analytic_estimate(plan.params, r.state, c.sizes, rules, w, hw, remat=c.remat or "none",
                                        grad_accum=c.grad_accum, flops_total=(flops or {}).get(c.remat or "none"),
-                                       temp_bytes=r.activations["total"])
+                                       temp_bytes=r.activations["total"], parallel=parallel)
         if r.peak > budget:
             r.reason = (f"memory: needs {fmt_bytes(r.peak)} per device (estimate), more than the budget of "
                         f"{fmt_bytes(budget)}")

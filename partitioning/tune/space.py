@@ -3,10 +3,12 @@
 A :class:`Candidate` is a mesh (a factorization of the devices over the axes
 its rule table uses), a rule table (the presets and the config's own), ZeRO-1
 (the optimizer state also split over ``data`` when ``data`` only splits the
-batch), a remat policy (when the model has a ``remat`` option) and a number of
-micro-batches (gradient accumulation). Candidates whose batch cannot be split
-as asked are rejected here, with the reason; the rest are priced by
-:mod:`partitioning.tune.search`.
+batch), a remat policy (when the model has a ``remat`` option), a number of
+micro-batches (gradient accumulation) and, with a ``stage`` axis, the
+pipeline's micro-batches ``M`` (``S, 2S, 4S, 8S``: the bubble
+``(S-1)/(M+S-1)`` against smaller matmuls). Candidates whose batch or layers
+cannot be split as asked are rejected here, with the reason; the rest are
+priced by :mod:`partitioning.tune.search`.
 
 Example::
 
@@ -26,20 +28,27 @@ from partitioning.fmt import fmt_mesh
 from partitioning.resolve import axes_tuple
 from partitioning.rules import Rules
 
-AXES = ("data", "fsdp", "tensor")
+# Mesh order, outermost first: pipeline stages across hosts, tensor parallelism on the fastest links.
+AXES = ("stage", "data", "fsdp", "expert", "tensor")
+PIPELINE_MICROBATCHES = (1, 2, 4, 8)       # M / S
 # Large dimensions only: a ZeRO-1 split that does not divide would make the train step refuse the layout.
 ZERO1_RULES = [["embed", "data"], ["mlp", "data"], ["vocab", "data"]]
 
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """One layout: mesh, rule table, ZeRO-1, remat, micro-batches."""
+    """One layout: mesh, rule table, ZeRO-1, remat, micro-batches (accumulated; pipelined)."""
 
     mesh: tuple[tuple[str, int], ...]
     rules_name: str
     remat: str | None = None         # None: the model has no remat option
     grad_accum: int = 1
     zero1: bool = False
+    microbatches: int = 1            # pipeline micro-batches (a `stage` axis of size > 1)
+
+    @property
+    def stages(self) -> int:
+        return dict(self.mesh).get("stage", 1)
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -56,6 +65,8 @@ class Candidate:
             parts.append(f"remat {self.remat}")
         if self.grad_accum > 1:
             parts.append(f"x{self.grad_accum} micro-batches")
+        if self.stages > 1:
+            parts.append(f"M={self.microbatches}")
         return " ".join(parts)
 
     def overrides(self, rules: Rules, optimizer_rules: Rules | None) -> list[str]:
@@ -63,14 +74,15 @@ class Candidate:
         sets = ["mesh.shape={" + ", ".join(f"{a}: {s}" for a, s in self.mesh) + "}",
                 f"mesh.devices={self.devices}", f"rules={_flow(rules.to_list())}",
                 f"optimizer_rules={_flow(optimizer_rules.to_list()) if optimizer_rules is not None else 'null'}",
-                f"train.grad_accum={self.grad_accum}"]
+                f"train.grad_accum={self.grad_accum}",
+                f"train.microbatches={self.microbatches if self.stages > 1 else 'null'}"]
         if self.remat is not None:
             sets.append(f"model.remat={self.remat}")
         return sets
 
     def to_json(self) -> dict[str, Any]:
         return {"mesh": self.sizes, "rules": self.rules_name, "zero1": self.zero1, "remat": self.remat,
-                "grad_accum": self.grad_accum, "label": self.label}
+                "grad_accum": self.grad_accum, "microbatches": self.microbatches, "label": self.label}
 
 
 def _flow(pairs: list) -> str:
@@ -80,7 +92,7 @@ def _flow(pairs: list) -> str:
 
 
 def table_axes(rules: Rules) -> list[str]:
-    """The mesh axes a rule table names, in the canonical order (data, fsdp, tensor, then others)."""
+    """The mesh axes a rule table names, in the canonical order (:data:`AXES`, then others)."""
     named = {a for _, axes in rules for a in axes_tuple(axes)} | set(rules.declared_batch_axes or ())
     return [a for a in AXES if a in named] + sorted(named - set(AXES))
 
@@ -102,12 +114,14 @@ def batch_shards(rules: Rules, sizes: Mapping[str, int]) -> int:
 
 
 def candidates(devices: int, tables: Mapping[str, Rules], *, batch_size: int,
-               remats: Sequence[str | None] = (None,), max_grad_accum: int = 16,
+               remats: Sequence[str | None] = (None,), max_grad_accum: int = 16, layers: int = 0,
                rejected: list[tuple[Candidate, str]] | None = None) -> list[Candidate]:
     """Every layout of ``devices`` over the rule ``tables`` (see the module docstring).
 
     Layouts whose batch does not split (``batch_size / grad_accum`` not a
-    multiple of the batch shards) go to ``rejected`` with the reason.
+    multiple of the batch shards, or of the pipeline micro-batches times
+    them) or whose ``layers`` (the stacked layer count) do not split into the
+    ``stage`` axis go to ``rejected`` with the reason.
     """
     out = []
     for name, rules in tables.items():
@@ -118,22 +132,34 @@ def candidates(devices: int, tables: Mapping[str, Rules], *, batch_size: int,
             sizes = dict(zip(axes, sizes_t))
             mesh = tuple(sizes.items())
             shards = batch_shards(rules, sizes)
+            stages = sizes.get("stage", 1)
             # A table that splits nothing over `data` keeps it for the batch only: ZeRO-1 is an option.
             param_axes = {a for n, ax in rules if n != "batch" for a in axes_tuple(ax)}
             zero1s = (False, True) if sizes["data"] > 1 and "data" not in param_axes else (False,)
+            if stages > 1 and (not layers or layers % stages):
+                if rejected is not None:
+                    why = (f"stages: {layers} stacked layers do not split into {stages} stages" if layers else
+                           "stages: the model has no stacked `layers` axis to split into pipeline stages")
+                    rejected.append((Candidate(mesh, name, remats[0], 1, False, stages), why))
+                continue
             g = 1
             while g <= max_grad_accum and batch_size % g == 0:
+                rows = batch_size // g
+                ms = [stages * k for k in PIPELINE_MICROBATCHES] if stages > 1 else [1]
                 for zero1 in zero1s:
                     for remat in remats:
-                        c = Candidate(mesh, name, remat, g, zero1)
-                        if (batch_size // g) % shards:
+                        fits = [m for m in ms if rows % m == 0 and (rows // m) % shards == 0]
+                        if not fits:
                             if rejected is not None and g == 1:
-                                rejected.append((c, f"batch: {batch_size} sequences do not split over "
-                                                    f"the {shards} batch shards"))
+                                what = f"the {shards} batch shards" if stages == 1 else \
+                                    f"{stages} pipeline micro-batches of {shards} batch shards"
+                                rejected.append((Candidate(mesh, name, remat, g, zero1, ms[0]),
+                                                 f"batch: {batch_size} sequences do not split over {what}"))
                             continue
-                        out.append(c)
+                        out += [Candidate(mesh, name, remat, g, zero1, m) for m in fits]
                 g *= 2
     return out
 
 
-__all__ = ["Candidate", "candidates", "factorizations", "table_axes", "zero1_rules", "batch_shards", "AXES"]
+__all__ = ["Candidate", "candidates", "factorizations", "table_axes", "zero1_rules", "batch_shards", "AXES",
+           "PIPELINE_MICROBATCHES"]

@@ -91,6 +91,14 @@ def test_override_errors_point_at_the_flag(write, base_config):
         load_config(path, ["train.steps=x"])
 
 
+def test_null_overrides_are_none(write, base_config):
+    """`--set k=null` (any YAML 1.2 null) sets None, not an empty mapping; `k=` too."""
+    path = write("run.yaml", base_config)
+    for null in ("null", "~", "NULL", ""):
+        cfg = load_config(path, ["train.microbatches=4", f"train.microbatches={null}", f"optimizer_rules={null}"])
+        assert cfg.train.microbatches is None and cfg.optimizer_rules is None
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(pt.ConfigError, match=r"nope.yaml: no such config file"):
         load_config(tmp_path / "nope.yaml")

@@ -2,12 +2,16 @@
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import pytest
 
+from partitioning.boxes import LogicallyPartitioned
 from partitioning.layout import tree_layouts
 from partitioning.rules import Rules
 from partitioning.tune.cost import (
-    Comm, Estimate, analytic_comm, analytic_estimate, axes_of_group, compiled_estimate, compute_parallelism,
+    Comm, Estimate, analytic_comm, analytic_estimate, axes_of_group, bubble_time, compiled_estimate,
+    compute_parallelism, parallel_comm,
 )
 from partitioning.tune.crossover import mlp_stack
 from partitioning.tune.hardware import Hardware
@@ -118,3 +122,56 @@ def test_compiled_estimate_for_other_hardware_keeps_the_analytic_bytes_and_colle
                                  Rules.preset("fsdp"), w, HW, remat="none", grad_accum=1)
     e = compiled_estimate([["a", "dot", "fwd", 3e9, 1e12, 1]], [], mesh, HW, model_flops=1.0, analytic=analytic)
     assert e.flops["fwd"] == 3e9 and e.hbm_bytes == analytic.hbm_bytes and e.comm == analytic.comm
+
+
+def test_pipeline_stages_split_the_layers_without_tensor_parallel_traffic():
+    """`layers` over `stage` is each device's share of the layers: no activation all-reduce over `stage`."""
+    mesh = {"stage": 2, "data": 2}
+    params, w = setup(mesh, "pp")
+    c = by(analytic_comm(params, mesh, Rules.preset("pp"), w, HW, micro_batch=TOKENS))
+    assert set(c) == {("data", "all-reduce", "bwd")}
+    assert c[("data", "all-reduce", "bwd")].bytes == 512          # each device holds one of the two layers
+    assert compute_parallelism(params, mesh, Rules.preset("pp"), w) == 4
+
+
+def test_pipeline_fsdp_gathers_a_stage_s_weights_every_schedule_iteration():
+    mesh = {"stage": 2, "data": 1, "fsdp": 2}
+    params, w = setup(mesh, "pp_fsdp")
+    c = by(analytic_comm(params, mesh, Rules.preset("pp_fsdp"), w, HW, micro_batch=TOKENS, iterations=5))
+    # wi, wo: 128 bytes per device each, gathered over fsdp 2 (256), 5 iterations (M=4, S=2)
+    assert c[("fsdp", "all-gather", "fwd")].bytes == 2 * 256 * 5
+    assert c[("fsdp", "reduce-scatter", "bwd")].bytes == 2 * 256 * 5
+
+
+def test_pipeline_and_expert_collectives_and_the_bubble():
+    mesh = {"stage": 4, "data": 1, "expert": 2}
+    costs = {"pipeline": {"stages": 4, "microbatches": 8, "collective_permute_bytes": 1000,
+                          "collective_permute_count": 22, "stage_all_reduce_bytes": 400},
+             "experts": {"expert_shards": 2, "all_to_all_bytes": 800, "all_to_all_count": 8}}
+    c = by(parallel_comm(costs, mesh, HW))
+    assert set(c) == {(a, k, p) for a, k in [("stage", "collective-permute"), ("stage", "all-reduce"),
+                                              ("expert", "all-to-all")] for p in ("fwd", "bwd")}
+    permute = c[("stage", "collective-permute", "fwd")]
+    assert (permute.bytes, permute.count, permute.group) == (500, 11, 4)
+    assert permute.seconds == pytest.approx(11 * 1e-6 + 500 / 1e9)
+    a2a = c[("expert", "all-to-all", "bwd")]
+    assert (a2a.bytes, a2a.count) == (400, 4)
+    assert a2a.seconds == pytest.approx(4 * 1e-6 + 0.25 * 400 / 1e9)
+    assert bubble_time({"fwd": 1.0, "bwd": 2.0, "update": 5.0}, 4, 8) == {"pipeline bubble": pytest.approx(3 * 3 / 8)}
+    assert bubble_time({"fwd": 1.0, "bwd": 2.0}, 1, 1) == {}
+
+
+def test_expert_weights_are_not_gathered_over_the_expert_axis():
+    box = lambda shape, names: LogicallyPartitioned(jax.ShapeDtypeStruct(shape, jnp.bfloat16), names)  # noqa: E731
+    tree = {"wi": box((2, 4, D, F), ("layers", "expert", "embed", "mlp")),
+            "wo": box((2, 4, F, D), ("layers", "expert", "mlp", "embed"))}
+    mesh = {"data": 1, "fsdp": 2, "expert": 4}
+    params = tree_layouts(tree, mesh, Rules.preset("ep"))
+    w = Workload(params=4 * 2 * 2 * D * F, matmul_params=4 * 2 * 2 * D * F, batch=TOKENS, seq_len=1, layers=2,
+                 embed=D, mlp=F, compute_bytes=2, expert_params=4 * 2 * 2 * D * F, experts=4, expert_fraction=0.5)
+    c = by(analytic_comm(params, mesh, Rules.preset("ep"), w, HW, micro_batch=TOKENS))
+    # Split over expert (their experts) and fsdp (embed): gathered over fsdp only, 2 x 2 x 1 x 8 x 16 x 2 bytes
+    assert set(c) == {("fsdp", "all-gather", "fwd"), ("fsdp", "all-gather", "bwd"), ("fsdp", "reduce-scatter", "bwd")}
+    assert c[("fsdp", "all-gather", "fwd")].bytes == 2 * (2 * 1 * D * F * 2)
+    # Each expert computes half of the tokens' dense work: 2 FLOPs x active params x tokens
+    assert w.flops_per_step()["fwd"] == 2 * (4 * 2 * 2 * D * F * 0.5) * TOKENS

@@ -3,7 +3,18 @@ ranking; what a compiled view changes; what to say when nothing fits."""
 
 import dataclasses
 
+import optax
+import pytest
+
+import partitioning as pt
+from partitioning.parallel.pipeline import microbatching
+from partitioning.parallel.trace import recording
+from partitioning.plan import activation_names, build_plan
 from partitioning.rules import Rules
+from partitioning.train.state import abstract_train_state
+from partitioning.tune.hardware import hardware
+from partitioning.tune.search import search
+from partitioning.tune.workload import workload
 from partitioning.tune.space import Candidate, candidates, factorizations, table_axes, zero1_rules
 
 
@@ -79,3 +90,74 @@ def test_a_compiled_view_replaces_the_estimates(run_search):
     assert not first.fits and first.reason.startswith("memory (compiled): needs 2.00 GiB")
     assert first.peak_source == "compiled" and first.compiled is not None
     assert first not in s.ranked
+
+
+@pytest.fixture(scope="module")
+def moe_search():
+    """A 4-layer scanned MoE GPT (8 experts, top 2) on 8 devices, priced over pp, pp_fsdp, ep and fsdp."""
+    model = pt.build_model("gpt", vocab_size=64, embed=32, heads=4, mlp=32, layers=4,
+                           moe={"experts": 8, "top_k": 2, "capacity_factor": 1.0})
+    params, opt = abstract_train_state(model, optax.adamw(1e-3), batch_size=16, seq_len=16)
+    with microbatching(1), recording() as records:
+        names = activation_names(model, params, {"data": 1}, Rules([]), batch_size=16, seq_len=16)
+    experts = next(r for r in records if r["kind"] == "experts")
+    w = workload(build_plan(params, opt, {"data": 1}, Rules([])).params, batch_size=16, seq_len=16,
+                 expert_layer=experts)
+    tables = {n: Rules.preset(n) for n in ("pp", "pp_fsdp", "ep", "fsdp")}
+    s = search(params, opt, tables, 8, w, hardware("h100"), 2**30, activations={n: names for n in tables},
+               records=records, max_grad_accum=2)
+    return model, params, s, w
+
+
+def test_stage_candidates_split_the_stacked_layers(moe_search):
+    _, _, s, w = moe_search
+    assert w.experts == 8 and w.expert_fraction == pytest.approx(4 / 16)   # capacity 16 x 2 / 8 = 4 of 16 tokens
+    stages = {r.candidate.sizes.get("stage", 1) for r in s.results if r.candidate.rules_name == "pp"}
+    assert stages == {1, 2, 4, 8}
+    [eight] = [r for r in s.results if r.candidate.rules_name == "pp" and r.candidate.sizes["stage"] == 8]
+    assert eight.reason == "stages: 4 stacked layers do not split into 8 stages"
+    ms = {r.candidate.microbatches for r in s.results if r.candidate.rules_name == "pp" and r.candidate.stages == 4
+          and r.candidate.grad_accum == 1}
+    assert ms == {4, 8}      # {stage: 4, data: 2}: M = 16 would leave micro-batches of 1 sequence for 2 data shards
+
+
+@pytest.mark.parametrize("rules,mesh,micro", [("pp", {"stage": 4, "data": 2}, 8),
+                                              ("pp_fsdp", {"stage": 2, "data": 1, "fsdp": 4}, 4),
+                                              ("ep", {"data": 1, "fsdp": 2, "expert": 4}, 1)])
+def test_pipeline_and_expert_bytes_equal_what_plan_traces(moe_search, rules, mesh, micro):
+    """The tuner's collective-permute and all-to-all bytes are plan's (pt.parallel_costs traces that layout)."""
+    model, params, s, _ = moe_search
+    [r] = [r for r in s.results if r.candidate.rules_name == rules and r.candidate.sizes == mesh and r.fits
+           and r.candidate.microbatches == micro and r.candidate.grad_accum == 1 and r.candidate.remat is None
+           and not r.candidate.zero1]
+    costs = pt.parallel_costs(model, params, mesh, rules, batch_size=16, seq_len=16,
+                              microbatches=micro if "stage" in mesh else None)
+    comm = {}
+    for c in r.analytic.comm:
+        comm[(c.label, c.kind)] = comm.get((c.label, c.kind), 0) + c.bytes
+    if "stage" in mesh:
+        assert comm[("stage", "collective-permute")] == costs["pipeline"]["collective_permute_bytes"]
+        bubble = (mesh["stage"] - 1) / micro * (r.analytic.compute["fwd"] + r.analytic.compute["bwd"])
+        assert r.analytic.other["pipeline bubble"] == pytest.approx(bubble)
+        assert not any(c.kind == "all-reduce" and "stage" in c.axes and c.phase == "fwd" and "matmul" in c.what
+                       for c in r.analytic.comm)
+    else:
+        assert comm[("expert", "all-to-all")] == costs["experts"]["all_to_all_bytes"] > 0
+        # Expert weights are gathered over fsdp only (their expert dimension stays split 4 ways); the rest over
+        # fsdp and expert, whole.
+        leaves = build_plan(params, None, mesh, rules).params
+        is_expert = lambda l: {"expert", "mlp"} <= set(l.names or ())  # noqa: E731
+        experts = sum(l.nbytes for l in leaves if is_expert(l))
+        dense = sum(l.nbytes for l in leaves if not is_expert(l) and not l.replicated)
+        gathered = sum(c.bytes for c in r.analytic.comm if c.kind == "all-gather" and c.phase == "fwd")
+        assert gathered == dense + experts // 4
+
+
+def test_the_written_overrides_set_the_pipeline_micro_batches(moe_search):
+    _, _, s, _ = moe_search
+    pp = next(r for r in s.results if r.candidate.stages == 4 and r.candidate.microbatches == 8)
+    sets = pp.candidate.overrides(pp.rules, None)
+    assert "train.microbatches=8" in sets and "mesh.shape={stage: 4, data: 2}" in sets
+    assert pp.candidate.label.endswith("M=8")
+    flat = next(r for r in s.results if r.candidate.stages == 1 and r.fits)
+    assert "train.microbatches=null" in flat.candidate.overrides(flat.rules, None)
