@@ -70,8 +70,10 @@ from partitioning.plan import (
 )
 from partitioning.tune import Hardware, Workload, hardware, load_hardware, workload
 from partitioning.tune import search as search_layouts
+from partitioning.tune.cost import compiled_estimate
 from partitioning.tune.crossover import crossover
 from partitioning.tune.measure import measure_cpu
+from partitioning.tune.plot import plot_search
 
 __version__ = "0.1.0"
 
@@ -105,4 +107,5 @@ __all__ = [
     "transformer_flops", "peak_tflops",
     # tune
     "Hardware", "hardware", "load_hardware", "measure_cpu", "Workload", "workload", "search_layouts", "crossover",
+    "compiled_estimate", "plot_search",
 ]

@@ -10,6 +10,10 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+# pytest-xdist workers start with COLUMNS=80 and LINES=24 in their environment: the CLI (and every CLI
+# subprocess) would draw 80-column tables and fold the cells tests read. Tests that want a width set it.
+for _k in ("COLUMNS", "LINES"):
+    os.environ.pop(_k, None)
 
 import subprocess  # noqa: E402
 import sys  # noqa: E402

@@ -401,6 +401,13 @@ def compiled_estimate(ops: Sequence[Sequence[Any]], collective_ops: Sequence[Map
     computes bfloat16 in float32 (more bytes, wider collectives, copies a
     bfloat16 scan's stacked outputs): the compiled FLOPs per phase are used (loops
     counted), memory traffic and collectives stay those of ``analytic``.
+
+    Example::
+
+        >>> view = pt.compiled_view(trainer.lower_train_step)
+        >>> est = pt.compiled_estimate(view["cost_ops"], view["collective_ops"], {"data": 8}, pt.measure_cpu(8),
+        ...                            model_flops=1.0, temp_bytes=view["memory"]["temp"])
+        >>> est.step_time, est.bottleneck
     """
     from partitioning.plan.hlo_cost import phase_of
 

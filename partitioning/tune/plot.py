@@ -31,7 +31,13 @@ def _points(rows: list[dict[str, Any]]) -> list[tuple[float, float, dict[str, An
 
 
 def plot_search(report: dict[str, Any], path: str | Path) -> Path:
-    """Saves the candidates' scatter (see the module docstring)."""
+    """Saves the candidates' scatter (see the module docstring); ``report``: ``{"model", "search": Search.to_json(),
+    "best": Result.to_json()}`` (what ``tune --json`` writes).
+
+    Example::
+
+        >>> pt.plot_search({"model": "gpt", "search": s.to_json(), "best": s.best.to_json()}, "tune.png")
+    """
     from matplotlib.figure import Figure   # ~0.5 s to import; only --png needs it
 
     fig = Figure(figsize=(12.5, 6.2), dpi=100)
