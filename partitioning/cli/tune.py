@@ -111,6 +111,11 @@ def _tables(cfg: Config, names: list[str] | None, config_path: str,
     kinds = {r["kind"] for r in records}
     extra = (("pp", "pp_fsdp") if "pipeline" in kinds else ()) + (("ep",) if "experts" in kinds else ())
     out = {n: Rules.preset(n) for n in PRESETS + extra}
+    if "pipeline" in kinds:
+        # Stages across tensor parallelism too: with many devices a stage's data shards need a sequence
+        # of every micro-batch each, so pipelines at scale keep a tensor axis inside the stage.
+        for n in ("tp", "fsdp_tp"):
+            out[f"pp_{n}"] = Rules([["layers", "stage"]]) + Rules.preset(n)
     own = cfg.rules.to_list()
     if not any(own == r.to_list() and cfg.rules.declared_batch_axes == r.declared_batch_axes for r in out.values()):
         out[f"config ({Path(config_path).name})"] = cfg.rules

@@ -214,16 +214,24 @@ def _repeats(l: LeafLayout) -> int:
     return 1
 
 
+def _layer_shards(l: LeafLayout) -> int:
+    """Into how many stages the leaf's stacked ``layers`` dimension is split (1: not stacked or not split)."""
+    if l.names and "layers" in l.names:
+        return int(l.shards_per_dim[list(l.names).index("layers")])
+    return 1
+
+
 def _ordered(mesh: Mapping[str, int], axes: Sequence[str]) -> tuple[str, ...]:
     return tuple(a for a in mesh if a in axes)
 
 
 def analytic_comm(params: Sequence[LeafLayout], mesh: Mapping[str, int], rules: Rules, w: Workload,
-                  hw: Hardware, *, micro_batch: int, grad_accum: int = 1, iterations: int = 1) -> list[Comm]:
+                  hw: Hardware, *, micro_batch: int, grad_accum: int = 1, microbatches: int = 1) -> list[Comm]:
     """The collectives of one step, per device (see the module docstring).
 
-    ``iterations``: the pipeline schedule's ``M + S - 1`` iterations, each of which runs a stage's
-    layers once (and gathers their FSDP weights once); 1 unpipelined.
+    ``microbatches``: the pipeline's ``M``. A device runs the ``L/S`` layers of its stage in each of the
+    schedule's ``M + S - 1`` iterations, on one micro-batch each: it gathers their FSDP weights once per
+    iteration, and its tensor-parallel activations add up to ``(M+S-1)/M`` of the batch's.
     """
     tokens = token_axes(rules, mesh, w)
     buckets: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])   # (axes, kind, phase, what) -> bytes, count
@@ -236,16 +244,19 @@ def analytic_comm(params: Sequence[LeafLayout], mesh: Mapping[str, int], rules: 
     resid = local_elements(rules, mesh, ("batch", "length", "embed"), (micro_batch, w.seq_len, w.embed))
     resid_bytes = resid * w.compute_bytes
     row, col = defaultdict(int), set()
+    pipelined = 1
     for l in params:
         every = leaf_axes(l, mesh)
         axes = shared_axes(l, mesh)
         fsdp = [a for a in axes if a in tokens]
         dp = [a for a in tokens if a not in every]
         mp = [a for a in axes if a not in tokens]
-        reps = _repeats(l)
+        stages = _layer_shards(l)
+        pipelined = max(pipelined, stages)
+        reps = _repeats(l) // stages                     # the layers this device runs
+        # Pipelined, the stage's layers run once per schedule iteration: M + S - 1 of them.
+        again = microbatches + stages - 1 if stages > 1 else 1
         if fsdp:
-            # A stacked leaf split over stages is gathered once per schedule iteration.
-            again = iterations if len(every) > len(axes) and reps > 1 else 1
             gathered = l.per_device_bytes * math.prod(mesh[a] for a in fsdp) * again
             add(fsdp, "all-gather", "fwd", gathered, reps * again, "FSDP weights (forward)")
             add(fsdp, "all-gather", "bwd", gathered, reps * again, "FSDP weights (backward)")
@@ -257,21 +268,27 @@ def analytic_comm(params: Sequence[LeafLayout], mesh: Mapping[str, int], rules: 
             split = [i for i, (d, n) in enumerate(zip(l.spec, l.shards_per_dim)) if n > 1 and i != e
                      and not _owned(l.names, i) and any(a in mp for a in axes_tuple(d))]
             parent = l.path.rsplit("/", 1)[0]
+            share = again / microbatches if stages > 1 else 1.0   # of the batch's activations, bubble included
             if split and max(split) < e:
-                row[(tuple(mp), l.path, reps)] += 1
+                row[(tuple(mp), l.path, reps, again, share)] += 1
             elif split:
-                col.add((tuple(mp), parent, reps))
-    for (mp, _, reps), n in row.items():
-        add(mp, "all-reduce", "fwd", n * resid_bytes * reps, n * reps, "activations (row-parallel matmuls)")
-    for mp, _, reps in col:
-        add(mp, "all-reduce", "bwd", resid_bytes * reps, reps, "activation gradients (column-parallel matmuls)")
+                col.add((tuple(mp), parent, reps, again, share))
+    for (mp, _, reps, again, share), n in row.items():
+        add(mp, "all-reduce", "fwd", n * resid_bytes * reps * share, n * reps * again,
+            "activations (row-parallel matmuls)")
+    for mp, _, reps, again, share in col:
+        add(mp, "all-reduce", "bwd", resid_bytes * reps * share, reps * again,
+            "activation gradients (column-parallel matmuls)")
     seq = _length_axes(rules, mesh)
     if seq and w.heads and w.head_dim:
         kv = local_elements(rules, mesh, ("batch", "length", "kv_heads", "kv"),
                             (micro_batch, w.seq_len, w.kv_heads, w.head_dim))
-        gathered = 2 * kv * w.compute_bytes * math.prod(mesh[a] for a in seq) * w.layers
-        add(seq, "all-gather", "fwd", gathered, 2 * w.layers, "keys and values (sequence split)")
-        add(seq, "reduce-scatter", "bwd", gathered, 2 * w.layers, "key and value gradients (sequence split)")
+        layers = w.layers // pipelined
+        share = (microbatches + pipelined - 1) / microbatches if pipelined > 1 else 1.0
+        gathered = 2 * kv * w.compute_bytes * math.prod(mesh[a] for a in seq) * layers * share
+        runs = layers * (microbatches + pipelined - 1 if pipelined > 1 else 1)
+        add(seq, "all-gather", "fwd", gathered, 2 * runs, "keys and values (sequence split)")
+        add(seq, "reduce-scatter", "bwd", gathered, 2 * runs, "key and value gradients (sequence split)")
     out = []
     for (axes, kind, phase, what), (nbytes, count) in buckets.items():
         group = math.prod(mesh[a] for a in axes)
@@ -351,8 +368,7 @@ def analytic_estimate(params: Sequence[LeafLayout], state_bytes: Mapping[str, fl
     compute = {p: max(flops[p] / hw.peak_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
     pipe = (parallel or {}).get("pipeline") or {}
     stages, m = int(pipe.get("stages", 1)), int(pipe.get("microbatches", 1))
-    comm = analytic_comm(params, mesh, rules, w, hw, micro_batch=micro, grad_accum=grad_accum,
-                         iterations=m + stages - 1 if stages > 1 else 1)
+    comm = analytic_comm(params, mesh, rules, w, hw, micro_batch=micro, grad_accum=grad_accum, microbatches=m)
     comm += parallel_comm(parallel or {}, mesh, hw, _expert_axes(rules, mesh))
     other = {**temporaries_time(hw, temp_bytes), **bubble_time(compute, stages, m)}
     return Estimate("analytic", flops, hbm, compute, comm, hw.overlap, w.flops_per_step(remat)["model"],

@@ -137,7 +137,7 @@ def test_pipeline_stages_split_the_layers_without_tensor_parallel_traffic():
 def test_pipeline_fsdp_gathers_a_stage_s_weights_every_schedule_iteration():
     mesh = {"stage": 2, "data": 1, "fsdp": 2}
     params, w = setup(mesh, "pp_fsdp")
-    c = by(analytic_comm(params, mesh, Rules.preset("pp_fsdp"), w, HW, micro_batch=TOKENS, iterations=5))
+    c = by(analytic_comm(params, mesh, Rules.preset("pp_fsdp"), w, HW, micro_batch=TOKENS, microbatches=4))
     # wi, wo: 128 bytes per device each, gathered over fsdp 2 (256), 5 iterations (M=4, S=2)
     assert c[("fsdp", "all-gather", "fwd")].bytes == 2 * 256 * 5
     assert c[("fsdp", "reduce-scatter", "bwd")].bytes == 2 * 256 * 5
@@ -175,3 +175,15 @@ def test_expert_weights_are_not_gathered_over_the_expert_axis():
     assert c[("fsdp", "all-gather", "fwd")].bytes == 2 * (2 * 1 * D * F * 2)
     # Each expert computes half of the tokens' dense work: 2 FLOPs x active params x tokens
     assert w.flops_per_step()["fwd"] == 2 * (4 * 2 * 2 * D * F * 0.5) * TOKENS
+
+
+def test_a_stage_runs_its_own_layers_tensor_parallel_in_every_schedule_iteration():
+    """pp x tp: a device all-reduces the activations of its L/S layers, (M+S-1)/M of the batch (bubble included)."""
+    pp_tp = Rules([["layers", "stage"]]) + Rules.preset("tp")
+    mesh = {"stage": 2, "data": 1, "tensor": 2}
+    params = tree_layouts(mlp_stack(D, F, L), mesh, pp_tp)
+    _, w = setup({"data": 1, "tensor": 2}, "tp")
+    c = by(analytic_comm(params, mesh, pp_tp, w, HW, micro_batch=TOKENS, microbatches=4))
+    resid = TOKENS * D * 2
+    fwd = c[("tensor", "all-reduce", "fwd")]
+    assert (fwd.bytes, fwd.count) == (L // 2 * resid * 5 / 4, L // 2 * 5)     # 1 layer, 5 iterations of M/4
