@@ -125,3 +125,24 @@ def test_llama3_70b_on_2048_v5p_recommends_a_layout_the_compiled_view_confirms(r
     best = json.loads((tmp_path / "t.json").read_text())["best"]
     assert best["peak_source"] == "compiled" and best["compiled"]["status"] == "ok"
     assert best["compiled"]["memory"]["peak_estimate"] <= 95 * 2**30
+
+
+def test_pipeline_stages_and_experts_join_the_search(write, tmp_path, run_cli_in_process):
+    """A scanned MoE GPT: the pp / pp_fsdp / pp_tp / pp_fsdp_tp and ep tables are priced, with the bubble,
+    the stage shifts and the all-to-all as terms; stage counts that do not divide the layers are rejected."""
+    cfg = write("moe.yaml", GPT_CONFIG.replace("layers: 2}", "layers: 4, moe: {experts: 4, top_k: 2}}"))
+    code, out, err = run_cli_in_process("tune", cfg, "--hardware", "v5p", "--compile", "0", "--top", "3",
+                                        "--json", tmp_path / "t.json")
+    assert code == 0, err
+    search = json.loads((tmp_path / "t.json").read_text())["search"]
+    results = search["ranked"] + search["rejected"]
+    assert {"pp", "pp_fsdp", "pp_tp", "pp_fsdp_tp", "ep"} <= {r["rules"] for r in results}
+    assert any(r["reason"] == "stages: 4 stacked layers do not split into 8 stages" for r in search["rejected"])
+    staged = next(r for r in search["ranked"] if r["mesh"].get("stage") == 4 and r["microbatches"] == 8)
+    assert staged["label"].endswith("M=8")
+    est = staged["estimate"]
+    kinds = {(c["kind"], tuple(c["axes"])) for c in est["collectives"]}
+    assert ("collective-permute", ("stage",)) in kinds
+    assert est["other_s"]["pipeline bubble"] == pytest.approx(3 / 8 * (est["compute_s"]["fwd"] + est["compute_s"]["bwd"]))
+    experts = next(r for r in search["ranked"] if r["rules"] == "ep" and r["mesh"].get("expert") == 4)
+    assert any(c["kind"] == "all-to-all" and c["axes"] == ["expert"] for c in experts["estimate"]["collectives"])
