@@ -87,7 +87,8 @@ def build(layout, hw):
     import partitioning as pt
     from partitioning.models import GPT
     from partitioning.plan import build_plan, compiled_view
-    from partitioning.tune.cost import analytic_estimate, compiled_estimate, token_axes
+    from partitioning.tune.compiled import compiled_estimate
+    from partitioning.tune.cost import analytic_estimate, token_axes
     from partitioning.tune.search import _gathered_layer_bytes
     from partitioning.tune.workload import activation_bytes, workload
 

@@ -70,7 +70,7 @@ from partitioning.plan import (
 )
 from partitioning.tune import Hardware, Workload, hardware, load_hardware, workload
 from partitioning.tune import search as search_layouts
-from partitioning.tune.cost import compiled_estimate
+from partitioning.tune.compiled import compiled_estimate
 from partitioning.tune.crossover import crossover
 from partitioning.tune.measure import measure_cpu
 from partitioning.tune.plot import plot_search

@@ -7,7 +7,9 @@ Modules:
 - :mod:`~partitioning.tune.measure` — the ``cpu`` profile, measured on the spot in device-seconds.
 - :mod:`~partitioning.tune.workload` — the model's shape from its logical names; FLOPs; the activation estimate.
 - :mod:`~partitioning.tune.space` — the candidates: meshes x rule tables x ZeRO-1 x remat x micro-batches.
-- :mod:`~partitioning.tune.cost` — the roofline: compute and per-axis communication per phase, overlapped or not.
+- :mod:`~partitioning.tune.cost` — the roofline: compute and per-axis communication per phase, overlapped or not;
+  the analytic terms (FSDP, data, tensor, sequence, pipeline stages, experts).
+- :mod:`~partitioning.tune.compiled` — the same roofline from a compiled step's ops and collectives.
 - :mod:`~partitioning.tune.search` — price every candidate, reject with the reason, rank; fold in compiled views.
 - :mod:`~partitioning.tune.crossover` — the per-device batch below which a layout becomes communication-bound.
 - :mod:`~partitioning.tune.plot` — the candidates' PNG: peak memory against estimated step time, the budget line.
@@ -19,7 +21,8 @@ Example::
     >>> s.best.candidate.label, s.best.estimate.step_time, s.best.estimate.bottleneck
 """
 
-from partitioning.tune.cost import Estimate, analytic_estimate, compiled_estimate
+from partitioning.tune.compiled import compiled_estimate
+from partitioning.tune.cost import Estimate, analytic_estimate
 from partitioning.tune.hardware import PROFILES, Hardware, hardware, load_hardware, profile_names
 from partitioning.tune.search import Result, Search, search
 from partitioning.tune.space import Candidate, candidates

@@ -59,7 +59,6 @@ import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from itertools import combinations
 from typing import Any
 
 from partitioning.layout import LeafLayout
@@ -387,75 +386,5 @@ def temporaries_time(hw: Hardware, temp_bytes: float) -> dict[str, float]:
     return {"temporaries": temp_bytes / hw.alloc_bandwidth}
 
 
-# -- from a compiled step ----------------------------------------------------------------------------
-
-def axes_of_group(mesh: Mapping[str, int], group: int | None, hw: Hardware) -> tuple[str, ...]:
-    """The mesh axes whose sizes multiply to a collective's group size (the slowest such set when several do)."""
-    names = [a for a, s in mesh.items() if s > 1]
-    if not group or group <= 1:
-        return ()
-    found = [c for r in range(1, len(names) + 1) for c in combinations(names, r)
-             if math.prod(mesh[a] for a in c) == group]
-    if not found:
-        return tuple(names)
-    return min(found, key=lambda c: hw.bandwidth(mesh, c))
-
-
-def compiled_estimate(ops: Sequence[Sequence[Any]], collective_ops: Sequence[Mapping[str, Any]],
-                      mesh: Mapping[str, int], hw: Hardware, *, model_flops: float,
-                      temp_bytes: float = 0.0, analytic: Estimate | None = None) -> Estimate:
-    """The :class:`Estimate` of a compiled step.
-
-    ``ops``: ``[name, op, phase, flops, bytes, executions]`` rows
-    (:func:`partitioning.plan.hlo_cost.op_costs`); ``collective_ops``: the
-    compiled view's collectives (kind, bytes, executions, group_size, source);
-    ``temp_bytes``: XLA's temporaries per device (``memory_analysis().temp_size_in_bytes``).
-
-    On the machine that compiled the step (``hw.measured``: the cpu profile)
-    every term is the compiled one: a roofline per op and the collectives priced
-    on their mesh axes. For other hardware the program is XLA:CPU's, which
-    computes bfloat16 in float32 (more bytes, wider collectives, copies a
-    bfloat16 scan's stacked outputs): the compiled FLOPs per phase are used (loops
-    counted), memory traffic and collectives stay those of ``analytic``.
-
-    Example::
-
-        >>> view = pt.compiled_view(trainer.lower_train_step)
-        >>> est = pt.compiled_estimate(view["cost_ops"], view["collective_ops"], {"data": 8}, pt.measure_cpu(8),
-        ...                            model_flops=1.0, temp_bytes=view["memory"]["temp"])
-        >>> est.step_time, est.bottleneck
-    """
-    from partitioning.plan.hlo_cost import phase_of
-
-    flops = {p: 0.0 for p in PHASES}
-    hbm = {p: 0.0 for p in PHASES}
-    compute = {p: 0.0 for p in PHASES}
-    for _, _, phase, fl, nbytes, _ in ops:
-        flops[phase] += fl
-        hbm[phase] += nbytes
-        compute[phase] += max(fl / hw.peak_flops, nbytes / hw.memory_bandwidth)
-    if not hw.measured and analytic is not None:
-        hbm = dict(analytic.hbm_bytes)
-        compute = {p: max(flops[p] / hw.peak_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
-        # The compiled loop runs every stage in every iteration: its FLOPs hold the bubble already.
-        other = {k: v for k, v in analytic.other.items() if k != "pipeline bubble"}
-        return Estimate("compiled", flops, hbm, compute, list(analytic.comm), hw.overlap, model_flops,
-                        math.prod(mesh.values()), hw.peak_flops, other)
-    buckets: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for c in collective_ops:
-        axes = axes_of_group(mesh, c.get("group_size"), hw)
-        key = (axes, c["kind"], phase_of(c.get("source", "")))
-        buckets[key][0] += c["bytes"] * c["executions"]
-        buckets[key][1] += c["executions"]
-    comm = []
-    for (axes, kind, phase), (nbytes, count) in buckets.items():
-        group = math.prod(mesh[a] for a in axes) if axes else 1
-        bw = hw.bandwidth(mesh, axes, kind)
-        comm.append(Comm(axes, kind, phase, nbytes, count, group,
-                         collective_time(hw, kind, nbytes, group, bw, count), "compiled"))
-    return Estimate("compiled", flops, hbm, compute, comm, hw.overlap, model_flops, math.prod(mesh.values()),
-                    hw.peak_flops, temporaries_time(hw, temp_bytes))
-
-
-__all__ = ["Comm", "Estimate", "PHASES", "temporaries_time", "analytic_comm", "analytic_estimate", "compiled_estimate",
-           "compute_parallelism", "token_axes", "axes_of_group", "parallel_comm", "bubble_time", "shared_axes"]
+__all__ = ["Comm", "Estimate", "PHASES", "temporaries_time", "analytic_comm", "analytic_estimate",
+           "compute_parallelism", "token_axes", "parallel_comm", "bubble_time", "shared_axes"]

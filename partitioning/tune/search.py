@@ -40,7 +40,8 @@ from partitioning.plan.parallel import costs_from_records
 from partitioning.plan.plan import Plan, build_plan
 from partitioning.resolve import axes_tuple
 from partitioning.rules import Rules
-from partitioning.tune.cost import Estimate, analytic_estimate, compiled_estimate, shared_axes, token_axes
+from partitioning.tune.compiled import compiled_estimate
+from partitioning.tune.cost import Estimate, analytic_estimate, shared_axes, token_axes
 from partitioning.tune.hardware import Hardware
 from partitioning.tune.space import Candidate, candidates, zero1_rules
 from partitioning.tune.workload import Workload, activation_bytes

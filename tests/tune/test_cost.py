@@ -9,9 +9,9 @@ import pytest
 from partitioning.boxes import LogicallyPartitioned
 from partitioning.layout import tree_layouts
 from partitioning.rules import Rules
+from partitioning.tune.compiled import axes_of_group, compiled_estimate
 from partitioning.tune.cost import (
-    Comm, Estimate, analytic_comm, analytic_estimate, axes_of_group, bubble_time, compiled_estimate,
-    compute_parallelism, parallel_comm,
+    Comm, Estimate, analytic_comm, analytic_estimate, bubble_time, compute_parallelism, parallel_comm,
 )
 from partitioning.tune.crossover import mlp_stack
 from partitioning.tune.hardware import Hardware
