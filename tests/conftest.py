@@ -268,3 +268,20 @@ def free_port():
             return sock.getsockname()[1]
 
     return _port
+
+
+# -- order: long modules first -------------------------------------------------------------------
+
+# Under `pytest -n 2` workers take tests in collection order; a long module collected last runs alone
+# while the other worker idles. Modules with long tests go first (each module's tests stay together
+# and in order, so module-scoped fixtures are built once).
+LONG_MODULES = ("test_notebooks.py", "test_multihost.py", "test_multihost_data.py", "parallel/", "byom/")
+
+
+def pytest_collection_modifyitems(config, items):
+    def long(item) -> bool:
+        path = item.nodeid.split("::")[0]
+        return any(m in path for m in LONG_MODULES) or item.get_closest_marker("slow") is not None
+
+    first = {item.nodeid.split("::")[0] for item in items if long(item)}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in first)
