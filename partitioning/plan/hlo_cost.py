@@ -142,10 +142,37 @@ def _op_name(module: Module, ins: Instr) -> str:
     return ""
 
 
+def _enclosing_op_names(module: Module) -> dict[str, str]:
+    """Per computation, the JAX op name of the nearest instruction up its call chain that has one.
+
+    XLA drops ``op_name`` from some instructions it rewrites inside loop bodies
+    (a pipeline's vmapped stage loop on the CPU keeps only a stack frame id):
+    the loop that runs them still says which pass they belong to.
+    """
+    callers: dict[str, tuple[str, Instr]] = {}
+    for cname, comp in module.computations.items():
+        for ins in comp.values():
+            for c in _callees(ins):
+                callers.setdefault(c, (cname, ins))
+    memo: dict[str, str] = {}
+
+    def name(c: str) -> str:
+        if c not in memo:
+            memo[c] = ""                                  # a cycle (none in valid HLO) ends here
+            if c in callers:
+                parent, ins = callers[c]
+                m = _OP_NAME.search(ins.attrs)
+                memo[c] = m.group(1) if m else name(parent)
+        return memo[c]
+
+    return {c: name(c) for c in module.computations}
+
+
 def op_costs(text: str) -> list[OpCost]:
     """Every priced op of a compiled step (see the module docstring)."""
     module = parse(text)
     runs = executions(module)
+    enclosing = _enclosing_op_names(module)
     nested = {c for comp in module.computations.values() for i in comp.values()
               if i.op in _NESTED or i.op.endswith("-start") for c in _callees(i)}
     memo: dict[str, float] = {}
@@ -168,7 +195,8 @@ def op_costs(text: str) -> list[OpCost]:
                     nbytes = 2 * comp[ins.operands[1]].nbytes
                 elif ins.op == "dynamic-slice":
                     nbytes = 2 * ins.nbytes
-            out.append(OpCost(ins.name, ins.op, phase_of(_op_name(module, ins)), flops * n, nbytes * n, n))
+            phase = phase_of(_op_name(module, ins) or enclosing.get(cname, ""))
+            out.append(OpCost(ins.name, ins.op, phase, flops * n, nbytes * n, n))
     return out
 
 
