@@ -30,15 +30,13 @@ Prints a table and a JSON object (also written to ``--json``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
-from pathlib import Path
+
+from common import report, setup
 
 DEVICES = 8
-REPO = Path(__file__).resolve().parent.parent
 BATCH, SEQ = 32, 128
 MOE = {"experts": 8, "top_k": 2, "capacity_factor": 1.25}
 MODEL = dict(vocab_size=256, embed=128, heads=4, mlp=256, layers=4, scan_layers=True, moe=MOE)
@@ -48,12 +46,6 @@ LAYOUTS = [
     ("ep (expert 8)", {"data": 1, "fsdp": 1, "expert": 8}, "ep"),
     ("fsdp 8", {"data": 1, "fsdp": DEVICES}, "fsdp"),
 ]
-
-
-def _setup_env() -> None:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
-    sys.path.insert(0, str(REPO))
 
 
 class Side:
@@ -135,7 +127,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=10, help="alternating timed steps of each layout")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    _setup_env()
+    setup(DEVICES)
     import jax
 
     assert jax.device_count() == DEVICES, jax.devices()
@@ -149,10 +141,7 @@ def main(argv=None) -> int:
               f"{r['state_bytes_per_device']:>10,} {r['expert_weight_bytes_per_device_per_layer']:>17,} "
               f"{r['collective_bytes_per_step']:>16,} {r['all_to_all_bytes_hlo']:>11,} "
               f"{r['all_to_all_bytes_analytic']:>11,} {ratio:>6} {r['first_loss_rel_diff']:>9.1e}")
-    text = json.dumps(res, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text)
+    report(res, args.json)
     return 0
 
 

@@ -28,24 +28,16 @@ Prints a table and a JSON object (also written to ``--json``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
-from pathlib import Path
+
+from common import report, setup
 
 DEVICES = 8
-REPO = Path(__file__).resolve().parent.parent
 BATCH, SEQ = 32, 128
 MODEL = dict(vocab_size=256, embed=128, heads=4, mlp=512, layers=8, scan_layers=True)
 LAYOUTS = [(2, 8), (4, 4), (4, 8), (4, 16)]     # (stages, micro-batches)
-
-
-def _setup_env() -> None:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
-    sys.path.insert(0, str(REPO))
 
 
 def _trainer(mesh_shape, rules, **kw):
@@ -120,7 +112,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=10, help="alternating timed steps of each layout")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    _setup_env()
+    setup(DEVICES)
     import jax
 
     assert jax.device_count() == DEVICES, jax.devices()
@@ -133,10 +125,7 @@ def main(argv=None) -> int:
               f"{r['slowdown']:>9.3f} {r['paired_slowdown']:>7.3f} "
               f"{r['collective_permute_bytes_hlo']:>14,} {r['collective_permute_bytes_analytic']:>10,} "
               f"{r['first_loss_rel_diff']:>10.1e}")
-    text = json.dumps(res, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text)
+    report(res, args.json)
     return 0
 
 

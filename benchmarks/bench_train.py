@@ -30,23 +30,15 @@ Prints a table and a JSON object (also written to ``--json``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
-from pathlib import Path
+
+from common import report, setup
 
 DEVICES = 8
-REPO = Path(__file__).resolve().parent.parent
 BATCH, SEQ = 32, 128
 QUICKSTART = dict(vocab_size=256, embed=128, heads=4, mlp=384, layers=4, scan_layers=True)
-
-
-def _setup_env() -> None:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
-    sys.path.insert(0, str(REPO))
 
 
 def _tx():
@@ -68,7 +60,7 @@ def hand_written_step(trainer):
     import jax
     import optax
 
-    model, tx = trainer.model, trainer.tx
+    model, tx = trainer.model.module, trainer.tx      # the user's Flax module (the Trainer wraps it)
 
     def step(state, batch):
         count, params, opt_state = state
@@ -193,7 +185,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=1, help="steps per run")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    _setup_env()
+    setup(DEVICES)
     import jax
 
     assert jax.device_count() == DEVICES, jax.devices()
@@ -221,10 +213,7 @@ def main(argv=None) -> int:
     for name, detail, ratio, target in rows:
         print(f"{name:{w}s}  {detail:>30s}  {ratio:7.3f}  {'<=' + str(target):>7s}  {'yes' if ratio <= target else 'NO'}")
     results["targets_met"] = all(r[2] <= r[3] for r in rows)
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text)
+    report(results, args.json)
     return 0
 
 
