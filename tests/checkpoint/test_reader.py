@@ -53,9 +53,9 @@ def test_chunked_bytes_counts_whole_stored_chunks():
     assert _chunked_bytes(((0, 4), (0, 3)), (4, 3), 4) == 4 * 3 * 4
 
 
-def test_plain_restores_never_call_orbaxs_reader(gpt, tmp_path, assert_bit_exact, mesh_of, monkeypatch):
-    state = gpt.state(mesh_of({"data": 1, "fsdp": 8}), "fsdp")
-    save_checkpoint(tmp_path, 1, state)
+@pytest.fixture
+def orbax_reads(monkeypatch):
+    """The array counts of every call to orbax's own jax.Array reader during the test."""
     orbax_reader = type(ocp.type_handlers.get_type_handler(jax.Array))
     calls, real = [], orbax_reader.deserialize
 
@@ -64,6 +64,13 @@ def test_plain_restores_never_call_orbaxs_reader(gpt, tmp_path, assert_bit_exact
         return await real(self, infos, args)
 
     monkeypatch.setattr(orbax_reader, "deserialize", spy)
+    return calls
+
+
+def test_plain_restores_never_call_orbaxs_reader(gpt, tmp_path, assert_bit_exact, mesh_of, orbax_reads):
+    state = gpt.state(mesh_of({"data": 1, "fsdp": 8}), "fsdp")
+    save_checkpoint(tmp_path, 1, state)
+    calls = orbax_reads
     # A tiny budget: arrays are read one at a time, still bit-exact, onto another layout too.
     back = restore_checkpoint(tmp_path, gpt.target(mesh_of({"data": 1, "fsdp": 2, "tensor": 4}), "fsdp_tp"),
                               max_inflight_bytes=1)
@@ -71,15 +78,8 @@ def test_plain_restores_never_call_orbaxs_reader(gpt, tmp_path, assert_bit_exact
     assert calls == []
 
 
-def test_unusual_restore_args_go_through_orbax(tmp_path, mesh_of, monkeypatch):
-    orbax_reader = type(ocp.type_handlers.get_type_handler(jax.Array))
-    calls, real = [], orbax_reader.deserialize
-
-    async def spy(self, infos, args=None):
-        calls.append(len(infos))
-        return await real(self, infos, args)
-
-    monkeypatch.setattr(orbax_reader, "deserialize", spy)
+def test_unusual_restore_args_go_through_orbax(tmp_path, mesh_of, orbax_reads):
+    calls = orbax_reads
     m = mesh_of({"data": 1, "fsdp": 8})
     w = jax.device_put(np.arange(16.0, dtype=np.float32), jax.sharding.NamedSharding(m, jax.P("fsdp")))
     save_checkpoint(tmp_path, 1, {"w": w})
