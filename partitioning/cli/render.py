@@ -18,6 +18,17 @@ from partitioning.fmt import fmt_bytes
 from partitioning.layout import LeafLayout
 
 
+class _Console(Console):
+    """Rich's console, except that a closed pipe is left to the command line's one handler.
+
+    Rich answers a broken pipe with ``SystemExit(1)``; ``partitioning ... | head`` is a quiet exit 0
+    (:func:`partitioning.cli.main.main`), whatever printed last.
+    """
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError
+
+
 def console() -> Console:
     """A console for tables: as wide as the terminal (or ``$COLUMNS``), no syntax highlighting.
 
@@ -25,9 +36,9 @@ def console() -> Console:
     ``$COLUMNS``) they are 200 columns wide, so each row stays one greppable
     line. Plain lines are never wrapped (``soft_wrap``).
     """
-    out = Console(highlight=False, soft_wrap=True)
+    out = _Console(highlight=False, soft_wrap=True)
     if not out.is_terminal and "COLUMNS" not in os.environ:
-        out = Console(width=200, highlight=False, soft_wrap=True)
+        out = _Console(width=200, highlight=False, soft_wrap=True)
     return out
 
 

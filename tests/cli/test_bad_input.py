@@ -176,6 +176,20 @@ def test_a_closed_pipe_is_a_quiet_exit(in_tmp):
     assert out.stdout == "{\n \"$defs\"" and out.stderr == ""
 
 
+@pytest.mark.parametrize("argv", [["config", "schema"], ["rules", "explain", RUN]])
+def test_a_pipe_closed_before_the_output_is_exit_0_without_a_traceback(in_tmp, base_config, argv):
+    """Plain prints and rich tables alike (rich alone would exit 1)."""
+    import subprocess
+    import sys
+
+    write(base_config)
+    proc = subprocess.Popen([sys.executable, "-m", "partitioning", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()                       # the reader is gone before anything is written
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0 and "Traceback" not in err, err
+
+
 # -- paths and the disk -----------------------------------------------------------------------------
 
 def test_run_dir_or_checkpoint_dir_that_is_a_file(in_tmp, run_cli_in_process, base_config):
