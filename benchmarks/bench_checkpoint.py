@@ -73,8 +73,11 @@ def random_state(trainer):
     import numpy as np
 
     rng = np.random.default_rng(0)
-    values = jax.tree.map(lambda x: x.value if hasattr(x, "names") and hasattr(x, "value") else x,
-                          trainer.abstract_state, is_leaf=lambda x: hasattr(x, "names") and hasattr(x, "value"))
+    values = jax.tree.map(
+        lambda x: x.value if hasattr(x, "names") and hasattr(x, "value") else x,
+        trainer.abstract_state,
+        is_leaf=lambda x: hasattr(x, "names") and hasattr(x, "value"),
+    )
 
     def one(a, s):
         if a.shape == ():
@@ -145,6 +148,7 @@ def timed_save(directory: Path, step: int, state, async_: bool) -> tuple[float, 
 
 # -- the child that measures memory ------------------------------------------------------------
 
+
 def _rss_now() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -185,11 +189,22 @@ def child_restore(ckpt: str, gib: float) -> None:
     seconds = time.perf_counter() - t
     peak = _rss_peak()
     q = state.params["blocks"]["attn"]["q"]
-    print(json.dumps({"before": before, "peak": peak, "hwm_reset": reset, "seconds": seconds,
-                      "bytes": state_bytes(state), "q_spec": str(q.sharding.spec)}))
+    print(
+        json.dumps(
+            {
+                "before": before,
+                "peak": peak,
+                "hwm_reset": reset,
+                "seconds": seconds,
+                "bytes": state_bytes(state),
+                "q_spec": str(q.sharding.spec),
+            }
+        )
+    )
 
 
 # -- main ---------------------------------------------------------------------------------------
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -207,7 +222,7 @@ def main() -> None:
     import jax
 
     logging.getLogger("absl").setLevel(logging.ERROR)
-    from partitioning.checkpoint import restore_checkpoint, abstract_target
+    from partitioning.checkpoint import abstract_target, restore_checkpoint
 
     scratch = Path(tempfile.mkdtemp(prefix="bench_ckpt_", dir=args.dir))
     try:
@@ -215,9 +230,11 @@ def main() -> None:
         state = random_state(trainer)
         nbytes = state_bytes(state)
         gib = nbytes / 2**30
-        print(f"state: {gib:.2f} GiB in {len(jax.tree.leaves(state))} arrays "
-              f"({trainer.num_params:,} params + adamw moments), fsdp over {DEVICES} CPU devices; scratch {scratch}",
-              flush=True)
+        print(
+            f"state: {gib:.2f} GiB in {len(jax.tree.leaves(state))} arrays "
+            f"({trainer.num_params:,} params + adamw moments), fsdp over {DEVICES} CPU devices; scratch {scratch}",
+            flush=True,
+        )
 
         # Warm-up: first-save and first-restore costs (orbax's per-shape slicing programs and lazy
         # imports, tensorstore's thread pools) out of the way, for both sides alike. The first
@@ -256,8 +273,11 @@ def main() -> None:
 
         for rep in range(ROUNDS):
             first_toolkit = rep % 2 == 0
-            for save in ((toolkit_save, lambda: np_saves.append(numpy_save(state, scratch / "npy"))) if first_toolkit
-                         else (lambda: np_saves.append(numpy_save(state, scratch / "npy")), toolkit_save)):
+            for save in (
+                (toolkit_save, lambda: np_saves.append(numpy_save(state, scratch / "npy")))
+                if first_toolkit
+                else (lambda: np_saves.append(numpy_save(state, scratch / "npy")), toolkit_save)
+            ):
                 save()
             for load in (toolkit_restore, baseline_load) if first_toolkit else (baseline_load, toolkit_restore):
                 load()
@@ -282,8 +302,13 @@ def main() -> None:
         # 4. peak RSS of a fresh process restoring onto another layout
         del state
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        r = subprocess.run([sys.executable, __file__, "--child-restore", str(scratch / "sync"), "--gib", str(args.gib)],
-                           capture_output=True, text=True, env=env, timeout=1800)
+        r = subprocess.run(
+            [sys.executable, __file__, "--child-restore", str(scratch / "sync"), "--gib", str(args.gib)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
+        )
         if r.returncode != 0:
             raise SystemExit(f"child failed:\n{r.stderr[-3000:]}")
         child = json.loads(r.stdout.strip().splitlines()[-1])
@@ -294,37 +319,66 @@ def main() -> None:
     res = {
         "state_bytes": nbytes,
         "devices": DEVICES,
-        "save_s": t_save, "np_save_s": t_np_save,
-        "save_gib_per_s": gib / t_save, "np_save_gib_per_s": gib / t_np_save,
-        "save_throughput_ratio": save_ratio, "save_ratio_target": 1.0,
-        "restore_s": t_restore, "np_load_s": t_np_load,
-        "restore_gib_per_s": gib / t_restore, "np_load_gib_per_s": gib / t_np_load,
-        "restore_throughput_ratio": restore_ratio, "restore_ratio_target": 0.8,
+        "save_s": t_save,
+        "np_save_s": t_np_save,
+        "save_gib_per_s": gib / t_save,
+        "np_save_gib_per_s": gib / t_np_save,
+        "save_throughput_ratio": save_ratio,
+        "save_ratio_target": 1.0,
+        "restore_s": t_restore,
+        "np_load_s": t_np_load,
+        "restore_gib_per_s": gib / t_restore,
+        "np_load_gib_per_s": gib / t_np_load,
+        "restore_throughput_ratio": restore_ratio,
+        "restore_ratio_target": 0.8,
         # CPU seconds of the whole process (all threads): what a restore costs when the machine is shared.
-        "restore_cpu_s": med(cpu["restore"]), "np_load_cpu_s": med(cpu["np_load"]),
-        "first_restore_s": first_restore, "first_np_load_s": first_np_load,
+        "restore_cpu_s": med(cpu["restore"]),
+        "np_load_cpu_s": med(cpu["np_load"]),
+        "first_restore_s": first_restore,
+        "first_np_load_s": first_np_load,
         "rounds": {"save_s": saves, "np_save_s": np_saves, "restore_s": restores, "np_load_s": np_loads},
-        "blocked_async_s": med(blocked_async), "blocked_sync_s": med(blocked_sync),
+        "blocked_async_s": med(blocked_async),
+        "blocked_sync_s": med(blocked_sync),
         "async_total_s": med(total_async),
-        "blocked_ratio": med(blocked_async) / med(blocked_sync), "blocked_ratio_target": 0.2,
-        "reshard_restore_s": child["seconds"], "reshard_target_spec_q": child["q_spec"],
-        "reshard_rss_before": child["before"], "reshard_rss_peak": child["peak"],
-        "reshard_peak_over_state": extra / nbytes, "reshard_peak_target": 1.5,
+        "blocked_ratio": med(blocked_async) / med(blocked_sync),
+        "blocked_ratio_target": 0.2,
+        "reshard_restore_s": child["seconds"],
+        "reshard_target_spec_q": child["q_spec"],
+        "reshard_rss_before": child["before"],
+        "reshard_rss_peak": child["peak"],
+        "reshard_peak_over_state": extra / nbytes,
+        "reshard_peak_target": 1.5,
         "rss_hwm_reset": child["hwm_reset"],
     }
     rows = [
-        ("save (sync, to commit) vs np.save+fsync", f"{res['save_gib_per_s']:.2f} GiB/s",
-         f"{res['np_save_gib_per_s']:.2f} GiB/s", f"{res['save_throughput_ratio']:.2f}x",
-         ">= 1.0x " + ("OK" if res["save_throughput_ratio"] >= 1.0 else "MISSED")),
-        ("restore (same layout) vs np.load+device_put", f"{res['restore_gib_per_s']:.2f} GiB/s",
-         f"{res['np_load_gib_per_s']:.2f} GiB/s", f"{res['restore_throughput_ratio']:.2f}x",
-         ">= 0.8x " + ("OK" if res["restore_throughput_ratio"] >= 0.8 else "MISSED")),
-        ("loop blocked: async save vs sync save", f"{res['blocked_async_s']:.3f} s",
-         f"{res['blocked_sync_s']:.3f} s", f"{res['blocked_ratio']:.3f}x",
-         "<= 0.2x " + ("OK" if res["blocked_ratio"] <= 0.2 else "MISSED")),
-        ("peak RSS of resharding restore vs state", f"{extra / 2**30:.2f} GiB",
-         f"{gib:.2f} GiB", f"{res['reshard_peak_over_state']:.2f}x",
-         "<= 1.5x " + ("OK" if res["reshard_peak_over_state"] <= 1.5 else "MISSED")),
+        (
+            "save (sync, to commit) vs np.save+fsync",
+            f"{res['save_gib_per_s']:.2f} GiB/s",
+            f"{res['np_save_gib_per_s']:.2f} GiB/s",
+            f"{res['save_throughput_ratio']:.2f}x",
+            ">= 1.0x " + ("OK" if res["save_throughput_ratio"] >= 1.0 else "MISSED"),
+        ),
+        (
+            "restore (same layout) vs np.load+device_put",
+            f"{res['restore_gib_per_s']:.2f} GiB/s",
+            f"{res['np_load_gib_per_s']:.2f} GiB/s",
+            f"{res['restore_throughput_ratio']:.2f}x",
+            ">= 0.8x " + ("OK" if res["restore_throughput_ratio"] >= 0.8 else "MISSED"),
+        ),
+        (
+            "loop blocked: async save vs sync save",
+            f"{res['blocked_async_s']:.3f} s",
+            f"{res['blocked_sync_s']:.3f} s",
+            f"{res['blocked_ratio']:.3f}x",
+            "<= 0.2x " + ("OK" if res["blocked_ratio"] <= 0.2 else "MISSED"),
+        ),
+        (
+            "peak RSS of resharding restore vs state",
+            f"{extra / 2**30:.2f} GiB",
+            f"{gib:.2f} GiB",
+            f"{res['reshard_peak_over_state']:.2f}x",
+            "<= 1.5x " + ("OK" if res["reshard_peak_over_state"] <= 1.5 else "MISSED"),
+        ),
     ]
     widths = [max(len(r[i]) for r in rows + [("measure", "toolkit", "baseline", "ratio", "target")]) for i in range(5)]
     line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
@@ -332,10 +386,12 @@ def main() -> None:
     print(line(tuple("-" * w for w in widths)))
     for r in rows:
         print(line(r))
-    print(f"(throughput ratio = toolkit / numpy speed, median of {ROUNDS} back-to-back rounds; restore CPU time "
-          f"{res['restore_cpu_s']:.2f} s vs {res['np_load_cpu_s']:.2f} s for numpy; the process's first restore "
-          f"took {first_restore:.2f} s, its first np.load {first_np_load:.2f} s; async save commits {res['async_total_s']:.2f} s after the call; "
-          f"resharding restore took {res['reshard_restore_s']:.2f} s onto {res['reshard_target_spec_q']} for attn q)")
+    print(
+        f"(throughput ratio = toolkit / numpy speed, median of {ROUNDS} back-to-back rounds; restore CPU time "
+        f"{res['restore_cpu_s']:.2f} s vs {res['np_load_cpu_s']:.2f} s for numpy; the process's first restore "
+        f"took {first_restore:.2f} s, its first np.load {first_np_load:.2f} s; async save commits {res['async_total_s']:.2f} s after the call; "
+        f"resharding restore took {res['reshard_restore_s']:.2f} s onto {res['reshard_target_spec_q']} for attn q)"
+    )
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1) + "\n")

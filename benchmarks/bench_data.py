@@ -89,17 +89,24 @@ def main() -> None:
             for r in range(args.rounds + 1):
                 step = 1000 + r
                 times = (_time(grain_b.host_batch_at, step), _time(base, step), _time(half.host_batch_at, step))
-                if r:   # round 0 warms up
+                if r:  # round 0 warms up
                     g.append(times[0]), b.append(times[1]), h.append(times[2])
-            row = {"batch": batch, "seq_len": seq, "grain_ms": statistics.median(g) * 1e3,
-                   "numpy_ms": statistics.median(b) * 1e3, "half_rows_ms": statistics.median(h) * 1e3}
+            row = {
+                "batch": batch,
+                "seq_len": seq,
+                "grain_ms": statistics.median(g) * 1e3,
+                "numpy_ms": statistics.median(b) * 1e3,
+                "half_rows_ms": statistics.median(h) * 1e3,
+            }
             row["ratio"] = row["grain_ms"] / row["numpy_ms"]
             row["half_over_all"] = row["half_rows_ms"] / row["grain_ms"]
             results.append(row)
     print(f"{'batch x seq_len':>16} {'grain ms':>9} {'numpy ms':>9} {'ratio':>6} {'half rows / all':>16}")
     for r in results:
-        print(f"{r['batch']:>7} x {r['seq_len']:<6} {r['grain_ms']:>9.2f} {r['numpy_ms']:>9.2f} {r['ratio']:>6.2f} "
-              f"{r['half_over_all']:>16.2f}")
+        print(
+            f"{r['batch']:>7} x {r['seq_len']:<6} {r['grain_ms']:>9.2f} {r['numpy_ms']:>9.2f} {r['ratio']:>6.2f} "
+            f"{r['half_over_all']:>16.2f}"
+        )
     out = json.dumps({"data": results})
     print(out)
     if args.json:

@@ -96,29 +96,36 @@ def bench(rounds: int) -> dict:
     base = Side(*BASELINE)
     sides = [Side(*layout) for layout in LAYOUTS]
     for side in [base, *sides]:
-        side.time_step()                                   # warm up
+        side.time_step()  # warm up
     times: dict = {s.name: [] for s in [base, *sides]}
     for r in range(rounds):
         order = [base, *sides]
-        for side in (order if r % 2 == 0 else order[::-1]):
+        for side in order if r % 2 == 0 else order[::-1]:
             times[side.name].append(side.time_step())
     base_s = statistics.median(times[base.name])
     out = {"baseline": base.name, "baseline_s": base_s, "layouts": []}
     for side in [base, *sides]:
         t = times[side.name]
-        out["layouts"].append({
-            "layout": side.name, "mesh": side.mesh_shape, "rules": side.rules,
-            "step_s": statistics.median(t), "vs_replicated": statistics.median(t) / base_s,
-            "paired_vs_replicated": statistics.median([a / b for a, b in zip(t, times[base.name])]),
-            "state_bytes_per_device": side.state_bytes, "expert_weight_bytes_per_device_per_layer":
-                side.expert_weight_bytes // MODEL["layers"],
-            "collective_bytes_per_step": side.collective_bytes,
-            "all_to_all_bytes_hlo": side.a2a_hlo, "all_to_all_bytes_hlo_over_expert": side.a2a_hlo_expert,
-            "all_to_all_bytes_analytic": side.a2a_analytic,
-            "a2a_hlo_over_analytic": (side.a2a_hlo / side.a2a_analytic) if side.a2a_analytic else None,
-            "first_loss": side.first_loss, "first_loss_rel_diff": abs(side.first_loss - base.first_loss)
-            / base.first_loss, "moe_aux_loss": side.aux,
-        })
+        out["layouts"].append(
+            {
+                "layout": side.name,
+                "mesh": side.mesh_shape,
+                "rules": side.rules,
+                "step_s": statistics.median(t),
+                "vs_replicated": statistics.median(t) / base_s,
+                "paired_vs_replicated": statistics.median([a / b for a, b in zip(t, times[base.name])]),
+                "state_bytes_per_device": side.state_bytes,
+                "expert_weight_bytes_per_device_per_layer": side.expert_weight_bytes // MODEL["layers"],
+                "collective_bytes_per_step": side.collective_bytes,
+                "all_to_all_bytes_hlo": side.a2a_hlo,
+                "all_to_all_bytes_hlo_over_expert": side.a2a_hlo_expert,
+                "all_to_all_bytes_analytic": side.a2a_analytic,
+                "a2a_hlo_over_analytic": (side.a2a_hlo / side.a2a_analytic) if side.a2a_analytic else None,
+                "first_loss": side.first_loss,
+                "first_loss_rel_diff": abs(side.first_loss - base.first_loss) / base.first_loss,
+                "moe_aux_loss": side.aux,
+            }
+        )
     return out
 
 
@@ -133,14 +140,18 @@ def main(argv=None) -> int:
     assert jax.device_count() == DEVICES, jax.devices()
     res = bench(args.rounds)
     print(f"replicated experts ({res['baseline']}): {res['baseline_s'] * 1e3:.1f} ms/step")
-    print(f"{'layout':24} {'step':>7} {'paired':>7} {'state/dev':>10} {'experts/dev/layer':>17} "
-          f"{'collectives/step':>16} {'a2a B hlo':>11} {'analytic':>11} {'ratio':>6} {'loss diff':>9}")
+    print(
+        f"{'layout':24} {'step':>7} {'paired':>7} {'state/dev':>10} {'experts/dev/layer':>17} "
+        f"{'collectives/step':>16} {'a2a B hlo':>11} {'analytic':>11} {'ratio':>6} {'loss diff':>9}"
+    )
     for r in res["layouts"]:
         ratio = f"{r['a2a_hlo_over_analytic']:.3f}" if r["a2a_hlo_over_analytic"] is not None else "-"
-        print(f"{r['layout']:24} {r['vs_replicated']:>7.3f} {r['paired_vs_replicated']:>7.3f} "
-              f"{r['state_bytes_per_device']:>10,} {r['expert_weight_bytes_per_device_per_layer']:>17,} "
-              f"{r['collective_bytes_per_step']:>16,} {r['all_to_all_bytes_hlo']:>11,} "
-              f"{r['all_to_all_bytes_analytic']:>11,} {ratio:>6} {r['first_loss_rel_diff']:>9.1e}")
+        print(
+            f"{r['layout']:24} {r['vs_replicated']:>7.3f} {r['paired_vs_replicated']:>7.3f} "
+            f"{r['state_bytes_per_device']:>10,} {r['expert_weight_bytes_per_device_per_layer']:>17,} "
+            f"{r['collective_bytes_per_step']:>16,} {r['all_to_all_bytes_hlo']:>11,} "
+            f"{r['all_to_all_bytes_analytic']:>11,} {ratio:>6} {r['first_loss_rel_diff']:>9.1e}"
+        )
     report(res, args.json)
     return 0
 

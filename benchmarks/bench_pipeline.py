@@ -37,7 +37,7 @@ from common import report, setup
 DEVICES = 8
 BATCH, SEQ = 32, 128
 MODEL = dict(vocab_size=256, embed=128, heads=4, mlp=512, layers=8, scan_layers=True)
-LAYOUTS = [(2, 8), (4, 4), (4, 8), (4, 16)]     # (stages, micro-batches)
+LAYOUTS = [(2, 8), (4, 4), (4, 8), (4, 16)]  # (stages, micro-batches)
 
 
 def _trainer(mesh_shape, rules, **kw):
@@ -83,27 +83,39 @@ def bench(rounds: int) -> dict:
     base = Side(_trainer({"data": DEVICES}, "dp"))
     sides = {(s, m): Side(_trainer({"stage": s, "data": DEVICES // s}, "pp", microbatches=m)) for s, m in LAYOUTS}
     for side in [base, *sides.values()]:
-        side.time_step()                                   # warm up
+        side.time_step()  # warm up
     times: dict = {k: [] for k in ["dp", *sides]}
     for r in range(rounds):
         order = [("dp", base), *sides.items()]
-        for key, side in (order if r % 2 == 0 else order[::-1]):
+        for key, side in order if r % 2 == 0 else order[::-1]:
             times[key].append(side.time_step())
     out = {"baseline_s": statistics.median(times["dp"]), "layouts": []}
     for (s, m), side in sides.items():
         bubble = bubble_fraction(s, m)
         shifted = sum(c.bytes * c.executions for c in collectives(side.text) if c.kind == "collective-permute")
-        rec = {"stages": s, "microbatches": m, "layers": MODEL["layers"], "shape": (BATCH, SEQ, MODEL["embed"]),
-               "dtype": "float32", "batch_axes": ("data",)}
+        rec = {
+            "stages": s,
+            "microbatches": m,
+            "layers": MODEL["layers"],
+            "shape": (BATCH, SEQ, MODEL["embed"]),
+            "dtype": "float32",
+            "batch_axes": ("data",),
+        }
         analytic = pipeline_cost(rec, {"stage": s, "data": DEVICES // s})["collective_permute_bytes"]
-        out["layouts"].append({
-            "stages": s, "microbatches": m, "bubble": bubble, "predicted_slowdown": 1 / (1 - bubble),
-            "step_s": statistics.median(times[(s, m)]),
-            "slowdown": statistics.median(times[(s, m)]) / statistics.median(times["dp"]),
-            "paired_slowdown": statistics.median([a / b for a, b in zip(times[(s, m)], times["dp"])]),
-            "collective_permute_bytes_hlo": shifted, "collective_permute_bytes_analytic": analytic,
-            "first_loss_rel_diff": abs(side.first_loss - base.first_loss) / base.first_loss,
-        })
+        out["layouts"].append(
+            {
+                "stages": s,
+                "microbatches": m,
+                "bubble": bubble,
+                "predicted_slowdown": 1 / (1 - bubble),
+                "step_s": statistics.median(times[(s, m)]),
+                "slowdown": statistics.median(times[(s, m)]) / statistics.median(times["dp"]),
+                "paired_slowdown": statistics.median([a / b for a, b in zip(times[(s, m)], times["dp"])]),
+                "collective_permute_bytes_hlo": shifted,
+                "collective_permute_bytes_analytic": analytic,
+                "first_loss_rel_diff": abs(side.first_loss - base.first_loss) / base.first_loss,
+            }
+        )
     return out
 
 
@@ -118,13 +130,17 @@ def main(argv=None) -> int:
     assert jax.device_count() == DEVICES, jax.devices()
     res = bench(args.rounds)
     print(f"unpipelined (dp over 8): {res['baseline_s'] * 1e3:.1f} ms/step")
-    print(f"{'S':>2} {'M':>3} {'bubble':>7} {'predicted 1/(1-b)':>18} {'measured':>9} {'paired':>7} "
-          f"{'permute B hlo':>14} {'analytic':>10} {'loss diff':>10}")
+    print(
+        f"{'S':>2} {'M':>3} {'bubble':>7} {'predicted 1/(1-b)':>18} {'measured':>9} {'paired':>7} "
+        f"{'permute B hlo':>14} {'analytic':>10} {'loss diff':>10}"
+    )
     for r in res["layouts"]:
-        print(f"{r['stages']:>2} {r['microbatches']:>3} {r['bubble']:>7.1%} {r['predicted_slowdown']:>18.3f} "
-              f"{r['slowdown']:>9.3f} {r['paired_slowdown']:>7.3f} "
-              f"{r['collective_permute_bytes_hlo']:>14,} {r['collective_permute_bytes_analytic']:>10,} "
-              f"{r['first_loss_rel_diff']:>10.1e}")
+        print(
+            f"{r['stages']:>2} {r['microbatches']:>3} {r['bubble']:>7.1%} {r['predicted_slowdown']:>18.3f} "
+            f"{r['slowdown']:>9.3f} {r['paired_slowdown']:>7.3f} "
+            f"{r['collective_permute_bytes_hlo']:>14,} {r['collective_permute_bytes_analytic']:>10,} "
+            f"{r['first_loss_rel_diff']:>10.1e}"
+        )
     report(res, args.json)
     return 0
 

@@ -60,7 +60,7 @@ def hand_written_step(trainer):
     import jax
     import optax
 
-    model, tx = trainer.model.module, trainer.tx      # the user's Flax module (the Trainer wraps it)
+    model, tx = trainer.model.module, trainer.tx  # the user's Flax module (the Trainer wraps it)
 
     def step(state, batch):
         count, params, opt_state = state
@@ -77,15 +77,16 @@ def hand_written_step(trainer):
     sh = trainer.state_shardings
     state_sh = (sh.step, sh.params, sh.opt_state)
     batch_sh = {"inputs": trainer.batch_sharding, "targets": trainer.batch_sharding}
-    return jax.jit(step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, trainer.replicated),
-                   donate_argnums=0)
+    return jax.jit(
+        step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, trainer.replicated), donate_argnums=0
+    )
 
 
 def bench_step_time(rounds: int, steps: int) -> dict:
     import jax
 
-    from partitioning.train.data import load_corpus
     from partitioning.mesh import sharding_context
+    from partitioning.train.data import load_corpus
 
     trainer = _trainer()
     data = load_corpus().batches("train", BATCH, SEQ, trainer.batch_sharding, seed=0)
@@ -125,11 +126,16 @@ def bench_step_time(rounds: int, steps: int) -> dict:
         for fn in order:
             (tk if fn is run_toolkit else hw).append(fn())
     paired = [a / b for a, b in zip(tk, hw)]  # neighbours in time share the machine's load
-    return {"toolkit_s": statistics.median(tk), "hand_written_s": statistics.median(hw),
-            "ratio": statistics.median(tk) / statistics.median(hw), "paired_ratio_median": statistics.median(paired),
-            "flops_ratio": tk_cost["flops"] / hw_cost["flops"],
-            "bytes_accessed_ratio": tk_cost["bytes accessed"] / hw_cost["bytes accessed"],
-            "toolkit_runs": tk, "hand_runs": hw}
+    return {
+        "toolkit_s": statistics.median(tk),
+        "hand_written_s": statistics.median(hw),
+        "ratio": statistics.median(tk) / statistics.median(hw),
+        "paired_ratio_median": statistics.median(paired),
+        "flops_ratio": tk_cost["flops"] / hw_cost["flops"],
+        "bytes_accessed_ratio": tk_cost["bytes accessed"] / hw_cost["bytes accessed"],
+        "toolkit_runs": tk,
+        "hand_runs": hw,
+    }
 
 
 def bench_fsdp_bytes() -> dict:
@@ -146,8 +152,12 @@ def bench_fsdp_bytes() -> dict:
         for shard in arr.addressable_shards:
             per_device[shard.device.id] += shard.data.nbytes
     worst = max(per_device.values())
-    return {"total_bytes": total, "max_per_device_bytes": worst, "ideal_per_device_bytes": total / DEVICES,
-            "ratio": worst / (total / DEVICES)}
+    return {
+        "total_bytes": total,
+        "max_per_device_bytes": worst,
+        "ideal_per_device_bytes": total / DEVICES,
+        "ratio": worst / (total / DEVICES),
+    }
 
 
 def _init_peak(trainer) -> dict:
@@ -156,8 +166,13 @@ def _init_peak(trainer) -> dict:
     peak = trainer.init_peak_bytes()
     state = pt.per_device_bytes(trainer.state_layouts()) + 4  # + the step counter
     total = sum(l.nbytes for l in trainer.state_layouts())
-    return {"params": trainer.num_params, "init_peak_bytes": peak, "state_per_device_bytes": state,
-            "whole_state_bytes": total, "ratio": peak / state}
+    return {
+        "params": trainer.num_params,
+        "init_peak_bytes": peak,
+        "state_per_device_bytes": state,
+        "whole_state_bytes": total,
+        "ratio": peak / state,
+    }
 
 
 def bench_init_memory() -> dict:
@@ -197,21 +212,42 @@ def main(argv=None) -> int:
     }
     st, fb, im, ct = (results[k] for k in ("step_time", "fsdp_bytes", "init_memory", "compile_time"))
     rows = [
-        ("train step time: Trainer / hand-written jit", f"{st['toolkit_s'] * 1e3:.1f} ms / {st['hand_written_s'] * 1e3:.1f} ms",
-         st["ratio"], 1.02),
+        (
+            "train step time: Trainer / hand-written jit",
+            f"{st['toolkit_s'] * 1e3:.1f} ms / {st['hand_written_s'] * 1e3:.1f} ms",
+            st["ratio"],
+            1.02,
+        ),
         ("  same, median of per-round ratios", "", st["paired_ratio_median"], 1.02),
         ("  compiled step flops: Trainer / hand-written (accuracy metric)", "", st["flops_ratio"], 1.02),
-        ("fsdp params+opt bytes: max device / (total/8)", f"{fb['max_per_device_bytes']:,} / {fb['ideal_per_device_bytes']:,.0f}",
-         fb["ratio"], 1.02),
-        *[(f"init peak / final state per device ({k}, {v['params'] / 1e6:.1f}M params)",
-           f"{v['init_peak_bytes']:,} / {v['state_per_device_bytes']:,}", v["ratio"], 1.1) for k, v in im.items()],
-        ("compile time, scan_layers: 48 / 4 layers", f"{ct['layers_48_s']:.2f} s / {ct['layers_4_s']:.2f} s",
-         ct["ratio"], 1.5),
+        (
+            "fsdp params+opt bytes: max device / (total/8)",
+            f"{fb['max_per_device_bytes']:,} / {fb['ideal_per_device_bytes']:,.0f}",
+            fb["ratio"],
+            1.02,
+        ),
+        *[
+            (
+                f"init peak / final state per device ({k}, {v['params'] / 1e6:.1f}M params)",
+                f"{v['init_peak_bytes']:,} / {v['state_per_device_bytes']:,}",
+                v["ratio"],
+                1.1,
+            )
+            for k, v in im.items()
+        ],
+        (
+            "compile time, scan_layers: 48 / 4 layers",
+            f"{ct['layers_48_s']:.2f} s / {ct['layers_4_s']:.2f} s",
+            ct["ratio"],
+            1.5,
+        ),
     ]
     w = max(len(r[0]) for r in rows)
     print(f"{'metric':{w}s}  {'measured':>30s}  {'ratio':>7s}  {'target':>7s}  ok")
     for name, detail, ratio, target in rows:
-        print(f"{name:{w}s}  {detail:>30s}  {ratio:7.3f}  {'<=' + str(target):>7s}  {'yes' if ratio <= target else 'NO'}")
+        print(
+            f"{name:{w}s}  {detail:>30s}  {ratio:7.3f}  {'<=' + str(target):>7s}  {'yes' if ratio <= target else 'NO'}"
+        )
     results["targets_met"] = all(r[2] <= r[3] for r in rows)
     report(results, args.json)
     return 0

@@ -60,6 +60,7 @@ def _setup_env() -> None:
 
 def spearman(a: list[float], b: list[float]) -> float:
     """Spearman's rank correlation (average ranks for ties)."""
+
     def ranks(x):
         order = sorted(range(len(x)), key=lambda i: x[i])
         r = [0.0] * len(x)
@@ -102,22 +103,46 @@ def build(layout, hw):
     w = workload(plan.params, batch_size=BATCH, seq_len=SEQ)
     state = {k: float(plan.totals[k]["per_device"]) for k in ("params", "optimizer", "gradients")}
     table = pt.Rules.preset(rules)
-    acts = activation_bytes(w, table, mesh, remat=remat, micro_batch=BATCH // accum, grad_accum=accum,
-                            gathered_layer_bytes=_gathered_layer_bytes(plan, token_axes(table, mesh, w), w.layers),
-                            grad_bytes=state["gradients"])
-    analytic = analytic_estimate(plan.params, state, mesh, table, w, hw, remat=remat, grad_accum=accum,
-                                 temp_bytes=acts["total"])
-    compiled = compiled_estimate(view["cost_ops"], view["collective_ops"], mesh, hw,
-                                 model_flops=w.flops_per_step("none")["model"], temp_bytes=view["memory"]["temp"])
+    acts = activation_bytes(
+        w,
+        table,
+        mesh,
+        remat=remat,
+        micro_batch=BATCH // accum,
+        grad_accum=accum,
+        gathered_layer_bytes=_gathered_layer_bytes(plan, token_axes(table, mesh, w), w.layers),
+        grad_bytes=state["gradients"],
+    )
+    analytic = analytic_estimate(
+        plan.params, state, mesh, table, w, hw, remat=remat, grad_accum=accum, temp_bytes=acts["total"]
+    )
+    compiled = compiled_estimate(
+        view["cost_ops"],
+        view["collective_ops"],
+        mesh,
+        hw,
+        model_flops=w.flops_per_step("none")["model"],
+        temp_bytes=view["memory"]["temp"],
+    )
     rng = np.random.default_rng(0)
     batch = trainer.place({k: rng.integers(0, 256, (BATCH, SEQ)).astype(np.int32) for k in ("inputs", "targets")})
     st = trainer.init(jax.random.key(0))
     for _ in range(2):
         st, m = trainer.train_step(st, batch)
         jax.block_until_ready(m)
-    return {"name": "", "trainer": trainer, "state": st, "batch": batch, "analytic": analytic.step_time,
-            "predicted": compiled.step_time, "estimate": compiled.to_json(), "mesh": mesh, "times": [], "walls": [],
-            "view": {k: view[k] for k in ("memory", "cost", "cost_ops", "collective_ops")}}
+    return {
+        "name": "",
+        "trainer": trainer,
+        "state": st,
+        "batch": batch,
+        "analytic": analytic.step_time,
+        "predicted": compiled.step_time,
+        "estimate": compiled.to_json(),
+        "mesh": mesh,
+        "times": [],
+        "walls": [],
+        "view": {k: view[k] for k in ("memory", "cost", "cost_ops", "collective_ops")},
+    }
 
 
 def main(argv=None) -> int:
@@ -133,9 +158,12 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     hw = measure_cpu(DEVICES)
-    print(f"cpu profile: {hw.peak_flops:.3g} FLOP/s, memory {hw.memory_bandwidth:.3g} B/s, "
-          + ", ".join(f"{k} {v:.3g} B/s" for k, v in hw.collective_bandwidth.items())
-          + f", latency {hw.latency:.2g} s (per device-second)", flush=True)
+    print(
+        f"cpu profile: {hw.peak_flops:.3g} FLOP/s, memory {hw.memory_bandwidth:.3g} B/s, "
+        + ", ".join(f"{k} {v:.3g} B/s" for k, v in hw.collective_bandwidth.items())
+        + f", latency {hw.latency:.2g} s (per device-second)",
+        flush=True,
+    )
     rows = []
     for layout in LAYOUTS:
         row = build(layout, hw)
@@ -163,14 +191,26 @@ def main(argv=None) -> int:
     for r in sorted(rows, key=lambda r: r["measured"]):
         print(f"{r['name']:{w}s}  {r['measured']:9.4f}  {r['predicted']:9.4f}  {r['analytic']:9.4f}")
     print(f"\nSpearman(predicted, measured) = {rho:.3f} (target >= 0.8; analytic alone: {rho_analytic:.3f})")
-    print(f"predicted best: {best_pred['name']}, measured {best_pred['measured']:.4f}; measured best: "
-          f"{best_meas['name']}, {best_meas['measured']:.4f}; gap {gap:.1%} (target <= 10%)")
+    print(
+        f"predicted best: {best_pred['name']}, measured {best_pred['measured']:.4f}; measured best: "
+        f"{best_meas['name']}, {best_meas['measured']:.4f}; gap {gap:.1%} (target <= 10%)"
+    )
     print(f"total {time.perf_counter() - t0:.0f} s")
-    out = {"spearman": rho, "spearman_analytic": rho_analytic, "best_gap": gap,
-           "predicted_best": best_pred["name"], "measured_best": best_meas["name"],
-           "profile": hw.to_json(),
-           "layouts": [{k: r[k] for k in ("name", "mesh", "measured", "predicted", "analytic", "times", "walls",
-                                          "estimate", "view")} for r in rows]}
+    out = {
+        "spearman": rho,
+        "spearman_analytic": rho_analytic,
+        "best_gap": gap,
+        "predicted_best": best_pred["name"],
+        "measured_best": best_meas["name"],
+        "profile": hw.to_json(),
+        "layouts": [
+            {
+                k: r[k]
+                for k in ("name", "mesh", "measured", "predicted", "analytic", "times", "walls", "estimate", "view")
+            }
+            for r in rows
+        ],
+    }
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0 if rho >= 0.8 and gap <= 0.10 else 1

@@ -33,41 +33,97 @@ Training (state born sharded, jitted step with donation)::
     >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=200)
 """
 
-from partitioning.errors import (
-    CheckpointError, ConfigError, DataError, MeshError, PartitioningError, RuleError, ShardingError,
-)
-from partitioning.resolve import DimExplanation, IndivisibleWarning
-from partitioning.rules import Rules, preset_names
-from partitioning.context import axis_rules, get_logical_axis_rules, logical_to_mesh_axes, set_logical_axis_rules
 from partitioning.boxes import (
-    Fallback, LogicallyPartitioned, compute_spec, is_box, logical_spec, param_for_compute, unbox,
-    with_logical_constraint, with_logical_partitioning,
-)
-from partitioning.mesh import MeshSpec, make_mesh, sharding_context
-from partitioning.devices import initialize_distributed, simulate_devices
-from partitioning.layout import (
-    LeafLayout, logical_names, logical_to_mesh, logical_to_mesh_sharding, per_device_bytes, tree_layouts,
-    tree_shardings, tree_specs,
-)
-from partitioning.registry import build_model, model_names, register_model
-from partitioning.config import Config, load_config
-from partitioning.train import (
-    Corpus, FunctionModel, JsonlLogger, LinenModel, NNXModel, Task, TokenBatches, Trainer, TrainState,
-    abstract_train_state, as_model, evaluate, fit, lm_loss, load_corpus, lr_schedule, make_optimizer, place,
-    plot_loss, LossPlot, TensorBoardLogger, WandbLogger,
-)
-from partitioning.train.data import ArrayDataset
-from partitioning.parallel import (
-    LayerStack, PipelineError, bubble_fraction, expert_capacity, microbatching, moe_ffn, scan_layers,
+    Fallback,
+    LogicallyPartitioned,
+    compute_spec,
+    is_box,
+    logical_spec,
+    param_for_compute,
+    unbox,
+    with_logical_constraint,
+    with_logical_partitioning,
 )
 from partitioning.checkpoint import (
-    CheckpointHook, CheckpointManager, abstract_target, checkpoint_metadata, reshard_checkpoint,
-    restore_checkpoint, save_checkpoint,
+    CheckpointHook,
+    CheckpointManager,
+    abstract_target,
+    checkpoint_metadata,
+    reshard_checkpoint,
+    restore_checkpoint,
+    save_checkpoint,
+)
+from partitioning.config import Config, load_config
+from partitioning.context import axis_rules, get_logical_axis_rules, logical_to_mesh_axes, set_logical_axis_rules
+from partitioning.devices import initialize_distributed, simulate_devices
+from partitioning.errors import (
+    CheckpointError,
+    ConfigError,
+    DataError,
+    MeshError,
+    PartitioningError,
+    RuleError,
+    ShardingError,
+)
+from partitioning.layout import (
+    LeafLayout,
+    logical_names,
+    logical_to_mesh,
+    logical_to_mesh_sharding,
+    per_device_bytes,
+    tree_layouts,
+    tree_shardings,
+    tree_specs,
+)
+from partitioning.mesh import MeshSpec, make_mesh, sharding_context
+from partitioning.parallel import (
+    LayerStack,
+    PipelineError,
+    bubble_fraction,
+    expert_capacity,
+    microbatching,
+    moe_ffn,
+    scan_layers,
 )
 from partitioning.plan import (
-    Plan, activation_names, build_plan, compiled_view, parallel_costs, peak_tflops, plot_plan, step_flops,
+    Plan,
+    activation_names,
+    build_plan,
+    compiled_view,
+    parallel_costs,
+    peak_tflops,
+    plot_plan,
+    step_flops,
     transformer_flops,
 )
+from partitioning.registry import build_model, model_names, register_model
+from partitioning.resolve import DimExplanation, IndivisibleWarning
+from partitioning.rules import Rules, preset_names
+from partitioning.train import (
+    Corpus,
+    FunctionModel,
+    JsonlLogger,
+    LinenModel,
+    LossPlot,
+    NNXModel,
+    Task,
+    TensorBoardLogger,
+    TokenBatches,
+    Trainer,
+    TrainState,
+    WandbLogger,
+    abstract_train_state,
+    as_model,
+    evaluate,
+    fit,
+    lm_loss,
+    load_corpus,
+    lr_schedule,
+    make_optimizer,
+    place,
+    plot_loss,
+)
+from partitioning.train.data import ArrayDataset
 from partitioning.tune import Hardware, Workload, hardware, load_hardware, workload
 from partitioning.tune import search as search_layouts
 from partitioning.tune.compiled import compiled_estimate
@@ -79,33 +135,112 @@ __version__ = "0.1.0"
 
 __all__ = [
     # errors
-    "PartitioningError", "RuleError", "MeshError", "ShardingError", "ConfigError", "CheckpointError", "DataError",
+    "PartitioningError",
+    "RuleError",
+    "MeshError",
+    "ShardingError",
+    "ConfigError",
+    "CheckpointError",
+    "DataError",
     # rules
-    "Rules", "DimExplanation", "IndivisibleWarning", "axis_rules", "get_logical_axis_rules",
-    "set_logical_axis_rules", "logical_to_mesh_axes", "preset_names",
+    "Rules",
+    "DimExplanation",
+    "IndivisibleWarning",
+    "axis_rules",
+    "get_logical_axis_rules",
+    "set_logical_axis_rules",
+    "logical_to_mesh_axes",
+    "preset_names",
     # boxes
-    "LogicallyPartitioned", "with_logical_partitioning", "with_logical_constraint", "Fallback", "is_box", "unbox",
-    "compute_spec", "logical_spec", "param_for_compute",
+    "LogicallyPartitioned",
+    "with_logical_partitioning",
+    "with_logical_constraint",
+    "Fallback",
+    "is_box",
+    "unbox",
+    "compute_spec",
+    "logical_spec",
+    "param_for_compute",
     # mesh and devices
-    "MeshSpec", "make_mesh", "sharding_context", "simulate_devices", "initialize_distributed",
+    "MeshSpec",
+    "make_mesh",
+    "sharding_context",
+    "simulate_devices",
+    "initialize_distributed",
     # layout
-    "LeafLayout", "tree_layouts", "tree_specs", "tree_shardings", "logical_names", "per_device_bytes",
-    "logical_to_mesh", "logical_to_mesh_sharding",
+    "LeafLayout",
+    "tree_layouts",
+    "tree_specs",
+    "tree_shardings",
+    "logical_names",
+    "per_device_bytes",
+    "logical_to_mesh",
+    "logical_to_mesh_sharding",
     # models and configs
-    "register_model", "build_model", "model_names", "Config", "load_config",
+    "register_model",
+    "build_model",
+    "model_names",
+    "Config",
+    "load_config",
     # train
-    "Trainer", "TrainState", "abstract_train_state", "lm_loss", "Task", "LinenModel", "NNXModel", "FunctionModel",
-    "as_model", "place", "make_optimizer", "lr_schedule", "Corpus", "TokenBatches", "ArrayDataset", "load_corpus",
-    "fit", "evaluate", "JsonlLogger", "TensorBoardLogger", "WandbLogger", "LossPlot", "plot_loss",
+    "Trainer",
+    "TrainState",
+    "abstract_train_state",
+    "lm_loss",
+    "Task",
+    "LinenModel",
+    "NNXModel",
+    "FunctionModel",
+    "as_model",
+    "place",
+    "make_optimizer",
+    "lr_schedule",
+    "Corpus",
+    "TokenBatches",
+    "ArrayDataset",
+    "load_corpus",
+    "fit",
+    "evaluate",
+    "JsonlLogger",
+    "TensorBoardLogger",
+    "WandbLogger",
+    "LossPlot",
+    "plot_loss",
     # pipeline and experts
-    "LayerStack", "scan_layers", "microbatching", "bubble_fraction", "PipelineError", "moe_ffn", "expert_capacity",
+    "LayerStack",
+    "scan_layers",
+    "microbatching",
+    "bubble_fraction",
+    "PipelineError",
+    "moe_ffn",
+    "expert_capacity",
     # checkpoint
-    "CheckpointManager", "CheckpointHook", "abstract_target", "restore_checkpoint", "save_checkpoint",
-    "checkpoint_metadata", "reshard_checkpoint",
+    "CheckpointManager",
+    "CheckpointHook",
+    "abstract_target",
+    "restore_checkpoint",
+    "save_checkpoint",
+    "checkpoint_metadata",
+    "reshard_checkpoint",
     # plan
-    "Plan", "build_plan", "activation_names", "compiled_view", "plot_plan", "parallel_costs", "step_flops",
-    "transformer_flops", "peak_tflops",
+    "Plan",
+    "build_plan",
+    "activation_names",
+    "compiled_view",
+    "plot_plan",
+    "parallel_costs",
+    "step_flops",
+    "transformer_flops",
+    "peak_tflops",
     # tune
-    "Hardware", "hardware", "load_hardware", "measure_cpu", "Workload", "workload", "search_layouts", "crossover",
-    "compiled_estimate", "plot_search",
+    "Hardware",
+    "hardware",
+    "load_hardware",
+    "measure_cpu",
+    "Workload",
+    "workload",
+    "search_layouts",
+    "crossover",
+    "compiled_estimate",
+    "plot_search",
 ]

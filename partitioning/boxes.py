@@ -27,8 +27,8 @@ import jax
 from flax.core import meta
 from jax.sharding import PartitionSpec
 
-from partitioning.errors import RuleError
 from partitioning.context import get_logical_axis_rules, record
+from partitioning.errors import RuleError
 from partitioning.resolve import axes_tuple, mesh_axis_sizes
 from partitioning.rules import as_rules
 
@@ -131,7 +131,7 @@ def constrain(x: jax.Array, spec: PartitionSpec) -> jax.Array:
 
 
 def with_logical_partitioning(
-    fn: Callable[..., Any], names: Sequence[str | None], rules: Any = None,
+    fn: Callable[..., Any], names: Sequence[str | None], rules: Any = None
 ) -> Callable[..., LogicallyPartitioned]:
     """Wraps an initializer so its result is boxed with logical ``names``.
 
@@ -189,9 +189,9 @@ class Fallback(enum.Enum):
         >>> with_logical_constraint(h, ("batch", "length", "mlp"), fallback=Fallback.UNCONSTRAINED)
     """
 
-    UNSHARDED = "unsharded"        # the dimension is replicated
+    UNSHARDED = "unsharded"  # the dimension is replicated
     UNCONSTRAINED = "unconstrained"  # XLA decides
-    ERROR = "error"                # raise
+    ERROR = "error"  # raise
 
 
 def _fallback(value: Any) -> Fallback:
@@ -206,9 +206,7 @@ def _fallback(value: Any) -> Fallback:
     try:
         return Fallback(value)
     except ValueError:
-        raise RuleError(
-            f"fallback must be one of {[f.value for f in Fallback]}, got {value!r}"
-        ) from None
+        raise RuleError(f"fallback must be one of {[f.value for f in Fallback]}, got {value!r}") from None
 
 
 def _constraint_spec(names: Sequence[Any], rules, fallback: Fallback, mesh: Any = None) -> PartitionSpec:
@@ -234,8 +232,9 @@ def _constrain_one(x: Any, names: Any, rules, fallback: Fallback, mesh) -> Any:
     names = tuple(names)
     record(names)
     if len(names) > x.ndim:
-        raise RuleError(f"{len(names)} logical names {names!r} for an activation of rank {x.ndim} "
-                        f"(shape {tuple(x.shape)})")
+        raise RuleError(
+            f"{len(names)} logical names {names!r} for an activation of rank {x.ndim} (shape {tuple(x.shape)})"
+        )
     spec = _constraint_spec(names, rules, fallback, mesh)
     explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
     if explicit:
@@ -243,9 +242,7 @@ def _constrain_one(x: Any, names: Any, rules, fallback: Fallback, mesh) -> Any:
     return jax.lax.with_sharding_constraint(x, spec)
 
 
-def with_logical_constraint(
-    x: Any, names: Any, *, rules: Any = None, fallback: Any = Fallback.UNSHARDED,
-) -> Any:
+def with_logical_constraint(x: Any, names: Any, *, rules: Any = None, fallback: Any = Fallback.UNSHARDED) -> Any:
     """Constrains an activation's sharding by logical names.
 
     Uses ``jax.lax.with_sharding_constraint`` on ``Auto`` mesh axes and
@@ -268,6 +265,8 @@ def with_logical_constraint(
     ):
         return _constrain_one(x, names, rules, fb, mesh)
     return jax.tree.map(
-        lambda n, a: _constrain_one(a, n, rules, fb, mesh), names, x,
+        lambda n, a: _constrain_one(a, n, rules, fb, mesh),
+        names,
+        x,
         is_leaf=lambda n: isinstance(n, (PartitionSpec, tuple)) or n is None,
     )

@@ -102,7 +102,6 @@ def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = Non
     return as_rules(rules).resolve(array_dim_names)
 
 
-
 @contextlib.contextmanager
 def recording() -> Iterator[set[tuple[Any, ...]]]:
     """Collects, in this thread, every tuple of names resolved for a parameter or activation."""
@@ -179,8 +178,10 @@ def _linen_logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: An
     log: list = []
     out = walk(table, table.origins, tuple(array_dim_names), None, sizes, "error", "", log)
     # Dims the walk left unclaimed stay Flax's "unassigned" so its fallback modes still apply.
-    return [_UNASSIGNED if (isinstance(d.name, str) and d.rule_index is None and not d.by_mesh_axis) else a
-            for a, d in zip(out, log)]
+    return [
+        _UNASSIGNED if (isinstance(d.name, str) and d.rule_index is None and not d.by_mesh_axis) else a
+        for a, d in zip(out, log)
+    ]
 
 
 def install() -> None:
@@ -195,5 +196,12 @@ def install() -> None:
 
 install()
 
-__all__ = ["axis_rules", "get_logical_axis_rules", "set_logical_axis_rules", "logical_to_mesh_axes", "recording",
-           "record", "install"]
+__all__ = [
+    "axis_rules",
+    "get_logical_axis_rules",
+    "set_logical_axis_rules",
+    "logical_to_mesh_axes",
+    "recording",
+    "record",
+    "install",
+]

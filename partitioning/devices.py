@@ -56,8 +56,11 @@ def simulate_devices(n: int | None, *, quiet: bool = True) -> None:
     if not _on_cpu():
         return  # a real accelerator platform: never simulate
     if n > MAX_SIMULATED:
-        raise MeshError(f"{n:,} devices: the CPU simulates at most {MAX_SIMULATED:,}; `partitioning plan` and "
-                        f"`partitioning check` price bigger meshes from shapes alone", arg="devices")
+        raise MeshError(
+            f"{n:,} devices: the CPU simulates at most {MAX_SIMULATED:,}; `partitioning plan` and "
+            f"`partitioning check` price bigger meshes from shapes alone",
+            arg="devices",
+        )
     try:
         current = jax.config.jax_num_cpu_devices
         if current is not None and current >= n:
@@ -77,8 +80,12 @@ def simulate_devices(n: int | None, *, quiet: bool = True) -> None:
         print(f"simulating {n} CPU devices", file=sys.stderr, flush=True)
 
 
-def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
-                           process_id: int | None = None, global_devices: int | None = None) -> None:
+def initialize_distributed(
+    coordinator: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    global_devices: int | None = None,
+) -> None:
     """Joins this process to the others; must run before any jax computation.
 
     ``global_devices`` is the device count the run needs: on the CPU each
@@ -91,8 +98,10 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
     """
     given = [coordinator is not None, num_processes is not None, process_id is not None]
     if any(given) and not all(given):
-        raise MeshError("multi-host needs all of --coordinator HOST:PORT, --num-processes N and --process-id I "
-                        "(or only --distributed on a cluster jax detects by itself)")
+        raise MeshError(
+            "multi-host needs all of --coordinator HOST:PORT, --num-processes N and --process-id I "
+            "(or only --distributed on a cluster jax detects by itself)"
+        )
     if _on_cpu() and num_processes:
         if not 0 <= process_id < num_processes:
             raise MeshError(f"--process-id must be in [0, {num_processes}), got {process_id}")
@@ -108,11 +117,15 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
             jax.distributed.initialize()
     except (ValueError, RuntimeError) as e:
         what = f"joining {coordinator}" if all(given) else "--distributed: no cluster to join was detected"
-        raise MeshError(f"{what} ({' '.join(str(e).split())[:160]}); on a machine jax cannot detect as a "
-                        f"cluster, pass --coordinator HOST:PORT, --num-processes N and --process-id I") from None
+        raise MeshError(
+            f"{what} ({' '.join(str(e).split())[:160]}); on a machine jax cannot detect as a "
+            f"cluster, pass --coordinator HOST:PORT, --num-processes N and --process-id I"
+        ) from None
     if global_devices and jax.device_count() < global_devices:
-        raise MeshError(f"the config needs {global_devices} devices but the {jax.process_count()} processes "
-                        f"have {jax.device_count()} together")
+        raise MeshError(
+            f"the config needs {global_devices} devices but the {jax.process_count()} processes "
+            f"have {jax.device_count()} together"
+        )
 
 
 __all__ = ["simulate_devices", "initialize_distributed", "MAX_SIMULATED"]

@@ -65,9 +65,9 @@ class LeafLayout:
     path: str
     shape: tuple[int, ...]
     dtype: np.dtype
-    names: tuple[Any, ...] | None          # logical names (None: unboxed leaf)
+    names: tuple[Any, ...] | None  # logical names (None: unboxed leaf)
     spec: PartitionSpec
-    dims: tuple[DimExplanation, ...]       # empty for unboxed / mesh-named leaves
+    dims: tuple[DimExplanation, ...]  # empty for unboxed / mesh-named leaves
     shards_per_dim: tuple[int, ...]
 
     @property
@@ -137,8 +137,7 @@ def _layout_one(path: str, leaf: Any, mesh: Any, rules: Rules, on_indivisible: s
         for i, (s, n) in enumerate(zip(shape, shards)):
             if s % n:
                 raise ShardingError(
-                    f"{path}: dim {i} (size {s}) is not divisible by mesh axes "
-                    f"{axes_tuple(spec[i])!r} of size {n}"
+                    f"{path}: dim {i} (size {s}) is not divisible by mesh axes {axes_tuple(spec[i])!r} of size {n}"
                 )
         return LeafLayout(path, shape, dtype, tuple(leaf.names), spec, (), shards)
     spec = PartitionSpec()
@@ -195,9 +194,7 @@ def logical_names(tree: Any) -> Any:
     """
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_leaf)
     leaves = [_as_box(l) for l in leaves]
-    return jax.tree_util.tree_unflatten(
-        treedef, [tuple(l.names) if is_logical_box(l) else None for l in leaves]
-    )
+    return jax.tree_util.tree_unflatten(treedef, [tuple(l.names) if is_logical_box(l) else None for l in leaves])
 
 
 def per_device_bytes(layouts: list[LeafLayout]) -> int:
@@ -224,8 +221,7 @@ def logical_to_mesh(tree: Any, rules: Any = None) -> Any:
         {'w': P('fsdp', None)}
     """
     rules = as_rules(rules)
-    return jax.tree.map(lambda x: rules.resolve(tuple(x.names) if is_box(x) else x), tree,
-                        is_leaf=_is_spec_or_box)
+    return jax.tree.map(lambda x: rules.resolve(tuple(x.names) if is_box(x) else x), tree, is_leaf=_is_spec_or_box)
 
 
 def logical_to_mesh_sharding(tree: Any, mesh: jax.sharding.Mesh, rules: Any = None) -> Any:
@@ -241,6 +237,13 @@ def logical_to_mesh_sharding(tree: Any, mesh: jax.sharding.Mesh, rules: Any = No
 
 
 __all__ = [
-    "LeafLayout", "tree_layouts", "tree_specs", "tree_shardings", "logical_names",
-    "per_device_bytes", "path_str", "logical_to_mesh", "logical_to_mesh_sharding",
+    "LeafLayout",
+    "tree_layouts",
+    "tree_specs",
+    "tree_shardings",
+    "logical_names",
+    "per_device_bytes",
+    "path_str",
+    "logical_to_mesh",
+    "logical_to_mesh_sharding",
 ]

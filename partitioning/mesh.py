@@ -19,9 +19,9 @@ from typing import Any
 import jax
 from jax.sharding import AxisType, Mesh
 
+from partitioning.context import axis_rules
 from partitioning.errors import MeshError, did_you_mean
 from partitioning.fmt import fmt_mesh
-from partitioning.context import axis_rules
 from partitioning.rules import as_rules
 
 AXIS_TYPES = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
@@ -41,7 +41,7 @@ class MeshSpec:
     axis_types: str = "auto"
 
     @classmethod
-    def from_mapping(cls, shape: Mapping[str, int] | Sequence[tuple[str, int]], axis_types: str = "auto") -> "MeshSpec":
+    def from_mapping(cls, shape: Mapping[str, int] | Sequence[tuple[str, int]], axis_types: str = "auto") -> MeshSpec:
         items = list(shape.items()) if isinstance(shape, Mapping) else [tuple(p) for p in shape]
         if not items:
             raise MeshError("mesh needs at least one axis, e.g. {data: -1}")

@@ -67,7 +67,8 @@ def model_class(name: str) -> type:
     if name not in _REGISTRY:
         raise ConfigError(
             f"unknown model {name!r} (registered: {', '.join(sorted(_REGISTRY))}){did_you_mean(name, _REGISTRY)}",
-            arg="name")
+            arg="name",
+        )
     return _REGISTRY[name]
 
 
@@ -104,8 +105,8 @@ def check_options(what: str, cls: Any, options: dict[str, Any]) -> None:
     for k in options:
         if k not in allowed:
             raise ConfigError(
-                f"{what} has no option {k!r} (options: {', '.join(allowed)}){did_you_mean(str(k), allowed)}",
-                arg=str(k))
+                f"{what} has no option {k!r} (options: {', '.join(allowed)}){did_you_mean(str(k), allowed)}", arg=str(k)
+            )
 
 
 def build_model(name: str, **options: Any) -> Any:
@@ -120,5 +121,12 @@ def build_model(name: str, **options: Any) -> Any:
     return cls(**options)
 
 
-__all__ = ["register_model", "model_names", "model_class", "constructor_options", "check_options",
-           "build_model", "REQUIRED"]
+__all__ = [
+    "register_model",
+    "model_names",
+    "model_class",
+    "constructor_options",
+    "check_options",
+    "build_model",
+    "REQUIRED",
+]

@@ -63,8 +63,16 @@ def mesh_axis_sizes(mesh: Any) -> dict[str, int]:
     return {str(k): int(v) for k, v in mesh.shape.items()}
 
 
-def walk(rules: Sequence[Pair], origins: Sequence[str], names: Sequence[Any], shape: Sequence[int] | None,
-         mesh: Any, on_indivisible: str, path: str, log: list | None) -> list[MeshAxes]:
+def walk(
+    rules: Sequence[Pair],
+    origins: Sequence[str],
+    names: Sequence[Any],
+    shape: Sequence[int] | None,
+    mesh: Any,
+    on_indivisible: str,
+    path: str,
+    log: list | None,
+) -> list[MeshAxes]:
     """One mesh-axes entry per dimension of an array named ``names`` (see the module docstring).
 
     With ``shape`` and ``mesh`` divisibility is checked (``on_indivisible``);
@@ -87,7 +95,7 @@ def walk(rules: Sequence[Pair], origins: Sequence[str], names: Sequence[Any], sh
         )
     given = len(names)
     if shape is not None:
-        names = names + (None,) * (len(shape) - len(names))   # trailing dimensions: unsharded
+        names = names + (None,) * (len(shape) - len(names))  # trailing dimensions: unsharded
     sizes = mesh_axis_sizes(mesh)
     unassigned = object()
     result: list[Any] = [unassigned if isinstance(n, str) else n for n in names]
@@ -112,9 +120,7 @@ def walk(rules: Sequence[Pair], origins: Sequence[str], names: Sequence[Any], sh
         if busy:
             a = busy[0]
             j = owner[a]
-            skipped[i].append(
-                f"skipped {rule_s}: mesh axis {a!r} already used by dim {j} ({names[j]!r})"
-            )
+            skipped[i].append(f"skipped {rule_s}: mesh axis {a!r} already used by dim {j} ({names[j]!r})")
             continue
         if shape is not None and sizes:
             missing = [a for a in axes_tuple(axes) if a not in sizes]
@@ -130,11 +136,8 @@ def walk(rules: Sequence[Pair], origins: Sequence[str], names: Sequence[Any], sh
                     f"{axes_tuple(axes)!r} of size {n_shards}"
                 )
                 if on_indivisible == "error":
-                    raise ShardingError(
-                        msg + "; change the rule or the size, or set on_indivisible: replicate"
-                    )
-                warnings.warn(msg + "; falling back to the next rule or unsharded",
-                              IndivisibleWarning, stacklevel=4)
+                    raise ShardingError(msg + "; change the rule or the size, or set on_indivisible: replicate")
+                warnings.warn(msg + "; falling back to the next rule or unsharded", IndivisibleWarning, stacklevel=4)
                 skipped[i].append(f"skipped {rule_s}: size {shape[i]} not divisible by {n_shards}")
                 continue
         result[i] = axes
@@ -148,12 +151,18 @@ def walk(rules: Sequence[Pair], origins: Sequence[str], names: Sequence[Any], sh
                 skipped[i].append("no name (a trailing dimension): unsharded")
             elif isinstance(n, str) and not skipped[i] and i not in claimed_by:
                 skipped[i].append(f"no rule for {n!r}")
-            log.append(DimExplanation(
-                dim=i, name=n, size=None if shape is None else int(shape[i]),
-                mesh_axes=out[i], rule_index=claimed_by.get(i),
-                rule=tuple(rules[claimed_by[i]]) if i in claimed_by else None,
-                notes=tuple(skipped[i]), by_mesh_axis=i in by_axis,
-            ))
+            log.append(
+                DimExplanation(
+                    dim=i,
+                    name=n,
+                    size=None if shape is None else int(shape[i]),
+                    mesh_axes=out[i],
+                    rule_index=claimed_by.get(i),
+                    rule=tuple(rules[claimed_by[i]]) if i in claimed_by else None,
+                    notes=tuple(skipped[i]),
+                    by_mesh_axis=i in by_axis,
+                )
+            )
     return out
 
 
@@ -170,8 +179,9 @@ def _mesh_axis_names(rules, names, result, owner, sizes, shape, skipped, where) 
             skipped[i].append(f"mesh-axis name {n!r}: axis already used by dim {owner[n]} ({names[owner[n]]!r})")
             continue
         if shape is not None and shape[i] % sizes[n]:
-            raise ShardingError(f"{where}dim {i} (mesh axis {n!r}, size {shape[i]}) is not divisible by "
-                                f"the mesh axis size {sizes[n]}")
+            raise ShardingError(
+                f"{where}dim {i} (mesh axis {n!r}, size {shape[i]}) is not divisible by the mesh axis size {sizes[n]}"
+            )
         result[i] = n
         owner[n] = i
         taken.add(i)
@@ -197,7 +207,7 @@ class DimExplanation:
     rule_index: int | None
     rule: Pair | None
     notes: tuple[str, ...]
-    by_mesh_axis: bool = False     # the name is a mesh axis no rule mentions
+    by_mesh_axis: bool = False  # the name is a mesh axis no rule mentions
 
     @property
     def claimed(self) -> bool:
@@ -212,5 +222,13 @@ class DimExplanation:
         return head + ("; " + "; ".join(notes) if notes else "")
 
 
-__all__ = ["walk", "DimExplanation", "IndivisibleWarning", "axes_tuple", "mesh_axis_sizes", "MeshAxes", "Pair",
-           "ON_INDIVISIBLE"]
+__all__ = [
+    "walk",
+    "DimExplanation",
+    "IndivisibleWarning",
+    "axes_tuple",
+    "mesh_axis_sizes",
+    "MeshAxes",
+    "Pair",
+    "ON_INDIVISIBLE",
+]

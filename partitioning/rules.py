@@ -25,7 +25,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -35,11 +34,9 @@ import flax.core.spmd as flax_spmd
 from jax.sharding import PartitionSpec
 
 from partitioning.errors import ConfigError, RuleError, did_you_mean
-from partitioning.resolve import (
-    ON_INDIVISIBLE, DimExplanation, IndivisibleWarning, MeshAxes, Pair, axes_tuple, mesh_axis_sizes, walk,
-)
-from partitioning.yamlfile import Key, Lines, read_yaml, where as _where
-
+from partitioning.resolve import DimExplanation, IndivisibleWarning, MeshAxes, axes_tuple, mesh_axis_sizes, walk
+from partitioning.yamlfile import Key, Lines, read_yaml
+from partitioning.yamlfile import where as _where
 
 # Where the preset YAML files live; `configs/rules` in the repo links here so
 # an installed wheel carries the same presets.
@@ -56,8 +53,7 @@ def _norm_axes(value: Any, where: str) -> MeshAxes:
             raise RuleError(f"{where}: mesh axis repeated in {list(value)!r}")
         return tuple(value)
     raise RuleError(
-        f"{where}: mesh axes must be null, a mesh axis name or a list of names, "
-        f"got {type(value).__name__} {value!r}"
+        f"{where}: mesh axes must be null, a mesh axis name or a list of names, got {type(value).__name__} {value!r}"
     )
 
 
@@ -82,44 +78,44 @@ class Rules(tuple):
     origins: tuple[str, ...]
     declared_batch_axes: tuple[str, ...] | None
 
-    def __new__(cls, pairs: Iterable[Any] = (), origins: Sequence[str] | None = None,
-                *, batch_axes: Sequence[str] | str | None = None):
+    def __new__(
+        cls,
+        pairs: Iterable[Any] = (),
+        origins: Sequence[str] | None = None,
+        *,
+        batch_axes: Sequence[str] | str | None = None,
+    ):
         pairs = list(pairs)
         if origins is None:
             origins = [f"rules[{i}]" for i in range(len(pairs))]
         normed = []
         for i, (pair, where) in enumerate(zip(pairs, origins)):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise RuleError(
-                    f"{where}: a rule is a pair [logical_name, mesh_axes], got {pair!r}"
-                )
+                raise RuleError(f"{where}: a rule is a pair [logical_name, mesh_axes], got {pair!r}")
             logical, axes = pair
             if not isinstance(logical, str) or not logical:
                 raise RuleError(f"{where}: logical name must be a non-empty string, got {logical!r}")
             normed.append((logical, _norm_axes(axes, where)))
         self = super().__new__(cls, normed)
         self.origins = tuple(origins)
-        self.declared_batch_axes = (None if batch_axes is None
-                                    else axes_tuple(_norm_axes(batch_axes, "batch_axes")))
+        self.declared_batch_axes = None if batch_axes is None else axes_tuple(_norm_axes(batch_axes, "batch_axes"))
         return self
 
     # -- construction --------------------------------------------------------
     @classmethod
-    def preset(cls, name: str) -> "Rules":
+    def preset(cls, name: str) -> Rules:
         """The preset table ``partitioning/presets/NAME.yaml`` (dp, fsdp, tp, fsdp_tp, seq, ...)."""
         path = PRESET_DIR / f"{name}.yaml"
         if not path.exists():
             names = preset_names()
-            raise RuleError(
-                f"unknown rule preset {name!r} (presets: {', '.join(names)}){did_you_mean(name, names)}"
-            )
+            raise RuleError(f"unknown rule preset {name!r} (presets: {', '.join(names)}){did_you_mean(name, names)}")
         table = cls.from_yaml(path)
         # Name the shipped file the same on every machine: presets/fsdp.yaml:13: rules[2].
         origins = [o.replace(str(PRESET_DIR), "presets", 1) for o in table.origins]
         return Rules(list(table), origins, batch_axes=table.declared_batch_axes)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "Rules":
+    def from_yaml(cls, path: str | Path) -> Rules:
         """Reads a rules file: a list of pairs, or a mapping with ``rules:`` (and ``batch_axes:``).
 
         Example::
@@ -134,8 +130,10 @@ class Rules(tuple):
                 raise ConfigError(f"{path}: a rules file needs a top-level 'rules:' list")
             for k in data:
                 if k not in ("rules", "batch_axes"):
-                    raise ConfigError(f"{_where(path, lines, (k,))}: unknown key (valid: rules, batch_axes)"
-                                      f"{did_you_mean(str(k), ['rules', 'batch_axes'])}")
+                    raise ConfigError(
+                        f"{_where(path, lines, (k,))}: unknown key (valid: rules, batch_axes)"
+                        f"{did_you_mean(str(k), ['rules', 'batch_axes'])}"
+                    )
             rules = cls.parse(data["rules"], path, lines, ("rules",))
             if data.get("batch_axes") is not None:
                 rules = rules.with_batch_axes(_parse_axes(data["batch_axes"], path, lines, ("batch_axes",)))
@@ -143,7 +141,7 @@ class Rules(tuple):
         return cls.parse(data, path, lines, ())
 
     @classmethod
-    def parse(cls, value: Any, path: str | Path = "", lines: Lines | None = None, key: Key = ()) -> "Rules":
+    def parse(cls, value: Any, path: str | Path = "", lines: Lines | None = None, key: Key = ()) -> Rules:
         """A rule table from its YAML forms; errors name ``path:line: key``.
 
         ``value`` is a preset name, a rules file (``x.yaml``, relative to
@@ -174,8 +172,10 @@ class Rules(tuple):
             valid = ("preset", "extra", "batch_axes")
             for k in value:
                 if k not in valid:
-                    raise ConfigError(f"{_where(path, lines, key + (k,))}: unknown key (valid: {', '.join(valid)})"
-                                      f"{did_you_mean(str(k), valid)}")
+                    raise ConfigError(
+                        f"{_where(path, lines, key + (k,))}: unknown key (valid: {', '.join(valid)})"
+                        f"{did_you_mean(str(k), valid)}"
+                    )
             base = cls.parse(value["preset"], path, lines, key + ("preset",)) if "preset" in value else cls()
             extra = cls.parse(value.get("extra") or [], path, lines, key + ("extra",))
             rules = extra + base
@@ -193,11 +193,11 @@ class Rules(tuple):
             f"[logical, mesh_axes] pairs, or {{preset: NAME, extra: [...]}}; got {type(value).__name__}"
         )
 
-    def with_batch_axes(self, batch_axes: Sequence[str] | str | None) -> "Rules":
+    def with_batch_axes(self, batch_axes: Sequence[str] | str | None) -> Rules:
         """The same table with ``batch_axes`` declared (``None``: read them off the rules)."""
         return Rules(list(self), list(self.origins), batch_axes=batch_axes)
 
-    def __add__(self, other: Iterable[Any]) -> "Rules":  # type: ignore[override]
+    def __add__(self, other: Iterable[Any]) -> Rules:  # type: ignore[override]
         other = other if isinstance(other, Rules) else Rules(other)
         declared = self.declared_batch_axes if self.declared_batch_axes is not None else other.declared_batch_axes
         return Rules(list(self) + list(other), list(self.origins) + list(other.origins), batch_axes=declared)
@@ -248,20 +248,18 @@ class Rules(tuple):
         return [[n, list(a) if isinstance(a, tuple) else a] for n, a in self]
 
     # -- validation ----------------------------------------------------------
-    def validate(self, mesh: Any) -> "Rules":
+    def validate(self, mesh: Any) -> Rules:
         """Checks every mesh axis named by a rule exists in ``mesh``."""
         sizes = mesh_axis_sizes(mesh)
         for (logical, axes), where in zip(self, self.origins):
             for a in axes_tuple(axes):
                 if a not in sizes:
                     raise RuleError(
-                        f"{where}: mesh axis {a!r} is not a mesh axis ({', '.join(sizes)})"
-                        f"{did_you_mean(a, sizes)}"
+                        f"{where}: mesh axis {a!r} is not a mesh axis ({', '.join(sizes)}){did_you_mean(a, sizes)}"
                     )
         for a in self.declared_batch_axes or ():
             if a not in sizes:
-                raise RuleError(f"batch_axes: {a!r} is not a mesh axis ({', '.join(sizes)})"
-                                f"{did_you_mean(a, sizes)}")
+                raise RuleError(f"batch_axes: {a!r} is not a mesh axis ({', '.join(sizes)}){did_you_mean(a, sizes)}")
         return self
 
     # -- resolution ----------------------------------------------------------
@@ -286,9 +284,14 @@ class Rules(tuple):
         return PartitionSpec(*self._walk(names, shape, mesh, on_indivisible, path, None))
 
     def explain(
-        self, names: Sequence[Any], shape: Sequence[int] | None = None, mesh: Any = None,
-        *, on_indivisible: str = "replicate", path: str = "",
-    ) -> list["DimExplanation"]:
+        self,
+        names: Sequence[Any],
+        shape: Sequence[int] | None = None,
+        mesh: Any = None,
+        *,
+        on_indivisible: str = "replicate",
+        path: str = "",
+    ) -> list[DimExplanation]:
         """Per dimension: the rule that claimed it and why earlier ones were skipped.
 
         Example::
@@ -308,13 +311,19 @@ class Rules(tuple):
         return walk(self, self.origins, names, shape, mesh, on_indivisible, path, log)
 
     def resolve_explained(
-        self, names: Sequence[Any], shape: Sequence[int] | None = None, mesh: Any = None,
-        *, on_indivisible: str = "error", path: str = "",
-    ) -> tuple[PartitionSpec, list["DimExplanation"]]:
+        self,
+        names: Sequence[Any],
+        shape: Sequence[int] | None = None,
+        mesh: Any = None,
+        *,
+        on_indivisible: str = "error",
+        path: str = "",
+    ) -> tuple[PartitionSpec, list[DimExplanation]]:
         """:meth:`resolve` and :meth:`explain` in one walk of the rules (warns like resolve)."""
         log: list[DimExplanation] = []
         spec = PartitionSpec(*self._walk(names, shape, mesh, on_indivisible, path, log))
         return spec, log
+
 
 def preset_names() -> list[str]:
     """The names of the shipped presets.

@@ -36,7 +36,7 @@ from ruamel.yaml.nodes import MappingNode, SequenceNode
 from partitioning.errors import ConfigError
 
 Key = tuple[Any, ...]
-Lines = dict[Key, Any]   # key -> line (int), (file, line) from another file, or the --set flag (str)
+Lines = dict[Key, Any]  # key -> line (int), (file, line) from another file, or the --set flag (str)
 
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 64
@@ -87,8 +87,10 @@ def _check_graph(node: Any, path: Path) -> None:
         visited += 1
         line = n.start_mark.line + 1
         if visited > MAX_NODES:
-            raise ConfigError(f"{path}:{line}: more than {MAX_NODES:,} values after expanding aliases "
-                              f"(an alias bomb?); write the values out")
+            raise ConfigError(
+                f"{path}:{line}: more than {MAX_NODES:,} values after expanding aliases "
+                f"(an alias bomb?); write the values out"
+            )
         if depth > MAX_DEPTH:
             raise ConfigError(f"{path}:{line}: nested more than {MAX_DEPTH} levels deep")
         if not isinstance(n, (MappingNode, SequenceNode)):
@@ -124,13 +126,19 @@ def _convert(value: Any, key: Key, line: int, path: Path, lines: Lines) -> Any:
         out: dict[Any, Any] = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                kind = "a list" if isinstance(k, (list, tuple)) else "a mapping" if isinstance(k, Mapping) else \
-                    f"{type(_plain(k)).__name__} {_plain(k)!r}"
-                raise ConfigError(f"{path}:{line}: {dotted(key) or 'the top level'}: keys must be names (strings), "
-                                  f"got {kind}")
+                kind = (
+                    "a list"
+                    if isinstance(k, (list, tuple))
+                    else "a mapping"
+                    if isinstance(k, Mapping)
+                    else f"{type(_plain(k)).__name__} {_plain(k)!r}"
+                )
+                raise ConfigError(
+                    f"{path}:{line}: {dotted(key) or 'the top level'}: keys must be names (strings), got {kind}"
+                )
             try:
                 k_line = value.lc.key(k)[0] + 1
-            except (AttributeError, KeyError, TypeError):   # a key from a merge (<<:): the mapping's own line
+            except (AttributeError, KeyError, TypeError):  # a key from a merge (<<:): the mapping's own line
                 k_line = line
             lines[key + (str(k),)] = k_line
             out[str(k)] = _convert(v, key + (str(k),), k_line, path, lines)
@@ -216,11 +224,23 @@ def dump_yaml(data: Any) -> str:
 
 def load_value(text: str) -> Any:
     """One YAML value (a ``--set`` right-hand side), as plain Python (``null`` is None)."""
-    if text.strip() in ("null", "Null", "NULL", "~"):   # YAML 1.2's nulls: an empty *document* reads as {}
+    if text.strip() in ("null", "Null", "NULL", "~"):  # YAML 1.2's nulls: an empty *document* reads as {}
         return None
     data, _ = parse_yaml(text, "--set")
     return data
 
 
-__all__ = ["Key", "Lines", "read_yaml", "parse_yaml", "read_text", "dotted", "where", "dump_yaml", "load_value",
-           "MAX_BYTES", "MAX_DEPTH", "MAX_NODES"]
+__all__ = [
+    "Key",
+    "Lines",
+    "read_yaml",
+    "parse_yaml",
+    "read_text",
+    "dotted",
+    "where",
+    "dump_yaml",
+    "load_value",
+    "MAX_BYTES",
+    "MAX_DEPTH",
+    "MAX_NODES",
+]

@@ -92,6 +92,7 @@ def base_config() -> str:
 
 # -- running the CLI ---------------------------------------------------------------------
 
+
 class CliResult(NamedTuple):
     """What an in-process CLI run gives: the same fields as a finished subprocess."""
 
@@ -110,8 +111,14 @@ def run_cli_subprocess():
 
     def _run(*args, cwd=None) -> subprocess.CompletedProcess:
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        return subprocess.run([sys.executable, "-m", "partitioning", *map(str, args)], capture_output=True,
-                              text=True, cwd=cwd or REPO, env=env, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "partitioning", *map(str, args)],
+            capture_output=True,
+            text=True,
+            cwd=cwd or REPO,
+            env=env,
+            timeout=300,
+        )
 
     return _run
 
@@ -135,6 +142,7 @@ def run_cli_in_process(capsys):
 
 # -- a Flax module with annotated weights ---------------------------------------------------
 
+
 class Dense(nn.Module):
     """One weight annotated ("embed", "mlp") through pt.with_logical_partitioning."""
 
@@ -142,8 +150,11 @@ class Dense(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        w = self.param("w", pt.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp")),
-                       (x.shape[-1], self.features))
+        w = self.param(
+            "w",
+            pt.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp")),
+            (x.shape[-1], self.features),
+        )
         return x @ w
 
 
@@ -154,6 +165,7 @@ def dense_module():
 
 
 # -- checkpoints of the real Trainer's state ---------------------------------------------------
+
 
 def mesh_of(shape, n=None):
     """A mesh of ``shape`` on the first ``n`` devices (all devices when n is None)."""
@@ -249,8 +261,14 @@ def saved_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("run")
     m = mesh_of({"data": 1, "fsdp": 8})
     tr = s.trainer(m, "fsdp")
-    with CheckpointManager(root / "checkpoints", every=3, rules="fsdp", model_name="gpt",
-                           abstract=tr.abstract_state, config={"model": {"name": "gpt"}}) as mngr:
+    with CheckpointManager(
+        root / "checkpoints",
+        every=3,
+        rules="fsdp",
+        model_name="gpt",
+        abstract=tr.abstract_state,
+        config={"model": {"name": "gpt"}},
+    ) as mngr:
         mngr.save(3, s.state(m, "fsdp", step=3), metrics={"loss": 2.5})
         mngr.save(6, s.state(m, "fsdp", step=6), metrics={"loss": 2.25, "eval_loss": 2.75})
     (root / "checkpoints" / "9.orbax-checkpoint-tmp-1234").mkdir()

@@ -17,12 +17,18 @@ class Scanned(nn.Module):
     def __call__(self, x):
         def body(mdl, c, _):
             return nn.Dense(
-                c.shape[-1], use_bias=False,
+                c.shape[-1],
+                use_bias=False,
                 kernel_init=pt.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp")),
             )(c), None
 
-        scan = nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True}, length=3,
-                       metadata_params={nn.PARTITION_NAME: "layers"})
+        scan = nn.scan(
+            body,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            length=3,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )
         return scan(self, x, None)[0]
 
 
@@ -35,8 +41,11 @@ def test_box_names_and_shape_check():
     # afterwards), so the names are checked when the parameter is laid out, by its path.
     short = init(jax.random.key(0), (4,))
     assert short.names == ("embed", "mlp")
-    with pytest.raises(pt.ShardingError, match=r"^params/w: 2 logical names \('embed', 'mlp'\) for an array of rank 1 "
-                                               r"\(shape \(4,\)\); give at most one name per dimension$"):
+    with pytest.raises(
+        pt.ShardingError,
+        match=r"^params/w: 2 logical names \('embed', 'mlp'\) for an array of rank 1 "
+        r"\(shape \(4,\)\); give at most one name per dimension$",
+    ):
         pt.tree_layouts({"params": {"w": short}}, {"fsdp": 4}, "fsdp")
 
 
@@ -53,8 +62,13 @@ def test_scan_inserts_layers_axis_and_get_partition_spec_reads_it():
 
 
 def test_vmap_inserts_axis(dense_module):
-    vm = nn.vmap(dense_module, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=0,
-                 metadata_params={nn.PARTITION_NAME: "layers"})
+    vm = nn.vmap(
+        dense_module,
+        variable_axes={"params": 0},
+        split_rngs={"params": True},
+        in_axes=0,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+    )
     abstract = jax.eval_shape(vm(8).init, jax.random.key(0), jnp.zeros((2, 3, 4)))
     [box] = jax.tree.leaves(abstract, is_leaf=pt.is_box)
     assert box.names == ("layers", "embed", "mlp") and box.value.shape == (2, 4, 8)
@@ -71,6 +85,7 @@ def test_optax_state_carries_param_names(dense_module):
 
 
 # -- activation constraints --------------------------------------------------------
+
 
 def test_constraint_identity_outside_mesh_or_rules():
     x = jnp.ones((8, 4))
@@ -91,7 +106,8 @@ def test_constraint_applies_on_cpu_with_auto_axes():
         out = jax.jit(f)(x)
     assert "sharding_constraint" in text
     assert out.sharding.spec == P("data", None) or out.sharding.is_equivalent_to(
-        NamedSharding(mesh, P("data", None)), 2)
+        NamedSharding(mesh, P("data", None)), 2
+    )
 
 
 def test_constraint_reshards_on_explicit_axes():
@@ -105,14 +121,21 @@ def test_constraint_reshards_on_explicit_axes():
 def test_constraint_fallbacks():
     mesh = pt.make_mesh({"data": 8})
     with pt.sharding_context(mesh, [("batch", "data")]):
-        text = jax.jit(lambda a: pt.with_logical_constraint(a, ("batch", "other"), fallback="unconstrained")).lower(
-            jnp.ones((8, 4))).as_text()
+        text = (
+            jax.jit(lambda a: pt.with_logical_constraint(a, ("batch", "other"), fallback="unconstrained"))
+            .lower(jnp.ones((8, 4)))
+            .as_text()
+        )
         # dim 1 is left open to the compiler ({?}); the default fallback pins it unsharded ({}).
         assert '<@mesh, [{"data"}, {?}]>' in text
         text = jax.jit(lambda a: pt.with_logical_constraint(a, ("batch", "other"))).lower(jnp.ones((8, 4))).as_text()
         assert '<@mesh, [{"data"}, {}]>' in text
-        with pytest.raises(pt.RuleError, match=r"activation dimension 1 has logical name 'other' but no rule mentions it"):
-            jax.jit(lambda a: pt.with_logical_constraint(a, ("batch", "other"), fallback="error")).lower(jnp.ones((8, 4)))
+        with pytest.raises(
+            pt.RuleError, match=r"activation dimension 1 has logical name 'other' but no rule mentions it"
+        ):
+            jax.jit(lambda a: pt.with_logical_constraint(a, ("batch", "other"), fallback="error")).lower(
+                jnp.ones((8, 4))
+            )
         with pytest.raises(pt.RuleError, match="fallback must be one of"):
             pt.with_logical_constraint(jnp.ones((8, 4)), ("batch", "x"), fallback="nope")
 

@@ -6,7 +6,6 @@ import threading
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
@@ -113,16 +112,22 @@ def test_nnx_resolvers_use_the_walk_only_inside_the_toolkit_context():
 def test_nnx_eager_sharding_agrees_with_the_layout_for_every_preset():
     class M(nnx.Module):
         def __init__(self, rngs):
-            self.w = nnx.Param(nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))(
-                rngs.params(), (32, 64)))
+            self.w = nnx.Param(
+                nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))(rngs.params(), (32, 64))
+            )
             self.v = nnx.Param(jnp.zeros((64, 32)), out_sharding=("mlp", "embed"))
 
-    meshes = {"dp": {"data": 8}, "fsdp": {"data": 1, "fsdp": 8}, "tp": {"data": 2, "tensor": 4},
-              "fsdp_tp": {"data": 1, "fsdp": 4, "tensor": 2}, "seq": {"data": 1, "fsdp": 4, "tensor": 2}}
+    meshes = {
+        "dp": {"data": 8},
+        "fsdp": {"data": 1, "fsdp": 8},
+        "tp": {"data": 2, "tensor": 4},
+        "fsdp_tp": {"data": 1, "fsdp": 4, "tensor": 2},
+        "seq": {"data": 1, "fsdp": 4, "tensor": 2},
+    }
     for preset, shape in meshes.items():
         mesh = pt.make_mesh(shape)
         with pt.sharding_context(mesh, preset):
-            m = M(nnx.Rngs(0))       # eager sharding on (Flax's default): under dp, fsdp, tp, seq this failed before
+            m = M(nnx.Rngs(0))  # eager sharding on (Flax's default): under dp, fsdp, tp, seq this failed before
         layout = {l.path: l.spec for l in pt.tree_layouts(nnx.state(m), mesh, preset)}
         for name in ("w", "v"):
             arr = getattr(m, name).get_value()
@@ -142,7 +147,7 @@ def test_recording_sees_toolkit_and_flax_constraints():
     assert seen == {("batch", "embed"), ("activation_batch", "activation_embed")}
     with recording() as outside:
         jax.eval_shape(f, jnp.zeros((8, 16)))
-    assert outside == set()      # no rules, no mesh: nothing is constrained, nothing resolved
+    assert outside == set()  # no rules, no mesh: nothing is constrained, nothing resolved
 
 
 def test_flax_constraints_get_mesh_axis_names_inside_the_toolkit_context():

@@ -7,7 +7,14 @@ from partitioning.fmt import fmt_axes, fmt_bytes, fmt_mesh, fmt_rules, fmt_shape
 
 def test_bytes():
     assert [fmt_bytes(n) for n in (0, 1023, 1024, 1536 * 1024, 3 * 2**30, 2**40, 2**52)] == [
-        "0 B", "1023 B", "1.00 KiB", "1.50 MiB", "3.00 GiB", "1.00 TiB", "4.00 PiB"]
+        "0 B",
+        "1023 B",
+        "1.00 KiB",
+        "1.50 MiB",
+        "3.00 GiB",
+        "1.00 TiB",
+        "4.00 PiB",
+    ]
 
 
 def test_specs_shapes_meshes_rules():

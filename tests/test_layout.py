@@ -27,8 +27,19 @@ def test_flax_own_boxes_are_accepted():
 
 
 def test_tree_sharding_divisibility_error_names_path():
-    tree = {"params": {"decoder": {"mlp": {"wi": {"kernel": nn.LogicallyPartitioned(
-        jax.ShapeDtypeStruct((64, 3004), jnp.float32), ("embed", "mlp"))}}}}}
+    tree = {
+        "params": {
+            "decoder": {
+                "mlp": {
+                    "wi": {
+                        "kernel": nn.LogicallyPartitioned(
+                            jax.ShapeDtypeStruct((64, 3004), jnp.float32), ("embed", "mlp")
+                        )
+                    }
+                }
+            }
+        }
+    }
     mesh = pt.make_mesh({"tensor": 8})
     with pytest.raises(pt.ShardingError) as e:
         pt.tree_shardings(tree, mesh, "tp")
@@ -54,13 +65,16 @@ def test_per_device_bytes_match_real_shards(dense_module):
 
 # -- Flax NNX ----------------------------------------------------------------------
 
+
 class Block(nnx.Module):
     def __init__(self, rngs):
         init = nnx.initializers.lecun_normal()
-        self.wi = nnx.Linear(16, 64, use_bias=False, rngs=rngs,
-                             kernel_init=nnx.with_partitioning(init, ("embed", "mlp")))
-        self.wo = nnx.Linear(64, 16, use_bias=False, rngs=rngs,
-                             kernel_init=nnx.with_partitioning(init, ("mlp", "embed")))
+        self.wi = nnx.Linear(
+            16, 64, use_bias=False, rngs=rngs, kernel_init=nnx.with_partitioning(init, ("embed", "mlp"))
+        )
+        self.wo = nnx.Linear(
+            64, 16, use_bias=False, rngs=rngs, kernel_init=nnx.with_partitioning(init, ("mlp", "embed"))
+        )
         self.scale = nnx.Param(jnp.ones((16,)))  # no names: replicated
 
     def __call__(self, x):

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import partitioning as pt
-from partitioning.checkpoint import abstract_target, restore_checkpoint as restore
+from partitioning.checkpoint import abstract_target
+from partitioning.checkpoint import restore_checkpoint as restore
 from tests.multihost.common import STEPS, losses_and_checkpoint, make_trainer
 
 
@@ -21,8 +22,14 @@ def test_two_processes_match_one_and_checkpoint_restores(repo, tmp_path, free_po
     port = str(free_port())
     env = dict(os.environ, PYTHONPATH=str(repo))
     procs = [
-        subprocess.Popen([sys.executable, "tests/multihost/worker.py", str(i), "2", port, str(tmp_path)],
-                         cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, "tests/multihost/worker.py", str(i), "2", port, str(tmp_path)],
+            cwd=repo,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for i in range(2)
     ]
     outs = []
@@ -75,13 +82,34 @@ def test_train_cli_on_two_processes_matches_one(repo, tmp_path, free_port):
     port = str(free_port())
     cmd = [sys.executable, "-m", "partitioning", "train", str(cfg), "--no-progress"]
     procs = [
-        subprocess.Popen(cmd + ["--set", f"run_dir={tmp_path / 'multi'}", "--coordinator", f"127.0.0.1:{port}",
-                                "--num-processes", "2", "--process-id", str(i)],
-                         cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            cmd
+            + [
+                "--set",
+                f"run_dir={tmp_path / 'multi'}",
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--num-processes",
+                "2",
+                "--process-id",
+                str(i),
+            ],
+            cwd=repo,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for i in range(2)
     ]
-    single = subprocess.run(cmd + ["--set", f"run_dir={tmp_path / 'single'}"], cwd=repo, env=env,
-                            capture_output=True, text=True, timeout=300)
+    single = subprocess.run(
+        cmd + ["--set", f"run_dir={tmp_path / 'single'}"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     outs = []
     for p in procs:
         try:
@@ -112,7 +140,8 @@ def test_partial_multihost_flags_are_one_line_errors(repo, tmp_path, run_cli_sub
     assert r.returncode == 2
     assert r.stderr.strip() == (
         "error: multi-host needs all of --coordinator HOST:PORT, --num-processes N and --process-id I "
-        "(or only --distributed on a cluster jax detects by itself)")
+        "(or only --distributed on a cluster jax detects by itself)"
+    )
 
 
 @pytest.mark.slow
@@ -123,16 +152,38 @@ def test_sigterm_to_one_process_stops_all_at_the_same_step(repo, tmp_path, free_
     import time
 
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(TRAIN_CFG.replace("steps: 4", "steps: 100000").replace("log_every: 1", "log_every: 2")
-                   .replace("eval_every: 4", "eval_every: 1000000"))
+    cfg.write_text(
+        TRAIN_CFG.replace("steps: 4", "steps: 100000")
+        .replace("log_every: 1", "log_every: 2")
+        .replace("eval_every: 4", "eval_every: 1000000")
+    )
     run = tmp_path / "multi"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     port = str(free_port())
     procs = [
-        subprocess.Popen([sys.executable, "-m", "partitioning", "train", str(cfg), "--no-progress",
-                          "--set", f"run_dir={run}", "--coordinator", f"127.0.0.1:{port}",
-                          "--num-processes", "2", "--process-id", str(i)],
-                         cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "partitioning",
+                "train",
+                str(cfg),
+                "--no-progress",
+                "--set",
+                f"run_dir={run}",
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--num-processes",
+                "2",
+                "--process-id",
+                str(i),
+            ],
+            cwd=repo,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for i in range(2)
     ]
     try:

@@ -30,7 +30,7 @@ data: {path: tokens.npy, seed: 7, log_batches: true}
 train: {steps: 10, batch_size: 8, seq_len: 16, log_every: 1, eval_every: 5, eval_batches: 1}
 checkpoint: {every: 3}
 """
-STEPS, KILL_AFTER, SAVED = 10, 7, 6   # frozen after step 7: the last checkpoint is step 6
+STEPS, KILL_AFTER, SAVED = 10, 7, 6  # frozen after step 7: the last checkpoint is step 6
 
 
 def _launch(repo, cwd, run, log, port, env_extra=None):
@@ -39,10 +39,29 @@ def _launch(repo, cwd, run, log, port, env_extra=None):
     procs = []
     for i in range(2):
         out = open(cwd / f"{log}.{i}.out", "w")
-        procs.append(subprocess.Popen(
-            [sys.executable, str(repo / "tests/multihost/train_worker.py"), "run.yaml", "--no-progress",
-             "--set", f"run_dir={run}", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
-             "--process-id", str(i)], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(repo / "tests/multihost/train_worker.py"),
+                    "run.yaml",
+                    "--no-progress",
+                    "--set",
+                    f"run_dir={run}",
+                    "--coordinator",
+                    f"127.0.0.1:{port}",
+                    "--num-processes",
+                    "2",
+                    "--process-id",
+                    str(i),
+                ],
+                cwd=cwd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     return procs
 
 
@@ -78,8 +97,9 @@ def _losses(run: Path) -> list[float]:
 
 
 @pytest.mark.slow
-def test_killed_and_resumed_run_sees_the_batches_of_an_uninterrupted_run(repo, tmp_path, free_port, monkeypatch,
-                                                                         run_cli_in_process):
+def test_killed_and_resumed_run_sees_the_batches_of_an_uninterrupted_run(
+    repo, tmp_path, free_port, monkeypatch, run_cli_in_process
+):
     np.save(tmp_path / "tokens.npy", np.random.default_rng(0).integers(0, 64, 20_000).astype(np.uint16))
     (tmp_path / "run.yaml").write_text(CONFIG)
 
@@ -92,7 +112,9 @@ def test_killed_and_resumed_run_sees_the_batches_of_an_uninterrupted_run(repo, t
     # The same run, frozen after step 7 (checkpoint 6 on disk, step 7 trained but unsaved), then SIGKILLed.
     run = tmp_path / "killed"
     flag = tmp_path / "paused"
-    procs = _launch(repo, tmp_path, run, "killed", free_port(), {"PAUSE_AFTER": str(KILL_AFTER), "PAUSE_FLAG": str(flag)})
+    procs = _launch(
+        repo, tmp_path, run, "killed", free_port(), {"PAUSE_AFTER": str(KILL_AFTER), "PAUSE_FLAG": str(flag)}
+    )
     try:
         deadline = time.time() + 300
         while time.time() < deadline and not all(Path(f"{flag}.{i}").exists() for i in range(2)):
@@ -105,7 +127,7 @@ def test_killed_and_resumed_run_sees_the_batches_of_an_uninterrupted_run(repo, t
             p.wait(timeout=60)
     assert [p.returncode for p in procs] == [-signal.SIGKILL] * 2
     assert max(s.step for s in list_steps(run / "checkpoints") if s.complete) == SAVED
-    assert max(_digests(run)) == KILL_AFTER - 1        # it had taken the batch of step 7 (index 6)
+    assert max(_digests(run)) == KILL_AFTER - 1  # it had taken the batch of step 7 (index 6)
 
     outs = _finish(_launch(repo, tmp_path, run, "resumed", free_port()), tmp_path, "resumed")
     assert f"checkpoint: resumed from step {SAVED}" in outs[0]

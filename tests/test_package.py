@@ -2,6 +2,7 @@
 one installable top-level name, small modules, documented stages and public API."""
 
 import ast
+import importlib.util
 import inspect
 import os
 import subprocess
@@ -14,18 +15,30 @@ import pytest
 import partitioning as pt
 
 PKG = Path(pt.__file__).resolve().parent
+# The reference models: the repository's top-level `models/`, installed as `partitioning.models`.
+MODELS = Path(importlib.util.find_spec("partitioning.models").origin).resolve().parent
 MAX_LINES = 400
 
 
-def _modules() -> dict[str, Path]:
-    out = {}
-    for f in PKG.rglob("*.py"):
-        rel = f.relative_to(PKG.parent).with_suffix("")
-        parts = list(rel.parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = f
+def _sources() -> list[tuple[Path, str]]:
+    """(file, dotted module name) of every module of the installed package, models included."""
+    out = []
+    for root, prefix in ((PKG, ("partitioning",)), (MODELS, ("partitioning", "models"))):
+        for f in sorted(root.rglob("*.py")):
+            parts = list(prefix + f.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out.append((f, ".".join(parts)))
     return out
+
+
+def _modules() -> dict[str, Path]:
+    return {name: f for f, name in _sources()}
+
+
+def test_models_live_in_the_top_level_folder_and_install_as_partitioning_models():
+    assert PKG.parent / "models" == MODELS
+    assert not (PKG / "models").exists()
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -39,8 +52,9 @@ def import_graph() -> dict[str, set[str]]:
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 # `from pkg import mod` imports the module pkg.mod; `from mod import name`, mod.
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
-                           for a in node.names]
+                targets = [
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module for a in node.names
+                ]
             elif isinstance(node, ast.ImportFrom) and node.level:
                 raise AssertionError(f"{path}: relative import; use absolute imports")
             graph[mod].update(t for t in targets if t in mods and t != mod)
@@ -56,7 +70,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                return stack[stack.index(n):] + [n]
+                return stack[stack.index(n) :] + [n]
             if n not in state and (found := visit(n)):
                 return found
         stack.pop()
@@ -81,19 +95,30 @@ def test_cycle_finder_finds_cycles():
 
 
 def test_reference_models_are_imported_only_by_the_config_build_and_the_cli():
-    importers = {m for m, deps in import_graph().items()
-                 if any(d == "partitioning.models" or d.startswith("partitioning.models.") for d in deps)
-                 and not m.startswith("partitioning.models")}
+    importers = {
+        m
+        for m, deps in import_graph().items()
+        if any(d == "partitioning.models" or d.startswith("partitioning.models.") for d in deps)
+        and not m.startswith("partitioning.models")
+    }
     assert importers == {"partitioning.config.build"}
     # The CLI reaches them only through the build step.
-    assert all(m.startswith(("partitioning.cli", "partitioning.config", "partitioning.models"))
-               for m, deps in import_graph().items() if "partitioning.config.build" in deps | {m})
+    assert all(
+        m.startswith(("partitioning.cli", "partitioning.config", "partitioning.models"))
+        for m, deps in import_graph().items()
+        if "partitioning.config.build" in deps | {m}
+    )
 
 
 def test_import_partitioning_loads_no_reference_model():
     code = "import sys, partitioning; print([m for m in sys.modules if m.startswith('partitioning.models')])"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
 
@@ -103,16 +128,19 @@ def test_a_users_models_py_does_not_hide_the_builtin_models(tmp_path, repo):
     (tmp_path / "models.py").write_text("raise ImportError('a user module, not ours')\n")
     code = "import partitioning.config.build, partitioning as pt; print(pt.model_names())"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(tmp_path)}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                       env=env)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "['gpt', 'mlp']"
 
 
 @pytest.mark.slow
 def test_the_wheel_installs_only_partitioning(tmp_path, repo):
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                        "-w", str(tmp_path), str(repo)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(repo)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     wheel = next(tmp_path.glob("partitioning-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
@@ -123,26 +151,25 @@ def test_the_wheel_installs_only_partitioning(tmp_path, repo):
 
 
 def test_no_module_over_the_size_limit():
-    long = {str(p.relative_to(PKG.parent)): n for p in PKG.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {name: n for p, name in _sources() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
 
 
 def test_every_stage_folder_says_what_it_does_and_lists_its_modules():
-    for init in PKG.rglob("__init__.py"):
-        if init.parent == PKG:
+    for init, pkg in _sources():
+        if init.name != "__init__.py" or init.parent == PKG:
             continue
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert len(doc.splitlines()) >= 3, f"{init}: the docstring should say what the stage does"
-        pkg = ".".join(init.parent.relative_to(PKG.parent).parts)
         for mod in sorted(init.parent.glob("*.py")):
             if mod.name != "__init__.py":
                 assert f"{pkg}.{mod.stem}" in doc or f"~{pkg}.{mod.stem}" in doc, f"{init}: does not list {mod.stem}"
 
 
 def test_every_module_has_a_docstring():
-    missing = [str(p) for p in PKG.rglob("*.py")
-               if p.name != "__main__.py" and not ast.get_docstring(ast.parse(p.read_text()))]
+    missing = [
+        str(p) for p, _ in _sources() if p.name != "__main__.py" and not ast.get_docstring(ast.parse(p.read_text()))
+    ]
     assert missing == []
 
 

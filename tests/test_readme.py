@@ -16,8 +16,9 @@ def test_tour_code_blocks_run(repo, tmp_path):
     (tmp_path / "tour.py").write_text(script)
     # As pasted into a fresh shell: no device flags from the test run.
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
-    r = subprocess.run([sys.executable, str(tmp_path / "tour.py")], capture_output=True, text=True,
-                       timeout=300, cwd=repo, env=env)
+    r = subprocess.run(
+        [sys.executable, str(tmp_path / "tour.py")], capture_output=True, text=True, timeout=300, cwd=repo, env=env
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     # The comment in the README shows what the loop prints for params/wi.
     expected = re.search(r"# (params/wi .*)", tour).group(1)
@@ -30,19 +31,23 @@ def test_bring_your_own_model_example_runs(repo, tmp_path):
     text = (repo / "README.md").read_text()
     section = text.split("## Bring your own model", 1)[1].split("\n## ", 1)[0]
     [block] = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    script = ("import os\nos.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'\n" + block
-              + "\nprint('LOSS', float(metrics['loss']), trainer.state_shardings.params['wi'].spec)\n")
+    script = (
+        "import os\nos.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'\n"
+        + block
+        + "\nprint('LOSS', float(metrics['loss']), trainer.state_shardings.params['wi'].spec)\n"
+    )
     (tmp_path / "byom.py").write_text(script)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    r = subprocess.run([sys.executable, str(tmp_path / "byom.py")], capture_output=True, text=True, timeout=300,
-                       cwd=tmp_path, env=env)
+    r = subprocess.run(
+        [sys.executable, str(tmp_path / "byom.py")], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "P('fsdp', 'tensor')" in r.stdout and "LOSS " in r.stdout
 
 
 def test_the_yaml_that_turns_on_pipeline_and_expert_parallelism_plans(repo, tmp_path):
     from partitioning.config import load_config
-    from partitioning.config.build import plan_from_config
+    from partitioning.config.planning import plan_from_config
 
     text = (repo / "README.md").read_text()
 
@@ -51,7 +56,9 @@ def test_the_yaml_that_turns_on_pipeline_and_expert_parallelism_plans(repo, tmp_
 
     small = ["train.batch_size=32", "train.seq_len=32"]
     pipe = tmp_path / "pp.yaml"
-    pipe.write_text("model: {name: gpt, embed: 64, heads: 4, mlp: 128, layers: 4}\n" + first_yaml("## Pipeline parallelism"))
+    pipe.write_text(
+        "model: {name: gpt, embed: 64, heads: 4, mlp: 128, layers: 4}\n" + first_yaml("## Pipeline parallelism")
+    )
     plan, _ = plan_from_config(load_config(pipe, small), devices=8)
     p = plan.parallel["pipeline"]
     assert (plan.mesh, p["stages"], p["microbatches"], plan.errors) == ({"stage": 4, "data": 2}, 4, 8, [])
@@ -60,5 +67,10 @@ def test_the_yaml_that_turns_on_pipeline_and_expert_parallelism_plans(repo, tmp_
     plan, _ = plan_from_config(load_config(moe, small), devices=8)
     e = plan.parallel["experts"]
     assert (plan.mesh, e["experts"], e["top_k"], e["expert_shards"], plan.errors) == (
-        {"data": 1, "fsdp": 2, "expert": 4}, 8, 2, 4, [])
+        {"data": 1, "fsdp": 2, "expert": 4},
+        8,
+        2,
+        4,
+        [],
+    )
     assert e["capacity"] == 10 and e["all_to_all_bytes"] > 0

@@ -1,7 +1,6 @@
 """Rule resolution: agreement with Flax, explain, validation, context."""
 
 import random
-import threading
 
 import flax.linen as nn
 import pytest
@@ -72,8 +71,7 @@ def test_explain_names_the_blocking_dimension():
     dims = Rules([("embed", "fsdp"), ("mlp", "fsdp")]).explain(("embed", "mlp"))
     assert str(dims[0]) == "dim 0 'embed' -> 'fsdp' by rule 0 ('embed', 'fsdp')"
     assert str(dims[1]) == (
-        "dim 1 'mlp' -> unsharded; skipped rule 1 ('mlp', 'fsdp'): "
-        "mesh axis 'fsdp' already used by dim 0 ('embed')"
+        "dim 1 'mlp' -> unsharded; skipped rule 1 ('mlp', 'fsdp'): mesh axis 'fsdp' already used by dim 0 ('embed')"
     )
 
 
@@ -90,7 +88,10 @@ def test_explain_reports_indivisible_skip():
 
 
 def test_duplicate_logical_name_is_an_error_naming_the_array():
-    with pytest.raises(pt.RuleError, match=r"params/x: logical name\(s\) 'embed' used for more than one dimension of array \('embed', 'embed'\)"):
+    with pytest.raises(
+        pt.RuleError,
+        match=r"params/x: logical name\(s\) 'embed' used for more than one dimension of array \('embed', 'embed'\)",
+    ):
         Rules([("embed", "fsdp")]).resolve(("embed", "embed"), path="params/x")
 
 
@@ -141,7 +142,10 @@ def test_presets_load_and_resolve():
     assert Rules.preset("tp").resolve(("embed", "mlp")) == P(None, "tensor")
     assert Rules.preset("dp").resolve(("batch", "length", "embed")) == P("data", None, None)
     assert Rules.preset("seq").resolve(("batch", "length", "embed")) == P(("data", "fsdp"), "tensor", None)
-    with pytest.raises(pt.RuleError, match=r"unknown rule preset 'fsdpp' \(presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp\); did you mean 'fsdp'\?"):
+    with pytest.raises(
+        pt.RuleError,
+        match=r"unknown rule preset 'fsdpp' \(presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp\); did you mean 'fsdp'\?",
+    ):
         Rules.preset("fsdpp")
 
 
@@ -170,7 +174,7 @@ def test_batch_axes_default_to_the_batch_rules_and_can_be_declared():
     assert Rules([("batch", "data"), ("batch", "fsdp")]).batch_axes == ("data", "fsdp")
     declared = fsdp.with_batch_axes(["data"])
     assert declared.batch_axes == ("data",) and declared.batch_spec(3) == P("data", None, None)
-    assert list(declared) == list(fsdp)     # the table itself is unchanged
+    assert list(declared) == list(fsdp)  # the table itself is unchanged
     assert pt.compute_spec(("embed", "mlp"), fsdp) == P(None, None)
     assert pt.compute_spec(("embed", "mlp"), declared) == P("fsdp", None)
     # MaxText-style names: the batch is `activation_batch`, declared so.
@@ -178,11 +182,14 @@ def test_batch_axes_default_to_the_batch_rules_and_can_be_declared():
     assert pt.compute_spec(("embed",), maxtext) == P(None)
     assert (declared + [("x", "data")]).batch_axes == ("data",)
     import pickle
+
     assert pickle.loads(pickle.dumps(declared)).batch_axes == ("data",)
 
 
 def test_declared_batch_axes_are_validated_against_the_mesh():
-    with pytest.raises(pt.RuleError, match=r"batch_axes: 'dat' is not a mesh axis \(data, fsdp\); did you mean 'data'\?"):
+    with pytest.raises(
+        pt.RuleError, match=r"batch_axes: 'dat' is not a mesh axis \(data, fsdp\); did you mean 'data'\?"
+    ):
         Rules.preset("fsdp").with_batch_axes(["dat"]).validate({"data": 1, "fsdp": 8})
 
 
@@ -192,7 +199,10 @@ def test_rules_parse_forms_with_batch_axes(write):
     f = write("r.yaml", "batch_axes: data\nrules:\n  - [embed, fsdp]\n")
     assert Rules.from_yaml(f).declared_batch_axes == ("data",)
     bad = write("bad.yaml", "rules: []\nbatch_axis: data\n")
-    with pytest.raises(pt.ConfigError, match=r"bad.yaml:2: batch_axis: unknown key \(valid: rules, batch_axes\); did you mean 'batch_axes'\?"):
+    with pytest.raises(
+        pt.ConfigError,
+        match=r"bad.yaml:2: batch_axis: unknown key \(valid: rules, batch_axes\); did you mean 'batch_axes'\?",
+    ):
         Rules.from_yaml(bad)
     with pytest.raises(pt.ConfigError, match=r"rules.batch_axes: mesh axes must be names"):
         Rules.parse({"preset": "fsdp", "batch_axes": [1]}, "x.yaml", {}, ("rules",))
@@ -202,8 +212,9 @@ def test_fewer_names_than_dimensions_leave_the_trailing_ones_unsharded():
     rules = Rules.preset("fsdp")
     # Flax's DenseGeneral / attention kernels: ('embed', 'kv') on (embed, heads, head_dim).
     assert rules.resolve(("embed", "kv"), (64, 8, 8), {"data": 1, "fsdp": 8}) == P("fsdp", None, None)
-    assert [str(d) for d in rules.explain(("embed",), (64, 8), {"fsdp": 8, "data": 1})][1] == \
-        "dim 1 None -> unsharded; no name (a trailing dimension): unsharded"
+    assert [str(d) for d in rules.explain(("embed",), (64, 8), {"fsdp": 8, "data": 1})][
+        1
+    ] == "dim 1 None -> unsharded; no name (a trailing dimension): unsharded"
     with pytest.raises(pt.ShardingError, match=r"^w: 3 logical names .* rank 2 \(shape \(64, 8\)\); give at most one"):
         rules.resolve(("embed", "mlp", "kv"), (64, 8), {"fsdp": 8, "data": 1}, path="w")
 

@@ -22,5 +22,12 @@ from partitioning.checkpoint.manager import CheckpointManager, save_checkpoint
 from partitioning.checkpoint.reshard import reshard_checkpoint
 from partitioning.checkpoint.restore import abstract_target, checkpoint_metadata, restore_checkpoint
 
-__all__ = ["CheckpointManager", "CheckpointHook", "save_checkpoint", "abstract_target", "restore_checkpoint",
-           "checkpoint_metadata", "reshard_checkpoint"]
+__all__ = [
+    "CheckpointManager",
+    "CheckpointHook",
+    "save_checkpoint",
+    "abstract_target",
+    "restore_checkpoint",
+    "checkpoint_metadata",
+    "reshard_checkpoint",
+]

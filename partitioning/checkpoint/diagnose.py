@@ -129,7 +129,7 @@ def diagnose(ref: Any, error: BaseException) -> CheckpointError:
             key, db = m.group(1), Path(m.group(2))
             found = ocdbt_problems(db, only_key=key) or ocdbt_problems(db)
             what = found[0] if found else f"unreadable data ({_first_line(e)})"
-            array = key.split("/")[0].replace(".", "/")   # orbax names arrays a.b.c
+            array = key.split("/")[0].replace(".", "/")  # orbax names arrays a.b.c
             return CheckpointError(f"checkpoint {ref}: cannot read array {array}: {what}")
         m = _MISSING_KEY.search(text)
         if m:

@@ -39,10 +39,10 @@ from partitioning.errors import CheckpointError
 from partitioning.fmt import fmt_mesh, fmt_spec
 from partitioning.layout import path_str
 
-STATE_ITEM = "state"       # the item holding the train state (or params) pytree
-META_ITEM = "meta"         # the JSON item holding the toolkit's metadata
-DEFAULT_ITEM = "default"   # what a plain orbax CheckpointManager names a single unnamed item
-META_FILE = "metadata"     # orbax JsonSave's file name inside the item directory
+STATE_ITEM = "state"  # the item holding the train state (or params) pytree
+META_ITEM = "meta"  # the JSON item holding the toolkit's metadata
+DEFAULT_ITEM = "default"  # what a plain orbax CheckpointManager names a single unnamed item
+META_FILE = "metadata"  # orbax JsonSave's file name inside the item directory
 FORMAT = "partitioning.checkpoint/1"
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
 # Pruned steps are first renamed (atomically) into this folder, then deleted: a step is either
@@ -111,10 +111,12 @@ def is_complete(step_dir: Path) -> bool:
     try:
         if not step_lib.is_checkpoint_finalized(step_dir):
             return False
-    except Exception:   # an unreadable directory is not a complete checkpoint
+    except Exception:  # an unreadable directory is not a complete checkpoint
         return False
-    return any((step_dir / item / "_METADATA").is_file() for item in (STATE_ITEM, DEFAULT_ITEM)) or \
-        (step_dir / "_METADATA").is_file()
+    return (
+        any((step_dir / item / "_METADATA").is_file() for item in (STATE_ITEM, DEFAULT_ITEM))
+        or (step_dir / "_METADATA").is_file()
+    )
 
 
 def list_steps(path: str | os.PathLike) -> list[StepInfo]:
@@ -183,6 +185,7 @@ def read_metadata(ref: CheckpointRef) -> dict[str, Any]:
 
 # -- the saved tree ----------------------------------------------------------------
 
+
 def saved_tree(ref: CheckpointRef) -> Any:
     """The saved pytree as orbax metadata leaves (shape, dtype, sharding), without reading data."""
     meta_file = ref.item / "_METADATA"
@@ -227,8 +230,10 @@ def sharding_str(md: Any) -> str:
         names = getattr(s, "axis_names", None) or []
         shape = getattr(s, "shape", None)
         sizes = zip(names, np.asarray(shape).tolist()) if shape is not None else []
-        return f"{fmt_spec(tuple(None if a is None else a if isinstance(a, str) else tuple(a) for a in spec))} " \
-               f"on {fmt_mesh(list(sizes))}"
+        return (
+            f"{fmt_spec(tuple(None if a is None else a if isinstance(a, str) else tuple(a) for a in spec))} "
+            f"on {fmt_mesh(list(sizes))}"
+        )
     device = getattr(s, "device_str", None)
     return f"single device {device}" if device else type(s).__name__
 
@@ -243,7 +248,23 @@ def saved_mesh_str(saved: dict[str, Any]) -> str:
 
 
 __all__ = [
-    "CheckpointRef", "StepInfo", "STATE_ITEM", "META_ITEM", "META_FILE", "FORMAT", "TMP_SUFFIX", "PRUNED", "is_complete",
-    "checkpoints_dir", "list_steps", "resolve_checkpoint", "read_metadata", "saved_tree", "flat_saved",
-    "sharding_str", "saved_mesh_str", "dir_bytes", "is_saved_leaf",
+    "CheckpointRef",
+    "StepInfo",
+    "STATE_ITEM",
+    "META_ITEM",
+    "META_FILE",
+    "FORMAT",
+    "TMP_SUFFIX",
+    "PRUNED",
+    "is_complete",
+    "checkpoints_dir",
+    "list_steps",
+    "resolve_checkpoint",
+    "read_metadata",
+    "saved_tree",
+    "flat_saved",
+    "sharding_str",
+    "saved_mesh_str",
+    "dir_bytes",
+    "is_saved_leaf",
 ]

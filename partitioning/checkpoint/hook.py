@@ -39,8 +39,16 @@ class CheckpointHook:
         >>> fit(trainer, state, batches, hooks=[hook])
     """
 
-    def __init__(self, manager: CheckpointManager, *, target: Any = None, resume: bool = True,
-                 save_on_exit: bool = True, free_init: bool = True, log: Any = None):
+    def __init__(
+        self,
+        manager: CheckpointManager,
+        *,
+        target: Any = None,
+        resume: bool = True,
+        save_on_exit: bool = True,
+        free_init: bool = True,
+        log: Any = None,
+    ):
         self.manager, self.target, self.resume = manager, target, resume
         self.save_on_exit, self.free_init = save_on_exit, free_init
         self.log = log or (lambda msg: None)
@@ -76,7 +84,7 @@ class CheckpointHook:
 
     def on_step_end(self, step: int, state: Any, metrics: Mapping[str, Any] | None = None) -> None:
         if metrics is not None:
-            self._last_metrics = (int(step), metrics)   # for a save on exit at this step
+            self._last_metrics = (int(step), metrics)  # for a save on exit at this step
         if self.manager.should_save(int(step)):
             self.manager.save(int(step), state, metrics=metrics, force=True)
 

@@ -142,11 +142,13 @@ class CheckpointManager:
         best_fn = None
         if keep_best:
             best_fn = lambda m: float(m[best_metric])  # noqa: E731
-            keep.append(ocp_policies.BestN(get_metric_fn=best_fn, reverse=True, n=1,
-                                     keep_checkpoints_without_metrics=False))
+            keep.append(
+                ocp_policies.BestN(get_metric_fn=best_fn, reverse=True, n=1, keep_checkpoints_without_metrics=False)
+            )
         options = ocp.CheckpointManagerOptions(
             preservation_policy=ocp_policies.AnyPreservationPolicy(keep),
-            best_fn=best_fn, best_mode="min",
+            best_fn=best_fn,
+            best_mode="min",
             enable_async_checkpointing=async_,
             # Prune by renaming into PRUNED (atomic), never by deleting in place: a kill mid-prune
             # cannot leave a half-deleted step that looks complete.
@@ -161,8 +163,10 @@ class CheckpointManager:
                     shutil.rmtree(c, ignore_errors=True)
         # The state is written by orbax's PyTree handler (the one behind StandardSave, so
         # ocp.StandardCheckpointer still reads it) to choose the compression.
-        handlers = {STATE_ITEM: ocp.PyTreeCheckpointHandler(use_compression=compress),
-                    META_ITEM: ocp.JsonCheckpointHandler()}
+        handlers = {
+            STATE_ITEM: ocp.PyTreeCheckpointHandler(use_compression=compress),
+            META_ITEM: ocp.JsonCheckpointHandler(),
+        }
         try:
             self._mngr = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
         except OSError as e:
@@ -189,8 +193,10 @@ class CheckpointManager:
         arrays: dict[str, Any] = {}
         for kp, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
             p = path_str(kp)
-            entry: dict[str, Any] = {"shape": list(getattr(leaf, "shape", ())),
-                                     "dtype": str(getattr(leaf, "dtype", type(leaf).__name__))}
+            entry: dict[str, Any] = {
+                "shape": list(getattr(leaf, "shape", ())),
+                "dtype": str(getattr(leaf, "dtype", type(leaf).__name__)),
+            }
             sharding = getattr(leaf, "sharding", None)
             if isinstance(sharding, NamedSharding):
                 entry["spec"] = spec_json(sharding.spec)
@@ -217,10 +223,12 @@ class CheckpointManager:
         if self.keep_best and metrics and _is_number(metrics.get(self.best_metric)):
             tracked = {self.best_metric: float(metrics[self.best_metric])}
         self._drop_pruned()
-        args = ocp.args.Composite(**{
-            STATE_ITEM: ocp.args.PyTreeSave(state, ocdbt_target_data_file_size=DATA_FILE_BYTES),
-            META_ITEM: ocp.args.JsonSave(self._step_meta(step, state, metrics)),
-        })
+        args = ocp.args.Composite(
+            **{
+                STATE_ITEM: ocp.args.PyTreeSave(state, ocdbt_target_data_file_size=DATA_FILE_BYTES),
+                META_ITEM: ocp.args.JsonSave(self._step_meta(step, state, metrics)),
+            }
+        )
         try:
             return bool(self._mngr.save(step, args=args, metrics=tracked, force=True))
         except OSError as e:
@@ -245,7 +253,7 @@ class CheckpointManager:
         self._mngr.close()
         self._drop_pruned()
 
-    def __enter__(self) -> "CheckpointManager":
+    def __enter__(self) -> CheckpointManager:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -111,7 +111,7 @@ def _aligned_empty(shape: tuple, dtype: Any, align: int = 64) -> np.ndarray:
     nbytes = math.prod(shape) * dtype.itemsize
     raw = np.empty(nbytes + align, np.uint8)
     start = -raw.ctypes.data % align
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
 class FastArrayRestore(_th.TypeHandler):
@@ -169,7 +169,9 @@ class FastArrayRestore(_th.TypeHandler):
             # without a copy); other backends transfer them as usual.
             bufs = [_aligned_empty(tuple(b - a for a, b in key), store.dtype.numpy_dtype) for key in by_slice]
             # All reads are issued before the first is awaited (they run on tensorstore's threads).
-            writes = [ts.array(buf).write(store[tuple(slice(a, b) for a, b in key)]) for buf, key in zip(bufs, by_slice)]
+            writes = [
+                ts.array(buf).write(store[tuple(slice(a, b) for a, b in key)]) for buf, key in zip(bufs, by_slice)
+            ]
             for w in writes:
                 await w
             host, targets = [], []

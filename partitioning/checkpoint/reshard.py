@@ -27,7 +27,14 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from partitioning.boxes import unbox
-from partitioning.checkpoint.disk import flat_saved, is_saved_leaf, read_metadata, resolve_checkpoint, saved_mesh_str, saved_tree
+from partitioning.checkpoint.disk import (
+    flat_saved,
+    is_saved_leaf,
+    read_metadata,
+    resolve_checkpoint,
+    saved_mesh_str,
+    saved_tree,
+)
 from partitioning.checkpoint.manager import CheckpointManager, names_by_path
 from partitioning.checkpoint.restore import check_fits, restore_checkpoint
 from partitioning.errors import CheckpointError
@@ -48,8 +55,15 @@ class ReshardResult:
     to_mesh: str
 
 
-def reshard_target(saved: dict[str, Any], names: Mapping[str, Any], mesh: Any, rules: Any, optimizer_rules: Any,
-                   on_indivisible: str, tree: Any) -> Any:
+def reshard_target(
+    saved: dict[str, Any],
+    names: Mapping[str, Any],
+    mesh: Any,
+    rules: Any,
+    optimizer_rules: Any,
+    on_indivisible: str,
+    tree: Any,
+) -> Any:
     """A restore target shaped like the saved tree, laid out by the new mesh and rules.
 
     ``names`` maps paths to logical names; the optimizer state follows
@@ -65,8 +79,13 @@ def reshard_target(saved: dict[str, Any], names: Mapping[str, Any], mesh: Any, r
         specs[p] = PartitionSpec()
         if n is not None and len(n) == len(shape):
             table = opt_rules if p.startswith("opt_state") else rules
-            specs[p] = table.resolve(tuple(tuple(x) if isinstance(x, list) else x for x in n), shape, mesh,
-                                     on_indivisible=on_indivisible, path=p)
+            specs[p] = table.resolve(
+                tuple(tuple(x) if isinstance(x, list) else x for x in n),
+                shape,
+                mesh,
+                on_indivisible=on_indivisible,
+                path=p,
+            )
 
     def one(kp: Any, md: Any) -> jax.ShapeDtypeStruct:
         shape = tuple(int(s) for s in md.shape)
@@ -82,7 +101,7 @@ def names_for_moments(saved: Mapping[str, Any], names: dict[str, Any]) -> None:
     mirror the params tree, so a path ending in a parameter's path with the
     parameter's shape is laid out like that parameter.
     """
-    params = {p[len("params/"):]: p for p in names if p.startswith("params/")}
+    params = {p[len("params/") :]: p for p in names if p.startswith("params/")}
     for p, md in saved.items():
         if p in names or not p.startswith("opt_state/"):
             continue
@@ -98,10 +117,19 @@ def _jsonable(x: Any) -> Any:
     return json.loads(json.dumps(x, default=str))
 
 
-def reshard_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, mesh: Any, rules: Any, *,
-                       optimizer_rules: Any = None, on_indivisible: str = "error", step: int | None = None,
-                       abstract_params: Any = None, config: Mapping[str, Any] | None = None,
-                       model_name: str | None = None) -> ReshardResult:
+def reshard_checkpoint(
+    ckpt: str | os.PathLike,
+    out: str | os.PathLike,
+    mesh: Any,
+    rules: Any,
+    *,
+    optimizer_rules: Any = None,
+    on_indivisible: str = "error",
+    step: int | None = None,
+    abstract_params: Any = None,
+    config: Mapping[str, Any] | None = None,
+    model_name: str | None = None,
+) -> ReshardResult:
     """Rewrites checkpoint ``ckpt`` (latest step, or ``step``) under ``out`` for ``mesh`` and ``rules``.
 
     ``abstract_params`` (boxed ``eval_shape`` params of the model the new
@@ -121,8 +149,12 @@ def reshard_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, mesh: An
     names = {p: a["names"] for p, a in (meta.get("arrays") or {}).items() if a.get("names") is not None}
     if abstract_params is not None and any(p.startswith("params/") for p in saved):
         # The new layout must describe the same model: same parameter paths and shapes.
-        check_fits(ref, {p: md for p, md in saved.items() if p.startswith("params/")},
-                   {"params": unbox(abstract_params)}, False)
+        check_fits(
+            ref,
+            {p: md for p, md in saved.items() if p.startswith("params/")},
+            {"params": unbox(abstract_params)},
+            False,
+        )
         for p, n in names_by_path({"params": abstract_params}).items():
             names.setdefault(p, n)
     names_for_moments(saved, names)
@@ -139,14 +171,28 @@ def reshard_checkpoint(ckpt: str | os.PathLike, out: str | os.PathLike, mesh: An
         extra["optimizer_rules"] = as_rules(optimizer_rules).to_list()
     if meta.get("metrics"):
         extra["metrics"] = meta["metrics"]
-    with CheckpointManager(out, async_=False, keep=0, rules=rules, config=_jsonable(config) if config else None,
-                           model_name=model_name, names=names, extra=extra) as mngr:
+    with CheckpointManager(
+        out,
+        async_=False,
+        keep=0,
+        rules=rules,
+        config=_jsonable(config) if config else None,
+        model_name=model_name,
+        names=names,
+        extra=extra,
+    ) as mngr:
         mngr.save(int(saved_step), state, force=True)
     before = saved_mesh_str(saved)
     if meta.get("mesh"):
         before = fmt_mesh(zip(meta["mesh"]["axis_names"], meta["mesh"]["shape"]))
-    return ReshardResult(step=int(saved_step), arrays=len(saved), source=ref.path,
-                         path=out.absolute() / str(saved_step), from_mesh=before, to_mesh=fmt_mesh(mesh.shape))
+    return ReshardResult(
+        step=int(saved_step),
+        arrays=len(saved),
+        source=ref.path,
+        path=out.absolute() / str(saved_step),
+        from_mesh=before,
+        to_mesh=fmt_mesh(mesh.shape),
+    )
 
 
 __all__ = ["reshard_checkpoint", "reshard_target", "names_for_moments", "ReshardResult"]

@@ -23,13 +23,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
-
 from flax import nnx
 
 from partitioning.boxes import is_box
 from partitioning.checkpoint.diagnose import diagnose
-from partitioning.checkpoint.reader import fast_registry
 from partitioning.checkpoint.disk import CheckpointRef, flat_saved, read_metadata, resolve_checkpoint, saved_tree
+from partitioning.checkpoint.reader import fast_registry
 from partitioning.errors import CheckpointError
 from partitioning.fmt import fmt_shape
 from partitioning.layout import path_str, tree_shardings
@@ -83,6 +82,7 @@ def target_like(tree: Any) -> Any:
 
 # -- restore --------------------------------------------------------------------------
 
+
 def check_fits(ref: CheckpointRef, saved: dict[str, Any], target: Any, partial: bool) -> None:
     """Raises a CheckpointError listing the first paths whose presence or shape differs.
 
@@ -91,8 +91,10 @@ def check_fits(ref: CheckpointRef, saved: dict[str, Any], target: Any, partial: 
     """
     want = {path_str(kp): leaf for kp, leaf in jax.tree_util.tree_flatten_with_path(target)[0]}
     # A saved NNX Variable's value is a `value` key in orbax's metadata; in the target it is the Variable itself.
-    saved = {p[: -len("/value")] if p.endswith("/value") and p not in want and p[: -len("/value")] in want else p: md
-             for p, md in saved.items()}
+    saved = {
+        p[: -len("/value")] if p.endswith("/value") and p not in want and p[: -len("/value")] in want else p: md
+        for p, md in saved.items()
+    }
     diffs = []
     for p, leaf in want.items():
         if p not in saved:
@@ -100,14 +102,17 @@ def check_fits(ref: CheckpointRef, saved: dict[str, Any], target: Any, partial: 
         elif tuple(saved[p].shape) != tuple(leaf.shape):
             diffs.append((p, f"{p}: checkpoint {fmt_shape(saved[p].shape)} vs model {fmt_shape(leaf.shape)}"))
     if not partial:
-        diffs += [(p, f"{p}: only in the checkpoint ({fmt_shape(md.shape)})") for p, md in saved.items() if p not in want]
+        diffs += [
+            (p, f"{p}: only in the checkpoint ({fmt_shape(md.shape)})") for p, md in saved.items() if p not in want
+        ]
     # Parameters first: they name the model change; optimizer moments only repeat it.
     diffs = [d for _, d in sorted(diffs, key=lambda pd: not pd[0].startswith("params"))]
     if diffs:
         more = f"; … and {len(diffs) - 5} more" if len(diffs) > 5 else ""
         raise CheckpointError(
             f"checkpoint {ref} does not fit the model ({len(diffs)} of {len(want)} arrays differ): "
-            + "; ".join(diffs[:5]) + more
+            + "; ".join(diffs[:5])
+            + more
         )
 
 
@@ -154,16 +159,19 @@ def restore_checkpoint(
         largest = max((_nbytes(md) for md in saved.values()), default=0)
         max_inflight_bytes = max(256 * 2**20, largest + 2**20)
     # Arrays are read by partitioning.checkpoint.reader: one tensorstore read per device slice.
-    handler = ocp.PyTreeCheckpointHandler(restore_concurrent_gb=max_inflight_bytes / 1e9,
-                                          type_handler_registry=fast_registry(max_inflight_bytes))
+    handler = ocp.PyTreeCheckpointHandler(
+        restore_concurrent_gb=max_inflight_bytes / 1e9, type_handler_registry=fast_registry(max_inflight_bytes)
+    )
     # A restore makes thousands of short-lived asyncio objects; the cyclic GC would then
     # walk every live jax/flax object again and again (~15% of a restore on the CPU).
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         with ocp.Checkpointer(handler) as ckptr:
-            out = ckptr.restore(ref.item.absolute(), args=ocp.args.PyTreeRestore(
-                item=tgt, restore_args=restore_args, partial_restore=partial))
+            out = ckptr.restore(
+                ref.item.absolute(),
+                args=ocp.args.PyTreeRestore(item=tgt, restore_args=restore_args, partial_restore=partial),
+            )
     except Exception as e:  # orbax / tensorstore internals -> one actionable line
         raise diagnose(ref, e) from None
     finally:

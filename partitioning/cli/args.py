@@ -25,18 +25,27 @@ def say(msg: str) -> None:
 def config_args(p: argparse.ArgumentParser, devices: bool = True) -> None:
     """CONFIG, --set (and --devices)."""
     p.add_argument("config", help="run config YAML")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set train.steps=50 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set train.steps=50 (repeatable)",
+    )
     if devices:
-        p.add_argument("--devices", type=int, default=None,
-                       help="number of devices (simulated on the CPU when more than visible)")
+        p.add_argument(
+            "--devices", type=int, default=None, help="number of devices (simulated on the CPU when more than visible)"
+        )
 
 
 def distributed_args(p: argparse.ArgumentParser) -> None:
     """Flags that join several processes (hosts) into one run; see :mod:`partitioning.devices`."""
     g = p.add_argument_group("multi-host (one process per host)")
-    g.add_argument("--distributed", action="store_true",
-                   help="join the other hosts via jax.distributed.initialize() (cluster auto-detection)")
+    g.add_argument(
+        "--distributed",
+        action="store_true",
+        help="join the other hosts via jax.distributed.initialize() (cluster auto-detection)",
+    )
     g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0's coordinator service")
     g.add_argument("--num-processes", type=int, metavar="N", help="number of processes in the run")
     g.add_argument("--process-id", type=int, metavar="I", help="this process's id, 0..N-1")

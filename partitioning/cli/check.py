@@ -24,8 +24,13 @@ EXAMPLES = """examples:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     config_args(p)
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--resume", dest="resume", action="store_true", default=None,
-                   help="check as `train --resume` would (a checkpoint must exist and fit)")
+    g.add_argument(
+        "--resume",
+        dest="resume",
+        action="store_true",
+        default=None,
+        help="check as `train --resume` would (a checkpoint must exist and fit)",
+    )
     g.add_argument("--no-resume", dest="resume", action="store_false", help="check as `train --no-resume` would")
 
 
@@ -35,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if devices <= IN_PROCESS_MAX:
-            load_with_devices(args)            # simulate the devices now that the count is known to be small
+            load_with_devices(args)  # simulate the devices now that the count is known to be small
             ready = preflight(cfg, devices=devices, resume=args.resume)
             mesh = dict(ready.mesh.shape)
         else:
@@ -46,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
             say(f"warning: {w.message}")
     plan = ready.plan
     n_params = plan.num_params
-    print(f"OK: {cfg.path}: model {cfg.model_name} ({n_params:,} parameters, {len(plan.params)} arrays) "
-          f"on mesh {mesh} ({devices} devices) with {len(cfg.rules)} rules")
+    print(
+        f"OK: {cfg.path}: model {cfg.model_name} ({n_params:,} parameters, {len(plan.params)} arrays) "
+        f"on mesh {mesh} ({devices} devices) with {len(cfg.rules)} rules"
+    )
     if ready.budget is not None:
         print(f"memory: {ready.budget.describe()}")
     if ready.resume_step is not None:

@@ -23,13 +23,22 @@ from rich.table import Table
 
 from partitioning.checkpoint.diagnose import verify
 from partitioning.checkpoint.disk import (
-    META_FILE, META_ITEM, checkpoints_dir, dir_bytes, flat_saved, list_steps, read_metadata, resolve_checkpoint,
-    saved_tree, sharding_str,
+    META_FILE,
+    META_ITEM,
+    checkpoints_dir,
+    dir_bytes,
+    flat_saved,
+    list_steps,
+    read_metadata,
+    resolve_checkpoint,
+    saved_tree,
+    sharding_str,
 )
 from partitioning.checkpoint.reshard import reshard_checkpoint
 from partitioning.cli.args import load_with_devices
 from partitioning.cli.render import console
-from partitioning.config.build import abstract_model, jsonable, mesh_from_config
+from partitioning.config.build import abstract_model, mesh_from_config
+from partitioning.config.run import jsonable
 from partitioning.errors import CheckpointError
 from partitioning.fmt import fmt_bytes, fmt_mesh, fmt_rules, fmt_shape
 from partitioning.yamlfile import dump_yaml
@@ -60,8 +69,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
             with contextlib.suppress(ValueError, OSError):
                 meta = json.loads(f.read_text())
         when = meta.get("time") or time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(s.mtime))
-        metrics = ", ".join(f"{k} {v:.4g}" for k, v in sorted((meta.get("metrics") or {}).items())
-                            if k in ("loss", "eval_loss"))
+        metrics = ", ".join(
+            f"{k} {v:.4g}" for k, v in sorted((meta.get("metrics") or {}).items()) if k in ("loss", "eval_loss")
+        )
         status = "complete" if s.complete else "INCOMPLETE (save unfinished or killed)"
         table.add_row(str(s.step), status, fmt_bytes(s.nbytes), when, metrics or "-", s.path.name)
     console().print(table)
@@ -72,6 +82,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 # -- inspect ---------------------------------------------------------------------------------
 
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     ref = resolve_checkpoint(args.ckpt, args.step)
     meta = read_metadata(ref)
@@ -81,27 +92,40 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     size = dir_bytes(ref.path)
     if args.json:
         out = {
-            "path": str(ref.path), "step": meta.get("step", ref.step), "bytes": size, "problems": problems,
+            "path": str(ref.path),
+            "step": meta.get("step", ref.step),
+            "bytes": size,
+            "problems": problems,
             "metadata": {k: v for k, v in meta.items() if k != "arrays"},
-            "arrays": {p: {"shape": list(map(int, md.shape)), "dtype": str(md.dtype),
-                           "sharding": sharding_str(md), "names": arrays_meta.get(p, {}).get("names")}
-                       for p, md in saved.items()},
+            "arrays": {
+                p: {
+                    "shape": list(map(int, md.shape)),
+                    "dtype": str(md.dtype),
+                    "sharding": sharding_str(md),
+                    "names": arrays_meta.get(p, {}).get("names"),
+                }
+                for p, md in saved.items()
+            },
         }
         print(json.dumps(out, indent=1))
-        if problems:   # the JSON says what; the exit status says it is damaged
+        if problems:  # the JSON says what; the exit status says it is damaged
             sys.stdout.flush()
             raise CheckpointError(f"checkpoint {ref.path}: {problems[0]}")
         return 0
     n_bytes = sum(math.prod(int(s) for s in md.shape) * _itemsize(md.dtype) for md in saved.values())
-    print(f"checkpoint {ref.path}: step {meta.get('step', ref.step)}, {len(saved)} arrays, "
-          f"{fmt_bytes(n_bytes)} of values, {fmt_bytes(size)} on disk; "
-          f"files: {'OK' if not problems else 'DAMAGED: ' + '; '.join(problems)}")
+    print(
+        f"checkpoint {ref.path}: step {meta.get('step', ref.step)}, {len(saved)} arrays, "
+        f"{fmt_bytes(n_bytes)} of values, {fmt_bytes(size)} on disk; "
+        f"files: {'OK' if not problems else 'DAMAGED: ' + '; '.join(problems)}"
+    )
     if meta:
         v = meta.get("versions", {})
-        print(f"saved {meta.get('time', '?')} by partitioning {v.get('partitioning', '?')} "
-              f"(jax {v.get('jax', '?')}, orbax {v.get('orbax-checkpoint', '?')}); model {meta.get('model', '?')}; "
-              f"mesh {_mesh_str(meta.get('mesh'))} ({(meta.get('mesh') or {}).get('devices', '?')} devices); "
-              f"{meta.get('process_count', 1)} process(es)")
+        print(
+            f"saved {meta.get('time', '?')} by partitioning {v.get('partitioning', '?')} "
+            f"(jax {v.get('jax', '?')}, orbax {v.get('orbax-checkpoint', '?')}); model {meta.get('model', '?')}; "
+            f"mesh {_mesh_str(meta.get('mesh'))} ({(meta.get('mesh') or {}).get('devices', '?')} devices); "
+            f"{meta.get('process_count', 1)} process(es)"
+        )
         print(f"rules: {fmt_rules(meta.get('rules'))}")
         if meta.get("optimizer_rules"):
             print(f"optimizer rules: {fmt_rules(meta['optimizer_rules'])}")
@@ -116,8 +140,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         table.add_column(col, overflow="fold")
     for p, md in saved.items():
         names = arrays_meta.get(p, {}).get("names")
-        table.add_row(p, fmt_shape(md.shape), str(md.dtype),
-                      "(" + ", ".join(str(n) for n in names) + ")" if names is not None else "-", sharding_str(md))
+        table.add_row(
+            p,
+            fmt_shape(md.shape),
+            str(md.dtype),
+            "(" + ", ".join(str(n) for n in names) + ")" if names is not None else "-",
+            sharding_str(md),
+        )
     console().print(table)
     if meta.get("config") and args.config:
         print("config:")
@@ -135,15 +164,27 @@ def _itemsize(dtype: Any) -> int:
 
 # -- reshard --------------------------------------------------------------------------------------
 
+
 def cmd_reshard(args: argparse.Namespace) -> int:
     cfg = load_with_devices(args)  # devices for the *new* layout, before any jax computation
     mesh = mesh_from_config(cfg)
     _, variables = abstract_model(cfg)
-    r = reshard_checkpoint(args.ckpt, args.out, mesh, cfg.rules, optimizer_rules=cfg.optimizer_rules,
-                           on_indivisible=cfg.on_indivisible, step=args.step, abstract_params=variables["params"],
-                           config=jsonable(cfg.raw), model_name=cfg.model_name)
-    print(f"resharded step {r.step}: {r.arrays} arrays from mesh {r.from_mesh} to {r.to_mesh} "
-          f"(rules from {cfg.path}) -> {r.path}")
+    r = reshard_checkpoint(
+        args.ckpt,
+        args.out,
+        mesh,
+        cfg.rules,
+        optimizer_rules=cfg.optimizer_rules,
+        on_indivisible=cfg.on_indivisible,
+        step=args.step,
+        abstract_params=variables["params"],
+        config=jsonable(cfg.raw),
+        model_name=cfg.model_name,
+    )
+    print(
+        f"resharded step {r.step}: {r.arrays} arrays from mesh {r.from_mesh} to {r.to_mesh} "
+        f"(rules from {cfg.path}) -> {r.path}"
+    )
     return 0
 
 

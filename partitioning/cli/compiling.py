@@ -17,13 +17,19 @@ from typing import Any
 
 import jax
 
-from partitioning.config.build import compiled_from_config, config_devices
+from partitioning.config.build import config_devices
 from partitioning.config.load import load_config
+from partitioning.config.planning import compiled_from_config
 from partitioning.config.schema import Config
 from partitioning.devices import simulate_devices
 from partitioning.errors import ConfigError, MeshError, PartitioningError
 from partitioning.plan.compiled import (
-    CPU_LIMIT_REASON, CPU_MAX_DEVICES, compile_in_child, failed, skipped, write_and_exit,
+    CPU_LIMIT_REASON,
+    CPU_MAX_DEVICES,
+    compile_in_child,
+    failed,
+    skipped,
+    write_and_exit,
 )
 from partitioning.plan.plan import Plan
 
@@ -34,9 +40,13 @@ IN_PROCESS_MAX = 64
 def compile_args(p: argparse.ArgumentParser) -> None:
     """--no-compile, --compile-in, --timeout."""
     p.add_argument("--no-compile", action="store_true", help="skip the compiled view (eval_shape table only)")
-    p.add_argument("--compile-in", choices=("auto", "here", "child"), default="auto",
-                   help="where to compile: this process, a child process with simulated devices, "
-                        f"or auto (here up to {IN_PROCESS_MAX} devices)")
+    p.add_argument(
+        "--compile-in",
+        choices=("auto", "here", "child"),
+        default="auto",
+        help="where to compile: this process, a child process with simulated devices, "
+        f"or auto (here up to {IN_PROCESS_MAX} devices)",
+    )
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed for one compile (default 900)")
 
 
@@ -64,8 +74,9 @@ def setup_devices(cfg: Config, args: argparse.Namespace) -> tuple[int, bool]:
     return devices, True
 
 
-def compiled(cfg: Config, args: argparse.Namespace, devices: int, here: bool, plan: Plan,
-             extra_set: list[str] = ()) -> dict[str, Any]:
+def compiled(
+    cfg: Config, args: argparse.Namespace, devices: int, here: bool, plan: Plan, extra_set: list[str] = ()
+) -> dict[str, Any]:
     """The compiled view (or a ``skipped`` / ``failed`` record saying why there is none)."""
     if args.no_compile:
         return skipped("--no-compile")

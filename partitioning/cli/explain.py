@@ -29,16 +29,26 @@ def run(args: argparse.Namespace) -> int:
     model, abstract = abstract_model(cfg)
     layouts = tree_layouts(abstract, mesh, cfg.rules, on_indivisible=cfg.on_indivisible)
     collections = {k: v for k, v in abstract.items() if k != "params"}
-    acts = activation_names(model, abstract["params"], mesh, cfg.rules, batch=batch_from_config(cfg),
-                            task=task_from_config(cfg), collections=collections)
+    acts = activation_names(
+        model,
+        abstract["params"],
+        mesh,
+        cfg.rules,
+        batch=batch_from_config(cfg),
+        task=task_from_config(cfg),
+        collections=collections,
+    )
     computes = {l.path: fmt_spec(compute_spec(l.names, cfg.rules)) for l in layouts if l.names is not None}
     out = console()
-    out.print(explain_table(layouts, computes, title=f"{cfg.model_name} on mesh {dict(mesh.shape)}: "
-                                                     f"rules from {cfg.path}"))
+    out.print(
+        explain_table(layouts, computes, title=f"{cfg.model_name} on mesh {dict(mesh.shape)}: rules from {cfg.path}")
+    )
     rules = cfg.rules
     axes = ", ".join(rules.batch_axes) or "none"
-    print(f"compute layout: parameters are gathered over the batch axes ({axes}; "
-          f"{rules.batch_axes_origin}) before use: 'compute spec' above")
+    print(
+        f"compute layout: parameters are gathered over the batch axes ({axes}; "
+        f"{rules.batch_axes_origin}) before use: 'compute spec' above"
+    )
     cov = rule_coverage(layouts, rules, acts)
     if cov.uncovered:
         print(f"logical names no rule mentions (unsharded): {', '.join(cov.uncovered)}")

@@ -18,8 +18,8 @@ import logging
 import os
 import re
 import sys
-from importlib import metadata
 from collections.abc import Sequence
+from importlib import metadata
 from types import ModuleType
 from typing import Any
 
@@ -72,13 +72,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="partitioning",
         description="Logical-axis sharding for JAX/Flax: check, explain, plan, train and checkpoint "
-                    "a model under a YAML rule table.",
-        epilog="Run 'partitioning COMMAND --help' for a command's options and examples.")
+        "a model under a YAML rule table.",
+        epilog="Run 'partitioning COMMAND --help' for a command's options and examples.",
+    )
     parser.add_argument("--version", action="version", version=f"partitioning {version()}")
     sub = parser.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     for name, module in COMMANDS.items():
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP,
-                           epilog=getattr(module, "EXAMPLES", None), formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            name,
+            help=module.HELP,
+            description=module.HELP,
+            epilog=getattr(module, "EXAMPLES", None),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser
@@ -96,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_orbax()
     try:
         code = int(args.run(args) or 0)
-        sys.stdout.flush()   # inside the try: a closed pipe is noticed here, not at exit
+        sys.stdout.flush()  # inside the try: a closed pipe is noticed here, not at exit
         return code
     except BrokenPipeError:
         # `partitioning ... | head`: the reader left; stop quietly (and keep Python from complaining at exit).

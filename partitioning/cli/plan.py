@@ -14,8 +14,8 @@ import time
 from partitioning.cli.args import config_args
 from partitioning.cli.compiling import compile_args, compiled, setup_devices, write_json
 from partitioning.cli.render import console, render_plan
-from partitioning.config.build import plan_from_config
 from partitioning.config.load import load_config
+from partitioning.config.planning import plan_from_config
 from partitioning.plan.budget import check_budget, device_memory
 from partitioning.plan.plot import plot_plan
 
@@ -50,15 +50,23 @@ def run(args: argparse.Namespace) -> int:
     }
     budget = cfg.mesh.memory_bytes if cfg.mesh.memory_bytes is not None else device_memory()
     fit = check_budget(plan, budget, view.get("memory") if view.get("status") == "ok" else None)
-    report["memory_budget"] = {"budget": fit.budget, "peak": fit.peak, "source": fit.source, "fits": fit.fits,
-                               "largest": [list(x) for x in fit.top]}
+    report["memory_budget"] = {
+        "budget": fit.budget,
+        "peak": fit.peak,
+        "source": fit.source,
+        "fits": fit.fits,
+        "largest": [list(x) for x in fit.top],
+    }
     render_plan(report, console())
     print(f"memory: {fit.describe()}")
     if args.json:
         write_json(args.json, report)
     if args.png:
         plot_plan(report, args.png)
-    if not fit.fits:   # printed in full above; the exit status refuses the layout
-        raise fit.error(cfg.where("mesh", "device_memory") if cfg.mesh.device_memory is not None
-                        else f"{cfg.path}: the devices' memory")
+    if not fit.fits:  # printed in full above; the exit status refuses the layout
+        raise fit.error(
+            cfg.where("mesh", "device_memory")
+            if cfg.mesh.device_memory is not None
+            else f"{cfg.path}: the devices' memory"
+        )
     return 0

@@ -53,9 +53,15 @@ def explain_table(layouts: Sequence[LeafLayout], computes: Mapping[str, str], *,
             if d.notes:
                 why += "; " + "; ".join(d.notes)
             first = d.dim == 0
-            table.add_row(l.path if first else "", str(d.dim), str(d.name), str(d.size),
-                          "-" if d.mesh_axes is None else str(d.mesh_axes), why,
-                          computes.get(l.path, "") if first else "")
+            table.add_row(
+                l.path if first else "",
+                str(d.dim),
+                str(d.name),
+                str(d.size),
+                "-" if d.mesh_axes is None else str(d.mesh_axes),
+                why,
+                computes.get(l.path, "") if first else "",
+            )
     return table
 
 
@@ -66,18 +72,35 @@ def _claimed(row: dict[str, Any]) -> str:
 def render_plan(report: dict[str, Any], console: Any) -> None:
     """The plan: parameter table, per-device totals, warnings, compiled view, timing."""
     mesh = report["mesh"]
-    console.print(f"[bold]{report['model']['name']}[/bold] ({report['parameters']:,} parameters) on mesh "
-                  f"{mesh} ({report['devices']:,} devices), rules from {report['config']}")
+    console.print(
+        f"[bold]{report['model']['name']}[/bold] ({report['parameters']:,} parameters) on mesh "
+        f"{mesh} ({report['devices']:,} devices), rules from {report['config']}"
+    )
     t = Table(title="parameters", show_lines=False)
-    for col, just in (("parameter", "left"), ("shape", "left"), ("dtype", "left"), ("logical", "left"),
-                      ("PartitionSpec", "left"), ("rules", "left"), ("per device", "right"), ("total", "right")):
+    for col, just in (
+        ("parameter", "left"),
+        ("shape", "left"),
+        ("dtype", "left"),
+        ("logical", "left"),
+        ("PartitionSpec", "left"),
+        ("rules", "left"),
+        ("per device", "right"),
+        ("total", "right"),
+    ):
         t.add_column(col, justify=just, overflow="fold")
     for r in report["leaves"]:
         logical = "(" + ", ".join(str(n) for n in r["logical"]) + ")" if r["logical"] is not None else "-"
         per = fmt_bytes(r["per_device_bytes"])
-        t.add_row(r["path"], str(tuple(r["shape"])), r["dtype"], logical, r["spec"], _claimed(r),
-                  f"[red]{per}[/red]" if r["replicated"] and report["devices"] > 1 and r["total_bytes"] > 4 else per,
-                  fmt_bytes(r["total_bytes"]))
+        t.add_row(
+            r["path"],
+            str(tuple(r["shape"])),
+            r["dtype"],
+            logical,
+            r["spec"],
+            _claimed(r),
+            f"[red]{per}[/red]" if r["replicated"] and report["devices"] > 1 and r["total_bytes"] > 4 else per,
+            fmt_bytes(r["total_bytes"]),
+        )
     console.print(t)
     console.print("rules: " + "  ".join(f"r{i}={tuple(p)}" for i, p in enumerate(report["rules"])))
 
@@ -111,11 +134,22 @@ def render_axes(report: dict[str, Any], console: Any) -> None:
         t.add_column(col, justify="right" if col in ("size", "state it splits", "without it") else "left")
     for name in list(axes) + [k for k in by_axis if k not in axes]:
         a = axes.get(name, {})
-        colls = ", ".join(f"{k} {v['count']}x {fmt_bytes(v['bytes'])}" for k, v in by_axis.get(name, {}).items()
-                          if v["count"]) or "-"
-        t.add_row(name, str(a.get("size", "")), ", ".join(a.get("splits", [])) or "-",
-                  fmt_bytes(a["per_device_bytes"]) if a else "", fmt_bytes(a["unsplit_bytes"]) if a else "", colls)
+        colls = (
+            ", ".join(
+                f"{k} {v['count']}x {fmt_bytes(v['bytes'])}" for k, v in by_axis.get(name, {}).items() if v["count"]
+            )
+            or "-"
+        )
+        t.add_row(
+            name,
+            str(a.get("size", "")),
+            ", ".join(a.get("splits", [])) or "-",
+            fmt_bytes(a["per_device_bytes"]) if a else "",
+            fmt_bytes(a["unsplit_bytes"]) if a else "",
+            colls,
+        )
     console.print(t)
+
     def compiled(kind: str, axis: str) -> str:
         c = (by_axis.get(axis) or {}).get(kind)
         return f"; compiled over `{axis}`: {c['count']}x {fmt_bytes(c['bytes'])}" if c else ""
@@ -128,14 +162,18 @@ def render_axes(report: dict[str, Any], console: Any) -> None:
             f"{p['bubble']:.1%} (interleaved, R=2: {p['bubble_interleaved_r2']:.1%}); shifts "
             f"{p['collective_permute_count']}x collective-permute {fmt_bytes(p['collective_permute_bytes'])}, "
             f"stage all-reduce {fmt_bytes(p['stage_all_reduce_bytes'])} per step and device (analytic)"
-            + compiled("collective-permute", "stage"), highlight=False)
+            + compiled("collective-permute", "stage"),
+            highlight=False,
+        )
     e = (report.get("parallel") or {}).get("experts")
     if e:
         console.print(
             f"experts: {e['experts']} (top-{e['top_k']}, capacity {e['capacity']}) over {e['expert_shards']} "
             f"shard(s) in {e['layers']} layers: all-to-all {e['all_to_all_count']}x "
             f"{fmt_bytes(e['all_to_all_bytes'])} per step and device (analytic)"
-            + (compiled("all-to-all", "expert") if e["expert_shards"] > 1 else ""), highlight=False)
+            + (compiled("all-to-all", "expert") if e["expert_shards"] > 1 else ""),
+            highlight=False,
+        )
 
 
 def render_compiled(view: dict[str, Any], console: Any) -> None:
@@ -143,16 +181,22 @@ def render_compiled(view: dict[str, Any], console: Any) -> None:
     if view["status"] != "ok":
         console.print(f"[bold]compiled view {view['status']}:[/bold] {view['reason']}", highlight=False)
         return
-    console.print(f"[bold]compiled train step[/bold] ({view['devices']} {view['backend']} devices): "
-                  f"lowered in {view['lower_s']:.1f} s, compiled in {view['compile_s']:.1f} s")
+    console.print(
+        f"[bold]compiled train step[/bold] ({view['devices']} {view['backend']} devices): "
+        f"lowered in {view['lower_s']:.1f} s, compiled in {view['compile_s']:.1f} s"
+    )
     m = view.get("memory")
     if m:
-        console.print("XLA memory per device: " + ", ".join(
-            f"{k} {fmt_bytes(m[k])}" for k in ("argument", "output", "alias", "temp", "peak_estimate")))
+        console.print(
+            "XLA memory per device: "
+            + ", ".join(f"{k} {fmt_bytes(m[k])}" for k in ("argument", "output", "alias", "temp", "peak_estimate"))
+        )
     f = view.get("flops")
     if f:
-        line = (f"FLOPs per step: {f['per_device'] / 1e12:.4g} TFLOP per device, {f['total'] / 1e12:.4g} TFLOP on "
-                f"{view['devices']} devices (XLA cost analysis, loop trips counted)")
+        line = (
+            f"FLOPs per step: {f['per_device'] / 1e12:.4g} TFLOP per device, {f['total'] / 1e12:.4g} TFLOP on "
+            f"{view['devices']} devices (XLA cost analysis, loop trips counted)"
+        )
         if f.get("six_n_tokens"):
             line += f"; 6·N·tokens {f['six_n_tokens'] / 1e12:.4g} TFLOP"
         console.print(line, highlight=False)
@@ -167,11 +211,16 @@ def render_compiled(view: dict[str, Any], console: Any) -> None:
         if not chk["mismatches"]:
             console.print(f"self-check: the {chk['checked']} compiled input/output shardings match the rules")
         else:
-            console.print(f"[bold red]self-check: {len(chk['mismatches'])} of {chk['checked']} compiled "
-                          f"shardings differ from the rules[/bold red]")
+            console.print(
+                f"[bold red]self-check: {len(chk['mismatches'])} of {chk['checked']} compiled "
+                f"shardings differ from the rules[/bold red]"
+            )
             for d in chk["mismatches"]:
-                console.print(f"  - {d['side']} {d['path']}: rules {d['expected']}, compiled {d['compiled']}",
-                              markup=False, highlight=False)
+                console.print(
+                    f"  - {d['side']} {d['path']}: rules {d['expected']}, compiled {d['compiled']}",
+                    markup=False,
+                    highlight=False,
+                )
 
 
 __all__ = ["console", "explain_table", "render_plan", "render_axes", "render_compiled"]

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import jax
 
-from partitioning.errors import ConfigError
-
 from partitioning.cli.args import config_args, distributed_args, load_with_devices
-from partitioning.config.build import checkpoint_hook_from_config, model_options_resolved, trackers_from_config
+from partitioning.config.build import model_options_resolved
 from partitioning.config.preflight import preflight
+from partitioning.config.run import checkpoint_hook_from_config, trackers_from_config
+from partitioning.errors import ConfigError
 from partitioning.plan.flops import peak_tflops, transformer_flops
 from partitioning.train.data import Corpus
 from partitioning.train.loop import fit
@@ -43,15 +43,32 @@ EXIT_CODES = {"done": 0, "interrupted": 130, "preempted": 143}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     config_args(p)
     distributed_args(p)
-    p.add_argument("--no-progress", action="store_true",
-                   help="no progress bar: one plain line per logged step (the default when not on a terminal)")
-    p.add_argument("--peak-tflops", type=float, metavar="T", default=None,
-                   help="the device's peak TFLOP/s, for MFU (default: known GPUs/TPUs; none on CPUs)")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar: one plain line per logged step (the default when not on a terminal)",
+    )
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        metavar="T",
+        default=None,
+        help="the device's peak TFLOP/s, for MFU (default: known GPUs/TPUs; none on CPUs)",
+    )
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--resume", dest="resume", action="store_true", default=None,
-                   help="continue from the latest checkpoint (the default when one exists; error if none)")
-    g.add_argument("--no-resume", dest="resume", action="store_false",
-                   help="start over (existing checkpoints are moved aside, never deleted)")
+    g.add_argument(
+        "--resume",
+        dest="resume",
+        action="store_true",
+        default=None,
+        help="continue from the latest checkpoint (the default when one exists; error if none)",
+    )
+    g.add_argument(
+        "--no-resume",
+        dest="resume",
+        action="store_false",
+        help="start over (existing checkpoints are moved aside, never deleted)",
+    )
 
 
 def _describe(dataset) -> str:
@@ -74,8 +91,9 @@ def _flops_line(trainer, flops: float | None, peak: float | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.peak_tflops is not None and not args.peak_tflops > 0:
-        raise ConfigError(f"--peak-tflops must be a positive number of TFLOP/s, got {args.peak_tflops:g}",
-                          arg="--peak-tflops")
+        raise ConfigError(
+            f"--peak-tflops must be a positive number of TFLOP/s, got {args.peak_tflops:g}", arg="--peak-tflops"
+        )
     cfg = load_with_devices(args)  # sets up (simulated) devices before any jax computation
     # Every check first: a run that fails here has written nothing.
     ready = preflight(cfg, devices=args.devices, resume=args.resume)
@@ -90,9 +108,12 @@ def run(args: argparse.Namespace) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(cfg.to_yaml(dict(mesh.shape), model_options_resolved(cfg)))
         opt = " (optimizer state: its own rules)" if cfg.optimizer_rules is not None else ""
-        print(f"train: {cfg.model_name} ({trainer.num_params:,} params) on mesh {dict(mesh.shape)} "
-              f"with {len(cfg.rules)} rules{opt}; task {trainer.task.name}; data {_describe(ready.dataset)}; "
-              f"run_dir {run_dir}", flush=True)
+        print(
+            f"train: {cfg.model_name} ({trainer.num_params:,} params) on mesh {dict(mesh.shape)} "
+            f"with {len(cfg.rules)} rules{opt}; task {trainer.task.name}; data {_describe(ready.dataset)}; "
+            f"run_dir {run_dir}",
+            flush=True,
+        )
         if ready.budget is not None and ready.budget.budget is not None:
             print(f"memory: {ready.budget.describe()}", flush=True)
         if ready.data_note:
@@ -104,17 +125,29 @@ def run(args: argparse.Namespace) -> int:
     state = ckpt.initial_state(trainer, jax.random.key(cfg.train.seed))
     start = state_step(state)
     if start >= cfg.train.steps and main:
-        print(f"train: the checkpoint is already at step {start} (train.steps is {cfg.train.steps}); "
-              f"raise train.steps to continue, or --no-resume to start over", flush=True)
+        print(
+            f"train: the checkpoint is already at step {start} (train.steps is {cfg.train.steps}); "
+            f"raise train.steps to continue, or --no-resume to start over",
+            flush=True,
+        )
     flops = peak = None
     if start < cfg.train.steps:
         flops = trainer.step_flops()  # compiles the step (the loop then reuses it)
         peak = args.peak_tflops if args.peak_tflops is not None else peak_tflops(jax.devices()[0])
         log(_flops_line(trainer, flops, peak))
-    state = fit(trainer, state, train_batches, steps=cfg.train.steps, eval_batches=eval_batches,
-                eval_every=cfg.train.eval_every, log_every=cfg.train.log_every,
-                hooks=[ckpt, logger, *trackers, plot], progress="lines" if args.no_progress else True,
-                flops_per_step=flops, peak_tflops=peak)
+    state = fit(
+        trainer,
+        state,
+        train_batches,
+        steps=cfg.train.steps,
+        eval_batches=eval_batches,
+        eval_every=cfg.train.eval_every,
+        log_every=cfg.train.log_every,
+        hooks=[ckpt, logger, *trackers, plot],
+        progress="lines" if args.no_progress else True,
+        flops_per_step=flops,
+        peak_tflops=peak,
+    )
     reason = logger.reason or "done"
     if main:
         last = logger.records[-1] if logger.records else {}

@@ -29,10 +29,14 @@ from partitioning.cli.compiling import CPU_MAX_DEVICES, IN_PROCESS_MAX, compile_
 from partitioning.cli.render import console
 from partitioning.cli.tune_report import render_search, write_best
 from partitioning.config.build import (
-    batch_from_config, compiled_from_config, model_from_config, model_options_resolved, optimizer_from_config,
+    batch_from_config,
+    model_from_config,
+    model_options_resolved,
+    optimizer_from_config,
     task_from_config,
 )
 from partitioning.config.load import load_config
+from partitioning.config.planning import compiled_from_config
 from partitioning.config.schema import Config, parse_bytes
 from partitioning.devices import simulate_devices
 from partitioning.errors import ConfigError, MeshError, PartitioningError, ShardingError
@@ -57,18 +61,32 @@ MEASURE_DEVICES = 8
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     config_args(p)
-    p.add_argument("--hardware", default="h100", metavar="NAME|FILE",
-                   help="a profile (h100, h200, a100-80g, v4, v5e, v5p, cpu: measured here) or a YAML file")
-    p.add_argument("--device-memory", metavar="SIZE", help="per-device budget, e.g. 80GiB "
-                   "(default: mesh.device_memory, else the hardware's memory)")
+    p.add_argument(
+        "--hardware",
+        default="h100",
+        metavar="NAME|FILE",
+        help="a profile (h100, h200, a100-80g, v4, v5e, v5p, cpu: measured here) or a YAML file",
+    )
+    p.add_argument(
+        "--device-memory",
+        metavar="SIZE",
+        help="per-device budget, e.g. 80GiB (default: mesh.device_memory, else the hardware's memory)",
+    )
     p.add_argument("--top", type=int, default=10, metavar="K", help="rows of the ranked table (default 10)")
-    p.add_argument("--rules", nargs="+", metavar="RULES", help="rule tables to search (default: the presets "
-                   "and the config's own)")
+    p.add_argument(
+        "--rules", nargs="+", metavar="RULES", help="rule tables to search (default: the presets and the config's own)"
+    )
     p.add_argument("--json", metavar="FILE", help="write every candidate, priced or rejected, as JSON")
     p.add_argument("--png", metavar="FILE", help="draw the candidates: peak memory against estimated step time")
     p.add_argument("--out", metavar="FILE", help="write the best layout as a runnable config YAML")
-    p.add_argument("--compile", type=int, default=None, metavar="N", dest="compiles",
-                   help=f"compiles at most (default 8 up to {IN_PROCESS_MAX} devices, else 2; 0: none)")
+    p.add_argument(
+        "--compile",
+        type=int,
+        default=None,
+        metavar="N",
+        dest="compiles",
+        help=f"compiles at most (default 8 up to {IN_PROCESS_MAX} devices, else 2; 0: none)",
+    )
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed for one compile (default 900)")
 
 
@@ -98,8 +116,9 @@ def _hardware(name: str, devices: int) -> Hardware:
     return measure_cpu(n)
 
 
-def _tables(cfg: Config, names: list[str] | None, config_path: str,
-            records: list[dict[str, Any]] = ()) -> dict[str, Rules]:
+def _tables(
+    cfg: Config, names: list[str] | None, config_path: str, records: list[dict[str, Any]] = ()
+) -> dict[str, Rules]:
     if names:
         out = {}
         for n in names:
@@ -135,8 +154,9 @@ def _remats(cfg: Config, sets: list[str]) -> tuple[str | None, ...]:
     return tuple(ok) or (None,)
 
 
-def compile_candidate(cfg: Config, sets: list[str], overrides: list[str], devices: int, here: bool,
-                      timeout: float) -> dict[str, Any]:
+def compile_candidate(
+    cfg: Config, sets: list[str], overrides: list[str], devices: int, here: bool, timeout: float
+) -> dict[str, Any]:
     """The compiled view of the config turned into one candidate layout (here or in a child)."""
     if devices > CPU_MAX_DEVICES:
         return {"status": "skipped", "reason": f"XLA's CPU backend compiles for at most {CPU_MAX_DEVICES} devices"}
@@ -151,8 +171,9 @@ def compile_candidate(cfg: Config, sets: list[str], overrides: list[str], device
     return compile_in_child("partitioning.cli.compiling", args, devices, timeout=timeout)
 
 
-def refine(s: Search, cfg: Config, sets: list[str], devices: int, here: bool, budget_compiles: int,
-           timeout: float) -> int:
+def refine(
+    s: Search, cfg: Config, sets: list[str], devices: int, here: bool, budget_compiles: int, timeout: float
+) -> int:
     """Compiles the leader until the leader is a compiled layout that fits (or the compiles run out)."""
     done = 0
     while done < budget_compiles:
@@ -161,12 +182,16 @@ def refine(s: Search, cfg: Config, sets: list[str], devices: int, here: bool, bu
             break
         say(f"compiling {leader.candidate.label} on {devices:,} simulated devices")
         t0 = time.perf_counter()
-        view = compile_candidate(cfg, sets, leader.candidate.overrides(leader.rules, leader.optimizer_rules),
-                                 devices, here, timeout)
+        view = compile_candidate(
+            cfg, sets, leader.candidate.overrides(leader.rules, leader.optimizer_rules), devices, here, timeout
+        )
         s.add_compiled(leader, view)
         done += 1
-        note = (f"peak {leader.peak / 2**30:.2f} GiB ({'fits' if leader.fits else 'does not fit'})"
-                if view.get("status") == "ok" else f"{view.get('status')}: {view.get('reason')}")
+        note = (
+            f"peak {leader.peak / 2**30:.2f} GiB ({'fits' if leader.fits else 'does not fit'})"
+            if view.get("status") == "ok"
+            else f"{view.get('status')}: {view.get('reason')}"
+        )
         say(f"  compiled in {time.perf_counter() - t0:.0f} s: {note}")
         if view.get("status") != "ok":
             break
@@ -195,24 +220,51 @@ def run(args: argparse.Namespace) -> int:
     # One trace, unpipelined, at the full batch: the activation names, and the layer stacks and
     # expert layers that add pipeline / expert candidates and their costs.
     with microbatching(1), recording() as records:
-        names = activation_names(model, params, {a: 1 for a in ["data", *table_axes(cfg.rules)]}, cfg.rules,
-                                 batch=batch, task=task)
+        names = activation_names(
+            model, params, {a: 1 for a in ["data", *table_axes(cfg.rules)]}, cfg.rules, batch=batch, task=task
+        )
     tables = _tables(cfg, args.rules, args.config, records)
     p0 = build_plan(params, opt_state, {"data": 1}, Rules([]), on_indivisible="replicate")
-    w = workload(p0.params, batch_size=cfg.train.batch_size, seq_len=cfg.train.seq_len,
-                 compute_dtype=model_options_resolved(cfg).get("dtype"),
-                 expert_layer=next((r for r in records if r["kind"] == "experts"), None))
-    s = search(params, opt_state, tables, devices, w, hw, budget, remats=_remats(cfg, sets),
-               activations={n: names for n in tables}, on_indivisible=cfg.on_indivisible, records=records)
+    w = workload(
+        p0.params,
+        batch_size=cfg.train.batch_size,
+        seq_len=cfg.train.seq_len,
+        compute_dtype=model_options_resolved(cfg).get("dtype"),
+        expert_layer=next((r for r in records if r["kind"] == "experts"), None),
+    )
+    s = search(
+        params,
+        opt_state,
+        tables,
+        devices,
+        w,
+        hw,
+        budget,
+        remats=_remats(cfg, sets),
+        activations={n: names for n in tables},
+        on_indivisible=cfg.on_indivisible,
+        records=records,
+    )
     compiles = args.compiles if args.compiles is not None else (8 if here else 2)
     t1 = time.perf_counter()
     n_compiled = refine(s, cfg, sets, devices, here, compiles, args.timeout)
     t2 = time.perf_counter()
     best = s.best
-    report = {"config": str(cfg.path), "model": cfg.model_name, "devices": devices,
-              "parameters": w.params, "tokens_per_step": w.tokens, "best": best.to_json() if best else None,
-              "search": s.to_json(), "timing": {"search_s": round(s.seconds, 2), "compile_s": round(t2 - t1, 2),
-                                                "compiles": n_compiled, "total_s": round(t2 - t0, 2)}}
+    report = {
+        "config": str(cfg.path),
+        "model": cfg.model_name,
+        "devices": devices,
+        "parameters": w.params,
+        "tokens_per_step": w.tokens,
+        "best": best.to_json() if best else None,
+        "search": s.to_json(),
+        "timing": {
+            "search_s": round(s.seconds, 2),
+            "compile_s": round(t2 - t1, 2),
+            "compiles": n_compiled,
+            "total_s": round(t2 - t0, 2),
+        },
+    }
     out = console()
     render_search(report, s, args.top, out)
     if args.json:

@@ -40,11 +40,20 @@ def _axes(e: Estimate) -> str:
 def _row(i: int, r: Result, budget: int) -> list[str]:
     c, e = r.candidate, r.estimate
     peak = f"{fmt_bytes(r.peak)} / {fmt_bytes(budget)}" + (" *" if r.peak_source == "compiled" else "")
-    return [str(i), c.rules_name + (" +zero1" if c.zero1 else ""), fmt_mesh(c.mesh), c.remat or "-",
-            str(c.grad_accum) + (f", M={c.microbatches}" if c.stages > 1 else ""), peak,
-            fmt_seconds(sum(e.compute.values())), _axes(e), fmt_seconds(r.step_time),
-            f"{e.mfu * e.step_time / r.step_time:.0%}", e.bottleneck,
-            e.source if e.source == "compiled" or r.scale == 1 else f"analytic x{r.scale:.2f}"]
+    return [
+        str(i),
+        c.rules_name + (" +zero1" if c.zero1 else ""),
+        fmt_mesh(c.mesh),
+        c.remat or "-",
+        str(c.grad_accum) + (f", M={c.microbatches}" if c.stages > 1 else ""),
+        peak,
+        fmt_seconds(sum(e.compute.values())),
+        _axes(e),
+        fmt_seconds(r.step_time),
+        f"{e.mfu * e.step_time / r.step_time:.0%}",
+        e.bottleneck,
+        e.source if e.source == "compiled" or r.scale == 1 else f"analytic x{r.scale:.2f}",
+    ]
 
 
 def why(r: Result) -> str:
@@ -60,33 +69,56 @@ def render_search(report: dict[str, Any], s: Search, top: int, console: Any) -> 
     """The header, the ranked table, the recommendation and the rejections."""
     hw, w = s.hardware, s.workload
     cpu = hw.name == "cpu"
-    console.print(f"[bold]{report['model']}[/bold] ({w.params:,} parameters, {w.tokens:,} tokens per step) on "
-                  f"{s.devices:,} x {hw.name}: {hw.peak_flops / 1e12:,.1f} TFLOP/s, {fmt_bytes(hw.memory)} at "
-                  f"{hw.memory_bandwidth / 1e9:,.0f} GB/s; budget {fmt_bytes(s.budget)} per device")
+    console.print(
+        f"[bold]{report['model']}[/bold] ({w.params:,} parameters, {w.tokens:,} tokens per step) on "
+        f"{s.devices:,} x {hw.name}: {hw.peak_flops / 1e12:,.1f} TFLOP/s, {fmt_bytes(hw.memory)} at "
+        f"{hw.memory_bandwidth / 1e9:,.0f} GB/s; budget {fmt_bytes(s.budget)} per device"
+    )
     ranked = s.ranked
     t = Table(title=f"{len(ranked):,} of {len(s.results):,} layouts fit; the fastest {min(top, len(ranked))}")
-    for col, just in (("#", "right"), ("rules", "left"), ("mesh", "left"), ("remat", "left"),
-                      ("micro-batches", "right"), ("peak / budget", "right"), ("compute", "right"),
-                      ("comm by axis", "left"), ("step", "right"), ("MFU", "right"), ("bound by", "left"),
-                      ("estimate", "left")):
+    for col, just in (
+        ("#", "right"),
+        ("rules", "left"),
+        ("mesh", "left"),
+        ("remat", "left"),
+        ("micro-batches", "right"),
+        ("peak / budget", "right"),
+        ("compute", "right"),
+        ("comm by axis", "left"),
+        ("step", "right"),
+        ("MFU", "right"),
+        ("bound by", "left"),
+        ("estimate", "left"),
+    ):
         t.add_column(col, justify=just, overflow="fold")
     for i, r in enumerate(ranked[:top], 1):
         t.add_row(*_row(i, r, s.budget))
     console.print(t)
     unit = "; times in device-seconds (CPU time / devices)" if cpu else ""
-    console.print("peak: params + gradients + optimizer state (exact) + activations (estimate); * XLA's compiled "
-                  "peak. step: the roofline of cost.py" + unit, highlight=False)
+    console.print(
+        "peak: params + gradients + optimizer state (exact) + activations (estimate); * XLA's compiled "
+        "peak. step: the roofline of cost.py" + unit,
+        highlight=False,
+    )
     if s.duplicates:
-        console.print(f"{s.duplicates:,} layouts equal to a listed one once size-1 axes are dropped are not listed",
-                      highlight=False)
+        console.print(
+            f"{s.duplicates:,} layouts equal to a listed one once size-1 axes are dropped are not listed",
+            highlight=False,
+        )
     if s.calibration != 1.0:
-        console.print(f"analytic estimates are scaled by {s.calibration:.2f}, the median compiled / analytic ratio "
-                      f"of the compiled layouts", highlight=False)
+        console.print(
+            f"analytic estimates are scaled by {s.calibration:.2f}, the median compiled / analytic ratio "
+            f"of the compiled layouts",
+            highlight=False,
+        )
     if ranked:
         b = ranked[0]
-        console.print(f"[bold]best:[/bold] {b.candidate.label}: {fmt_seconds(b.step_time)} per step "
-                      f"({b.estimate.source}), MFU {b.estimate.mfu:.0%}, bound by {b.estimate.bottleneck}; peak "
-                      f"{fmt_bytes(b.peak)} of {fmt_bytes(s.budget)} ({b.peak_source})", highlight=False)
+        console.print(
+            f"[bold]best:[/bold] {b.candidate.label}: {fmt_seconds(b.step_time)} per step "
+            f"({b.estimate.source}), MFU {b.estimate.mfu:.0%}, bound by {b.estimate.bottleneck}; peak "
+            f"{fmt_bytes(b.peak)} of {fmt_bytes(s.budget)} ({b.peak_source})",
+            highlight=False,
+        )
         console.print(f"  why: {why(b)}", highlight=False, markup=False)
         view = b.compiled_view or {}
         if view and view.get("status") != "ok":
@@ -94,14 +126,18 @@ def render_search(report: dict[str, Any], s: Search, top: int, console: Any) -> 
     rejected = s.rejected
     if rejected:
         kinds = Counter(r.reason.split(":")[0] for r in rejected)
-        console.print(f"rejected {len(rejected):,}: " + ", ".join(f"{k} {n:,}" for k, n in kinds.most_common()),
-                      highlight=False)
+        console.print(
+            f"rejected {len(rejected):,}: " + ", ".join(f"{k} {n:,}" for k, n in kinds.most_common()), highlight=False
+        )
         priced = sorted((r for r in rejected if r.peak > 0), key=lambda r: r.peak)[:3]
         for r in priced:
             console.print(f"  - {r.candidate.label}: {r.reason}", highlight=False, markup=False)
     tm = report["timing"]
-    console.print(f"timing: search {tm['search_s']:.1f} s, {tm['compiles']} compiles {tm['compile_s']:.1f} s, "
-                  f"total {tm['total_s']:.1f} s", highlight=False)
+    console.print(
+        f"timing: search {tm['search_s']:.1f} s, {tm['compiles']} compiles {tm['compile_s']:.1f} s, "
+        f"total {tm['total_s']:.1f} s",
+        highlight=False,
+    )
 
 
 def write_best(cfg: Config, sets: list[str], best: Result, path: str, report: dict[str, Any]) -> Path:
@@ -109,12 +145,14 @@ def write_best(cfg: Config, sets: list[str], best: Result, path: str, report: di
     overrides = best.candidate.overrides(best.rules, best.optimizer_rules)
     tuned = load_config(cfg.path, sets + overrides)
     e = best.estimate
-    head = [f"# Written by `partitioning tune {cfg.path}` for {best.candidate.devices:,} devices "
-            f"({report['search']['hardware']['name']}):",
-            f"#   {best.candidate.label}",
-            f"#   estimated {fmt_seconds(best.step_time)} per step ({e.source}), bound by {e.bottleneck};",
-            f"#   peak {fmt_bytes(best.peak)} per device ({best.peak_source}) of a "
-            f"{fmt_bytes(report['search']['budget_bytes'])} budget."]
+    head = [
+        f"# Written by `partitioning tune {cfg.path}` for {best.candidate.devices:,} devices "
+        f"({report['search']['hardware']['name']}):",
+        f"#   {best.candidate.label}",
+        f"#   estimated {fmt_seconds(best.step_time)} per step ({e.source}), bound by {e.bottleneck};",
+        f"#   peak {fmt_bytes(best.peak)} per device ({best.peak_source}) of a "
+        f"{fmt_bytes(report['search']['budget_bytes'])} budget.",
+    ]
     text = "\n".join(head) + "\n" + tuned.to_yaml(best.candidate.sizes, model_options_resolved(tuned))
     return write_text(path, text, "--out")
 

@@ -6,8 +6,10 @@ Modules:
 - :mod:`~partitioning.config.load` — YAML -> :class:`Config`, ``--set`` overrides, every error at ``file:line``.
 - :mod:`~partitioning.config.targets` — ``_target_`` objects (Hydra's convention): imported beside the config,
   built recursively, options checked against the constructor.
-- :mod:`~partitioning.config.build` — Config -> mesh, model, optimizer, trainer, data, checkpoints, plan
+- :mod:`~partitioning.config.build` — Config -> mesh, model, optimizer, task, trainer
   (imported on its own: it brings the reference models).
+- :mod:`~partitioning.config.run` — Config -> a run's batches, checkpoint hook and trackers.
+- :mod:`~partitioning.config.planning` — Config -> the plan and the compiled view of the train step.
 - :mod:`~partitioning.config.preflight` — every check ``train`` makes, before anything is compiled or written.
 
 Example::

@@ -34,7 +34,8 @@ from pydantic import BaseModel, ValidationError
 from partitioning.config.schema import REQUIRED, SECTIONS, TOP_KEYS, Config, DataConfig
 from partitioning.errors import ConfigError, PartitioningError, RuleError, did_you_mean
 from partitioning.rules import Rules
-from partitioning.yamlfile import Key, Lines, dotted, load_value, read_yaml, where as _where
+from partitioning.yamlfile import Key, Lines, load_value, read_yaml
+from partitioning.yamlfile import where as _where
 
 TARGET = "_target_"
 MAX_BASES = 16
@@ -46,6 +47,7 @@ def load_rules_file(path: str | Path) -> Rules:
 
 
 # -- files and bases --------------------------------------------------------------------------
+
 
 def _merge(base: dict, base_lines: Lines, over: dict, over_lines: Lines, key: Key = ()) -> None:
     """Merges ``over`` into ``base`` in place (mappings key by key); lines follow the value that wins."""
@@ -87,6 +89,7 @@ def _read(path: Path, shown: str, chain: tuple[str, ...]) -> tuple[dict, Lines]:
 
 # -- --set overrides ----------------------------------------------------------------------------
 
+
 def _apply_override(data: dict, lines: Lines, text: str) -> None:
     flag = f"--set {text}"
     if "=" not in text:
@@ -100,14 +103,15 @@ def _apply_override(data: dict, lines: Lines, text: str) -> None:
     try:
         value = load_value(raw) if raw.strip() else None
     except ConfigError:
-        value = raw   # not YAML: take it as a string, the schema says whether that is right
+        value = raw  # not YAML: take it as a string, the schema says whether that is right
     node = data
     for i, k in enumerate(keys[:-1]):
         if k not in node or node[k] is None:
             node[k] = {}
         elif not isinstance(node[k], dict):
-            raise ConfigError(f"{flag}: {'.'.join(keys[: i + 1])} is {node[k]!r} "
-                              f"({type(node[k]).__name__}), not a mapping with keys")
+            raise ConfigError(
+                f"{flag}: {'.'.join(keys[: i + 1])} is {node[k]!r} ({type(node[k]).__name__}), not a mapping with keys"
+            )
         node = node[k]
     node[keys[-1]] = value
     # The overridden subtree has no file lines any more: errors point at the flag.
@@ -118,21 +122,39 @@ def _apply_override(data: dict, lines: Lines, text: str) -> None:
 
 # -- validation messages ------------------------------------------------------------------------
 
-_TYPE_NAMES = {"int_type": "int", "int_parsing": "int", "float_type": "float", "float_parsing": "float",
-               "bool_type": "true or false", "bool_parsing": "true or false", "string_type": "a string",
-               "dict_type": "a mapping", "list_type": "a list", "none_required": "null",
-               "literal_error": None, "int_from_float": "int"}
-_RANGES = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"), "less_than_equal": ("<=", "le"),
-           "less_than": ("<", "lt")}
+_TYPE_NAMES = {
+    "int_type": "int",
+    "int_parsing": "int",
+    "float_type": "float",
+    "float_parsing": "float",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string",
+    "dict_type": "a mapping",
+    "list_type": "a list",
+    "none_required": "null",
+    "literal_error": None,
+    "int_from_float": "int",
+}
+_RANGES = {
+    "greater_than_equal": (">=", "ge"),
+    "greater_than": (">", "gt"),
+    "less_than_equal": ("<=", "le"),
+    "less_than": ("<", "lt"),
+}
 
 
 def _field_path(data: Any, loc: Sequence[Any]) -> tuple[Any, ...]:
     """The part of a pydantic error location that names keys of the data (not union member tags)."""
     out, node = [], data
     for part in loc:
-        if isinstance(node, Mapping) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+        if (
+            isinstance(node, Mapping)
+            and part in node
+            or isinstance(node, list)
+            and isinstance(part, int)
+            and part < len(node)
+        ):
             node = node[part]
         else:
             break
@@ -148,8 +170,9 @@ def _show(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
-def _messages(e: ValidationError, section: str, data: Any, model: type[BaseModel], path: str,
-              lines: Lines) -> list[str]:
+def _messages(
+    e: ValidationError, section: str, data: Any, model: type[BaseModel], path: str, lines: Lines
+) -> list[str]:
     """One ``file:line: key: expected ...`` line per field a pydantic error names."""
     by_field: dict[tuple[Any, ...], list[dict]] = {}
     for err in e.errors():
@@ -185,6 +208,7 @@ def _messages(e: ValidationError, section: str, data: Any, model: type[BaseModel
 
 
 # -- the config --------------------------------------------------------------------------------
+
 
 def _line_order(message: str) -> tuple[str, int]:
     """Errors of a file in the order a person reads it: by file, then line."""
@@ -240,8 +264,10 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
     errors: list[str] = []
     for k in data:
         if k not in TOP_KEYS:
-            errors.append(f"{_where(path_s, lines, (k,))}: unknown key (valid: {', '.join(TOP_KEYS)})"
-                          f"{did_you_mean(str(k), TOP_KEYS)}")
+            errors.append(
+                f"{_where(path_s, lines, (k,))}: unknown key (valid: {', '.join(TOP_KEYS)})"
+                f"{did_you_mean(str(k), TOP_KEYS)}"
+            )
     for k in REQUIRED:
         if k not in data:
             errors.append(f"{path_s}: missing required section {k!r}")
@@ -250,9 +276,11 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
     head = "name"
     if "model" in data:
         if not isinstance(model, Mapping) or ("name" in model) == (TARGET in model):
-            errors.append(f"{_where(path_s, lines, ('model',))}: expected a mapping with a 'name' key (a registered "
-                          f"model, e.g. {{name: gpt}}) or a '_target_' key (module.Class, e.g. "
-                          f"{{_target_: my_models.Transformer}})")
+            errors.append(
+                f"{_where(path_s, lines, ('model',))}: expected a mapping with a 'name' key (a registered "
+                f"model, e.g. {{name: gpt}}) or a '_target_' key (module.Class, e.g. "
+                f"{{_target_: my_models.Transformer}})"
+            )
             model = {"name": "?"}
         head = "name" if "name" in model else TARGET
         if not isinstance(model[head], str):
@@ -264,7 +292,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
     opt_rules = None
     if data.get("optimizer_rules") is not None:
         opt_rules = _parse_rules("optimizer_rules", data["optimizer_rules"], path_s, lines, errors)
-    if not mesh_errors:   # a broken mesh would only add noise to the rules' errors
+    if not mesh_errors:  # a broken mesh would only add noise to the rules' errors
         for table in (rules, opt_rules):
             if table is None:
                 continue
@@ -274,19 +302,31 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
                 errors.append(str(e))
     on_ind = data.get("on_indivisible", "error")
     if on_ind not in ("error", "replicate"):
-        errors.append(f"{_where(path_s, lines, ('on_indivisible',))}: must be one of error, replicate, got "
-                      f"{on_ind!r}{did_you_mean(str(on_ind), ('error', 'replicate'))}")
+        errors.append(
+            f"{_where(path_s, lines, ('on_indivisible',))}: must be one of error, replicate, got "
+            f"{on_ind!r}{did_you_mean(str(on_ind), ('error', 'replicate'))}"
+        )
     run_dir = data.get("run_dir") or f"runs/{Path(path_s).stem}"
     if not isinstance(run_dir, str):
         errors.append(f"{_where(path_s, lines, ('run_dir',))}: expected a path string, got {_show(run_dir)}")
     if errors:
         raise ConfigError("\n".join(sorted(dict.fromkeys(errors), key=_line_order)))
     return Config(
-        path=path_s, raw=data, lines=lines, model_name=model[head],
-        model_options={k: v for k, v in model.items() if k != head}, model_target=head == TARGET,
-        mesh=sections["mesh"], rules=rules, optimizer_rules=opt_rules, on_indivisible=on_ind,
-        data=sections["data"], optimizer=sections["optimizer"], train=sections["train"],
-        checkpoint=sections["checkpoint"], run_dir=run_dir,
+        path=path_s,
+        raw=data,
+        lines=lines,
+        model_name=model[head],
+        model_options={k: v for k, v in model.items() if k != head},
+        model_target=head == TARGET,
+        mesh=sections["mesh"],
+        rules=rules,
+        optimizer_rules=opt_rules,
+        on_indivisible=on_ind,
+        data=sections["data"],
+        optimizer=sections["optimizer"],
+        train=sections["train"],
+        checkpoint=sections["checkpoint"],
+        run_dir=run_dir,
     )
 
 

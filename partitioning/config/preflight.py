@@ -35,9 +35,15 @@ import jax
 from partitioning.checkpoint.disk import flat_saved, list_steps, resolve_checkpoint, saved_tree
 from partitioning.checkpoint.restore import abstract_target, check_fits, checkpoint_metadata
 from partitioning.config.build import (
-    at_key, batch_from_config, data_from_config, data_resume_note, dataset_from_config, mesh_from_config,
-    plan_from_config, task_from_config, trainer_from_config,
+    at_key,
+    batch_from_config,
+    dataset_from_config,
+    mesh_from_config,
+    task_from_config,
+    trainer_from_config,
 )
+from partitioning.config.planning import plan_from_config
+from partitioning.config.run import data_from_config, data_resume_note
 from partitioning.config.schema import Config
 from partitioning.errors import CheckpointError, ConfigError, MeshError, ShardingError
 from partitioning.plan.budget import Budget, check_budget, device_memory
@@ -62,7 +68,7 @@ class Ready:
     resume_step: int | None
     budget: Budget | None
     plan: Plan | None = None
-    data_note: str | None = None   # how the data differs from the checkpoint's, when resuming
+    data_note: str | None = None  # how the data differs from the checkpoint's, when resuming
 
 
 def writable_dir(path: Path, where: str) -> None:
@@ -97,8 +103,10 @@ def check_trackers(cfg: Config) -> None:
     for kind in cfg.train.tracker:
         module, pip = TRACKER_PACKAGES.get(kind, (None, None))
         if module and importlib.util.find_spec(module) is None:
-            raise ConfigError(f"{cfg.where('train', 'tracker')}: tracker {kind!r} needs the {module} package, "
-                              f"which is not installed: pip install {pip} (or leave {kind} out of train.tracker)")
+            raise ConfigError(
+                f"{cfg.where('train', 'tracker')}: tracker {kind!r} needs the {module} package, "
+                f"which is not installed: pip install {pip} (or leave {kind} out of train.tracker)"
+            )
 
 
 def check_resume(directory: Path, target: Any, resume: bool | None, partial: bool = False) -> int | None:
@@ -112,8 +120,10 @@ def check_resume(directory: Path, target: Any, resume: bool | None, partial: boo
     try:
         check_fits(ref, flat_saved(saved_tree(ref)), target, partial)
     except CheckpointError as e:
-        raise CheckpointError(f"{e}; to start over with this model use --no-resume (the old checkpoints are "
-                              f"moved aside) or another run_dir") from None
+        raise CheckpointError(
+            f"{e}; to start over with this model use --no-resume (the old checkpoints are "
+            f"moved aside) or another run_dir"
+        ) from None
     return ref.step
 
 
@@ -144,15 +154,19 @@ def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_
     note = data_resume_note(cfg, checkpoint_metadata(ckpt_dir, step).get("data")) if step is not None else None
     budget = _budget(cfg)
     a = trainer.abstract_state
-    plan = build_plan(a.params, a.opt_state, mesh, cfg.rules, optimizer_rules=cfg.optimizer_rules,
-                      on_indivisible=cfg.on_indivisible)
+    plan = build_plan(
+        a.params, a.opt_state, mesh, cfg.rules, optimizer_rules=cfg.optimizer_rules, on_indivisible=cfg.on_indivisible
+    )
     compiled = None
     if compile_memory or (compile_memory is None and budget is not None):
         compiled = memory_stats(trainer.lower_train_step().compile())
     fit = check_budget(plan, budget, compiled)
     if not fit.fits:
-        raise fit.error(cfg.where("mesh", "device_memory") if cfg.mesh.device_memory is not None
-                        else f"{cfg.path}: the devices' memory")
+        raise fit.error(
+            cfg.where("mesh", "device_memory")
+            if cfg.mesh.device_memory is not None
+            else f"{cfg.path}: the devices' memory"
+        )
     return Ready(cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note)
 
 
@@ -168,8 +182,10 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None) ->
     t = cfg.train
     micro = t.batch_size // t.grad_accum if t.grad_accum and t.batch_size % t.grad_accum == 0 else None
     if micro is None:
-        raise ShardingError(f"{cfg.where('train', 'grad_accum')}: batch_size {t.batch_size} must be a positive "
-                            f"multiple of grad_accum {t.grad_accum}")
+        raise ShardingError(
+            f"{cfg.where('train', 'grad_accum')}: batch_size {t.batch_size} must be a positive "
+            f"multiple of grad_accum {t.grad_accum}"
+        )
     what = f"batch_size {t.batch_size}" if t.grad_accum == 1 else f"micro-batch {micro}"
     try:
         batch_specs(batch_from_config(cfg), cfg.rules, sizes, micro_batch=micro, what=what)
@@ -186,8 +202,11 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None) ->
         raise CheckpointError(f"--resume: no complete checkpoint in {ckpt_dir}")
     fit = check_budget(plan, _budget(cfg))
     if not fit.fits:
-        raise fit.error(cfg.where("mesh", "device_memory") if cfg.mesh.device_memory is not None
-                        else f"{cfg.path}: the devices' memory")
+        raise fit.error(
+            cfg.where("mesh", "device_memory")
+            if cfg.mesh.device_memory is not None
+            else f"{cfg.path}: the devices' memory"
+        )
     return Ready(cfg, sizes, None, None, None, None, run_dir, ckpt_dir, step, fit, plan)
 
 

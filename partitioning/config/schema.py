@@ -48,12 +48,14 @@ class Section(BaseModel):
 class MeshConfig(Section):
     """``mesh:``: axis names and sizes, axis types, devices and their memory."""
 
-    shape: dict[StrictStr, StrictInt] = Field(default_factory=lambda: {"data": 1, "fsdp": -1},
-                                              description="ordered {axis: size}; at most one -1 (the rest)")
+    shape: dict[StrictStr, StrictInt] = Field(
+        default_factory=lambda: {"data": 1, "fsdp": -1}, description="ordered {axis: size}; at most one -1 (the rest)"
+    )
     axis_types: Literal["auto", "explicit"] = "auto"
     devices: StrictInt | None = Field(default=None, ge=1, description="devices to use; simulated on the CPU if needed")
     device_memory: StrictInt | StrictStr | None = Field(
-        default=None, description="per-device memory budget, e.g. 80GiB (default: what the device reports)")
+        default=None, description="per-device memory budget, e.g. 80GiB (default: what the device reports)"
+    )
 
     @field_validator("shape")
     @classmethod
@@ -85,16 +87,19 @@ class DataConfig(Section):
     """``data:``: text or pre-tokenized arrays to train on (or ``_target_``: any dataset object)."""
 
     source: Literal["text", "tokens"] | None = Field(
-        default=None, description="text (bytes) | tokens (.npy / .bin arrays); null: from the path")
+        default=None, description="text (bytes) | tokens (.npy / .bin arrays); null: from the path"
+    )
     path: StrictStr | None = Field(default=None, description="a file or folder; null: the embedded corpus")
     eval_path: StrictStr | None = Field(default=None, description="the eval data; null: split off path")
     dtype: Literal["uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64"] | None = Field(
-        default=None, description="tokens of a raw .bin file (a .npy file says its own)")
+        default=None, description="tokens of a raw .bin file (a .npy file says its own)"
+    )
     eval_fraction: float = Field(default=0.05, gt=0, lt=1)
     seed: StrictInt = Field(default=0, ge=0, description="order of training examples")
-    log_batches: StrictBool = Field(default=False,
-                                    description="debug: a digest of each step's batch in RUN_DIR/batches.N.jsonl")
-    target: dict[str, Any] | None = Field(default=None, exclude=True)   # {_target_: module.fn, ...}
+    log_batches: StrictBool = Field(
+        default=False, description="debug: a digest of each step's batch in RUN_DIR/batches.N.jsonl"
+    )
+    target: dict[str, Any] | None = Field(default=None, exclude=True)  # {_target_: module.fn, ...}
 
 
 class OptimizerConfig(Section):
@@ -120,17 +125,20 @@ class TrainConfig(Section):
     batch_size: StrictInt = Field(default=32, ge=1, description="global; divisible by the batch mesh axes")
     seq_len: StrictInt = Field(default=128, ge=1)
     grad_accum: StrictInt = Field(default=1, ge=1)
-    microbatches: StrictInt | None = Field(default=None, ge=1, description="pipeline micro-batches when the mesh "
-                                           "has a `stage` axis (default: its size)")
+    microbatches: StrictInt | None = Field(
+        default=None, ge=1, description="pipeline micro-batches when the mesh has a `stage` axis (default: its size)"
+    )
     log_every: StrictInt = Field(default=10, ge=1)
     eval_every: StrictInt = Field(default=50, ge=0)
     eval_batches: StrictInt = Field(default=4, ge=0, description="0: no eval")
     tracker: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
         default_factory=lambda: ["jsonl", "tensorboard"],
-        description="where logged metrics go: RUN_DIR/metrics.jsonl, RUN_DIR/tensorboard/, wandb (an extra)")
+        description="where logged metrics go: RUN_DIR/metrics.jsonl, RUN_DIR/tensorboard/, wandb (an extra)",
+    )
     seed: StrictInt = Field(default=0, ge=0)
-    loss: StrictStr | dict[str, Any] = Field(default="next_token",
-                                             description="next_token | same_token | classification | {_target_: fn}")
+    loss: StrictStr | dict[str, Any] = Field(
+        default="next_token", description="next_token | same_token | classification | {_target_: fn}"
+    )
     step: dict[str, Any] | None = Field(default=None, description="{_target_: fn}: a whole step(forward, batch)")
     inputs: dict[str, Any] | None = Field(default=None, description="{_target_: fn}: batch -> model args/kwargs")
     rngs: list[StrictStr] = Field(default_factory=lambda: ["dropout"], description="RNG streams for the model")
@@ -151,8 +159,9 @@ class RunConfig(Section):
 
     model: dict[str, Any] = Field(description="{name: gpt, ...} or {_target_: module.Class, ...}")
     mesh: MeshConfig = Field(default_factory=MeshConfig)
-    rules: Any = Field(description="a preset, a rules file, a list of [logical, mesh_axes] or "
-                                   "{preset, extra, batch_axes}")
+    rules: Any = Field(
+        description="a preset, a rules file, a list of [logical, mesh_axes] or {preset, extra, batch_axes}"
+    )
     optimizer_rules: Any = None
     on_indivisible: Literal["error", "replicate"] = "error"
     data: DataConfig = Field(default_factory=DataConfig)
@@ -163,8 +172,13 @@ class RunConfig(Section):
     base: StrictStr | None = Field(default=None, description="a config this one extends (its keys win)")
 
 
-SECTIONS = {"mesh": MeshConfig, "data": DataConfig, "optimizer": OptimizerConfig, "train": TrainConfig,
-            "checkpoint": CheckpointConfig}
+SECTIONS = {
+    "mesh": MeshConfig,
+    "data": DataConfig,
+    "optimizer": OptimizerConfig,
+    "train": TrainConfig,
+    "checkpoint": CheckpointConfig,
+}
 TOP_KEYS = list(RunConfig.model_fields)
 REQUIRED = ["model", "mesh", "rules"]
 
@@ -186,14 +200,35 @@ class Config:
         ('gpt', 32, 'configs/quickstart.yaml:42: train.steps')
     """
 
-    def __init__(self, *, path: str, raw: dict[str, Any], lines: dict[Key, Any], model_name: str,
-                 model_options: dict[str, Any], model_target: bool, mesh: MeshConfig, rules: Rules,
-                 optimizer_rules: Rules | None, on_indivisible: str, data: DataConfig, optimizer: OptimizerConfig,
-                 train: TrainConfig, checkpoint: CheckpointConfig, run_dir: str):
+    def __init__(
+        self,
+        *,
+        path: str,
+        raw: dict[str, Any],
+        lines: dict[Key, Any],
+        model_name: str,
+        model_options: dict[str, Any],
+        model_target: bool,
+        mesh: MeshConfig,
+        rules: Rules,
+        optimizer_rules: Rules | None,
+        on_indivisible: str,
+        data: DataConfig,
+        optimizer: OptimizerConfig,
+        train: TrainConfig,
+        checkpoint: CheckpointConfig,
+        run_dir: str,
+    ):
         self.path, self.raw, self.lines = path, raw, lines
         self.model_name, self.model_options, self.model_target = model_name, model_options, model_target
         self.mesh, self.rules, self.optimizer_rules, self.on_indivisible = mesh, rules, optimizer_rules, on_indivisible
-        self.data, self.optimizer, self.train, self.checkpoint, self.run_dir = data, optimizer, train, checkpoint, run_dir
+        self.data, self.optimizer, self.train, self.checkpoint, self.run_dir = (
+            data,
+            optimizer,
+            train,
+            checkpoint,
+            run_dir,
+        )
 
     def where(self, *key: Any) -> str:
         """``file:line: dotted.key`` of a key of this config (or the ``--set`` flag that set it)."""
@@ -229,5 +264,17 @@ class Config:
         return dump_yaml(self.resolved(mesh_sizes, model_options))
 
 
-__all__ = ["Config", "RunConfig", "MeshConfig", "DataConfig", "OptimizerConfig", "TrainConfig", "CheckpointConfig",
-           "SECTIONS", "TOP_KEYS", "REQUIRED", "json_schema", "parse_bytes"]
+__all__ = [
+    "Config",
+    "RunConfig",
+    "MeshConfig",
+    "DataConfig",
+    "OptimizerConfig",
+    "TrainConfig",
+    "CheckpointConfig",
+    "SECTIONS",
+    "TOP_KEYS",
+    "REQUIRED",
+    "json_schema",
+    "parse_bytes",
+]

@@ -110,8 +110,9 @@ def _type_ok(value: Any, hint: Any) -> str | None:
     return " or ".join(_PLAIN[o] if o in _PLAIN else "null" for o in options)
 
 
-def check_kwargs(fn: Any, kwargs: Mapping[str, Any], what: str, here: Callable[[str], str], *,
-                 complete: bool = True) -> None:
+def check_kwargs(
+    fn: Any, kwargs: Mapping[str, Any], what: str, here: Callable[[str], str], *, complete: bool = True
+) -> None:
     """Raises a ConfigError at the offending key for an option ``fn`` does not take or a plain-type mismatch.
 
     ``complete``: the call will get no other arguments, so required ones must be here.
@@ -121,8 +122,10 @@ def check_kwargs(fn: Any, kwargs: Mapping[str, Any], what: str, here: Callable[[
     accepts_any = _takes_var_keywords(fn)
     for k, v in kwargs.items():
         if k not in allowed and not accepts_any:
-            raise ConfigError(f"{here(k)}: {what} has no option {k!r} (options: {', '.join(allowed)})"
-                              f"{did_you_mean(str(k), allowed)}", arg=str(k))
+            raise ConfigError(
+                f"{here(k)}: {what} has no option {k!r} (options: {', '.join(allowed)}){did_you_mean(str(k), allowed)}",
+                arg=str(k),
+            )
         if k in hints and not isinstance(v, _Built):
             expected = _type_ok(v, hints[k])
             if expected is not None:

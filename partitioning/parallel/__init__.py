@@ -19,11 +19,28 @@ Example::
 
 from partitioning.parallel.experts import expert_capacity, moe_ffn
 from partitioning.parallel.pipeline import (
-    LayerStack, PipelineError, check_layers, check_microbatches, layers_sizes, microbatching, pipeline_stages,
+    LayerStack,
+    PipelineError,
+    check_layers,
+    check_microbatches,
+    layers_sizes,
+    microbatching,
+    pipeline_stages,
     scan_layers,
 )
 from partitioning.parallel.schedule import bubble_fraction, gpipe
 
-__all__ = ["LayerStack", "scan_layers", "microbatching", "pipeline_stages", "check_microbatches", "check_layers",
-           "layers_sizes", "PipelineError",
-           "gpipe", "bubble_fraction", "moe_ffn", "expert_capacity"]
+__all__ = [
+    "LayerStack",
+    "scan_layers",
+    "microbatching",
+    "pipeline_stages",
+    "check_microbatches",
+    "check_layers",
+    "layers_sizes",
+    "PipelineError",
+    "gpipe",
+    "bubble_fraction",
+    "moe_ffn",
+    "expert_capacity",
+]

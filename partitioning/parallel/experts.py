@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +42,7 @@ from partitioning.boxes import with_logical_constraint
 from partitioning.context import get_logical_axis_rules
 from partitioning.parallel.trace import record
 
-DISPATCHED = ("batch", "expert", None, "embed")      # the (groups, experts, capacity, embed) buffer
+DISPATCHED = ("batch", "expert", None, "embed")  # the (groups, experts, capacity, embed) buffer
 TOKENS = ("batch", "length", "embed")
 
 
@@ -66,7 +65,7 @@ def route(logits: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array, jax.Arra
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     top, idx = _top_k(probs, top_k)
     gates = top / jnp.sum(top, axis=-1, keepdims=True) if top_k > 1 else top
-    share = jnp.mean(jax.nn.one_hot(idx, e, dtype=jnp.float32), axis=(0, 1, 2))    # f_e (sums to 1)
+    share = jnp.mean(jax.nn.one_hot(idx, e, dtype=jnp.float32), axis=(0, 1, 2))  # f_e (sums to 1)
     aux = e * jnp.sum(share * jnp.mean(probs, axis=(0, 1)))
     return gates, idx, aux
 
@@ -86,7 +85,7 @@ def _top_k(probs: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 def _slots(idx: jax.Array, experts: int, cap: int) -> tuple[jax.Array, jax.Array]:
     """Per (token, choice) of one group: the flat slot ``e · C + position`` and whether it fits."""
     s, k = idx.shape
-    order = idx.T.reshape(-1)                                   # first choices of all tokens first
+    order = idx.T.reshape(-1)  # first choices of all tokens first
     onehot = jax.nn.one_hot(order, experts, dtype=jnp.int32)
     position = jnp.sum((jnp.cumsum(onehot, axis=0) - 1) * onehot, axis=-1).reshape(k, s).T
     keep = position < cap
@@ -95,13 +94,13 @@ def _slots(idx: jax.Array, experts: int, cap: int) -> tuple[jax.Array, jax.Array
 
 def dispatch(x: jax.Array, idx: jax.Array, experts: int, cap: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(buffer (G, E, C, D), slots (G, S, k), keep (G, S, k))``: every group's tokens in their experts' slots."""
+
     def one(xg, ig):
         slots, keep = _slots(ig, experts, cap)
         s = xg.shape[0]
         token = jnp.full((experts * cap,), s, jnp.int32)
-        token = token.at[slots.reshape(-1)].set(jnp.repeat(jnp.arange(s, dtype=jnp.int32), ig.shape[1]),
-                                                mode="drop")
-        padded = jnp.concatenate([xg, jnp.zeros((1, xg.shape[-1]), xg.dtype)])   # row s: an empty slot
+        token = token.at[slots.reshape(-1)].set(jnp.repeat(jnp.arange(s, dtype=jnp.int32), ig.shape[1]), mode="drop")
+        padded = jnp.concatenate([xg, jnp.zeros((1, xg.shape[-1]), xg.dtype)])  # row s: an empty slot
         return padded[token].reshape(experts, cap, -1), slots, keep
 
     return jax.vmap(one)(x, idx)
@@ -109,18 +108,25 @@ def dispatch(x: jax.Array, idx: jax.Array, experts: int, cap: int) -> tuple[jax.
 
 def combine(y: jax.Array, slots: jax.Array, keep: jax.Array, gates: jax.Array) -> jax.Array:
     """``(G, S, D)``: each token's experts' outputs (``y``: ``(G, E, C, D)``) summed with its gates."""
+
     def one(yg, sg, kg, gg):
         flat = yg.reshape(-1, yg.shape[-1])
-        picked = flat[jnp.minimum(sg, flat.shape[0] - 1)]                         # (S, k, D)
+        picked = flat[jnp.minimum(sg, flat.shape[0] - 1)]  # (S, k, D)
         w = (gg * kg).astype(picked.dtype)
         return jnp.einsum("skd,sk->sd", picked, w)
 
     return jax.vmap(one)(y, slots, keep, gates)
 
 
-def moe_ffn(x: jax.Array, router: jax.Array, weights: Sequence[jax.Array], *, top_k: int,
-            capacity: int | None = None,
-            expert_fn: Callable[..., jax.Array] | None = None) -> tuple[jax.Array, jax.Array]:
+def moe_ffn(
+    x: jax.Array,
+    router: jax.Array,
+    weights: Sequence[jax.Array],
+    *,
+    top_k: int,
+    capacity: int | None = None,
+    expert_fn: Callable[..., jax.Array] | None = None,
+) -> tuple[jax.Array, jax.Array]:
     """A mixture-of-experts FFN over ``x`` ``(G, S, D)``: ``(y (G, S, D), load-balancing loss)``.
 
     ``router``: ``(D, E)``; ``weights``: the experts' stacked weights, leading
@@ -168,9 +174,17 @@ def _record(x: jax.Array, experts: int, top_k: int, cap: int) -> None:
     tokens = rules.resolve(TOKENS) if rules else None
     buffer = rules.resolve(DISPATCHED) if rules else None
     axes = lambda entry: () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)  # noqa: E731
-    record("experts", experts=int(experts), top_k=int(top_k), capacity=int(cap), embed=int(x.shape[-1]),
-           groups=int(x.shape[0]), dtype=str(x.dtype),
-           batch_axes=axes(tokens[0]) if tokens else (), expert_axes=axes(buffer[1]) if buffer else ())
+    record(
+        "experts",
+        experts=int(experts),
+        top_k=int(top_k),
+        capacity=int(cap),
+        embed=int(x.shape[-1]),
+        groups=int(x.shape[0]),
+        dtype=str(x.dtype),
+        batch_axes=axes(tokens[0]) if tokens else (),
+        expert_axes=axes(buffer[1]) if buffer else (),
+    )
 
 
 __all__ = ["expert_capacity", "route", "dispatch", "combine", "moe_ffn", "swiglu", "DISPATCHED", "TOKENS"]

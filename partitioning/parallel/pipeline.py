@@ -91,8 +91,9 @@ def current_microbatches(stages: int) -> int:
     return int(m) if m else int(stages)
 
 
-def check_microbatches(mesh: Any, rules: Any, microbatches: int | None, rows: int,
-                       what: str = "batch_size") -> tuple[int, int, str]:
+def check_microbatches(
+    mesh: Any, rules: Any, microbatches: int | None, rows: int, what: str = "batch_size"
+) -> tuple[int, int, str]:
     """What can be checked before the model is traced: ``(M, rows per micro-batch, their description)``.
 
     ``rows`` is the batch one forward pass sees (``batch_size / grad_accum``).
@@ -111,19 +112,29 @@ def check_microbatches(mesh: Any, rules: Any, microbatches: int | None, rows: in
         return 1, rows, what
     types = getattr(mesh, "axis_types", ())
     if any(t == jax.sharding.AxisType.Explicit for t in types):
-        raise PipelineError("pipeline stages run on Auto mesh axes (GSPMD places the stage buffers); "
-                            "use axis_types 'auto'", arg="axis_types")
+        raise PipelineError(
+            "pipeline stages run on Auto mesh axes (GSPMD places the stage buffers); use axis_types 'auto'",
+            arg="axis_types",
+        )
     if STAGE_AXIS not in axes_tuple(rules.resolve(("layers",))[0]):
-        raise PipelineError(f"the mesh has a 'stage' axis of size {stages} but the rules do not put 'layers' on it; "
-                            "add the rule [layers, stage] (presets pp, pp_fsdp)", arg="stage")
+        raise PipelineError(
+            f"the mesh has a 'stage' axis of size {stages} but the rules do not put 'layers' on it; "
+            "add the rule [layers, stage] (presets pp, pp_fsdp)",
+            arg="stage",
+        )
     if STAGE_AXIS in rules.batch_axes:
-        raise PipelineError("the 'stage' axis cannot also split the batch: remove it from the batch rules "
-                            "(stages pass micro-batches to each other)", arg="stage")
+        raise PipelineError(
+            "the 'stage' axis cannot also split the batch: remove it from the batch rules "
+            "(stages pass micro-batches to each other)",
+            arg="stage",
+        )
     m = int(microbatches or stages)
     if rows % m:
-        raise PipelineError(f"{what} cannot be split into {m} pipeline micro-batches; use a multiple of {m}"
-                            + ("" if microbatches else " (microbatches defaults to the stage axis size)"),
-                            arg="microbatches")
+        raise PipelineError(
+            f"{what} cannot be split into {m} pipeline micro-batches; use a multiple of {m}"
+            + ("" if microbatches else " (microbatches defaults to the stage axis size)"),
+            arg="microbatches",
+        )
     return m, rows // m, f"pipeline micro-batch {rows // m} ({what} / microbatches {m})"
 
 
@@ -137,13 +148,19 @@ def check_layers(layers: Sequence[int], stages: int) -> None:
     if stages <= 1:
         return
     if not layers:
-        raise PipelineError(f"the mesh has a 'stage' axis of size {stages} but the model has no stacked 'layers' "
-                            "axis to split into stages; stack the repeated block with LayerStack / scan_layers "
-                            "(GPT: scan_layers: true), or set the stage axis to 1", arg="stage")
+        raise PipelineError(
+            f"the mesh has a 'stage' axis of size {stages} but the model has no stacked 'layers' "
+            "axis to split into stages; stack the repeated block with LayerStack / scan_layers "
+            "(GPT: scan_layers: true), or set the stage axis to 1",
+            arg="stage",
+        )
     for n in sorted(set(layers)):
         if n % stages:
-            raise PipelineError(f"{n} layers cannot be split into {stages} pipeline stages: the number of layers "
-                                f"must be a multiple of the stage axis size", arg="stage")
+            raise PipelineError(
+                f"{n} layers cannot be split into {stages} pipeline stages: the number of layers "
+                f"must be a multiple of the stage axis size",
+                arg="stage",
+            )
 
 
 def layers_sizes(params: Any) -> list[int]:
@@ -164,15 +181,21 @@ def layers_sizes(params: Any) -> list[int]:
 def _check_traced(stages: int, n_layers: int, batch: int, m: int) -> None:
     """The Trainer's checks, for a stack applied directly under a stage mesh."""
     check_layers([n_layers], stages)
-    check_microbatches(jax.sharding.get_abstract_mesh(), get_logical_axis_rules(), m, batch,
-                       f"a batch of {batch}")
+    check_microbatches(jax.sharding.get_abstract_mesh(), get_logical_axis_rules(), m, batch, f"a batch of {batch}")
 
 
 def _record_stack(n_layers: int, stages: int, microbatches: int, x: jax.Array) -> None:
     """For plan's analytic costs (:mod:`partitioning.parallel.trace`): the stack's shape, once per trace."""
     rules = get_logical_axis_rules()
-    record("pipeline", layers=int(n_layers), stages=int(stages), microbatches=int(microbatches),
-           shape=tuple(x.shape), dtype=str(x.dtype), batch_axes=tuple(rules.batch_axes) if rules else ())
+    record(
+        "pipeline",
+        layers=int(n_layers),
+        stages=int(stages),
+        microbatches=int(microbatches),
+        shape=tuple(x.shape),
+        dtype=str(x.dtype),
+        batch_axes=tuple(rules.batch_axes) if rules else (),
+    )
 
 
 def _batched(args: tuple, batch: int) -> tuple[list[int], list[int]]:
@@ -194,11 +217,13 @@ def run_stack(layer_fn: Any, layers: Any, x: jax.Array, args: tuple = ()) -> tup
     rules = get_logical_axis_rules()
     _record_stack(n_layers, s, m, x)
     if s <= 1:
+
         def body(carry, kl):
             h, aux = carry
             layer, i = kl
             h, new = layer_fn(layer, h, args, i, jnp.zeros((), jnp.int32))
             return (h, {k: aux.get(k, 0) + v for k, v in dict(new).items()}), None
+
         first = jax.tree.map(lambda a: a[0], layers)
         zero = jnp.zeros((), jnp.int32)
         _, shapes = jax.eval_shape(lambda l, h: layer_fn(l, h, args, zero, zero), first, x)
@@ -214,8 +239,15 @@ def run_stack(layer_fn: Any, layers: Any, x: jax.Array, args: tuple = ()) -> tup
             full[pos] = a
         return layer_fn(layer, h, tuple(full), i, j)
 
-    return gpipe(staged_fn, layers, x, [args[i] for i in per_example], stages=s, microbatches=m,
-                 batch_axes=rules.batch_axes if rules else None)
+    return gpipe(
+        staged_fn,
+        layers,
+        x,
+        [args[i] for i in per_example],
+        stages=s,
+        microbatches=m,
+        batch_axes=rules.batch_axes if rules else None,
+    )
 
 
 class LayerStack(nn.Module):
@@ -242,10 +274,14 @@ class LayerStack(nn.Module):
     rng_streams: Sequence[str] = ("dropout",)
 
     def setup(self):
-        scanned = nn.scan(self.block, variable_axes=dict(SCANNED),
-                          split_rngs={"params": True, **{r: True for r in self.rng_streams}},
-                          in_axes=nn.broadcast, length=self.length,
-                          metadata_params={nn.PARTITION_NAME: "layers"})
+        scanned = nn.scan(
+            self.block,
+            variable_axes=dict(SCANNED),
+            split_rngs={"params": True, **{r: True for r in self.rng_streams}},
+            in_axes=nn.broadcast,
+            length=self.length,
+            metadata_params={nn.PARTITION_NAME: "layers"},
+        )
         self.scanned = scanned(**dict(self.block_kwargs or {}))
         nn.share_scope(self, self.scanned)
 
@@ -280,6 +316,7 @@ def scan_layers(blocks: Any, x: jax.Array, *args: Any) -> jax.Array:
 
         >>> x = scan_layers(self.blocks, x)
     """
+
     def layer_fn(block, h, layer_args, i, j):
         out = block(h, *layer_args)
         return (out[0] if isinstance(out, tuple) else out), {}
@@ -287,5 +324,16 @@ def scan_layers(blocks: Any, x: jax.Array, *args: Any) -> jax.Array:
     return run_stack(layer_fn, blocks, x, tuple(args))[0]
 
 
-__all__ = ["LayerStack", "scan_layers", "microbatching", "pipeline_stages", "current_microbatches",
-           "check_microbatches", "check_layers", "layers_sizes", "run_stack", "PipelineError", "SCANNED"]
+__all__ = [
+    "LayerStack",
+    "scan_layers",
+    "microbatching",
+    "pipeline_stages",
+    "current_microbatches",
+    "check_microbatches",
+    "check_layers",
+    "layers_sizes",
+    "run_stack",
+    "PipelineError",
+    "SCANNED",
+]

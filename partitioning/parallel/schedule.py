@@ -67,6 +67,7 @@ def _split_stages(tree: Any, stages: int, axis: str) -> Any:
     def split(a):
         a = a.reshape(stages, a.shape[0] // stages, *a.shape[1:])
         return constrain(a, _spec((axis, None), a.ndim))
+
     return jax.tree.map(split, tree)
 
 
@@ -79,9 +80,17 @@ def _unmicrobatched(y: jax.Array) -> jax.Array:
     return y.swapaxes(0, 1).reshape(y.shape[0] * y.shape[1], *y.shape[2:])
 
 
-def gpipe(layer_fn: Callable[..., tuple[jax.Array, Mapping[str, jax.Array]]], layers: Any, x: jax.Array,
-          args: Sequence[Any] = (), *, stages: int, microbatches: int, batch_axes: Any = None,
-          axis: str = STAGE_AXIS) -> tuple[jax.Array, dict[str, jax.Array]]:
+def gpipe(
+    layer_fn: Callable[..., tuple[jax.Array, Mapping[str, jax.Array]]],
+    layers: Any,
+    x: jax.Array,
+    args: Sequence[Any] = (),
+    *,
+    stages: int,
+    microbatches: int,
+    batch_axes: Any = None,
+    axis: str = STAGE_AXIS,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Runs ``L`` stacked layers over ``x`` as an ``S``-stage, ``M``-micro-batch GPipe pipeline.
 
     Args:
@@ -98,8 +107,10 @@ def gpipe(layer_fn: Callable[..., tuple[jax.Array, Mapping[str, jax.Array]]], la
     s, m = int(stages), int(microbatches)
     n_layers = jax.tree.leaves(layers)[0].shape[0]
     if n_layers % s or x.shape[0] % m:
-        raise ValueError(f"gpipe: {n_layers} layers / {s} stages and batch {x.shape[0]} / {m} micro-batches "
-                         "must divide (checked up front by the Trainer)")
+        raise ValueError(
+            f"gpipe: {n_layers} layers / {s} stages and batch {x.shape[0]} / {m} micro-batches "
+            "must divide (checked up front by the Trainer)"
+        )
     k = n_layers // s
     staged = _split_stages(layers, s, axis)
     bspec = batch_axes if batch_axes else None
@@ -132,7 +143,7 @@ def gpipe(layer_fn: Callable[..., tuple[jax.Array, Mapping[str, jax.Array]]], la
 
     def iteration(carry, t):
         state, out, aux = carry
-        micro = t - stage_ids                                  # the micro-batch each stage works on
+        micro = t - stage_ids  # the micro-batch each stage works on
         valid = (micro >= 0) & (micro < m)
         micro = jnp.clip(micro, 0, m - 1)
         fresh = pick_staged(xs_staged, jnp.minimum(t, m - 1))

@@ -27,5 +27,16 @@ from partitioning.plan.parallel import parallel_costs
 from partitioning.plan.plan import Plan, build_plan
 from partitioning.plan.plot import plot_plan
 
-__all__ = ["Plan", "build_plan", "activation_names", "rule_coverage", "compiled_view", "plot_plan", "parallel_costs",
-           "step_flops", "transformer_flops", "peak_tflops", "mfu"]
+__all__ = [
+    "Plan",
+    "build_plan",
+    "activation_names",
+    "rule_coverage",
+    "compiled_view",
+    "plot_plan",
+    "parallel_costs",
+    "step_flops",
+    "transformer_flops",
+    "peak_tflops",
+    "mfu",
+]

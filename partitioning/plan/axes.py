@@ -68,7 +68,7 @@ def device_groups(text: str, num_devices: int) -> list[list[int]]:
     if m:
         axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
         sizes = [int(n) for _, n in axes]
-        ids = (_iota(_ints(m.group(2)), _ints(m.group(3))) if m.group(2) else np.arange(math.prod(sizes)))
+        ids = _iota(_ints(m.group(2)), _ints(m.group(3))) if m.group(2) else np.arange(math.prod(sizes))
         ids = ids.reshape(sizes)
         chosen = set(re.findall(r"'([^']+)'", m.group(4)))
         index = tuple(slice(None) if name in chosen else 0 for name, _ in axes)
@@ -98,8 +98,9 @@ def group_axes(text: str, mesh: Mapping[str, int], permute: bool = False) -> tup
     return tuple(names[a] for a in sorted(varying) if sizes[a] > 1)
 
 
-def collectives_by_axis(ops: Sequence[Mapping[str, Any]] | Sequence[Any],
-                        mesh: Mapping[str, int]) -> dict[str, dict[str, dict[str, int]]]:
+def collectives_by_axis(
+    ops: Sequence[Mapping[str, Any]] | Sequence[Any], mesh: Mapping[str, int]
+) -> dict[str, dict[str, dict[str, int]]]:
     """Per mesh axis (or ``"a+b"`` for a collective over several): per kind, executions and bytes per step.
 
     ``ops`` are :class:`~partitioning.plan.hlo.Collective` s or their ``to_json()`` plus ``groups``.
@@ -134,8 +135,12 @@ def memory_by_axis(layouts: Sequence[Any], mesh: Mapping[str, int]) -> dict[str,
                 continue
             names.update(str(d.name) for d in hit)
             split += l.per_device_bytes
-        out[axis] = {"size": int(size), "splits": sorted(names), "per_device_bytes": split,
-                     "unsplit_bytes": split * int(size)}
+        out[axis] = {
+            "size": int(size),
+            "splits": sorted(names),
+            "per_device_bytes": split,
+            "unsplit_bytes": split * int(size),
+        }
     return out
 
 

@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 
@@ -41,8 +40,8 @@ class Budget:
 
     budget: int | None
     peak: int
-    source: str                         # "compiled" | "analytic (params + gradients + optimizer; no activations)"
-    top: tuple[tuple[str, int], ...]     # (what, bytes per device), largest first
+    source: str  # "compiled" | "analytic (params + gradients + optimizer; no activations)"
+    top: tuple[tuple[str, int], ...]  # (what, bytes per device), largest first
 
     @property
     def fits(self) -> bool:
@@ -58,18 +57,20 @@ class Budget:
         """The refusal: numbers, the top three consumers, and what to change."""
         return ShardingError(
             f"{where}: this layout needs {fmt_bytes(self.peak)} per device ({self.source}), more than the budget "
-            f"of {fmt_bytes(self.budget)}; largest: " + ", ".join(f"{w} {fmt_bytes(n)}" for w, n in self.top)
+            f"of {fmt_bytes(self.budget)}; largest: "
+            + ", ".join(f"{w} {fmt_bytes(n)}" for w, n in self.top)
             + "; shard more (fsdp / tensor axes), remat, a smaller batch, or raise mesh.device_memory",
-            arg="device_memory")
+            arg="device_memory",
+        )
 
 
 def consumers(plan: Plan, compiled: dict[str, int] | None = None, top: int = 3) -> tuple[tuple[str, int], ...]:
     """The largest per-device consumers: each parameter with its gradient and optimizer state, and temporaries."""
     by_param: dict[str, int] = {}
     for leaf in plan.params:
-        by_param[leaf.path] = 2 * leaf.per_device_bytes     # the param and its gradient
+        by_param[leaf.path] = 2 * leaf.per_device_bytes  # the param and its gradient
     for leaf in plan.opt_state:
-        owner = next((p for p in by_param if leaf.path.endswith("/" + p[len("params/"):])), None)
+        owner = next((p for p in by_param if leaf.path.endswith("/" + p[len("params/") :])), None)
         if owner is not None:
             by_param[owner] += leaf.per_device_bytes
     items = [(f"{p} (+grad, optimizer)", n) for p, n in by_param.items()]

@@ -46,7 +46,7 @@ from partitioning.resolve import axes_tuple
 CPU_MAX_DEVICES = 2048
 CPU_LIMIT_REASON = (
     f"XLA's CPU backend compiles for at most {CPU_MAX_DEVICES} devices (beyond that it fails with "
-    f"\"Multiprocess computations aren't implemented on the CPU backend\"), so the compiled view is "
+    f'"Multiprocess computations aren\'t implemented on the CPU backend"), so the compiled view is '
     f"not available for {{n}} simulated devices; the table above is exact. For the compiled view, "
     f"plan a {CPU_MAX_DEVICES}-device slice (--devices {CPU_MAX_DEVICES}) with the same per-device layout"
 )
@@ -80,9 +80,13 @@ def _named_leaves(tree: Any, names: Sequence[str] | None) -> dict[str, Any]:
     return out
 
 
-def sharding_check(compiled: Any, expected: Mapping[str, PartitionSpec], *,
-                   input_names: Sequence[str] | None = None,
-                   output_names: Sequence[str] | None = None) -> dict[str, Any]:
+def sharding_check(
+    compiled: Any,
+    expected: Mapping[str, PartitionSpec],
+    *,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Compiled input / output shardings vs ``expected`` specs, by path.
 
     Only paths in ``expected`` are checked. Returns ``{"checked": n,
@@ -94,8 +98,9 @@ def sharding_check(compiled: Any, expected: Mapping[str, PartitionSpec], *,
     sides = {
         "input": _named_leaves(compiled.input_shardings[0], input_names),
         "output": _named_leaves(
-            compiled.output_shardings if isinstance(compiled.output_shardings, tuple)
-            else (compiled.output_shardings,), output_names),
+            compiled.output_shardings if isinstance(compiled.output_shardings, tuple) else (compiled.output_shardings,),
+            output_names,
+        ),
     }
     for leaves in sides.values():
         for s in leaves.values():
@@ -122,8 +127,9 @@ def sharding_check(compiled: Any, expected: Mapping[str, PartitionSpec], *,
                 got_spec = str(s)
                 got = () if getattr(s, "is_fully_replicated", False) else ("?",)
             if got != want:
-                mismatches.append({"path": path, "side": side, "expected": fmt_spec(expected[path]),
-                                   "compiled": got_spec})
+                mismatches.append(
+                    {"path": path, "side": side, "expected": fmt_spec(expected[path]), "compiled": got_spec}
+                )
     missing = sorted(set(expected) - seen)
     return {"checked": checked, "mismatches": mismatches, "unused_inputs": pruned, "missing": missing}
 
@@ -137,17 +143,23 @@ def memory_stats(compiled: Any) -> dict[str, int] | None:
     if m is None:
         return None
     out = {
-        "argument": int(m.argument_size_in_bytes), "output": int(m.output_size_in_bytes),
-        "alias": int(m.alias_size_in_bytes), "temp": int(m.temp_size_in_bytes),
+        "argument": int(m.argument_size_in_bytes),
+        "output": int(m.output_size_in_bytes),
+        "alias": int(m.alias_size_in_bytes),
+        "temp": int(m.temp_size_in_bytes),
         "generated_code": int(m.generated_code_size_in_bytes),
     }
     out["peak_estimate"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
     return out
 
 
-def compiled_view(lower_fn: Callable[[], Any], *, expected: Mapping[str, PartitionSpec] | None = None,
-                  input_names: Sequence[str] | None = None,
-                  output_names: Sequence[str] | None = None) -> dict[str, Any]:
+def compiled_view(
+    lower_fn: Callable[[], Any],
+    *,
+    expected: Mapping[str, PartitionSpec] | None = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Lowers (``lower_fn()``), compiles, and reports memory, FLOPs, collectives and the sharding self-check.
 
     Example::
@@ -173,8 +185,7 @@ def compiled_view(lower_fn: Callable[[], Any], *, expected: Mapping[str, Partiti
         "compile_s": round(t2 - t1, 3),
         "memory": memory_stats(compiled),
         # One device's FLOPs per step (cost analysis, loop trips counted) and all devices' together.
-        "flops": None if per_device is None else {"per_device": per_device,
-                                                  "total": per_device * (devices or 1)},
+        "flops": None if per_device is None else {"per_device": per_device, "total": per_device * (devices or 1)},
         "collectives": summarize(ops),
         "collective_ops": [c.to_json() for c in ops],
     }
@@ -182,11 +193,10 @@ def compiled_view(lower_fn: Callable[[], Any], *, expected: Mapping[str, Partiti
     if mesh:
         view["collectives_by_axis"] = collectives_by_axis(ops, mesh)
     costs = op_costs(text)
-    view["cost"] = summarize_ops(costs)            # FLOPs and bytes per phase, loops counted
+    view["cost"] = summarize_ops(costs)  # FLOPs and bytes per phase, loops counted
     view["cost_ops"] = [c.to_json() for c in costs]
     if expected is not None:
-        view["sharding_check"] = sharding_check(compiled, expected, input_names=input_names,
-                                                output_names=output_names)
+        view["sharding_check"] = sharding_check(compiled, expected, input_names=input_names, output_names=output_names)
     return view
 
 
@@ -213,6 +223,7 @@ def failed(reason: str) -> dict[str, Any]:
 
 
 # -- child process --------------------------------------------------------------------
+
 
 def child_env(devices: int) -> dict[str, str]:
     """The environment of a child that simulates ``devices`` CPU devices."""
@@ -245,8 +256,7 @@ def compile_in_child(module: str, args: Sequence[str], devices: int, *, timeout:
             view["child_wall_s"] = wall
             return view
         tail = [l for l in (proc.stderr or "").strip().splitlines() if l.strip()]
-        return failed(f"the compile child exited with status {proc.returncode}: "
-                      f"{tail[-1] if tail else 'no output'}")
+        return failed(f"the compile child exited with status {proc.returncode}: {tail[-1] if tail else 'no output'}")
 
 
 def write_and_exit(path: str, view: Mapping[str, Any]) -> None:
@@ -260,5 +270,14 @@ def write_and_exit(path: str, view: Mapping[str, Any]) -> None:
     os._exit(0)
 
 
-__all__ = ["compiled_view", "sharding_check", "memory_stats", "normalize_spec", "compile_in_child",
-           "child_env", "write_and_exit", "CPU_MAX_DEVICES", "CPU_LIMIT_REASON"]
+__all__ = [
+    "compiled_view",
+    "sharding_check",
+    "memory_stats",
+    "normalize_spec",
+    "compile_in_child",
+    "child_env",
+    "write_and_exit",
+    "CPU_MAX_DEVICES",
+    "CPU_LIMIT_REASON",
+]

@@ -53,8 +53,7 @@ class Coverage:
     unused: list[UnusedRule]
 
 
-def rule_coverage(layouts: Sequence[LeafLayout], rules: Any,
-                  activations: Iterable[tuple[Any, ...]] = ()) -> Coverage:
+def rule_coverage(layouts: Sequence[LeafLayout], rules: Any, activations: Iterable[tuple[Any, ...]] = ()) -> Coverage:
     """Coverage of ``rules`` over parameter ``layouts`` and activation name tuples.
 
     Example::
@@ -69,14 +68,26 @@ def rule_coverage(layouts: Sequence[LeafLayout], rules: Any,
     names_used = frozenset(d.name for d in dims if isinstance(d.name, str))
     fired = frozenset(d.rule_index for d in dims if d.rule_index is not None)
     uncovered = sorted(names_used - set(rules.logical_names))
-    unused = [UnusedRule(i, [r[0], list(r[1]) if isinstance(r[1], tuple) else r[1]], rules.origins[i])
-              for i, r in enumerate(rules) if i not in fired]
+    unused = [
+        UnusedRule(i, [r[0], list(r[1]) if isinstance(r[1], tuple) else r[1]], rules.origins[i])
+        for i, r in enumerate(rules)
+        if i not in fired
+    ]
     return Coverage(names_used, fired, uncovered, unused)
 
 
-def activation_names(model: Any, params: Any, mesh: Any, rules: Any, *, batch_size: int | None = None,
-                     seq_len: int | None = None, batch: Any = None, task: Any = None,
-                     collections: Any = None) -> set[tuple[Any, ...]]:
+def activation_names(
+    model: Any,
+    params: Any,
+    mesh: Any,
+    rules: Any,
+    *,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    batch: Any = None,
+    task: Any = None,
+    collections: Any = None,
+) -> set[tuple[Any, ...]]:
     """Logical names of every constraint in a forward pass (traced only, nothing runs).
 
     Constraints made with the toolkit's ``with_logical_constraint`` and with

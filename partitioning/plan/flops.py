@@ -32,7 +32,7 @@ import math
 import re
 from typing import Any
 
-from partitioning.plan.hlo import Instr, Module, executions, parse
+from partitioning.plan.hlo import Instr, executions, parse
 
 # Dense (no sparsity) bf16 peak per device, TFLOP/s, matched as a lower-case
 # substring of jax's ``device.device_kind``; the first match wins, so longer

@@ -38,16 +38,17 @@ from typing import Any
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 _DTYPE_BYTES = {
-    "pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2,
-    "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8,
-    "c64": 8, "c128": 16, "token": 0,
+    **dict.fromkeys(("pred", "s2", "u2", "s4", "u4", "s8", "u8"), 1),
+    **dict.fromkeys(("s16", "u16", "f16", "bf16"), 2),
+    **dict.fromkeys(("s32", "u32", "f32"), 4),
+    **dict.fromkeys(("s64", "u64", "f64", "c64"), 8),
+    "c128": 16,
+    "token": 0,
 }
 _ARRAY = re.compile(r"\b(pred|token|bf16|[sufc]\d+|f8\w*|f4\w*)\[([\d,]*)\]")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[^\s=]+)\s*=\s*(?P<shape>.+?)\s(?P<op>[a-z][\w\-]*)\((?P<rest>.*)$")
 _COMP = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[^\s(]+)\s*\(.*\)\s*->\s*.*\{\s*$")
-_CALLEES = re.compile(
-    r"\b(calls|to_apply|body|condition|true_computation|false_computation)=%?([\w.\-]+)"
-)
+_CALLEES = re.compile(r"\b(calls|to_apply|body|condition|true_computation|false_computation)=%?([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRIP = re.compile(r'known_trip_count"?\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
 _PASS_THROUGH = {"bitcast", "copy", "reshape", "transpose", "convert", "get-tuple-element", "negate"}
@@ -70,10 +71,10 @@ class Array:
 class Instr:
     name: str
     op: str
-    shape: list[Array]          # one entry per array (tuple shapes flattened)
+    shape: list[Array]  # one entry per array (tuple shapes flattened)
     operands: list[str]
-    attrs: str                  # everything after the operand list
-    args: str                   # the raw operand text (a parameter's index)
+    attrs: str  # everything after the operand list
+    args: str  # the raw operand text (a parameter's index)
     is_tuple: bool
     root: bool = False
 
@@ -100,15 +101,15 @@ class Module:
 class Collective:
     """One collective instruction of a compiled step."""
 
-    kind: str               # one of KINDS
-    hlo_op: str             # the HLO opcode it came from
-    name: str               # instruction name in the HLO
+    kind: str  # one of KINDS
+    hlo_op: str  # the HLO opcode it came from
+    name: str  # instruction name in the HLO
     computation: str
     shapes: tuple[str, ...]
-    bytes: int              # per device, per execution (see module docstring)
+    bytes: int  # per device, per execution (see module docstring)
     group_size: int | None  # devices taking part in each group
-    executions: int         # per step (loop trip counts multiplied in)
-    source: str             # jax op_name from the metadata, if any
+    executions: int  # per step (loop trip counts multiplied in)
+    source: str  # jax op_name from the metadata, if any
     # The replica_groups / source_target_pairs text: which devices talk (plan.axes maps it to mesh axes).
     groups: str = dataclasses.field(default="", repr=False)
 
@@ -124,7 +125,7 @@ def _operand_text(rest: str) -> tuple[str, str]:
         elif ch in ")}":
             depth -= 1
             if depth == 0:
-                return rest[:i], rest[i + 1:]
+                return rest[:i], rest[i + 1 :]
     return rest, ""
 
 
@@ -133,7 +134,7 @@ def parse(text: str) -> Module:
     comps: dict[str, dict[str, Instr]] = {}
     entry = None
     current: dict[str, Instr] | None = None
-    m = re.search(r"num_partitions=(\d+)", text.split("\n", 1)[0])   # the HloModule line
+    m = re.search(r"num_partitions=(\d+)", text.split("\n", 1)[0])  # the HloModule line
     num_partitions = int(m.group(1)) if m else None
     for line in text.splitlines():
         if current is None:
@@ -152,10 +153,14 @@ def parse(text: str) -> Module:
         shape_s = im.group("shape")
         operands_s, attrs = _operand_text(im.group("rest"))
         current[im.group("name")] = Instr(
-            name=im.group("name"), op=im.group("op"),
+            name=im.group("name"),
+            op=im.group("op"),
             shape=[Array(d, tuple(int(x) for x in dims.split(",") if x)) for d, dims in _ARRAY.findall(shape_s)],
-            operands=re.findall(r"%([\w.\-]+)", operands_s), attrs=attrs, args=operands_s.strip(),
-            is_tuple=shape_s.lstrip().startswith("("), root=line.lstrip().startswith("ROOT"),
+            operands=re.findall(r"%([\w.\-]+)", operands_s),
+            attrs=attrs,
+            args=operands_s.strip(),
+            is_tuple=shape_s.lstrip().startswith("("),
+            root=line.lstrip().startswith("ROOT"),
         )
     return Module(comps, entry, num_partitions)
 
@@ -223,8 +228,9 @@ def _group_size(attrs: str, num_partitions: int | None) -> int | None:
     return None
 
 
-def _ends_in_slice(module: Module, comp: str, value: str, users_of, depth: int = 0,
-                   via_fusion_users: list | None = None) -> bool:
+def _ends_in_slice(
+    module: Module, comp: str, value: str, users_of, depth: int = 0, via_fusion_users: list | None = None
+) -> bool:
     """True when every use of ``value`` (through layout/convert ops and fusion
     boundaries) ends in a dynamic-slice that takes ``value`` as its operand 0."""
     if depth > 12:
@@ -252,8 +258,7 @@ def _ends_in_slice(module: Module, comp: str, value: str, users_of, depth: int =
                 if o != value:
                     continue
                 p = next((i for i in params if i.args == str(pos)), None)
-                if p is None or not _ends_in_slice(module, callee, p.name, users_of, depth + 1,
-                                                   [(comp, u.name)]):
+                if p is None or not _ends_in_slice(module, callee, p.name, users_of, depth + 1, [(comp, u.name)]):
                     ok = False
                     break
             if not ok:
@@ -263,9 +268,11 @@ def _ends_in_slice(module: Module, comp: str, value: str, users_of, depth: int =
     return True
 
 
-_GROUPS = re.compile(r"(?:replica_groups|source_target_pairs)=(\{\{[\d,{} ]*\}\}|\{\}|\[[\d,]+\]<=\[[\d,]+\]"
-                     r"(?:T\([\d,]+\))?|mesh\[[^\]]*\](?:,\s*device_ids=\(\[[\d,]+\](?:T\([\d,]+\))?\))?"
-                     r"\s*\{[^}]*\})")
+_GROUPS = re.compile(
+    r"(?:replica_groups|source_target_pairs)=(\{\{[\d,{} ]*\}\}|\{\}|\[[\d,]+\]<=\[[\d,]+\]"
+    r"(?:T\([\d,]+\))?|mesh\[[^\]]*\](?:,\s*device_ids=\(\[[\d,]+\](?:T\([\d,]+\))?\))?"
+    r"\s*\{[^}]*\})"
+)
 
 
 def _groups_text(attrs: str) -> str:
@@ -296,7 +303,7 @@ def collectives(text: str) -> list[Collective]:
             op = ins.op
             if op.endswith("-done"):
                 continue
-            base = op[:-len("-start")] if op.endswith("-start") else op
+            base = op[: -len("-start")] if op.endswith("-start") else op
             if base not in KINDS:
                 continue
             group = _group_size(ins.attrs, module.num_partitions)
@@ -308,23 +315,37 @@ def collectives(text: str) -> list[Collective]:
                 # Only the devices that are sources send: the mean per device over the step.
                 pairs = groups.count("},{") + 1 if groups.startswith("{{") else None
                 share = pairs / module.num_partitions if pairs and module.num_partitions else 1.0
-                out.append(Collective(base, op, ins.name, cname, tuple(map(str, ins.shape)),
-                                      round(ins.nbytes * min(share, 1.0)), group, n_exec, source))
+                out.append(
+                    Collective(
+                        base,
+                        op,
+                        ins.name,
+                        cname,
+                        tuple(map(str, ins.shape)),
+                        round(ins.nbytes * min(share, 1.0)),
+                        group,
+                        n_exec,
+                        source,
+                    )
+                )
                 continue
             if op.endswith("-start"):
                 # async pairs: the start's tuple holds (operands, results, scratch)
                 nbytes = max((a.nbytes for a in ins.shape), default=0)
-                out.append(Collective(base, op, ins.name, cname, tuple(map(str, ins.shape)),
-                                      nbytes, group, n_exec, source))
+                out.append(
+                    Collective(base, op, ins.name, cname, tuple(map(str, ins.shape)), nbytes, group, n_exec, source)
+                )
                 continue
             if base == "reduce-scatter":
                 nbytes = ins.nbytes * (group or 1)
-                out.append(Collective(base, op, ins.name, cname, tuple(map(str, ins.shape)),
-                                      nbytes, group, n_exec, source))
+                out.append(
+                    Collective(base, op, ins.name, cname, tuple(map(str, ins.shape)), nbytes, group, n_exec, source)
+                )
                 continue
             if base != "all-reduce":
-                out.append(Collective(base, op, ins.name, cname, tuple(map(str, ins.shape)),
-                                      ins.nbytes, group, n_exec, source))
+                out.append(
+                    Collective(base, op, ins.name, cname, tuple(map(str, ins.shape)), ins.nbytes, group, n_exec, source)
+                )
                 continue
             # all-reduce: split a combined (tuple) all-reduce into scattered / kept elements
             if ins.is_tuple:
@@ -335,18 +356,27 @@ def collectives(text: str) -> list[Collective]:
                         gtes.setdefault(int(m.group(1)), []).append(u.name)
                 elems = [(a, gtes.get(i, [])) for i, a in enumerate(ins.shape)]
                 scattered = [
-                    bool(names) and all(_ends_in_slice(module, cname, g, users_of) for g in names)
-                    for _, names in elems
+                    bool(names) and all(_ends_in_slice(module, cname, g, users_of) for g in names) for _, names in elems
                 ]
             else:
                 elems = [(ins.shape[0], [ins.name])] if ins.shape else []
                 scattered = [_ends_in_slice(module, cname, ins.name, users_of)] if ins.shape else []
-            for flag, hlo_op, kind in ((True, "all-reduce+dynamic-slice", "reduce-scatter"),
-                                       (False, op, "all-reduce")):
+            for flag, hlo_op, kind in ((True, "all-reduce+dynamic-slice", "reduce-scatter"), (False, op, "all-reduce")):
                 part = [a for (a, _), s in zip(elems, scattered) if s == flag]
                 if part:
-                    out.append(Collective(kind, hlo_op, ins.name, cname, tuple(map(str, part)),
-                                          sum(a.nbytes for a in part), group, n_exec, source))
+                    out.append(
+                        Collective(
+                            kind,
+                            hlo_op,
+                            ins.name,
+                            cname,
+                            tuple(map(str, part)),
+                            sum(a.nbytes for a in part),
+                            group,
+                            n_exec,
+                            source,
+                        )
+                    )
     return out
 
 

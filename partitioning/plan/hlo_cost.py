@@ -35,11 +35,40 @@ from typing import Any
 from partitioning.plan.flops import matmul_flops
 from partitioning.plan.hlo import KINDS, Instr, Module, _callees, executions, parse
 
-_FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "call", "conditional",
-         "after-all", "partition-id", "replica-id", "iota", "copy-start", "copy-done", "send", "recv",
-         "send-done", "recv-done", "opt-barrier", "custom-call"}
-_NESTED = ("fusion", "reduce", "map", "sort", "scatter", "reduce-window", "select-and-scatter", "all-reduce",
-           "reduce-scatter", "all-reduce-start")
+_FREE = {
+    "parameter",
+    "constant",
+    "tuple",
+    "get-tuple-element",
+    "bitcast",
+    "while",
+    "call",
+    "conditional",
+    "after-all",
+    "partition-id",
+    "replica-id",
+    "iota",
+    "copy-start",
+    "copy-done",
+    "send",
+    "recv",
+    "send-done",
+    "recv-done",
+    "opt-barrier",
+    "custom-call",
+}
+_NESTED = (
+    "fusion",
+    "reduce",
+    "map",
+    "sort",
+    "scatter",
+    "reduce-window",
+    "select-and-scatter",
+    "all-reduce",
+    "reduce-scatter",
+    "all-reduce-start",
+)
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
@@ -49,7 +78,7 @@ class OpCost:
 
     name: str
     op: str
-    phase: str          # fwd | bwd | update
+    phase: str  # fwd | bwd | update
     flops: float
     bytes: float
     executions: int
@@ -158,7 +187,7 @@ def _enclosing_op_names(module: Module) -> dict[str, str]:
 
     def name(c: str) -> str:
         if c not in memo:
-            memo[c] = ""                                  # a cycle (none in valid HLO) ends here
+            memo[c] = ""  # a cycle (none in valid HLO) ends here
             if c in callers:
                 parent, ins = callers[c]
                 m = _OP_NAME.search(ins.attrs)
@@ -173,8 +202,13 @@ def op_costs(text: str) -> list[OpCost]:
     module = parse(text)
     runs = executions(module)
     enclosing = _enclosing_op_names(module)
-    nested = {c for comp in module.computations.values() for i in comp.values()
-              if i.op in _NESTED or i.op.endswith("-start") for c in _callees(i)}
+    nested = {
+        c
+        for comp in module.computations.values()
+        for i in comp.values()
+        if i.op in _NESTED or i.op.endswith("-start")
+        for c in _callees(i)
+    }
     memo: dict[str, float] = {}
     out = []
     for cname, comp in module.computations.items():
@@ -182,7 +216,7 @@ def op_costs(text: str) -> list[OpCost]:
         if cname in nested or not n:
             continue
         for ins in comp.values():
-            base = ins.op[:-len("-start")] if ins.op.endswith("-start") else ins.op
+            base = ins.op[: -len("-start")] if ins.op.endswith("-start") else ins.op
             if ins.op in _FREE or ins.op.endswith("-done") or base in KINDS:
                 continue
             if ins.op == "fusion":

@@ -57,10 +57,15 @@ def pipeline_cost(rec: Mapping[str, Any], mesh: Mapping[str, int]) -> dict[str, 
     micro_bytes = local_rows * math.prod(shape[1:]) * np.dtype(rec["dtype"]).itemsize
     iterations = m + s - 1 if s > 1 else 0
     return {
-        "stages": s, "microbatches": m, "layers": int(rec["layers"]),
-        "layers_per_stage": int(rec["layers"]) // s, "iterations": iterations,
-        "bubble": bubble_fraction(s, m), "bubble_interleaved_r2": bubble_fraction(s, m, repeats=2),
-        "micro_batch_rows": rows, "activation_bytes": micro_bytes,
+        "stages": s,
+        "microbatches": m,
+        "layers": int(rec["layers"]),
+        "layers_per_stage": int(rec["layers"]) // s,
+        "iterations": iterations,
+        "bubble": bubble_fraction(s, m),
+        "bubble_interleaved_r2": bubble_fraction(s, m, repeats=2),
+        "micro_batch_rows": rows,
+        "activation_bytes": micro_bytes,
         # forward and backward: one shift per iteration each
         "collective_permute_count": 2 * iterations,
         "collective_permute_bytes": 2 * iterations * micro_bytes,
@@ -79,7 +84,11 @@ def expert_cost(rec: Mapping[str, Any], mesh: Mapping[str, int], layers: int = 1
     buffer = local_groups * e * c * d * np.dtype(rec["dtype"]).itemsize
     exchanged = buffer if ep > 1 else 0
     return {
-        "experts": e, "top_k": int(rec["top_k"]), "capacity": c, "expert_shards": ep, "layers": layers,
+        "experts": e,
+        "top_k": int(rec["top_k"]),
+        "capacity": c,
+        "expert_shards": ep,
+        "layers": layers,
         "dispatch_bytes": buffer,
         # dispatch + combine, forward and backward, per layer
         "all_to_all_count": 4 * layers if ep > 1 else 0,
@@ -87,8 +96,9 @@ def expert_cost(rec: Mapping[str, Any], mesh: Mapping[str, int], layers: int = 1
     }
 
 
-def costs_from_records(records: Sequence[Mapping[str, Any]], mesh: Mapping[str, int],
-                       passes: int = 1) -> dict[str, Any]:
+def costs_from_records(
+    records: Sequence[Mapping[str, Any]], mesh: Mapping[str, int], passes: int = 1
+) -> dict[str, Any]:
     """``{"pipeline": ..., "experts": ...}`` per step for the records of one traced forward pass.
 
     Either is None when the model has no layer stack / expert layer. ``passes``
@@ -99,8 +109,9 @@ def costs_from_records(records: Sequence[Mapping[str, Any]], mesh: Mapping[str, 
     experts = [r for r in records if r["kind"] == "experts"]
     out: dict[str, Any] = {
         "pipeline": pipeline_cost(stacks[0], mesh) if stacks else None,
-        "experts": (expert_cost(experts[0], mesh, layers=stacks[0]["layers"] if stacks else len(experts))
-                    if experts else None),
+        "experts": (
+            expert_cost(experts[0], mesh, layers=stacks[0]["layers"] if stacks else len(experts)) if experts else None
+        ),
     }
     for cost in out.values():
         for key in list(cost or {}):
@@ -109,9 +120,19 @@ def costs_from_records(records: Sequence[Mapping[str, Any]], mesh: Mapping[str, 
     return out
 
 
-def parallel_costs(model: Any, params: Any, mesh: Any, rules: Any, *, batch_size: int | None = None,
-                   seq_len: int | None = None, batch: Any = None, task: Any = None,
-                   microbatches: int | None = None, grad_accum: int = 1) -> dict[str, Any]:
+def parallel_costs(
+    model: Any,
+    params: Any,
+    mesh: Any,
+    rules: Any,
+    *,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    batch: Any = None,
+    task: Any = None,
+    microbatches: int | None = None,
+    grad_accum: int = 1,
+) -> dict[str, Any]:
     """``{"pipeline": ..., "experts": ...}``: the analytic costs per train step and device of ``model`` laid out
     by ``rules`` on ``mesh`` (``{axis: size}`` or a Mesh) — what ``partitioning plan`` prints beside the
     compiled collectives. Traces one forward pass (``jax.eval_shape``; nothing runs, nothing is allocated).

@@ -56,6 +56,7 @@ CATEGORIES = ("params", "optimizer", "gradients")
 
 # -- the plan ----------------------------------------------------------------------
 
+
 def _prefixed(layouts: list[LeafLayout], prefix: str) -> list[LeafLayout]:
     return [dataclasses.replace(l, path=f"{prefix}/{l.path}" if l.path else prefix) for l in layouts]
 
@@ -68,9 +69,9 @@ class Replicated:
     shape: tuple[int, ...]
     dtype: str
     logical: list[str] | None
-    bytes: int               # the parameter's own bytes
-    per_device_cost: int     # per device, with its gradient and optimizer state
-    share: float             # of a device's state memory
+    bytes: int  # the parameter's own bytes
+    per_device_cost: int  # per device, with its gradient and optimizer state
+    share: float  # of a device's state memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,10 +119,14 @@ class Plan:
     @property
     def totals(self) -> dict[str, dict[str, float]]:
         """Per category: ``per_device`` bytes, ``total`` bytes and ``ideal`` = total / devices."""
+
         def cat(layouts):
             total = sum(l.nbytes for l in layouts)
-            return {"per_device": sum(l.per_device_bytes for l in layouts), "total": total,
-                    "ideal": total / self.devices}
+            return {
+                "per_device": sum(l.per_device_bytes for l in layouts),
+                "total": total,
+                "ideal": total / self.devices,
+            }
 
         out = {"params": cat(self.params), "optimizer": cat(self.opt_state), "gradients": cat(self.params)}
         out["total"] = {k: sum(out[c][k] for c in CATEGORIES) for k in ("per_device", "total", "ideal")}
@@ -150,21 +155,30 @@ class Plan:
                 out.append(
                     f"replicated: {r.path} {tuple(r.shape)} is whole on every device: "
                     f"{fmt_bytes(r.per_device_cost)} per device with its gradient and optimizer state "
-                    f"({r.share:.1%} of per-device memory)")
+                    f"({r.share:.1%} of per-device memory)"
+                )
         for a in self.idle_axes:
-            what = ("params and gradients (the optimizer state is sharded over it)" if a.shards_optimizer
-                    else "params, gradients and optimizer state")
-            out.append(f"mesh axis {a.axis!r} (size {a.size}) shards no parameter: {what} are "
-                       f"replicated {a.size}x across it")
+            what = (
+                "params and gradients (the optimizer state is sharded over it)"
+                if a.shards_optimizer
+                else "params, gradients and optimizer state"
+            )
+            out.append(
+                f"mesh axis {a.axis!r} (size {a.size}) shards no parameter: {what} are replicated {a.size}x across it"
+            )
         if self.devices > 1 and not self.rules.batch_axes:
-            out.append("the batch is not split: no rule maps 'batch' to a mesh axis and no batch_axes are "
-                       "declared, so every device computes the whole batch; add e.g. [batch, [data, fsdp]]")
+            out.append(
+                "the batch is not split: no rule maps 'batch' to a mesh axis and no batch_axes are "
+                "declared, so every device computes the whole batch; add e.g. [batch, [data, fsdp]]"
+            )
         if self.uncovered_names:
-            out.append("no rule mentions logical name(s) " + ", ".join(map(repr, self.uncovered_names))
-                       + ": those dimensions are unsharded")
+            out.append(
+                "no rule mentions logical name(s) "
+                + ", ".join(map(repr, self.uncovered_names))
+                + ": those dimensions are unsharded"
+            )
         for u in self.unused_rules:
-            out.append(f"rule {u.index} {u.rule} never claims a dimension of any parameter or "
-                       f"activation ({u.origin})")
+            out.append(f"rule {u.index} {u.rule} never claims a dimension of any parameter or activation ({u.origin})")
         for msg in self.indivisible:
             kind = "error" if self.on_indivisible == "error" else "indivisible"
             out.append(f"{kind}: {msg}")
@@ -211,13 +225,19 @@ class Plan:
 def _row(l: LeafLayout) -> dict[str, Any]:
     claimed = []
     for d in l.dims:
-        claimed.append(None if d.rule_index is None else {"rule": d.rule_index, "logical": d.rule[0],
-                                                          "mesh_axes": d.mesh_axes})
+        claimed.append(
+            None if d.rule_index is None else {"rule": d.rule_index, "logical": d.rule[0], "mesh_axes": d.mesh_axes}
+        )
     return {
-        "path": l.path, "shape": list(l.shape), "dtype": str(l.dtype),
+        "path": l.path,
+        "shape": list(l.shape),
+        "dtype": str(l.dtype),
         "logical": None if l.names is None else [n if isinstance(n, str) or n is None else str(n) for n in l.names],
-        "spec": fmt_spec(l.spec), "claimed_by": claimed,
-        "per_device_bytes": l.per_device_bytes, "total_bytes": l.nbytes, "replicated": l.replicated,
+        "spec": fmt_spec(l.spec),
+        "claimed_by": claimed,
+        "per_device_bytes": l.per_device_bytes,
+        "total_bytes": l.nbytes,
+        "replicated": l.replicated,
     }
 
 
@@ -230,9 +250,18 @@ def _layouts(tree: Any, mesh: Any, rules: Rules, prefix: str) -> tuple[list[Leaf
     return _prefixed(layouts, prefix), list(dict.fromkeys(msgs))
 
 
-def build_plan(params: Any, opt_state: Any, mesh: Any, rules: Any, *, optimizer_rules: Any = None,
-               on_indivisible: str = "error", activations: Iterable[tuple[Any, ...]] = (),
-               top: int = TOP_REPLICATED, parallel: dict[str, Any] | None = None) -> Plan:
+def build_plan(
+    params: Any,
+    opt_state: Any,
+    mesh: Any,
+    rules: Any,
+    *,
+    optimizer_rules: Any = None,
+    on_indivisible: str = "error",
+    activations: Iterable[tuple[Any, ...]] = (),
+    top: int = TOP_REPLICATED,
+    parallel: dict[str, Any] | None = None,
+) -> Plan:
     """The plan for abstract (boxed) ``params`` and ``opt_state`` on ``mesh`` under ``rules``.
 
     ``mesh`` may be ``{axis: size}``. ``activations`` are the logical-name tuples
@@ -256,10 +285,19 @@ def build_plan(params: Any, opt_state: Any, mesh: Any, rules: Any, *, optimizer_
 
     cov = rule_coverage(p_layouts + (o_layouts if opt_rules is rules else []), rules, activations)
 
-    plan = Plan(mesh=dict(sizes), rules=rules, optimizer_rules=opt_rules, on_indivisible=on_indivisible,
-                params=p_layouts, opt_state=o_layouts, indivisible=p_msgs + o_msgs,
-                uncovered_names=cov.uncovered, unused_rules=cov.unused, replicated=[],
-                parallel=dict(parallel or {}))
+    plan = Plan(
+        mesh=dict(sizes),
+        rules=rules,
+        optimizer_rules=opt_rules,
+        on_indivisible=on_indivisible,
+        params=p_layouts,
+        opt_state=o_layouts,
+        indivisible=p_msgs + o_msgs,
+        uncovered_names=cov.uncovered,
+        unused_rules=cov.unused,
+        replicated=[],
+        parallel=dict(parallel or {}),
+    )
     plan.replicated = _replicated(plan, top)
     plan.idle_axes = _idle_axes(plan)
     return plan
@@ -291,12 +329,20 @@ def _replicated(plan: Plan, top: int) -> list[Replicated]:
         if not l.replicated or l.size <= 1:
             continue
         # The optimizer state of a param sits at .../<param path without 'params/'>.
-        suffix = l.path[len("params/"):]
-        opt = [o for o in plan.opt_state
-               if o.path.endswith("/" + suffix) and o.shape == l.shape and o.replicated]
+        suffix = l.path[len("params/") :]
+        opt = [o for o in plan.opt_state if o.path.endswith("/" + suffix) and o.shape == l.shape and o.replicated]
         cost = 2 * l.per_device_bytes + sum(o.per_device_bytes for o in opt)
-        out.append(Replicated(l.path, tuple(l.shape), str(l.dtype),
-                              None if l.names is None else [str(n) for n in l.names], l.nbytes, cost, cost / total))
+        out.append(
+            Replicated(
+                l.path,
+                tuple(l.shape),
+                str(l.dtype),
+                None if l.names is None else [str(n) for n in l.names],
+                l.nbytes,
+                cost,
+                cost / total,
+            )
+        )
     out.sort(key=lambda r: -r.per_device_cost)
     return out[:top]
 

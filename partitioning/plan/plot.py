@@ -19,7 +19,7 @@ import numpy as np
 from partitioning.fmt import fmt_bytes
 from partitioning.train.plots import save_figure
 
-GIB = 1024 ** 3
+GIB = 1024**3
 MAX_CELLS = 16
 
 
@@ -44,7 +44,7 @@ def _axis_names(rules: list, unused: set[int] = frozenset()) -> dict[str, list[s
     for i, (logical, axes) in enumerate(rules):
         if i in unused:
             continue
-        for a in ([axes] if isinstance(axes, str) else axes or []):
+        for a in [axes] if isinstance(axes, str) else axes or []:
             out.setdefault(a, [])
             if logical not in out[a]:
                 out[a].append(logical)
@@ -96,11 +96,13 @@ def plot_plan(report: dict[str, Any], path: str | Path) -> Path:
 
     totals = report["totals"]
     cats = [("params", "#4c72b0"), ("gradients", "#55a868"), ("optimizer", "#c44e52")]
-    bars = [("plan", {k: totals[k]["per_device"] for k, _ in cats}),
-            ("ideal", {k: totals[k]["ideal"] for k, _ in cats})]
+    bars = [
+        ("plan", {k: totals[k]["per_device"] for k, _ in cats}),
+        ("ideal", {k: totals[k]["ideal"] for k, _ in cats}),
+    ]
     compiled = report.get("compiled") or {}
     mem = compiled.get("memory") if compiled.get("status") == "ok" else None
-    unit = GIB if totals["total"]["per_device"] >= GIB / 4 else 1024 ** 2
+    unit = GIB if totals["total"]["per_device"] >= GIB / 4 else 1024**2
     unit_name = "GiB" if unit == GIB else "MiB"
     x = np.arange(len(bars) + (1 if mem else 0))
     for i, (label, vals) in enumerate(bars):

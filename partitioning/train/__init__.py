@@ -7,6 +7,7 @@ Modules:
 - :mod:`~partitioning.train.batch` — a step's batch: names, shardings, micro-batches, host -> devices, RNG keys.
 - :mod:`~partitioning.train.state` — ``TrainState``, the abstract (``eval_shape``) state, host-side step.
 - :mod:`~partitioning.train.step` — ``Trainer``: the sharded init and the jitted train / eval steps.
+- :mod:`~partitioning.train.lowering` — what a Trainer shows without running: layouts, lowered steps, init peak, FLOPs.
 - :mod:`~partitioning.train.optimizer` — optax optimizers and learning-rate schedules.
 - :mod:`~partitioning.train.sources` — where tokens come from: text files (bytes), ``.npy`` / ``.bin`` token arrays.
 - :mod:`~partitioning.train.order` — the grain ``MapDataset`` s: seeded example order, each process's rows.
@@ -27,14 +28,36 @@ from partitioning.train.batch import place
 from partitioning.train.data import Corpus, TokenBatches, load_corpus
 from partitioning.train.hooks import JsonlLogger
 from partitioning.train.loop import evaluate, fit
+from partitioning.train.model import FunctionModel, LinenModel, NNXModel, as_model
 from partitioning.train.optimizer import lr_schedule, make_optimizer
 from partitioning.train.plots import LossPlot, plot_loss
-from partitioning.train.trackers import TensorBoardLogger, WandbLogger
 from partitioning.train.state import TrainState, abstract_train_state
-from partitioning.train.model import FunctionModel, LinenModel, NNXModel, as_model
 from partitioning.train.step import Trainer
 from partitioning.train.task import Task, as_task, lm_loss
+from partitioning.train.trackers import TensorBoardLogger, WandbLogger
 
-__all__ = ["Trainer", "TrainState", "abstract_train_state", "lm_loss", "Task", "as_task", "LinenModel", "NNXModel",
-           "FunctionModel", "as_model", "place", "make_optimizer", "lr_schedule", "Corpus", "TokenBatches",
-           "load_corpus", "fit", "evaluate", "JsonlLogger", "TensorBoardLogger", "WandbLogger", "LossPlot", "plot_loss"]
+__all__ = [
+    "Trainer",
+    "TrainState",
+    "abstract_train_state",
+    "lm_loss",
+    "Task",
+    "as_task",
+    "LinenModel",
+    "NNXModel",
+    "FunctionModel",
+    "as_model",
+    "place",
+    "make_optimizer",
+    "lr_schedule",
+    "Corpus",
+    "TokenBatches",
+    "load_corpus",
+    "fit",
+    "evaluate",
+    "JsonlLogger",
+    "TensorBoardLogger",
+    "WandbLogger",
+    "LossPlot",
+    "plot_loss",
+]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -45,6 +45,7 @@ def lm_batch(batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
 
 def as_abstract(batch: Any) -> Any:
     """``ShapeDtypeStruct`` leaves for a batch of arrays (or of ``ShapeDtypeStruct`` s)."""
+
     def one(x: Any) -> jax.ShapeDtypeStruct:
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             x = np.asarray(x)
@@ -57,13 +58,21 @@ def batch_size_of(batch: Any) -> int:
     """The leading dimension all leaves share; a ShardingError when they disagree."""
     sizes = {int(x.shape[0]) for x in jax.tree.leaves(batch) if len(x.shape)}
     if len(sizes) != 1:
-        raise ShardingError(f"the batch's leaves need one shared leading (batch) dimension, got sizes {sorted(sizes)}",
-                            arg="batch_size")
+        raise ShardingError(
+            f"the batch's leaves need one shared leading (batch) dimension, got sizes {sorted(sizes)}", arg="batch_size"
+        )
     return sizes.pop()
 
 
-def batch_specs(abstract: Any, rules: Rules, mesh: Any, names: Any = None, *, micro_batch: int | None = None,
-                what: str = "batch_size") -> Any:
+def batch_specs(
+    abstract: Any,
+    rules: Rules,
+    mesh: Any,
+    names: Any = None,
+    *,
+    micro_batch: int | None = None,
+    what: str = "batch_size",
+) -> Any:
     """A PartitionSpec per batch leaf: its ``names`` resolved, or dim 0 over the batch axes.
 
     Checks that the (micro-)batch divides by the mesh axes that split it.
@@ -83,8 +92,11 @@ def batch_specs(abstract: Any, rules: Rules, mesh: Any, names: Any = None, *, mi
             n_shards = math.prod(sizes[a] for a in axes)
             rows = micro_batch if micro_batch is not None else int(leaf.shape[0])
             if rows % n_shards:
-                raise ShardingError(f"{what} is not divisible by the batch mesh axes {axes!r} of size {n_shards}; "
-                                    f"use a multiple of {n_shards}", arg="batch_size")
+                raise ShardingError(
+                    f"{what} is not divisible by the batch mesh axes {axes!r} of size {n_shards}; "
+                    f"use a multiple of {n_shards}",
+                    arg="batch_size",
+                )
         specs.append(PartitionSpec(*spec) if ndim else PartitionSpec())
     return jax.tree_util.tree_unflatten(treedef, specs)
 
@@ -95,6 +107,7 @@ def micro_batches(batch: Any, count: int, specs: Any) -> Any:
     Micro-batch ``j`` is rows ``j, j + count, j + 2 count, ...``: every device
     already holds its share of each micro-batch.
     """
+
     def split(x, spec):
         mb = x.shape[0] // count
         return constrain(x.reshape(mb, count, *x.shape[1:]).swapaxes(0, 1), PartitionSpec(None, *spec))
@@ -122,6 +135,7 @@ def place(host_batch: Any, shardings: Any) -> Any:
 
         >>> batch = place({"inputs": images, "targets": labels}, trainer.batch_shardings)
     """
+
     def one(x, sharding):
         x = np.asarray(x)
         return jax.make_array_from_process_local_data(sharding, x[local_block(sharding, x.shape)], x.shape)
@@ -141,5 +155,14 @@ def stream_keys(seed: int, step: Any, streams: Sequence[str], micro: Any = None)
     return {name: jax.random.fold_in(base, zlib.crc32(name.encode()) & 0x7FFFFFFF) for name in streams}
 
 
-__all__ = ["lm_batch", "as_abstract", "batch_size_of", "batch_specs", "micro_batches", "constrain", "local_block",
-           "place", "stream_keys"]
+__all__ = [
+    "lm_batch",
+    "as_abstract",
+    "batch_size_of",
+    "batch_specs",
+    "micro_batches",
+    "constrain",
+    "local_block",
+    "place",
+    "stream_keys",
+]

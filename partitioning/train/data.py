@@ -58,19 +58,21 @@ class Corpus:
     eval_files: tuple[str, ...] = ()
     kind: str = "text"
     vocab: int | None = BYTE_VOCAB
-    eval_source: str | None = None   # where eval came from, when not split off ``source``
+    eval_source: str | None = None  # where eval came from, when not split off ``source``
 
     def tokens(self, split: str) -> Any:
         if split not in ("train", "eval"):
             raise DataError(f"split must be 'train' or 'eval', got {split!r}")
         return self.train if split == "train" else self.eval
 
-    def batches(self, split: str, batch_size: int, seq_len: int, sharding: Any = None,
-                *, seed: int = 0) -> "TokenBatches":
+    def batches(
+        self, split: str, batch_size: int, seq_len: int, sharding: Any = None, *, seed: int = 0
+    ) -> TokenBatches:
         """Resumable batches of ``split``; see :class:`TokenBatches`."""
         where = self.eval_source if split == "eval" and self.eval_source else self.source
-        return TokenBatches(self.tokens(split), batch_size, seq_len, sharding, seed=seed, name=f"{where} ({split})",
-                            split=split)
+        return TokenBatches(
+            self.tokens(split), batch_size, seq_len, sharding, seed=seed, name=f"{where} ({split})", split=split
+        )
 
     def describe(self) -> str:
         unit = "bytes" if self.kind == "text" else "tokens"
@@ -78,8 +80,14 @@ class Corpus:
 
 
 @functools.lru_cache(maxsize=4)
-def load_corpus(path: str | None = None, *, source: str | None = None, dtype: str | None = None,
-                eval_path: str | None = None, eval_fraction: float = 0.05) -> Corpus:
+def load_corpus(
+    path: str | None = None,
+    *,
+    source: str | None = None,
+    dtype: str | None = None,
+    eval_path: str | None = None,
+    eval_fraction: float = 0.05,
+) -> Corpus:
     """The embedded stdlib corpus (``path=None``), text, or pre-tokenized ``.npy`` / ``.bin`` arrays.
 
     ``source`` is ``"text"`` or ``"tokens"`` (default: ``tokens`` for
@@ -97,10 +105,17 @@ def load_corpus(path: str | None = None, *, source: str | None = None, dtype: st
         >>> load_corpus("data/train.bin", dtype="uint16", eval_path="data/val.bin").kind
         'tokens'
     """
-    train, ev, info = read_splits(path, source=source, dtype=dtype, eval_path=eval_path,
-                                  eval_fraction=eval_fraction)
-    return Corpus(train, ev, info["source"], info["train_files"], info["eval_files"], info["kind"], info["vocab"],
-                  info["eval_source"] if info["eval_source"] != info["source"] else None)
+    train, ev, info = read_splits(path, source=source, dtype=dtype, eval_path=eval_path, eval_fraction=eval_fraction)
+    return Corpus(
+        train,
+        ev,
+        info["source"],
+        info["train_files"],
+        info["eval_files"],
+        info["kind"],
+        info["vocab"],
+        info["eval_source"] if info["eval_source"] != info["source"] else None,
+    )
 
 
 class TokenBatches:
@@ -122,8 +137,17 @@ class TokenBatches:
         (8, 64)
     """
 
-    def __init__(self, tokens: Any, batch_size: int, seq_len: int, sharding: Any = None,
-                 *, seed: int = 0, name: str = "data", split: str = "train"):
+    def __init__(
+        self,
+        tokens: Any,
+        batch_size: int,
+        seq_len: int,
+        sharding: Any = None,
+        *,
+        seed: int = 0,
+        name: str = "data",
+        split: str = "train",
+    ):
         if batch_size < 1 or seq_len < 1:
             raise DataError(f"batch_size and seq_len must be positive, got {batch_size} and {seq_len}")
         self.tokens = tokens if isinstance(tokens, TokenStream) else np.asarray(tokens)
@@ -141,17 +165,25 @@ class TokenBatches:
         self._rows, self._cols = (
             local_block(sharding, shape) if sharding is not None else (slice(0, batch_size), slice(0, seq_len))
         )
-        from partitioning.train.order import token_batches   # grain loads on first use (~0.5 s at startup)
+        from partitioning.train.order import token_batches  # grain loads on first use (~0.5 s at startup)
 
-        self.dataset = token_batches(self.tokens, seq_len=seq_len, batch_size=batch_size, seed=seed, split=split,
-                                     rows=self._rows, cols=self._cols)
+        self.dataset = token_batches(
+            self.tokens,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            seed=seed,
+            split=split,
+            rows=self._rows,
+            cols=self._cols,
+        )
 
     def windows_at(self, step: int) -> np.ndarray:
         """Window indices of the global batch of ``step`` (all rows): the same shuffle, over indices."""
         from partitioning.train.order import ProcessRows, example_order
 
-        return ProcessRows(example_order(self.n_windows, self.seed, self.split), self.batch_size,
-                           slice(0, self.batch_size))[step]
+        return ProcessRows(
+            example_order(self.n_windows, self.seed, self.split), self.batch_size, slice(0, self.batch_size)
+        )[step]
 
     def host_batch_at(self, step: int) -> dict[str, np.ndarray]:
         """This process's block of the batch of ``step`` as numpy ``int32`` arrays."""
@@ -189,16 +221,20 @@ class ArrayDataset:
         >>> batches = data.batches("train", 64, trainer.batch_shardings, seed=0)
     """
 
-    def __init__(self, arrays: dict[str, Any], *, eval_fraction: float = 0.1, split_seed: int = 0,
-                 source: str = "arrays"):
+    def __init__(
+        self, arrays: dict[str, Any], *, eval_fraction: float = 0.1, split_seed: int = 0, source: str = "arrays"
+    ):
         arrays = {k: np.asarray(v) for k, v in arrays.items()}
         sizes = {len(v) for v in arrays.values()}
         if len(sizes) != 1 or not sizes or 0 in sizes:
-            raise DataError(f"{source}: the arrays need one shared, non-zero leading (example) dimension, got "
-                            f"{ {k: v.shape for k, v in arrays.items()} }")
+            raise DataError(
+                f"{source}: the arrays need one shared, non-zero leading (example) dimension, got "
+                f"{ {k: v.shape for k, v in arrays.items()} }"
+            )
         if not 0 < eval_fraction < 1:
-            raise DataError(f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction}",
-                            arg="eval_fraction")
+            raise DataError(
+                f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction}", arg="eval_fraction"
+            )
         n = sizes.pop()
         order = np.random.default_rng(split_seed).permutation(n)
         cut = n - max(1, int(n * eval_fraction))
@@ -212,12 +248,19 @@ class ArrayDataset:
     def __len__(self) -> int:
         return len(self.splits["train"])
 
-    def batches(self, split: str, batch_size: int, shardings: Any = None, *, seed: int = 0) -> "ArrayBatches":
+    def batches(self, split: str, batch_size: int, shardings: Any = None, *, seed: int = 0) -> ArrayBatches:
         """Resumable batches of ``split``: the batch of step ``k`` is a pure function of ``(seed, k)``."""
         if split not in self.splits:
             raise DataError(f"split must be 'train' or 'eval', got {split!r}")
-        return ArrayBatches(self.arrays, self.splits[split], batch_size, shardings, seed=seed,
-                            name=f"{self.source} ({split})", split=split)
+        return ArrayBatches(
+            self.arrays,
+            self.splits[split],
+            batch_size,
+            shardings,
+            seed=seed,
+            name=f"{self.source} ({split})",
+            split=split,
+        )
 
 
 class ArrayBatches:
@@ -226,14 +269,25 @@ class ArrayBatches:
     Each process reads only the rows its devices hold (:attr:`dataset`, a grain ``MapDataset``).
     """
 
-    def __init__(self, arrays: dict[str, np.ndarray], indices: np.ndarray, batch_size: int, shardings: Any,
-                 *, seed: int, name: str, split: str = "train"):
+    def __init__(
+        self,
+        arrays: dict[str, np.ndarray],
+        indices: np.ndarray,
+        batch_size: int,
+        shardings: Any,
+        *,
+        seed: int,
+        name: str,
+        split: str = "train",
+    ):
         if len(indices) < batch_size:
-            raise DataError(f"{name}: {len(indices)} examples, fewer than the batch size {batch_size}; use more "
-                            f"data or a smaller train.batch_size")
+            raise DataError(
+                f"{name}: {len(indices)} examples, fewer than the batch size {batch_size}; use more "
+                f"data or a smaller train.batch_size"
+            )
         self.arrays, self.indices, self.batch_size = arrays, indices, batch_size
         self.shardings, self.seed = shardings, seed
-        from partitioning.train.order import array_batches, process_rows   # grain loads on first use
+        from partitioning.train.order import array_batches, process_rows  # grain loads on first use
 
         self.shapes = {k: (batch_size, *v.shape[1:]) for k, v in arrays.items()}
         if shardings is None:

@@ -61,8 +61,7 @@ class JsonlLogger:
         if metrics is None or jax.process_index() != 0:
             return
         # Strict JSON has no NaN / Infinity: a diverged loss is written as null.
-        rec = {"step": int(step), **{k: (v if math.isfinite(v) else None)
-                                     for k, v in metrics.items() if k != "step"}}
+        rec = {"step": int(step), **{k: (v if math.isfinite(v) else None) for k, v in metrics.items() if k != "step"}}
         self.records.append(rec)
         if self.path is not None:
             with self.path.open("a") as f:

@@ -101,8 +101,9 @@ def _agreed_stop(local: str | None) -> str | None:
 
 
 def _progress(total: int, initial: int, enabled: bool):
-    return tqdm(total=total, initial=initial, disable=not enabled, unit="step", dynamic_ncols=True,
-                mininterval=0.5, leave=True)
+    return tqdm(
+        total=total, initial=initial, disable=not enabled, unit="step", dynamic_ncols=True, mininterval=0.5, leave=True
+    )
 
 
 def _on_terminal() -> bool:
@@ -127,9 +128,12 @@ def format_line(metrics: dict[str, Any], steps: int) -> str:
     for k in ("loss", "eval_loss"):
         if k in metrics:
             parts.append(f"{k} {_num(metrics[k])}")
-    parts += [f"{k} {_num(v)}" for k, v in metrics.items()
-              if k not in {"step", "loss", "eval_loss", "tokens_per_s", "step_time_s", "tflops_per_device", "mfu"}
-              and isinstance(v, (int, float))]
+    parts += [
+        f"{k} {_num(v)}"
+        for k, v in metrics.items()
+        if k not in {"step", "loss", "eval_loss", "tokens_per_s", "step_time_s", "tflops_per_device", "mfu"}
+        and isinstance(v, (int, float))
+    ]
     if "tokens_per_s" in metrics and math.isfinite(metrics["tokens_per_s"]):
         parts.append(f"{metrics['tokens_per_s']:,.0f} tok/s")
     if "tflops_per_device" in metrics:
@@ -167,11 +171,20 @@ def evaluate(trainer: Any, state: Any, batches: Iterable[Any]) -> dict[str, floa
     return {f"eval_{k}": host_scalar(v) / n for k, v in sums.items()} if n else {}
 
 
-def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
-        eval_batches: Callable[[], Iterable[Any]] | Sequence[Any] | None = None,
-        eval_every: int = 0, log_every: int = 10, hooks: Sequence[Any] = (),
-        progress: bool | str = True, flops_per_step: float | None = None,
-        peak_tflops: float | None = None) -> Any:
+def fit(
+    trainer: Any,
+    state: Any,
+    train_batches: Any,
+    *,
+    steps: int,
+    eval_batches: Callable[[], Iterable[Any]] | Sequence[Any] | None = None,
+    eval_every: int = 0,
+    log_every: int = 10,
+    hooks: Sequence[Any] = (),
+    progress: bool | str = True,
+    flops_per_step: float | None = None,
+    peak_tflops: float | None = None,
+) -> Any:
     """Trains until ``state.step == steps`` (or a stop signal); returns the final state.
 
     Args:
@@ -226,7 +239,8 @@ def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
                 step += 1
                 logging = step == start + 1 or step % max(log_every, 1) == 0 or step == steps
                 evaluating = eval_batches is not None and (
-                    step == start + 1 or step == steps or (eval_every and step % eval_every == 0))
+                    step == start + 1 or step == steps or (eval_every and step % eval_every == 0)
+                )
                 # One process alone acts on its signal at once; several agree at logging steps.
                 stop = flag.reason if single else (_agreed_stop(flag.reason) if logging or evaluating else None)
                 host = None
@@ -234,8 +248,7 @@ def fit(trainer: Any, state: Any, train_batches: Any, *, steps: int,
                     host = host_metrics(metrics)  # waits for the step: the only sync point
                     now = time.perf_counter()
                     dt = (now - last_t) / max(step - last_step, 1)
-                    host.update(step=step, step_time_s=dt,
-                                tokens_per_s=tokens_per_step / dt if dt > 0 else math.inf)
+                    host.update(step=step, step_time_s=dt, tokens_per_s=tokens_per_step / dt if dt > 0 else math.inf)
                     if flops_per_step and dt > 0:
                         host["tflops_per_device"] = flops_per_step / dt / 1e12
                         if peak_tflops:

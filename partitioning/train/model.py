@@ -66,6 +66,7 @@ def bind_named_axes(fn: Callable[[], Any], names: list[str]) -> Any:
     axis computes the same statistics. ``names`` grows with every unbound name
     a trace reports, so later traces bind them at once.
     """
+
     def run(bound: list[str]) -> Any:
         g = fn
         for name in bound:
@@ -115,7 +116,7 @@ class LinenModel:
 
     def __init__(self, module: nn.Module):
         self.module = module
-        self.axis_names: list[str] = []     # pmap-era collective axes the model reduces over (learned)
+        self.axis_names: list[str] = []  # pmap-era collective axes the model reduces over (learned)
         self._call = _call_params(type(module).__call__)
         self._eval_module = self._deterministic_clone(module)
 
@@ -158,13 +159,21 @@ class LinenModel:
     def init(self, rng: jax.Array, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         return unbox(self.boxed(rng, args, kwargs))
 
-    def apply(self, variables: Mapping[str, Any], args: tuple, kwargs: Mapping[str, Any], *,
-              rngs: Mapping[str, jax.Array], train: bool) -> tuple[Any, dict[str, Any]]:
+    def apply(
+        self,
+        variables: Mapping[str, Any],
+        args: tuple,
+        kwargs: Mapping[str, Any],
+        *,
+        rngs: Mapping[str, jax.Array],
+        train: bool,
+    ) -> tuple[Any, dict[str, Any]]:
         module = self._module(train)
         kw = {**kwargs, **_mode_kwargs(self._call, train)}
         mutable = ([c for c in variables if c != "params"] if train else []) + [SOWN_LOSSES]
         out, updates = bind_named_axes(
-            lambda: module.apply(dict(variables), *args, rngs=dict(rngs), mutable=mutable, **kw), self.axis_names)
+            lambda: module.apply(dict(variables), *args, rngs=dict(rngs), mutable=mutable, **kw), self.axis_names
+        )
         keep = {k: v for k, v in dict(updates).items() if k not in TRANSIENT or k == SOWN_LOSSES}
         return out, (keep if train else {k: v for k, v in keep.items() if k == SOWN_LOSSES})
 
@@ -174,11 +183,12 @@ def _nnx_names(var: nnx.Variable) -> tuple[Any, ...] | None:
     names = meta.get("out_sharding", meta.get("sharding"))
     if names is None:
         return None
-    return tuple(getattr(names, "spec", names))   # a NamedSharding's spec, a PartitionSpec or a tuple
+    return tuple(getattr(names, "spec", names))  # a NamedSharding's spec, a PartitionSpec or a tuple
 
 
 def _to_boxed(state: nnx.State) -> dict[str, Any]:
     """An NNX State as a plain nested dict whose leaves are boxes carrying the variables' names."""
+
     def leaf(var: nnx.Variable) -> Any:
         value = var.get_value()
         names = _nnx_names(var)
@@ -247,8 +257,9 @@ class NNXModel:
         out = {}
         for group, state in self._states(rng).items():
             if len(state):
-                out[group] = jax.tree.map(_key_data_leaf, _to_boxed(state),
-                                          is_leaf=lambda x: isinstance(x, LogicallyPartitioned))
+                out[group] = jax.tree.map(
+                    _key_data_leaf, _to_boxed(state), is_leaf=lambda x: isinstance(x, LogicallyPartitioned)
+                )
         return out
 
     def init(self, rng: jax.Array, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -260,21 +271,34 @@ class NNXModel:
         for group, template in self._templates.items():
             state = jax.tree.map(lambda v: v, template, is_leaf=lambda x: isinstance(x, nnx.Variable))
             if group in variables:
-                pure = jax.tree.map(lambda t, v: jax.random.wrap_key_data(v) if _is_key(t) else v,
-                                    nnx.to_pure_dict(template), dict(variables[group]))
+                pure = jax.tree.map(
+                    lambda t, v: jax.random.wrap_key_data(v) if _is_key(t) else v,
+                    nnx.to_pure_dict(template),
+                    dict(variables[group]),
+                )
                 nnx.replace_by_pure_dict(state, pure)
             states.append(state)
         return nnx.merge(self._train_def if train else self._eval_def, *states)
 
-    def apply(self, variables: Mapping[str, Any], args: tuple, kwargs: Mapping[str, Any], *,
-              rngs: Mapping[str, jax.Array], train: bool) -> tuple[Any, dict[str, Any]]:
+    def apply(
+        self,
+        variables: Mapping[str, Any],
+        args: tuple,
+        kwargs: Mapping[str, Any],
+        *,
+        rngs: Mapping[str, jax.Array],
+        train: bool,
+    ) -> tuple[Any, dict[str, Any]]:
         model = self.merge(variables, train)
         out = bind_named_axes(lambda: model(*args, **{**kwargs, **_mode_kwargs(self._call, train)}), self.axis_names)
         if not train:
             return out, {}
         states = self._split(model)
-        return out, {g: jax.tree.map(_key_to_data, nnx.to_pure_dict(s))
-                     for g, s in states.items() if g != "params" and g in variables}
+        return out, {
+            g: jax.tree.map(_key_to_data, nnx.to_pure_dict(s))
+            for g, s in states.items()
+            if g != "params" and g in variables
+        }
 
 
 def _is_key(x: Any) -> bool:
@@ -316,8 +340,15 @@ class FunctionModel:
     def init(self, rng: jax.Array, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         return {"params": unbox(self.init_fn(rng))}
 
-    def apply(self, variables: Mapping[str, Any], args: tuple, kwargs: Mapping[str, Any], *,
-              rngs: Mapping[str, jax.Array], train: bool) -> tuple[Any, dict[str, Any]]:
+    def apply(
+        self,
+        variables: Mapping[str, Any],
+        args: tuple,
+        kwargs: Mapping[str, Any],
+        *,
+        rngs: Mapping[str, jax.Array],
+        train: bool,
+    ) -> tuple[Any, dict[str, Any]]:
         kw = dict(kwargs)
         if "rngs" in self._call:
             kw["rngs"] = rngs
@@ -342,8 +373,10 @@ def as_model(model: Any) -> Any:
         return NNXModel(module=model)
     if isinstance(model, tuple) and len(model) == 2 and all(callable(f) for f in model):
         return FunctionModel(*model)
-    raise TypeError(f"cannot train a {type(model).__name__}: expected a Flax Linen module, an NNX module "
-                    f"(or NNXModel(factory)), or FunctionModel(init, apply)")
+    raise TypeError(
+        f"cannot train a {type(model).__name__}: expected a Flax Linen module, an NNX module "
+        f"(or NNXModel(factory)), or FunctionModel(init, apply)"
+    )
 
 
 __all__ = ["LinenModel", "NNXModel", "FunctionModel", "as_model", "SOWN_LOSSES"]

@@ -23,8 +23,9 @@ OPTIMIZERS = ("adamw", "adafactor", "sgd")
 SCHEDULES = ("cosine", "linear", "constant")
 
 
-def lr_schedule(lr: float, total_steps: int, *, warmup_steps: int = 0, schedule: str = "cosine",
-                min_lr_ratio: float = 0.1) -> optax.Schedule:
+def lr_schedule(
+    lr: float, total_steps: int, *, warmup_steps: int = 0, schedule: str = "cosine", min_lr_ratio: float = 0.1
+) -> optax.Schedule:
     """Linear warmup to ``lr`` over ``warmup_steps``, then ``schedule`` down to
     ``lr * min_lr_ratio`` at ``total_steps`` (``constant`` stays at ``lr``).
 
@@ -35,11 +36,15 @@ def lr_schedule(lr: float, total_steps: int, *, warmup_steps: int = 0, schedule:
         (0.001, 0.0001)
     """
     if schedule not in SCHEDULES:
-        raise ConfigError(f"optimizer.schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}"
-                          f"{did_you_mean(str(schedule), SCHEDULES)}")
+        raise ConfigError(
+            f"optimizer.schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}"
+            f"{did_you_mean(str(schedule), SCHEDULES)}"
+        )
     if lr <= 0 or total_steps < 1 or warmup_steps < 0:
-        raise ConfigError(f"need lr > 0, total_steps >= 1 and warmup_steps >= 0; got lr={lr}, "
-                          f"total_steps={total_steps}, warmup_steps={warmup_steps}")
+        raise ConfigError(
+            f"need lr > 0, total_steps >= 1 and warmup_steps >= 0; got lr={lr}, "
+            f"total_steps={total_steps}, warmup_steps={warmup_steps}"
+        )
     warmup_steps = min(warmup_steps, total_steps)
     end = lr * min_lr_ratio
     decay_steps = max(1, total_steps - warmup_steps)
@@ -61,10 +66,21 @@ def _decay_mask(params: Any) -> Any:
     return jax.tree.map(lambda p: getattr(p, "ndim", 0) >= 2, params)
 
 
-def make_optimizer(name: str = "adamw", *, lr: float, total_steps: int, warmup_steps: int = 0,
-                   schedule: str = "cosine", min_lr_ratio: float = 0.1, weight_decay: float = 0.0,
-                   b1: float = 0.9, b2: float = 0.95, eps: float = 1e-8, momentum: float = 0.9,
-                   clip_norm: float | None = None) -> optax.GradientTransformation:
+def make_optimizer(
+    name: str = "adamw",
+    *,
+    lr: float,
+    total_steps: int,
+    warmup_steps: int = 0,
+    schedule: str = "cosine",
+    min_lr_ratio: float = 0.1,
+    weight_decay: float = 0.0,
+    b1: float = 0.9,
+    b2: float = 0.95,
+    eps: float = 1e-8,
+    momentum: float = 0.9,
+    clip_norm: float | None = None,
+) -> optax.GradientTransformation:
     """An optax transformation: optional global-norm clipping, then adamw / adafactor / sgd.
 
     Weight decay is decoupled (applied to matrices only, not to norm scales or
@@ -75,25 +91,30 @@ def make_optimizer(name: str = "adamw", *, lr: float, total_steps: int, warmup_s
         >>> tx = make_optimizer("sgd", lr=0.1, total_steps=10, momentum=0.9)
     """
     if name not in OPTIMIZERS:
-        raise ConfigError(f"optimizer.name must be one of {', '.join(OPTIMIZERS)}, got {name!r}"
-                          f"{did_you_mean(str(name), OPTIMIZERS)}")
-    sched = lr_schedule(lr, total_steps, warmup_steps=warmup_steps, schedule=schedule,
-                        min_lr_ratio=min_lr_ratio)
+        raise ConfigError(
+            f"optimizer.name must be one of {', '.join(OPTIMIZERS)}, got {name!r}{did_you_mean(str(name), OPTIMIZERS)}"
+        )
+    sched = lr_schedule(lr, total_steps, warmup_steps=warmup_steps, schedule=schedule, min_lr_ratio=min_lr_ratio)
     # Only the learning rate is injected: other numeric args stay Python
     # constants (adafactor branches on some of them at trace time).
     if name == "adamw":
+
         def build(learning_rate):
-            return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                               mask=_decay_mask)
+            return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=_decay_mask)
     elif name == "adafactor":
         # Its own update clipping stays on; the global-norm clip below is separate.
         def build(learning_rate):
-            return optax.adafactor(learning_rate, weight_decay_rate=weight_decay or None,
-                                   weight_decay_mask=_decay_mask if weight_decay else None)
+            return optax.adafactor(
+                learning_rate,
+                weight_decay_rate=weight_decay or None,
+                weight_decay_mask=_decay_mask if weight_decay else None,
+            )
     else:
+
         def build(learning_rate):
             parts = [optax.add_decayed_weights(weight_decay, _decay_mask)] if weight_decay else []
             return optax.chain(*parts, optax.sgd(learning_rate, momentum=momentum or None))
+
     opt = optax.inject_hyperparams(build)(learning_rate=sched)
     if clip_norm:
         return optax.chain(optax.clip_by_global_norm(clip_norm), opt)
@@ -110,8 +131,9 @@ def current_lr(opt_state: Any) -> Any:
     """
     # inject_hyperparams keeps the value in `hyperparams` and the schedule's own
     # state under the same key in `hyperparams_states`: take the value.
-    return optax.tree_utils.tree_get(opt_state, "learning_rate", default=None,
-                                     filtering=lambda _path, value: hasattr(value, "dtype"))
+    return optax.tree_utils.tree_get(
+        opt_state, "learning_rate", default=None, filtering=lambda _path, value: hasattr(value, "dtype")
+    )
 
 
 __all__ = ["make_optimizer", "lr_schedule", "current_lr", "OPTIMIZERS", "SCHEDULES"]

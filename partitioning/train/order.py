@@ -118,8 +118,16 @@ class ArrayRows:
         return {k: v[picked] for k, v in self.arrays.items()}
 
 
-def token_batches(tokens: Any, *, seq_len: int, batch_size: int, seed: int, split: str = "train",
-                  rows: slice | None = None, cols: slice | None = None) -> grain.MapDataset:
+def token_batches(
+    tokens: Any,
+    *,
+    seq_len: int,
+    batch_size: int,
+    seed: int,
+    split: str = "train",
+    rows: slice | None = None,
+    cols: slice | None = None,
+) -> grain.MapDataset:
     """Item ``k``: this process's block of step ``k``'s ``{"inputs", "targets"}`` (int32), from windows of
     ``seq_len + 1`` tokens."""
     read = TokenWindows(tokens, seq_len, cols)
@@ -127,8 +135,15 @@ def token_batches(tokens: Any, *, seq_len: int, batch_size: int, seed: int, spli
     return ProcessRows(example_order(len(read), seed, split), batch_size, rows).map(read)
 
 
-def array_batches(arrays: dict[str, np.ndarray], indices: np.ndarray, *, batch_size: int, seed: int,
-                  split: str = "train", rows: slice | None = None) -> grain.MapDataset:
+def array_batches(
+    arrays: dict[str, np.ndarray],
+    indices: np.ndarray,
+    *,
+    batch_size: int,
+    seed: int,
+    split: str = "train",
+    rows: slice | None = None,
+) -> grain.MapDataset:
     """Item ``k``: rows ``rows`` of step ``k``'s batch of examples ``indices`` of ``arrays``."""
     read = ArrayRows(arrays, indices)
     rows = rows if rows is not None else slice(0, batch_size)
@@ -142,6 +157,7 @@ def process_rows(shardings: Any, shapes: Any) -> slice:
 
 
 # -- a record of what each step trained on ---------------------------------------------------------
+
 
 def batch_digest(batch: Any) -> dict[str, int]:
     """CRC32 of each row this process holds of each leaf of a global batch: ``{"inputs[3]": crc, ...}``.
@@ -192,5 +208,15 @@ class LoggedBatches:
         return batch
 
 
-__all__ = ["TokenWindows", "ArrayRows", "ProcessRows", "example_order", "token_batches", "array_batches", "grain_seed",
-           "process_rows", "batch_digest", "LoggedBatches"]
+__all__ = [
+    "TokenWindows",
+    "ArrayRows",
+    "ProcessRows",
+    "example_order",
+    "token_batches",
+    "array_batches",
+    "grain_seed",
+    "process_rows",
+    "batch_digest",
+    "LoggedBatches",
+]

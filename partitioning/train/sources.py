@@ -43,7 +43,7 @@ DTYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int6
 # Parts of the stdlib tree that are not the library itself (or are tests,
 # whose contents vary between builds of the same Python version).
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
-_CHUNK = 1 << 24   # tokens per chunk when scanning a file for its largest token
+_CHUNK = 1 << 24  # tokens per chunk when scanning a file for its largest token
 
 
 class TokenStream:
@@ -97,7 +97,7 @@ class TokenStream:
             return None
         for part, name, origin in zip(self.parts, self.names, self.origins):
             for lo in range(0, len(part), _CHUNK):
-                chunk = part[lo:lo + _CHUNK]
+                chunk = part[lo : lo + _CHUNK]
                 bad = (chunk >= vocab_size) | (chunk < 0)
                 if bad.any():
                     i = int(np.argmax(bad))
@@ -107,12 +107,12 @@ class TokenStream:
 
 # -- files ----------------------------------------------------------------------------------------
 
+
 def stdlib_files() -> list[Path]:
     """The standard library ``.py`` files of this interpreter, sorted by relative path."""
     root = Path(sysconfig.get_paths()["stdlib"])
     files = [
-        f for f in root.rglob("*.py")
-        if f.is_file() and not _SKIP_DIRS.intersection(f.relative_to(root).parts[:-1])
+        f for f in root.rglob("*.py") if f.is_file() and not _SKIP_DIRS.intersection(f.relative_to(root).parts[:-1])
     ]
     return sorted(files, key=lambda f: f.relative_to(root).as_posix())
 
@@ -148,13 +148,17 @@ def open_tokens(f: Path, dtype: str | None, arg: str = "path") -> np.ndarray:
         raise DataError(f"{str(f)!r}: not a token array (.npy or .bin); for text use source: text", arg=arg)
     if suffix == ".bin":
         if dtype is None:
-            raise DataError(f"{str(f)!r}: a .bin file has no header; say its dtype (e.g. uint16 for GPT-2 "
-                            f"tokens)", arg="dtype")
+            raise DataError(
+                f"{str(f)!r}: a .bin file has no header; say its dtype (e.g. uint16 for GPT-2 tokens)", arg="dtype"
+            )
         size = _size(f, arg)
         width = np.dtype(dtype).itemsize
         if size % width:
-            raise DataError(f"{str(f)!r}: {size:,} bytes is not a whole number of {dtype} tokens ({width} bytes "
-                            f"each); is the dtype right?", arg="dtype")
+            raise DataError(
+                f"{str(f)!r}: {size:,} bytes is not a whole number of {dtype} tokens ({width} bytes "
+                f"each); is the dtype right?",
+                arg="dtype",
+            )
         if size == 0:
             raise DataError(f"{str(f)!r}: file is empty", arg=arg)
         return _memmap(f, dtype, arg)
@@ -172,8 +176,10 @@ def open_tokens(f: Path, dtype: str | None, arg: str = "path") -> np.ndarray:
         kind = arr.dtype if isinstance(arr, np.ndarray) else type(arr).__name__
         raise DataError(f"{str(f)!r}: holds {kind} values; token arrays need an integer dtype", arg=arg)
     if dtype is not None and np.dtype(dtype) != arr.dtype:
-        raise DataError(f"{str(f)!r}: holds {arr.dtype} tokens, not {dtype} (a .npy file says its own dtype; "
-                        f"drop dtype)", arg="dtype")
+        raise DataError(
+            f"{str(f)!r}: holds {arr.dtype} tokens, not {dtype} (a .npy file says its own dtype; drop dtype)",
+            arg="dtype",
+        )
     if arr.size == 0:
         raise DataError(f"{str(f)!r}: holds no tokens", arg=arg)
     if arr.ndim != 1 and not arr.flags.c_contiguous:
@@ -220,8 +226,9 @@ def _files(path: str, kind: str, arg: str) -> tuple[Path, list[Path]]:
         raise DataError(f"{str(path)!r}: no such file or folder", arg=arg)
     if p.is_file():
         if kind == "text" and _looks_binary(p, arg):
-            raise DataError(f"{str(path)!r}: binary data, not text; for token arrays (.npy, .bin) use "
-                            f"source: tokens", arg=arg)
+            raise DataError(
+                f"{str(path)!r}: binary data, not text; for token arrays (.npy, .bin) use source: tokens", arg=arg
+            )
         return p.parent, [p]
     if kind == "tokens":
         files = _listing(p, lambda f: f.suffix.lower() in TOKEN_SUFFIXES)
@@ -247,8 +254,14 @@ def _rel(files: list[Path], root: Path) -> list[str]:
     return [f.relative_to(root).as_posix() for f in files]
 
 
-def read_splits(path: str | None = None, *, source: str | None = None, dtype: str | None = None,
-                eval_path: str | None = None, eval_fraction: float = 0.05) -> tuple[Any, Any, dict[str, Any]]:
+def read_splits(
+    path: str | None = None,
+    *,
+    source: str | None = None,
+    dtype: str | None = None,
+    eval_path: str | None = None,
+    eval_fraction: float = 0.05,
+) -> tuple[Any, Any, dict[str, Any]]:
     """(train tokens, eval tokens, info) of a text or token source; see the module docstring.
 
     Tokens are a ``uint8`` array for text, a :class:`TokenStream` for token
@@ -256,8 +269,7 @@ def read_splits(path: str | None = None, *, source: str | None = None, dtype: st
     text, None for tokens), ``train_files`` and ``eval_files``.
     """
     if not 0 < eval_fraction < 1:
-        raise DataError(f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction}",
-                        arg="eval_fraction")
+        raise DataError(f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction}", arg="eval_fraction")
     if dtype is not None and dtype not in DTYPES:
         raise DataError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}", arg="dtype")
     kind = source_of(path, source)
@@ -272,14 +284,18 @@ def read_splits(path: str | None = None, *, source: str | None = None, dtype: st
     info = {"kind": kind, "source": desc, "eval_source": desc, "vocab": BYTE_VOCAB if kind == "text" else None}
     if eval_path is not None:
         eroot, efiles = _files(eval_path, kind, "eval_path")
-        info.update(train_files=tuple(_rel(files, root)), eval_files=tuple(_rel(efiles, eroot)),
-                    eval_source=str(Path(eval_path).expanduser()))
+        info.update(
+            train_files=tuple(_rel(files, root)),
+            eval_files=tuple(_rel(efiles, eroot)),
+            eval_source=str(Path(eval_path).expanduser()),
+        )
         return _stream(files, root, kind, dtype, "path"), _stream(efiles, eroot, kind, dtype, "eval_path"), info
     if len(files) == 1:
         data = _stream(files, root, kind, dtype, "path")
         if len(data) < 2:
-            raise DataError(f"{str(files[0])!r}: too small to split into train and eval ({len(data)} tokens)",
-                            arg="path")
+            raise DataError(
+                f"{str(files[0])!r}: too small to split into train and eval ({len(data)} tokens)", arg="path"
+            )
         cut = len(data) - max(1, int(len(data) * eval_fraction))
         name = (files[0].name,)
         info.update(train_files=name, eval_files=name)
@@ -293,10 +309,20 @@ def read_splits(path: str | None = None, *, source: str | None = None, dtype: st
     eval_idx = set(by_key[:n_eval])
     train_f = [f for i, f in enumerate(files) if i not in eval_idx]
     eval_f = [f for i, f in enumerate(files) if i in eval_idx]
-    info.update(train_files=tuple(r for i, r in enumerate(rel) if i not in eval_idx),
-                eval_files=tuple(r for i, r in enumerate(rel) if i in eval_idx))
+    info.update(
+        train_files=tuple(r for i, r in enumerate(rel) if i not in eval_idx),
+        eval_files=tuple(r for i, r in enumerate(rel) if i in eval_idx),
+    )
     return _stream(train_f, root, kind, dtype, "path"), _stream(eval_f, root, kind, dtype, "path"), info
 
 
-__all__ = ["TokenStream", "read_splits", "open_tokens", "source_of", "stdlib_files", "BYTE_VOCAB", "TOKEN_SUFFIXES",
-           "DTYPES"]
+__all__ = [
+    "TokenStream",
+    "read_splits",
+    "open_tokens",
+    "source_of",
+    "stdlib_files",
+    "BYTE_VOCAB",
+    "TOKEN_SUFFIXES",
+    "DTYPES",
+]

@@ -20,7 +20,6 @@ from typing import Any
 
 import flax
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from partitioning.boxes import is_box, is_logical_box
@@ -75,8 +74,7 @@ def strip_foreign_boxes(opt_state: Any, params: Any) -> Any:
     a box with the param's names; those leaves are small and stay replicated.
     """
     known = {
-        (tuple(b.names), tuple(b.value.shape))
-        for b in jax.tree.leaves(params, is_leaf=is_box) if is_logical_box(b)
+        (tuple(b.names), tuple(b.value.shape)) for b in jax.tree.leaves(params, is_leaf=is_box) if is_logical_box(b)
     }
 
     def fix(x):
@@ -93,8 +91,15 @@ def model_inputs(task: Any, batch: Any) -> tuple[tuple, dict]:
     return (tuple(args), {}) if not isinstance(args, dict) else ((), dict(args))
 
 
-def abstract_train_state(model: Any, tx: Any, *, batch_size: int | None = None, seq_len: int | None = None,
-                         batch: Any = None, task: Any = None) -> tuple[Any, Any]:
+def abstract_train_state(
+    model: Any,
+    tx: Any,
+    *,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    batch: Any = None,
+    task: Any = None,
+) -> tuple[Any, Any]:
     """(boxed params, boxed optimizer state) as ShapeDtypeStructs, nothing allocated.
 
     ``model`` is anything :func:`~partitioning.train.model.as_model` takes; the

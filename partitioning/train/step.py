@@ -39,19 +39,33 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from partitioning.boxes import unbox
 from partitioning.errors import ShardingError
-from partitioning.layout import LeafLayout, tree_layouts, tree_shardings
+from partitioning.layout import tree_shardings
 from partitioning.mesh import sharding_context
 from partitioning.parallel.pipeline import (
-    check_layers, check_microbatches, layers_sizes, microbatching, pipeline_stages,
+    check_layers,
+    check_microbatches,
+    layers_sizes,
+    microbatching,
+    pipeline_stages,
 )
 from partitioning.rules import as_rules
-from partitioning.train.batch import as_abstract, batch_size_of, batch_specs, lm_batch, micro_batches, place, stream_keys
+from partitioning.train.batch import (
+    as_abstract,
+    batch_size_of,
+    batch_specs,
+    lm_batch,
+    micro_batches,
+    place,
+    stream_keys,
+)
+from partitioning.train.lowering import Lowering
 from partitioning.train.model import SOWN_LOSSES, as_model
 from partitioning.train.optimizer import current_lr
 from partitioning.train.state import TrainState, model_inputs, strip_foreign_boxes
 from partitioning.train.task import as_task, sown_losses
 
-class Trainer:
+
+class Trainer(Lowering):
     """Builds the sharded init and the jitted train / eval steps.
 
     Args:
@@ -89,11 +103,26 @@ class Trainer:
         >>> state = trainer.init(jax.random.key(0))
     """
 
-    def __init__(self, model: Any, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh, rules: Any,
-                 *, batch_size: int | None = None, seq_len: int | None = None, batch: Any = None,
-                 batch_names: Any = None, task: Any = None, loss_fn: Callable[..., Any] | None = None,
-                 rng_streams: Sequence[str] = ("dropout",), seed: int = 0, optimizer_rules: Any = None,
-                 on_indivisible: str = "error", grad_accum: int = 1, microbatches: int | None = None):
+    def __init__(
+        self,
+        model: Any,
+        tx: optax.GradientTransformation,
+        mesh: jax.sharding.Mesh,
+        rules: Any,
+        *,
+        batch_size: int | None = None,
+        seq_len: int | None = None,
+        batch: Any = None,
+        batch_names: Any = None,
+        task: Any = None,
+        loss_fn: Callable[..., Any] | None = None,
+        rng_streams: Sequence[str] = ("dropout",),
+        seed: int = 0,
+        optimizer_rules: Any = None,
+        on_indivisible: str = "error",
+        grad_accum: int = 1,
+        microbatches: int | None = None,
+    ):
         self.model, self.tx, self.mesh = as_model(model), tx, mesh
         self.task = as_task(task if task is not None else loss_fn)
         self.rules = as_rules(rules).validate(mesh)
@@ -113,17 +142,21 @@ class Trainer:
         self.grad_accum = int(grad_accum)
         if self.grad_accum < 1 or self.batch_size % self.grad_accum:
             raise ShardingError(
-                f"batch_size {self.batch_size} must be a positive multiple of grad_accum {grad_accum}", arg="grad_accum")
+                f"batch_size {self.batch_size} must be a positive multiple of grad_accum {grad_accum}", arg="grad_accum"
+            )
         self.micro_batch = self.batch_size // self.grad_accum
-        what = (f"batch_size {self.batch_size}" if self.grad_accum == 1 else
-                f"micro-batch {self.micro_batch} (batch_size {self.batch_size} / grad_accum {self.grad_accum})")
+        what = (
+            f"batch_size {self.batch_size}"
+            if self.grad_accum == 1
+            else f"micro-batch {self.micro_batch} (batch_size {self.batch_size} / grad_accum {self.grad_accum})"
+        )
         # Pipeline stages (a `stage` mesh axis) run micro-batches of these micro-batches.
         self.stages = pipeline_stages(mesh)
         self.microbatches, rows, what = check_microbatches(mesh, self.rules, microbatches, self.micro_batch, what)
-        self.batch_specs = batch_specs(self.abstract_batch, self.rules, mesh, batch_names,
-                                       micro_batch=rows, what=what)
-        self.batch_shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), self.batch_specs,
-                                            is_leaf=lambda x: isinstance(x, PartitionSpec))
+        self.batch_specs = batch_specs(self.abstract_batch, self.rules, mesh, batch_names, micro_batch=rows, what=what)
+        self.batch_shardings = jax.tree.map(
+            lambda s: NamedSharding(mesh, s), self.batch_specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
+        )
         # The sharding of a (batch, length) leaf: what TokenBatches and most data sources need.
         self.batch_spec = self.rules.batch_spec(2)
         self.batch_sharding = NamedSharding(mesh, self.batch_spec)
@@ -135,8 +168,9 @@ class Trainer:
         self.state_shardings = TrainState(
             step=replicated,
             params=tree_shardings({"params": a.params}, mesh, self.rules, on_indivisible=on_indivisible)["params"],
-            opt_state=tree_shardings({"opt_state": a.opt_state}, mesh, self.optimizer_rules,
-                                     on_indivisible=on_indivisible)["opt_state"],
+            opt_state=tree_shardings(
+                {"opt_state": a.opt_state}, mesh, self.optimizer_rules, on_indivisible=on_indivisible
+            )["opt_state"],
             collections=tree_shardings(a.collections, mesh, self.rules, on_indivisible=on_indivisible),
         )
         self.replicated = replicated
@@ -145,20 +179,24 @@ class Trainer:
         # state from them. The RNG's scratch space never coexists with the
         # optimizer state, so the init's peak stays at about the final state.
         self._init_params_jit = jax.jit(self._init_params_fn, out_shardings=(s.params, s.collections))
-        self._init_opt_jit = jax.jit(self._init_opt_fn, in_shardings=(s.params,),
-                                     out_shardings=(replicated, s.opt_state))
-        self._step_jit = jax.jit(self._step_fn, in_shardings=(s, self.batch_shardings),
-                                 out_shardings=(s, replicated), donate_argnums=0)
-        self._eval_jit = jax.jit(self._eval_fn, in_shardings=(s.params, s.collections, self.batch_shardings),
-                                 out_shardings=replicated)
+        self._init_opt_jit = jax.jit(
+            self._init_opt_fn, in_shardings=(s.params,), out_shardings=(replicated, s.opt_state)
+        )
+        self._step_jit = jax.jit(
+            self._step_fn, in_shardings=(s, self.batch_shardings), out_shardings=(s, replicated), donate_argnums=0
+        )
+        self._eval_jit = jax.jit(
+            self._eval_fn, in_shardings=(s.params, s.collections, self.batch_shardings), out_shardings=replicated
+        )
 
     # -- shapes and shardings --------------------------------------------------
     def _model_args(self, batch: Any) -> tuple[tuple, dict]:
         return model_inputs(self.task, batch)
 
     def _micro_abstract(self) -> Any:
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct((self.micro_batch, *x.shape[1:]), x.dtype),
-                            self.abstract_batch)
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct((self.micro_batch, *x.shape[1:]), x.dtype), self.abstract_batch
+        )
 
     def _abstract_state(self) -> TrainState:
         args, kwargs = self._model_args(self._micro_abstract())
@@ -167,26 +205,10 @@ class Trainer:
             variables = dict(self.model.boxed(rng, args, kwargs))
             params = variables.pop("params")
             opt_state = strip_foreign_boxes(self.tx.init(params), params)
-            return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state,
-                              collections=variables)
+            return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state, collections=variables)
 
         with sharding_context(self.mesh, self.rules):
             return jax.eval_shape(boxed, jax.random.key(0))
-
-    def state_layouts(self) -> list[LeafLayout]:
-        """One :class:`LeafLayout` per array of params, optimizer state and collections."""
-        a, kw = self.abstract_state, {"on_indivisible": self.on_indivisible}
-        return (tree_layouts({"params": a.params}, self.mesh, self.rules, **kw)
-                + tree_layouts({"opt_state": a.opt_state}, self.mesh, self.optimizer_rules, **kw)
-                + tree_layouts({"collections": a.collections}, self.mesh, self.rules, **kw))
-
-    def abstract_inputs(self) -> tuple[Any, Any]:
-        """(state, batch) as ShapeDtypeStructs carrying their shardings; nothing allocated."""
-        state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                             unbox(self.abstract_state), self.state_shardings)
-        batch = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                             self.abstract_batch, self.batch_shardings)
-        return state, batch
 
     def place(self, host_batch: Any) -> Any:
         """A global batch of numpy arrays (the same on every process) as sharded jax Arrays."""
@@ -290,65 +312,10 @@ class Trainer:
     def _empty_collections(self) -> Any:
         if not jax.tree.leaves(self._collections_template):
             return self._collections_template
-        raise TypeError("this model carries collections (e.g. batch_stats): pass eval_step(..., collections="
-                        "state.collections) or use evaluate_state(state, batch)")
-
-    def lower_init(self) -> tuple[jax.stages.Lowered, jax.stages.Lowered]:
-        """The two lowered init phases (params from the rng; optimizer state from the params).
-
-        The init's peak per-device memory is the larger of the two compiled
-        phases' ``argument + output + temp - alias`` bytes (:meth:`init_peak_bytes`).
-        """
-        state, _ = self.abstract_inputs()
-        with sharding_context(self.mesh, self.rules):
-            return (self._init_params_jit.lower(jax.random.key(0)),
-                    self._init_opt_jit.lower(state.params))
-
-    def init_peak_bytes(self) -> int:
-        """Peak per-device bytes of the compiled init (compiles it; allocates nothing)."""
-        first, second = (lowered.compile().memory_analysis() for lowered in self.lower_init())
-        params = sum(l.per_device_bytes for l in self.state_layouts() if l.path.startswith("params/"))
-        phase1 = (first.argument_size_in_bytes + first.output_size_in_bytes + first.temp_size_in_bytes
-                  - first.alias_size_in_bytes)
-        # The params stay alive through phase 2 whether or not it reads them
-        # (jit drops unused arguments, e.g. for adam's zeros_like).
-        phase2 = max(params, second.argument_size_in_bytes) + second.output_size_in_bytes + second.temp_size_in_bytes
-        return max(phase1, phase2)
-
-    def lower_train_step(self) -> jax.stages.Lowered:
-        """The lowered train step from abstract inputs (nothing allocated).
-
-        Example::
-
-            >>> compiled = trainer.lower_train_step().compile()
-            >>> compiled.memory_analysis().temp_size_in_bytes, len(compiled.as_text())
-        """
-        with sharding_context(self.mesh, self.rules):
-            return self._step_jit.lower(*self.abstract_inputs())
-
-    def step_flops(self) -> float | None:
-        """FLOPs one device does in one train step: the compiled step's cost analysis, loop trips counted.
-
-        Compiles the step (the same executable the first ``train_step`` then
-        uses). See :mod:`partitioning.plan.flops`.
-
-        Example::
-
-            >>> trainer.step_flops() * len(trainer.mesh.devices.flat) / 1e12    # TFLOPs per step, all devices
-        """
-        from partitioning.plan.flops import step_flops
-
-        return step_flops(self.lower_train_step().compile())
-
-    def lower_eval_step(self) -> jax.stages.Lowered:
-        state, batch = self.abstract_inputs()
-        with sharding_context(self.mesh, self.rules):
-            return self._eval_jit.lower(state.params, state.collections, batch)
-
-    @functools.cached_property
-    def num_params(self) -> int:
-        return sum(l.size for l in tree_layouts(self.abstract_state.params, self.mesh, self.rules,
-                                                on_indivisible=self.on_indivisible))
+        raise TypeError(
+            "this model carries collections (e.g. batch_stats): pass eval_step(..., collections="
+            "state.collections) or use evaluate_state(state, batch)"
+        )
 
 
 __all__ = ["Trainer"]

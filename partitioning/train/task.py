@@ -94,7 +94,7 @@ class Task:
     """
 
     loss: Callable[..., Any] | None = None
-    inputs: Callable[[Any], Any] = default_inputs     # batch -> positional args (tuple) or kwargs (dict)
+    inputs: Callable[[Any], Any] = default_inputs  # batch -> positional args (tuple) or kwargs (dict)
     step: Callable[..., Any] | None = None
     name: str = "custom"
 
@@ -152,13 +152,27 @@ def as_task(task: Any) -> Task:
         return task
     if isinstance(task, str):
         if task not in BUILTIN:
-            raise ConfigError(f"unknown loss {task!r} (built in: {', '.join(BUILTIN)}; or a function "
-                              f"via _target_){did_you_mean(task, BUILTIN)}", arg="loss")
+            raise ConfigError(
+                f"unknown loss {task!r} (built in: {', '.join(BUILTIN)}; or a function "
+                f"via _target_){did_you_mean(task, BUILTIN)}",
+                arg="loss",
+            )
         return BUILTIN[task]
     if callable(task):
         return Task(loss=task, name=getattr(task, "__name__", "custom"))
-    raise ConfigError(f"a task is a built-in name ({', '.join(BUILTIN)}), a loss function or a Task; "
-                      f"got {type(task).__name__}", arg="loss")
+    raise ConfigError(
+        f"a task is a built-in name ({', '.join(BUILTIN)}), a loss function or a Task; got {type(task).__name__}",
+        arg="loss",
+    )
 
 
-__all__ = ["Task", "as_task", "sown_losses", "cross_entropy", "lm_loss", "same_token_loss", "classification_loss", "BUILTIN"]
+__all__ = [
+    "Task",
+    "as_task",
+    "sown_losses",
+    "cross_entropy",
+    "lm_loss",
+    "same_token_loss",
+    "classification_loss",
+    "BUILTIN",
+]

@@ -41,7 +41,7 @@ def tag(name: str) -> str:
         ('eval/loss', 'train/lr', 'perf/tflops_per_device')
     """
     if name.startswith("eval_"):
-        return "eval/" + name[len("eval_"):]
+        return "eval/" + name[len("eval_") :]
     return ("perf/" if name in PERF else "train/") + name
 
 
@@ -76,8 +76,12 @@ class TensorBoardLogger:
             start = state_step(state)
             # A resumed run: TensorBoard drops the old events after the restored step. File names
             # carry the second they were made: the suffix keeps a quick restart from overwriting one.
-            self.writer = SummaryWriter(str(self.logdir), purge_step=start + 1 if start > 0 else None,
-                                        flush_secs=30, filename_suffix=f".{os.getpid()}.{start}")
+            self.writer = SummaryWriter(
+                str(self.logdir),
+                purge_step=start + 1 if start > 0 else None,
+                flush_secs=30,
+                filename_suffix=f".{os.getpid()}.{start}",
+            )
         return state
 
     def on_step_end(self, step: int, state: Any, metrics: Mapping[str, Any] | None) -> None:
@@ -119,9 +123,14 @@ class WandbLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         run_id = id_file.read_text().strip() if id_file.exists() and state_step(state) > 0 else secrets.token_hex(4)
         id_file.write_text(run_id + "\n")
-        self.run = wandb.init(project=self.project or os.environ.get("WANDB_PROJECT", "partitioning"),
-                              name=self.run_dir.name, dir=str(self.run_dir), id=run_id, resume="allow",
-                              config=self.config)
+        self.run = wandb.init(
+            project=self.project or os.environ.get("WANDB_PROJECT", "partitioning"),
+            name=self.run_dir.name,
+            dir=str(self.run_dir),
+            id=run_id,
+            resume="allow",
+            config=self.config,
+        )
         return state
 
     def on_step_end(self, step: int, state: Any, metrics: Mapping[str, Any] | None) -> None:

@@ -7,8 +7,9 @@ Modules:
 - :mod:`~partitioning.tune.measure` — the ``cpu`` profile, measured on the spot in device-seconds.
 - :mod:`~partitioning.tune.workload` — the model's shape from its logical names; FLOPs; the activation estimate.
 - :mod:`~partitioning.tune.space` — the candidates: meshes x rule tables x ZeRO-1 x remat x micro-batches.
-- :mod:`~partitioning.tune.cost` — the roofline: compute and per-axis communication per phase, overlapped or not;
-  the analytic terms (FSDP, data, tensor, sequence, pipeline stages, experts).
+- :mod:`~partitioning.tune.comm` — the analytic communication terms (FSDP, data, tensor, sequence, pipeline
+  stages, experts): which collectives a layout runs, per phase and axis.
+- :mod:`~partitioning.tune.cost` — the roofline: compute and per-axis communication per phase, overlapped or not.
 - :mod:`~partitioning.tune.compiled` — the same roofline from a compiled step's ops and collectives.
 - :mod:`~partitioning.tune.search` — price every candidate, reject with the reason, rank; fold in compiled views.
 - :mod:`~partitioning.tune.crossover` — the per-device batch below which a layout becomes communication-bound.
@@ -28,6 +29,20 @@ from partitioning.tune.search import Result, Search, search
 from partitioning.tune.space import Candidate, candidates
 from partitioning.tune.workload import Workload, workload
 
-__all__ = ["Hardware", "PROFILES", "hardware", "load_hardware", "profile_names", "Workload", "workload",
-           "Candidate", "candidates", "Estimate", "analytic_estimate", "compiled_estimate", "Result", "Search",
-           "search"]
+__all__ = [
+    "Hardware",
+    "PROFILES",
+    "hardware",
+    "load_hardware",
+    "profile_names",
+    "Workload",
+    "workload",
+    "Candidate",
+    "candidates",
+    "Estimate",
+    "analytic_estimate",
+    "compiled_estimate",
+    "Result",
+    "Search",
+    "search",
+]

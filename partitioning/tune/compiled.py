@@ -31,16 +31,24 @@ def axes_of_group(mesh: Mapping[str, int], group: int | None, hw: Hardware) -> t
     names = [a for a, s in mesh.items() if s > 1]
     if not group or group <= 1:
         return ()
-    found = [c for r in range(1, len(names) + 1) for c in combinations(names, r)
-             if math.prod(mesh[a] for a in c) == group]
+    found = [
+        c for r in range(1, len(names) + 1) for c in combinations(names, r) if math.prod(mesh[a] for a in c) == group
+    ]
     if not found:
         return tuple(names)
     return min(found, key=lambda c: hw.bandwidth(mesh, c))
 
 
-def compiled_estimate(ops: Sequence[Sequence[Any]], collective_ops: Sequence[Mapping[str, Any]],
-                      mesh: Mapping[str, int], hw: Hardware, *, model_flops: float,
-                      temp_bytes: float = 0.0, analytic: Estimate | None = None) -> Estimate:
+def compiled_estimate(
+    ops: Sequence[Sequence[Any]],
+    collective_ops: Sequence[Mapping[str, Any]],
+    mesh: Mapping[str, int],
+    hw: Hardware,
+    *,
+    model_flops: float,
+    temp_bytes: float = 0.0,
+    analytic: Estimate | None = None,
+) -> Estimate:
     """The :class:`Estimate` of a compiled step.
 
     ``ops``: ``[name, op, phase, flops, bytes, executions]`` rows
@@ -74,8 +82,18 @@ def compiled_estimate(ops: Sequence[Sequence[Any]], collective_ops: Sequence[Map
         compute = {p: max(flops[p] / hw.peak_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
         # The compiled loop runs every stage in every iteration: its FLOPs hold the bubble already.
         other = {k: v for k, v in analytic.other.items() if k != "pipeline bubble"}
-        return Estimate("compiled", flops, hbm, compute, list(analytic.comm), hw.overlap, model_flops,
-                        math.prod(mesh.values()), hw.peak_flops, other)
+        return Estimate(
+            "compiled",
+            flops,
+            hbm,
+            compute,
+            list(analytic.comm),
+            hw.overlap,
+            model_flops,
+            math.prod(mesh.values()),
+            hw.peak_flops,
+            other,
+        )
     buckets: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for c in collective_ops:
         axes = axes_of_group(mesh, c.get("group_size"), hw)
@@ -86,10 +104,23 @@ def compiled_estimate(ops: Sequence[Sequence[Any]], collective_ops: Sequence[Map
     for (axes, kind, phase), (nbytes, count) in buckets.items():
         group = math.prod(mesh[a] for a in axes) if axes else 1
         bw = hw.bandwidth(mesh, axes, kind)
-        comm.append(Comm(axes, kind, phase, nbytes, count, group,
-                         collective_time(hw, kind, nbytes, group, bw, count), "compiled"))
-    return Estimate("compiled", flops, hbm, compute, comm, hw.overlap, model_flops, math.prod(mesh.values()),
-                    hw.peak_flops, temporaries_time(hw, temp_bytes))
+        comm.append(
+            Comm(
+                axes, kind, phase, nbytes, count, group, collective_time(hw, kind, nbytes, group, bw, count), "compiled"
+            )
+        )
+    return Estimate(
+        "compiled",
+        flops,
+        hbm,
+        compute,
+        comm,
+        hw.overlap,
+        model_flops,
+        math.prod(mesh.values()),
+        hw.peak_flops,
+        temporaries_time(hw, temp_bytes),
+    )
 
 
 __all__ = ["compiled_estimate", "axes_of_group"]

@@ -62,46 +62,35 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from partitioning.layout import LeafLayout
-from partitioning.resolve import axes_tuple
 from partitioning.rules import Rules
-from partitioning.tune.hardware import Hardware, collective_time
-from partitioning.tune.workload import Workload, local_elements
-
-PHASES = ("fwd", "bwd", "update")
-
-
-@dataclasses.dataclass(frozen=True)
-class Comm:
-    """Collectives of one kind over some mesh axes in one phase, per step and device."""
-
-    axes: tuple[str, ...]
-    kind: str
-    phase: str
-    bytes: float        # full-buffer bytes (gathered result, reduced buffer), summed over executions
-    count: float        # executions per step
-    group: int
-    seconds: float
-    what: str = ""
-
-    @property
-    def label(self) -> str:
-        return "+".join(self.axes) or "?"
+from partitioning.tune.comm import (
+    PHASES,
+    Comm,
+    _expert_axes,
+    analytic_comm,
+    bubble_time,
+    parallel_comm,
+    shared_axes,
+    token_axes,
+)
+from partitioning.tune.hardware import Hardware
+from partitioning.tune.workload import Workload
 
 
 @dataclasses.dataclass
 class Estimate:
     """The terms of one layout's step time (see the module docstring) and their roofline."""
 
-    source: str                              # "analytic" | "compiled"
-    flops: dict[str, float]                  # per device, per phase
-    hbm_bytes: dict[str, float]              # per device, per phase
-    compute: dict[str, float]                # seconds per phase: max(flops / peak, bytes / HBM bandwidth)
+    source: str  # "analytic" | "compiled"
+    flops: dict[str, float]  # per device, per phase
+    hbm_bytes: dict[str, float]  # per device, per phase
+    compute: dict[str, float]  # seconds per phase: max(flops / peak, bytes / HBM bandwidth)
     comm: list[Comm]
     overlap: bool
-    model_flops: float                       # whole step, all devices (for MFU)
+    model_flops: float  # whole step, all devices (for MFU)
     devices: int
     peak_flops: float
-    other: dict[str, float] = dataclasses.field(default_factory=dict)   # seconds outside the phases
+    other: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds outside the phases
 
     def comm_time(self, phase: str | None = None) -> float:
         return sum(c.seconds for c in self.comm if phase is None or c.phase == phase)
@@ -159,190 +148,50 @@ class Estimate:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "source": self.source, "step_time_s": self.step_time, "overlapped_s": self.overlapped,
-            "serial_s": self.serial, "overlap": self.overlap, "mfu": self.mfu, "bottleneck": self.bottleneck,
-            "flops": self.flops, "hbm_bytes": self.hbm_bytes, "compute_s": self.compute,
-            "comm_s": {p: self.comm_time(p) for p in PHASES}, "comm_per_axis_s": self.per_axis(),
+            "source": self.source,
+            "step_time_s": self.step_time,
+            "overlapped_s": self.overlapped,
+            "serial_s": self.serial,
+            "overlap": self.overlap,
+            "mfu": self.mfu,
+            "bottleneck": self.bottleneck,
+            "flops": self.flops,
+            "hbm_bytes": self.hbm_bytes,
+            "compute_s": self.compute,
+            "comm_s": {p: self.comm_time(p) for p in PHASES},
+            "comm_per_axis_s": self.per_axis(),
             "other_s": self.other,
             "collectives": [dataclasses.asdict(c) | {"axes": list(c.axes)} for c in self.comm],
         }
 
 
-# -- analytic terms --------------------------------------------------------------------------------
-
-def token_axes(rules: Rules, mesh: Mapping[str, int], w: Workload) -> list[str]:
-    """Mesh axes (size > 1) that split the tokens: the batch axes, then those splitting ``length``."""
-    out = [a for a in rules.batch_axes if mesh.get(a, 1) > 1]
-    spec = rules.resolve(("batch", "length", "embed"))
-    if spec is not None and len(spec) > 1:
-        out += [a for a in axes_tuple(spec[1]) if mesh.get(a, 1) > 1 and a not in out]
-    return out
-
-
-def _length_axes(rules: Rules, mesh: Mapping[str, int]) -> list[str]:
-    spec = rules.resolve(("batch", "length", "embed"))
-    return [a for a in axes_tuple(spec[1]) if mesh.get(a, 1) > 1] if spec is not None and len(spec) > 1 else []
-
-
-def leaf_axes(l: LeafLayout, mesh: Mapping[str, int]) -> list[str]:
-    return [a for e in l.spec for a in axes_tuple(e) if mesh.get(a, 1) > 1]
-
-
-OWNED = ("layers", "expert")     # dimensions whose split is the device's share of the work, never gathered
-
-
-def _owned(names: Sequence[Any], i: int) -> bool:
-    """Dimension ``i`` is a stacked ``layers`` axis, or the ``expert`` axis of an expert's weights
-    ``(expert, embed, mlp)`` (a router's ``(embed, expert)`` is a dense matmul: gathered)."""
-    if i >= len(names) or names[i] not in OWNED:
-        return False
-    return names[i] == "layers" or "mlp" in names
-
-
-def shared_axes(l: LeafLayout, mesh: Mapping[str, int]) -> list[str]:
-    """The leaf's mesh axes (size > 1) except those splitting a ``layers`` or an expert weight's ``expert``
-    dimension."""
-    names = list(l.names or ())
-    return [a for i, e in enumerate(l.spec) if not _owned(names, i) for a in axes_tuple(e) if mesh.get(a, 1) > 1]
-
-
-def _repeats(l: LeafLayout) -> int:
-    """How many times a step uses the leaf's slices one after another (its ``layers`` axis)."""
-    if l.names and "layers" in l.names:
-        return int(l.shape[list(l.names).index("layers")])
-    return 1
-
-
-def _layer_shards(l: LeafLayout) -> int:
-    """Into how many stages the leaf's stacked ``layers`` dimension is split (1: not stacked or not split)."""
-    if l.names and "layers" in l.names:
-        return int(l.shards_per_dim[list(l.names).index("layers")])
-    return 1
-
-
-def _ordered(mesh: Mapping[str, int], axes: Sequence[str]) -> tuple[str, ...]:
-    return tuple(a for a in mesh if a in axes)
-
-
-def analytic_comm(params: Sequence[LeafLayout], mesh: Mapping[str, int], rules: Rules, w: Workload,
-                  hw: Hardware, *, micro_batch: int, grad_accum: int = 1, microbatches: int = 1) -> list[Comm]:
-    """The collectives of one step, per device (see the module docstring).
-
-    ``microbatches``: the pipeline's ``M``. A device runs the ``L/S`` layers of its stage in each of the
-    schedule's ``M + S - 1`` iterations, on one micro-batch each: it gathers their FSDP weights once per
-    iteration, and its tensor-parallel activations add up to ``(M+S-1)/M`` of the batch's.
-    """
-    tokens = token_axes(rules, mesh, w)
-    buckets: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])   # (axes, kind, phase, what) -> bytes, count
-
-    def add(axes, kind, phase, nbytes, count, what):
-        key = (_ordered(mesh, axes), kind, phase, what)
-        buckets[key][0] += nbytes * grad_accum
-        buckets[key][1] += count * grad_accum
-
-    resid = local_elements(rules, mesh, ("batch", "length", "embed"), (micro_batch, w.seq_len, w.embed))
-    resid_bytes = resid * w.compute_bytes
-    row, col = defaultdict(int), set()
-    pipelined = 1
-    for l in params:
-        every = leaf_axes(l, mesh)
-        axes = shared_axes(l, mesh)
-        fsdp = [a for a in axes if a in tokens]
-        dp = [a for a in tokens if a not in every]
-        mp = [a for a in axes if a not in tokens]
-        stages = _layer_shards(l)
-        pipelined = max(pipelined, stages)
-        reps = _repeats(l) // stages                     # the layers this device runs
-        # Pipelined, the stage's layers run once per schedule iteration: M + S - 1 of them.
-        again = microbatches + stages - 1 if stages > 1 else 1
-        if fsdp:
-            gathered = l.per_device_bytes * math.prod(mesh[a] for a in fsdp) * again
-            add(fsdp, "all-gather", "fwd", gathered, reps * again, "FSDP weights (forward)")
-            add(fsdp, "all-gather", "bwd", gathered, reps * again, "FSDP weights (backward)")
-            add(fsdp, "reduce-scatter", "bwd", gathered, reps * again, "FSDP gradients")
-        if dp:
-            add(dp, "all-reduce", "bwd", l.per_device_bytes, 1, "gradients (data parallel)")
-        if mp and l.names and "embed" in l.names:
-            e = list(l.names).index("embed")
-            split = [i for i, (d, n) in enumerate(zip(l.spec, l.shards_per_dim)) if n > 1 and i != e
-                     and not _owned(l.names, i) and any(a in mp for a in axes_tuple(d))]
-            parent = l.path.rsplit("/", 1)[0]
-            share = again / microbatches if stages > 1 else 1.0   # of the batch's activations, bubble included
-            if split and max(split) < e:
-                row[(tuple(mp), l.path, reps, again, share)] += 1
-            elif split:
-                col.add((tuple(mp), parent, reps, again, share))
-    for (mp, _, reps, again, share), n in row.items():
-        add(mp, "all-reduce", "fwd", n * resid_bytes * reps * share, n * reps * again,
-            "activations (row-parallel matmuls)")
-    for mp, _, reps, again, share in col:
-        add(mp, "all-reduce", "bwd", resid_bytes * reps * share, reps * again,
-            "activation gradients (column-parallel matmuls)")
-    seq = _length_axes(rules, mesh)
-    if seq and w.heads and w.head_dim:
-        kv = local_elements(rules, mesh, ("batch", "length", "kv_heads", "kv"),
-                            (micro_batch, w.seq_len, w.kv_heads, w.head_dim))
-        layers = w.layers // pipelined
-        share = (microbatches + pipelined - 1) / microbatches if pipelined > 1 else 1.0
-        gathered = 2 * kv * w.compute_bytes * math.prod(mesh[a] for a in seq) * layers * share
-        runs = layers * (microbatches + pipelined - 1 if pipelined > 1 else 1)
-        add(seq, "all-gather", "fwd", gathered, 2 * runs, "keys and values (sequence split)")
-        add(seq, "reduce-scatter", "bwd", gathered, 2 * runs, "key and value gradients (sequence split)")
-    out = []
-    for (axes, kind, phase, what), (nbytes, count) in buckets.items():
-        group = math.prod(mesh[a] for a in axes)
-        bw = hw.bandwidth(mesh, axes, kind)
-        out.append(Comm(axes, kind, phase, nbytes, count, group,
-                        collective_time(hw, kind, nbytes, group, bw, count), what))
-    return out
-
-
-def parallel_comm(costs: Mapping[str, Any], mesh: Mapping[str, int], hw: Hardware,
-                  expert_axes: Sequence[str] = ("expert",)) -> list[Comm]:
-    """The pipeline's and the experts' collectives from their analytic costs per step and device
-    (:func:`partitioning.plan.parallel.costs_from_records`), half forward and half backward."""
-    out = []
-
-    def add(axes, kind, nbytes, count, what):
-        axes = _ordered(mesh, [a for a in axes if mesh.get(a, 1) > 1])
-        if not axes or not nbytes:
-            return
-        group = math.prod(mesh[a] for a in axes)
-        bw = hw.bandwidth(mesh, axes, kind)
-        for phase in ("fwd", "bwd"):
-            out.append(Comm(axes, kind, phase, nbytes / 2, count / 2, group,
-                            collective_time(hw, kind, nbytes / 2, group, bw, count / 2), what))
-
-    pipe, experts = costs.get("pipeline"), costs.get("experts")
-    if pipe and pipe["stages"] > 1:
-        add(("stage",), "collective-permute", pipe["collective_permute_bytes"], pipe["collective_permute_count"],
-            "activations to the next stage")
-        add(("stage",), "all-reduce", pipe["stage_all_reduce_bytes"], 2, "last stage's outputs to every stage")
-    if experts and experts["expert_shards"] > 1:
-        add(expert_axes, "all-to-all", experts["all_to_all_bytes"], experts["all_to_all_count"],
-            "tokens to their experts and back")
-    return out
-
-
-def bubble_time(compute: Mapping[str, float], stages: int, microbatches: int) -> dict[str, float]:
-    """``{"pipeline bubble": s}``: the stages' idle time, ``(S-1)/M`` of their forward and backward compute."""
-    if stages <= 1:
-        return {}
-    return {"pipeline bubble": (stages - 1) / microbatches * (compute["fwd"] + compute["bwd"])}
-
-
 def compute_parallelism(params: Sequence[LeafLayout], mesh: Mapping[str, int], rules: Rules, w: Workload) -> int:
     """Devices that share the step's FLOPs: token axes times the axes splitting layer weights (the rest copy)."""
     tokens = token_axes(rules, mesh, w)
-    model = {a for l in params if _repeats(l) > 1 or l.names and ("mlp" in l.names or "expert" in l.names)
-             for a in leaf_axes(l, mesh) if a not in tokens}
+    model = {
+        a
+        for l in params
+        if _repeats(l) > 1 or l.names and ("mlp" in l.names or "expert" in l.names)
+        for a in leaf_axes(l, mesh)
+        if a not in tokens
+    }
     return math.prod(mesh[a] for a in tokens) * math.prod(mesh[a] for a in model)
 
 
-def analytic_estimate(params: Sequence[LeafLayout], state_bytes: Mapping[str, float], mesh: Mapping[str, int],
-                      rules: Rules, w: Workload, hw: Hardware, *, remat: str, grad_accum: int,
-                      flops_total: Mapping[str, float] | None = None, temp_bytes: float = 0.0,
-                      parallel: Mapping[str, Any] | None = None) -> Estimate:
+def analytic_estimate(
+    params: Sequence[LeafLayout],
+    state_bytes: Mapping[str, float],
+    mesh: Mapping[str, int],
+    rules: Rules,
+    w: Workload,
+    hw: Hardware,
+    *,
+    remat: str,
+    grad_accum: int,
+    flops_total: Mapping[str, float] | None = None,
+    temp_bytes: float = 0.0,
+    parallel: Mapping[str, Any] | None = None,
+) -> Estimate:
     """The analytic :class:`Estimate` of one layout.
 
     ``state_bytes``: per-device ``params``, ``gradients``, ``optimizer`` bytes
@@ -362,21 +211,29 @@ def analytic_estimate(params: Sequence[LeafLayout], state_bytes: Mapping[str, fl
     tokens = token_axes(rules, mesh, w)
     used = sum(l.per_device_bytes * math.prod(mesh[a] for a in leaf_axes(l, mesh) if a in tokens) for l in params)
     act = w.tokens / par * w.embed * w.compute_bytes * max(1, w.layers) * 8
-    hbm = {"fwd": grad_accum * used + act, "bwd": grad_accum * (2 + (remat == "full")) * used + 2 * act,
-           "update": 2 * state_bytes["params"] + 2 * state_bytes["optimizer"] + state_bytes["gradients"]}
+    hbm = {
+        "fwd": grad_accum * used + act,
+        "bwd": grad_accum * (2 + (remat == "full")) * used + 2 * act,
+        "update": 2 * state_bytes["params"] + 2 * state_bytes["optimizer"] + state_bytes["gradients"],
+    }
     compute = {p: max(flops[p] / hw.peak_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
     pipe = (parallel or {}).get("pipeline") or {}
     stages, m = int(pipe.get("stages", 1)), int(pipe.get("microbatches", 1))
     comm = analytic_comm(params, mesh, rules, w, hw, micro_batch=micro, grad_accum=grad_accum, microbatches=m)
     comm += parallel_comm(parallel or {}, mesh, hw, _expert_axes(rules, mesh))
     other = {**temporaries_time(hw, temp_bytes), **bubble_time(compute, stages, m)}
-    return Estimate("analytic", flops, hbm, compute, comm, hw.overlap, w.flops_per_step(remat)["model"],
-                    devices, hw.peak_flops, other)
-
-
-def _expert_axes(rules: Rules, mesh: Mapping[str, int]) -> list[str]:
-    spec = rules.resolve(("batch", "expert", None, "embed"))
-    return [a for a in axes_tuple(spec[1]) if mesh.get(a, 1) > 1] if spec is not None and len(spec) > 1 else []
+    return Estimate(
+        "analytic",
+        flops,
+        hbm,
+        compute,
+        comm,
+        hw.overlap,
+        w.flops_per_step(remat)["model"],
+        devices,
+        hw.peak_flops,
+        other,
+    )
 
 
 def temporaries_time(hw: Hardware, temp_bytes: float) -> dict[str, float]:
@@ -386,5 +243,16 @@ def temporaries_time(hw: Hardware, temp_bytes: float) -> dict[str, float]:
     return {"temporaries": temp_bytes / hw.alloc_bandwidth}
 
 
-__all__ = ["Comm", "Estimate", "PHASES", "temporaries_time", "analytic_comm", "analytic_estimate",
-           "compute_parallelism", "token_axes", "parallel_comm", "bubble_time", "shared_axes"]
+__all__ = [
+    "Comm",
+    "Estimate",
+    "PHASES",
+    "temporaries_time",
+    "analytic_comm",
+    "analytic_estimate",
+    "compute_parallelism",
+    "token_axes",
+    "parallel_comm",
+    "bubble_time",
+    "shared_axes",
+]

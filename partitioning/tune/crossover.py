@@ -46,21 +46,35 @@ from partitioning.tune.workload import Workload
 
 def mlp_stack(embed: int, mlp: int, layers: int = 1, dtype: Any = jnp.bfloat16) -> dict[str, Any]:
     """The abstract, named parameters of ``layers`` MLP blocks (the published analyses' transformer)."""
+
     def box(shape, names):
         return LogicallyPartitioned(jax.ShapeDtypeStruct(shape, dtype), names)
 
-    return {"params": {"wi": box((layers, embed, mlp), ("layers", "embed", "mlp")),
-                       "wo": box((layers, mlp, embed), ("layers", "mlp", "embed"))}}
+    return {
+        "params": {
+            "wi": box((layers, embed, mlp), ("layers", "embed", "mlp")),
+            "wo": box((layers, mlp, embed), ("layers", "mlp", "embed")),
+        }
+    }
 
 
-def _terms(hw: Hardware, mesh: Mapping[str, int], rules: Any, embed: int, mlp: int, layers: int,
-           tokens_per_device: int) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+def _terms(
+    hw: Hardware, mesh: Mapping[str, int], rules: Any, embed: int, mlp: int, layers: int, tokens_per_device: int
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """(FLOPs seconds per phase, communication seconds per phase and axis) at ``tokens_per_device``."""
     rules = as_rules(rules)
     devices = math.prod(mesh.values())
     params = tree_layouts(mlp_stack(embed, mlp, layers), dict(mesh), rules, on_indivisible="replicate")
-    w = Workload(params=2 * layers * embed * mlp, matmul_params=2 * layers * embed * mlp,
-                 batch=tokens_per_device * devices, seq_len=1, layers=layers, embed=embed, mlp=mlp, compute_bytes=2)
+    w = Workload(
+        params=2 * layers * embed * mlp,
+        matmul_params=2 * layers * embed * mlp,
+        batch=tokens_per_device * devices,
+        seq_len=1,
+        layers=layers,
+        embed=embed,
+        mlp=mlp,
+        compute_bytes=2,
+    )
     par = compute_parallelism(params, mesh, rules, w)
     f = w.flops_per_step("none")
     flops = {"fwd": f["fwd"] / par / hw.peak_flops, "bwd": f["bwd"] / par / hw.peak_flops}
@@ -81,8 +95,9 @@ def _solve(c1: float, c2: float, x1: float, x2: float) -> float:
     return fixed / (slope_c - slope_x)
 
 
-def crossover(hw: Hardware, mesh: Mapping[str, int], rules: Any, *, embed: int, mlp: int,
-              layers: int = 1) -> dict[str, Any]:
+def crossover(
+    hw: Hardware, mesh: Mapping[str, int], rules: Any, *, embed: int, mlp: int, layers: int = 1
+) -> dict[str, Any]:
     """``{"layout": b*, "axes": {axis: b*}, "phase": binding phase}`` (tokens per device; see the module docstring).
 
     Example::
@@ -102,8 +117,9 @@ def crossover(hw: Hardware, mesh: Mapping[str, int], rules: Any, *, embed: int, 
     return {"layout": per_phase[phase], "phase": phase, "axes": axes}
 
 
-def tensor_limit(hw: Hardware, mesh: Mapping[str, int], rules: Any, axis: str = "tensor", *, embed: int,
-                 mlp: int) -> float:
+def tensor_limit(
+    hw: Hardware, mesh: Mapping[str, int], rules: Any, axis: str = "tensor", *, embed: int, mlp: int
+) -> float:
     """The widest ``axis`` whose activation all-reduces the FLOPs still hide: ``size / (comm / FLOPs)``.
 
     Tensor-parallel traffic and FLOPs per device both scale with the batch, so

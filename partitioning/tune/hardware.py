@@ -38,12 +38,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from partitioning.plan.flops import PEAK_TFLOPS
-
 from partitioning.errors import ConfigError, did_you_mean
+from partitioning.plan.flops import PEAK_TFLOPS
 from partitioning.yamlfile import read_yaml, where
 
-GB, GIB = 10 ** 9, 2 ** 30
+GB, GIB = 10**9, 2**30
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 
@@ -59,16 +58,16 @@ class Hardware:
     """
 
     name: str
-    peak_flops: float              # dense bf16 FLOP/s per device
-    memory: int                    # HBM bytes per device
-    memory_bandwidth: float        # HBM bytes/s per device
-    topology: str                  # "nodes" | "torus"
-    node_size: int                 # devices per node (nodes) / chips per pod (torus)
-    link_bandwidth: float          # bytes/s: per device inside a node (nodes) / per torus axis (torus)
-    network_bandwidth: float       # bytes/s per device across nodes / pods
+    peak_flops: float  # dense bf16 FLOP/s per device
+    memory: int  # HBM bytes per device
+    memory_bandwidth: float  # HBM bytes/s per device
+    topology: str  # "nodes" | "torus"
+    node_size: int  # devices per node (nodes) / chips per pod (torus)
+    link_bandwidth: float  # bytes/s: per device inside a node (nodes) / per torus axis (torus)
+    network_bandwidth: float  # bytes/s per device across nodes / pods
     torus_dims: int = 0
-    latency: float = 1e-5          # seconds: the fixed cost of one collective
-    overlap: bool = True           # collectives run beside compute (async), not in turn with it
+    latency: float = 1e-5  # seconds: the fixed cost of one collective
+    overlap: bool = True  # collectives run beside compute (async), not in turn with it
     collective_bandwidth: Mapping[str, float] = dataclasses.field(default_factory=dict)  # per kind, replaces links
     # Bytes/s at which a step's fresh temporary memory is faulted in (the CPU runtime maps it anew each
     # step and the kernel zeroes every page); None where device memory is pooled (GPUs, TPUs).
@@ -153,13 +152,12 @@ def _members_per_node(mesh: Mapping[str, int], axes: Sequence[str], node_size: i
     for i, (name, size) in enumerate(sizes):
         if name not in axes:
             continue
-        stride = math.prod(s for _, s in sizes[i + 1:])
+        stride = math.prod(s for _, s in sizes[i + 1 :])
         inside *= 1 if stride >= node_size else min(size, max(1, node_size // stride))
     return inside
 
 
-def collective_time(hw: Hardware, kind: str, nbytes: float, group: int, bandwidth: float,
-                    count: float = 1) -> float:
+def collective_time(hw: Hardware, kind: str, nbytes: float, group: int, bandwidth: float, count: float = 1) -> float:
     """Seconds for ``count`` collectives of kind ``kind`` moving ``nbytes`` (per device, full buffer) in total.
 
     An all-gather or reduce-scatter costs ``bytes / W``, an all-reduce twice
@@ -186,6 +184,7 @@ def collective_time(hw: Hardware, kind: str, nbytes: float, group: int, bandwidt
 #   Part 2 (tpus): the TPU spec tables; Part 5 (training): C = 4.6e14, W = 2 * 9e10 for v5p;
 #   Part 12 (gpus): GPU tables, "GPU egress 450e9, node egress 400e9" for H100 / B200 DGX SuperPODs.
 
+
 def _peak(kind: str) -> float:
     """FLOP/s from the one peak table (plan.flops, which MFU in training logs also reads)."""
     return dict(PEAK_TFLOPS)[kind] * 1e12
@@ -197,63 +196,100 @@ _SB_GPU = "https://jax-ml.github.io/scaling-book/gpus/"
 
 PROFILES: dict[str, Hardware] = {
     "h100": Hardware(
-        name="h100", description="NVIDIA H100 SXM 80GB, 8 per node (NVLink 4), 8x400 Gb/s InfiniBand per node",
-        peak_flops=_peak("h100"),       # datasheet: 1,979 TFLOP/s bf16 with sparsity -> 989 dense
-        memory=80 * GB, memory_bandwidth=3.35e12,      # datasheet: 80 GB HBM3, 3.35 TB/s
-        topology="nodes", node_size=8,
-        link_bandwidth=450e9,          # NVLink 4: 900 GB/s bidirectional = 450 GB/s egress (SB Part 12)
-        network_bandwidth=50e9,        # one 400 Gb/s NIC per GPU: node egress 400 GB/s / 8 (SB Part 12)
+        name="h100",
+        description="NVIDIA H100 SXM 80GB, 8 per node (NVLink 4), 8x400 Gb/s InfiniBand per node",
+        peak_flops=_peak("h100"),  # datasheet: 1,979 TFLOP/s bf16 with sparsity -> 989 dense
+        memory=80 * GB,
+        memory_bandwidth=3.35e12,  # datasheet: 80 GB HBM3, 3.35 TB/s
+        topology="nodes",
+        node_size=8,
+        link_bandwidth=450e9,  # NVLink 4: 900 GB/s bidirectional = 450 GB/s egress (SB Part 12)
+        network_bandwidth=50e9,  # one 400 Gb/s NIC per GPU: node egress 400 GB/s / 8 (SB Part 12)
         latency=1e-5,
-        sources=("https://www.nvidia.com/en-us/data-center/h100/", _SB_GPU,
-                 "https://docs.nvidia.com/dgx-superpod-reference-architecture-dgx-h100.pdf")),
+        sources=(
+            "https://www.nvidia.com/en-us/data-center/h100/",
+            _SB_GPU,
+            "https://docs.nvidia.com/dgx-superpod-reference-architecture-dgx-h100.pdf",
+        ),
+    ),
     "h200": Hardware(
-        name="h200", description="NVIDIA H200 SXM 141GB, 8 per node (NVLink 4), 8x400 Gb/s InfiniBand per node",
-        peak_flops=_peak("h200"),       # datasheet: 1,979 TFLOP/s bf16 with sparsity (same Hopper die as H100)
-        memory=141 * GB, memory_bandwidth=4.8e12,     # datasheet: 141 GB HBM3e, 4.8 TB/s
-        topology="nodes", node_size=8, link_bandwidth=450e9, network_bandwidth=50e9, latency=1e-5,
-        sources=("https://www.nvidia.com/en-us/data-center/h200/", _SB_GPU)),
-    "a100-80g": Hardware(
-        name="a100-80g", description="NVIDIA A100 SXM 80GB, 8 per node (NVLink 3), 8x200 Gb/s InfiniBand per node",
-        peak_flops=_peak("a100"),       # datasheet: 312 TFLOP/s bf16 dense
-        memory=80 * GB, memory_bandwidth=2.039e12,    # datasheet: 80 GB HBM2e, 2,039 GB/s
-        topology="nodes", node_size=8,
-        link_bandwidth=300e9,          # NVLink 3: 600 GB/s bidirectional = 300 GB/s egress
-        network_bandwidth=25e9,        # DGX A100: one 200 Gb/s HDR NIC per GPU
+        name="h200",
+        description="NVIDIA H200 SXM 141GB, 8 per node (NVLink 4), 8x400 Gb/s InfiniBand per node",
+        peak_flops=_peak("h200"),  # datasheet: 1,979 TFLOP/s bf16 with sparsity (same Hopper die as H100)
+        memory=141 * GB,
+        memory_bandwidth=4.8e12,  # datasheet: 141 GB HBM3e, 4.8 TB/s
+        topology="nodes",
+        node_size=8,
+        link_bandwidth=450e9,
+        network_bandwidth=50e9,
         latency=1e-5,
-        sources=("https://www.nvidia.com/en-us/data-center/a100/",
-                 "https://docs.nvidia.com/dgx-superpod-reference-architecture-dgx-a100.pdf")),
+        sources=("https://www.nvidia.com/en-us/data-center/h200/", _SB_GPU),
+    ),
+    "a100-80g": Hardware(
+        name="a100-80g",
+        description="NVIDIA A100 SXM 80GB, 8 per node (NVLink 3), 8x200 Gb/s InfiniBand per node",
+        peak_flops=_peak("a100"),  # datasheet: 312 TFLOP/s bf16 dense
+        memory=80 * GB,
+        memory_bandwidth=2.039e12,  # datasheet: 80 GB HBM2e, 2,039 GB/s
+        topology="nodes",
+        node_size=8,
+        link_bandwidth=300e9,  # NVLink 3: 600 GB/s bidirectional = 300 GB/s egress
+        network_bandwidth=25e9,  # DGX A100: one 200 Gb/s HDR NIC per GPU
+        latency=1e-5,
+        sources=(
+            "https://www.nvidia.com/en-us/data-center/a100/",
+            "https://docs.nvidia.com/dgx-superpod-reference-architecture-dgx-a100.pdf",
+        ),
+    ),
     "v4": Hardware(
-        name="v4", description="Google TPU v4, 3D torus, 4096-chip pods",
-        peak_flops=_peak("tpu v4"), memory=32 * GIB, memory_bandwidth=1.2e12,   # SB Part 2 table; 32 GiB HBM2
-        topology="torus", torus_dims=3, node_size=4096,                 # pod 16x16x16 (SB Part 2)
-        link_bandwidth=9e10,           # ICI 4.5e10 one-way per link, 9e10 both ways (SB Part 2)
+        name="v4",
+        description="Google TPU v4, 3D torus, 4096-chip pods",
+        peak_flops=_peak("tpu v4"),
+        memory=32 * GIB,
+        memory_bandwidth=1.2e12,  # SB Part 2 table; 32 GiB HBM2
+        topology="torus",
+        torus_dims=3,
+        node_size=4096,  # pod 16x16x16 (SB Part 2)
+        link_bandwidth=9e10,  # ICI 4.5e10 one-way per link, 9e10 both ways (SB Part 2)
         network_bandwidth=2.5e10 / 4,  # DCN ~2.5e10 per host of 4 chips (SB Part 2)
         latency=1e-5,
-        sources=(_SB_TPU, "https://cloud.google.com/tpu/docs/v4")),
+        sources=(_SB_TPU, "https://cloud.google.com/tpu/docs/v4"),
+    ),
     "v5e": Hardware(
-        name="v5e", description="Google TPU v5e, 2D torus, 256-chip pods",
-        peak_flops=_peak("tpu v5e"), memory=16 * GIB, memory_bandwidth=8.1e11,   # SB Part 2 table; 16 GiB HBM2e
-        topology="torus", torus_dims=2, node_size=256,                  # pod 16x16
-        link_bandwidth=1e11,           # ICI 5e10 one-way per link, 1e11 both ways (SB Part 2)
+        name="v5e",
+        description="Google TPU v5e, 2D torus, 256-chip pods",
+        peak_flops=_peak("tpu v5e"),
+        memory=16 * GIB,
+        memory_bandwidth=8.1e11,  # SB Part 2 table; 16 GiB HBM2e
+        topology="torus",
+        torus_dims=2,
+        node_size=256,  # pod 16x16
+        link_bandwidth=1e11,  # ICI 5e10 one-way per link, 1e11 both ways (SB Part 2)
         network_bandwidth=2.5e10 / 8,  # DCN ~2.5e10 per host of 8 chips (4x2 hosts)
         latency=1e-5,
-        sources=(_SB_TPU, "https://cloud.google.com/tpu/docs/v5e")),
+        sources=(_SB_TPU, "https://cloud.google.com/tpu/docs/v5e"),
+    ),
     "v5p": Hardware(
-        name="v5p", description="Google TPU v5p, 3D torus, 8960-chip pods",
-        peak_flops=_peak("tpu v5p"), memory=95 * GIB, memory_bandwidth=2.76e12,  # Cloud docs: 459 TFLOP/s, 95 GiB, 2,765 GB/s
-        topology="torus", torus_dims=3, node_size=8960,                 # pod 16x20x28 (SB Part 2)
+        name="v5p",
+        description="Google TPU v5p, 3D torus, 8960-chip pods",
+        peak_flops=_peak("tpu v5p"),
+        memory=95 * GIB,
+        memory_bandwidth=2.76e12,  # Cloud docs: 459 TFLOP/s, 95 GiB, 2,765 GB/s
+        topology="torus",
+        torus_dims=3,
+        node_size=8960,  # pod 16x20x28 (SB Part 2)
         # SB Part 5 derives its crossovers with W = 2 * 9e10 per axis ("1D data parallelism over ICI");
         # Part 2's table lists 1e11 one-way in a later revision. The published analysis uses 9e10.
         link_bandwidth=1.8e11,
         network_bandwidth=2.5e10 / 4,  # DCN ~2.5e10 per host of 4 chips (SB Part 5, "Scaling between pods")
         latency=1e-5,
-        sources=(_SB_TRAIN, _SB_TPU, "https://cloud.google.com/tpu/docs/v5p")),
+        sources=(_SB_TRAIN, _SB_TPU, "https://cloud.google.com/tpu/docs/v5p"),
+    ),
 }
 
 ALIASES = {"a100": "a100-80g", "v4p": "v4", "tpu-v4": "v4", "tpu-v5e": "v5e", "tpu-v5p": "v5p", "h100-sxm": "h100"}
 _FIELDS = {f.name: f for f in dataclasses.fields(Hardware)}
-_REQUIRED = ("peak_flops", "memory", "memory_bandwidth", "topology", "node_size", "link_bandwidth",
-             "network_bandwidth")
+_REQUIRED = ("peak_flops", "memory", "memory_bandwidth", "topology", "node_size", "link_bandwidth", "network_bandwidth")
 
 
 def profile_names() -> list[str]:
@@ -272,8 +308,11 @@ def hardware(name: str) -> Hardware:
     key = ALIASES.get(name.lower(), name.lower())
     if key in PROFILES:
         return PROFILES[key]
-    raise ConfigError(f"--hardware {name!r}: no such profile; choose one of {', '.join(profile_names())} "
-                      f"or give a YAML file{did_you_mean(key, profile_names())}", arg="hardware")
+    raise ConfigError(
+        f"--hardware {name!r}: no such profile; choose one of {', '.join(profile_names())} "
+        f"or give a YAML file{did_you_mean(key, profile_names())}",
+        arg="hardware",
+    )
 
 
 def load_hardware(path: str | Path) -> Hardware:

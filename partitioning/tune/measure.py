@@ -40,7 +40,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from partitioning.tune.hardware import Hardware
 
@@ -85,11 +86,17 @@ def _host_memory() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return 16 * 2 ** 30
+        return 16 * 2**30
 
 
-def measure_cpu(devices: int | None = None, *, matmul: int = 512, stream: int = 1 << 22,
-                sizes: tuple[int, int] = (1 << 10, 1 << 18), repeats: int = 3) -> Hardware:
+def measure_cpu(
+    devices: int | None = None,
+    *,
+    matmul: int = 512,
+    stream: int = 1 << 22,
+    sizes: tuple[int, int] = (1 << 10, 1 << 18),
+    repeats: int = 3,
+) -> Hardware:
     """The ``cpu`` :class:`Hardware` of this process's first ``devices`` CPU devices (see the module docstring).
 
     Example::
@@ -114,7 +121,7 @@ def measure_cpu(devices: int | None = None, *, matmul: int = 512, stream: int = 
         return x
 
     mm_jit = jax.jit(mm, out_shardings=NamedSharding(mesh, P("d")))
-    flops = 2 * matmul ** 3 * reps / device_seconds(lambda: mm_jit(a, b), n, repeats)
+    flops = 2 * matmul**3 * reps / device_seconds(lambda: mm_jit(a, b), n, repeats)
 
     x = jax.device_put(jnp.ones((n * stream,), jnp.float32), split)
     sx = jax.jit(lambda x: x * 1.5 + 1.0, out_shardings=split)
@@ -138,13 +145,23 @@ def measure_cpu(devices: int | None = None, *, matmul: int = 512, stream: int = 
         coll[kind] = w
         latency.append(max(0.0, t[0] - moved[0] / w))
     return Hardware(
-        name="cpu", description=f"this machine: {n} simulated CPU devices on {os.cpu_count()} cores, "
-                                f"measured in device-seconds (process CPU time / devices)",
-        peak_flops=flops, memory=_host_memory() // max(1, n), memory_bandwidth=bandwidth, topology="nodes",
-        node_size=max(n, 1), link_bandwidth=coll["all-gather"], network_bandwidth=coll["all-gather"],
-        latency=statistics.median(latency), overlap=False, collective_bandwidth=coll,
-        alloc_bandwidth=fault_bandwidth(mesh), measured=True,
-        sources=("measured on the spot: partitioning.tune.measure",))
+        name="cpu",
+        description=f"this machine: {n} simulated CPU devices on {os.cpu_count()} cores, "
+        f"measured in device-seconds (process CPU time / devices)",
+        peak_flops=flops,
+        memory=_host_memory() // max(1, n),
+        memory_bandwidth=bandwidth,
+        topology="nodes",
+        node_size=max(n, 1),
+        link_bandwidth=coll["all-gather"],
+        network_bandwidth=coll["all-gather"],
+        latency=statistics.median(latency),
+        overlap=False,
+        collective_bandwidth=coll,
+        alloc_bandwidth=fault_bandwidth(mesh),
+        measured=True,
+        sources=("measured on the spot: partitioning.tune.measure",),
+    )
 
 
 __all__ = ["measure_cpu", "device_seconds"]

@@ -18,7 +18,7 @@ from typing import Any
 from partitioning.fmt import fmt_bytes
 from partitioning.train.plots import save_figure
 
-GIB = 2 ** 30
+GIB = 2**30
 
 
 def _points(rows: list[dict[str, Any]]) -> list[tuple[float, float, dict[str, Any]]]:
@@ -38,44 +38,74 @@ def plot_search(report: dict[str, Any], path: str | Path) -> Path:
 
         >>> pt.plot_search({"model": "gpt", "search": s.to_json(), "best": s.best.to_json()}, "tune.png")
     """
-    from matplotlib.figure import Figure   # ~0.5 s to import; only --png needs it
+    from matplotlib.figure import Figure  # ~0.5 s to import; only --png needs it
 
     fig = Figure(figsize=(12.5, 6.2), dpi=100)
     ax = fig.subplots()
     search = report["search"]
     fitting, rejected = _points(search["ranked"]), _points(search["rejected"])
     if rejected:
-        ax.scatter([p[0] for p in rejected], [p[1] for p in rejected], marker="x", color="#bbbbbb", s=14,
-                   label=f"rejected ({len(search['rejected'])})", zorder=1)
+        ax.scatter(
+            [p[0] for p in rejected],
+            [p[1] for p in rejected],
+            marker="x",
+            color="#bbbbbb",
+            s=14,
+            label=f"rejected ({len(search['rejected'])})",
+            zorder=1,
+        )
     tables = sorted({p[2]["rules"] for p in fitting})
     colours = dict(zip(tables, ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3"] * 4))
     for name in tables:
         pts = [p for p in fitting if p[2]["rules"] == name]
         compiled = [p for p in pts if (p[2].get("estimate") or {}).get("source") == "compiled"]
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=22, facecolors="none",
-                   edgecolors=colours[name], label=f"{name} ({len(pts)})", zorder=2)
+        ax.scatter(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            s=22,
+            facecolors="none",
+            edgecolors=colours[name],
+            label=f"{name} ({len(pts)})",
+            zorder=2,
+        )
         if compiled:
             ax.scatter([p[0] for p in compiled], [p[1] for p in compiled], s=30, color=colours[name], zorder=3)
     budget = search["budget_bytes"] / GIB
     ax.axhline(budget, color="#c44e52", linestyle="--", linewidth=1.2, zorder=0)
-    ax.text(0.995, budget, f" budget {fmt_bytes(search['budget_bytes'])}", color="#c44e52", fontsize=8,
-            va="bottom", ha="right", transform=ax.get_yaxis_transform())
+    ax.text(
+        0.995,
+        budget,
+        f" budget {fmt_bytes(search['budget_bytes'])}",
+        color="#c44e52",
+        fontsize=8,
+        va="bottom",
+        ha="right",
+        transform=ax.get_yaxis_transform(),
+    )
     best = report.get("best")
     if best and best.get("estimate"):
         bt, bp = best["step_time_s"], best["peak_bytes"] / GIB
         ax.scatter([bt], [bp], s=260, facecolors="none", edgecolors="black", linewidths=1.6, zorder=4)
-        ax.annotate(f"best: {best['label']}", (bt, bp), xytext=(12, 14), textcoords="offset points",
-                    fontsize=8, arrowprops={"arrowstyle": "-", "color": "black"})
+        ax.annotate(
+            f"best: {best['label']}",
+            (bt, bp),
+            xytext=(12, 14),
+            textcoords="offset points",
+            fontsize=8,
+            arrowprops={"arrowstyle": "-", "color": "black"},
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("estimated step time (s)" + (" — device-seconds" if search["hardware"]["name"] == "cpu" else ""))
     ax.set_ylabel("peak memory per device (GiB)")
     hw = search["hardware"]
-    ax.set_title(f"{report.get('model', '')}: {search['candidates']:,} layouts of {search['devices']:,} "
-                 f"{hw['name']} devices ({search['fitting']:,} fit); filled: compiled", fontsize=10)
+    ax.set_title(
+        f"{report.get('model', '')}: {search['candidates']:,} layouts of {search['devices']:,} "
+        f"{hw['name']} devices ({search['fitting']:,} fit); filled: compiled",
+        fontsize=10,
+    )
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="rule table (fitting)",
-              title_fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="rule table (fitting)", title_fontsize=8)
     fig.tight_layout()
     return save_figure(fig, path)
 

@@ -41,59 +41,12 @@ from partitioning.plan.plan import Plan, build_plan
 from partitioning.resolve import axes_tuple
 from partitioning.rules import Rules
 from partitioning.tune.compiled import compiled_estimate
-from partitioning.tune.cost import Estimate, analytic_estimate, shared_axes, token_axes
+from partitioning.tune.cost import analytic_estimate, shared_axes, token_axes
 from partitioning.tune.hardware import Hardware
-from partitioning.tune.space import Candidate, candidates, zero1_rules
+from partitioning.tune.space import Candidate, Result, candidates, zero1_rules
 from partitioning.tune.workload import Workload, activation_bytes
 
 REMAT_ORDER = {None: 0, "none": 0, "dots": 1, "dots_no_batch": 2, "full": 3}
-
-
-@dataclasses.dataclass
-class Result:
-    """One priced candidate: memory, fit (or why not), estimate, and its compiled view when it has one."""
-
-    candidate: Candidate
-    rules: Rules
-    optimizer_rules: Rules | None
-    state: dict[str, float] = dataclasses.field(default_factory=dict)
-    activations: dict[str, float] = dataclasses.field(default_factory=dict)
-    peak: float = 0.0
-    peak_source: str = "estimate"
-    reason: str | None = None
-    analytic: Estimate | None = None
-    compiled: Estimate | None = None
-    compiled_view: dict[str, Any] | None = None
-    scale: float = 1.0       # analytic estimates: times the compiled / analytic ratio of compiled layouts
-
-    @property
-    def fits(self) -> bool:
-        return self.reason is None
-
-    @property
-    def estimate(self) -> Estimate | None:
-        return self.compiled or self.analytic
-
-    @property
-    def step_time(self) -> float:
-        if self.compiled:
-            return self.compiled.step_time
-        return self.analytic.step_time * self.scale if self.analytic else math.inf
-
-    def to_json(self) -> dict[str, Any]:
-        view = self.compiled_view or {}
-        return {
-            **self.candidate.to_json(), "rules_table": self.rules.to_list(),
-            "optimizer_rules": self.optimizer_rules.to_list() if self.optimizer_rules is not None else None,
-            "step_time_s": self.step_time, "analytic_scale": self.scale if not self.compiled else 1.0,
-            "state_bytes": self.state, "activation_bytes": self.activations, "peak_bytes": self.peak,
-            "peak_source": self.peak_source, "fits": self.fits, "reason": self.reason,
-            "estimate": self.estimate.to_json() if self.estimate else None,
-            "analytic": self.analytic.to_json() if self.analytic else None,
-            "compiled": ({"status": view.get("status"), "reason": view.get("reason"), "memory": view.get("memory"),
-                          "collectives": view.get("collectives"), "compile_s": view.get("compile_s")}
-                         if self.compiled_view else None),
-        }
 
 
 @dataclasses.dataclass
@@ -106,13 +59,16 @@ class Search:
     workload: Workload
     devices: int
     seconds: float = 0.0
-    duplicates: int = 0       # layouts equal to an earlier one once size-1 axes are dropped
+    duplicates: int = 0  # layouts equal to an earlier one once size-1 axes are dropped
 
     @property
     def calibration(self) -> float:
         """The median compiled / analytic step-time ratio over the compiled layouts (1 before any compile)."""
-        ratios = sorted(r.compiled.step_time / r.analytic.step_time for r in self.results
-                        if r.compiled and r.analytic and r.analytic.step_time > 0)
+        ratios = sorted(
+            r.compiled.step_time / r.analytic.step_time
+            for r in self.results
+            if r.compiled and r.analytic and r.analytic.step_time > 0
+        )
         return ratios[len(ratios) // 2] if ratios else 1.0
 
     @property
@@ -126,8 +82,14 @@ class Search:
 
         def key(r: Result) -> tuple:
             c = r.candidate
-            return (round(r.step_time / best, 3), c.grad_accum, c.microbatches, c.zero1, REMAT_ORDER.get(c.remat, 0),
-                    r.peak)
+            return (
+                round(r.step_time / best, 3),
+                c.grad_accum,
+                c.microbatches,
+                c.zero1,
+                REMAT_ORDER.get(c.remat, 0),
+                r.peak,
+            )
 
         return sorted(fit, key=key)
 
@@ -149,14 +111,20 @@ class Search:
         if mem:
             result.peak, result.peak_source = float(mem["peak_estimate"]), "compiled"
             if result.peak > self.budget:
-                result.reason = (f"memory (compiled): needs {fmt_bytes(result.peak)} per device, "
-                                 f"more than the budget of {fmt_bytes(self.budget)}")
+                result.reason = (
+                    f"memory (compiled): needs {fmt_bytes(result.peak)} per device, "
+                    f"more than the budget of {fmt_bytes(self.budget)}"
+                )
         if view.get("cost_ops") is not None:
-            result.compiled = compiled_estimate(view["cost_ops"], view.get("collective_ops", []),
-                                                result.candidate.sizes, self.hardware,
-                                                model_flops=self.workload.flops_per_step("none")["model"],
-                                                temp_bytes=float((mem or {}).get("temp", 0)),
-                                                analytic=result.analytic)
+            result.compiled = compiled_estimate(
+                view["cost_ops"],
+                view.get("collective_ops", []),
+                result.candidate.sizes,
+                self.hardware,
+                model_flops=self.workload.flops_per_step("none")["model"],
+                temp_bytes=float((mem or {}).get("temp", 0)),
+                analytic=result.analytic,
+            )
             scale = self.calibration
             for r in self.results:
                 r.scale = scale
@@ -166,23 +134,33 @@ class Search:
         priced = [r for r in self.results if r.peak > 0]
         if not priced:
             reasons = sorted({r.reason.split(":")[0] for r in self.results if r.reason})
-            return (f"no layout of {self.devices:,} devices can run this config ({', '.join(reasons)}): "
-                    + (self.results[0].reason if self.results else "no candidates"))
+            return f"no layout of {self.devices:,} devices can run this config ({', '.join(reasons)}): " + (
+                self.results[0].reason if self.results else "no candidates"
+            )
         small = min(priced, key=lambda r: r.peak)
         top = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in _largest(small))
-        return (f"no layout of {self.devices:,} devices fits {fmt_bytes(self.budget)} per device: the smallest peak, "
-                f"{fmt_bytes(small.peak)} ({small.peak_source}), is {small.candidate.label}; largest: {top}; "
-                f"a budget of {fmt_bytes(small.peak)} (--device-memory {_size_flag(small.peak)}) would fit it, "
-                f"or use more devices")
+        return (
+            f"no layout of {self.devices:,} devices fits {fmt_bytes(self.budget)} per device: the smallest peak, "
+            f"{fmt_bytes(small.peak)} ({small.peak_source}), is {small.candidate.label}; largest: {top}; "
+            f"a budget of {fmt_bytes(small.peak)} (--device-memory {_size_flag(small.peak)}) would fit it, "
+            f"or use more devices"
+        )
 
     def to_json(self) -> dict[str, Any]:
         ranked = self.ranked
-        return {"devices": self.devices, "hardware": self.hardware.to_json(), "budget_bytes": self.budget,
-                "workload": dataclasses.asdict(self.workload), "search_s": round(self.seconds, 3),
-                "candidates": len(self.results), "fitting": len(ranked), "duplicates": self.duplicates,
-                "calibration": self.calibration,
-                "ranked": [r.to_json() for r in ranked],
-                "rejected": [r.to_json() for r in self.rejected]}
+        return {
+            "devices": self.devices,
+            "hardware": self.hardware.to_json(),
+            "budget_bytes": self.budget,
+            "workload": dataclasses.asdict(self.workload),
+            "search_s": round(self.seconds, 3),
+            "candidates": len(self.results),
+            "fitting": len(ranked),
+            "duplicates": self.duplicates,
+            "calibration": self.calibration,
+            "ranked": [r.to_json() for r in ranked],
+            "rejected": [r.to_json() for r in self.rejected],
+        }
 
 
 def _size_flag(n: float) -> str:
@@ -194,8 +172,11 @@ def _size_flag(n: float) -> str:
 
 
 def _largest(r: Result) -> list[tuple[str, float]]:
-    parts = [("params", r.state.get("params", 0)), ("optimizer state", r.state.get("optimizer", 0)),
-             ("gradients", r.state.get("gradients", 0))]
+    parts = [
+        ("params", r.state.get("params", 0)),
+        ("optimizer state", r.state.get("optimizer", 0)),
+        ("gradients", r.state.get("gradients", 0)),
+    ]
     parts += [(f"activations ({k})", v) for k, v in r.activations.items() if k != "total" and v]
     return sorted(parts, key=lambda kv: -kv[1])[:3]
 
@@ -213,19 +194,28 @@ def _layout_key(plan: Plan, rules: Rules, c: Candidate) -> tuple:
     return (c.remat, c.grad_accum, c.microbatches if c.stages > 1 else 1, used, specs, acts)
 
 
-_ACTIVATIONS = (("batch", "length", "embed"), ("batch", "length", "mlp"), ("batch", "length", "heads", "kv"),
-                ("batch", "length", "kv_heads", "kv"), ("batch", "length", "vocab"))
+_ACTIVATIONS = (
+    ("batch", "length", "embed"),
+    ("batch", "length", "mlp"),
+    ("batch", "length", "heads", "kv"),
+    ("batch", "length", "kv_heads", "kv"),
+    ("batch", "length", "vocab"),
+)
 
 
 def _gathered_layer_bytes(plan: Plan, tokens: Sequence[str], layers: int) -> float:
     mesh = plan.mesh
-    total = sum(l.per_device_bytes * math.prod(mesh[a] for a in shared_axes(l, mesh) if a in tokens)
-                for l in plan.params if any(a in tokens for a in shared_axes(l, mesh)))
+    total = sum(
+        l.per_device_bytes * math.prod(mesh[a] for a in shared_axes(l, mesh) if a in tokens)
+        for l in plan.params
+        if any(a in tokens for a in shared_axes(l, mesh))
+    )
     return total / max(1, layers)
 
 
 def _records_for(records: Sequence[Mapping[str, Any]], rules: Rules, c: Candidate) -> list[dict[str, Any]]:
     """The traced records (full batch, unpipelined) as candidate ``c`` would trace them."""
+
     def axes(spec, i):
         return axes_tuple(spec[i]) if spec is not None and len(spec) > i else ()
 
@@ -234,21 +224,38 @@ def _records_for(records: Sequence[Mapping[str, Any]], rules: Rules, c: Candidat
         rec = dict(rec)
         if rec["kind"] == "pipeline":
             shape = tuple(rec["shape"])
-            rec.update(stages=c.stages, microbatches=c.microbatches if c.stages > 1 else 1,
-                       shape=(shape[0] // c.grad_accum, *shape[1:]), batch_axes=tuple(rules.batch_axes))
+            rec.update(
+                stages=c.stages,
+                microbatches=c.microbatches if c.stages > 1 else 1,
+                shape=(shape[0] // c.grad_accum, *shape[1:]),
+                batch_axes=tuple(rules.batch_axes),
+            )
         elif rec["kind"] == "experts":
-            rec.update(groups=max(1, int(rec["groups"]) // c.grad_accum),
-                       batch_axes=axes(rules.resolve(TOKENS), 0), expert_axes=axes(rules.resolve(DISPATCHED), 1))
+            rec.update(
+                groups=max(1, int(rec["groups"]) // c.grad_accum),
+                batch_axes=axes(rules.resolve(TOKENS), 0),
+                expert_axes=axes(rules.resolve(DISPATCHED), 1),
+            )
         out.append(rec)
     return out
 
 
-def search(params: Any, opt_state: Any, tables: Mapping[str, Rules], devices: int, w: Workload, hw: Hardware,
-           budget: int, *, remats: Sequence[str | None] = (None,), max_grad_accum: int = 16,
-           activations: Mapping[str, set] | None = None, on_indivisible: str = "error",
-           flops: Mapping[str, Mapping[str, float]] | None = None,
-           records: Sequence[Mapping[str, Any]] = (),
-           ) -> Search:
+def search(
+    params: Any,
+    opt_state: Any,
+    tables: Mapping[str, Rules],
+    devices: int,
+    w: Workload,
+    hw: Hardware,
+    budget: int,
+    *,
+    remats: Sequence[str | None] = (None,),
+    max_grad_accum: int = 16,
+    activations: Mapping[str, set] | None = None,
+    on_indivisible: str = "error",
+    flops: Mapping[str, Mapping[str, float]] | None = None,
+    records: Sequence[Mapping[str, Any]] = (),
+) -> Search:
     """Prices every candidate (see the module docstring). ``params`` / ``opt_state``: the boxed abstract state.
 
     ``activations``: per table, the activation name tuples (so rule coverage is
@@ -267,8 +274,15 @@ def search(params: Any, opt_state: Any, tables: Mapping[str, Rules], devices: in
     t0 = time.perf_counter()
     rejected: list[tuple[Candidate, str]] = []
     layers = next((int(r["layers"]) for r in records if r["kind"] == "pipeline"), 0)
-    cands = candidates(devices, tables, batch_size=w.batch, remats=remats, max_grad_accum=max_grad_accum,
-                       layers=layers, rejected=rejected)
+    cands = candidates(
+        devices,
+        tables,
+        batch_size=w.batch,
+        remats=remats,
+        max_grad_accum=max_grad_accum,
+        layers=layers,
+        rejected=rejected,
+    )
     results = [Result(c, tables[c.rules_name], None, reason=why) for c, why in rejected]
     plans: dict[tuple, Plan | PartitioningError] = {}
     seen: set[tuple] = set()
@@ -279,9 +293,15 @@ def search(params: Any, opt_state: Any, tables: Mapping[str, Rules], devices: in
         key = (c.mesh, c.rules_name, c.zero1)
         if key not in plans:
             try:
-                plans[key] = build_plan(params, opt_state, c.sizes, rules, optimizer_rules=opt_rules,
-                                        on_indivisible=on_indivisible,
-                                        activations=(activations or {}).get(c.rules_name, ()))
+                plans[key] = build_plan(
+                    params,
+                    opt_state,
+                    c.sizes,
+                    rules,
+                    optimizer_rules=opt_rules,
+                    on_indivisible=on_indivisible,
+                    activations=(activations or {}).get(c.rules_name, ()),
+                )
             except PartitioningError as e:
                 plans[key] = e
         plan = plans[key]
@@ -303,19 +323,38 @@ def search(params: Any, opt_state: Any, tables: Mapping[str, Rules], devices: in
         r.state = {k: float(tot[k]["per_device"]) for k in ("params", "optimizer", "gradients")}
         tokens = token_axes(rules, c.sizes, w)
         r.activations = activation_bytes(
-            w, rules, c.sizes, remat=c.remat or "none", micro_batch=w.batch // c.grad_accum,
+            w,
+            rules,
+            c.sizes,
+            remat=c.remat or "none",
+            micro_batch=w.batch // c.grad_accum,
             gathered_layer_bytes=_gathered_layer_bytes(plan, tokens, w.layers // c.stages),
-            grad_bytes=r.state["gradients"], grad_accum=c.grad_accum, stages=c.stages,
-            microbatches=c.microbatches)
+            grad_bytes=r.state["gradients"],
+            grad_accum=c.grad_accum,
+            stages=c.stages,
+            microbatches=c.microbatches,
+        )
         r.peak = sum(r.state.values()) + r.activations["total"]
-        parallel = costs_from_records(_records_for(records, rules, c), c.sizes, passes=c.grad_accum) \
-            if records else None
-        r.analytic = analytic_estimate(plan.params, r.state, c.sizes, rules, w, hw, remat=c.remat or "none",
-                                       grad_accum=c.grad_accum, flops_total=(flops or {}).get(c.remat or "none"),
-                                       temp_bytes=r.activations["total"], parallel=parallel)
+        parallel = (
+            costs_from_records(_records_for(records, rules, c), c.sizes, passes=c.grad_accum) if records else None
+        )
+        r.analytic = analytic_estimate(
+            plan.params,
+            r.state,
+            c.sizes,
+            rules,
+            w,
+            hw,
+            remat=c.remat or "none",
+            grad_accum=c.grad_accum,
+            flops_total=(flops or {}).get(c.remat or "none"),
+            temp_bytes=r.activations["total"],
+            parallel=parallel,
+        )
         if r.peak > budget:
-            r.reason = (f"memory: needs {fmt_bytes(r.peak)} per device (estimate), more than the budget of "
-                        f"{fmt_bytes(budget)}")
+            r.reason = (
+                f"memory: needs {fmt_bytes(r.peak)} per device (estimate), more than the budget of {fmt_bytes(budget)}"
+            )
     return Search(results, hw, int(budget), w, devices, time.perf_counter() - t0, duplicates)
 
 

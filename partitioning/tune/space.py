@@ -27,10 +27,11 @@ from typing import Any
 from partitioning.fmt import fmt_mesh
 from partitioning.resolve import axes_tuple
 from partitioning.rules import Rules
+from partitioning.tune.cost import Estimate
 
 # Mesh order, outermost first: pipeline stages across hosts, tensor parallelism on the fastest links.
 AXES = ("stage", "data", "fsdp", "expert", "tensor")
-PIPELINE_MICROBATCHES = (1, 2, 4, 8)       # M / S
+PIPELINE_MICROBATCHES = (1, 2, 4, 8)  # M / S
 # Large dimensions only: a ZeRO-1 split that does not divide would make the train step refuse the layout.
 ZERO1_RULES = [["embed", "data"], ["mlp", "data"], ["vocab", "data"]]
 
@@ -41,10 +42,10 @@ class Candidate:
 
     mesh: tuple[tuple[str, int], ...]
     rules_name: str
-    remat: str | None = None         # None: the model has no remat option
+    remat: str | None = None  # None: the model has no remat option
     grad_accum: int = 1
     zero1: bool = False
-    microbatches: int = 1            # pipeline micro-batches (a `stage` axis of size > 1)
+    microbatches: int = 1  # pipeline micro-batches (a `stage` axis of size > 1)
 
     @property
     def stages(self) -> int:
@@ -71,23 +72,34 @@ class Candidate:
 
     def overrides(self, rules: Rules, optimizer_rules: Rules | None) -> list[str]:
         """``--set`` overrides that turn a run config into this layout."""
-        sets = ["mesh.shape={" + ", ".join(f"{a}: {s}" for a, s in self.mesh) + "}",
-                f"mesh.devices={self.devices}", f"rules={_flow(rules.to_list())}",
-                f"optimizer_rules={_flow(optimizer_rules.to_list()) if optimizer_rules is not None else 'null'}",
-                f"train.grad_accum={self.grad_accum}",
-                f"train.microbatches={self.microbatches if self.stages > 1 else 'null'}"]
+        sets = [
+            "mesh.shape={" + ", ".join(f"{a}: {s}" for a, s in self.mesh) + "}",
+            f"mesh.devices={self.devices}",
+            f"rules={_flow(rules.to_list())}",
+            f"optimizer_rules={_flow(optimizer_rules.to_list()) if optimizer_rules is not None else 'null'}",
+            f"train.grad_accum={self.grad_accum}",
+            f"train.microbatches={self.microbatches if self.stages > 1 else 'null'}",
+        ]
         if self.remat is not None:
             sets.append(f"model.remat={self.remat}")
         return sets
 
     def to_json(self) -> dict[str, Any]:
-        return {"mesh": self.sizes, "rules": self.rules_name, "zero1": self.zero1, "remat": self.remat,
-                "grad_accum": self.grad_accum, "microbatches": self.microbatches, "label": self.label}
+        return {
+            "mesh": self.sizes,
+            "rules": self.rules_name,
+            "zero1": self.zero1,
+            "remat": self.remat,
+            "grad_accum": self.grad_accum,
+            "microbatches": self.microbatches,
+            "label": self.label,
+        }
 
 
 def _flow(pairs: list) -> str:
     def one(x):
         return "null" if x is None else "[" + ", ".join(one(y) for y in x) + "]" if isinstance(x, list) else str(x)
+
     return one(pairs)
 
 
@@ -113,9 +125,16 @@ def batch_shards(rules: Rules, sizes: Mapping[str, int]) -> int:
     return math.prod(sizes.get(a, 1) for a in rules.batch_axes)
 
 
-def candidates(devices: int, tables: Mapping[str, Rules], *, batch_size: int,
-               remats: Sequence[str | None] = (None,), max_grad_accum: int = 16, layers: int = 0,
-               rejected: list[tuple[Candidate, str]] | None = None) -> list[Candidate]:
+def candidates(
+    devices: int,
+    tables: Mapping[str, Rules],
+    *,
+    batch_size: int,
+    remats: Sequence[str | None] = (None,),
+    max_grad_accum: int = 16,
+    layers: int = 0,
+    rejected: list[tuple[Candidate, str]] | None = None,
+) -> list[Candidate]:
     """Every layout of ``devices`` over the rule ``tables`` (see the module docstring).
 
     Layouts whose batch does not split (``batch_size / grad_accum`` not a
@@ -138,8 +157,11 @@ def candidates(devices: int, tables: Mapping[str, Rules], *, batch_size: int,
             zero1s = (False, True) if sizes["data"] > 1 and "data" not in param_axes else (False,)
             if stages > 1 and (not layers or layers % stages):
                 if rejected is not None:
-                    why = (f"stages: {layers} stacked layers do not split into {stages} stages" if layers else
-                           "stages: the model has no stacked `layers` axis to split into pipeline stages")
+                    why = (
+                        f"stages: {layers} stacked layers do not split into {stages} stages"
+                        if layers
+                        else "stages: the model has no stacked `layers` axis to split into pipeline stages"
+                    )
                     rejected.append((Candidate(mesh, name, remats[0], 1, False, stages), why))
                 continue
             g = 1
@@ -151,15 +173,92 @@ def candidates(devices: int, tables: Mapping[str, Rules], *, batch_size: int,
                         fits = [m for m in ms if rows % m == 0 and (rows // m) % shards == 0]
                         if not fits:
                             if rejected is not None and g == 1:
-                                what = f"the {shards} batch shards" if stages == 1 else \
-                                    f"{stages} pipeline micro-batches of {shards} batch shards"
-                                rejected.append((Candidate(mesh, name, remat, g, zero1, ms[0]),
-                                                 f"batch: {batch_size} sequences do not split over {what}"))
+                                what = (
+                                    f"the {shards} batch shards"
+                                    if stages == 1
+                                    else f"{stages} pipeline micro-batches of {shards} batch shards"
+                                )
+                                rejected.append(
+                                    (
+                                        Candidate(mesh, name, remat, g, zero1, ms[0]),
+                                        f"batch: {batch_size} sequences do not split over {what}",
+                                    )
+                                )
                             continue
                         out += [Candidate(mesh, name, remat, g, zero1, m) for m in fits]
                 g *= 2
     return out
 
 
-__all__ = ["Candidate", "candidates", "factorizations", "table_axes", "zero1_rules", "batch_shards", "AXES",
-           "PIPELINE_MICROBATCHES"]
+@dataclasses.dataclass
+class Result:
+    """One priced candidate: memory, fit (or why not), estimate, and its compiled view when it has one."""
+
+    candidate: Candidate
+    rules: Rules
+    optimizer_rules: Rules | None
+    state: dict[str, float] = dataclasses.field(default_factory=dict)
+    activations: dict[str, float] = dataclasses.field(default_factory=dict)
+    peak: float = 0.0
+    peak_source: str = "estimate"
+    reason: str | None = None
+    analytic: Estimate | None = None
+    compiled: Estimate | None = None
+    compiled_view: dict[str, Any] | None = None
+    scale: float = 1.0  # analytic estimates: times the compiled / analytic ratio of compiled layouts
+
+    @property
+    def fits(self) -> bool:
+        return self.reason is None
+
+    @property
+    def estimate(self) -> Estimate | None:
+        return self.compiled or self.analytic
+
+    @property
+    def step_time(self) -> float:
+        if self.compiled:
+            return self.compiled.step_time
+        return self.analytic.step_time * self.scale if self.analytic else math.inf
+
+    def to_json(self) -> dict[str, Any]:
+        view = self.compiled_view or {}
+        return {
+            **self.candidate.to_json(),
+            "rules_table": self.rules.to_list(),
+            "optimizer_rules": self.optimizer_rules.to_list() if self.optimizer_rules is not None else None,
+            "step_time_s": self.step_time,
+            "analytic_scale": self.scale if not self.compiled else 1.0,
+            "state_bytes": self.state,
+            "activation_bytes": self.activations,
+            "peak_bytes": self.peak,
+            "peak_source": self.peak_source,
+            "fits": self.fits,
+            "reason": self.reason,
+            "estimate": self.estimate.to_json() if self.estimate else None,
+            "analytic": self.analytic.to_json() if self.analytic else None,
+            "compiled": (
+                {
+                    "status": view.get("status"),
+                    "reason": view.get("reason"),
+                    "memory": view.get("memory"),
+                    "collectives": view.get("collectives"),
+                    "compile_s": view.get("compile_s"),
+                }
+                if self.compiled_view
+                else None
+            ),
+        }
+
+
+__all__ = [
+    "Candidate",
+    "Result",
+    "candidates",
+    "factorizations",
+    "table_axes",
+    "zero1_rules",
+    "batch_shards",
+    "AXES",
+    "PIPELINE_MICROBATCHES",
+]

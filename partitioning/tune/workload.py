@@ -70,8 +70,8 @@ class Workload:
     """
 
     params: int
-    matmul_params: int          # parameters used in matmuls (lookup tables left out)
-    batch: int                  # global batch (sequences)
+    matmul_params: int  # parameters used in matmuls (lookup tables left out)
+    batch: int  # global batch (sequences)
     seq_len: int
     layers: int
     embed: int
@@ -80,10 +80,10 @@ class Workload:
     kv_heads: int = 0
     head_dim: int = 0
     vocab: int = 0
-    compute_bytes: int = 4      # bytes of the compute dtype (activations)
-    expert_params: int = 0      # matmul parameters with an `expert` dimension (a mixture of experts)
+    compute_bytes: int = 4  # bytes of the compute dtype (activations)
+    expert_params: int = 0  # matmul parameters with an `expert` dimension (a mixture of experts)
     experts: int = 0
-    expert_fraction: float = 1.0    # of each expert's weights' dense work done: capacity / tokens per group
+    expert_fraction: float = 1.0  # of each expert's weights' dense work done: capacity / tokens per group
 
     @property
     def tokens(self) -> int:
@@ -99,8 +99,14 @@ class Workload:
         attn = 4 * self.seq_len * self.heads * self.head_dim * self.layers
         fwd = self.tokens * (2 * self.active_matmul_params + attn)
         recompute = fwd if remat == "full" else 0.0
-        return {"fwd": float(fwd), "bwd": 2.0 * fwd, "recompute": float(recompute),
-                "total": 3.0 * fwd + recompute, "model": 3.0 * fwd, "six_n": 6.0 * self.params * self.tokens}
+        return {
+            "fwd": float(fwd),
+            "bwd": 2.0 * fwd,
+            "recompute": float(recompute),
+            "total": 3.0 * fwd + recompute,
+            "model": 3.0 * fwd,
+            "six_n": 6.0 * self.params * self.tokens,
+        }
 
 
 def _dim(layouts: Sequence[LeafLayout], name: str) -> int:
@@ -112,13 +118,20 @@ def _layers(layouts: Sequence[LeafLayout]) -> int:
     n = _dim(layouts, "layers")
     if n:
         return n
-    blocks = {m.group(1) for l in layouts if l.names and "mlp" in l.names
-              for m in [re.search(r"_(\d+)(?:/|$)", l.path)] if m}
+    blocks = {
+        m.group(1) for l in layouts if l.names and "mlp" in l.names for m in [re.search(r"_(\d+)(?:/|$)", l.path)] if m
+    }
     return max(1, len(blocks))
 
 
-def workload(params: Sequence[LeafLayout], *, batch_size: int, seq_len: int,
-             compute_dtype: Any = None, expert_layer: Mapping[str, Any] | None = None) -> Workload:
+def workload(
+    params: Sequence[LeafLayout],
+    *,
+    batch_size: int,
+    seq_len: int,
+    compute_dtype: Any = None,
+    expert_layer: Mapping[str, Any] | None = None,
+) -> Workload:
     """The :class:`Workload` of a model from its parameter layouts (``plan.params``).
 
     ``expert_layer``: a mixture of experts' traced record
@@ -137,20 +150,35 @@ def workload(params: Sequence[LeafLayout], *, batch_size: int, seq_len: int,
     n = sum(l.size for l in params)
     lookup = sum(l.size for l in params if l.names and tuple(l.names) == ("vocab", "embed"))
     # Matmul weights have two dimensions besides a scan's `layers` axis (norm scales have one).
-    matmul = sum(l.size for l in params
-                 if len(l.shape) - (1 if l.names and "layers" in l.names else 0) >= 2) - lookup
-    dtype = np.dtype(compute_dtype) if compute_dtype is not None else max(
-        (np.dtype(l.dtype) for l in params), key=lambda d: d.itemsize, default=np.dtype("float32"))
+    matmul = sum(l.size for l in params if len(l.shape) - (1 if l.names and "layers" in l.names else 0) >= 2) - lookup
+    dtype = (
+        np.dtype(compute_dtype)
+        if compute_dtype is not None
+        else max((np.dtype(l.dtype) for l in params), key=lambda d: d.itemsize, default=np.dtype("float32"))
+    )
     moe: dict[str, Any] = {}
     if expert_layer:
         group_len = batch_size * seq_len / max(1, int(expert_layer["groups"]))
-        moe = {"experts": int(expert_layer["experts"]),
-               "expert_fraction": min(1.0, int(expert_layer["capacity"]) / group_len),
-               "expert_params": sum(l.size for l in params if l.names and "expert" in l.names and len(l.shape) >= 3)}
-    return Workload(params=n, matmul_params=matmul, batch=int(batch_size), seq_len=int(seq_len),
-                    layers=_layers(params), embed=_dim(params, "embed"), mlp=_dim(params, "mlp"),
-                    heads=_dim(params, "heads"), kv_heads=_dim(params, "kv_heads") or _dim(params, "heads"),
-                    head_dim=_dim(params, "kv"), vocab=_dim(params, "vocab"), compute_bytes=dtype.itemsize, **moe)
+        moe = {
+            "experts": int(expert_layer["experts"]),
+            "expert_fraction": min(1.0, int(expert_layer["capacity"]) / group_len),
+            "expert_params": sum(l.size for l in params if l.names and "expert" in l.names and len(l.shape) >= 3),
+        }
+    return Workload(
+        params=n,
+        matmul_params=matmul,
+        batch=int(batch_size),
+        seq_len=int(seq_len),
+        layers=_layers(params),
+        embed=_dim(params, "embed"),
+        mlp=_dim(params, "mlp"),
+        heads=_dim(params, "heads"),
+        kv_heads=_dim(params, "kv_heads") or _dim(params, "heads"),
+        head_dim=_dim(params, "kv"),
+        vocab=_dim(params, "vocab"),
+        compute_bytes=dtype.itemsize,
+        **moe,
+    )
 
 
 def local_elements(rules: Rules, mesh: Mapping[str, int], names: Sequence[Any], shape: Sequence[int]) -> float:
@@ -180,19 +208,30 @@ def activation_shapes(w: Workload, micro_batch: int) -> dict[str, tuple[tuple[st
     return out
 
 
-def activation_bytes(w: Workload, rules: Rules, mesh: Mapping[str, int], *, remat: str, micro_batch: int,
-                     gathered_layer_bytes: float = 0.0, grad_bytes: float = 0.0,
-                     grad_accum: int = 1, stages: int = 1, microbatches: int = 1) -> dict[str, float]:
+def activation_bytes(
+    w: Workload,
+    rules: Rules,
+    mesh: Mapping[str, int],
+    *,
+    remat: str,
+    micro_batch: int,
+    gathered_layer_bytes: float = 0.0,
+    grad_bytes: float = 0.0,
+    grad_accum: int = 1,
+    stages: int = 1,
+    microbatches: int = 1,
+) -> dict[str, float]:
     """Per-device activation memory of one step, by part (see the module docstring), and ``total``.
 
     Pipelined (``stages`` > 1, ``microbatches`` M) a device keeps its ``layers / stages`` layers'
     activations for all ``M + stages - 1`` iterations of the schedule, each of one micro-batch.
     """
-    loc = {k: local_elements(rules, mesh, names, shape)
-           for k, (names, shape) in activation_shapes(w, micro_batch).items()}
+    loc = {
+        k: local_elements(rules, mesh, names, shape) for k, (names, shape) in activation_shapes(w, micro_batch).items()
+    }
     R, M, Q, KV, S = (loc.get(k, 0.0) for k in ("R", "M", "Q", "KV", "S"))
     if w.experts:
-        M *= w.experts * w.expert_fraction      # expert hidden activations: experts x capacity slots per group
+        M *= w.experts * w.expert_fraction  # expert hidden activations: experts x capacity slots per group
     s = w.compute_bytes
     none = s * (6 * R + 2 * Q + 2 * KV + 4 * M) + (8 + s) * S + 8 * R
     saved = {"none": none, "dots": s * (2 * R + 2 * Q + 2 * KV + 2 * M + S), "full": s * R}.get(remat, none)

@@ -6,6 +6,7 @@ import pytest
 
 import partitioning as pt
 
+
 @pytest.fixture(scope="session")
 def corpus():
     return pt.load_corpus()

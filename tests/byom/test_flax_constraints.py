@@ -5,8 +5,13 @@ import optax
 import partitioning as pt
 from tests.byom.models.constrained_linen import MaxTextStyleLM
 
-RULES = [["activation_batch", ["data", "fsdp"]], ["activation_mlp", "tensor"], ["embed", "fsdp"],
-         ["mlp", "tensor"], ["vocab", "tensor"]]
+RULES = [
+    ["activation_batch", ["data", "fsdp"]],
+    ["activation_mlp", "tensor"],
+    ["embed", "fsdp"],
+    ["mlp", "tensor"],
+    ["vocab", "tensor"],
+]
 MESH = {"data": 1, "fsdp": 4, "tensor": 2}
 
 
@@ -22,7 +27,7 @@ def test_plan_sees_flax_native_constraints_and_the_rules_that_claim_them():
     acts, plan = plan_for(rules)
     assert ("activation_batch", "activation_length", "activation_embed") in acts
     assert ("activation_batch", "activation_length", "activation_mlp") in acts
-    assert plan.unused_rules == []            # activation_batch and activation_mlp claim activations
+    assert plan.unused_rules == []  # activation_batch and activation_mlp claim activations
     assert plan.uncovered_names == ["activation_embed", "activation_length"]
     claimed = {d.name: d.rule_index for d in rules.explain(("activation_batch", "activation_length", "activation_mlp"))}
     assert claimed == {"activation_batch": 0, "activation_length": None, "activation_mlp": 1}

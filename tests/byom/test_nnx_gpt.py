@@ -5,7 +5,8 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
 from partitioning.models import GPT as LinenGPT
@@ -42,8 +43,10 @@ def test_same_losses_as_the_linen_gpt(preset, meshes, train_losses, copy_state):
     # Born sharded: every NNX param is in its rule sharding straight out of the init.
     for x, s in zip(jax.tree.leaves(b.params), jax.tree.leaves(twin.state_shardings.params)):
         assert x.sharding.is_equivalent_to(s, x.ndim)
-    b = b.replace(params=copy_state(a.params, twin.state_shardings.params),
-                  opt_state=copy_state(a.opt_state, twin.state_shardings.opt_state))
+    b = b.replace(
+        params=copy_state(a.params, twin.state_shardings.params),
+        opt_state=copy_state(a.opt_state, twin.state_shardings.opt_state),
+    )
     _, la = train_losses(linen, a, 3)
     _, lb = train_losses(twin, b, 3)
     np.testing.assert_allclose(lb, la, rtol=1e-4)
@@ -53,13 +56,13 @@ def test_nnx_eager_sharding_in_the_toolkit_context_uses_the_rule_walk(meshes):
     for preset in ("dp", "fsdp", "tp"):
         mesh = pt.make_mesh(meshes[preset])
         with pt.sharding_context(mesh, preset):
-            model = NNXGPT(**KW, rngs=nnx.Rngs(0))      # NNX's eager sharding, Flax's own code path
+            model = NNXGPT(**KW, rngs=nnx.Rngs(0))  # NNX's eager sharding, Flax's own code path
             flax_specs = nnx.get_partition_spec(nnx.state(model))
         ours = {l.path: l.spec for l in pt.tree_layouts(nnx.state(model), mesh, preset)}
         wi = model.blocks.mlp.wi_0.get_value()
         assert wi.sharding.is_equivalent_to(NamedSharding(mesh, ours["blocks/mlp/wi_0"]), wi.ndim), preset
         assert flax_specs["blocks"]["mlp"]["wi_0"].get_value() == ours["blocks/mlp/wi_0"]
-    assert ours["blocks/mlp/wi_0"] == P(None, None, "tensor")   # tp: (layers, embed, mlp)
+    assert ours["blocks/mlp/wi_0"] == P(None, None, "tensor")  # tp: (layers, embed, mlp)
 
 
 def test_checkpoints_restore_fsdp_to_one_device_and_to_tp_bit_exact(meshes, train_losses, tmp_path):
@@ -71,11 +74,15 @@ def test_checkpoints_restore_fsdp_to_one_device_and_to_tp_bit_exact(meshes, trai
     assert meta["arrays"]["params/blocks/attn/q"]["names"] == ["layers", "embed", "heads", "kv"]
     one = pt.make_mesh({"data": 1, "fsdp": 1}, devices=jax.devices()[:1])
     single = pt.Trainer(nnx_model(), optax.adamw(3e-3), one, "fsdp", batch_size=8, seq_len=32)
-    params = pt.restore_checkpoint(tmp_path / "ck", pt.abstract_target(single.abstract_state.params,
-                                   shardings=single.state_shardings.params), params_only=True)
+    params = pt.restore_checkpoint(
+        tmp_path / "ck",
+        pt.abstract_target(single.abstract_state.params, shardings=single.state_shardings.params),
+        params_only=True,
+    )
     tp = pt.Trainer(nnx_model(), optax.adamw(3e-3), pt.make_mesh(meshes["tp"]), "tp", batch_size=8, seq_len=32)
-    restored = pt.restore_checkpoint(tmp_path / "ck", pt.abstract_target(tp.abstract_state,
-                                                                         shardings=tp.state_shardings))
+    restored = pt.restore_checkpoint(
+        tmp_path / "ck", pt.abstract_target(tp.abstract_state, shardings=tp.state_shardings)
+    )
     for a, b, c in zip(jax.tree.leaves(state.params), jax.tree.leaves(params), jax.tree.leaves(restored.params)):
         assert np.array_equal(np.asarray(a), np.asarray(b)) and np.array_equal(np.asarray(a), np.asarray(c))
     assert len(params["embedding"].sharding.device_set) == 1
@@ -104,4 +111,4 @@ def test_a_saved_nnx_state_restores_onto_another_layout(meshes, tmp_path):
     wi = restored["blocks"]["mlp"]["wi_0"].get_value()
     assert wi.sharding.spec == P(None, None, "tensor")
     assert np.array_equal(np.asarray(wi), np.asarray(state["blocks"]["mlp"]["wi_0"].get_value()))
-    nnx.update(model, restored)   # and it goes back into a module
+    nnx.update(model, restored)  # and it goes back into a module

@@ -12,11 +12,14 @@ from tests.byom.models.nnx_mesh_axes import DotReluDot
 
 def test_mesh_axis_names_give_nnx_own_specs():
     mesh = pt.make_mesh({"fsdp": 4, "tensor": 2})
-    with jax.set_mesh(mesh):                      # Flax alone: eager sharding by mesh-axis names
+    with jax.set_mesh(mesh):  # Flax alone: eager sharding by mesh-axis names
         model = DotReluDot(16, rngs=nnx.Rngs(0))
-    nnx_own = {"dot1/kernel": model.dot1.kernel.get_value().sharding.spec,
-               "w2": model.w2.get_value().sharding.spec, "bias": model.bias.get_value().sharding.spec}
-    for rules in ("fsdp_tp", "dp", []):            # no rule mentions fsdp / tensor: they are mesh axes
+    nnx_own = {
+        "dot1/kernel": model.dot1.kernel.get_value().sharding.spec,
+        "w2": model.w2.get_value().sharding.spec,
+        "bias": model.bias.get_value().sharding.spec,
+    }
+    for rules in ("fsdp_tp", "dp", []):  # no rule mentions fsdp / tensor: they are mesh axes
         layouts = {l.path: l for l in pt.tree_layouts(nnx.state(model), mesh, rules)}
         for path, spec in nnx_own.items():
             assert layouts[path].spec == spec, (rules, path)
@@ -32,8 +35,14 @@ def test_trains_under_the_toolkit_with_its_mesh_axis_layout():
     def mse(y, b):
         return jnp.mean((y - b["targets"]) ** 2)
 
-    trainer = pt.Trainer(pt.NNXModel(lambda rngs: DotReluDot(16, rngs=rngs)), optax.sgd(0.1), mesh,
-                         [("batch", "fsdp")], batch=batch, task=mse)
+    trainer = pt.Trainer(
+        pt.NNXModel(lambda rngs: DotReluDot(16, rngs=rngs)),
+        optax.sgd(0.1),
+        mesh,
+        [("batch", "fsdp")],
+        batch=batch,
+        task=mse,
+    )
     assert trainer.state_shardings.params["dot1"]["kernel"].spec == P("fsdp", "tensor")
     state = trainer.init(jax.random.key(0))
     state, m1 = trainer.train_step(state, trainer.place(batch))

@@ -73,8 +73,7 @@ def test_plan_train_and_reshard_a_target_model_from_yaml(workdir, run_cli_subpro
     r = run_cli_subprocess("train", "lm_tp.yaml", "--no-progress", cwd=workdir)
     assert r.returncode == 0, r.stderr
     np.testing.assert_allclose(losses(workdir / "runs/tp"), losses(workdir / "runs/fsdp"), rtol=1e-4)
-    r = run_cli_subprocess("ckpt", "reshard", "runs/fsdp", "--config", "lm_tp.yaml", "--out", "resharded",
-                           cwd=workdir)
+    r = run_cli_subprocess("ckpt", "reshard", "runs/fsdp", "--config", "lm_tp.yaml", "--out", "resharded", cwd=workdir)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("resharded step 3: ") and "to {data: 2, tensor: 4}" in r.stdout
     saved = pt.checkpoint_metadata(workdir / "resharded")
@@ -95,7 +94,8 @@ def test_an_nnx_model_from_yaml_gets_rngs_and_trains(workdir, run_cli_subprocess
     (workdir / "nnx.yaml").write_text(
         "model: {_target_: gpt_nnx.GPT, embed: 32, heads: 4, mlp: 64, layers: 2}\n"
         "mesh: {shape: {data: 1, fsdp: -1, tensor: 2}, devices: 8}\nrules: fsdp_tp\n"
-        "train: {steps: 2, batch_size: 8, seq_len: 32, log_every: 1, eval_batches: 0}\nrun_dir: runs/nnx\n")
+        "train: {steps: 2, batch_size: 8, seq_len: 32, log_every: 1, eval_batches: 0}\nrun_dir: runs/nnx\n"
+    )
     r = run_cli_subprocess("train", "nnx.yaml", "--no-progress", cwd=workdir)
     assert r.returncode == 0, r.stderr
     assert len(losses(workdir / "runs/nnx")) == 2
@@ -110,31 +110,47 @@ def test_a_dataset_and_loss_from_yaml(workdir, run_cli_in_process, monkeypatch):
         "mesh: {shape: {data: 8}}\nrules: dp\n"
         "data: {_target_: image_linen.bars, n: 256}\n"
         "train: {steps: 2, batch_size: 16, loss: classification, log_every: 1, eval_batches: 1}\n"
-        "run_dir: runs/img\n")
+        "run_dir: runs/img\n"
+    )
     r = run_cli_in_process("train", "img.yaml", "--no-progress")
     assert r.returncode == 0, r.stderr
     assert "task classification; data bars: 224 train examples" in r.stdout
     assert pt.checkpoint_metadata("runs/img")["arrays"]["collections/batch_stats/BatchNorm_0/mean"]["shape"] == [32]
 
 
-@pytest.mark.parametrize("edit, error", [
-    (lambda t: t.replace("num_heads: 8", "num_haeds: 8"),
-     "lm.yaml:5: model.config.num_haeds: 'lm_linen.LMConfig' has no option 'num_haeds' (options: vocab_size, "
-     "emb_dim, num_heads, num_layers, qkv_dim, mlp_dim, max_len, dropout_rate, attention_dropout_rate, "
-     "deterministic, dtype, kernel_init); did you mean 'num_heads'?"),
-    (lambda t: t.replace("num_heads: 8", "num_heads: many"), "lm.yaml:5: model.config.num_heads: expected int, "
-                                                             "got str 'many'"),
-    (lambda t: t.replace("_target_: lm_linen.TransformerLM", "_target_: lm_linnen.TransformerLM"),
-     "lm.yaml:2: model._target_: no module named 'lm_linnen' (looked beside the config in . and on sys.path)"),
-    (lambda t: t.replace("_target_: lm_linen.TransformerLM", "_target_: lm_linen.TransformerLN"),
-     "lm.yaml:2: model._target_: module 'lm_linen' has no attribute 'TransformerLN'; did you mean 'TransformerLM'?"),
-    (lambda t: t.replace("loss: same_token", "loss: same_tokn"),
-     "lm.yaml:16: train.loss: unknown loss 'same_tokn' (built in: next_token, same_token, classification; or a "
-     "function via _target_); did you mean 'same_token'?"),
-    (lambda t: t.replace("  _target_: lm_linen.TransformerLM\n", ""),
-     "lm.yaml:1: model: expected a mapping with a 'name' key (a registered model, e.g. {name: gpt}) or a "
-     "'_target_' key (module.Class, e.g. {_target_: my_models.Transformer})"),
-])
+@pytest.mark.parametrize(
+    "edit, error",
+    [
+        (
+            lambda t: t.replace("num_heads: 8", "num_haeds: 8"),
+            "lm.yaml:5: model.config.num_haeds: 'lm_linen.LMConfig' has no option 'num_haeds' (options: vocab_size, "
+            "emb_dim, num_heads, num_layers, qkv_dim, mlp_dim, max_len, dropout_rate, attention_dropout_rate, "
+            "deterministic, dtype, kernel_init); did you mean 'num_heads'?",
+        ),
+        (
+            lambda t: t.replace("num_heads: 8", "num_heads: many"),
+            "lm.yaml:5: model.config.num_heads: expected int, got str 'many'",
+        ),
+        (
+            lambda t: t.replace("_target_: lm_linen.TransformerLM", "_target_: lm_linnen.TransformerLM"),
+            "lm.yaml:2: model._target_: no module named 'lm_linnen' (looked beside the config in . and on sys.path)",
+        ),
+        (
+            lambda t: t.replace("_target_: lm_linen.TransformerLM", "_target_: lm_linen.TransformerLN"),
+            "lm.yaml:2: model._target_: module 'lm_linen' has no attribute 'TransformerLN'; did you mean 'TransformerLM'?",
+        ),
+        (
+            lambda t: t.replace("loss: same_token", "loss: same_tokn"),
+            "lm.yaml:16: train.loss: unknown loss 'same_tokn' (built in: next_token, same_token, classification; or a "
+            "function via _target_); did you mean 'same_token'?",
+        ),
+        (
+            lambda t: t.replace("  _target_: lm_linen.TransformerLM\n", ""),
+            "lm.yaml:1: model: expected a mapping with a 'name' key (a registered model, e.g. {name: gpt}) or a "
+            "'_target_' key (module.Class, e.g. {_target_: my_models.Transformer})",
+        ),
+    ],
+)
 def test_bad_targets_are_one_line_at_file_line(workdir, run_cli_in_process, monkeypatch, edit, error):
     monkeypatch.chdir(workdir)
     (workdir / "lm.yaml").write_text(edit(lm_config("x")))
@@ -151,17 +167,21 @@ def test_a_registered_nnx_class_and_a_forward_adapter(workdir, run_cli_in_proces
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     pt.register_model("gpt_nnx_twin", GPT)
     (workdir / "glue.py").write_text(
-        "def inputs(batch):\n    return {'tokens': batch['inputs']}   # the model's own argument name\n")
+        "def inputs(batch):\n    return {'tokens': batch['inputs']}   # the model's own argument name\n"
+    )
     (workdir / "reg.yaml").write_text(
         "model: {name: gpt_nnx_twin, embed: 32, heads: 4, mlp: 64, layers: 2}\n"
         "mesh: {shape: {data: 1, fsdp: -1}, devices: 8}\nrules: fsdp\n"
         "train: {steps: 1, batch_size: 8, seq_len: 16, eval_batches: 0, inputs: {_target_: glue.inputs}}\n"
-        "run_dir: runs/reg\n")
+        "run_dir: runs/reg\n"
+    )
     r = run_cli_in_process("train", "reg.yaml", "--no-progress")
     assert r.returncode == 0, r.stderr
     assert pt.checkpoint_metadata("runs/reg")["arrays"]["params/embedding"]["spec"] == [None, "fsdp"]
     (workdir / "bad.yaml").write_text((workdir / "reg.yaml").read_text().replace("heads: 4", "haeds: 4"))
     r = run_cli_in_process("check", "bad.yaml")
     assert r.returncode == 2
-    assert r.stderr.strip() == ("error: bad.yaml:1: model.haeds: model 'gpt_nnx_twin' has no option 'haeds' "
-                                "(options: vocab_size, embed, heads, mlp, layers, rngs); did you mean 'heads'?")
+    assert r.stderr.strip() == (
+        "error: bad.yaml:1: model.haeds: model 'gpt_nnx_twin' has no option 'haeds' "
+        "(options: vocab_size, embed, heads, mlp, layers, rngs); did you mean 'heads'?"
+    )

@@ -3,8 +3,8 @@ importable in the child, which has no pytest fixtures). Step k's state is ``base
 
 import numpy as np
 
-SHAPES = {"a": (4096, 4096), "b": (2048, 4096), "c": (1024, 4096)}   # 112 MiB of float32
-SHAPES.update({f"small_{i}": (64, 256) for i in range(16)})            # many small arrays too
+SHAPES = {"a": (4096, 4096), "b": (2048, 4096), "c": (1024, 4096)}  # 112 MiB of float32
+SHAPES.update({f"small_{i}": (64, 256) for i in range(16)})  # many small arrays too
 
 
 def base_values():

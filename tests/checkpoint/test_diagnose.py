@@ -41,15 +41,22 @@ def test_missing_data_file(saved_copy, mesh_of):
     assert f"missing file {gone}" in str(e.value)
 
 
-@pytest.mark.parametrize("victim,expect", [
-    ("state/_METADATA", "missing file {ck}/state/_METADATA"),
-    ("state/manifest.ocdbt", "missing file {ck}/state/manifest.ocdbt"),
-    ("meta/metadata", "missing file {ck}/meta/metadata"),
-])
+@pytest.mark.parametrize(
+    "victim,expect",
+    [
+        ("state/_METADATA", "missing file {ck}/state/_METADATA"),
+        ("state/manifest.ocdbt", "missing file {ck}/state/manifest.ocdbt"),
+        ("meta/metadata", "missing file {ck}/meta/metadata"),
+    ],
+)
 def test_missing_metadata_files(saved_copy, victim, expect, mesh_of):
     s, ck = saved_copy
     (ck / victim).unlink()
-    fn = (lambda: checkpoint_metadata(ck)) if victim.startswith("meta") else (lambda: restore_checkpoint(ck, s.target(mesh_of({"data": 1, "fsdp": 8}), "fsdp")))
+    fn = (
+        (lambda: checkpoint_metadata(ck))
+        if victim.startswith("meta")
+        else (lambda: restore_checkpoint(ck, s.target(mesh_of({"data": 1, "fsdp": 8}), "fsdp")))
+    )
     with pytest.raises(pt.CheckpointError) as e:
         fn()
     assert str(e.value) == f"checkpoint {ck}: " + expect.format(ck=ck)

@@ -43,12 +43,12 @@ def test_hook_saves_every_k_resumes_and_saves_on_interrupt(tmp_path, gathered, c
     m = mesh_of({"data": 1, "fsdp": 8})
     init = s.state(m, "fsdp", step=0)
     first = _fake_fit(init, [CheckpointHook(CheckpointManager(tmp_path, every=3, keep=10))], steps=10, interrupt_at=7)
-    assert [i.step for i in list_steps(tmp_path)] == [3, 6, 7]      # 7: saved on interrupt
+    assert [i.step for i in list_steps(tmp_path)] == [3, 6, 7]  # 7: saved on interrupt
     hook = CheckpointHook(CheckpointManager(tmp_path, every=3, keep=10))
     fresh = s.state(m, "fsdp", step=0, seed=1)
     final = _fake_fit(fresh, [hook], steps=10)
     assert hook.restored_step == 7
-    assert all(x.is_deleted() for x in jax.tree.leaves(fresh))       # freed before reading
+    assert all(x.is_deleted() for x in jax.tree.leaves(fresh))  # freed before reading
     assert [i.step for i in list_steps(tmp_path)] == [3, 6, 7, 9, 10]  # 10: saved at the end
     expected = jax.tree.map(lambda p: np.asarray(p) + 3, first.params)
     for a, b in zip(gathered(final.params), jax.tree.leaves(expected)):
@@ -71,7 +71,7 @@ class _Recorder:
         if metrics is not None:
             self.losses[step] = metrics["loss"]
         if step == self.stop_at:
-            os.kill(os.getpid(), signal.SIGINT)   # what Ctrl-C does: fit stops after this step
+            os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C does: fit stops after this step
 
 
 def test_resumed_training_continues_the_same_curve(tmp_path, ckpt_setup, mesh_of):
@@ -90,32 +90,35 @@ def test_resumed_training_continues_the_same_curve(tmp_path, ckpt_setup, mesh_of
     first = _Recorder(stop_at=5)
     hook = CheckpointHook(CheckpointManager(tmp_path, every=4))
     fit(tr, tr.init(jax.random.key(0)), batch_at, steps=12, log_every=1, hooks=[hook, first], progress=False)
-    assert [i.step for i in list_steps(tmp_path)] == [4, 5]            # every 4, and on Ctrl-C
+    assert [i.step for i in list_steps(tmp_path)] == [4, 5]  # every 4, and on Ctrl-C
     # A new run on another layout resumes from step 5 and sees the batches of steps 5..11.
     tr2 = s.trainer(mesh_of({"data": 1, "fsdp": 8}), "fsdp")
     second = _Recorder()
-    hook2 = CheckpointHook(CheckpointManager(tmp_path, every=4),
-                           target=abstract_target(tr2.abstract_state, shardings=tr2.state_shardings))
+    hook2 = CheckpointHook(
+        CheckpointManager(tmp_path, every=4), target=abstract_target(tr2.abstract_state, shardings=tr2.state_shardings)
+    )
     state = hook2.initial_state(tr2, jax.random.key(1))
     assert hook2.restored_step == 5 and int(state.step) == 5
     out = fit(tr2, state, batch_at, steps=12, log_every=1, hooks=[hook2, second], progress=False)
     assert list(first.losses) == [1, 2, 3, 4, 5] and list(second.losses) == list(range(6, 13))
     resumed = {**first.losses, **second.losses}
     assert resumed == pytest.approx(whole.losses, rel=1e-5)
-    assert [i.step for i in list_steps(tmp_path)] == [5, 8, 12]             # keep=3 (the default)
+    assert [i.step for i in list_steps(tmp_path)] == [5, 8, 12]  # keep=3 (the default)
     assert np.allclose(np.asarray(out.params["embedding"]), np.asarray(ref.params["embedding"]), rtol=1e-5, atol=1e-6)
 
 
 def test_no_resume_moves_checkpoints_aside(saved_run, tmp_path, ckpt_model_yaml, mesh_of):
     import shutil
 
-    from partitioning.config.build import checkpoint_hook_from_config as checkpoint_hook
     from partitioning.config import load_config
+    from partitioning.config.run import checkpoint_hook_from_config as checkpoint_hook
 
     s, root = saved_run
     shutil.copytree(root, tmp_path / "run")
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(ckpt_model_yaml + "mesh: {shape: {data: 1, fsdp: 8}}\nrules: fsdp\ntrain: {batch_size: 8, seq_len: 8}\n")
+    cfg.write_text(
+        ckpt_model_yaml + "mesh: {shape: {data: 1, fsdp: 8}}\nrules: fsdp\ntrain: {batch_size: 8, seq_len: 8}\n"
+    )
     config = load_config(cfg)
     tr = s.trainer(mesh_of({"data": 1, "fsdp": 8}), "fsdp")
     said = []

@@ -15,13 +15,13 @@ import textwrap
 import jax
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
 from partitioning.checkpoint import CheckpointManager, restore_checkpoint
 from partitioning.checkpoint.disk import list_steps
 from tests.checkpoint.kill_state import SHAPES, base_values
-
 
 CHILD = textwrap.dedent("""
     import os, sys, time
@@ -62,8 +62,14 @@ def _run_until(repo, tmp_path, marker):
     script = tmp_path / "child.py"
     script.write_text(CHILD.format(repo=str(repo)))
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "ckpt")], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=env, cwd=repo)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "ckpt")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=repo,
+    )
     seen = []
     try:
         for line in proc.stdout:
@@ -96,12 +102,15 @@ def _check_latest(ckpt_dir, step):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("marker,last_complete,in_flight", [
-    ("SAVING 3", 2, None),          # before / inside the blocking part of the save call
-    ("SAVE_RETURNED 3", 2, 3),      # right after the save call: the write has just started
-    ("WRITING 3", 2, 3),            # 50 ms into the background write
-    ("BETWEEN 2", 2, None),         # between saves: everything committed
-])
+@pytest.mark.parametrize(
+    "marker,last_complete,in_flight",
+    [
+        ("SAVING 3", 2, None),  # before / inside the blocking part of the save call
+        ("SAVE_RETURNED 3", 2, 3),  # right after the save call: the write has just started
+        ("WRITING 3", 2, 3),  # 50 ms into the background write
+        ("BETWEEN 2", 2, None),  # between saves: everything committed
+    ],
+)
 def test_sigkill_keeps_last_complete_checkpoint(repo, tmp_path, marker, last_complete, in_flight):
     _run_until(repo, tmp_path, marker)
     ckpt = tmp_path / "ckpt"
@@ -115,13 +124,17 @@ def test_sigkill_keeps_last_complete_checkpoint(repo, tmp_path, marker, last_com
     # The next run starts cleanly: stale temporary dirs are dropped, the step can be saved again.
     with CheckpointManager(ckpt, every=1, keep=2) as mngr:
         assert mngr.latest_step() == last_complete
-        assert all(s.complete for s in list_steps(ckpt))       # the killed save's temp dir is gone
+        assert all(s.complete for s in list_steps(ckpt))  # the killed save's temp dir is gone
         mesh = jax.make_mesh((8,), ("fsdp",))
         sh = NamedSharding(mesh, P("fsdp"))
         base = base_values()
-        mngr.save(last_complete + 1, {"step": np.int32(last_complete + 1),
-                                      **{n: jax.device_put(v + np.float32(last_complete + 1), sh)
-                                         for n, v in base.items()}})
+        mngr.save(
+            last_complete + 1,
+            {
+                "step": np.int32(last_complete + 1),
+                **{n: jax.device_put(v + np.float32(last_complete + 1), sh) for n, v in base.items()},
+            },
+        )
     _check_latest(ckpt, last_complete + 1)
 
 
@@ -134,7 +147,7 @@ def test_sigkill_around_pruning_leaves_only_steps_that_restore(repo, tmp_path, m
     complete = [s.step for s in list_steps(ckpt) if s.complete]
     assert complete and complete == sorted(set(complete))
     base = base_values()
-    for step in complete:    # every step `ls` calls complete restores, bit for bit
+    for step in complete:  # every step `ls` calls complete restores, bit for bit
         state = restore_checkpoint(ckpt, _target(), step=step)
         assert all(np.array_equal(np.asarray(state[n]), base[n] + np.float32(step)) for n in SHAPES), step
 
@@ -150,9 +163,11 @@ def test_a_half_deleted_step_is_not_complete(tmp_path):
     steps = {s.step: s.complete for s in list_steps(tmp_path / "ckpt")}
     assert steps == {1: True, 2: False}
     mesh1 = jax.make_mesh((8,), ("fsdp",))
-    target = {"step": jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(mesh1, P())),
-              "w": jax.ShapeDtypeStruct((64,), np.float32, sharding=sh)}
-    assert int(restore_checkpoint(tmp_path / "ckpt", target)["step"]) == 1     # latest *complete*
+    target = {
+        "step": jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(mesh1, P())),
+        "w": jax.ShapeDtypeStruct((64,), np.float32, sharding=sh),
+    }
+    assert int(restore_checkpoint(tmp_path / "ckpt", target)["step"]) == 1  # latest *complete*
 
 
 def test_pruned_steps_are_moved_then_deleted(tmp_path):

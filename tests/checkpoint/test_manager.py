@@ -5,7 +5,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
 from partitioning.checkpoint import CheckpointManager, checkpoint_metadata, restore_checkpoint, save_checkpoint
@@ -21,22 +22,34 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 def test_save_restore_same_layout_and_metadata(gpt, tmp_path, assert_bit_exact, mesh_of):
     m, rules = mesh_of({"data": 1, "fsdp": 8}), pt.Rules.preset("fsdp")
     state = gpt.state(m, rules)
-    with CheckpointManager(tmp_path, rules=rules, abstract=gpt.abstract, model_name="gpt",
-                           config={"model": {"name": "gpt"}}) as mngr:
+    with CheckpointManager(
+        tmp_path, rules=rules, abstract=gpt.abstract, model_name="gpt", config={"model": {"name": "gpt"}}
+    ) as mngr:
         assert mngr.save(7, state, force=True)
-        assert not mngr.save(7, state, force=True)      # already saved: skipped
+        assert not mngr.save(7, state, force=True)  # already saved: skipped
     assert [s.step for s in list_steps(tmp_path)] == [7]
     back = restore_checkpoint(tmp_path, gpt.target(m, rules))
     assert_bit_exact(back, state)
-    assert jax.tree.leaves(jax.tree.map(lambda a, b: a.sharding == b.sharding, back, state)) == [True] * len(jax.tree.leaves(state))
+    assert jax.tree.leaves(jax.tree.map(lambda a, b: a.sharding == b.sharding, back, state)) == [True] * len(
+        jax.tree.leaves(state)
+    )
     meta = checkpoint_metadata(tmp_path)
     assert meta["step"] == 7 and meta["model"] == "gpt" and meta["config"] == {"model": {"name": "gpt"}}
     assert meta["rules"][:2] == [["batch", ["data", "fsdp"]], ["embed", "fsdp"]]
-    assert meta["mesh"] == {"axis_names": ["data", "fsdp"], "shape": [1, 8], "axis_types": ["Auto", "Auto"], "devices": 8}
+    assert meta["mesh"] == {
+        "axis_names": ["data", "fsdp"],
+        "shape": [1, 8],
+        "axis_types": ["Auto", "Auto"],
+        "devices": 8,
+    }
     assert meta["versions"]["jax"] == jax.__version__ and "orbax-checkpoint" in meta["versions"]
     q = meta["arrays"]["params/blocks/attn/q"]
-    assert q == {"shape": [2, 32, 4, 8], "dtype": "float32", "spec": [None, "fsdp", None, None],
-                 "names": ["layers", "embed", "heads", "kv"]}
+    assert q == {
+        "shape": [2, 32, 4, 8],
+        "dtype": "float32",
+        "spec": [None, "fsdp", None, None],
+        "names": ["layers", "embed", "heads", "kv"],
+    }
     assert meta["arrays"]["opt_state/0/mu/embedding"]["names"] == ["vocab", "embed"]
     assert meta["arrays"]["step"] == {"shape": [], "dtype": "int32", "spec": []}
 
@@ -63,9 +76,9 @@ def test_async_save_survives_donation_of_the_state(gpt, tmp_path, gathered, mesh
     state = gpt.state(m, "fsdp")
     expected = gathered(state)
     mngr = CheckpointManager(tmp_path, every=5)
-    assert not mngr.save(3, state)                  # not due
+    assert not mngr.save(3, state)  # not due
     assert mngr.save(5, state)
-    for x in jax.tree.leaves(state):                # what train_step's donation does
+    for x in jax.tree.leaves(state):  # what train_step's donation does
         x.delete()
     mngr.close()
     back = restore_checkpoint(tmp_path, gpt.target(m, "fsdp"))
@@ -74,6 +87,7 @@ def test_async_save_survives_donation_of_the_state(gpt, tmp_path, gathered, mesh
 
 
 # -- keep policy, listing ------------------------------------------------------------------
+
 
 def test_keep_last_n_and_best(tmp_path, ckpt_setup, mesh_of):
     s = ckpt_setup(model=MLP(vocab_size=32, embed=16, mlp=32, layers=1))
@@ -94,15 +108,17 @@ def test_keep_last_n_and_best(tmp_path, ckpt_setup, mesh_of):
 
 # -- interoperability with plain orbax -------------------------------------------------------
 
+
 def test_plain_orbax_reads_toolkit_checkpoints(gpt, tmp_path, assert_bit_exact, mesh_of):
     m = mesh_of({"data": 1, "fsdp": 8})
     state = gpt.state(m, "fsdp")
     save_checkpoint(tmp_path, 7, state, rules="fsdp")
     target = target_like(state)
-    with ocp.StandardCheckpointer() as ck:                         # the documented item path
+    with ocp.StandardCheckpointer() as ck:  # the documented item path
         assert_bit_exact(ck.restore(tmp_path / "7" / "state", target), state)
     with ocp.CheckpointManager(tmp_path) as mngr:
-        out = mngr.restore(7, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                                       meta=ocp.args.JsonRestore()))
+        out = mngr.restore(
+            7, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
+        )
     assert_bit_exact(out["state"], state)
     assert out["meta"]["step"] == 7 and out["meta"]["state_item"] == "state"

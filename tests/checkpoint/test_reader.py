@@ -72,8 +72,9 @@ def test_plain_restores_never_call_orbaxs_reader(gpt, tmp_path, assert_bit_exact
     save_checkpoint(tmp_path, 1, state)
     calls = orbax_reads
     # A tiny budget: arrays are read one at a time, still bit-exact, onto another layout too.
-    back = restore_checkpoint(tmp_path, gpt.target(mesh_of({"data": 1, "fsdp": 2, "tensor": 4}), "fsdp_tp"),
-                              max_inflight_bytes=1)
+    back = restore_checkpoint(
+        tmp_path, gpt.target(mesh_of({"data": 1, "fsdp": 2, "tensor": 4}), "fsdp_tp"), max_inflight_bytes=1
+    )
     assert_bit_exact(back, state)
     assert calls == []
 
@@ -86,7 +87,11 @@ def test_unusual_restore_args_go_through_orbax(tmp_path, mesh_of, orbax_reads):
     # The legacy form (mesh + mesh_axes instead of a sharding) is orbax's to read.
     handler = ocp.PyTreeCheckpointHandler(type_handler_registry=fast_registry(2**20))
     with ocp.Checkpointer(handler) as ckptr:
-        back = ckptr.restore(tmp_path / "1" / "state", args=ocp.args.PyTreeRestore(
-            item={"w": w}, restore_args={"w": ocp.ArrayRestoreArgs(mesh=m, mesh_axes=jax.P("fsdp"))}))
+        back = ckptr.restore(
+            tmp_path / "1" / "state",
+            args=ocp.args.PyTreeRestore(
+                item={"w": w}, restore_args={"w": ocp.ArrayRestoreArgs(mesh=m, mesh_axes=jax.P("fsdp"))}
+            ),
+        )
     assert np.array_equal(np.asarray(back["w"]), np.arange(16.0)) and back["w"].sharding.spec == jax.P("fsdp")
     assert calls == [1]

@@ -20,13 +20,18 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 
 # -- restore across layouts ----------------------------------------------------------------
 
-@pytest.mark.parametrize("src,dst", [
-    (({"data": 1, "fsdp": 8}, "fsdp", None), ({"data": 1, "fsdp": 2, "tensor": 4}, "fsdp_tp", None)),
-    (({"data": 8}, "dp", None), ({"data": 2, "tensor": 4}, "tp", None)),
-    (({"data": 2, "tensor": 4}, "tp", None), ({"data": 8}, "dp", None)),
-    (({"data": 1, "fsdp": 8}, "fsdp", None), ({"data": 1, "fsdp": 1}, "fsdp", 1)),
-    (({"data": 1, "fsdp": 1}, "fsdp", 1), ({"data": 1, "fsdp": 2, "tensor": 4}, "fsdp_tp", None)),
-], ids=["fsdp8-to-fsdp2xtp4", "dp-to-tp", "tp-to-dp", "8-to-1-device", "1-to-8-devices"])
+
+@pytest.mark.parametrize(
+    "src,dst",
+    [
+        (({"data": 1, "fsdp": 8}, "fsdp", None), ({"data": 1, "fsdp": 2, "tensor": 4}, "fsdp_tp", None)),
+        (({"data": 8}, "dp", None), ({"data": 2, "tensor": 4}, "tp", None)),
+        (({"data": 2, "tensor": 4}, "tp", None), ({"data": 8}, "dp", None)),
+        (({"data": 1, "fsdp": 8}, "fsdp", None), ({"data": 1, "fsdp": 1}, "fsdp", 1)),
+        (({"data": 1, "fsdp": 1}, "fsdp", 1), ({"data": 1, "fsdp": 2, "tensor": 4}, "fsdp_tp", None)),
+    ],
+    ids=["fsdp8-to-fsdp2xtp4", "dp-to-tp", "tp-to-dp", "8-to-1-device", "1-to-8-devices"],
+)
 def test_restore_onto_another_layout_bit_exact(gpt, tmp_path, src, dst, assert_bit_exact, mesh_of):
     (s_shape, s_rules, s_n), (d_shape, d_rules, d_n) = src, dst
     src_mesh, dst_mesh = mesh_of(s_shape, s_n), mesh_of(d_shape, d_n)
@@ -50,13 +55,17 @@ def test_params_only_restore_and_bf16(gpt, tmp_path, assert_bit_exact, mesh_of):
     state = gpt.state(m, rules)
     save_checkpoint(tmp_path, 3, state)
     one = mesh_of({"data": 1, "fsdp": 1}, 1)
-    params = restore_checkpoint(tmp_path, abstract_target(gpt.abstract.params, one, rules, dtype=jnp.bfloat16), params_only=True)
+    params = restore_checkpoint(
+        tmp_path, abstract_target(gpt.abstract.params, one, rules, dtype=jnp.bfloat16), params_only=True
+    )
     assert set(params) == set(state.params)
     for got, src in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):
         assert got.dtype == jnp.bfloat16 and got.sharding.mesh.size == 1
         assert np.array_equal(np.asarray(got), np.asarray(src).astype(jnp.bfloat16))
     # The {"params": ...} form (what model.apply takes) works too.
-    variables = restore_checkpoint(tmp_path, {"params": abstract_target(gpt.abstract.params, m, rules)}, params_only=True)
+    variables = restore_checkpoint(
+        tmp_path, {"params": abstract_target(gpt.abstract.params, m, rules)}, params_only=True
+    )
     assert_bit_exact(variables["params"], state.params)
 
 
@@ -74,12 +83,13 @@ def test_dtype_change_whole_state_keeps_integers(gpt, tmp_path, mesh_of):
 
 # -- interoperability with plain orbax -------------------------------------------------------
 
+
 def test_plain_orbax_checkpoint_restores_through_toolkit(gpt, tmp_path, assert_bit_exact, mesh_of):
     m = mesh_of({"data": 1, "fsdp": 8})
     state = gpt.state(m, "fsdp")
     with ocp.StandardCheckpointer() as ck:
         ck.save(tmp_path / "plain", state)
-    with ocp.CheckpointManager(tmp_path / "mngr") as mngr:        # single unnamed item
+    with ocp.CheckpointManager(tmp_path / "mngr") as mngr:  # single unnamed item
         mngr.save(3, args=ocp.args.StandardSave(state))
     target = gpt.target(mesh_of({"data": 1, "fsdp": 2, "tensor": 4}), "fsdp_tp")
     assert_bit_exact(restore_checkpoint(tmp_path / "plain", target), state)
@@ -89,16 +99,19 @@ def test_plain_orbax_checkpoint_restores_through_toolkit(gpt, tmp_path, assert_b
 
 # -- checkpoints that do not fit -----------------------------------------------------------
 
+
 def test_changed_model_lists_differing_paths(saved_copy, ckpt_setup, mesh_of):
     s, ck = saved_copy
     other = ckpt_setup(GPT(vocab_size=64, embed=32, heads=4, mlp=128, layers=2))
     with pytest.raises(pt.CheckpointError) as e:
         restore_checkpoint(ck, other.target(mesh_of({"data": 1, "fsdp": 8}), "fsdp"))
     msg = str(e.value)
-    assert msg.startswith(f"checkpoint {ck} does not fit the model (9 of 38 arrays differ): "
-                          "params/blocks/mlp/wi_0: checkpoint (2, 32, 64) vs model (2, 32, 128); "
-                          "params/blocks/mlp/wi_1: checkpoint (2, 32, 64) vs model (2, 32, 128); "
-                          "params/blocks/mlp/wo: checkpoint (2, 64, 32) vs model (2, 128, 32); ")
+    assert msg.startswith(
+        f"checkpoint {ck} does not fit the model (9 of 38 arrays differ): "
+        "params/blocks/mlp/wi_0: checkpoint (2, 32, 64) vs model (2, 32, 128); "
+        "params/blocks/mlp/wi_1: checkpoint (2, 32, 64) vs model (2, 32, 128); "
+        "params/blocks/mlp/wo: checkpoint (2, 64, 32) vs model (2, 128, 32); "
+    )
     assert msg.endswith("; … and 4 more")
     renamed = ckpt_setup(GPT(vocab_size=64, embed=32, heads=4, mlp=64, layers=2, norm="layer"))
     with pytest.raises(pt.CheckpointError) as e:
@@ -116,7 +129,8 @@ def test_indivisible_on_restore_is_the_init_error(saved_copy, mesh_of):
         restore_checkpoint(ck, abstract_target(s.abstract, bad_mesh, "tp"))
     assert str(at_restore.value) == str(at_init.value)
     assert str(at_init.value).startswith(
-        "params/blocks/attn/k: dim 2 ('kv_heads', size 4) is not divisible by mesh axes ('tensor',) of size 8")
+        "params/blocks/attn/k: dim 2 ('kv_heads', size 4) is not divisible by mesh axes ('tensor',) of size 8"
+    )
     # ... and through a Trainer, whose construction is the init's layout step.
     with pytest.raises(pt.ShardingError) as at_trainer:
         s.trainer(bad_mesh, "tp")

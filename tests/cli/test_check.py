@@ -27,22 +27,35 @@ def test_check_bad_rule_one_line_exit_2(write, run_cli_subprocess, base_config):
 
 
 def test_check_indivisible(write, run_cli_subprocess, base_config):
-    path = write("run.yaml", base_config.replace("mlp: 128", "mlp: 100").replace("heads: 4", "heads: 8").replace("rules: fsdp", "rules: fsdp_tp")
-                 .replace("{data: 1, fsdp: -1, tensor: 1}", "{data: 1, fsdp: -1, tensor: 8}"))
+    path = write(
+        "run.yaml",
+        base_config.replace("mlp: 128", "mlp: 100")
+        .replace("heads: 4", "heads: 8")
+        .replace("rules: fsdp", "rules: fsdp_tp")
+        .replace("{data: 1, fsdp: -1, tensor: 1}", "{data: 1, fsdp: -1, tensor: 8}"),
+    )
     r = run_cli_subprocess("check", str(path))
     assert r.returncode == 2
-    assert "error: params/blocks/mlp/wi_0: dim 2 ('mlp', size 100) is not divisible by mesh axes ('tensor',) of size 8" in r.stderr
+    assert (
+        "error: params/blocks/mlp/wi_0: dim 2 ('mlp', size 100) is not divisible by mesh axes ('tensor',) of size 8"
+        in r.stderr
+    )
     r = run_cli_subprocess("check", str(path), "--set", "on_indivisible=replicate")
     assert r.returncode == 0, r.stderr
     assert "warning: params/blocks/mlp/wi_0: dim 2 ('mlp', size 100) is not divisible" in r.stderr
 
 
 def test_check_device_mismatch(write, run_cli_subprocess, base_config):
-    path = write("run.yaml", base_config.replace("{data: 1, fsdp: -1, tensor: 1}", "{data: 3, fsdp: 2}").replace("devices: 8", "devices: 4"))
+    path = write(
+        "run.yaml",
+        base_config.replace("{data: 1, fsdp: -1, tensor: 1}", "{data: 3, fsdp: 2}").replace("devices: 8", "devices: 4"),
+    )
     r = run_cli_subprocess("check", str(path))
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1] == (f"error: {path}:8: mesh.shape: mesh {{data: 3, fsdp: 2}} needs 6 devices, but there are 4; "
-                                                "change a size or use -1 for one axis")
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"error: {path}:8: mesh.shape: mesh {{data: 3, fsdp: 2}} needs 6 devices, but there are 4; "
+        "change a size or use -1 for one axis"
+    )
 
 
 def test_missing_config_exit_2(tmp_path, run_cli_subprocess):

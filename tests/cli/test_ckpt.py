@@ -39,34 +39,50 @@ def test_inspect(saved_run, run_cli_in_process):
     assert "metrics: eval_loss 2.75, loss 2.25" in out
     row = next(l for l in out.splitlines() if "│ params/blocks/attn/q " in l)
     cells = [c.strip() for c in row.split("│")[1:-1]]
-    assert cells == ["params/blocks/attn/q", "(2, 32, 4, 8)", "float32", "(layers, embed, heads, kv)",
-                     "P(None, 'fsdp', None, None) on {data: 1, fsdp: 8}"]
+    assert cells == [
+        "params/blocks/attn/q",
+        "(2, 32, 4, 8)",
+        "float32",
+        "(layers, embed, heads, kv)",
+        "P(None, 'fsdp', None, None) on {data: 1, fsdp: 8}",
+    ]
     assert "config:\nmodel:\n  name: gpt" in out
     result = run_cli_in_process("ckpt", "inspect", root, "--step", "3", "--json")
     assert result.returncode == 0
     data = json.loads(result.stdout)
     assert data["step"] == 3 and data["problems"] == [] and data["metadata"]["metrics"] == {"loss": 2.5}
     assert data["arrays"]["opt_state/0/nu/embedding"] == {
-        "shape": [64, 32], "dtype": "float32", "sharding": "P(None, 'fsdp') on {data: 1, fsdp: 8}",
-        "names": ["vocab", "embed"]}
+        "shape": [64, 32],
+        "dtype": "float32",
+        "sharding": "P(None, 'fsdp') on {data: 1, fsdp: 8}",
+        "names": ["vocab", "embed"],
+    }
 
 
-@pytest.mark.parametrize("mesh_yaml,rules,n,spec_q", [
-    ("{data: 1, fsdp: 2, tensor: 4}", "fsdp_tp", 8, "P(None, 'fsdp', 'tensor', None)"),
-    ("{data: 2, tensor: 4}", "tp", 8, "P(None, None, 'tensor', None)"),
-    ("{data: 1, fsdp: 1}", "fsdp", 1, "P(None, 'fsdp', None, None)"),
-], ids=["to-fsdp_tp", "to-tp", "to-1-device"])
-def test_reshard(saved_run, tmp_path, mesh_yaml, rules, n, spec_q, run_cli_in_process, assert_bit_exact,
-                 ckpt_model_yaml, mesh_of):
+@pytest.mark.parametrize(
+    "mesh_yaml,rules,n,spec_q",
+    [
+        ("{data: 1, fsdp: 2, tensor: 4}", "fsdp_tp", 8, "P(None, 'fsdp', 'tensor', None)"),
+        ("{data: 2, tensor: 4}", "tp", 8, "P(None, None, 'tensor', None)"),
+        ("{data: 1, fsdp: 1}", "fsdp", 1, "P(None, 'fsdp', None, None)"),
+    ],
+    ids=["to-fsdp_tp", "to-tp", "to-1-device"],
+)
+def test_reshard(
+    saved_run, tmp_path, mesh_yaml, rules, n, spec_q, run_cli_in_process, assert_bit_exact, ckpt_model_yaml, mesh_of
+):
     s, root = saved_run
     cfg = tmp_path / "new.yaml"
-    cfg.write_text(ckpt_model_yaml + f"mesh: {{shape: {mesh_yaml}, devices: {n}}}\nrules: {rules}\n"
-                   "train: {batch_size: 8, seq_len: 8}\n")
+    cfg.write_text(
+        ckpt_model_yaml + f"mesh: {{shape: {mesh_yaml}, devices: {n}}}\nrules: {rules}\n"
+        "train: {batch_size: 8, seq_len: 8}\n"
+    )
     out = tmp_path / "out"
     result = run_cli_in_process("ckpt", "reshard", root, "--config", cfg, "--out", out)
     assert result.returncode == 0
     assert result.stdout.startswith(
-        "resharded step 6: 38 arrays from mesh {data: 1, fsdp: 8} to {" + mesh_yaml[1:-1] + "}")
+        "resharded step 6: 38 arrays from mesh {data: 1, fsdp: 8} to {" + mesh_yaml[1:-1] + "}"
+    )
     # The new checkpoint is laid out for the new mesh, with the same values ...
     result = run_cli_in_process("ckpt", "inspect", out, "--json")
     assert result.returncode == 0
@@ -85,8 +101,9 @@ def test_reshard(saved_run, tmp_path, mesh_yaml, rules, n, spec_q, run_cli_in_pr
     assert str(back.params["blocks"]["attn"]["q"].sharding.spec) == spec_q
 
 
-def test_reshard_plain_orbax_checkpoint(saved_run, tmp_path, run_cli_in_process, assert_bit_exact, mesh_of,
-                                        ckpt_model_yaml):
+def test_reshard_plain_orbax_checkpoint(
+    saved_run, tmp_path, run_cli_in_process, assert_bit_exact, mesh_of, ckpt_model_yaml
+):
     """No toolkit metadata: params take their names from the config's model, moments from their param."""
     import orbax.checkpoint as ocp
 
@@ -99,7 +116,8 @@ def test_reshard_plain_orbax_checkpoint(saved_run, tmp_path, run_cli_in_process,
     result = run_cli_in_process("ckpt", "reshard", tmp_path / "plain", "--config", cfg, "--out", tmp_path / "out")
     assert result.returncode == 0
     assert result.stdout.startswith(
-        "resharded step 11: 38 arrays from mesh {data: 1, fsdp: 8} to {data: 1, fsdp: 2, tensor: 4}")
+        "resharded step 11: 38 arrays from mesh {data: 1, fsdp: 8} to {data: 1, fsdp: 2, tensor: 4}"
+    )
     meta = checkpoint_metadata(tmp_path / "out")
     for p in ("params/embedding", "opt_state/0/mu/embedding", "opt_state/0/nu/embedding"):
         assert meta["arrays"][p]["names"] == ["vocab", "embed"] and meta["arrays"][p]["spec"] == ["tensor", "fsdp"]
@@ -110,8 +128,12 @@ def test_reshard_plain_orbax_checkpoint(saved_run, tmp_path, run_cli_in_process,
 
 # -- bad input: one line on stderr, exit 2 --------------------------------------------------------
 
+
 def test_ls_missing_dir(tmp_path, one_line_error, run_cli_subprocess):
-    assert one_line_error(run_cli_subprocess("ckpt", "ls", tmp_path / "nope")) == f"error: {tmp_path / 'nope'}: no such checkpoint directory"
+    assert (
+        one_line_error(run_cli_subprocess("ckpt", "ls", tmp_path / "nope"))
+        == f"error: {tmp_path / 'nope'}: no such checkpoint directory"
+    )
 
 
 def test_inspect_truncated_checkpoint(saved_run, tmp_path, run_cli_subprocess, one_line_error):
@@ -139,13 +161,18 @@ def test_reshard_bad_inputs(saved_run, tmp_path, one_line_error, run_cli_subproc
     indivisible = tmp_path / "ind.yaml"
     indivisible.write_text(ckpt_model_yaml + "mesh: {shape: {data: 1, tensor: 8}, devices: 8}\nrules: tp\n")
     line = one_line_error(run_cli_subprocess("ckpt", "reshard", root, "--config", indivisible, "--out", tmp_path / "o"))
-    assert line.startswith("error: params/blocks/attn/k: dim 2 ('kv_heads', size 4) is not divisible by mesh axes "
-                           "('tensor',) of size 8")
+    assert line.startswith(
+        "error: params/blocks/attn/k: dim 2 ('kv_heads', size 4) is not divisible by mesh axes ('tensor',) of size 8"
+    )
     # The same message `partitioning check` gives for that config (the init's layout step).
     assert one_line_error(run_cli_subprocess("check", indivisible)) == line
     other = tmp_path / "other.yaml"
-    other.write_text(ckpt_model_yaml.replace("mlp: 64", "mlp: 128") + "mesh: {shape: {data: 1, fsdp: 8}, devices: 8}\nrules: fsdp\n")
+    other.write_text(
+        ckpt_model_yaml.replace("mlp: 64", "mlp: 128") + "mesh: {shape: {data: 1, fsdp: 8}, devices: 8}\nrules: fsdp\n"
+    )
     line = one_line_error(run_cli_subprocess("ckpt", "reshard", root, "--config", other, "--out", tmp_path / "o"))
-    assert line.startswith(f"error: checkpoint {root / 'checkpoints' / '6'} does not fit the model (3 of 12 arrays differ): "
-                           "params/blocks/mlp/wi_0: checkpoint (2, 32, 64) vs model (2, 32, 128)")
+    assert line.startswith(
+        f"error: checkpoint {root / 'checkpoints' / '6'} does not fit the model (3 of 12 arrays differ): "
+        "params/blocks/mlp/wi_0: checkpoint (2, 32, 64) vs model (2, 32, 128)"
+    )
     assert not (tmp_path / "o").exists()

@@ -26,7 +26,7 @@ rules: fsdp
 train: {steps: 4, batch_size: 8, seq_len: 16, log_every: 1, eval_every: 2, eval_batches: 1}
 data:
 """
-DATA_LINE = 13   # the line of `data:`; its keys follow
+DATA_LINE = 13  # the line of `data:`; its keys follow
 
 
 @pytest.fixture
@@ -65,35 +65,65 @@ CASES = [
     # (files to make, data: section, expected error after "error: ")
     ([], "path: nope.npy", f"run.yaml:{DATA_LINE + 1}: data.path: 'nope.npy': no such file or folder"),
     (["empty.npy:0"], "path: empty.npy", f"run.yaml:{DATA_LINE + 1}: data.path: 'empty.npy': holds no tokens"),
-    (["floats.npy"], "path: floats.npy",
-     f"run.yaml:{DATA_LINE + 1}: data.path: 'floats.npy': holds float32 values; token arrays need an integer dtype"),
-    (["train.bin"], "path: train.bin",
-     f"run.yaml:{DATA_LINE}: data.dtype: 'train.bin': a .bin file has no header; say its dtype (e.g. uint16 for "
-     f"GPT-2 tokens)"),
-    (["train.bin:5001"], "path: train.bin\ndtype: int64",
-     f"run.yaml:{DATA_LINE + 2}: data.dtype: 'train.bin': 10,002 bytes is not a whole number of int64 tokens "
-     f"(8 bytes each); is the dtype right?"),
-    (["train.npy"], "path: train.npy\nsource: text",
-     f"run.yaml:{DATA_LINE + 1}: data.path: 'train.npy': binary data, not text; for token arrays (.npy, .bin) use "
-     f"source: tokens"),
-    (["small.npy:100"], "path: small.npy",
-     f"run.yaml:{DATA_LINE + 1}: data.path: small.npy (train): 95 tokens make only 5 windows of 17 tokens, fewer "
-     f"than the batch size 8; use more data or smaller train.batch_size / train.seq_len"),
-    (["train.npy", "val.npy:100"], "path: train.npy\neval_path: val.npy",
-     f"run.yaml:{DATA_LINE + 2}: data.eval_path: val.npy (eval): 100 tokens make only 6 windows of 17 tokens, "
-     f"fewer than the batch size 8; use more data or smaller train.batch_size / train.seq_len"),
-    (["big.npy:5000:70"], "path: big.npy",
-     f"run.yaml:{DATA_LINE + 1}: data.path: big.npy: token 67 at index 14 is outside the model's vocabulary "
-     f"[0, 64) (run.yaml:3: model.vocab_size)"),
-    (["train.npy", "val.npy:5000:99"], "path: train.npy\neval_path: val.npy",
-     f"run.yaml:{DATA_LINE + 2}: data.eval_path: val.npy: token 84 at index 0 is outside the model's vocabulary "
-     f"[0, 64) (run.yaml:3: model.vocab_size)"),
-    (["train.npy"], "path: train.npy\ndtype: float16",
-     f"run.yaml:{DATA_LINE + 2}: data.dtype: must be one of uint8, uint16, uint32, uint64, int8, int16, int32, int64, "
-     f"got 'float16'"),
-    (["train.bin"], "path: train.bin\ndtype: int64",      # uint16 tokens read as int64: nonsense, caught
-     f"run.yaml:{DATA_LINE + 1}: data.path: train.bin: token 4785212045656118 at index 0 is outside the model's "
-     f"vocabulary [0, 64)"),
+    (
+        ["floats.npy"],
+        "path: floats.npy",
+        f"run.yaml:{DATA_LINE + 1}: data.path: 'floats.npy': holds float32 values; token arrays need an integer dtype",
+    ),
+    (
+        ["train.bin"],
+        "path: train.bin",
+        f"run.yaml:{DATA_LINE}: data.dtype: 'train.bin': a .bin file has no header; say its dtype (e.g. uint16 for "
+        f"GPT-2 tokens)",
+    ),
+    (
+        ["train.bin:5001"],
+        "path: train.bin\ndtype: int64",
+        f"run.yaml:{DATA_LINE + 2}: data.dtype: 'train.bin': 10,002 bytes is not a whole number of int64 tokens "
+        f"(8 bytes each); is the dtype right?",
+    ),
+    (
+        ["train.npy"],
+        "path: train.npy\nsource: text",
+        f"run.yaml:{DATA_LINE + 1}: data.path: 'train.npy': binary data, not text; for token arrays (.npy, .bin) use "
+        f"source: tokens",
+    ),
+    (
+        ["small.npy:100"],
+        "path: small.npy",
+        f"run.yaml:{DATA_LINE + 1}: data.path: small.npy (train): 95 tokens make only 5 windows of 17 tokens, fewer "
+        f"than the batch size 8; use more data or smaller train.batch_size / train.seq_len",
+    ),
+    (
+        ["train.npy", "val.npy:100"],
+        "path: train.npy\neval_path: val.npy",
+        f"run.yaml:{DATA_LINE + 2}: data.eval_path: val.npy (eval): 100 tokens make only 6 windows of 17 tokens, "
+        f"fewer than the batch size 8; use more data or smaller train.batch_size / train.seq_len",
+    ),
+    (
+        ["big.npy:5000:70"],
+        "path: big.npy",
+        f"run.yaml:{DATA_LINE + 1}: data.path: big.npy: token 67 at index 14 is outside the model's vocabulary "
+        f"[0, 64) (run.yaml:3: model.vocab_size)",
+    ),
+    (
+        ["train.npy", "val.npy:5000:99"],
+        "path: train.npy\neval_path: val.npy",
+        f"run.yaml:{DATA_LINE + 2}: data.eval_path: val.npy: token 84 at index 0 is outside the model's vocabulary "
+        f"[0, 64) (run.yaml:3: model.vocab_size)",
+    ),
+    (
+        ["train.npy"],
+        "path: train.npy\ndtype: float16",
+        f"run.yaml:{DATA_LINE + 2}: data.dtype: must be one of uint8, uint16, uint32, uint64, int8, int16, int32, int64, "
+        f"got 'float16'",
+    ),
+    (
+        ["train.bin"],
+        "path: train.bin\ndtype: int64",  # uint16 tokens read as int64: nonsense, caught
+        f"run.yaml:{DATA_LINE + 1}: data.path: train.bin: token 4785212045656118 at index 0 is outside the model's "
+        f"vocabulary [0, 64)",
+    ),
 ]
 
 
@@ -107,15 +137,16 @@ def _make(spec: str) -> None:
 
 
 @pytest.mark.parametrize("files, data, error", CASES, ids=[c[1].split("\n")[0] + f"-{i}" for i, c in enumerate(CASES)])
-def test_bad_data_is_one_line_at_the_config_key_before_compiling(in_tmp, run_cli_in_process, one_line_error,
-                                                                  no_compile, files, data, error):
+def test_bad_data_is_one_line_at_the_config_key_before_compiling(
+    in_tmp, run_cli_in_process, one_line_error, no_compile, files, data, error
+):
     for spec in files:
         _make(spec)
     write_config(data)
     for command in ("check", "train"):
         line = one_line_error(run_cli_in_process(command, "run.yaml"))
         assert line.startswith("error: " + error), line
-    assert not Path("runs").exists()          # refused before anything was written
+    assert not Path("runs").exists()  # refused before anything was written
 
 
 def test_token_arrays_train_and_the_checkpoint_records_the_data_position(in_tmp, run_cli_in_process):
@@ -129,8 +160,16 @@ def test_token_arrays_train_and_the_checkpoint_records_the_data_position(in_tmp,
 
     meta = checkpoint_metadata("runs/run/checkpoints")
     assert meta["step"] == 4
-    assert meta["data"] == {"position": "step", "source": None, "path": "train.bin", "eval_path": "val.bin",
-                            "dtype": "uint16", "seed": 5, "batch_size": 8, "seq_len": 16}
+    assert meta["data"] == {
+        "position": "step",
+        "source": None,
+        "path": "train.bin",
+        "eval_path": "val.bin",
+        "dtype": "uint16",
+        "seed": 5,
+        "batch_size": 8,
+        "seq_len": 16,
+    }
     records = [json.loads(line) for line in Path("runs/run/batches.0.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     # the digests are those of the pure function of (seed, step)
@@ -142,8 +181,10 @@ def test_token_arrays_train_and_the_checkpoint_records_the_data_position(in_tmp,
     # Resuming with another seed says so: the batches from here on differ from the saved run's.
     r = run_cli_in_process("train", "run.yaml", "--no-progress", "--set", "train.steps=5", "--set", "data.seed=6")
     assert r.returncode == 0, r.stderr
-    assert ("data: changed since the checkpoint (seed 5 -> 6): the steps from here on see other batches than the "
-            "saved run would have") in r.stdout
+    assert (
+        "data: changed since the checkpoint (seed 5 -> 6): the steps from here on see other batches than the "
+        "saved run would have"
+    ) in r.stdout
 
 
 def test_a_target_that_returns_a_corpus_is_token_data(in_tmp, run_cli_in_process, one_line_error):
@@ -152,5 +193,7 @@ def test_a_target_that_returns_a_corpus_is_token_data(in_tmp, run_cli_in_process
     r = run_cli_in_process("check", "run.yaml")
     assert r.returncode == 0, r.stderr
     write_config("_target_: partitioning.train.data.load_corpus\npath: nope.npy")
-    assert one_line_error(run_cli_in_process("check", "run.yaml")) == \
-        f"error: run.yaml:{DATA_LINE + 2}: data.path: 'nope.npy': no such file or folder"
+    assert (
+        one_line_error(run_cli_in_process("check", "run.yaml"))
+        == f"error: run.yaml:{DATA_LINE + 2}: data.path: 'nope.npy': no such file or folder"
+    )

@@ -11,8 +11,10 @@ def test_rules_explain(repo, run_cli_subprocess):
     # Activations count too: `length` is only ever an activation name.
     assert "logical names no rule mentions (unsharded): heads, kv, kv_heads, layers, length\n" in out
     # The compute layout: FSDP params are used gathered over the batch axes; the table shows the compute spec.
-    assert ("compute layout: parameters are gathered over the batch axes (data, fsdp; from rule 0 "
-            "['batch', ('data', 'fsdp')]) before use") in out
+    assert (
+        "compute layout: parameters are gathered over the batch axes (data, fsdp; from rule 0 "
+        "['batch', ('data', 'fsdp')]) before use"
+    ) in out
     row = next(l for l in out.splitlines() if "params/blocks/mlp/wi_0" in l)
     assert row.rstrip(" │").endswith("P(None, None, None)")
 

@@ -4,14 +4,42 @@ import json
 
 import pytest
 
+PLAN_KEYS = {
+    "config",
+    "model",
+    "batch",
+    "mesh",
+    "devices",
+    "rules",
+    "optimizer_rules",
+    "on_indivisible",
+    "parameters",
+    "leaves",
+    "optimizer_leaves",
+    "totals",
+    "replicated_share",
+    "warnings",
+    "errors",
+    "compiled",
+    "timing",
+    "memory_budget",
+    "axes",
+    "parallel",
+}
 
-PLAN_KEYS = {"config", "model", "batch", "mesh", "devices", "rules", "optimizer_rules", "on_indivisible",
-             "parameters", "leaves", "optimizer_leaves", "totals", "replicated_share", "warnings", "errors",
-             "compiled", "timing", "memory_budget", "axes", "parallel"}
 
-
-COMPILED_KEYS = {"status", "backend", "devices", "lower_s", "compile_s", "memory", "flops", "collectives",
-                 "collective_ops", "sharding_check"}
+COMPILED_KEYS = {
+    "status",
+    "backend",
+    "devices",
+    "lower_s",
+    "compile_s",
+    "memory",
+    "flops",
+    "collectives",
+    "collective_ops",
+    "sharding_check",
+}
 
 
 def test_plan_table_json_png(write, tmp_path, run_cli_in_process, small_config, monkeypatch):
@@ -46,7 +74,9 @@ def test_plan_table_json_png(write, tmp_path, run_cli_in_process, small_config, 
 
 
 def test_plan_warns_about_replicated_matrix(write, run_cli_in_process, small_config):
-    cfg = write("rep.yaml", small_config.replace("rules: fsdp", "rules:\n  - [batch, [data, fsdp]]\n  - [vocab, fsdp]\n"))
+    cfg = write(
+        "rep.yaml", small_config.replace("rules: fsdp", "rules:\n  - [batch, [data, fsdp]]\n  - [vocab, fsdp]\n")
+    )
     code, out, err = run_cli_in_process("plan", cfg, "--no-compile")
     assert code == 0, err
     assert "replicated: params/wi_0 (32, 256) is whole on every device: 128.00 KiB per device" in out
@@ -83,21 +113,30 @@ def test_plan_child_reports_train_step_errors_on_one_line(write, tmp_path, run_c
     assert code == 0, err
     v = json.loads((tmp_path / "c.json").read_text())["compiled"]
     assert v["status"] == "failed" and "\n" not in v["reason"]
-    assert v["reason"].startswith(f"{cfg}:12: train.batch_size: batch_size 12 is not divisible by the batch mesh "
-                                  "axes ('data', 'fsdp') of size 8")
+    assert v["reason"].startswith(
+        f"{cfg}:12: train.batch_size: batch_size 12 is not divisible by the batch mesh axes ('data', 'fsdp') of size 8"
+    )
 
 
 # plan and compare share their config handling: bad input for either is one line and exit 2.
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["plan", "nope.yaml"], "error: nope.yaml: no such config file"),
-    (["plan", "{cfg}", "--set", "trian.steps=3"], "error: --set trian.steps=3: unknown key 'trian'; did you mean 'train'?"),
-    (["plan", "{cfg}", "--devices", "12", "--set", "mesh.shape={data: 2, fsdp: 4}"],
-     "error: mesh {data: 2, fsdp: 4} needs 8 devices, but there are 12; change a size or use -1 for one axis"),
-    (["compare", "{cfg}", "--rules", "fsdp", "fsdp_pt"], "did you mean 'fsdp_tp'?"),
-    (["plan", "{cfg}", "--devices", "0"], "error: --devices must be a positive number of devices, got 0"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["plan", "nope.yaml"], "error: nope.yaml: no such config file"),
+        (
+            ["plan", "{cfg}", "--set", "trian.steps=3"],
+            "error: --set trian.steps=3: unknown key 'trian'; did you mean 'train'?",
+        ),
+        (
+            ["plan", "{cfg}", "--devices", "12", "--set", "mesh.shape={data: 2, fsdp: 4}"],
+            "error: mesh {data: 2, fsdp: 4} needs 8 devices, but there are 12; change a size or use -1 for one axis",
+        ),
+        (["compare", "{cfg}", "--rules", "fsdp", "fsdp_pt"], "did you mean 'fsdp_tp'?"),
+        (["plan", "{cfg}", "--devices", "0"], "error: --devices must be a positive number of devices, got 0"),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(write, argv, message, run_cli_in_process, small_config):
     cfg = write("small.yaml", small_config)
     code, out, err = run_cli_in_process(*[a.replace("{cfg}", str(cfg)) for a in argv])

@@ -15,11 +15,16 @@ def test_quickstart_loads(repo):
 
 
 def test_rules_forms(write, base_config):
-    inline = write("a.yaml", base_config.replace("rules: fsdp", "rules:\n  - [batch, [data, fsdp]]\n  - [embed, fsdp]\n  - [mlp, null]\n"))
+    inline = write(
+        "a.yaml",
+        base_config.replace("rules: fsdp", "rules:\n  - [batch, [data, fsdp]]\n  - [embed, fsdp]\n  - [mlp, null]\n"),
+    )
     cfg = load_config(inline)
     assert list(cfg.rules) == [("batch", ("data", "fsdp")), ("embed", "fsdp"), ("mlp", None)]
     assert cfg.rules.origins[2] == f"{inline}:13: rules[2]"
-    extra = write("b.yaml", base_config.replace("rules: fsdp", "rules:\n  preset: fsdp\n  extra:\n    - [mlp, tensor]\n"))
+    extra = write(
+        "b.yaml", base_config.replace("rules: fsdp", "rules:\n  preset: fsdp\n  extra:\n    - [mlp, tensor]\n")
+    )
     cfg = load_config(extra)
     assert cfg.rules[0] == ("mlp", "tensor") and cfg.rules[1:] == pt.Rules.preset("fsdp")
     rules_file = write("r.yaml", "rules:\n  - [embed, fsdp]\n")
@@ -29,8 +34,10 @@ def test_rules_forms(write, base_config):
 
 
 def test_overrides(write, base_config):
-    cfg = load_config(write("a.yaml", base_config), ["train.steps=7", "rules=tp", "mesh.shape={data: 2, tensor: -1}",
-                                                      "model.layers=3", "optimizer.lr=0.01"])
+    cfg = load_config(
+        write("a.yaml", base_config),
+        ["train.steps=7", "rules=tp", "mesh.shape={data: 2, tensor: -1}", "model.layers=3", "optimizer.lr=0.01"],
+    )
     assert cfg.train.steps == 7 and cfg.rules == pt.Rules.preset("tp")
     assert cfg.mesh.shape == {"data": 2, "tensor": -1}
     assert cfg.model_options["layers"] == 3 and cfg.optimizer.lr == 0.01
@@ -42,28 +49,69 @@ def test_overrides(write, base_config):
     "edit, overrides, expected",
     [
         # typo in a rule's mesh axis: file, line, key, axes, suggestion
-        (lambda base: base.replace("rules: fsdp", "rules:\n  - [batch, data]\n  - [embed, fsdp]\n  - [heads, null]\n  - [mlp, tensr]\n"),
-         [], "{f}:14: rules[3]: mesh axis 'tensr' is not a mesh axis (data, fsdp, tensor); did you mean 'tensor'?"),
-        (lambda base: base + "trian:\n  steps: 3\n", [],
-         "{f}:11: trian: unknown key (valid: model, mesh, rules, optimizer_rules, on_indivisible, data, optimizer, train, checkpoint, run_dir, base); did you mean 'train'?"),
-        (lambda base: base + "train:\n  stpes: 3\n", [],
-         "{f}:12: train.stpes: unknown key (valid: steps, batch_size, seq_len, grad_accum, microbatches, log_every, eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs); did you mean 'steps'?"),
+        (
+            lambda base: base.replace(
+                "rules: fsdp", "rules:\n  - [batch, data]\n  - [embed, fsdp]\n  - [heads, null]\n  - [mlp, tensr]\n"
+            ),
+            [],
+            "{f}:14: rules[3]: mesh axis 'tensr' is not a mesh axis (data, fsdp, tensor); did you mean 'tensor'?",
+        ),
+        (
+            lambda base: base + "trian:\n  steps: 3\n",
+            [],
+            "{f}:11: trian: unknown key (valid: model, mesh, rules, optimizer_rules, on_indivisible, data, optimizer, train, checkpoint, run_dir, base); did you mean 'train'?",
+        ),
+        (
+            lambda base: base + "train:\n  stpes: 3\n",
+            [],
+            "{f}:12: train.stpes: unknown key (valid: steps, batch_size, seq_len, grad_accum, microbatches, log_every, eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs); did you mean 'steps'?",
+        ),
         (lambda base: base + "train:\n  steps: many\n", [], "{f}:12: train.steps: expected int, got str 'many'"),
-        (lambda base: base + "optimizer:\n  name: adamm\n", [],
-         "{f}:12: optimizer.name: must be one of adamw, adafactor, sgd, got 'adamm'; did you mean 'adamw'?"),
-        (lambda base: base.replace("shape: {data: 1, fsdp: -1, tensor: 1}", "shape: {data: -1, fsdp: -1}"), [],
-         "{f}:8: mesh.shape: mesh {'data': -1, 'fsdp': -1} has more than one -1; at most one axis can take the rest of the devices"),
-        (lambda base: base.replace("  embed: 64\n", "  embedd: 64\n"), [],
-         "{f}:3: model.embedd: model 'gpt' has no option 'embedd' (options: vocab_size, embed, heads, kv_heads, head_dim, mlp, layers, rope_theta, norm, scan_layers, remat, dtype, param_dtype, moe); did you mean 'embed'?"),
-        (lambda base: base.replace("name: gpt", "name: gtp"), [], "{f}:2: model.name: unknown model 'gtp' (registered: gpt, mlp); did you mean 'gpt'?"),
-        (lambda base: base.replace("rules: fsdp", "rules: fsd"), [],
-         "{f}:10: rules: unknown rule preset 'fsd' (presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp); did you mean 'fsdp'?"),
-        (lambda base: base.replace("rules: fsdp", "rules:\n  - [embed]\n"), [], "{f}:11: rules[0]: a rule is a pair [logical_name, mesh_axes], got ['embed']"),
-        (lambda base: base.replace("rules: fsdp", "rules: 3"), [],
-         "{f}:10: rules: rules must be a preset name (dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp), a list of [logical, mesh_axes] pairs, or {preset: NAME, extra: [...]}; got int"),
-        (lambda base: base.replace("mesh:\n  shape: {data: 1, fsdp: -1, tensor: 1}\n  devices: 8\n", ""), [], "{f}: missing required section 'mesh'"),
-        (lambda base: base + "on_indivisible: replicat\n", [],
-         "{f}:11: on_indivisible: must be one of error, replicate, got 'replicat'; did you mean 'replicate'?"),
+        (
+            lambda base: base + "optimizer:\n  name: adamm\n",
+            [],
+            "{f}:12: optimizer.name: must be one of adamw, adafactor, sgd, got 'adamm'; did you mean 'adamw'?",
+        ),
+        (
+            lambda base: base.replace("shape: {data: 1, fsdp: -1, tensor: 1}", "shape: {data: -1, fsdp: -1}"),
+            [],
+            "{f}:8: mesh.shape: mesh {'data': -1, 'fsdp': -1} has more than one -1; at most one axis can take the rest of the devices",
+        ),
+        (
+            lambda base: base.replace("  embed: 64\n", "  embedd: 64\n"),
+            [],
+            "{f}:3: model.embedd: model 'gpt' has no option 'embedd' (options: vocab_size, embed, heads, kv_heads, head_dim, mlp, layers, rope_theta, norm, scan_layers, remat, dtype, param_dtype, moe); did you mean 'embed'?",
+        ),
+        (
+            lambda base: base.replace("name: gpt", "name: gtp"),
+            [],
+            "{f}:2: model.name: unknown model 'gtp' (registered: gpt, mlp); did you mean 'gpt'?",
+        ),
+        (
+            lambda base: base.replace("rules: fsdp", "rules: fsd"),
+            [],
+            "{f}:10: rules: unknown rule preset 'fsd' (presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp); did you mean 'fsdp'?",
+        ),
+        (
+            lambda base: base.replace("rules: fsdp", "rules:\n  - [embed]\n"),
+            [],
+            "{f}:11: rules[0]: a rule is a pair [logical_name, mesh_axes], got ['embed']",
+        ),
+        (
+            lambda base: base.replace("rules: fsdp", "rules: 3"),
+            [],
+            "{f}:10: rules: rules must be a preset name (dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp), a list of [logical, mesh_axes] pairs, or {preset: NAME, extra: [...]}; got int",
+        ),
+        (
+            lambda base: base.replace("mesh:\n  shape: {data: 1, fsdp: -1, tensor: 1}\n  devices: 8\n", ""),
+            [],
+            "{f}: missing required section 'mesh'",
+        ),
+        (
+            lambda base: base + "on_indivisible: replicat\n",
+            [],
+            "{f}:11: on_indivisible: must be one of error, replicate, got 'replicat'; did you mean 'replicate'?",
+        ),
         (lambda base: base + "mesh:\n  devices: 4\n", [], "{f}:11: mesh: key appears twice"),
         (lambda base: "model: [gpt\n", [], "{f}:2: invalid YAML: expected ',' or ']', but got '<stream end>'"),
         (lambda base: base, ["train.steps"], "--set train.steps: expected KEY=VALUE, e.g. train.steps=100"),

@@ -3,11 +3,11 @@
 import jax
 
 import partitioning as pt
-from partitioning.models import GPT
 from partitioning.checkpoint import CheckpointManager
+from partitioning.models import GPT
+from partitioning.train import Trainer
 from partitioning.train.data import load_corpus
 from partitioning.train.optimizer import make_optimizer
-from partitioning.train import Trainer
 
 STEPS = 4
 

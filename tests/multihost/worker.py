@@ -24,6 +24,13 @@ from tests.multihost.common import losses_and_checkpoint  # noqa: E402
 losses = losses_and_checkpoint(out)
 if jax.process_index() == 0:
     with open(os.path.join(out, "losses.json"), "w") as f:
-        json.dump({"losses": losses, "process_count": jax.process_count(),
-                   "device_count": jax.device_count(), "local": jax.local_device_count()}, f)
+        json.dump(
+            {
+                "losses": losses,
+                "process_count": jax.process_count(),
+                "device_count": jax.device_count(),
+                "local": jax.local_device_count(),
+            },
+            f,
+        )
 jax.distributed.shutdown()

@@ -5,8 +5,19 @@ import json
 
 import pytest
 
-SHORT = ["--set", "train.steps=2", "--set", "train.batch_size=16", "--set", "train.seq_len=32",
-         "--set", "train.eval_batches=0", "--set", "train.log_every=1", "--no-progress"]
+SHORT = [
+    "--set",
+    "train.steps=2",
+    "--set",
+    "train.batch_size=16",
+    "--set",
+    "train.seq_len=32",
+    "--set",
+    "train.eval_batches=0",
+    "--set",
+    "train.log_every=1",
+    "--no-progress",
+]
 
 
 def _losses(run_dir):
@@ -16,16 +27,31 @@ def _losses(run_dir):
 @pytest.mark.slow
 def test_pipeline_config_trains_to_the_quickstarts_losses(repo, tmp_path, run_cli_in_process):
     for name in ("pipeline", "quickstart"):
-        r = run_cli_in_process("train", repo / "configs" / f"{name}.yaml", *SHORT,
-                               "--set", f"run_dir={tmp_path / name}", "--set", "train.microbatches=4")
+        r = run_cli_in_process(
+            "train",
+            repo / "configs" / f"{name}.yaml",
+            *SHORT,
+            "--set",
+            f"run_dir={tmp_path / name}",
+            "--set",
+            "train.microbatches=4",
+        )
         assert r.returncode == 0, r.stderr
     pipe, quick = _losses(tmp_path / "pipeline"), _losses(tmp_path / "quickstart")
     assert len(pipe) == 2 and pipe == pytest.approx(quick, rel=1e-4)
 
 
 def test_plan_of_the_pipeline_config(repo, tmp_path, run_cli_in_process):
-    r = run_cli_in_process("plan", repo / "configs" / "pipeline.yaml", "--set", "train.batch_size=16",
-                           "--set", "train.seq_len=32", "--json", tmp_path / "p.json")
+    r = run_cli_in_process(
+        "plan",
+        repo / "configs" / "pipeline.yaml",
+        "--set",
+        "train.batch_size=16",
+        "--set",
+        "train.seq_len=32",
+        "--json",
+        tmp_path / "p.json",
+    )
     assert r.returncode == 0, r.stderr
     j = json.loads((tmp_path / "p.json").read_text())
     p = j["parallel"]["pipeline"]
@@ -39,8 +65,9 @@ def test_plan_of_the_pipeline_config(repo, tmp_path, run_cli_in_process):
 
 
 def test_the_405b_pipeline_config_plans(repo, tmp_path, run_cli_in_process):
-    r = run_cli_in_process("plan", repo / "configs" / "llama3_405b_pp.yaml", "--no-compile",
-                           "--json", tmp_path / "p.json")
+    r = run_cli_in_process(
+        "plan", repo / "configs" / "llama3_405b_pp.yaml", "--no-compile", "--json", tmp_path / "p.json"
+    )
     assert r.returncode == 0, r.stderr
     j = json.loads((tmp_path / "p.json").read_text())
     assert j["parameters"] == 405_853_388_800 and j["devices"] == 6144
@@ -57,16 +84,21 @@ def test_the_405b_pipeline_config_plans(repo, tmp_path, run_cli_in_process):
 
 # -- configs/moe.yaml -------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
-def test_moe_config_trains_with_the_losses_of_the_same_model_without_expert_parallelism(repo, tmp_path,
-                                                                                        run_cli_in_process):
+def test_moe_config_trains_with_the_losses_of_the_same_model_without_expert_parallelism(
+    repo, tmp_path, run_cli_in_process
+):
     cfg = repo / "configs" / "moe.yaml"
     fsdp = ["--set", "rules=fsdp", "--set", "mesh.shape={data: 1, fsdp: -1}"]
     for name, extra in (("ep", []), ("fsdp", fsdp)):
-        r = run_cli_in_process("train", cfg, *SHORT, "--set", "train.steps=3", "--set", f"run_dir={tmp_path / name}",
-                               *extra)
+        r = run_cli_in_process(
+            "train", cfg, *SHORT, "--set", "train.steps=3", "--set", f"run_dir={tmp_path / name}", *extra
+        )
         assert r.returncode == 0, r.stderr
-    rows = {n: [json.loads(l) for l in (tmp_path / n / "metrics.jsonl").read_text().splitlines()] for n in ("ep", "fsdp")}
+    rows = {
+        n: [json.loads(l) for l in (tmp_path / n / "metrics.jsonl").read_text().splitlines()] for n in ("ep", "fsdp")
+    }
     assert [r["loss"] for r in rows["ep"]] == pytest.approx([r["loss"] for r in rows["fsdp"]], rel=1e-4)
     # The router's load-balancing loss is reported: 0.01 x 4 layers x (1 when balanced, up to 8).
     aux = [r["moe_aux_loss"] for r in rows["ep"]]
@@ -75,8 +107,16 @@ def test_moe_config_trains_with_the_losses_of_the_same_model_without_expert_para
 
 
 def test_plan_of_the_moe_config(repo, tmp_path, run_cli_in_process):
-    r = run_cli_in_process("plan", repo / "configs" / "moe.yaml", "--set", "train.batch_size=16",
-                           "--set", "train.seq_len=32", "--json", tmp_path / "p.json")
+    r = run_cli_in_process(
+        "plan",
+        repo / "configs" / "moe.yaml",
+        "--set",
+        "train.batch_size=16",
+        "--set",
+        "train.seq_len=32",
+        "--json",
+        tmp_path / "p.json",
+    )
     assert r.returncode == 0, r.stderr
     j = json.loads((tmp_path / "p.json").read_text())
     e = j["parallel"]["experts"]
@@ -95,5 +135,7 @@ def test_plan_of_the_moe_config(repo, tmp_path, run_cli_in_process):
     assert j["totals"]["total"]["per_device"] == pytest.approx(j["totals"]["total"]["ideal"], rel=1e-5)
     wi = next(l for l in j["leaves"] if l["path"] == "params/blocks/mlp/wi_0")
     assert wi["spec"] == "P(None, 'expert', 'fsdp', None)"
-    assert ("experts: 8 (top-2, capacity 10) over 4 shard(s) in 4 layers: all-to-all 16x 1.25 MiB per step and "
-            "device (analytic); compiled over `expert`: 16x 1.25 MiB") in " ".join(r.stdout.split())
+    assert (
+        "experts: 8 (top-2, capacity 10) over 4 shard(s) in 4 layers: all-to-all 16x 1.25 MiB per step and "
+        "device (analytic); compiled over `expert`: 16x 1.25 MiB"
+    ) in " ".join(r.stdout.split())

@@ -28,8 +28,11 @@ def moe_inputs():
     ks = jax.random.split(jax.random.key(0), 5)
     x = jax.random.normal(ks[0], (G, S, D))
     router = jax.random.normal(ks[1], (D, E))
-    w = (jax.random.normal(ks[2], (E, D, M)) / D ** 0.5, jax.random.normal(ks[3], (E, D, M)) / D ** 0.5,
-         jax.random.normal(ks[4], (E, M, D)) / M ** 0.5)
+    w = (
+        jax.random.normal(ks[2], (E, D, M)) / D**0.5,
+        jax.random.normal(ks[3], (E, D, M)) / D**0.5,
+        jax.random.normal(ks[4], (E, M, D)) / M**0.5,
+    )
     return x, router, w
 
 
@@ -38,11 +41,13 @@ def reference(x, router, w, top_k, cap):
     gates, idx, _ = route(jnp.einsum("gsd,de->gse", x, router), top_k)
     gates, idx = np.asarray(gates), np.asarray(idx)
     g_, s_, d_ = x.shape
-    every = np.asarray(swiglu(jnp.broadcast_to(x[:, None], (g_, router.shape[1], s_, d_)), *w))  # each expert, each token
+    every = np.asarray(
+        swiglu(jnp.broadcast_to(x[:, None], (g_, router.shape[1], s_, d_)), *w)
+    )  # each expert, each token
     y = np.zeros_like(np.asarray(x))
     for g in range(x.shape[0]):
         taken = np.zeros(router.shape[1], int)
-        for j in range(top_k):                                   # first choices of all tokens first
+        for j in range(top_k):  # first choices of all tokens first
             for s in range(x.shape[1]):
                 e = idx[g, s, j]
                 if taken[e] < cap:
@@ -92,13 +97,17 @@ def test_moe_ffn_gives_the_same_values_under_ep_and_moves_tokens_with_all_to_all
 
 
 def test_expert_weights_are_named_expert_embed_mlp():
-    params, _ = pt.abstract_train_state(small_gpt(layers=2, moe=DROPLESS), pt.make_optimizer("sgd", lr=0.1,
-                                                                                             total_steps=1),
-                                        batch_size=8, seq_len=16)
+    params, _ = pt.abstract_train_state(
+        small_gpt(layers=2, moe=DROPLESS), pt.make_optimizer("sgd", lr=0.1, total_steps=1), batch_size=8, seq_len=16
+    )
     mlp = params["blocks"]["mlp"]
     names = {k: tuple(v.names) for k, v in mlp.items()}
-    assert names == {"router": ("layers", "embed", "expert"), "wi_0": ("layers", "expert", "embed", "mlp"),
-                     "wi_1": ("layers", "expert", "embed", "mlp"), "wo": ("layers", "expert", "mlp", "embed")}
+    assert names == {
+        "router": ("layers", "embed", "expert"),
+        "wi_0": ("layers", "expert", "embed", "mlp"),
+        "wi_1": ("layers", "expert", "embed", "mlp"),
+        "wo": ("layers", "expert", "mlp", "embed"),
+    }
     assert mlp["wi_0"].value.shape == (2, 8, 32, 64)
 
 
@@ -108,14 +117,13 @@ def test_losses_equal_between_ep_and_layouts_without_it(runs, layout):
     _, _, ep_losses, ep_metrics = runs.run(("ep", "dropless"), small_gpt(layers=2, moe=DROPLESS), *EP)
     _, _, losses, metrics = runs.run((layout, "dropless"), small_gpt(layers=2, moe=DROPLESS), *LAYOUTS[layout])
     np.testing.assert_allclose(losses, ep_losses, rtol=1e-4)
-    np.testing.assert_allclose([m["moe_aux_loss"] for m in metrics], [m["moe_aux_loss"] for m in ep_metrics],
-                               rtol=1e-4)
+    np.testing.assert_allclose([m["moe_aux_loss"] for m in metrics], [m["moe_aux_loss"] for m in ep_metrics], rtol=1e-4)
     assert ep_losses[-1] < ep_losses[0] - 0.5
 
 
 def test_ep_moves_tokens_with_all_to_all_and_keeps_expert_weights_in_place(runs):
     tr, state, _, metrics = runs.run(("ep", "dropless"), small_gpt(layers=2, moe=DROPLESS), *EP)
-    wi = state.params["blocks"]["mlp"]["wi_0"]                   # (layers, expert, embed, mlp)
+    wi = state.params["blocks"]["mlp"]["wi_0"]  # (layers, expert, embed, mlp)
     assert tuple(wi.sharding.spec) == (None, "expert", "fsdp", None)
     assert wi.addressable_shards[0].data.shape == (2, 8 // 4, 32 // 2, 64)
     ops = collectives(tr.lower_train_step().compile().as_text())
@@ -131,8 +139,12 @@ def test_ep_moves_tokens_with_all_to_all_and_keeps_expert_weights_in_place(runs)
     assert sum(v["all-to-all"]["count"] for k, v in by_axis.items() if k != "expert") == 0
     # Expert weights are never gathered over `expert` (the router and the dense weights, FSDP over fsdp x expert, are).
     one_layer_experts = 3 * 8 * 32 * 64 * 4
-    over_expert = [c for c in ops if c.kind == "all-gather" and any(
-        "expert" in k.split("+") for k in collectives_by_axis([c], {"data": 1, "fsdp": 2, "expert": 4}))]
+    over_expert = [
+        c
+        for c in ops
+        if c.kind == "all-gather"
+        and any("expert" in k.split("+") for k in collectives_by_axis([c], {"data": 1, "fsdp": 2, "expert": 4}))
+    ]
     assert over_expert and all(c.bytes < one_layer_experts for c in over_expert)
     assert metrics[0]["moe_aux_loss"] > 0
 
@@ -166,18 +178,24 @@ def test_checkpoints_reshard_between_ep_and_replicated_experts(runs, tmp_path, a
     np.testing.assert_allclose(float(b["loss"]), float(a["loss"]), rtol=1e-4)
 
 
-@pytest.mark.parametrize("moe,message", [
-    ("{experts: 8, topk: 2}", "unknown moe option 'topk'"),
-    ("{experts: 4, top_k: 5}", "moe needs experts >= 1 and 1 <= top_k <= experts"),
-    ("{experts: 4, capacity_factor: 0}", "moe.capacity_factor must be > 0 (or set dropless: true)"),
-    ("{experts: 4.5}", "moe.experts must be an integer, got 4.5"),
-    ("{experts: 4, dropless: 1}", "moe.dropless must be true or false, got 1"),
-    ("{experts: 4, aux_loss_weight: -1}", "moe.aux_loss_weight must be a number >= 0, got -1"),
-    ("[8, 2]", "moe must be a mapping of"),
-])
+@pytest.mark.parametrize(
+    "moe,message",
+    [
+        ("{experts: 8, topk: 2}", "unknown moe option 'topk'"),
+        ("{experts: 4, top_k: 5}", "moe needs experts >= 1 and 1 <= top_k <= experts"),
+        ("{experts: 4, capacity_factor: 0}", "moe.capacity_factor must be > 0 (or set dropless: true)"),
+        ("{experts: 4.5}", "moe.experts must be an integer, got 4.5"),
+        ("{experts: 4, dropless: 1}", "moe.dropless must be true or false, got 1"),
+        ("{experts: 4, aux_loss_weight: -1}", "moe.aux_loss_weight must be a number >= 0, got -1"),
+        ("[8, 2]", "moe must be a mapping of"),
+    ],
+)
 def test_bad_moe_options_name_the_key(moe, message, write):
-    path = write("moe.yaml", f"model: {{name: gpt, embed: 32, heads: 4, mlp: 64, layers: 2, moe: {moe}}}\n"
-                              "mesh: {shape: {data: 1, fsdp: -1, expert: 1}}\nrules: ep\n")
+    path = write(
+        "moe.yaml",
+        f"model: {{name: gpt, embed: 32, heads: 4, mlp: 64, layers: 2, moe: {moe}}}\n"
+        "mesh: {shape: {data: 1, fsdp: -1, expert: 1}}\nrules: ep\n",
+    )
     with pytest.raises(pt.ConfigError) as e:
         model_from_config(load_config(path))
     assert str(e.value).startswith(f"{path}:1: model.moe: {message}")

@@ -42,7 +42,7 @@ def test_losses_equal_the_unpipelined_model(name, runs, reference):
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
     assert losses[-1] < losses[0] - 0.5
     # The layers axis is split over `stage`: each device holds L/S consecutive layers.
-    wi = state.params["blocks"]["mlp"]["wi_0"]                     # (layers, embed, mlp)
+    wi = state.params["blocks"]["mlp"]["wi_0"]  # (layers, embed, mlp)
     assert wi.sharding.spec[0] == "stage"
     assert wi.addressable_shards[0].data.shape[0] == 4 // mesh["stage"]
     assert (tr.stages, tr.microbatches) == (mesh["stage"], m)
@@ -72,8 +72,9 @@ def test_the_compiled_step_shifts_activations_with_collective_permutes(runs):
 
 
 @pytest.mark.parametrize("src,dst", [("pp-S4", "fsdp"), ("fsdp", "pp-S2")])
-def test_checkpoints_move_between_pipelined_and_unpipelined_layouts(src, dst, runs, reference, tmp_path,
-                                                                    assert_bit_exact):
+def test_checkpoints_move_between_pipelined_and_unpipelined_layouts(
+    src, dst, runs, reference, tmp_path, assert_bit_exact
+):
     def case(name):
         return (name, small_gpt(), *FSDP) if name == "fsdp" else (name, small_gpt(), *LAYOUTS[name][:2])
 
@@ -84,7 +85,7 @@ def test_checkpoints_move_between_pipelined_and_unpipelined_layouts(src, dst, ru
     b_tr = runs.run(*case(dst), **kw(dst))[0]
     save_checkpoint(tmp_path, 3, a_state)
     back = restore_checkpoint(tmp_path, abstract_target(b_tr.abstract_state, shardings=b_tr.state_shardings))
-    assert_bit_exact(back, a_state)                   # the same arrays ...
+    assert_bit_exact(back, a_state)  # the same arrays ...
     assert back.params["blocks"]["attn"]["q"].sharding == b_tr.state_shardings.params["blocks"]["attn"]["q"]
     # ... and the restored run continues with the loss the saved layout would have had.
     batch = runs.batches(a_tr).batch_at(3)
@@ -95,25 +96,44 @@ def test_checkpoints_move_between_pipelined_and_unpipelined_layouts(src, dst, ru
 
 # -- refused up front ---------------------------------------------------------------------------
 
+
 def test_layers_must_split_into_stages(runs, mesh_of):
     with pytest.raises(PipelineError, match=r"4 layers cannot be split into 3 pipeline stages") as e:
-        pt.Trainer(small_gpt(), pt.make_optimizer("sgd", lr=0.1, total_steps=1), mesh_of({"stage": 3, "data": 2}, 6),
-                   "pp", batch_size=12, seq_len=8)
+        pt.Trainer(
+            small_gpt(),
+            pt.make_optimizer("sgd", lr=0.1, total_steps=1),
+            mesh_of({"stage": 3, "data": 2}, 6),
+            "pp",
+            batch_size=12,
+            seq_len=8,
+        )
     assert e.value.arg == "stage"
 
 
-@pytest.mark.parametrize("kw,match,arg", [
-    (dict(microbatches=3), r"batch_size 16 cannot be split into 3 pipeline micro-batches; use a multiple of 3",
-     "microbatches"),
-    (dict(microbatches=0), r"microbatches must be a positive integer, got 0", "microbatches"),
-    (dict(grad_accum=2, microbatches=16),
-     r"micro-batch 8 \(batch_size 16 / grad_accum 2\) cannot be split into 16 pipeline micro-batches", "microbatches"),
-    (dict(rules="fsdp"), r"the rules do not put 'layers' on it; add the rule \[layers, stage\]", "stage"),
-    (dict(rules=pt.Rules([("layers", "stage"), ("batch", ("stage", "data"))])), r"'stage' axis cannot also split the batch",
-     "stage"),
-    (dict(model=small_gpt(scan_layers=False)), r"no stacked 'layers' axis to split into stages", "stage"),
-    (dict(axis_types="explicit"), r"use axis_types 'auto'", "axis_types"),
-])
+@pytest.mark.parametrize(
+    "kw,match,arg",
+    [
+        (
+            dict(microbatches=3),
+            r"batch_size 16 cannot be split into 3 pipeline micro-batches; use a multiple of 3",
+            "microbatches",
+        ),
+        (dict(microbatches=0), r"microbatches must be a positive integer, got 0", "microbatches"),
+        (
+            dict(grad_accum=2, microbatches=16),
+            r"micro-batch 8 \(batch_size 16 / grad_accum 2\) cannot be split into 16 pipeline micro-batches",
+            "microbatches",
+        ),
+        (dict(rules="fsdp"), r"the rules do not put 'layers' on it; add the rule \[layers, stage\]", "stage"),
+        (
+            dict(rules=pt.Rules([("layers", "stage"), ("batch", ("stage", "data"))])),
+            r"'stage' axis cannot also split the batch",
+            "stage",
+        ),
+        (dict(model=small_gpt(scan_layers=False)), r"no stacked 'layers' axis to split into stages", "stage"),
+        (dict(axis_types="explicit"), r"use axis_types 'auto'", "axis_types"),
+    ],
+)
 def test_pipeline_layouts_that_cannot_run_are_refused(kw, match, arg, runs):
     model = kw.pop("model", small_gpt())
     rules = kw.pop("rules", "pp")
@@ -125,32 +145,51 @@ def test_pipeline_layouts_that_cannot_run_are_refused(kw, match, arg, runs):
 
 
 def test_a_pipeline_micro_batch_must_split_over_the_batch_axes():
-    with pytest.raises(pt.ShardingError, match=r"pipeline micro-batch 2 \(batch_size 16 / microbatches 8\) is not "
-                                               r"divisible by the batch mesh axes \('data',\) of size 4"):
-        pt.Trainer(small_gpt(layers=2), pt.make_optimizer("sgd", lr=0.1, total_steps=1),
-                   pt.make_mesh({"stage": 2, "data": 4}), "pp", batch_size=16, seq_len=8, microbatches=8)
+    with pytest.raises(
+        pt.ShardingError,
+        match=r"pipeline micro-batch 2 \(batch_size 16 / microbatches 8\) is not "
+        r"divisible by the batch mesh axes \('data',\) of size 4",
+    ):
+        pt.Trainer(
+            small_gpt(layers=2),
+            pt.make_optimizer("sgd", lr=0.1, total_steps=1),
+            pt.make_mesh({"stage": 2, "data": 4}),
+            "pp",
+            batch_size=16,
+            seq_len=8,
+            microbatches=8,
+        )
 
 
-@pytest.mark.parametrize("edit,key,message", [
-    ("shape: {stage: 3, data: 2}\n  devices: 6", "mesh.shape.stage",
-     "4 layers cannot be split into 3 pipeline stages"),
-    ("shape: {stage: 2, data: 4}\n  devices: 8\ntrain: {batch_size: 16, seq_len: 8, microbatches: 5}",
-     "train.microbatches", "batch_size 16 cannot be split into 5 pipeline micro-batches"),
-])
+@pytest.mark.parametrize(
+    "edit,key,message",
+    [
+        (
+            "shape: {stage: 3, data: 2}\n  devices: 6",
+            "mesh.shape.stage",
+            "4 layers cannot be split into 3 pipeline stages",
+        ),
+        (
+            "shape: {stage: 2, data: 4}\n  devices: 8\ntrain: {batch_size: 16, seq_len: 8, microbatches: 5}",
+            "train.microbatches",
+            "batch_size 16 cannot be split into 5 pipeline micro-batches",
+        ),
+    ],
+)
 def test_config_errors_name_the_key(edit, key, message, write):
-    text = ("model: {name: gpt, embed: 32, heads: 4, mlp: 64, layers: 4}\n"
-            f"mesh:\n  {edit}\nrules: pp\n")
+    text = f"model: {{name: gpt, embed: 32, heads: 4, mlp: 64, layers: 4}}\nmesh:\n  {edit}\nrules: pp\n"
     if "train:" not in text:
         text += "train: {batch_size: 12, seq_len: 8}\n"
     path = write("pp.yaml", text)
     cfg = load_config(path)
     line = [i + 1 for i, l in enumerate(text.splitlines()) if key.split(".")[-1] + ":" in l][0]
     with pytest.raises(PipelineError) as e:
-        trainer_from_config(cfg, pt.make_mesh(cfg.mesh.shape, devices=jax.devices()[:cfg.mesh.devices]))
+        trainer_from_config(cfg, pt.make_mesh(cfg.mesh.shape, devices=jax.devices()[: cfg.mesh.devices]))
     assert str(e.value).startswith(f"{path}:{line}: {key}: {message}")
 
 
 # -- models the user brings -------------------------------------------------------------------
+
 
 class NNXPipelinedGPT(NNXGPT):
     """The NNX twin of the reference GPT with its scan over blocks replaced by scan_layers."""
@@ -171,8 +210,10 @@ def test_an_nnx_model_pipelines_with_scan_layers(runs, reference):
     assert [l.spec for l in tr.state_layouts() if "blocks" in l.path][0][0] == "stage"
     state = tr.init(jax.random.key(0))
     copy = lambda tree, shardings: jax.tree.map(lambda a, sh: jax.device_put(np.asarray(a), sh), tree, shardings)  # noqa: E731
-    state = state.replace(params=copy(ref_state0.params, tr.state_shardings.params),
-                          opt_state=copy(ref_state0.opt_state, tr.state_shardings.opt_state))
+    state = state.replace(
+        params=copy(ref_state0.params, tr.state_shardings.params),
+        opt_state=copy(ref_state0.opt_state, tr.state_shardings.opt_state),
+    )
     data = runs.batches(tr)
     losses = []
     for k in range(3):
@@ -186,8 +227,11 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(self, x, mask, scale):
-        w = self.param("w", pt.with_logical_partitioning(jax.nn.initializers.lecun_normal(), ("embed", "mlp")),
-                       (x.shape[-1], x.shape[-1]))
+        w = self.param(
+            "w",
+            pt.with_logical_partitioning(jax.nn.initializers.lecun_normal(), ("embed", "mlp")),
+            (x.shape[-1], x.shape[-1]),
+        )
         return x + scale * jax.numpy.tanh(x @ w) * mask[:, :, None], None
 
 
@@ -196,7 +240,7 @@ def test_a_linen_block_with_per_example_arguments_pipelines(mesh_of):
     x = jax.random.normal(jax.random.key(1), (8, 4, 16))
     mask = (jax.random.uniform(jax.random.key(2), (8, 4)) > 0.3).astype(jax.numpy.float32)
     variables = pt.unbox(stack.init(jax.random.key(0), x, mask, 0.5))
-    assert variables["params"]["w"].shape == (4, 16, 16)      # nn.scan's layout: a leading layers axis
+    assert variables["params"]["w"].shape == (4, 16, 16)  # nn.scan's layout: a leading layers axis
     ref, _ = stack.apply(variables, x, mask, 0.5)
     with pt.sharding_context(pt.make_mesh({"stage": 4, "data": 2}), "pp"), microbatching(4):
         y, _ = jax.jit(lambda v, x, m: stack.apply(v, x, m, 0.5))(variables, x, mask)

@@ -5,7 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
 from partitioning.parallel import bubble_fraction, gpipe
@@ -19,7 +20,7 @@ def layer_fn(w, x, args, i, j):
     h = jnp.tanh(x @ w) * scale[:, None]
     h = pt.with_logical_constraint(h, ("batch", "embed"))
     # An aux term that depends on the micro-batch's rows: summed over layers, averaged over micro-batches.
-    return h, {"aux": jnp.mean(h ** 2)}
+    return h, {"aux": jnp.mean(h**2)}
 
 
 def sequential(ws, x, scale):
@@ -27,13 +28,14 @@ def sequential(ws, x, scale):
         h, aux = carry
         h, a = layer_fn(w, h, (scale,), 0, 0)
         return (h, aux + a["aux"]), None
+
     (h, aux), _ = jax.lax.scan(body, (x, 0.0), ws)
     return h, aux
 
 
 @pytest.fixture(scope="module")
 def data():
-    ws = jax.random.normal(jax.random.key(0), (L, D, D)) / D ** 0.5
+    ws = jax.random.normal(jax.random.key(0), (L, D, D)) / D**0.5
     x = jax.random.normal(jax.random.key(1), (B, D))
     scale = 1.0 + jax.random.uniform(jax.random.key(2), (B,))
     return ws, x, scale

@@ -21,8 +21,12 @@ def view(make_plan, batch_size, seq_len):
         tx = optax.sgd(0.1)
         trainer = Trainer(model, tx, mesh, rules, batch_size=batch_size, seq_len=seq_len)
         p = make_plan(model, dict(mesh.shape), rules, tx=tx)
-        return p, compiled_view(trainer.lower_train_step, expected=p.expected_specs(),
-                                input_names=("", "batch"), output_names=("", "metrics"))
+        return p, compiled_view(
+            trainer.lower_train_step,
+            expected=p.expected_specs(),
+            input_names=("", "batch"),
+            output_names=("", "metrics"),
+        )
 
     return _view
 
@@ -63,7 +67,7 @@ def test_tp_mlp_gives_activation_all_reduce_without_weight_movement(view, make_m
     # batch replicated (no data axis > 1): no gradient reduction, no weight gathers
     p, v = view(make_mlp(), {"data": 1, "tensor": 8}, pt.Rules([("batch", "data"), ("mlp", "tensor")]))
     c = _counts(v)
-    assert c["all-reduce"] >= 2           # the row-parallel wo in forward and backward
+    assert c["all-reduce"] >= 2  # the row-parallel wo in forward and backward
     assert c["all-gather"] == 0 and c["reduce-scatter"] == 0
     ar = [o for o in v["collective_ops"] if o["kind"] == "all-reduce" and o["bytes"] == batch_size * seq_len * 32 * 4]
     assert ar, "expected an all-reduce of a (batch, length, embed) activation"
@@ -76,8 +80,9 @@ def test_self_check_reports_a_difference_by_path(make_mlp, make_plan, batch_size
     trainer = Trainer(model, optax.sgd(0.1), mesh, rules, batch_size=batch_size, seq_len=seq_len)
     p = make_plan(model, {"fsdp": 8}, rules, tx=optax.sgd(0.1))
     expected = p.expected_specs() | {"params/wi_0": P(None, "fsdp")}
-    v = compiled_view(trainer.lower_train_step, expected=expected, input_names=("", "batch"),
-                      output_names=("", "metrics"))
+    v = compiled_view(
+        trainer.lower_train_step, expected=expected, input_names=("", "batch"), output_names=("", "metrics")
+    )
     diffs = {(d["side"], d["path"]): d for d in v["sharding_check"]["mismatches"]}
     assert set(diffs) == {("input", "params/wi_0"), ("output", "params/wi_0")}
     assert diffs[("input", "params/wi_0")]["expected"] == "P(None, 'fsdp')"

@@ -2,7 +2,6 @@
 
 from partitioning.plan import hlo
 
-
 HLO = """\
 HloModule jit_step, is_scheduled=true, num_partitions=8
 
@@ -55,14 +54,23 @@ def test_hlo_collectives_counts_bytes_and_trip_counts():
     ops = {(c.name, c.kind): c for c in hlo.collectives(HLO)}
     ag = ops[("ag", "all-gather")]
     assert (ag.bytes, ag.group_size, ag.executions) == (64 * 32 * 4, 8, 5)
-    rs = ops[("ar", "reduce-scatter")]          # element 0 is only ever sliced
-    assert (rs.hlo_op, rs.bytes, rs.shapes, rs.executions) == ("all-reduce+dynamic-slice", 64 * 32 * 4, ("f32[64,32]",), 5)
-    ar = ops[("ar", "all-reduce")]              # element 1 is used whole (here: unused)
+    rs = ops[("ar", "reduce-scatter")]  # element 0 is only ever sliced
+    assert (rs.hlo_op, rs.bytes, rs.shapes, rs.executions) == (
+        "all-reduce+dynamic-slice",
+        64 * 32 * 4,
+        ("f32[64,32]",),
+        5,
+    )
+    ar = ops[("ar", "all-reduce")]  # element 1 is used whole (here: unused)
     assert (ar.bytes, ar.group_size) == (16, 8)
     assert ops[("a2a", "all-to-all")].group_size == 4
     # A permute in which 2 of the 8 devices send: per device, on average, a quarter of the buffer.
     assert ops[("cp", "collective-permute")].bytes == 16 * 2 * 2 * 2 // 8
     s = hlo.summarize(hlo.collectives(HLO))
-    assert s == {"all-gather": {"count": 5, "bytes": 5 * 8192}, "reduce-scatter": {"count": 5, "bytes": 5 * 8192},
-                 "all-reduce": {"count": 5, "bytes": 5 * 16}, "all-to-all": {"count": 1, "bytes": 1024},
-                 "collective-permute": {"count": 1, "bytes": 16}}
+    assert s == {
+        "all-gather": {"count": 5, "bytes": 5 * 8192},
+        "reduce-scatter": {"count": 5, "bytes": 5 * 8192},
+        "all-reduce": {"count": 5, "bytes": 5 * 16},
+        "all-to-all": {"count": 1, "bytes": 1024},
+        "collective-permute": {"count": 1, "bytes": 16},
+    }

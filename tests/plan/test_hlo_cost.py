@@ -65,4 +65,4 @@ def test_phases_come_from_jax_op_names():
     ops = op_costs(jax.jit(step).lower(ARGS[1], ARGS[0]).compile().as_text())
     phases = summarize_ops(ops)
     assert phases["fwd"]["flops"] >= 2 * M * K * K
-    assert phases["bwd"]["flops"] >= 2 * 2 * M * K * K * 0.5     # dW (and dx, pruned: x is not differentiated)
+    assert phases["bwd"]["flops"] >= 2 * 2 * M * K * K * 0.5  # dW (and dx, pruned: x is not differentiated)

@@ -11,15 +11,15 @@ from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
 from partitioning.config import load_config
-from partitioning.config.build import plan_from_config as plan_for_config
+from partitioning.config.planning import plan_from_config as plan_for_config
 from partitioning.layout import path_str
 from partitioning.mesh import make_mesh
 from partitioning.plan.compiled import normalize_spec
 from partitioning.plan.plan import IdleAxis
 from partitioning.train import Trainer
 
-
 # -- exact sizes at scale (eval_shape only: cheap) --------------------------------------
+
 
 def _bytes_from_specs(layouts, sizes):
     """Per-device bytes recomputed from shapes and specs, independently of LeafLayout."""
@@ -36,10 +36,13 @@ def _bytes_from_specs(layouts, sizes):
     return total
 
 
-@pytest.mark.parametrize("name, devices, n_params, norms, sharded_over", [
-    ("llama3_70b", 2048, 70_553_706_496, 80 * 2 * 8192 + 8192, 2048),
-    ("llama3_405b", 16384, 405_853_388_800, 126 * 2 * 16384 + 16384, 2048),
-])
+@pytest.mark.parametrize(
+    "name, devices, n_params, norms, sharded_over",
+    [
+        ("llama3_70b", 2048, 70_553_706_496, 80 * 2 * 8192 + 8192, 2048),
+        ("llama3_405b", 16384, 405_853_388_800, 126 * 2 * 16384 + 16384, 2048),
+    ],
+)
 def test_llama_parameter_counts_and_per_device_bytes(repo, name, devices, n_params, norms, sharded_over):
     cfg = load_config(repo / "configs" / f"{name}.yaml")
     p, _ = plan_for_config(cfg, devices)
@@ -60,6 +63,7 @@ def test_llama_parameter_counts_and_per_device_bytes(repo, name, devices, n_para
 
 
 # -- the table against a real sharded state --------------------------------------------------
+
 
 def test_table_bytes_equal_real_shards_on_8_devices(make_gpt, make_plan, batch_size, seq_len):
     model = make_gpt(kv_heads=2)
@@ -89,14 +93,15 @@ def test_table_bytes_equal_real_shards_on_8_devices(make_gpt, make_plan, batch_s
 
 # -- warnings -------------------------------------------------------------------------------
 
+
 def test_replicated_large_matrix_is_warned(make_plan, make_mlp):
-    rules = pt.Rules([("batch", "fsdp"), ("vocab", "fsdp")])   # nothing shards the mlp matrices
+    rules = pt.Rules([("batch", "fsdp"), ("vocab", "fsdp")])  # nothing shards the mlp matrices
     p = make_plan(make_mlp(), {"fsdp": 8}, rules)
     top = p.replicated[0]
     assert top.path in ("params/wi_0", "params/wo_0", "params/wi_1", "params/wo_1")
     assert top.shape in ((32, 256), (256, 32))
     per = 32 * 256 * 4
-    assert top.per_device_cost == 4 * per          # param + gradient + adam mu + nu
+    assert top.per_device_cost == 4 * per  # param + gradient + adam mu + nu
     assert top.share == pytest.approx(4 * per / p.totals["total"]["per_device"])
     assert len(p.replicated) == 4
     msgs = [m for m in p.warnings() if m.startswith("replicated: ")]
@@ -110,7 +115,7 @@ def test_fully_sharded_layout_has_no_replication_warning(make_plan, make_mlp):
     p = make_plan(make_mlp(), {"fsdp": 8}, pt.Rules([("batch", "fsdp"), ("embed", "fsdp")]))
     assert p.replicated == []
     assert not [m for m in p.warnings() if m.startswith("replicated")]
-    assert p.replicated_share == pytest.approx(0.0, abs=1e-3)   # only adam's count scalar
+    assert p.replicated_share == pytest.approx(0.0, abs=1e-3)  # only adam's count scalar
 
 
 def test_uncovered_names_and_unused_rules(make_plan, make_mlp):
@@ -119,8 +124,13 @@ def test_uncovered_names_and_unused_rules(make_plan, make_mlp):
     assert p.uncovered_names == ["embed", "length", "mlp"]
     assert [u.index for u in p.unused_rules] == [1]
     assert p.idle_axes == [IdleAxis("data", 2, False)]
-    assert "mesh axis 'data' (size 2) shards no parameter: params, gradients and optimizer state are replicated 2x across it" in p.warnings()
-    assert "rule 1 ['heads', 'tensor'] never claims a dimension of any parameter or activation (rules[1])" in p.warnings()
+    assert (
+        "mesh axis 'data' (size 2) shards no parameter: params, gradients and optimizer state are replicated 2x across it"
+        in p.warnings()
+    )
+    assert (
+        "rule 1 ['heads', 'tensor'] never claims a dimension of any parameter or activation (rules[1])" in p.warnings()
+    )
     # 'batch' only names activations: it fires through the forward pass
     assert 0 not in [u.index for u in p.unused_rules]
 
@@ -134,27 +144,58 @@ def test_indivisible_dimension_is_reported_not_raised(make_gpt, make_plan):
     assert any(m.startswith(msg) for m in p.indivisible)
     assert any(m.startswith("error: " + msg) for m in p.warnings())
     assert [e.split(":")[0] for e in p.errors] == [
-        "params/blocks/mlp/wi_0", "params/blocks/mlp/wi_1", "params/blocks/mlp/wo",
-        "opt_state/0/mu/blocks/mlp/wi_0", "opt_state/0/mu/blocks/mlp/wi_1", "opt_state/0/mu/blocks/mlp/wo",
-        "opt_state/0/nu/blocks/mlp/wi_0", "opt_state/0/nu/blocks/mlp/wi_1", "opt_state/0/nu/blocks/mlp/wo"]
+        "params/blocks/mlp/wi_0",
+        "params/blocks/mlp/wi_1",
+        "params/blocks/mlp/wo",
+        "opt_state/0/mu/blocks/mlp/wi_0",
+        "opt_state/0/mu/blocks/mlp/wi_1",
+        "opt_state/0/mu/blocks/mlp/wo",
+        "opt_state/0/nu/blocks/mlp/wi_0",
+        "opt_state/0/nu/blocks/mlp/wi_1",
+        "opt_state/0/nu/blocks/mlp/wo",
+    ]
     row = next(l for l in p.params if l.path == "params/blocks/mlp/wi_0")
-    assert row.spec == P(None, "fsdp", None)        # mlp fell back to unsharded (fsdp has size 1)
+    assert row.spec == P(None, "fsdp", None)  # mlp fell back to unsharded (fsdp has size 1)
     relaxed = make_plan(model, {"data": 1, "fsdp": 1, "tensor": 4}, "fsdp_tp", on_indivisible="replicate")
     assert relaxed.errors == [] and relaxed.indivisible == p.indivisible
 
 
 def test_plan_json_keys(make_plan, make_mlp):
     j = make_plan(make_mlp(), {"data": 1, "fsdp": 8}, "fsdp").to_json()
-    assert set(j) >= {"mesh", "devices", "rules", "parameters", "leaves", "optimizer_leaves", "totals",
-                      "replicated_share", "warnings", "errors"}
+    assert set(j) >= {
+        "mesh",
+        "devices",
+        "rules",
+        "parameters",
+        "leaves",
+        "optimizer_leaves",
+        "totals",
+        "replicated_share",
+        "warnings",
+        "errors",
+    }
     assert set(j["totals"]) == {"params", "optimizer", "gradients", "total"}
     assert set(j["totals"]["params"]) == {"per_device", "total", "ideal"}
-    assert set(j["warnings"]) == {"replicated", "uncovered_names", "unused_rules", "indivisible", "idle_axes",
-                                  "messages"}
+    assert set(j["warnings"]) == {
+        "replicated",
+        "uncovered_names",
+        "unused_rules",
+        "indivisible",
+        "idle_axes",
+        "messages",
+    }
     row = next(r for r in j["leaves"] if r["path"] == "params/wi_0")
-    assert row == {"path": "params/wi_0", "shape": [32, 256], "dtype": "float32", "logical": ["embed", "mlp"],
-                   "spec": "P('fsdp', None)", "claimed_by": [{"rule": 1, "logical": "embed", "mesh_axes": "fsdp"}, None],
-                   "per_device_bytes": 4 * 256 * 4, "total_bytes": 32 * 256 * 4, "replicated": False}
+    assert row == {
+        "path": "params/wi_0",
+        "shape": [32, 256],
+        "dtype": "float32",
+        "logical": ["embed", "mlp"],
+        "spec": "P('fsdp', None)",
+        "claimed_by": [{"rule": 1, "logical": "embed", "mesh_axes": "fsdp"}, None],
+        "per_device_bytes": 4 * 256 * 4,
+        "total_bytes": 32 * 256 * 4,
+        "replicated": False,
+    }
 
 
 def test_zero1_optimizer_rules_shard_only_the_optimizer_state(make_plan, make_mlp):
@@ -162,9 +203,11 @@ def test_zero1_optimizer_rules_shard_only_the_optimizer_state(make_plan, make_ml
     p = make_plan(make_mlp(), {"data": 8}, rules, optimizer_rules=pt.Rules([("embed", "data")]))
     t = p.totals
     assert t["params"]["per_device"] == t["params"]["total"]
-    assert t["optimizer"]["per_device"] < t["optimizer"]["total"] / 7      # mu, nu split 8 ways (+ count)
+    assert t["optimizer"]["per_device"] < t["optimizer"]["total"] / 7  # mu, nu split 8 ways (+ count)
     assert p.idle_axes == [IdleAxis("data", 8, True)]
-    assert ("mesh axis 'data' (size 8) shards no parameter: params and gradients (the optimizer state is "
-            "sharded over it) are replicated 8x across it") in p.warnings()
+    assert (
+        "mesh axis 'data' (size 8) shards no parameter: params and gradients (the optimizer state is "
+        "sharded over it) are replicated 8x across it"
+    ) in p.warnings()
     # the replicated warning counts the param and its gradient, not the (sharded) moments
     assert p.replicated[0].per_device_cost == 2 * 32 * 256 * 4

@@ -11,8 +11,11 @@ RULES = [["batch", ["data", "fsdp"]], ["embed", "fsdp"], ["vocab", "fsdp"], ["ml
 
 
 def _texts(ax):
-    return [t.get_text() for t in ax.texts] + [ax.get_xlabel(), ax.get_ylabel()] + [
-        t.get_text() for t in ax.get_yticklabels()]
+    return (
+        [t.get_text() for t in ax.texts]
+        + [ax.get_xlabel(), ax.get_ylabel()]
+        + [t.get_text() for t in ax.get_yticklabels()]
+    )
 
 
 def test_mesh_panel_has_no_stray_labels_and_only_rules_that_fire():
@@ -38,11 +41,16 @@ def test_the_legend_sits_below_the_bars(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(Figure, "savefig", check)
-    report = {"devices": 8, "mesh": {"data": 1, "fsdp": 8}, "rules": RULES, "model": {"name": "gpt"}, "config": "x",
-              "warnings": {"unused_rules": [{"index": 2}, {"index": 3}]},
-              "totals": {k: {"per_device": 2 ** 30, "ideal": 2 ** 30} for k in ("params", "gradients", "optimizer",
-                                                                              "total")},
-              "compiled": {"status": "ok", "memory": {"argument": 3 * 2 ** 30, "temp": 2 ** 30}}}
+    report = {
+        "devices": 8,
+        "mesh": {"data": 1, "fsdp": 8},
+        "rules": RULES,
+        "model": {"name": "gpt"},
+        "config": "x",
+        "warnings": {"unused_rules": [{"index": 2}, {"index": 3}]},
+        "totals": {k: {"per_device": 2**30, "ideal": 2**30} for k in ("params", "gradients", "optimizer", "total")},
+        "compiled": {"status": "ok", "memory": {"argument": 3 * 2**30, "temp": 2**30}},
+    }
     path = plot_plan(json.loads(json.dumps(report)), tmp_path / "plan.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
     assert seen["legend_top"] <= seen["axes_bottom"]  # outside the plot area: it covers no bar, no label
@@ -57,6 +65,8 @@ def test_loss_plot_has_whole_step_ticks(tmp_path, monkeypatch):
         return real(fig, *a, **k)
 
     monkeypatch.setattr(Figure, "savefig", keep)
-    plot_loss([{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5, "eval_loss": 2.7}, {"step": 3, "loss": 2.0}],
-              tmp_path / "loss.png")
+    plot_loss(
+        [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5, "eval_loss": 2.7}, {"step": 3, "loss": 2.0}],
+        tmp_path / "loss.png",
+    )
     assert len(drawn["ticks"]) and all(float(t).is_integer() for t in drawn["ticks"])

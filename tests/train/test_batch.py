@@ -3,7 +3,8 @@
 import jax
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
 from partitioning.train.batch import batch_size_of, batch_specs, lm_batch, place, stream_keys
@@ -17,7 +18,9 @@ def test_specs_default_to_the_batch_axes_and_follow_names():
     assert specs == {"inputs": P(("data", "fsdp"), None), "image": P(("data", "fsdp"), None, None, None)}
     named = batch_specs(batch, rules, mesh, {"inputs": ("batch", "length"), "image": None})
     assert named["inputs"] == P(("data", "fsdp"), "tensor")
-    with pytest.raises(pt.ShardingError, match=r"batch_size 6 is not divisible by the batch mesh axes \('data', 'fsdp'\)"):
+    with pytest.raises(
+        pt.ShardingError, match=r"batch_size 6 is not divisible by the batch mesh axes \('data', 'fsdp'\)"
+    ):
         batch_specs({"x": jax.ShapeDtypeStruct((6, 2), np.int32)}, rules, mesh, what="batch_size 6")
 
 

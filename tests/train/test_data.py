@@ -6,11 +6,12 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
-from partitioning.train.data import TokenBatches, load_corpus, stdlib_files
 from partitioning.errors import DataError
+from partitioning.train.data import TokenBatches, load_corpus, stdlib_files
 
 
 def test_stdlib_corpus_is_real_python_split_by_file():
@@ -35,8 +36,8 @@ def test_stdlib_corpus_is_real_python_split_by_file():
 def test_user_folder_is_split_by_file_and_single_file_by_bytes(tmp_path):
     for i in range(10):
         (tmp_path / f"f{i}.txt").write_text(f"file {i} " * 50)
-    (tmp_path / "blob.bin").write_bytes(b"\0\1\2" * 100)   # binary: skipped
-    (tmp_path / ".hidden").write_text("secret")            # hidden: skipped
+    (tmp_path / "blob.bin").write_bytes(b"\0\1\2" * 100)  # binary: skipped
+    (tmp_path / ".hidden").write_text("secret")  # hidden: skipped
     c = load_corpus(str(tmp_path), eval_fraction=0.2)
     assert len(c.eval_files) == 2 and len(c.train_files) == 8
     assert sorted(c.train_files + c.eval_files) == [f"f{i}.txt" for i in range(10)]
@@ -55,7 +56,9 @@ def test_bad_paths_and_tiny_corpora_are_data_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="folder holds no text files"):
         load_corpus(str(tmp_path / "empty"))
-    with pytest.raises(DataError, match=r"1,000 tokens make only 7 windows of 129 tokens, fewer than the batch size 32"):
+    with pytest.raises(
+        DataError, match=r"1,000 tokens make only 7 windows of 129 tokens, fewer than the batch size 32"
+    ):
         TokenBatches(np.zeros(1000, np.uint8), 32, 128)
 
 
@@ -114,6 +117,7 @@ def test_process_builds_only_its_rows(monkeypatch):
 
 # -- grain: the batch of step k is a pure function of (seed, k), whoever reads it --------------------
 
+
 class RowsOf:
     """The sharding a process of a multi-process run sees: it addresses only rows [lo, hi) of the batch."""
 
@@ -145,11 +149,11 @@ def test_one_and_two_processes_see_the_same_global_batch_at_every_step(monkeypat
     reads = []
     real = order.TokenWindows.__call__
     monkeypatch.setattr(order.TokenWindows, "__call__", lambda self, idx: reads.append(len(idx)) or real(self, idx))
-    for step in [0, 1, 2, 37, 5, 2]:                   # any order, repeated: a pure function of (seed, step)
+    for step in [0, 1, 2, 37, 5, 2]:  # any order, repeated: a pure function of (seed, step)
         whole = one.host_batch_at(step)
         reads.clear()
         parts = [p.host_batch_at(step) for p in procs]
-        assert reads == [8, 8]                          # each process read only its own rows
+        assert reads == [8, 8]  # each process read only its own rows
         for k in ("inputs", "targets"):
             np.testing.assert_array_equal(np.concatenate([p[k] for p in parts]), whole[k])
     # the global arrays on two meshes of the 8 devices are the same batch too
@@ -169,13 +173,15 @@ def test_adjacent_seeds_do_not_share_epochs():
 
 
 def test_array_batches_read_only_this_process_rows():
-    data = pt.ArrayDataset({"inputs": np.arange(200 * 3, dtype=np.float32).reshape(200, 3),
-                            "targets": np.arange(200, dtype=np.int32)}, eval_fraction=0.1)
+    data = pt.ArrayDataset(
+        {"inputs": np.arange(200 * 3, dtype=np.float32).reshape(200, 3), "targets": np.arange(200, dtype=np.int32)},
+        eval_fraction=0.1,
+    )
     whole = data.batches("train", 16, seed=2).host_batch_at(11)
     half = data.batches("train", 16, {"inputs": RowsOf(8, 16), "targets": RowsOf(8, 16)}, seed=2)
     assert half.rows == slice(8, 16)
     np.testing.assert_array_equal(half.host_batch_at(11)["targets"], whole["targets"][8:])
-    np.testing.assert_array_equal(whole["inputs"][:, 0] / 3, whole["targets"])   # rows stay whole
+    np.testing.assert_array_equal(whole["inputs"][:, 0] / 3, whole["targets"])  # rows stay whole
     mesh = pt.make_mesh({"data": 2, "fsdp": 4})
     sh = NamedSharding(mesh, P(("data", "fsdp")))
     placed = data.batches("train", 16, {"inputs": sh, "targets": sh}, seed=2).batch_at(11)
@@ -184,6 +190,7 @@ def test_array_batches_read_only_this_process_rows():
 
 def test_a_process_holding_some_columns_reads_only_those():
     """Sequence parallelism across processes: a process's block is rows x columns of the batch."""
+
     class Block:
         def addressable_devices_indices_map(self, shape):
             return {0: (slice(0, 8), slice(16, 32))}

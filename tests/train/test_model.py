@@ -63,7 +63,7 @@ def test_nnx_train_and_eval_use_nnx_modes_and_carry_rng_state():
     model = NNXModel(lambda rngs: Drop(rngs))
     variables = model.init(jax.random.key(0), (), {})
     assert set(variables) == {"params", "rngs"}
-    assert variables["rngs"]["drop"]["rngs"]["key"].dtype == jnp.uint32   # typed keys stored as raw data
+    assert variables["rngs"]["drop"]["rngs"]["key"].dtype == jnp.uint32  # typed keys stored as raw data
     x = jnp.ones((4, 16))
     out, updates = model.apply(variables, (x,), {}, rngs={}, train=True)
     assert set(np.unique(np.asarray(out)).tolist()) == {0.0, 2.0}
@@ -82,8 +82,14 @@ def test_plain_functions_train_with_boxed_names():
     x = np.random.default_rng(0).standard_normal((8, 16)).astype(np.float32)
     batch = {"inputs": x, "targets": x[:, :8]}
     mesh = pt.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
-    trainer = pt.Trainer(FunctionModel(init, apply), optax.sgd(0.1), mesh, "fsdp_tp", batch=batch,
-                         task=lambda y, b: jnp.mean((y - b["targets"]) ** 2))
+    trainer = pt.Trainer(
+        FunctionModel(init, apply),
+        optax.sgd(0.1),
+        mesh,
+        "fsdp_tp",
+        batch=batch,
+        task=lambda y, b: jnp.mean((y - b["targets"]) ** 2),
+    )
     assert trainer.state_shardings.params["w"].spec == P("fsdp", "tensor")
     state = trainer.init(jax.random.key(0))
     placed = trainer.place(batch)

@@ -1,9 +1,9 @@
 """Optimizers (partitioning.train.optimizer): adafactor and sgd train and shard, the lr schedule."""
 
 import jax
-from jax.sharding import PartitionSpec as P
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
 from partitioning.models import MLP

@@ -15,7 +15,7 @@ from partitioning.train.sources import TokenStream, read_splits, source_of
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
-    load_corpus.cache_clear()   # tests rewrite files under the same names
+    load_corpus.cache_clear()  # tests rewrite files under the same names
     yield
     load_corpus.cache_clear()
 
@@ -36,7 +36,7 @@ def test_npy_file_is_memory_mapped_and_split_by_position(tmp_path):
     assert (len(c.train), len(c.eval)) == (9000, 1000)
     np.testing.assert_array_equal(c.train[0:9000], tokens[:9000])
     np.testing.assert_array_equal(c.eval[0:1000], tokens[9000:])
-    assert _mapped(c.train.parts[0]) and _mapped(c.eval.parts[0])   # read from the file, never loaded whole
+    assert _mapped(c.train.parts[0]) and _mapped(c.eval.parts[0])  # read from the file, never loaded whole
     assert c.describe() == f"{tmp_path / 'tok.npy'}: 9,000 train / 1,000 eval tokens"
 
 
@@ -66,7 +66,7 @@ def test_a_folder_of_shards_reads_as_one_sequence_split_by_file(tmp_path):
     assert len(train) == len(whole)
     # windows that cross a shard boundary read from both shards
     starts = np.array([0, 95, len(whole) - 10])
-    np.testing.assert_array_equal(train.take(starts, 10), np.stack([whole[s:s + 10] for s in starts]))
+    np.testing.assert_array_equal(train.take(starts, 10), np.stack([whole[s : s + 10] for s in starts]))
 
 
 def test_token_stream_reports_the_first_token_outside_the_vocabulary_by_file_and_index(tmp_path):
@@ -110,8 +110,11 @@ def _errors(tmp_path):
         (dict(path="fake.npy"), "path", r"'.*fake.npy': not a .npy file \(no NumPy header\)"),
         (dict(path="i32.npy", dtype="uint16"), "dtype", r"'.*i32.npy': holds int32 tokens, not uint16"),
         (dict(path="t.bin"), "dtype", r"'.*t.bin': a .bin file has no header; say its dtype"),
-        (dict(path="odd.bin", dtype="uint16"), "dtype",
-         r"'.*odd.bin': 3 bytes is not a whole number of uint16 tokens \(2 bytes each\)"),
+        (
+            dict(path="odd.bin", dtype="uint16"),
+            "dtype",
+            r"'.*odd.bin': 3 bytes is not a whole number of uint16 tokens \(2 bytes each\)",
+        ),
         (dict(path="empty.bin", dtype="uint16"), "path", r"'.*empty.bin': file is empty"),
         (dict(path="notes.txt", source="tokens"), "path", r"'.*notes.txt': not a token array \(.npy or .bin\)"),
         (dict(path="i32.npy", source="text"), "path", r"'.*i32.npy': binary data, not text; .* use source: tokens"),
@@ -134,7 +137,7 @@ def test_an_unreadable_file_is_a_data_error(tmp_path, monkeypatch):
     f = tmp_path / "locked.npy"
     np.save(f, np.zeros(100, np.int32))
     f.chmod(0)
-    if os.geteuid() == 0:   # root reads any file: refuse the way the OS would
+    if os.geteuid() == 0:  # root reads any file: refuse the way the OS would
         real_open = Path.open
 
         def refuse(self, *a, **k):

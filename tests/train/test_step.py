@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import PartitionSpec as P
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
 from partitioning.boxes import is_box, is_logical_box
@@ -24,7 +24,9 @@ def test_loss_decreases_on_quickstart_model(tokens, gpt_fsdp, run_steps, seq_len
     assert losses[0] > 5.0
     assert np.mean(losses[-3:]) < losses[0] - 1.5, losses
     assert host_scalar(state.step) == 20
-    ev = trainer.eval_step(state.params, TokenBatches(load_corpus().eval, 16, seq_len, trainer.batch_sharding).batch_at(0))
+    ev = trainer.eval_step(
+        state.params, TokenBatches(load_corpus().eval, 16, seq_len, trainer.batch_sharding).batch_at(0)
+    )
     assert host_scalar(ev["loss"]) < losses[0] - 1.5
 
 
@@ -36,15 +38,19 @@ def _leaves_with_layouts(boxed, arrays):
     return list(zip(b, a))
 
 
-@pytest.mark.parametrize("rules,mesh_shape", [
-    ("fsdp", {"data": 1, "fsdp": 8}),
-    ("fsdp_tp", {"data": 1, "fsdp": 4, "tensor": 2}),
-])
-def test_every_leaf_has_the_sharding_its_rules_imply(rules, mesh_shape, gpt_fsdp, tiny_gpt, norm_spec, batch_size,
-                                                     seq_len):
+@pytest.mark.parametrize(
+    "rules,mesh_shape", [("fsdp", {"data": 1, "fsdp": 8}), ("fsdp_tp", {"data": 1, "fsdp": 4, "tensor": 2})]
+)
+def test_every_leaf_has_the_sharding_its_rules_imply(
+    rules, mesh_shape, gpt_fsdp, tiny_gpt, norm_spec, batch_size, seq_len
+):
     mesh = pt.make_mesh(mesh_shape)
     table = pt.Rules.preset(rules)
-    trainer = gpt_fsdp if rules == "fsdp" else Trainer(tiny_gpt(), gpt_fsdp.tx, mesh, table, batch_size=batch_size, seq_len=seq_len)
+    trainer = (
+        gpt_fsdp
+        if rules == "fsdp"
+        else Trainer(tiny_gpt(), gpt_fsdp.tx, mesh, table, batch_size=batch_size, seq_len=seq_len)
+    )
     state = trainer.init(jax.random.key(0))
     checked = 0
     for part in ("params", "opt_state"):
@@ -59,12 +65,14 @@ def test_every_leaf_has_the_sharding_its_rules_imply(rules, mesh_shape, gpt_fsdp
             assert norm_spec(arr.sharding.spec, arr.ndim) == norm_spec(expected, arr.ndim), (part, boxed)
             # The shard really is that small: nothing is held whole.
             shard = arr.addressable_shards[0].data.shape
-            sizes = [1 if e is None else int(np.prod([mesh.shape[a] for a in ((e,) if isinstance(e, str) else e)]))
-                     for e in norm_spec(expected, arr.ndim)]
+            sizes = [
+                1 if e is None else int(np.prod([mesh.shape[a] for a in ((e,) if isinstance(e, str) else e)]))
+                for e in norm_spec(expected, arr.ndim)
+            ]
             assert shard == tuple(s // n for s, n in zip(arr.shape, sizes))
     assert checked == 3 * len(jax.tree.leaves(state.params))  # params, adam mu and nu
     # Spot-check concrete values, independent of explain().
-    wi = state.params["blocks"]["mlp"]["wi_0"]         # (layers, embed, mlp)
+    wi = state.params["blocks"]["mlp"]["wi_0"]  # (layers, embed, mlp)
     mu = state.opt_state[1].inner_state[0].mu["blocks"]["mlp"]["wi_0"]  # (clip, adamw) chain
     expect = (None, "fsdp", None) if rules == "fsdp" else (None, "fsdp", "tensor")
     assert norm_spec(wi.sharding.spec, 3) == expect
@@ -79,7 +87,9 @@ def test_every_leaf_has_the_sharding_its_rules_imply(rules, mesh_shape, gpt_fsdp
 def test_optimizer_rules_give_zero1_layout(tokens, mlp_fsdp, norm_spec, batches, batch_size, seq_len):
     fsdp = mlp_fsdp
     replicated = pt.Rules([("batch", ("data", "fsdp"))])
-    zero1 = Trainer(fsdp.model, fsdp.tx, fsdp.mesh, replicated, batch_size=batch_size, seq_len=seq_len, optimizer_rules="fsdp")
+    zero1 = Trainer(
+        fsdp.model, fsdp.tx, fsdp.mesh, replicated, batch_size=batch_size, seq_len=seq_len, optimizer_rules="fsdp"
+    )
     state = zero1.init(jax.random.key(0))
     adam = lambda s: s.inner_state[0]  # noqa: E731  (inject_hyperparams -> adamw chain)
     wi, mu = state.params["wi_0"], adam(state.opt_state).mu["wi_0"]
@@ -109,8 +119,9 @@ def auto_runs(tokens, tiny_gpt, batches, norm_spec, batch_size, seq_len, meshes)
     all from the same start; and that start (host arrays)."""
     runs, start = {}, None
     for rules, shape in meshes.items():
-        trainer = Trainer(tiny_gpt(layers=1), optax.adamw(1e-2), pt.make_mesh(shape), rules, batch_size=batch_size,
-                          seq_len=seq_len)
+        trainer = Trainer(
+            tiny_gpt(layers=1), optax.adamw(1e-2), pt.make_mesh(shape), rules, batch_size=batch_size, seq_len=seq_len
+        )
         if rules in ("dp", "fsdp_tp"):  # two real sharded inits: the values do not depend on the layout
             state = trainer.init(jax.random.key(3))
             emb = np.asarray(state.params["embedding"])
@@ -150,16 +161,26 @@ class ThirdParty(nn.Module):
 
     @nn.compact
     def __call__(self, tokens):
-        x = nn.Embed(256, 32, embedding_init=nn.with_logical_partitioning(
-            nn.initializers.normal(0.02), ("vocab", "embed")))(tokens)
+        x = nn.Embed(
+            256, 32, embedding_init=nn.with_logical_partitioning(nn.initializers.normal(0.02), ("vocab", "embed"))
+        )(tokens)
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-        h = nn.Dense(64, kernel_init=nn.with_logical_partitioning(
-            nn.initializers.lecun_normal(), ("embed", "mlp")), use_bias=False)(x)
+        h = nn.Dense(
+            64,
+            kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp")),
+            use_bias=False,
+        )(x)
         h = nn.with_logical_constraint(nn.gelu(h), ("batch", "length", "mlp"))
-        x = x + nn.Dense(32, kernel_init=nn.with_logical_partitioning(
-            nn.initializers.lecun_normal(), ("mlp", "embed")), use_bias=False)(h)
-        return nn.Dense(256, kernel_init=nn.with_logical_partitioning(
-            nn.initializers.lecun_normal(), ("embed", "vocab")), use_bias=False)(x)
+        x = x + nn.Dense(
+            32,
+            kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("mlp", "embed")),
+            use_bias=False,
+        )(h)
+        return nn.Dense(
+            256,
+            kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "vocab")),
+            use_bias=False,
+        )(x)
 
 
 def test_plain_flax_third_party_module_trains(tokens, run_steps, norm_spec, batch_size, seq_len):
@@ -206,15 +227,23 @@ def test_compiled_step_is_inspectable_and_donates_state(gpt_fsdp, seq_len):
 
 def test_indivisible_batch_and_bad_grad_accum_are_errors(tiny_gpt, seq_len, batch_size):
     mesh = pt.make_mesh({"data": 1, "fsdp": 8})
-    with pytest.raises(ShardingError, match=r"batch_size 12 is not divisible by the batch mesh axes \('data', 'fsdp'\) of size 8"):
+    with pytest.raises(
+        ShardingError, match=r"batch_size 12 is not divisible by the batch mesh axes \('data', 'fsdp'\) of size 8"
+    ):
         Trainer(tiny_gpt(), optax.sgd(0.1), mesh, "fsdp", batch_size=12, seq_len=seq_len)
     with pytest.raises(ShardingError, match=r"micro-batch 4 \(batch_size 16 / grad_accum 4\) is not divisible"):
         Trainer(tiny_gpt(), optax.sgd(0.1), mesh, "fsdp", batch_size=16, seq_len=seq_len, grad_accum=4)
     with pytest.raises(ShardingError, match="batch_size 16 must be a positive multiple of grad_accum 3"):
         Trainer(tiny_gpt(), optax.sgd(0.1), mesh, "fsdp", batch_size=16, seq_len=seq_len, grad_accum=3)
     with pytest.raises(ShardingError, match=r"^params/blocks/mlp/wi_0: dim 2 \('mlp', size 62\) is not divisible"):
-        Trainer(tiny_gpt(mlp=62), optax.sgd(0.1), pt.make_mesh({"data": 2, "tensor": 4}), "tp",
-                batch_size=batch_size, seq_len=seq_len)
+        Trainer(
+            tiny_gpt(mlp=62),
+            optax.sgd(0.1),
+            pt.make_mesh({"data": 2, "tensor": 4}),
+            "tp",
+            batch_size=batch_size,
+            seq_len=seq_len,
+        )
 
 
 def test_declared_batch_axes_shard_the_batch_and_the_compute_layout(tiny_gpt, seq_len):
@@ -228,8 +257,9 @@ def test_declared_batch_axes_shard_the_batch_and_the_compute_layout(tiny_gpt, se
 
 
 @pytest.mark.slow  # ~15 s: five compiles of the GPT step (the Auto runs are auto_runs')
-def test_explicit_mesh_axes_train_to_the_same_losses_as_auto(tokens, tiny_gpt, batches, norm_spec, batch_size, seq_len,
-                                                             meshes, auto_runs):
+def test_explicit_mesh_axes_train_to_the_same_losses_as_auto(
+    tokens, tiny_gpt, batches, norm_spec, batch_size, seq_len, meshes, auto_runs
+):
     """On Explicit axes the models gather FSDP params and name the layouts JAX cannot infer."""
     runs, start = auto_runs
     for rules, shape in meshes.items():

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from partitioning.train.hooks import JsonlLogger
 from partitioning.train.loop import fit, format_line
 from partitioning.train.plots import LossPlot
-from partitioning.train.hooks import JsonlLogger
 from partitioning.train.trackers import TensorBoardLogger, WandbLogger, scalars, tag
 
 
@@ -26,7 +26,13 @@ def _state(step):
 
 def test_tags_group_metrics_as_tensorboard_shows_them():
     assert [tag(k) for k in ("loss", "eval_loss", "lr", "tokens_per_s", "mfu", "eval_accuracy")] == [
-        "train/loss", "eval/loss", "train/lr", "perf/tokens_per_s", "perf/mfu", "eval/accuracy"]
+        "train/loss",
+        "eval/loss",
+        "train/lr",
+        "perf/tokens_per_s",
+        "perf/mfu",
+        "eval/accuracy",
+    ]
     assert scalars({"step": 3, "loss": 2.0, "grad_norm": float("nan"), "note": "x", "ok": True}) == {"train/loss": 2.0}
 
 
@@ -65,8 +71,17 @@ def test_wandb_offline_logs_the_run(tmp_path, monkeypatch):
 def test_fit_logs_tflops_and_mfu_and_prints_one_line_per_logged_step(mlp_fsdp, tokens, batches, tmp_path, capsys):
     logger = JsonlLogger(None)
     plot = LossPlot(logger, tmp_path / "loss.png", title="t")
-    fit(mlp_fsdp, mlp_fsdp.init(jax.random.key(0)), batches(mlp_fsdp, tokens), steps=4, log_every=2,
-        hooks=[logger, plot], progress="lines", flops_per_step=2e9, peak_tflops=0.5)
+    fit(
+        mlp_fsdp,
+        mlp_fsdp.init(jax.random.key(0)),
+        batches(mlp_fsdp, tokens),
+        steps=4,
+        log_every=2,
+        hooks=[logger, plot],
+        progress="lines",
+        flops_per_step=2e9,
+        peak_tflops=0.5,
+    )
     recs = logger.records
     assert [r["step"] for r in recs] == [1, 2, 4]
     for r in recs:
@@ -81,15 +96,26 @@ def test_fit_logs_tflops_and_mfu_and_prints_one_line_per_logged_step(mlp_fsdp, t
 
 def test_fit_measures_flops_from_the_trainer(mlp_fsdp, tokens, batches):
     logger = JsonlLogger(None)
-    fit(mlp_fsdp, mlp_fsdp.init(jax.random.key(0)), batches(mlp_fsdp, tokens), steps=1, hooks=[logger],
-        progress=False)
+    fit(mlp_fsdp, mlp_fsdp.init(jax.random.key(0)), batches(mlp_fsdp, tokens), steps=1, hooks=[logger], progress=False)
     flops = mlp_fsdp.step_flops()
     assert flops > 0 and "mfu" not in logger.records[0]  # no peak for CPUs
     assert logger.records[0]["tflops_per_device"] == pytest.approx(flops / logger.records[0]["step_time_s"] / 1e12)
 
 
 def test_format_line():
-    line = format_line({"step": 10, "loss": 3.21, "eval_loss": 3.3, "lr": 3e-3, "tokens_per_s": 12345.0,
-                        "tflops_per_device": 0.52, "mfu": 0.031, "step_time_s": 0.08}, 200)
-    assert line == ("step 10/200  loss 3.21  eval_loss 3.3  lr 0.003  12,345 tok/s  0.52 TFLOP/s/device  "
-                    "MFU 3.1%  0.08 s/step")
+    line = format_line(
+        {
+            "step": 10,
+            "loss": 3.21,
+            "eval_loss": 3.3,
+            "lr": 3e-3,
+            "tokens_per_s": 12345.0,
+            "tflops_per_device": 0.52,
+            "mfu": 0.031,
+            "step_time_s": 0.08,
+        },
+        200,
+    )
+    assert line == (
+        "step 10/200  loss 3.21  eval_loss 3.3  lr 0.003  12,345 tok/s  0.52 TFLOP/s/device  MFU 3.1%  0.08 s/step"
+    )

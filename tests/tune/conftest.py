@@ -38,7 +38,15 @@ def run_search(gpt_state, gpt_workload):
     def _run(budget=2**30, hw="h100", tables=PRESETS, devices=8, w=None, **kw):
         _, params, opt = gpt_state
         kw.setdefault("remats", ("none", "full"))
-        return search(params, opt, {n: Rules.preset(n) for n in tables}, devices, w or gpt_workload,
-                      hardware(hw) if isinstance(hw, str) else hw, budget, **kw)
+        return search(
+            params,
+            opt,
+            {n: Rules.preset(n) for n in tables},
+            devices,
+            w or gpt_workload,
+            hardware(hw) if isinstance(hw, str) else hw,
+            budget,
+            **kw,
+        )
 
     return _run

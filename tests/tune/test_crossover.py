@@ -12,7 +12,7 @@ import pytest
 from partitioning.tune.crossover import crossover, tensor_limit
 from partitioning.tune.hardware import hardware
 
-D, F = 8192, 28672            # LLaMA-3 70B: d_model, d_ff
+D, F = 8192, 28672  # LLaMA-3 70B: d_model, d_ff
 V5P_ALPHA = 4.59e14 / 1.8e11  # C / W_ici per axis ("2550")
 WITHIN = 0.10
 
@@ -38,10 +38,9 @@ def test_v5p_fsdp_plus_tensor():
     # tensor parallelism over M_Y = 1 gives BS per device = F / (Y M_X (F / alpha - Y / M_Y)), whose minimum over
     # Y, at Y = F / (2 alpha), is "2 * 2550^2 / F". On a 16x16x8 slice fsdp=256 spans two axes, tensor=8 one.
     mesh = {"data": 1, "fsdp": 256, "tensor": 8}
-    close(crossover(hardware("v5p"), mesh, "fsdp_tp", embed=D, mlp=F)["layout"],
-          F / (8 * 2 * (F / V5P_ALPHA - 8)))
-    f_opt = round(2 * V5P_ALPHA * 8)                      # the d_ff for which 8-way tensor parallelism is optimal
-    close(crossover(hardware("v5p"), mesh, "fsdp_tp", embed=D, mlp=f_opt)["layout"], 2 * 2550 ** 2 / f_opt)
+    close(crossover(hardware("v5p"), mesh, "fsdp_tp", embed=D, mlp=F)["layout"], F / (8 * 2 * (F / V5P_ALPHA - 8)))
+    f_opt = round(2 * V5P_ALPHA * 8)  # the d_ff for which 8-way tensor parallelism is optimal
+    close(crossover(hardware("v5p"), mesh, "fsdp_tp", embed=D, mlp=f_opt)["layout"], 2 * 2550**2 / f_opt)
 
 
 def test_v5p_tensor_limit():

@@ -18,26 +18,26 @@ def test_every_profile_cites_its_sources_and_has_positive_numbers():
 def test_published_chip_numbers():
     assert hardware("h100").peak_flops == 989e12 and hardware("h100").memory == 80 * 10**9
     assert hardware("v5p").peak_flops == 4.59e14 and hardware("v5p").link_bandwidth == 2 * 9e10
-    assert hardware("A100").name == "a100-80g"          # aliases, any case
+    assert hardware("A100").name == "a100-80g"  # aliases, any case
 
 
 def test_torus_layout_puts_the_last_mesh_axis_on_the_smallest_dimension():
     v5p = hardware("v5p")
     assert v5p.torus_shape(2048) == (8, 16, 16)
     mesh = {"data": 1, "fsdp": 256, "tensor": 8}
-    assert v5p.bandwidth(mesh, ["tensor"]) == 1.8e11          # one torus dimension
-    assert v5p.bandwidth(mesh, ["fsdp"]) == 2 * 1.8e11        # two
+    assert v5p.bandwidth(mesh, ["tensor"]) == 1.8e11  # one torus dimension
+    assert v5p.bandwidth(mesh, ["fsdp"]) == 2 * 1.8e11  # two
     assert v5p.bandwidth({"data": 2048}, ["data"]) == 3 * 1.8e11
-    assert v5p.bandwidth(mesh, ["data"]) == float("inf")      # a size-1 axis moves nothing
+    assert v5p.bandwidth(mesh, ["data"]) == float("inf")  # a size-1 axis moves nothing
 
 
 def test_nodes_inside_and_across():
     h100 = hardware("h100")
-    assert h100.bandwidth({"data": 8}, ["data"]) == 450e9                       # NVLink
-    assert h100.bandwidth({"data": 2048}, ["data"]) == 8 * 50e9                 # 8 NICs per node share the buffer
-    assert h100.bandwidth({"fsdp": 256, "tensor": 8}, ["fsdp"]) == 50e9        # one GPU of each node per group
+    assert h100.bandwidth({"data": 8}, ["data"]) == 450e9  # NVLink
+    assert h100.bandwidth({"data": 2048}, ["data"]) == 8 * 50e9  # 8 NICs per node share the buffer
+    assert h100.bandwidth({"fsdp": 256, "tensor": 8}, ["fsdp"]) == 50e9  # one GPU of each node per group
     assert h100.bandwidth({"fsdp": 128, "tensor": 16}, ["fsdp"]) == 50e9
-    assert h100.bandwidth({"data": 64, "tensor": 2}, ["data"]) == 4 * 50e9     # 4 of a group per node
+    assert h100.bandwidth({"data": 64, "tensor": 2}, ["data"]) == 4 * 50e9  # 4 of a group per node
 
 
 def test_collective_time_is_bytes_over_bandwidth_plus_latency():

@@ -18,7 +18,7 @@ def test_shape_from_logical_names(gpt_workload):
     w = gpt_workload
     assert (w.layers, w.embed, w.mlp, w.heads, w.kv_heads, w.head_dim, w.vocab) == (2, 32, 64, 4, 4, 8, 64)
     assert w.params == 64 * 32 * 2 + 2 * (4 * 32 * 32 + 3 * 32 * 64 + 2 * 32) + 32
-    assert w.matmul_params == w.params - 64 * 32 - 2 * 2 * 32 - 32     # no lookup table, no norm scales
+    assert w.matmul_params == w.params - 64 * 32 - 2 * 2 * 32 - 32  # no lookup table, no norm scales
     assert w.tokens == 8 * 16 and w.compute_bytes == 4
 
 
@@ -30,17 +30,26 @@ def test_unscanned_layers_are_counted_from_their_names():
 
 def test_flops_per_step(gpt_workload):
     w = gpt_workload
-    fwd = w.tokens * (2 * w.matmul_params + 4 * 16 * 4 * 8 * 2)   # matmuls + attention (QK^T, PV) per layer
-    assert w.flops_per_step("none") == {"fwd": fwd, "bwd": 2 * fwd, "recompute": 0.0, "total": 3 * fwd,
-                                        "model": 3 * fwd, "six_n": 6 * w.params * w.tokens}
+    fwd = w.tokens * (2 * w.matmul_params + 4 * 16 * 4 * 8 * 2)  # matmuls + attention (QK^T, PV) per layer
+    assert w.flops_per_step("none") == {
+        "fwd": fwd,
+        "bwd": 2 * fwd,
+        "recompute": 0.0,
+        "total": 3 * fwd,
+        "model": 3 * fwd,
+        "six_n": 6 * w.params * w.tokens,
+    }
     assert w.flops_per_step("full")["total"] == 4 * fwd
 
 
-@pytest.mark.parametrize("rules,mesh,remat", [
-    ("fsdp", {"data": 1, "fsdp": 8}, "none"),
-    ("fsdp", {"data": 1, "fsdp": 8}, "full"),
-    ("tp", {"data": 2, "tensor": 4}, "none"),
-])
+@pytest.mark.parametrize(
+    "rules,mesh,remat",
+    [
+        ("fsdp", {"data": 1, "fsdp": 8}, "none"),
+        ("fsdp", {"data": 1, "fsdp": 8}, "full"),
+        ("tp", {"data": 2, "tensor": 4}, "none"),
+    ],
+)
 def test_activation_estimate_is_near_the_compiled_peak(rules, mesh, remat):
     b, t = 16, 256
     model = pt.build_model("gpt", vocab_size=512, embed=256, heads=8, mlp=1024, layers=2, remat=remat)
@@ -53,7 +62,13 @@ def test_activation_estimate_is_near_the_compiled_peak(rules, mesh, remat):
     w = workload(plan.params, batch_size=b, seq_len=t)
     r = Rules.preset(rules)
     state = sum(plan.totals[k]["per_device"] for k in ("params", "optimizer", "gradients"))
-    acts = activation_bytes(w, r, mesh, remat=remat, micro_batch=b,
-                            gathered_layer_bytes=_gathered_layer_bytes(plan, token_axes(r, mesh, w), w.layers))
+    acts = activation_bytes(
+        w,
+        r,
+        mesh,
+        remat=remat,
+        micro_batch=b,
+        gathered_layer_bytes=_gathered_layer_bytes(plan, token_axes(r, mesh, w), w.layers),
+    )
     assert 0.75 < (state + acts["total"]) / compiled < 1.25
     jax.clear_caches()

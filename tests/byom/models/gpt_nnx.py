@@ -12,11 +12,11 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import nnx
 
-from partitioning.models.gpt import rope   # the same rotary embedding as the Linen GPT
+from partitioning.models.gpt import rope  # the same rotary embedding as the Linen GPT
 
 
 def _init(fan_in):
-    return nnx.initializers.normal(stddev=fan_in ** -0.5)
+    return nnx.initializers.normal(stddev=fan_in**-0.5)
 
 
 def param(rngs, shape, names, fan_in):
@@ -52,10 +52,12 @@ class Attention(nnx.Module):
         h = self.heads
         k = d // h
         q = rope(constrain(jnp.einsum("btd,dhk->bthk", x, self.q[...]), ("batch", "length", "heads", "kv")), 10000.0)
-        kk = rope(constrain(jnp.einsum("btd,dgk->btgk", x, self.k[...]), ("batch", "length", "kv_heads", "kv")), 10000.0)
+        kk = rope(
+            constrain(jnp.einsum("btd,dgk->btgk", x, self.k[...]), ("batch", "length", "kv_heads", "kv")), 10000.0
+        )
         v = constrain(jnp.einsum("btd,dgk->btgk", x, self.v[...]), ("batch", "length", "kv_heads", "kv"))
         q = q.reshape(b, t, h, 1, k)
-        scores = jnp.einsum("btgrk,bsgk->bgrts", q, kk).astype(jnp.float32) * (k ** -0.5)
+        scores = jnp.einsum("btgrk,bsgk->bgrts", q, kk).astype(jnp.float32) * (k**-0.5)
         scores = jnp.where(jnp.tril(jnp.ones((t, t), dtype=bool)), scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1)
         out = jnp.einsum("bgrts,bsgk->btgrk", probs, v).reshape(b, t, h, k)
@@ -90,8 +92,9 @@ class Block(nnx.Module):
 
 class GPT(nnx.Module):
     def __init__(self, vocab_size=256, embed=32, heads=4, mlp=64, layers=2, *, rngs: nnx.Rngs):
-        self.embedding = nnx.Param(nnx.with_partitioning(nnx.initializers.normal(1.0), ("vocab", "embed"))(
-            rngs.params(), (vocab_size, embed)))
+        self.embedding = nnx.Param(
+            nnx.with_partitioning(nnx.initializers.normal(1.0), ("vocab", "embed"))(rngs.params(), (vocab_size, embed))
+        )
 
         @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
         def blocks(r):

@@ -14,22 +14,31 @@ from partitioning.train.data import ArrayDataset
 class ConvNet(nn.Module):
     classes: int = 8
     channels: int = 32
-    axis_name: str | None = None    # pmap-era cross-replica BatchNorm, as Flax's ImageNet ResNet has
+    axis_name: str | None = None  # pmap-era cross-replica BatchNorm, as Flax's ImageNet ResNet has
 
     @nn.compact
     def __call__(self, x, train: bool = False):
         for i in range(2):
-            x = nn.Conv(self.channels * (i + 1), (3, 3), use_bias=False,
-                        kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
-                                                                 (None, None, "embed", "mlp") if i else
-                                                                 (None, None, None, "mlp")))(x)
-            x = nn.BatchNorm(use_running_average=not train, momentum=0.9, axis_name=self.axis_name,
-                             scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("mlp",)),
-                             bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))(x)
+            x = nn.Conv(
+                self.channels * (i + 1),
+                (3, 3),
+                use_bias=False,
+                kernel_init=nn.with_logical_partitioning(
+                    nn.initializers.lecun_normal(), (None, None, "embed", "mlp") if i else (None, None, None, "mlp")
+                ),
+            )(x)
+            x = nn.BatchNorm(
+                use_running_average=not train,
+                momentum=0.9,
+                axis_name=self.axis_name,
+                scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("mlp",)),
+                bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
+            )(x)
             x = nn.max_pool(nn.relu(x), (2, 2), (2, 2))
         x = x.mean(axis=(1, 2))
-        return nn.Dense(self.classes, kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
-                                                                               ("mlp", "vocab")))(x)
+        return nn.Dense(
+            self.classes, kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("mlp", "vocab"))
+        )(x)
 
 
 def bars(n: int = 512, size: int = 16, classes: int = 8, seed: int = 0) -> ArrayDataset:
@@ -40,5 +49,6 @@ def bars(n: int = 512, size: int = 16, classes: int = 8, seed: int = 0) -> Array
     angles = labels * np.pi / classes
     dist = np.abs(xs[None] * np.sin(angles)[:, None, None] - ys[None] * np.cos(angles)[:, None, None])
     images = (dist < 1.2).astype(np.float32) + 0.3 * rng.standard_normal((n, size, size)).astype(np.float32)
-    return ArrayDataset({"inputs": images[..., None], "targets": labels.astype(np.int32)}, eval_fraction=0.125,
-                        source="bars")
+    return ArrayDataset(
+        {"inputs": images[..., None], "targets": labels.astype(np.int32)}, eval_fraction=0.125, source="bars"
+    )

@@ -41,11 +41,17 @@ class FeedForward(nn.Module):
     @nn.compact
     def __call__(self, x):
         c = self.config
-        h = nn.Dense(c.mlp_dim, kernel_init=nn.with_logical_partitioning(c.kernel_init, ("embed", "mlp")),
-                     bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))(x)
+        h = nn.Dense(
+            c.mlp_dim,
+            kernel_init=nn.with_logical_partitioning(c.kernel_init, ("embed", "mlp")),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
+        )(x)
         h = nn.Dropout(c.dropout_rate)(nn.relu(h), deterministic=c.deterministic)
-        return nn.Dense(x.shape[-1], kernel_init=nn.with_logical_partitioning(c.kernel_init, ("mlp", "embed")),
-                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))(h)
+        return nn.Dense(
+            x.shape[-1],
+            kernel_init=nn.with_logical_partitioning(c.kernel_init, ("mlp", "embed")),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+        )(h)
 
 
 class DecoderBlock(nn.Module):
@@ -54,12 +60,19 @@ class DecoderBlock(nn.Module):
     @nn.compact
     def __call__(self, x, mask):
         c = self.config
-        norm = lambda: nn.LayerNorm(scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),  # noqa: E731
-                                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))
+        norm = lambda: nn.LayerNorm(
+            scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),  # noqa: E731
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+        )
         y = nn.MultiHeadDotProductAttention(
-            num_heads=c.num_heads, qkv_features=c.qkv_dim, use_bias=False, broadcast_dropout=False,
-            dropout_rate=c.attention_dropout_rate, deterministic=c.deterministic,
-            kernel_init=nn.with_logical_partitioning(c.kernel_init, ("embed", "kv")))(norm()(x), mask=mask)
+            num_heads=c.num_heads,
+            qkv_features=c.qkv_dim,
+            use_bias=False,
+            broadcast_dropout=False,
+            dropout_rate=c.attention_dropout_rate,
+            deterministic=c.deterministic,
+            kernel_init=nn.with_logical_partitioning(c.kernel_init, ("embed", "kv")),
+        )(norm()(x), mask=mask)
         x = x + nn.Dropout(c.dropout_rate)(y, deterministic=c.deterministic)
         return x + FeedForward(c)(norm()(x))
 
@@ -71,16 +84,27 @@ class TransformerLM(nn.Module):
     def __call__(self, inputs):
         c = self.config
         mask = nn.make_causal_mask(inputs)
-        y = nn.Embed(c.vocab_size, c.emb_dim,
-                     embedding_init=nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")))(
-            shift_right(inputs))
-        pos = self.param("pos_embedding", nn.with_logical_partitioning(nn.initializers.normal(0.02), (None, "embed")),
-                         (c.max_len, c.emb_dim))
+        y = nn.Embed(
+            c.vocab_size,
+            c.emb_dim,
+            embedding_init=nn.with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")),
+        )(shift_right(inputs))
+        pos = self.param(
+            "pos_embedding",
+            nn.with_logical_partitioning(nn.initializers.normal(0.02), (None, "embed")),
+            (c.max_len, c.emb_dim),
+        )
         y = y + pos[None, : inputs.shape[1]]
         y = nn.Dropout(c.dropout_rate)(y, deterministic=c.deterministic)
         for i in range(c.num_layers):
             y = DecoderBlock(c, name=f"block_{i}")(y, mask)
-        y = nn.LayerNorm(scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
-                         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)))(y)
-        return nn.Dense(c.vocab_size, kernel_init=nn.with_logical_partitioning(c.kernel_init, ("embed", "vocab")),
-                        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)), name="logits")(y)
+        y = nn.LayerNorm(
+            scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+        )(y)
+        return nn.Dense(
+            c.vocab_size,
+            kernel_init=nn.with_logical_partitioning(c.kernel_init, ("embed", "vocab")),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+            name="logits",
+        )(y)

@@ -14,8 +14,9 @@ from jax.sharding import PartitionSpec as P
 class DotReluDot(nnx.Module):
     def __init__(self, depth: int, rngs: nnx.Rngs):
         init = nnx.initializers.lecun_normal()
-        self.dot1 = nnx.Linear(depth, depth, kernel_init=nnx.with_partitioning(init, ("fsdp", "tensor")),
-                               use_bias=False, rngs=rngs)
+        self.dot1 = nnx.Linear(
+            depth, depth, kernel_init=nnx.with_partitioning(init, ("fsdp", "tensor")), use_bias=False, rngs=rngs
+        )
         self.w2 = nnx.Param(init(rngs.params(), (depth, depth)), sharding=("tensor", None))
         self.bias = nnx.Param(jnp.zeros((depth,)), out_sharding=("tensor",))
 

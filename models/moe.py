@@ -46,18 +46,21 @@ class MoE:
     aux_loss_weight: float = 0.01
 
     @classmethod
-    def parse(cls, options: Any) -> "MoE | None":
+    def parse(cls, options: Any) -> MoE | None:
         """``None`` / a mapping of options / a ``MoE`` -> ``MoE | None``; a ConfigError naming ``moe``."""
         if options is None or isinstance(options, MoE):
             return options
         if not isinstance(options, Mapping):
-            raise ConfigError(f"moe must be a mapping of {[f.name for f in dataclasses.fields(cls)]}, "
-                              f"got {type(options).__name__}", arg="moe")
+            raise ConfigError(
+                f"moe must be a mapping of {[f.name for f in dataclasses.fields(cls)]}, got {type(options).__name__}",
+                arg="moe",
+            )
         names = [f.name for f in dataclasses.fields(cls)]
         for k in options:
             if k not in names:
-                raise ConfigError(f"unknown moe option {k!r} (options: {', '.join(names)})"
-                                  f"{did_you_mean(str(k), names)}", arg="moe")
+                raise ConfigError(
+                    f"unknown moe option {k!r} (options: {', '.join(names)}){did_you_mean(str(k), names)}", arg="moe"
+                )
         for k, v in options.items():
             kinds = {"experts": (int,), "top_k": (int,), "dropless": (bool,)}.get(k, (int, float, type(None)))
             if isinstance(v, bool) != (kinds == (bool,)) or not isinstance(v, kinds):
@@ -67,8 +70,10 @@ class MoE:
         if moe.aux_loss_weight is None or moe.aux_loss_weight < 0:
             raise ConfigError(f"moe.aux_loss_weight must be a number >= 0, got {moe.aux_loss_weight!r}", arg="moe")
         if moe.experts < 1 or not 1 <= moe.top_k <= moe.experts:
-            raise ConfigError(f"moe needs experts >= 1 and 1 <= top_k <= experts, got experts {moe.experts}, "
-                              f"top_k {moe.top_k}", arg="moe")
+            raise ConfigError(
+                f"moe needs experts >= 1 and 1 <= top_k <= experts, got experts {moe.experts}, top_k {moe.top_k}",
+                arg="moe",
+            )
         if not moe.dropless and (moe.capacity_factor is None or moe.capacity_factor <= 0):
             raise ConfigError("moe.capacity_factor must be > 0 (or set dropless: true)", arg="moe")
         return moe
@@ -90,13 +95,15 @@ class MoeMlp(nn.Module):
         d, e, m, pd = x.shape[-1], self.moe.experts, self.mlp, self.param_dtype
 
         def param(name, names, shape, fan_in):
-            init = nn.initializers.normal(stddev=fan_in ** -0.5)
+            init = nn.initializers.normal(stddev=fan_in**-0.5)
             return self.param(name, with_logical_partitioning(init, names), shape, pd)
 
         router = param("router", ("embed", "expert"), (d, e), d)
-        experts = (param("wi_0", ("expert", "embed", "mlp"), (e, d, m), d),
-                   param("wi_1", ("expert", "embed", "mlp"), (e, d, m), d),
-                   param("wo", ("expert", "mlp", "embed"), (e, m, d), m))
+        experts = (
+            param("wi_0", ("expert", "embed", "mlp"), (e, d, m), d),
+            param("wi_1", ("expert", "embed", "mlp"), (e, d, m), d),
+            param("wo", ("expert", "mlp", "embed"), (e, m, d), m),
+        )
         y, aux = moe_ffn(x, router, experts, top_k=self.moe.top_k, capacity=self.moe.capacity(x.shape[1]))
         self.sow("losses", "moe_aux_loss", self.moe.aux_loss_weight * aux)
         return y.astype(self.dtype)

@@ -34,8 +34,9 @@ def choice(module: Any, name: str, choices: Iterable[str]) -> None:
     choices = list(choices)
     v = getattr(module, name)
     if v not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {v!r}{did_you_mean(str(v), choices)}",
-                          arg=name)
+        raise ConfigError(
+            f"{name} must be one of {', '.join(choices)}, got {v!r}{did_you_mean(str(v), choices)}", arg=name
+        )
 
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -50,8 +51,11 @@ def float_dtype(module: Any, *names: str) -> None:
         except TypeError:
             ok = False
         if not ok:
-            raise ConfigError(f"{name} must be a floating-point dtype ({', '.join(FLOAT_DTYPES)}), got {v!r}"
-                              f"{did_you_mean(str(v), FLOAT_DTYPES)}", arg=name)
+            raise ConfigError(
+                f"{name} must be a floating-point dtype ({', '.join(FLOAT_DTYPES)}), got {v!r}"
+                f"{did_you_mean(str(v), FLOAT_DTYPES)}",
+                arg=name,
+            )
 
 
 def divides(module: Any, small: str, big: str, small_value: int | None = None) -> None:

@@ -25,7 +25,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from partitioning.boxes import compute_spec, logical_spec, param_for_compute, with_logical_constraint, with_logical_partitioning
+from partitioning.boxes import (
+    compute_spec,
+    logical_spec,
+    param_for_compute,
+    with_logical_constraint,
+    with_logical_partitioning,
+)
 from partitioning.context import get_logical_axis_rules
 from partitioning.errors import ConfigError
 from partitioning.models.checks import choice, divides, float_dtype, positive
@@ -42,7 +48,7 @@ REMAT_POLICIES = {
 
 
 def _param(mod: nn.Module, name: str, names: tuple, shape: tuple, dtype: Any, fan_in: int):
-    init = nn.initializers.normal(stddev=fan_in ** -0.5)
+    init = nn.initializers.normal(stddev=fan_in**-0.5)
     return param_for_compute(mod.param(name, with_logical_partitioning(init, names), shape, dtype), names)
 
 
@@ -63,7 +69,9 @@ class Norm(nn.Module):
         x32 = x.astype(jnp.float32)
         scale = vector("scale", nn.initializers.ones).astype(jnp.float32)
         if self.kind == "rms":
-            return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps) * scale).astype(self.dtype)
+            return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps) * scale).astype(
+                self.dtype
+            )
         bias = vector("bias", nn.initializers.zeros).astype(jnp.float32)
         mean = x32.mean(-1, keepdims=True)
         var = ((x32 - mean) ** 2).mean(-1, keepdims=True)
@@ -135,14 +143,16 @@ class Attention(nn.Module):
         q = q.reshape(b, t, g, h // g, k)
         # Explicit axes with `length` sharded (seq): name the layouts of the two
         # attention products, which need every key position on every query shard.
-        scores = jnp.einsum("btgrk,bsgk->bgrts", q, kk,
-                            out_sharding=logical_spec(("batch", "kv_heads", None, "length", None)))
-        scores = scores.astype(jnp.float32) * (k ** -0.5)
+        scores = jnp.einsum(
+            "btgrk,bsgk->bgrts", q, kk, out_sharding=logical_spec(("batch", "kv_heads", None, "length", None))
+        )
+        scores = scores.astype(jnp.float32) * (k**-0.5)
         causal = jnp.tril(jnp.ones((t, t), dtype=bool))
         scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bgrts,bsgk->btgrk", probs, v,
-                         out_sharding=logical_spec(("batch", "length", "kv_heads", None, None))).reshape(b, t, h, k)
+        out = jnp.einsum(
+            "bgrts,bsgk->btgrk", probs, v, out_sharding=logical_spec(("batch", "length", "kv_heads", None, None))
+        ).reshape(b, t, h, k)
         out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
         return _row_parallel("bthk,hkd->btd", out, wo.astype(dt))
 
@@ -180,8 +190,9 @@ class Block(nn.Module):
     @nn.compact
     def __call__(self, x, _=None):
         y = _norm(self.norm, self.dtype, self.param_dtype, "attn_norm")(x)
-        x = x + Attention(self.heads, self.kv_heads, self.head_dim, self.rope_theta, self.dtype,
-                          self.param_dtype, name="attn")(y)
+        x = x + Attention(
+            self.heads, self.kv_heads, self.head_dim, self.rope_theta, self.dtype, self.param_dtype, name="attn"
+        )(y)
         y = _norm(self.norm, self.dtype, self.param_dtype, "mlp_norm")(x)
         if self.moe is not None:
             x = x + MoeMlp(self.moe, self.mlp, self.dtype, self.param_dtype, name="mlp")(y)
@@ -198,17 +209,17 @@ class GPT(nn.Module):
     vocab_size: int = 256
     embed: int = 128
     heads: int = 4
-    kv_heads: int | None = None     # None: = heads (multi-head); fewer: grouped-query
-    head_dim: int | None = None     # None: embed // heads
+    kv_heads: int | None = None  # None: = heads (multi-head); fewer: grouped-query
+    head_dim: int | None = None  # None: embed // heads
     mlp: int = 512
     layers: int = 4
     rope_theta: float = 10000.0
-    norm: str = "rms"               # rms | layer
+    norm: str = "rms"  # rms | layer
     scan_layers: bool = True
-    remat: str = "none"             # none | full | dots | dots_no_batch
-    dtype: str = "float32"          # compute dtype, e.g. bfloat16
+    remat: str = "none"  # none | full | dots | dots_no_batch
+    dtype: str = "float32"  # compute dtype, e.g. bfloat16
     param_dtype: str = "float32"
-    moe: Any = None                 # {experts, top_k, capacity_factor | dropless, aux_loss_weight}: MoE MLPs
+    moe: Any = None  # {experts, top_k, capacity_factor | dropless, aux_loss_weight}: MoE MLPs
 
     def __post_init__(self):
         positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
@@ -219,14 +230,16 @@ class GPT(nn.Module):
         if head_dim % 2:
             # RoPE rotates pairs of features; an odd head size fails deep inside attention.
             arg = "head_dim" if self.head_dim else "embed"
-            how = f"head_dim {head_dim}" if self.head_dim else f"embed / heads = {self.embed} / {self.heads} = {head_dim}"
+            how = (
+                f"head_dim {head_dim}" if self.head_dim else f"embed / heads = {self.embed} / {self.heads} = {head_dim}"
+            )
             raise ConfigError(f"{how} must be even: rotary position embeddings rotate pairs of features", arg=arg)
         if not self.rope_theta > 0:
             raise ConfigError(f"rope_theta must be > 0, got {self.rope_theta!r}", arg="rope_theta")
         choice(self, "norm", ("rms", "layer"))
         choice(self, "remat", REMAT_POLICIES)
         float_dtype(self, "dtype", "param_dtype")
-        MoE.parse(self.moe)         # a bad `moe:` option fails at construction, naming `moe`
+        MoE.parse(self.moe)  # a bad `moe:` option fails at construction, naming `moe`
         super().__post_init__()
 
     @nn.compact
@@ -234,17 +247,32 @@ class GPT(nn.Module):
         dt, pd = jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)
         kv_heads = self.kv_heads or self.heads
         head_dim = self.head_dim or self.embed // self.heads
-        emb = param_for_compute(self.param(
-            "embedding", with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")),
-            (self.vocab_size, self.embed), pd), ("vocab", "embed"))
+        emb = param_for_compute(
+            self.param(
+                "embedding",
+                with_logical_partitioning(nn.initializers.normal(1.0), ("vocab", "embed")),
+                (self.vocab_size, self.embed),
+                pd,
+            ),
+            ("vocab", "embed"),
+        )
         x = _embed(emb, tokens).astype(dt)
         x = with_logical_constraint(x, ("batch", "length", "embed"))
 
         block = Block
         if self.remat != "none":
             block = nn.remat(Block, policy=REMAT_POLICIES[self.remat], prevent_cse=not self.scan_layers)
-        kw = dict(heads=self.heads, kv_heads=kv_heads, head_dim=head_dim, mlp=self.mlp,
-                  norm=self.norm, rope_theta=self.rope_theta, dtype=dt, param_dtype=pd, moe=MoE.parse(self.moe))
+        kw = dict(
+            heads=self.heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            mlp=self.mlp,
+            norm=self.norm,
+            rope_theta=self.rope_theta,
+            dtype=dt,
+            param_dtype=pd,
+            moe=MoE.parse(self.moe),
+        )
         if self.scan_layers:
             # nn.scan over a `layers` axis; a GPipe pipeline when the mesh has a `stage` axis.
             x, _ = LayerStack(block, self.layers, kw, name="blocks")(x)

@@ -1,0 +1,92 @@
+"""Config -> a plan before running: the per-array table and the compiled view of the train step.
+
+Example::
+
+    >>> plan, model = plan_from_config(load_config("configs/quickstart.yaml"), devices=8)
+    >>> plan.totals["params"]["per_device"] > 0
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.sharding import AbstractMesh
+
+from partitioning.config.build import (
+    PIPELINE_KEYS,
+    at_key,
+    batch_from_config,
+    model_from_config,
+    optimizer_from_config,
+    task_from_config,
+    trainer_from_config,
+)
+from partitioning.config.schema import Config
+from partitioning.mesh import AXIS_TYPES, make_mesh
+from partitioning.parallel.pipeline import PipelineError, check_layers, check_microbatches, layers_sizes, microbatching
+from partitioning.parallel.schedule import STAGE_AXIS
+from partitioning.parallel.trace import recording
+from partitioning.plan.compiled import compiled_view
+from partitioning.plan.coverage import activation_names
+from partitioning.plan.flops import transformer_flops
+from partitioning.plan.parallel import costs_from_records
+from partitioning.plan.plan import Plan, build_plan, mesh_sizes
+from partitioning.train.state import abstract_train_state
+
+
+def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
+    """(plan, model) for a config on ``devices`` devices, from ``eval_shape`` only."""
+    sizes = mesh_sizes(cfg.mesh.shape, devices)
+    model = model_from_config(cfg)
+    batch, task = batch_from_config(cfg), task_from_config(cfg)
+    params, opt_state = abstract_train_state(model, optimizer_from_config(cfg), batch=batch, task=task)
+    # What one forward pass sees (grad_accum splits the batch), pipelined as the Trainer would.
+    g = max(1, cfg.train.grad_accum)
+    forward = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // g, *x.shape[1:]), x.dtype), batch)
+    types = (AXIS_TYPES[cfg.mesh.axis_types],) * len(sizes)
+    try:
+        m, _, _ = check_microbatches(
+            AbstractMesh(tuple(sizes.values()), tuple(sizes), axis_types=types),
+            cfg.rules,
+            cfg.train.microbatches,
+            cfg.train.batch_size // g,
+            f"batch_size {cfg.train.batch_size}",
+        )
+        check_layers(layers_sizes(params), sizes.get(STAGE_AXIS, 1))
+    except PipelineError as e:
+        raise at_key(cfg, e, PIPELINE_KEYS) from None
+    with microbatching(m), recording() as stacks:
+        acts = activation_names(model, params, sizes, cfg.rules, batch=forward, task=task)
+    plan = build_plan(
+        params,
+        opt_state,
+        sizes,
+        cfg.rules,
+        optimizer_rules=cfg.optimizer_rules,
+        on_indivisible=cfg.on_indivisible,
+        activations=acts,
+        parallel=costs_from_records(stacks, sizes, passes=g),
+    )
+    return plan, model
+
+
+def compiled_from_config(cfg: Config, devices: int, plan: Plan | None = None) -> dict[str, Any]:
+    """The compiled view of the config's train step on the first ``devices`` devices of this process."""
+    if plan is None:
+        plan, _ = plan_from_config(cfg, devices)
+    mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axis_types, devices=jax.devices()[:devices])
+    trainer = trainer_from_config(cfg, mesh)
+    view = compiled_view(
+        trainer.lower_train_step,
+        expected=plan.expected_specs(),
+        input_names=("", "batch"),
+        output_names=("", "metrics"),
+    )
+    if view.get("flops") and trainer.seq_len:
+        view["flops"]["six_n_tokens"] = transformer_flops(trainer.num_params, trainer.batch_size * trainer.seq_len)
+    return view
+
+
+__all__ = ["plan_from_config", "compiled_from_config"]

@@ -1,0 +1,206 @@
+"""Config -> the objects of a run: its batches, its checkpoint hook, its trackers.
+
+Built on :mod:`partitioning.config.build` (model, mesh, trainer); like it,
+every error is re-raised at the config key it comes from.
+
+Example::
+
+    >>> cfg = load_config("configs/quickstart.yaml")
+    >>> trainer = trainer_from_config(cfg, mesh_from_config(cfg))
+    >>> corpus, train, evals = data_from_config(cfg, trainer)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from partitioning.checkpoint.hook import CheckpointHook, prepare_directory
+from partitioning.checkpoint.manager import CheckpointManager
+from partitioning.checkpoint.restore import abstract_target
+from partitioning.config.build import dataset_from_config
+from partitioning.config.schema import Config
+from partitioning.config.targets import TARGET
+from partitioning.errors import ConfigError, DataError
+from partitioning.train.data import Corpus
+from partitioning.train.hooks import JsonlLogger
+from partitioning.train.step import Trainer
+from partitioning.train.trackers import TensorBoardLogger, WandbLogger
+
+
+def _model_vocab(model: Any) -> Any:
+    module = getattr(model, "module", model)
+    if getattr(module, "vocab_size", None) is not None:
+        return module.vocab_size
+    factory = getattr(model, "factory", None)
+    return getattr(factory, "kwargs", {}).get("vocab_size")
+
+
+def _check_vocab(cfg: Config, trainer: Trainer, corpus: Corpus) -> None:
+    """Every token below the model's vocab_size (text: vocab_size >= 256), before anything compiles."""
+    vocab = _model_vocab(trainer.model)
+    if vocab is None:
+        return
+    here = cfg.where("model", "vocab_size")
+    if corpus.vocab is not None:
+        if vocab < corpus.vocab:
+            raise ConfigError(f"{here}: the data is bytes, so vocab_size must be >= {corpus.vocab}, got {vocab}")
+        return
+    for split, key in (("train", "path"), ("eval", "eval_path" if cfg.data.eval_path else "path")):
+        bad = corpus.tokens(split).out_of_range(int(vocab))
+        if bad is not None:
+            token, name, index = bad
+            raise DataError(
+                f"{cfg.where('data', key)}: {name}: token {token} at index {index:,} is outside the "
+                f"model's vocabulary [0, {vocab}) ({here})"
+            )
+
+
+def _batches_at_key(cfg: Config, split: str, make: Any) -> Any:
+    try:
+        return make()
+    except DataError as e:
+        d = cfg.data
+        if d.target is not None:
+            raise DataError(f"{cfg.where('data')}: {e}") from None
+        key = (
+            ("data", "eval_path")
+            if split == "eval" and d.eval_path
+            else ("data", "path")
+            if d.path
+            else ("train", "batch_size")
+        )
+        raise DataError(f"{cfg.where(*key)}: {e}") from None
+
+
+def data_from_config(cfg: Config, trainer: Trainer, dataset: Any = None) -> tuple[Any, Any, Any]:
+    """(dataset, train batches, eval-batches callable or None) for a config's ``data:`` section.
+
+    Every data problem (too few tokens for a batch, a token outside the
+    model's vocabulary) is one error at the config key it comes from.
+    """
+    t = cfg.train
+    dataset = dataset if dataset is not None else dataset_from_config(cfg)
+    if isinstance(dataset, Corpus):
+        _check_vocab(cfg, trainer, dataset)
+        train = _batches_at_key(
+            cfg,
+            "train",
+            lambda: dataset.batches("train", t.batch_size, t.seq_len, trainer.batch_sharding, seed=cfg.data.seed),
+        )
+        ev = (
+            _batches_at_key(
+                cfg, "eval", lambda: dataset.batches("eval", t.batch_size, t.seq_len, trainer.batch_sharding, seed=0)
+            )
+            if t.eval_batches > 0
+            else None
+        )
+    else:
+        train = _batches_at_key(
+            cfg, "train", lambda: dataset.batches("train", t.batch_size, trainer.batch_shardings, seed=cfg.data.seed)
+        )
+        # A fixed eval order, independent of the train seed, keeps eval losses comparable.
+        ev = (
+            _batches_at_key(cfg, "eval", lambda: dataset.batches("eval", t.batch_size, trainer.batch_shardings, seed=0))
+            if t.eval_batches > 0
+            else None
+        )
+    if cfg.data.log_batches:
+        from partitioning.train.order import LoggedBatches
+
+        train = LoggedBatches(train, Path(cfg.run_dir) / f"batches.{jax.process_index()}.jsonl")
+    if ev is None:
+        return dataset, train, None
+    return dataset, train, lambda: (ev.batch_at(i) for i in range(t.eval_batches))
+
+
+def data_position(cfg: Config) -> dict[str, Any]:
+    """What a checkpoint records of the data: the batch of step ``k`` is a pure function of these and ``k``,
+    so the step saved with the checkpoint is the data's position."""
+    d, t = cfg.data, cfg.train
+    where = (
+        {TARGET: d.target.get(TARGET)}
+        if d.target is not None
+        else {"source": d.source, "path": d.path, "eval_path": d.eval_path, "dtype": d.dtype}
+    )
+    return {"position": "step", **where, "seed": d.seed, "batch_size": t.batch_size, "seq_len": t.seq_len}
+
+
+def data_resume_note(cfg: Config, saved: dict[str, Any] | None) -> str | None:
+    """A line saying how this run's data differs from the checkpoint's (None: the same batches follow)."""
+    if not saved:
+        return None
+    now = data_position(cfg)
+    changed = [
+        f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in sorted(set(now) | set(saved)) if saved.get(k) != now.get(k)
+    ]
+    if not changed:
+        return None
+    return (
+        f"data: changed since the checkpoint ({'; '.join(changed)}): the steps from here on see other "
+        f"batches than the saved run would have"
+    )
+
+
+def jsonable(x: Any) -> Any:
+    """Plain JSON data (what a checkpoint's metadata can hold) for a config mapping."""
+    return json.loads(json.dumps(x, default=str))
+
+
+def checkpoint_hook_from_config(
+    cfg: Config, trainer: Trainer, run_dir: Path, resume: bool | None = None, log: Any = None
+) -> CheckpointHook:
+    """The :class:`CheckpointHook` for a run config's ``checkpoint:`` section.
+
+    ``resume``: None resumes when a checkpoint exists, True requires one, False
+    starts over (existing checkpoints are moved aside, never deleted).
+    """
+    c = cfg.checkpoint
+    directory = prepare_directory(Path(c.dir) if c.dir else Path(run_dir) / "checkpoints", resume, log)
+    extra: dict[str, Any] = {"data": data_position(cfg)}
+    if cfg.optimizer_rules is not None:
+        extra["optimizer_rules"] = cfg.optimizer_rules.to_list()
+    mngr = CheckpointManager(
+        directory,
+        every=c.every,
+        keep=c.keep,
+        keep_best=c.keep_best,
+        async_=c.async_,
+        rules=cfg.rules,
+        config=jsonable(cfg.raw),
+        model_name=cfg.model_name,
+        abstract=trainer.abstract_state,
+        extra=extra,
+    )
+    target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
+    return CheckpointHook(mngr, target=target, resume=resume is not False, log=log)
+
+
+def trackers_from_config(cfg: Config, run_dir: Path, config: Any = None) -> tuple[JsonlLogger, list[Any]]:
+    """(the metrics logger, the other trackers' hooks) for ``train.tracker``.
+
+    The :class:`JsonlLogger` always keeps the records (the loss plot and the
+    summary read them); it writes ``RUN_DIR/metrics.jsonl`` only with ``jsonl``.
+    ``config`` (the resolved config) goes to wandb.
+    """
+    kinds = cfg.train.tracker
+    logger = JsonlLogger(Path(run_dir) / "metrics.jsonl" if "jsonl" in kinds else None)
+    hooks: list[Any] = []
+    if "tensorboard" in kinds:
+        hooks.append(TensorBoardLogger(Path(run_dir) / "tensorboard"))
+    if "wandb" in kinds:
+        hooks.append(WandbLogger(run_dir, config=config))
+    return logger, hooks
+
+
+__all__ = [
+    "data_from_config",
+    "data_position",
+    "data_resume_note",
+    "checkpoint_hook_from_config",
+    "trackers_from_config",
+    "jsonable",
+]
