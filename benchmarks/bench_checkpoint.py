@@ -285,8 +285,8 @@ def main() -> None:
             if rep < ROUNDS - 1:
                 shutil.rmtree(scratch / "sync")
         t_save, t_np_save, t_restore, t_np_load = med(saves), med(np_saves), med(restores), med(np_loads)
-        save_ratio = med([n / t for n, t in zip(np_saves, saves)])
-        restore_ratio = med([n / t for n, t in zip(np_loads, restores)])
+        save_ratio = med([n / t for n, t in zip(np_saves, saves, strict=True)])
+        restore_ratio = med([n / t for n, t in zip(np_loads, restores, strict=True)])
 
         # 3. how long the loop is blocked: async vs sync save (median of 3 each)
         blocked_async, blocked_sync, total_async = [], [], []
@@ -300,7 +300,7 @@ def main() -> None:
             shutil.rmtree(scratch / f"s{rep}")
 
         # 4. peak RSS of a fresh process restoring onto another layout
-        del state
+        state = None  # frees the arrays (the closures above share this binding) before the child measures
         env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
         r = subprocess.run(
             [sys.executable, __file__, "--child-restore", str(scratch / "sync"), "--gib", str(args.gib)],
@@ -381,7 +381,10 @@ def main() -> None:
         ),
     ]
     widths = [max(len(r[i]) for r in rows + [("measure", "toolkit", "baseline", "ratio", "target")]) for i in range(5)]
-    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
+
+    def line(r):
+        return "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
+
     print(line(("measure", "toolkit", "baseline", "ratio", "target")))
     print(line(tuple("-" * w for w in widths)))
     for r in rows:
@@ -389,7 +392,8 @@ def main() -> None:
     print(
         f"(throughput ratio = toolkit / numpy speed, median of {ROUNDS} back-to-back rounds; restore CPU time "
         f"{res['restore_cpu_s']:.2f} s vs {res['np_load_cpu_s']:.2f} s for numpy; the process's first restore "
-        f"took {first_restore:.2f} s, its first np.load {first_np_load:.2f} s; async save commits {res['async_total_s']:.2f} s after the call; "
+        f"took {first_restore:.2f} s, its first np.load {first_np_load:.2f} s; async save commits "
+        f"{res['async_total_s']:.2f} s after the call; "
         f"resharding restore took {res['reshard_restore_s']:.2f} s onto {res['reshard_target_spec_q']} for attn q)"
     )
     print(json.dumps(res, indent=1))

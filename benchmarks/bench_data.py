@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from partitioning.train.data import TokenBatches, load_corpus  # noqa: E402
+from partitioning.train.data import TokenBatches, load_corpus
 
 SHAPES = [(32, 128), (256, 1024), (1024, 128)]
 
@@ -57,7 +57,7 @@ def numpy_sampler(tokens: np.ndarray, batch: int, seq: int, seed: int = 0):
         for e in np.unique(g // n):
             if e not in perms:
                 perms[int(e)] = np.random.default_rng([seed, int(e)]).permutation(n)
-        starts = np.array([perms[int(e)][p] for e, p in zip(g // n, g % n)]) * seq
+        starts = np.array([perms[int(e)][p] for e, p in zip(g // n, g % n, strict=True)]) * seq
         w = tokens[starts[:, None] + np.arange(seq + 1)].astype(np.int32)
         return {"inputs": w[:, :-1], "targets": w[:, 1:]}
 

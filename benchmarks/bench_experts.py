@@ -76,7 +76,7 @@ class Side:
         a = self.trainer.abstract_state
         plan = pt.build_plan(a.params, a.opt_state, sizes, rules)
         self.state_bytes = plan.totals["params"]["per_device"] + plan.totals["optimizer"]["per_device"]
-        expert = [l for l in plan.params if l.path.endswith("mlp/wi_0")][0]
+        expert = [leaf for leaf in plan.params if leaf.path.endswith("mlp/wi_0")][0]
         self.expert_weight_bytes = 3 * expert.per_device_bytes
         costs = pt.parallel_costs(model, a.params, sizes, rules, batch_size=BATCH, seq_len=SEQ)["experts"]
         self.a2a_analytic = costs["all_to_all_bytes"]
@@ -113,7 +113,7 @@ def bench(rounds: int) -> dict:
                 "rules": side.rules,
                 "step_s": statistics.median(t),
                 "vs_replicated": statistics.median(t) / base_s,
-                "paired_vs_replicated": statistics.median([a / b for a, b in zip(t, times[base.name])]),
+                "paired_vs_replicated": statistics.median([a / b for a, b in zip(t, times[base.name], strict=True)]),
                 "state_bytes_per_device": side.state_bytes,
                 "expert_weight_bytes_per_device_per_layer": side.expert_weight_bytes // MODEL["layers"],
                 "collective_bytes_per_step": side.collective_bytes,

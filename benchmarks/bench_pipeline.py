@@ -110,7 +110,7 @@ def bench(rounds: int) -> dict:
                 "predicted_slowdown": 1 / (1 - bubble),
                 "step_s": statistics.median(times[(s, m)]),
                 "slowdown": statistics.median(times[(s, m)]) / statistics.median(times["dp"]),
-                "paired_slowdown": statistics.median([a / b for a, b in zip(times[(s, m)], times["dp"])]),
+                "paired_slowdown": statistics.median([a / b for a, b in zip(times[(s, m)], times["dp"], strict=True)]),
                 "collective_permute_bytes_hlo": shifted,
                 "collective_permute_bytes_analytic": analytic,
                 "first_loss_rel_diff": abs(side.first_loss - base.first_loss) / base.first_loss,

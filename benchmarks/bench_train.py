@@ -125,7 +125,7 @@ def bench_step_time(rounds: int, steps: int) -> dict:
         order = (run_toolkit, run_hand) if r % 2 == 0 else (run_hand, run_toolkit)
         for fn in order:
             (tk if fn is run_toolkit else hw).append(fn())
-    paired = [a / b for a, b in zip(tk, hw)]  # neighbours in time share the machine's load
+    paired = [a / b for a, b in zip(tk, hw, strict=True)]  # neighbours in time share the machine's load
     return {
         "toolkit_s": statistics.median(tk),
         "hand_written_s": statistics.median(hw),
@@ -165,7 +165,7 @@ def _init_peak(trainer) -> dict:
 
     peak = trainer.init_peak_bytes()
     state = pt.per_device_bytes(trainer.state_layouts()) + 4  # + the step counter
-    total = sum(l.nbytes for l in trainer.state_layouts())
+    total = sum(leaf.nbytes for leaf in trainer.state_layouts())
     return {
         "params": trainer.num_params,
         "init_peak_bytes": peak,

@@ -262,7 +262,7 @@ class GPT(nn.Module):
         block = Block
         if self.remat != "none":
             block = nn.remat(Block, policy=REMAT_POLICIES[self.remat], prevent_cse=not self.scan_layers)
-        kw = dict(
+        kw: dict[str, Any] = dict(
             heads=self.heads,
             kv_heads=kv_heads,
             head_dim=head_dim,

@@ -62,9 +62,11 @@ class MoE:
                     f"unknown moe option {k!r} (options: {', '.join(names)}){did_you_mean(str(k), names)}", arg="moe"
                 )
         for k, v in options.items():
-            kinds = {"experts": (int,), "top_k": (int,), "dropless": (bool,)}.get(k, (int, float, type(None)))
+            kinds: tuple[type, ...] = {"experts": (int,), "top_k": (int,), "dropless": (bool,)}.get(
+                k, (int, float, type(None))
+            )
             if isinstance(v, bool) != (kinds == (bool,)) or not isinstance(v, kinds):
-                want = {(int,): "an integer", (bool,): "true or false"}.get(kinds, "a number")
+                want = "an integer" if kinds == (int,) else "true or false" if kinds == (bool,) else "a number"
                 raise ConfigError(f"moe.{k} must be {want}, got {v!r}", arg="moe")
         moe = cls(**dict(options))
         if moe.aux_loss_weight is None or moe.aux_loss_weight < 0:

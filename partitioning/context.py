@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import flax.core.spmd as flax_spmd
@@ -116,7 +116,7 @@ def recording() -> Iterator[set[tuple[Any, ...]]]:
         stack.pop()
 
 
-def record(names: Sequence[Any] | None) -> None:
+def record(names: Iterable[Any] | None) -> None:
     """Adds ``names`` to the innermost :func:`recording` of this thread (if any)."""
     stack = getattr(_local, "stack", None)
     if stack and names is not None:
@@ -138,7 +138,7 @@ def _toolkit_rules(local: Any = None) -> Rules | None:
     return Rules(local) + rules if local else rules
 
 
-def _resolve(names: Sequence[Any], rules: Rules, mesh: Any = None) -> PartitionSpec:
+def _resolve(names: Iterable[Any], rules: Rules, mesh: Any = None) -> PartitionSpec:
     record(names)
     return rules.resolve(tuple(names), mesh=_context_sizes(mesh))
 
@@ -169,18 +169,19 @@ def _nnx_from_sharding_rules(sharding: Any, sharding_rules: Any) -> Any:
 
 def _linen_logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = None) -> Any:
     """Linen's walk, recorded; with a toolkit table and a mesh, mesh-axis names resolve too."""
+    assert _flax_logical_to_mesh_axes is not None  # installed (below) only when flax has the function
     record(array_dim_names)
     result = _flax_logical_to_mesh_axes(array_dim_names, rules)
     table = rules if rules is not None else flax_spmd.get_logical_axis_rules()
     sizes = _context_sizes()
-    if result is None or not isinstance(table, Rules) or not sizes or _UNASSIGNED is None:
+    if result is None or array_dim_names is None or not isinstance(table, Rules) or not sizes or _UNASSIGNED is None:
         return result
     log: list = []
     out = walk(table, table.origins, tuple(array_dim_names), None, sizes, "error", "", log)
     # Dims the walk left unclaimed stay Flax's "unassigned" so its fallback modes still apply.
     return [
         _UNASSIGNED if (isinstance(d.name, str) and d.rule_index is None and not d.by_mesh_axis) else a
-        for a, d in zip(out, log)
+        for a, d in zip(out, log, strict=True)
     ]
 
 

@@ -33,7 +33,8 @@ MAX_SIMULATED = 2048
 
 
 def _on_cpu() -> bool:
-    platforms = os.environ.get("JAX_PLATFORMS", "") or jax.config.jax_platforms or ""
+    # jax defines its flags as attributes of jax.config at runtime (unknown to type checkers).
+    platforms = os.environ.get("JAX_PLATFORMS", "") or jax.config.jax_platforms or ""  # type: ignore[attr-defined]
     return platforms in ("", "cpu")
 
 
@@ -62,7 +63,7 @@ def simulate_devices(n: int | None, *, quiet: bool = True) -> None:
             arg="devices",
         )
     try:
-        current = jax.config.jax_num_cpu_devices
+        current = jax.config.jax_num_cpu_devices  # type: ignore[attr-defined]  # a runtime flag attribute
         if current is not None and current >= n:
             return
         jax.config.update("jax_num_cpu_devices", max(n, current or 0))
@@ -103,7 +104,7 @@ def initialize_distributed(
             "(or only --distributed on a cluster jax detects by itself)"
         )
     if _on_cpu() and num_processes:
-        if not 0 <= process_id < num_processes:
+        if process_id is None or not 0 <= process_id < num_processes:
             raise MeshError(f"--process-id must be in [0, {num_processes}), got {process_id}")
         if global_devices:
             if global_devices % num_processes:

@@ -80,7 +80,7 @@ class LeafLayout:
 
     @property
     def per_device_bytes(self) -> int:
-        local = math.prod(-(-s // n) for s, n in zip(self.shape, self.shards_per_dim))
+        local = math.prod(-(-s // n) for s, n in zip(self.shape, self.shards_per_dim, strict=True))
         return local * np.dtype(self.dtype).itemsize
 
     @property
@@ -134,7 +134,7 @@ def _layout_one(path: str, leaf: Any, mesh: Any, rules: Rules, on_indivisible: s
     if is_box(leaf):  # nn.Partitioned: names are mesh axes already
         spec = PartitionSpec(*leaf.names)
         shards = _shards(spec, len(shape), sizes)
-        for i, (s, n) in enumerate(zip(shape, shards)):
+        for i, (s, n) in enumerate(zip(shape, shards, strict=True)):
             if s % n:
                 raise ShardingError(
                     f"{path}: dim {i} (size {s}) is not divisible by mesh axes {axes_tuple(spec[i])!r} of size {n}"
@@ -170,7 +170,7 @@ def tree_specs(tree: Any, mesh: Any, rules: Any = None, *, on_indivisible: str =
     """
     layouts = tree_layouts(tree, mesh, rules, on_indivisible=on_indivisible)
     treedef = jax.tree_util.tree_structure(tree, is_leaf=_is_leaf)
-    return jax.tree_util.tree_unflatten(treedef, [l.spec for l in layouts])
+    return jax.tree_util.tree_unflatten(treedef, [leaf.spec for leaf in layouts])
 
 
 def tree_shardings(tree: Any, mesh: jax.sharding.Mesh, rules: Any = None, *, on_indivisible: str = "error") -> Any:
@@ -193,8 +193,10 @@ def logical_names(tree: Any) -> Any:
         ('vocab', 'embed')
     """
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_leaf)
-    leaves = [_as_box(l) for l in leaves]
-    return jax.tree_util.tree_unflatten(treedef, [tuple(l.names) if is_logical_box(l) else None for l in leaves])
+    leaves = [_as_box(leaf) for leaf in leaves]
+    return jax.tree_util.tree_unflatten(
+        treedef, [tuple(leaf.names) if is_logical_box(leaf) else None for leaf in leaves]
+    )
 
 
 def per_device_bytes(layouts: list[LeafLayout]) -> int:
@@ -205,7 +207,7 @@ def per_device_bytes(layouts: list[LeafLayout]) -> int:
         >>> per_device_bytes(tree_layouts(abstract, mesh, "fsdp"))
         1114112
     """
-    return sum(l.per_device_bytes for l in layouts)
+    return sum(leaf.per_device_bytes for leaf in layouts)
 
 
 def _is_spec_or_box(x: Any) -> bool:

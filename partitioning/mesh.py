@@ -42,7 +42,7 @@ class MeshSpec:
 
     @classmethod
     def from_mapping(cls, shape: Mapping[str, int] | Sequence[tuple[str, int]], axis_types: str = "auto") -> MeshSpec:
-        items = list(shape.items()) if isinstance(shape, Mapping) else [tuple(p) for p in shape]
+        items: list[tuple[str, int]] = list(shape.items()) if isinstance(shape, Mapping) else [(n, s) for n, s in shape]
         if not items:
             raise MeshError("mesh needs at least one axis, e.g. {data: -1}")
         names = [n for n, _ in items]

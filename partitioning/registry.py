@@ -85,12 +85,13 @@ def constructor_options(cls: Any) -> dict[str, Any]:
                 continue
             if f.default is not dataclasses.MISSING:
                 out[f.name] = f.default
-            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-                out[f.name] = f.default_factory()  # type: ignore[misc]
+            elif f.default_factory is not dataclasses.MISSING:
+                out[f.name] = f.default_factory()
             else:
                 out[f.name] = REQUIRED
         return out
-    target = cls.__init__ if isinstance(cls, type) else cls
+    # A class's own __init__ (not its metaclass's __call__, e.g. NNX's) names its options.
+    target = cls.__init__ if isinstance(cls, type) else cls  # type: ignore[misc]
     out = {}
     for p in list(inspect.signature(target).parameters.values()):
         if p.name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):

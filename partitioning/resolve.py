@@ -31,11 +31,11 @@ import dataclasses
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 from partitioning.errors import RuleError, ShardingError, did_you_mean
 
-MeshAxes = Union[None, str, tuple[str, ...]]
+MeshAxes = None | str | tuple[str, ...]
 Pair = tuple[str, MeshAxes]
 
 ON_INDIVISIBLE = ("error", "replicate")
@@ -147,6 +147,7 @@ def walk(
     out = [None if x is unassigned else x for x in result]
     if log is not None:
         for i, n in enumerate(names):
+            rule = rules[claimed_by[i]] if i in claimed_by else None
             if i >= given:
                 skipped[i].append("no name (a trailing dimension): unsharded")
             elif isinstance(n, str) and not skipped[i] and i not in claimed_by:
@@ -158,7 +159,7 @@ def walk(
                     size=None if shape is None else int(shape[i]),
                     mesh_axes=out[i],
                     rule_index=claimed_by.get(i),
-                    rule=tuple(rules[claimed_by[i]]) if i in claimed_by else None,
+                    rule=(rule[0], rule[1]) if rule is not None else None,
                     notes=tuple(skipped[i]),
                     by_mesh_axis=i in by_axis,
                 )

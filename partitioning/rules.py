@@ -28,7 +28,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import flax.core.spmd as flax_spmd
 from jax.sharding import PartitionSpec
@@ -89,7 +89,7 @@ class Rules(tuple):
         if origins is None:
             origins = [f"rules[{i}]" for i in range(len(pairs))]
         normed = []
-        for i, (pair, where) in enumerate(zip(pairs, origins)):
+        for pair, where in zip(pairs, origins, strict=True):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 raise RuleError(f"{where}: a rule is a pair [logical_name, mesh_axes], got {pair!r}")
             logical, axes = pair
@@ -197,7 +197,7 @@ class Rules(tuple):
         """The same table with ``batch_axes`` declared (``None``: read them off the rules)."""
         return Rules(list(self), list(self.origins), batch_axes=batch_axes)
 
-    def __add__(self, other: Iterable[Any]) -> Rules:  # type: ignore[override]
+    def __add__(self, other: Iterable[Any]) -> Rules:
         other = other if isinstance(other, Rules) else Rules(other)
         declared = self.declared_batch_axes if self.declared_batch_axes is not None else other.declared_batch_axes
         return Rules(list(self) + list(other), list(self.origins) + list(other.origins), batch_axes=declared)
@@ -251,7 +251,7 @@ class Rules(tuple):
     def validate(self, mesh: Any) -> Rules:
         """Checks every mesh axis named by a rule exists in ``mesh``."""
         sizes = mesh_axis_sizes(mesh)
-        for (logical, axes), where in zip(self, self.origins):
+        for (_, axes), where in zip(self, self.origins, strict=True):
             for a in axes_tuple(axes):
                 if a not in sizes:
                     raise RuleError(
@@ -263,6 +263,28 @@ class Rules(tuple):
         return self
 
     # -- resolution ----------------------------------------------------------
+    @overload
+    def resolve(
+        self,
+        names: Sequence[Any],
+        shape: Sequence[int] | None = None,
+        mesh: Any = None,
+        *,
+        on_indivisible: str = "error",
+        path: str = "",
+    ) -> PartitionSpec: ...
+
+    @overload
+    def resolve(
+        self,
+        names: None,
+        shape: Sequence[int] | None = None,
+        mesh: Any = None,
+        *,
+        on_indivisible: str = "error",
+        path: str = "",
+    ) -> None: ...
+
     def resolve(
         self,
         names: Sequence[Any] | None,

@@ -122,6 +122,7 @@ def _plain(value: Any) -> Any:
 
 def _convert(value: Any, key: Key, line: int, path: Path, lines: Lines) -> Any:
     lines.setdefault(key, line)
+    marks: Any = getattr(value, "lc", None)  # ruamel's line marks (None: plain data)
     if isinstance(value, Mapping):
         out: dict[Any, Any] = {}
         for k, v in value.items():
@@ -137,7 +138,7 @@ def _convert(value: Any, key: Key, line: int, path: Path, lines: Lines) -> Any:
                     f"{path}:{line}: {dotted(key) or 'the top level'}: keys must be names (strings), got {kind}"
                 )
             try:
-                k_line = value.lc.key(k)[0] + 1
+                k_line = marks.key(k)[0] + 1
             except (AttributeError, KeyError, TypeError):  # a key from a merge (<<:): the mapping's own line
                 k_line = line
             lines[key + (str(k),)] = k_line
@@ -147,7 +148,7 @@ def _convert(value: Any, key: Key, line: int, path: Path, lines: Lines) -> Any:
         out_list = []
         for i, v in enumerate(value):
             try:
-                i_line = value.lc.item(i)[0] + 1
+                i_line = marks.item(i)[0] + 1
             except (AttributeError, KeyError, TypeError, IndexError):
                 i_line = line
             out_list.append(_convert(v, key + (i,), i_line, path, lines))
@@ -216,7 +217,7 @@ def dump_yaml(data: Any) -> str:
     """YAML text for plain data, keys in insertion order."""
     y = YAML(typ="safe", pure=True)
     y.default_flow_style = False
-    y.sort_base_mapping_type_on_output = False
+    y.sort_base_mapping_type_on_output = False  # type: ignore[assignment]  # ruamel types the option as None
     out = io.StringIO()
     y.dump(data, out)
     return out.getvalue()

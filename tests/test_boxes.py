@@ -78,7 +78,7 @@ def test_optax_state_carries_param_names(dense_module):
     params = jax.eval_shape(dense_module(8).init, jax.random.key(0), jnp.zeros((2, 4)))
     opt = jax.eval_shape(optax.adamw(1e-3).init, params)
     mesh = pt.make_mesh({"fsdp": 4, "tensor": 2})
-    specs = {l.path: l.spec for l in pt.tree_layouts(opt, mesh, "fsdp_tp")}
+    specs = {leaf.path: leaf.spec for leaf in pt.tree_layouts(opt, mesh, "fsdp_tp")}
     assert specs["0/mu/params/w"] == P("fsdp", "tensor")
     assert specs["0/nu/params/w"] == P("fsdp", "tensor")
     assert specs["0/count"] == P()

@@ -128,7 +128,7 @@ def test_nnx_eager_sharding_agrees_with_the_layout_for_every_preset():
         mesh = pt.make_mesh(shape)
         with pt.sharding_context(mesh, preset):
             m = M(nnx.Rngs(0))  # eager sharding on (Flax's default): under dp, fsdp, tp, seq this failed before
-        layout = {l.path: l.spec for l in pt.tree_layouts(nnx.state(m), mesh, preset)}
+        layout = {leaf.path: leaf.spec for leaf in pt.tree_layouts(nnx.state(m), mesh, preset)}
         for name in ("w", "v"):
             arr = getattr(m, name).get_value()
             assert arr.sharding.is_equivalent_to(jax.sharding.NamedSharding(mesh, layout[name]), 2), (preset, name)

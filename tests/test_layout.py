@@ -86,7 +86,7 @@ def test_nnx_state_layouts_and_eager_sharding_agree():
     with pt.sharding_context(mesh, "fsdp_tp"):
         abstract = nnx.eval_shape(lambda: Block(nnx.Rngs(0)))
         model = Block(nnx.Rngs(0))  # NNX shards eagerly through the same (mirrored) rules
-    layouts = {l.path: l for l in pt.tree_layouts(nnx.state(abstract), mesh, "fsdp_tp")}
+    layouts = {leaf.path: leaf for leaf in pt.tree_layouts(nnx.state(abstract), mesh, "fsdp_tp")}
     assert layouts["wi/kernel"].names == ("embed", "mlp") and layouts["wi/kernel"].spec == P("fsdp", "tensor")
     assert layouts["wo/kernel"].spec == P("tensor", "fsdp")
     assert layouts["scale"].names is None and layouts["scale"].spec == P()

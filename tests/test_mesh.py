@@ -43,7 +43,9 @@ def test_sharding_context_sets_and_restores_both():
 
 def test_sharding_context_validates_rules_against_mesh():
     mesh = pt.make_mesh({"data": 8})
-    with pytest.raises(pt.RuleError, match=r"mesh axis 'fsdp' is not a mesh axis \(data\)"):
-        with pt.sharding_context(mesh, "fsdp"):
-            pass
+    with (
+        pytest.raises(pt.RuleError, match=r"mesh axis 'fsdp' is not a mesh axis \(data\)"),
+        pt.sharding_context(mesh, "fsdp"),
+    ):
+        pass
     assert pt.get_logical_axis_rules() == ()

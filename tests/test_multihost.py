@@ -39,7 +39,7 @@ def test_two_processes_match_one_and_checkpoint_restores(repo, tmp_path, free_po
         except subprocess.TimeoutExpired:
             [q.kill() for q in procs]
             pytest.fail("multi-process run timed out")
-    for p, out in zip(procs, outs):
+    for p, out in zip(procs, outs, strict=True):
         assert p.returncode == 0, out[-3000:]
     result = json.loads((tmp_path / "losses.json").read_text())
     assert result["process_count"] == 2 and result["device_count"] == 8 and result["local"] == 4
@@ -118,7 +118,7 @@ def test_train_cli_on_two_processes_matches_one(repo, tmp_path, free_port):
             [q.kill() for q in procs]
             pytest.fail("multi-process train timed out")
     assert single.returncode == 0, single.stderr[-2000:]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     # Process 0 prints and writes; process 1 stays quiet.
     assert outs[0][0].strip().splitlines()[-1].startswith("done: step 4")

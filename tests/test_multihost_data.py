@@ -38,30 +38,31 @@ def _launch(repo, cwd, run, log, port, env_extra=None):
     env.update(PYTHONPATH=str(repo), **(env_extra or {}))
     procs = []
     for i in range(2):
-        out = open(cwd / f"{log}.{i}.out", "w")
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    str(repo / "tests/multihost/train_worker.py"),
-                    "run.yaml",
-                    "--no-progress",
-                    "--set",
-                    f"run_dir={run}",
-                    "--coordinator",
-                    f"127.0.0.1:{port}",
-                    "--num-processes",
-                    "2",
-                    "--process-id",
-                    str(i),
-                ],
-                cwd=cwd,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
+        # The child gets its own copy of the file descriptor: ours can close as soon as it started.
+        with open(cwd / f"{log}.{i}.out", "w") as out:
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(repo / "tests/multihost/train_worker.py"),
+                        "run.yaml",
+                        "--no-progress",
+                        "--set",
+                        f"run_dir={run}",
+                        "--coordinator",
+                        f"127.0.0.1:{port}",
+                        "--num-processes",
+                        "2",
+                        "--process-id",
+                        str(i),
+                    ],
+                    cwd=cwd,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
             )
-        )
     return procs
 
 
@@ -74,7 +75,7 @@ def _finish(procs, cwd, log, timeout=300):
             if p.poll() is None:
                 p.kill()
     outs = [(cwd / f"{log}.{i}.out").read_text() for i in range(2)]
-    for p, out in zip(procs, outs):
+    for p, out in zip(procs, outs, strict=True):
         assert p.returncode == 0, out[-3000:]
     return outs
 

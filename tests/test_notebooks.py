@@ -42,7 +42,7 @@ def test_notebook_uses_only_the_public_api(path):
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
-        src = "\n".join(l for l in cell.source.splitlines() if not l.lstrip().startswith(("%", "!")))
+        src = "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
         for node in ast.walk(ast.parse(src)):
             if isinstance(node, ast.Import):
                 used |= {a.name for a in node.names}

@@ -144,7 +144,10 @@ def test_presets_load_and_resolve():
     assert Rules.preset("seq").resolve(("batch", "length", "embed")) == P(("data", "fsdp"), "tensor", None)
     with pytest.raises(
         pt.RuleError,
-        match=r"unknown rule preset 'fsdpp' \(presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp\); did you mean 'fsdp'\?",
+        match=(
+            r"unknown rule preset 'fsdpp' \(presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp\); did you mean "
+            r"'fsdp'\?"
+        ),
     ):
         Rules.preset("fsdpp")
 

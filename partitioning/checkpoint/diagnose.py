@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ def _first_line(e: BaseException) -> str:
     return (text[:200] + "…") if len(text) > 200 else text
 
 
-def _causes(e: BaseException):
+def _causes(e: BaseException | None) -> Iterator[BaseException]:
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))

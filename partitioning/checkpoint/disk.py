@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -90,10 +91,8 @@ def dir_bytes(p: Path) -> int:
     total = 0
     for root, _, files in os.walk(p):
         for f in files:
-            try:
+            with contextlib.suppress(OSError):  # removed under us (a save finishing or old step deleted)
                 total += os.path.getsize(os.path.join(root, f))
-            except OSError:  # removed under us (a save finishing or old step deleted)
-                pass
     return total
 
 
@@ -229,7 +228,7 @@ def sharding_str(md: Any) -> str:
     if spec is not None:
         names = getattr(s, "axis_names", None) or []
         shape = getattr(s, "shape", None)
-        sizes = zip(names, np.asarray(shape).tolist()) if shape is not None else []
+        sizes = zip(names, np.asarray(shape).tolist(), strict=True) if shape is not None else []
         return (
             f"{fmt_spec(tuple(None if a is None else a if isinstance(a, str) else tuple(a) for a in spec))} "
             f"on {fmt_mesh(list(sizes))}"

@@ -21,10 +21,11 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import metadata as md
 from pathlib import Path
 from typing import Any
@@ -51,10 +52,8 @@ def versions() -> dict[str, str]:
     """Versions of the packages that wrote a checkpoint."""
     out = {}
     for dist in ("partitioning", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint"):
-        try:
+        with contextlib.suppress(md.PackageNotFoundError):
             out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
     return out
 
 
@@ -138,15 +137,19 @@ class CheckpointManager:
         self._names = dict(names or {})
         if abstract is not None:
             self._names.update(names_by_path(abstract))
-        keep: list[Any] = [ocp_policies.LatestN(n=self.keep if self.keep > 0 else None)]
-        best_fn = None
+        policies: list[Any] = [ocp_policies.LatestN(n=self.keep if self.keep > 0 else None)]
+        best_fn: Callable[[Mapping[str, Any]], float] | None = None
         if keep_best:
-            best_fn = lambda m: float(m[best_metric])  # noqa: E731
-            keep.append(
+
+            def metric(m: Mapping[str, Any]) -> float:
+                return float(m[best_metric])
+
+            best_fn = metric
+            policies.append(
                 ocp_policies.BestN(get_metric_fn=best_fn, reverse=True, n=1, keep_checkpoints_without_metrics=False)
             )
         options = ocp.CheckpointManagerOptions(
-            preservation_policy=ocp_policies.AnyPreservationPolicy(keep),
+            preservation_policy=ocp_policies.AnyPreservationPolicy(policies),
             best_fn=best_fn,
             best_mode="min",
             enable_async_checkpointing=async_,

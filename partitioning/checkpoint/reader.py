@@ -35,10 +35,8 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import tensorstore as ts
-
-_th = ocp.type_handlers
+from orbax.checkpoint import type_handlers as _th
 
 
 class _Budget:
@@ -93,7 +91,7 @@ def _plain(arg: Any) -> bool:
 def _chunked_bytes(key: tuple, chunk: tuple, itemsize: int) -> int:
     """Bytes of the stored chunks a slice ``((start, stop), ...)`` touches."""
     n = itemsize
-    for (a, b), c in zip(key, chunk):
+    for (a, b), c in zip(key, chunk, strict=True):
         c = max(int(c or 1), 1)
         n *= -(-b // c) * c - a // c * c
     return n
@@ -142,7 +140,7 @@ class FastArrayRestore(_th.TypeHandler):
             return await self.inner.deserialize(infos, args)
         await asyncio.gather(*[info.await_path_creation() for info in infos])
         budget = _Budget(self.max_inflight_bytes)
-        return await asyncio.gather(*[self._one(info, arg, budget) for info, arg in zip(infos, args)])
+        return await asyncio.gather(*[self._one(info, arg, budget) for info, arg in zip(infos, args, strict=True)])
 
     async def _one(self, info: Any, arg: Any, budget: _Budget) -> jax.Array:
         tspec = _th.get_json_tspec_read(info, use_ocdbt=bool(info.is_ocdbt_checkpoint))
@@ -156,7 +154,7 @@ class FastArrayRestore(_th.TypeHandler):
         # Devices holding the same slice (replicated axes) share one read.
         by_slice: dict[tuple, list[jax.Device]] = defaultdict(list)
         for device, index in sharding.addressable_devices_indices_map(shape).items():
-            key = tuple((s.start, s.stop) for s in (slice(*sl.indices(n)) for sl, n in zip(index, shape)))
+            key = tuple((s.start, s.stop) for s in (slice(*sl.indices(n)) for sl, n in zip(index, shape, strict=True)))
             by_slice[key].append(device)
         itemsize = np.dtype(store.dtype.numpy_dtype).itemsize
         chunk = tuple(store.chunk_layout.read_chunk.shape or shape)
@@ -170,12 +168,13 @@ class FastArrayRestore(_th.TypeHandler):
             bufs = [_aligned_empty(tuple(b - a for a, b in key), store.dtype.numpy_dtype) for key in by_slice]
             # All reads are issued before the first is awaited (they run on tensorstore's threads).
             writes = [
-                ts.array(buf).write(store[tuple(slice(a, b) for a, b in key)]) for buf, key in zip(bufs, by_slice)
+                ts.array(buf).write(store[tuple(slice(a, b) for a, b in key)])
+                for buf, key in zip(bufs, by_slice, strict=True)
             ]
             for w in writes:
                 await w
             host, targets = [], []
-            for buf, devices in zip(bufs, by_slice.values()):
+            for buf, devices in zip(bufs, by_slice.values(), strict=True):
                 for d in devices:
                     host.append(buf)
                     targets.append(jax.sharding.SingleDeviceSharding(d, memory_kind=sharding.memory_kind))

@@ -184,7 +184,7 @@ def reshard_checkpoint(
         mngr.save(int(saved_step), state, force=True)
     before = saved_mesh_str(saved)
     if meta.get("mesh"):
-        before = fmt_mesh(zip(meta["mesh"]["axis_names"], meta["mesh"]["shape"]))
+        before = fmt_mesh(zip(meta["mesh"]["axis_names"], meta["mesh"]["shape"], strict=True))
     return ReshardResult(
         step=int(saved_step),
         arrays=len(saved),

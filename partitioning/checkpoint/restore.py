@@ -95,7 +95,7 @@ def check_fits(ref: CheckpointRef, saved: dict[str, Any], target: Any, partial: 
         p[: -len("/value")] if p.endswith("/value") and p not in want and p[: -len("/value")] in want else p: md
         for p, md in saved.items()
     }
-    diffs = []
+    diffs: list[tuple[str, str]] = []
     for p, leaf in want.items():
         if p not in saved:
             diffs.append((p, f"{p}: not in the checkpoint (model {fmt_shape(leaf.shape)})"))
@@ -106,12 +106,12 @@ def check_fits(ref: CheckpointRef, saved: dict[str, Any], target: Any, partial: 
             (p, f"{p}: only in the checkpoint ({fmt_shape(md.shape)})") for p, md in saved.items() if p not in want
         ]
     # Parameters first: they name the model change; optimizer moments only repeat it.
-    diffs = [d for _, d in sorted(diffs, key=lambda pd: not pd[0].startswith("params"))]
-    if diffs:
-        more = f"; … and {len(diffs) - 5} more" if len(diffs) > 5 else ""
+    lines = [d for _, d in sorted(diffs, key=lambda pd: not pd[0].startswith("params"))]
+    if lines:
+        more = f"; … and {len(lines) - 5} more" if len(lines) > 5 else ""
         raise CheckpointError(
-            f"checkpoint {ref} does not fit the model ({len(diffs)} of {len(want)} arrays differ): "
-            + "; ".join(diffs[:5])
+            f"checkpoint {ref} does not fit the model ({len(lines)} of {len(want)} arrays differ): "
+            + "; ".join(lines[:5])
             + more
         )
 

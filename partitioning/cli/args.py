@@ -69,7 +69,8 @@ def load_with_devices(args: argparse.Namespace, config: str | None = None, simul
     n = config_devices(cfg, requested)
     multi = [getattr(args, k, None) for k in ("coordinator", "num_processes", "process_id")]
     if getattr(args, "distributed", False) or any(v is not None for v in multi):
-        initialize_distributed(*multi, global_devices=n)
+        coordinator, num_processes, process_id = multi
+        initialize_distributed(coordinator, num_processes, process_id, global_devices=n)
     elif simulate:
         try:
             simulate_devices(n, quiet=False)

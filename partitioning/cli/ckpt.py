@@ -50,7 +50,7 @@ EXAMPLES = """examples:
 
 
 def _mesh_str(mesh: dict[str, Any] | None) -> str:
-    return fmt_mesh(zip(mesh["axis_names"], mesh["shape"])) if mesh else "?"
+    return fmt_mesh(zip(mesh["axis_names"], mesh["shape"], strict=True)) if mesh else "?"
 
 
 def cmd_ls(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ def setup_devices(cfg: Config, args: argparse.Namespace) -> tuple[int, bool]:
 
 
 def compiled(
-    cfg: Config, args: argparse.Namespace, devices: int, here: bool, plan: Plan, extra_set: list[str] = ()
+    cfg: Config, args: argparse.Namespace, devices: int, here: bool, plan: Plan, extra_set: Sequence[str] = ()
 ) -> dict[str, Any]:
     """The compiled view (or a ``skipped`` / ``failed`` record saying why there is none)."""
     if args.no_compile:

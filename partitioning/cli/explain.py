@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         task=task_from_config(cfg),
         collections=collections,
     )
-    computes = {l.path: fmt_spec(compute_spec(l.names, cfg.rules)) for l in layouts if l.names is not None}
+    computes = {leaf.path: fmt_spec(compute_spec(leaf.names, cfg.rules)) for leaf in layouts if leaf.names is not None}
     out = console()
     out.print(
         explain_table(layouts, computes, title=f"{cfg.model_name} on mesh {dict(mesh.shape)}: rules from {cfg.path}")

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 from partitioning.fmt import fmt_bytes
@@ -47,20 +47,20 @@ def explain_table(layouts: Sequence[LeafLayout], computes: Mapping[str, str], *,
     table = Table(title=title)
     for col in ("parameter", "dim", "logical", "size", "mesh axes", "claimed by / why not", "compute spec"):
         table.add_column(col, overflow="fold")
-    for l in layouts:
-        for d in l.dims:
-            why = f"rule {d.rule_index} {list(d.rule)}" if d.claimed else "-"
+    for leaf in layouts:
+        for d in leaf.dims:
+            why = f"rule {d.rule_index} {list(d.rule)}" if d.rule is not None else "-"
             if d.notes:
                 why += "; " + "; ".join(d.notes)
             first = d.dim == 0
             table.add_row(
-                l.path if first else "",
+                leaf.path if first else "",
                 str(d.dim),
                 str(d.name),
                 str(d.size),
                 "-" if d.mesh_axes is None else str(d.mesh_axes),
                 why,
-                computes.get(l.path, "") if first else "",
+                computes.get(leaf.path, "") if first else "",
             )
     return table
 
@@ -77,7 +77,7 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
         f"{mesh} ({report['devices']:,} devices), rules from {report['config']}"
     )
     t = Table(title="parameters", show_lines=False)
-    for col, just in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("parameter", "left"),
         ("shape", "left"),
         ("dtype", "left"),
@@ -86,7 +86,8 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
         ("rules", "left"),
         ("per device", "right"),
         ("total", "right"),
-    ):
+    )
+    for col, just in columns:
         t.add_column(col, justify=just, overflow="fold")
     for r in report["leaves"]:
         logical = "(" + ", ".join(str(n) for n in r["logical"]) + ")" if r["logical"] is not None else "-"

@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     # Every check first: a run that fails here has written nothing.
     ready = preflight(cfg, devices=args.devices, resume=args.resume)
     trainer, mesh, run_dir = ready.trainer, ready.mesh, ready.run_dir
+    assert trainer is not None  # preflight (unlike preflight_abstract) builds the trainer
     train_batches, eval_batches = ready.train_batches, ready.eval_batches
     main = jax.process_index() == 0
     log = (lambda m: print(m, flush=True)) if main else (lambda m: None)

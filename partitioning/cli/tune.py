@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,7 @@ def _hardware(name: str, devices: int) -> Hardware:
 
 
 def _tables(
-    cfg: Config, names: list[str] | None, config_path: str, records: list[dict[str, Any]] = ()
+    cfg: Config, names: list[str] | None, config_path: str, records: Sequence[dict[str, Any]] = ()
 ) -> dict[str, Rules]:
     if names:
         out = {}

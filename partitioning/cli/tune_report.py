@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from rich.console import JustifyMethod
 from rich.table import Table
 
 from partitioning.cli.compiling import write_text
@@ -37,8 +38,15 @@ def _axes(e: Estimate) -> str:
     return ", ".join(f"{a} {fmt_seconds(t)}" for a, t in e.per_axis().items() if t > 0) or "-"
 
 
+def _estimate(r: Result) -> Estimate:
+    """A ranked result's estimate: every ranked (fitting) result was priced."""
+    if r.estimate is None:
+        raise ValueError(f"{r.candidate.label} was ranked without an estimate")
+    return r.estimate
+
+
 def _row(i: int, r: Result, budget: int) -> list[str]:
-    c, e = r.candidate, r.estimate
+    c, e = r.candidate, _estimate(r)
     peak = f"{fmt_bytes(r.peak)} / {fmt_bytes(budget)}" + (" *" if r.peak_source == "compiled" else "")
     return [
         str(i),
@@ -58,7 +66,7 @@ def _row(i: int, r: Result, budget: int) -> list[str]:
 
 def why(r: Result) -> str:
     """The recommendation's terms: compute and communication per phase, and how they combine."""
-    e = r.estimate
+    e = _estimate(r)
     phases = "; ".join(f"{p}: compute {fmt_seconds(e.compute[p])}, comm {fmt_seconds(e.comm_time(p))}" for p in PHASES)
     other = "".join(f"; {k} {fmt_seconds(v)}" for k, v in e.other.items())
     how = "max(compute, comm) per phase" if e.overlap else "compute + comm per phase (not overlapped)"
@@ -76,7 +84,7 @@ def render_search(report: dict[str, Any], s: Search, top: int, console: Any) -> 
     )
     ranked = s.ranked
     t = Table(title=f"{len(ranked):,} of {len(s.results):,} layouts fit; the fastest {min(top, len(ranked))}")
-    for col, just in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("#", "right"),
         ("rules", "left"),
         ("mesh", "left"),
@@ -89,7 +97,8 @@ def render_search(report: dict[str, Any], s: Search, top: int, console: Any) -> 
         ("MFU", "right"),
         ("bound by", "left"),
         ("estimate", "left"),
-    ):
+    )
+    for col, just in columns:
         t.add_column(col, justify=just, overflow="fold")
     for i, r in enumerate(ranked[:top], 1):
         t.add_row(*_row(i, r, s.budget))
@@ -115,7 +124,7 @@ def render_search(report: dict[str, Any], s: Search, top: int, console: Any) -> 
         b = ranked[0]
         console.print(
             f"[bold]best:[/bold] {b.candidate.label}: {fmt_seconds(b.step_time)} per step "
-            f"({b.estimate.source}), MFU {b.estimate.mfu:.0%}, bound by {b.estimate.bottleneck}; peak "
+            f"({_estimate(b).source}), MFU {_estimate(b).mfu:.0%}, bound by {_estimate(b).bottleneck}; peak "
             f"{fmt_bytes(b.peak)} of {fmt_bytes(s.budget)} ({b.peak_source})",
             highlight=False,
         )
@@ -125,7 +134,7 @@ def render_search(report: dict[str, Any], s: Search, top: int, console: Any) -> 
             console.print(f"  compiled view {view.get('status')}: {view.get('reason')}", highlight=False, markup=False)
     rejected = s.rejected
     if rejected:
-        kinds = Counter(r.reason.split(":")[0] for r in rejected)
+        kinds = Counter((r.reason or "").split(":")[0] for r in rejected)
         console.print(
             f"rejected {len(rejected):,}: " + ", ".join(f"{k} {n:,}" for k, n in kinds.most_common()), highlight=False
         )
@@ -144,7 +153,7 @@ def write_best(cfg: Config, sets: list[str], best: Result, path: str, report: di
     """The config with the best layout applied, every default resolved (``partitioning train`` runs it)."""
     overrides = best.candidate.overrides(best.rules, best.optimizer_rules)
     tuned = load_config(cfg.path, sets + overrides)
-    e = best.estimate
+    e = _estimate(best)
     head = [
         f"# Written by `partitioning tune {cfg.path}` for {best.candidate.devices:,} devices "
         f"({report['search']['hardware']['name']}):",

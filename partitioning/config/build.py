@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -49,7 +50,7 @@ PIPELINE_KEYS = {
 }
 
 
-def at_key(cfg: Config, error: PartitioningError, keys: dict[str, tuple[str, ...]]) -> PartitioningError:
+def at_key(cfg: Config, error: PartitioningError, keys: Mapping[str, tuple[str, ...]]) -> PartitioningError:
     """``error`` re-raised at the config key its ``arg`` names (``keys``: arg -> config key)."""
     key = keys.get(error.arg) if error.arg is not None else None
     if key is None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from partitioning.config.schema import REQUIRED, SECTIONS, TOP_KEYS, Config, DataConfig
 from partitioning.errors import ConfigError, PartitioningError, RuleError, did_you_mean
@@ -115,8 +116,8 @@ def _apply_override(data: dict, lines: Lines, text: str) -> None:
         node = node[k]
     node[keys[-1]] = value
     # The overridden subtree has no file lines any more: errors point at the flag.
-    for k in [k for k in lines if k[: len(keys)] == tuple(keys)]:
-        del lines[k]
+    for stale in [line_key for line_key in lines if line_key[: len(keys)] == tuple(keys)]:
+        del lines[stale]
     lines[tuple(keys)] = flag
 
 
@@ -133,7 +134,6 @@ _TYPE_NAMES = {
     "dict_type": "a mapping",
     "list_type": "a list",
     "none_required": "null",
-    "literal_error": None,
     "int_from_float": "int",
 }
 _RANGES = {
@@ -174,7 +174,7 @@ def _messages(
     e: ValidationError, section: str, data: Any, model: type[BaseModel], path: str, lines: Lines
 ) -> list[str]:
     """One ``file:line: key: expected ...`` line per field a pydantic error names."""
-    by_field: dict[tuple[Any, ...], list[dict]] = {}
+    by_field: dict[tuple[Any, ...], list[ErrorDetails]] = {}
     for err in e.errors():
         by_field.setdefault(_field_path(data, err["loc"]), []).append(err)
     out = []
@@ -201,7 +201,7 @@ def _messages(
             err = next(x for x in errs if x["type"] == "value_error")
             out.append(f"{here}: {str(err['msg']).removeprefix('Value error, ')}")
         else:
-            names = list(dict.fromkeys(_TYPE_NAMES[k] for k in kinds if _TYPE_NAMES.get(k)))
+            names = list(dict.fromkeys(t for k in kinds if (t := _TYPE_NAMES.get(k))))
             expected = " or ".join(names) if names else errs[0]["msg"].lower()
             out.append(f"{here}: expected {expected}, got {_show(value)}")
     return out
@@ -311,6 +311,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
         errors.append(f"{_where(path_s, lines, ('run_dir',))}: expected a path string, got {_show(run_dir)}")
     if errors:
         raise ConfigError("\n".join(sorted(dict.fromkeys(errors), key=_line_order)))
+    assert rules is not None  # a required section: its absence or its errors were raised above
     return Config(
         path=path_s,
         raw=data,

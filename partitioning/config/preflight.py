@@ -60,14 +60,14 @@ class Ready:
     cfg: Config
     mesh: Any
     dataset: Any
-    trainer: Trainer | None
+    trainer: Trainer | None  # None from preflight_abstract (nothing is built on devices)
     train_batches: Any
     eval_batches: Any
     run_dir: Path
     checkpoint_dir: Path
     resume_step: int | None
     budget: Budget | None
-    plan: Plan | None = None
+    plan: Plan
     data_note: str | None = None  # how the data differs from the checkpoint's, when resuming
 
 
@@ -196,7 +196,7 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None) ->
     # Without a trainer (no devices), an existing checkpoint's params are compared by path and shape.
     step = None
     if resume is not False and ckpt_dir.is_dir() and any(s.complete for s in list_steps(ckpt_dir)):
-        want = {l.path: jax.ShapeDtypeStruct(l.shape, l.dtype) for l in plan.params}
+        want = {leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in plan.params}
         step = check_resume(ckpt_dir, _nest(want), resume, partial=True)
     elif resume is True:
         raise CheckpointError(f"--resume: no complete checkpoint in {ckpt_dir}")

@@ -118,6 +118,9 @@ class OptimizerConfig(Section):
     clip_norm: float | None = Field(default=1.0, gt=0, description="global-norm clipping; null: off")
 
 
+Tracker = Literal["jsonl", "tensorboard", "wandb"]
+
+
 class TrainConfig(Section):
     """``train:``: steps, the global batch, logging, evaluation, the task and its RNG streams."""
 
@@ -131,8 +134,8 @@ class TrainConfig(Section):
     log_every: StrictInt = Field(default=10, ge=1)
     eval_every: StrictInt = Field(default=50, ge=0)
     eval_batches: StrictInt = Field(default=4, ge=0, description="0: no eval")
-    tracker: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
-        default_factory=lambda: ["jsonl", "tensorboard"],
+    tracker: list[Tracker] = Field(
+        default_factory=lambda: list[Tracker](["jsonl", "tensorboard"]),
         description="where logged metrics go: RUN_DIR/metrics.jsonl, RUN_DIR/tensorboard/, wandb (an extra)",
     )
     seed: StrictInt = Field(default=0, ge=0)
@@ -172,7 +175,7 @@ class RunConfig(Section):
     base: StrictStr | None = Field(default=None, description="a config this one extends (its keys win)")
 
 
-SECTIONS = {
+SECTIONS: dict[str, type[Section]] = {
     "mesh": MeshConfig,
     "data": DataConfig,
     "optimizer": OptimizerConfig,

@@ -81,7 +81,8 @@ def _forget_shadowed(module_name: str, folder: Path) -> None:
 
 def _hints(fn: Any) -> dict[str, Any]:
     """Annotations of a dataclass's fields, a class's ``__init__`` or a function ({} if unresolvable)."""
-    target = fn.__init__ if isinstance(fn, type) and not dataclasses.is_dataclass(fn) else fn
+    # A class's own __init__ (not its metaclass's __call__) names its options.
+    target = fn.__init__ if isinstance(fn, type) and not dataclasses.is_dataclass(fn) else fn  # type: ignore[misc]
     try:
         return typing.get_type_hints(target)
     except Exception:  # forward references we cannot resolve: no type checks, names still checked
@@ -107,11 +108,11 @@ def _type_ok(value: Any, hint: Any) -> str | None:
             return None
         if o is str and isinstance(value, str):
             return None
-    return " or ".join(_PLAIN[o] if o in _PLAIN else "null" for o in options)
+    return " or ".join(_PLAIN.get(o, "null") for o in options)
 
 
 def check_kwargs(
-    fn: Any, kwargs: Mapping[str, Any], what: str, here: Callable[[str], str], *, complete: bool = True
+    fn: Any, kwargs: Mapping[str, Any], what: str, here: Callable[[str | None], str], *, complete: bool = True
 ) -> None:
     """Raises a ConfigError at the offending key for an option ``fn`` does not take or a plain-type mismatch.
 
@@ -137,7 +138,7 @@ def check_kwargs(
 
 def _takes_var_keywords(fn: Any) -> bool:
     try:
-        target = fn.__init__ if isinstance(fn, type) else fn
+        target = fn.__init__ if isinstance(fn, type) else fn  # type: ignore[misc]  # its __init__, as above
         return any(p.kind == p.VAR_KEYWORD for p in inspect.signature(target).parameters.values())
     except (TypeError, ValueError):
         return False

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from partitioning.boxes import with_logical_constraint
 from partitioning.context import get_logical_axis_rules
 from partitioning.parallel.trace import record
+from partitioning.resolve import axes_tuple
 
 DISPATCHED = ("batch", "expert", None, "embed")  # the (groups, experts, capacity, embed) buffer
 TOKENS = ("batch", "length", "embed")
@@ -173,7 +174,6 @@ def _record(x: jax.Array, experts: int, top_k: int, cap: int) -> None:
     rules = get_logical_axis_rules()
     tokens = rules.resolve(TOKENS) if rules else None
     buffer = rules.resolve(DISPATCHED) if rules else None
-    axes = lambda entry: () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)  # noqa: E731
     record(
         "experts",
         experts=int(experts),
@@ -182,8 +182,8 @@ def _record(x: jax.Array, experts: int, top_k: int, cap: int) -> None:
         embed=int(x.shape[-1]),
         groups=int(x.shape[0]),
         dtype=str(x.dtype),
-        batch_axes=axes(tokens[0]) if tokens else (),
-        expert_axes=axes(buffer[1]) if buffer else (),
+        batch_axes=axes_tuple(tokens[0]) if tokens else (),
+        expert_axes=axes_tuple(buffer[1]) if buffer else (),
     )
 
 

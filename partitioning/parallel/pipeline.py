@@ -226,7 +226,7 @@ def run_stack(layer_fn: Any, layers: Any, x: jax.Array, args: tuple = ()) -> tup
 
         first = jax.tree.map(lambda a: a[0], layers)
         zero = jnp.zeros((), jnp.int32)
-        _, shapes = jax.eval_shape(lambda l, h: layer_fn(l, h, args, zero, zero), first, x)
+        _, shapes = jax.eval_shape(lambda lp, h: layer_fn(lp, h, args, zero, zero), first, x)
         aux0 = {k: jnp.zeros((), v.dtype) for k, v in dict(shapes).items()}
         (x, aux), _ = jax.lax.scan(body, (x, aux0), (layers, jnp.arange(n_layers, dtype=jnp.int32)))
         return x, aux
@@ -235,7 +235,7 @@ def run_stack(layer_fn: Any, layers: Any, x: jax.Array, args: tuple = ()) -> tup
 
     def staged_fn(layer, h, mb_args, i, j):
         full = list(args)
-        for pos, a in zip(per_example, mb_args):
+        for pos, a in zip(per_example, mb_args, strict=True):
             full[pos] = a
         return layer_fn(layer, h, tuple(full), i, j)
 

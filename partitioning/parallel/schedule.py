@@ -172,7 +172,7 @@ def _aux_zeros(layer_fn, layers, h, args) -> dict[str, jax.Array]:
     """Scalar zeros shaped like ``layer_fn``'s aux dict (found by tracing one layer abstractly)."""
     zero = jnp.zeros((), jnp.int32)
     layer = jax.tree.map(lambda a: a[0], layers)
-    _, aux = jax.eval_shape(lambda l, h, a: layer_fn(l, h, a, zero, zero), layer, h, args)
+    _, aux = jax.eval_shape(lambda lp, h, a: layer_fn(lp, h, a, zero, zero), layer, h, args)
     return {k: jnp.zeros((), v.dtype) for k, v in dict(aux).items()}
 
 

@@ -98,6 +98,11 @@ def group_axes(text: str, mesh: Mapping[str, int], permute: bool = False) -> tup
     return tuple(names[a] for a in sorted(varying) if sizes[a] > 1)
 
 
+def _field(op: Any, name: str) -> Any:
+    """A field of a collective or of its JSON record (None when the record has no such key)."""
+    return op.get(name) if isinstance(op, Mapping) else getattr(op, name)
+
+
 def collectives_by_axis(
     ops: Sequence[Mapping[str, Any]] | Sequence[Any], mesh: Mapping[str, int]
 ) -> dict[str, dict[str, dict[str, int]]]:
@@ -107,12 +112,12 @@ def collectives_by_axis(
     """
     out: dict[str, dict[str, dict[str, int]]] = {}
     for c in ops:
-        get = c.get if isinstance(c, Mapping) else (lambda k, c=c: getattr(c, k))
-        axes = group_axes(get("groups") or "", mesh, permute=get("kind") == "collective-permute")
+        kind, executions = _field(c, "kind"), int(_field(c, "executions"))
+        axes = group_axes(_field(c, "groups") or "", mesh, permute=kind == "collective-permute")
         key = "+".join(axes) if axes else "?"
         row = out.setdefault(key, {k: {"count": 0, "bytes": 0} for k in KINDS})
-        row[get("kind")]["count"] += int(get("executions"))
-        row[get("kind")]["bytes"] += int(get("executions")) * int(get("bytes"))
+        row[kind]["count"] += executions
+        row[kind]["bytes"] += executions * int(_field(c, "bytes"))
     return out
 
 
@@ -129,12 +134,12 @@ def memory_by_axis(layouts: Sequence[Any], mesh: Mapping[str, int]) -> dict[str,
     for axis, size in mesh.items():
         names: set[str] = set()
         split = 0
-        for l in layouts:
-            hit = [d for d in l.dims if axis in axes_tuple(d.mesh_axes)]
-            if not hit and not any(axis in axes_tuple(e) for e in l.spec if e is not None):
+        for leaf in layouts:
+            hit = [d for d in leaf.dims if axis in axes_tuple(d.mesh_axes)]
+            if not hit and not any(axis in axes_tuple(e) for e in leaf.spec if e is not None):
                 continue
             names.update(str(d.name) for d in hit)
-            split += l.per_device_bytes
+            split += leaf.per_device_bytes
         out[axis] = {
             "size": int(size),
             "splits": sorted(names),

@@ -57,7 +57,7 @@ class Budget:
         """The refusal: numbers, the top three consumers, and what to change."""
         return ShardingError(
             f"{where}: this layout needs {fmt_bytes(self.peak)} per device ({self.source}), more than the budget "
-            f"of {fmt_bytes(self.budget)}; largest: "
+            f"of {fmt_bytes(self.budget or 0)}; largest: "
             + ", ".join(f"{w} {fmt_bytes(n)}" for w, n in self.top)
             + "; shard more (fsdp / tensor axes), remat, a smaller batch, or raise mesh.device_memory",
             arg="device_memory",

@@ -56,13 +56,13 @@ def normalize_spec(spec: Any, sizes: Mapping[str, int]) -> tuple:
     """A spec with size-1 mesh axes and trailing unsharded dims dropped (equivalent layouts compare equal)."""
     if spec is None:
         return ()
-    out = []
+    out: list[Any] = []
     for entry in tuple(spec):
         if entry is None or entry is PartitionSpec.UNCONSTRAINED:
             out.append(None)
             continue
         axes = tuple(a for a in axes_tuple(entry) if sizes.get(a, 1) > 1)
-        out.append(None if not axes else axes)
+        out.append(axes or None)
     while out and out[-1] is None:
         out.pop()
     return tuple(out)
@@ -71,7 +71,10 @@ def normalize_spec(spec: Any, sizes: Mapping[str, int]) -> tuple:
 def _named_leaves(tree: Any, names: Sequence[str] | None) -> dict[str, Any]:
     """``{path: sharding}`` for a tuple of per-argument pytrees of shardings."""
     out = {}
-    is_leaf = lambda x: x is None or isinstance(x, jax.sharding.Sharding)  # noqa: E731
+
+    def is_leaf(x: Any) -> bool:
+        return x is None or isinstance(x, jax.sharding.Sharding)
+
     for i, arg in enumerate(tree):
         prefix = names[i] if names and i < len(names) else str(i)
         for kp, leaf in jax.tree_util.tree_flatten_with_path(arg, is_leaf=is_leaf)[0]:
@@ -255,7 +258,7 @@ def compile_in_child(module: str, args: Sequence[str], devices: int, *, timeout:
                 view = json.load(f)
             view["child_wall_s"] = wall
             return view
-        tail = [l for l in (proc.stderr or "").strip().splitlines() if l.strip()]
+        tail = [line for line in (proc.stderr or "").strip().splitlines() if line.strip()]
         return failed(f"the compile child exited with status {proc.returncode}: {tail[-1] if tail else 'no output'}")
 
 

@@ -28,7 +28,7 @@ from partitioning.context import axis_rules, recording
 from partitioning.layout import LeafLayout
 from partitioning.resolve import mesh_axis_sizes
 from partitioning.rules import as_rules
-from partitioning.train.batch import as_abstract, lm_batch, stream_keys
+from partitioning.train.batch import batch_shapes, stream_keys
 from partitioning.train.model import as_model
 from partitioning.train.state import model_inputs
 from partitioning.train.task import as_task
@@ -62,7 +62,7 @@ def rule_coverage(layouts: Sequence[LeafLayout], rules: Any, activations: Iterab
         [UnusedRule(index=1, rule=['mlp', 'fsdp'], origin='rules[1]')]
     """
     rules = as_rules(rules)
-    dims = [d for l in layouts for d in l.dims]
+    dims = [d for leaf in layouts for d in leaf.dims]
     for names in activations:
         dims += rules.explain(names)
     names_used = frozenset(d.name for d in dims if isinstance(d.name, str))
@@ -104,7 +104,7 @@ def activation_names(
     abstract = AbstractMesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes))
     rules = as_rules(rules).validate(sizes)
     adapter = as_model(model)
-    batch = lm_batch(batch_size, seq_len) if batch is None else as_abstract(batch)
+    batch = batch_shapes(batch, batch_size, seq_len, "activation_names")
     args, kwargs = model_inputs(as_task(task), batch)
     variables = {"params": unbox(params), **unbox(collections or {})}
     rngs = stream_keys(0, 0, ("dropout",))

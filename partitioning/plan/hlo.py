@@ -238,9 +238,9 @@ def _ends_in_slice(
     users = users_of(comp).get(value, [])
     if not users:
         # the fusion's ROOT: continue with the fusion instruction's own users
-        return bool(via_fusion_users) and all(
-            _ends_in_slice(module, c, v, users_of, depth + 1) for c, v in via_fusion_users
-        )
+        if not via_fusion_users:
+            return False
+        return all(_ends_in_slice(module, c, v, users_of, depth + 1) for c, v in via_fusion_users)
     for u in users:
         if u.op == "dynamic-slice" and u.operands and u.operands[0] == value:
             continue
@@ -310,7 +310,7 @@ def collectives(text: str) -> list[Collective]:
             src = re.search(r'op_name="([^"]*)"', ins.attrs)
             source = src.group(1) if src else ""
             groups = _groups_text(ins.attrs)
-            Collective = functools.partial(_Collective, groups=groups)  # noqa: N806
+            Collective = functools.partial(_Collective, groups=groups)
             if base == "collective-permute" and not op.endswith("-start"):
                 # Only the devices that are sources send: the mean per device over the step.
                 pairs = groups.count("},{") + 1 if groups.startswith("{{") else None
@@ -349,7 +349,7 @@ def collectives(text: str) -> list[Collective]:
                 continue
             # all-reduce: split a combined (tuple) all-reduce into scattered / kept elements
             if ins.is_tuple:
-                gtes = {}
+                gtes: dict[int, list[str]] = {}
                 for u in users_of(cname).get(ins.name, []):
                     m = re.search(r"index=(\d+)", u.attrs)
                     if u.op == "get-tuple-element" and m:
@@ -362,7 +362,7 @@ def collectives(text: str) -> list[Collective]:
                 elems = [(ins.shape[0], [ins.name])] if ins.shape else []
                 scattered = [_ends_in_slice(module, cname, ins.name, users_of)] if ins.shape else []
             for flag, hlo_op, kind in ((True, "all-reduce+dynamic-slice", "reduce-scatter"), (False, op, "all-reduce")):
-                part = [a for (a, _), s in zip(elems, scattered) if s == flag]
+                part = [a for (a, _), s in zip(elems, scattered, strict=True) if s == flag]
                 if part:
                     out.append(
                         Collective(

@@ -41,7 +41,7 @@ from partitioning.parallel.trace import recording
 from partitioning.plan.coverage import activation_names
 from partitioning.resolve import mesh_axis_sizes
 from partitioning.rules import as_rules
-from partitioning.train.batch import as_abstract, batch_size_of, lm_batch
+from partitioning.train.batch import batch_shapes, batch_size_of
 
 
 def _shards(axes: Sequence[str], mesh: Mapping[str, int]) -> int:
@@ -150,7 +150,7 @@ def parallel_costs(
     """
     sizes = mesh_axis_sizes(mesh)
     rules = as_rules(rules)
-    full = lm_batch(batch_size, seq_len) if batch is None else as_abstract(batch)
+    full = batch_shapes(batch, batch_size, seq_len, "parallel_costs")
     g = max(1, int(grad_accum))
     forward = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // g, *x.shape[1:]), x.dtype), full)
     abstract = AbstractMesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes))

@@ -58,7 +58,7 @@ CATEGORIES = ("params", "optimizer", "gradients")
 
 
 def _prefixed(layouts: list[LeafLayout], prefix: str) -> list[LeafLayout]:
-    return [dataclasses.replace(l, path=f"{prefix}/{l.path}" if l.path else prefix) for l in layouts]
+    return [dataclasses.replace(leaf, path=f"{prefix}/{leaf.path}" if leaf.path else prefix) for leaf in layouts]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,16 +114,16 @@ class Plan:
 
     @property
     def num_params(self) -> int:
-        return sum(l.size for l in self.params)
+        return sum(leaf.size for leaf in self.params)
 
     @property
     def totals(self) -> dict[str, dict[str, float]]:
         """Per category: ``per_device`` bytes, ``total`` bytes and ``ideal`` = total / devices."""
 
         def cat(layouts):
-            total = sum(l.nbytes for l in layouts)
+            total = sum(leaf.nbytes for leaf in layouts)
             return {
-                "per_device": sum(l.per_device_bytes for l in layouts),
+                "per_device": sum(leaf.per_device_bytes for leaf in layouts),
                 "total": total,
                 "ideal": total / self.devices,
             }
@@ -137,8 +137,8 @@ class Plan:
         """Share of a device's state bytes (params + grads + optimizer) in fully replicated arrays."""
         if self.devices == 1:
             return 0.0
-        rep = 2 * sum(l.per_device_bytes for l in self.params if l.replicated and l.size > 1)
-        rep += sum(l.per_device_bytes for l in self.opt_state if l.replicated and l.size > 1)
+        rep = 2 * sum(leaf.per_device_bytes for leaf in self.params if leaf.replicated and leaf.size > 1)
+        rep += sum(leaf.per_device_bytes for leaf in self.opt_state if leaf.replicated and leaf.size > 1)
         total = self.totals["total"]["per_device"]
         return rep / total if total else 0.0
 
@@ -186,14 +186,14 @@ class Plan:
 
     def expected_specs(self) -> dict[str, Any]:
         """The spec the rules ask for each train-step input / output, by path (for the compiled self-check)."""
-        specs: dict[str, Any] = {l.path: l.spec for l in self.params + self.opt_state}
+        specs: dict[str, Any] = {leaf.path: leaf.spec for leaf in self.params + self.opt_state}
         specs["step"] = PartitionSpec()
         specs["batch/inputs"] = specs["batch/targets"] = self.rules.batch_spec(2)
         return specs
 
     def rows(self, which: str = "params") -> list[dict[str, Any]]:
         layouts = self.params if which == "params" else self.opt_state
-        return [_row(l) for l in layouts]
+        return [_row(leaf) for leaf in layouts]
 
     def to_json(self) -> dict[str, Any]:
         """Everything, JSON-serialisable (see the README for the keys)."""
@@ -222,22 +222,24 @@ class Plan:
         }
 
 
-def _row(l: LeafLayout) -> dict[str, Any]:
+def _row(leaf: LeafLayout) -> dict[str, Any]:
     claimed = []
-    for d in l.dims:
+    for d in leaf.dims:
         claimed.append(
-            None if d.rule_index is None else {"rule": d.rule_index, "logical": d.rule[0], "mesh_axes": d.mesh_axes}
+            None if d.rule is None else {"rule": d.rule_index, "logical": d.rule[0], "mesh_axes": d.mesh_axes}
         )
     return {
-        "path": l.path,
-        "shape": list(l.shape),
-        "dtype": str(l.dtype),
-        "logical": None if l.names is None else [n if isinstance(n, str) or n is None else str(n) for n in l.names],
-        "spec": fmt_spec(l.spec),
+        "path": leaf.path,
+        "shape": list(leaf.shape),
+        "dtype": str(leaf.dtype),
+        "logical": None
+        if leaf.names is None
+        else [n if isinstance(n, str) or n is None else str(n) for n in leaf.names],
+        "spec": fmt_spec(leaf.spec),
         "claimed_by": claimed,
-        "per_device_bytes": l.per_device_bytes,
-        "total_bytes": l.nbytes,
-        "replicated": l.replicated,
+        "per_device_bytes": leaf.per_device_bytes,
+        "total_bytes": leaf.nbytes,
+        "replicated": leaf.replicated,
     }
 
 
@@ -305,8 +307,8 @@ def build_plan(
 
 def _axes_used(layouts: list[LeafLayout]) -> set[str]:
     used: set[str] = set()
-    for l in layouts:
-        for entry in l.spec:
+    for leaf in layouts:
+        for entry in leaf.spec:
             if isinstance(entry, str):
                 used.add(entry)
             elif isinstance(entry, tuple):
@@ -325,20 +327,20 @@ def _replicated(plan: Plan, top: int) -> list[Replicated]:
         return []
     total = plan.totals["total"]["per_device"] or 1
     out = []
-    for l in plan.params:
-        if not l.replicated or l.size <= 1:
+    for leaf in plan.params:
+        if not leaf.replicated or leaf.size <= 1:
             continue
         # The optimizer state of a param sits at .../<param path without 'params/'>.
-        suffix = l.path[len("params/") :]
-        opt = [o for o in plan.opt_state if o.path.endswith("/" + suffix) and o.shape == l.shape and o.replicated]
-        cost = 2 * l.per_device_bytes + sum(o.per_device_bytes for o in opt)
+        suffix = leaf.path[len("params/") :]
+        opt = [o for o in plan.opt_state if o.path.endswith("/" + suffix) and o.shape == leaf.shape and o.replicated]
+        cost = 2 * leaf.per_device_bytes + sum(o.per_device_bytes for o in opt)
         out.append(
             Replicated(
-                l.path,
-                tuple(l.shape),
-                str(l.dtype),
-                None if l.names is None else [str(n) for n in l.names],
-                l.nbytes,
+                leaf.path,
+                tuple(leaf.shape),
+                str(leaf.dtype),
+                None if leaf.names is None else [str(n) for n in leaf.names],
+                leaf.nbytes,
                 cost,
                 cost / total,
             )

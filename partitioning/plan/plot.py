@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ def _grid(mesh: dict[str, int]) -> tuple[int, int, str, str]:
     return rows, cols, rows_name, f"{cols_name} {cols}"
 
 
-def _axis_names(rules: list, unused: set[int] = frozenset()) -> dict[str, list[str]]:
+def _axis_names(rules: list, unused: AbstractSet[int] = frozenset()) -> dict[str, list[str]]:
     """Mesh axis -> the logical names the rules map onto it (rules at the ``unused`` indices left out)."""
     out: dict[str, list[str]] = {}
     for i, (logical, axes) in enumerate(rules):
@@ -51,7 +52,7 @@ def _axis_names(rules: list, unused: set[int] = frozenset()) -> dict[str, list[s
     return out
 
 
-def _draw_mesh(mx: Any, mesh: dict[str, int], rules: list, unused: set[int] = frozenset()) -> None:
+def _draw_mesh(mx: Any, mesh: dict[str, int], rules: list, unused: AbstractSet[int] = frozenset()) -> None:
     """The mesh as a grid (last axis across, the rest folded down), capped at
     MAX_CELLS a side; cells are coloured by their index along the last axis.
     Below it, each axis with the logical names of the rules that fire on it."""
@@ -105,7 +106,7 @@ def plot_plan(report: dict[str, Any], path: str | Path) -> Path:
     unit = GIB if totals["total"]["per_device"] >= GIB / 4 else 1024**2
     unit_name = "GiB" if unit == GIB else "MiB"
     x = np.arange(len(bars) + (1 if mem else 0))
-    for i, (label, vals) in enumerate(bars):
+    for i, (_, vals) in enumerate(bars):
         bottom = 0.0
         for k, color in cats:
             ax.bar(i, vals[k] / unit, bottom=bottom, color=color, label=k if i == 0 else None)

@@ -54,6 +54,21 @@ def as_abstract(batch: Any) -> Any:
     return jax.tree.map(one, batch)
 
 
+def batch_shapes(batch: Any, batch_size: int | None, seq_len: int | None, who: str) -> Any:
+    """``batch`` as shapes, or the language-model batch of ``batch_size`` x ``seq_len`` when ``batch`` is None.
+
+    Example::
+
+        >>> batch_shapes(None, 8, 64, "plan")["targets"].shape
+        (8, 64)
+    """
+    if batch is not None:
+        return as_abstract(batch)
+    if batch_size is None or seq_len is None:
+        raise TypeError(f"{who} needs batch_size and seq_len (a language-model batch) or batch=")
+    return lm_batch(batch_size, seq_len)
+
+
 def batch_size_of(batch: Any) -> int:
     """The leading dimension all leaves share; a ShardingError when they disagree."""
     sizes = {int(x.shape[0]) for x in jax.tree.leaves(batch) if len(x.shape)}
@@ -79,12 +94,10 @@ def batch_specs(
     """
     sizes = mesh_axis_sizes(mesh)
     leaves, treedef = jax.tree_util.tree_flatten(abstract)
-    if names is None:
-        name_leaves = [None] * len(leaves)
-    else:
-        name_leaves = treedef.flatten_up_to(names)
+    # flatten_up_to: a PyTreeDef method that jaxlib ships without type information.
+    name_leaves = [None] * len(leaves) if names is None else treedef.flatten_up_to(names)  # type: ignore[attr-defined]
     specs = []
-    for leaf, n in zip(leaves, name_leaves):
+    for leaf, n in zip(leaves, name_leaves, strict=True):
         ndim = len(leaf.shape)
         spec = rules.batch_spec(ndim) if n is None else rules.resolve(tuple(n), None, sizes)
         if ndim and spec and spec[0] is not None:

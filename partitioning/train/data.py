@@ -162,9 +162,8 @@ class TokenBatches:
                 f"smaller train.batch_size / train.seq_len"
             )
         shape = (batch_size, seq_len)
-        self._rows, self._cols = (
-            local_block(sharding, shape) if sharding is not None else (slice(0, batch_size), slice(0, seq_len))
-        )
+        block = local_block(sharding, shape) if sharding is not None else (slice(0, batch_size), slice(0, seq_len))
+        self._rows, self._cols = block[0], block[1]
         from partitioning.train.order import token_batches  # grain loads on first use (~0.5 s at startup)
 
         self.dataset = token_batches(

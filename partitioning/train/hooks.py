@@ -39,7 +39,7 @@ class JsonlLogger:
 
     def __init__(self, path: str | Path | None):
         self.path = Path(path) if path is not None else None
-        self.records: list[dict[str, float]] = []
+        self.records: list[dict[str, float | None]] = []  # None: a NaN or infinite value
         self.reason: str | None = None
 
     def on_start(self, state: Any) -> Any:

@@ -254,7 +254,7 @@ def fit(
                         if peak_tflops:
                             host["mfu"] = host["tflops_per_device"] / peak_tflops
                     last_t, last_step = now, step
-                    if evaluating:
+                    if evaluating and eval_batches is not None:
                         batches = eval_batches() if callable(eval_batches) else eval_batches
                         host.update(evaluate(trainer, state, batches))
                         last_t = time.perf_counter()  # eval time is not step time

@@ -22,6 +22,7 @@ import jax
 from partitioning.boxes import unbox
 from partitioning.layout import LeafLayout, tree_layouts
 from partitioning.mesh import sharding_context
+from partitioning.plan.compiled import memory_stats
 
 
 class Lowering:
@@ -73,17 +74,14 @@ class Lowering:
 
     def init_peak_bytes(self) -> int:
         """Peak per-device bytes of the compiled init (compiles it; allocates nothing)."""
-        first, second = (lowered.compile().memory_analysis() for lowered in self.lower_init())
-        params = sum(l.per_device_bytes for l in self.state_layouts() if l.path.startswith("params/"))
-        phase1 = (
-            first.argument_size_in_bytes
-            + first.output_size_in_bytes
-            + first.temp_size_in_bytes
-            - first.alias_size_in_bytes
-        )
+        first, second = (memory_stats(lowered.compile()) for lowered in self.lower_init())
+        if first is None or second is None:
+            raise NotImplementedError(f"the {jax.default_backend()} backend reports no memory analysis")
+        params = sum(leaf.per_device_bytes for leaf in self.state_layouts() if leaf.path.startswith("params/"))
+        phase1 = first["peak_estimate"]
         # The params stay alive through phase 2 whether or not it reads them
         # (jit drops unused arguments, e.g. for adam's zeros_like).
-        phase2 = max(params, second.argument_size_in_bytes) + second.output_size_in_bytes + second.temp_size_in_bytes
+        phase2 = max(params, second["argument"]) + second["output"] + second["temp"]
         return max(phase1, phase2)
 
     def lower_train_step(self) -> jax.stages.Lowered:
@@ -119,8 +117,10 @@ class Lowering:
     @functools.cached_property
     def num_params(self) -> int:
         return sum(
-            l.size
-            for l in tree_layouts(self.abstract_state.params, self.mesh, self.rules, on_indivisible=self.on_indivisible)
+            leaf.size
+            for leaf in tree_layouts(
+                self.abstract_state.params, self.mesh, self.rules, on_indivisible=self.on_indivisible
+            )
         )
 
 

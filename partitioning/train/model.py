@@ -127,14 +127,16 @@ class LinenModel:
         fields = {f.name for f in dataclasses.fields(module)} if dataclasses.is_dataclass(module) else set()
         for name in MODE_ARGS:
             if name in fields:
-                return module.clone(**{name: name == "deterministic"})
+                mode: dict[str, Any] = {name: name == "deterministic"}
+                return module.clone(**mode)
         for f in fields - {"parent", "name"}:
             cfg = getattr(module, f, None)
             if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
                 inner = {g.name for g in dataclasses.fields(cfg)}
                 for name in MODE_ARGS:
                     if name in inner:
-                        return module.clone(**{f: dataclasses.replace(cfg, **{name: name == "deterministic"})})
+                        config: dict[str, Any] = {f: dataclasses.replace(cfg, **{name: name == "deterministic"})}
+                        return module.clone(**config)
         return module
 
     def _module(self, train: bool) -> nn.Module:
@@ -148,6 +150,7 @@ class LinenModel:
         kw = {**kwargs, **_mode_kwargs(self._call, False)}
         module = self._module(False)
         abstract_args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+        variables: Mapping[str, Any]
         try:
             # lazy_init keeps only what params depend on: compiling the init costs no forward pass.
             variables = module.lazy_init(rngs, *abstract_args, **kw)
@@ -226,11 +229,16 @@ class NNXModel:
         if (factory is None) == (module is None):
             raise TypeError("NNXModel needs exactly one of factory(rngs) or module=")
         self.factory, self.module = factory, module
-        with nnx.use_eager_sharding(False):
-            abstract = module if module is not None else nnx.eval_shape(lambda: factory(nnx.Rngs(0)))
+        if module is not None:
+            abstract = module
+        else:
+            make = factory
+            assert make is not None  # exactly one of the two, checked above
+            with nnx.use_eager_sharding(False):
+                abstract = nnx.eval_shape(lambda: make(nnx.Rngs(0)))
         filters = [f for _, f in NNX_GROUPS]
         self._graphdef, *states = nnx.split(abstract, *filters, ...)
-        self._templates = dict(zip([g for g, _ in NNX_GROUPS] + ["state"], states))
+        self._templates = dict(zip([g for g, _ in NNX_GROUPS] + ["state"], states, strict=True))
         abstract.train()
         self._train_def = nnx.graphdef(abstract)
         abstract.eval()
@@ -240,7 +248,7 @@ class NNXModel:
 
     def _split(self, model: nnx.Module) -> dict[str, nnx.State]:
         _, *states = nnx.split(model, *[f for _, f in NNX_GROUPS], ...)
-        return dict(zip([g for g, _ in NNX_GROUPS] + ["state"], states))
+        return dict(zip([g for g, _ in NNX_GROUPS] + ["state"], states, strict=True))
 
     def abstract(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         return jax.eval_shape(lambda rng: self.boxed(rng, args, kwargs), jax.random.key(0))
@@ -250,6 +258,7 @@ class NNXModel:
             return self._split(self.module)
         # The trainer's out_shardings place every variable; NNX's own eager
         # constraints would only repeat them (and refuse a replicated fallback).
+        assert self.factory is not None  # no module: built by the factory
         with nnx.use_eager_sharding(False):
             return self._split(self.factory(nnx.Rngs(rng)))
 

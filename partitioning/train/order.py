@@ -77,7 +77,7 @@ class ProcessRows(grain.MapDataset):
             return self.slice(index)
         base = int(index) * self.batch_size
         # grain's batched read (what its own batch transform uses), one call per batch.
-        items = self._parent._getitems([base + r for r in range(self.rows.start, self.rows.stop)])  # noqa: SLF001
+        items = self._parent._getitems([base + r for r in range(self.rows.start, self.rows.stop)])
         return np.asarray(items, dtype=np.int64)
 
 
@@ -152,7 +152,7 @@ def array_batches(
 
 def process_rows(shardings: Any, shapes: Any) -> slice:
     """The rows of a global batch this process holds: the span of every leaf's local block on dim 0."""
-    blocks = [local_block(s, shape)[0] for s, shape in zip(jax.tree.leaves(shardings), shapes)]
+    blocks = [local_block(s, shape)[0] for s, shape in zip(jax.tree.leaves(shardings), shapes, strict=True)]
     return slice(min(b.start for b in blocks), max(b.stop for b in blocks))
 
 
@@ -171,13 +171,14 @@ def batch_digest(batch: Any) -> dict[str, int]:
     for path, x in flat:
         name = jax.tree_util.keystr(path, simple=True, separator="/")
         shards = x.addressable_shards if isinstance(x, jax.Array) else None
+        pieces: list[tuple[tuple[slice, ...], np.ndarray]]
         pieces = [(s.index, np.asarray(s.data)) for s in shards] if shards else [((), np.asarray(x))]
         for index, data in pieces:
             r0 = index[0].indices(x.shape[0])[0] if index else 0
-            cols = index[1].indices(x.shape[1])[:2] if len(index) > 1 else None
-            full = cols is None or cols == (0, x.shape[1])
+            c0, c1 = index[1].indices(x.shape[1])[:2] if len(index) > 1 else (0, x.shape[1])
+            full = (c0, c1) == (0, x.shape[1])
             for i, row in enumerate(data):
-                key = f"{name}[{r0 + i}]" if full else f"{name}[{r0 + i},{cols[0]}:{cols[1]}]"
+                key = f"{name}[{r0 + i}]" if full else f"{name}[{r0 + i},{c0}:{c1}]"
                 out[key] = zlib.crc32(np.ascontiguousarray(row).tobytes())
     return out
 

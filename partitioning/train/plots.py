@@ -35,7 +35,7 @@ def plot_loss(records: Sequence[dict[str, Any]], path: str | Path, *, title: str
     for key, label, style in (("loss", "train", "-"), ("eval_loss", "eval", "o-")):
         pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
         if pts:
-            xs, ys = zip(*pts)
+            xs, ys = zip(*pts, strict=True)
             ax.plot(xs, ys, style, label=label, markersize=4)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_xlabel("step")

@@ -95,7 +95,7 @@ class TokenStream:
         info = np.iinfo(self.dtype)
         if info.min >= 0 and info.max < vocab_size:
             return None
-        for part, name, origin in zip(self.parts, self.names, self.origins):
+        for part, name, origin in zip(self.parts, self.names, self.origins, strict=True):
             for lo in range(0, len(part), _CHUNK):
                 chunk = part[lo : lo + _CHUNK]
                 bad = (chunk >= vocab_size) | (chunk < 0)
@@ -281,7 +281,12 @@ def read_splits(
     else:
         root, files = _files(path, kind, "path")
         desc = str(Path(path).expanduser())
-    info = {"kind": kind, "source": desc, "eval_source": desc, "vocab": BYTE_VOCAB if kind == "text" else None}
+    info: dict[str, Any] = {
+        "kind": kind,
+        "source": desc,
+        "eval_source": desc,
+        "vocab": BYTE_VOCAB if kind == "text" else None,
+    }
     if eval_path is not None:
         eroot, efiles = _files(eval_path, kind, "eval_path")
         info.update(

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from partitioning.boxes import is_box, is_logical_box
-from partitioning.train.batch import as_abstract, lm_batch
+from partitioning.train.batch import batch_shapes
 from partitioning.train.model import as_model
 from partitioning.train.task import as_task
 
@@ -41,7 +41,7 @@ class TrainState:
         >>> state.step, jax.tree.leaves(state.params)[0].sharding, list(state.collections)
     """
 
-    step: jax.Array
+    step: Any  # a scalar int32 array (its NamedSharding in Trainer.state_shardings)
     params: Any
     opt_state: Any
     collections: Any = flax.struct.field(default_factory=dict)
@@ -112,7 +112,7 @@ def abstract_train_state(
         >>> params, opt_state = abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=8, seq_len=64)
     """
     adapter = as_model(model)
-    batch = lm_batch(batch_size, seq_len) if batch is None else as_abstract(batch)
+    batch = batch_shapes(batch, batch_size, seq_len, "abstract_train_state")
     args, kwargs = model_inputs(as_task(task), batch)
 
     def init(rng):

@@ -49,15 +49,7 @@ from partitioning.parallel.pipeline import (
     pipeline_stages,
 )
 from partitioning.rules import as_rules
-from partitioning.train.batch import (
-    as_abstract,
-    batch_size_of,
-    batch_specs,
-    lm_batch,
-    micro_batches,
-    place,
-    stream_keys,
-)
+from partitioning.train.batch import batch_shapes, batch_size_of, batch_specs, micro_batches, place, stream_keys
 from partitioning.train.lowering import Lowering
 from partitioning.train.model import SOWN_LOSSES, as_model
 from partitioning.train.optimizer import current_lr
@@ -128,11 +120,7 @@ class Trainer(Lowering):
         self.rules = as_rules(rules).validate(mesh)
         self.optimizer_rules = as_rules(optimizer_rules).validate(mesh) if optimizer_rules is not None else self.rules
         self.on_indivisible, self.rng_streams, self.seed = on_indivisible, tuple(rng_streams), int(seed)
-        if batch is None:
-            if batch_size is None or seq_len is None:
-                raise TypeError("Trainer needs batch_size and seq_len (a language-model batch) or batch=")
-            batch = lm_batch(batch_size, seq_len)
-        self.abstract_batch = as_abstract(batch)
+        self.abstract_batch = batch_shapes(batch, batch_size, seq_len, "Trainer")
         if seq_len is None:
             # A language-model batch passed whole (as configs do): its length makes tokens/s and 6·N·tokens.
             inputs = self.abstract_batch.get("inputs") if isinstance(self.abstract_batch, dict) else None
@@ -225,7 +213,7 @@ class Trainer(Lowering):
         return jnp.zeros((), jnp.int32), self.tx.init(params)
 
     def _loss(self, params, collections, batch, rngs, train: bool):
-        updated, sown = dict(collections), {}
+        updated, sown = dict(collections), dict[str, Any]()
 
         def forward(*args, **kwargs):
             with microbatching(self.microbatches):

@@ -107,6 +107,7 @@ class Task:
         if self.step is not None:
             out = self.step(forward, batch)
         else:
+            assert self.loss is not None  # __post_init__: exactly one of loss and step
             args = self.inputs(batch)
             out = self.loss(forward(**args) if isinstance(args, Mapping) else forward(*args), batch)
         loss, aux = out if isinstance(out, tuple) else (out, {})

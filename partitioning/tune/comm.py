@@ -61,8 +61,8 @@ def _length_axes(rules: Rules, mesh: Mapping[str, int]) -> list[str]:
     return [a for a in axes_tuple(spec[1]) if mesh.get(a, 1) > 1] if spec is not None and len(spec) > 1 else []
 
 
-def leaf_axes(l: LeafLayout, mesh: Mapping[str, int]) -> list[str]:
-    return [a for e in l.spec for a in axes_tuple(e) if mesh.get(a, 1) > 1]
+def leaf_axes(leaf: LeafLayout, mesh: Mapping[str, int]) -> list[str]:
+    return [a for e in leaf.spec for a in axes_tuple(e) if mesh.get(a, 1) > 1]
 
 
 OWNED = ("layers", "expert")  # dimensions whose split is the device's share of the work, never gathered
@@ -76,24 +76,24 @@ def _owned(names: Sequence[Any], i: int) -> bool:
     return names[i] == "layers" or "mlp" in names
 
 
-def shared_axes(l: LeafLayout, mesh: Mapping[str, int]) -> list[str]:
+def shared_axes(leaf: LeafLayout, mesh: Mapping[str, int]) -> list[str]:
     """The leaf's mesh axes (size > 1) except those splitting a ``layers`` or an expert weight's ``expert``
     dimension."""
-    names = list(l.names or ())
-    return [a for i, e in enumerate(l.spec) if not _owned(names, i) for a in axes_tuple(e) if mesh.get(a, 1) > 1]
+    names = list(leaf.names or ())
+    return [a for i, e in enumerate(leaf.spec) if not _owned(names, i) for a in axes_tuple(e) if mesh.get(a, 1) > 1]
 
 
-def _repeats(l: LeafLayout) -> int:
+def _repeats(leaf: LeafLayout) -> int:
     """How many times a step uses the leaf's slices one after another (its ``layers`` axis)."""
-    if l.names and "layers" in l.names:
-        return int(l.shape[list(l.names).index("layers")])
+    if leaf.names and "layers" in leaf.names:
+        return int(leaf.shape[list(leaf.names).index("layers")])
     return 1
 
 
-def _layer_shards(l: LeafLayout) -> int:
+def _layer_shards(leaf: LeafLayout) -> int:
     """Into how many stages the leaf's stacked ``layers`` dimension is split (1: not stacked or not split)."""
-    if l.names and "layers" in l.names:
-        return int(l.shards_per_dim[list(l.names).index("layers")])
+    if leaf.names and "layers" in leaf.names:
+        return int(leaf.shards_per_dim[list(leaf.names).index("layers")])
     return 1
 
 
@@ -128,51 +128,53 @@ def analytic_comm(
 
     resid = local_elements(rules, mesh, ("batch", "length", "embed"), (micro_batch, w.seq_len, w.embed))
     resid_bytes = resid * w.compute_bytes
-    row, col = defaultdict(int), set()
+    row: defaultdict[tuple[Any, ...], int] = defaultdict(int)
+    col: set[tuple[Any, ...]] = set()
     pipelined = 1
-    for l in params:
-        every = leaf_axes(l, mesh)
-        axes = shared_axes(l, mesh)
+    for leaf in params:
+        every = leaf_axes(leaf, mesh)
+        axes = shared_axes(leaf, mesh)
         fsdp = [a for a in axes if a in tokens]
         dp = [a for a in tokens if a not in every]
         mp = [a for a in axes if a not in tokens]
-        stages = _layer_shards(l)
+        stages = _layer_shards(leaf)
         pipelined = max(pipelined, stages)
-        reps = _repeats(l) // stages  # the layers this device runs
+        reps = _repeats(leaf) // stages  # the layers this device runs
         # Pipelined, the stage's layers run once per schedule iteration: M + S - 1 of them.
         again = microbatches + stages - 1 if stages > 1 else 1
         if fsdp:
-            gathered = l.per_device_bytes * math.prod(mesh[a] for a in fsdp) * again
+            gathered = leaf.per_device_bytes * math.prod(mesh[a] for a in fsdp) * again
             add(fsdp, "all-gather", "fwd", gathered, reps * again, "FSDP weights (forward)")
             add(fsdp, "all-gather", "bwd", gathered, reps * again, "FSDP weights (backward)")
             add(fsdp, "reduce-scatter", "bwd", gathered, reps * again, "FSDP gradients")
         if dp:
-            add(dp, "all-reduce", "bwd", l.per_device_bytes, 1, "gradients (data parallel)")
-        if mp and l.names and "embed" in l.names:
-            e = list(l.names).index("embed")
+            add(dp, "all-reduce", "bwd", leaf.per_device_bytes, 1, "gradients (data parallel)")
+        if mp and leaf.names and "embed" in leaf.names:
+            e = list(leaf.names).index("embed")
+            # strict=False: a PartitionSpec may be shorter than the array's rank (trailing dims unsharded).
             split = [
                 i
-                for i, (d, n) in enumerate(zip(l.spec, l.shards_per_dim))
-                if n > 1 and i != e and not _owned(l.names, i) and any(a in mp for a in axes_tuple(d))
+                for i, (d, n) in enumerate(zip(leaf.spec, leaf.shards_per_dim, strict=False))
+                if n > 1 and i != e and not _owned(leaf.names, i) and any(a in mp for a in axes_tuple(d))
             ]
-            parent = l.path.rsplit("/", 1)[0]
+            parent = leaf.path.rsplit("/", 1)[0]
             share = again / microbatches if stages > 1 else 1.0  # of the batch's activations, bubble included
             if split and max(split) < e:
-                row[(tuple(mp), l.path, reps, again, share)] += 1
+                row[(tuple(mp), leaf.path, reps, again, share)] += 1
             elif split:
                 col.add((tuple(mp), parent, reps, again, share))
-    for (mp, _, reps, again, share), n in row.items():
+    for (row_axes, _, reps, again, share), n in row.items():
         add(
-            mp,
+            row_axes,
             "all-reduce",
             "fwd",
             n * resid_bytes * reps * share,
             n * reps * again,
             "activations (row-parallel matmuls)",
         )
-    for mp, _, reps, again, share in col:
+    for col_axes, _, reps, again, share in col:
         add(
-            mp,
+            col_axes,
             "all-reduce",
             "bwd",
             resid_bytes * reps * share,
@@ -185,11 +187,11 @@ def analytic_comm(
             rules, mesh, ("batch", "length", "kv_heads", "kv"), (micro_batch, w.seq_len, w.kv_heads, w.head_dim)
         )
         layers = w.layers // pipelined
-        share = (microbatches + pipelined - 1) / microbatches if pipelined > 1 else 1.0
-        gathered = 2 * kv * w.compute_bytes * math.prod(mesh[a] for a in seq) * layers * share
+        kv_share = (microbatches + pipelined - 1) / microbatches if pipelined > 1 else 1.0
+        kv_bytes = 2 * kv * w.compute_bytes * math.prod(mesh[a] for a in seq) * layers * kv_share
         runs = layers * (microbatches + pipelined - 1 if pipelined > 1 else 1)
-        add(seq, "all-gather", "fwd", gathered, 2 * runs, "keys and values (sequence split)")
-        add(seq, "reduce-scatter", "bwd", gathered, 2 * runs, "key and value gradients (sequence split)")
+        add(seq, "all-gather", "fwd", kv_bytes, 2 * runs, "keys and values (sequence split)")
+        add(seq, "reduce-scatter", "bwd", kv_bytes, 2 * runs, "key and value gradients (sequence split)")
     out = []
     for (axes, kind, phase, what), (nbytes, count) in buckets.items():
         group = math.prod(mesh[a] for a in axes)

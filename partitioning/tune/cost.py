@@ -143,10 +143,10 @@ class Estimate:
             elif self.compute[p] >= comm:
                 score[kind] += self.compute[p]
             else:
-                score[max(axes, key=axes.get)] += comm
+                score[max(axes, key=lambda a: axes[a])] += comm
         for k, v in self.other.items():
             score[k] += v
-        return max(score, key=score.get) if score else "compute"
+        return max(score, key=lambda k: score[k]) if score else "compute"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -172,9 +172,9 @@ def compute_parallelism(params: Sequence[LeafLayout], mesh: Mapping[str, int], r
     tokens = token_axes(rules, mesh, w)
     model = {
         a
-        for l in params
-        if _repeats(l) > 1 or l.names and ("mlp" in l.names or "expert" in l.names)
-        for a in leaf_axes(l, mesh)
+        for leaf in params
+        if _repeats(leaf) > 1 or leaf.names and ("mlp" in leaf.names or "expert" in leaf.names)
+        for a in leaf_axes(leaf, mesh)
         if a not in tokens
     }
     return math.prod(mesh[a] for a in tokens) * math.prod(mesh[a] for a in model)
@@ -211,7 +211,9 @@ def analytic_estimate(
     # Memory traffic: each pass reads the weights it uses (gathered ones in full), the backward twice,
     # and about eight residual-sized activations per layer and token; the update reads and writes the state.
     tokens = token_axes(rules, mesh, w)
-    used = sum(l.per_device_bytes * math.prod(mesh[a] for a in leaf_axes(l, mesh) if a in tokens) for l in params)
+    used = sum(
+        leaf.per_device_bytes * math.prod(mesh[a] for a in leaf_axes(leaf, mesh) if a in tokens) for leaf in params
+    )
     act = w.tokens / par * w.embed * w.compute_bytes * max(1, w.layers) * 8
     hbm = {
         "fwd": grad_accum * used + act,

@@ -113,7 +113,7 @@ def crossover(
     for p in ("fwd", "bwd"):
         for a in x1[p]:
             axes[a] = max(axes.get(a, 0.0), _solve(f1[p], f2[p], x1[p][a], x2[p].get(a, 0.0)))
-    phase = max(per_phase, key=per_phase.get)
+    phase = max(per_phase, key=lambda p: per_phase[p])
     return {"layout": per_phase[phase], "phase": phase, "axes": axes}
 
 

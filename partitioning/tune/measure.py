@@ -32,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -139,7 +140,7 @@ def measure_cpu(
         t = []
         for k in sizes:
             v = jax.device_put(jnp.ones((n * k,), jnp.float32), split)
-            t.append(device_seconds(lambda v=v: f(v), n, repeats))
+            t.append(device_seconds(functools.partial(f, v), n, repeats))
         moved = [factor * full(k) for k in sizes]
         w = (moved[1] - moved[0]) / max(t[1] - t[0], 1e-9)
         coll[kind] = w

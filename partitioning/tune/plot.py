@@ -55,7 +55,8 @@ def plot_search(report: dict[str, Any], path: str | Path) -> Path:
             zorder=1,
         )
     tables = sorted({p[2]["rules"] for p in fitting})
-    colours = dict(zip(tables, ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3"] * 4))
+    palette = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3"]
+    colours = {name: palette[i % len(palette)] for i, name in enumerate(tables)}
     for name in tables:
         pts = [p for p in fitting if p[2]["rules"] == name]
         compiled = [p for p in pts if (p[2].get("estimate") or {}).get("source") == "compiled"]

@@ -135,7 +135,7 @@ class Search:
         if not priced:
             reasons = sorted({r.reason.split(":")[0] for r in self.results if r.reason})
             return f"no layout of {self.devices:,} devices can run this config ({', '.join(reasons)}): " + (
-                self.results[0].reason if self.results else "no candidates"
+                (self.results[0].reason or "") if self.results else "no candidates"
             )
         small = min(priced, key=lambda r: r.peak)
         top = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in _largest(small))
@@ -188,7 +188,7 @@ def _layout_key(plan: Plan, rules: Rules, c: Candidate) -> tuple:
     ``{data: 4, fsdp: 2}`` give the same specs but different programs.
     """
     sizes = plan.mesh
-    specs = tuple((l.path, normalize_spec(l.spec, sizes)) for l in plan.params + plan.opt_state)
+    specs = tuple((leaf.path, normalize_spec(leaf.spec, sizes)) for leaf in plan.params + plan.opt_state)
     acts = tuple(normalize_spec(rules.resolve(names), sizes) for names in _ACTIVATIONS)
     used = tuple(sorted((a, n) for a, n in sizes.items() if n > 1))
     return (c.remat, c.grad_accum, c.microbatches if c.stages > 1 else 1, used, specs, acts)
@@ -206,9 +206,9 @@ _ACTIVATIONS = (
 def _gathered_layer_bytes(plan: Plan, tokens: Sequence[str], layers: int) -> float:
     mesh = plan.mesh
     total = sum(
-        l.per_device_bytes * math.prod(mesh[a] for a in shared_axes(l, mesh) if a in tokens)
-        for l in plan.params
-        if any(a in tokens for a in shared_axes(l, mesh))
+        leaf.per_device_bytes * math.prod(mesh[a] for a in shared_axes(leaf, mesh) if a in tokens)
+        for leaf in plan.params
+        if any(a in tokens for a in shared_axes(leaf, mesh))
     )
     return total / max(1, layers)
 

@@ -148,7 +148,7 @@ def candidates(
         if "data" not in axes:
             axes = ["data", *axes]
         for sizes_t in factorizations(devices, len(axes)):
-            sizes = dict(zip(axes, sizes_t))
+            sizes = dict(zip(axes, sizes_t, strict=True))
             mesh = tuple(sizes.items())
             shards = batch_shards(rules, sizes)
             stages = sizes.get("stage", 1)

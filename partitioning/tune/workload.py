@@ -110,7 +110,8 @@ class Workload:
 
 
 def _dim(layouts: Sequence[LeafLayout], name: str) -> int:
-    sizes = [s for l in layouts if l.names for n, s in zip(l.names, l.shape) if n == name]
+    # strict=False: an array may name fewer dimensions than it has (the trailing ones are unnamed).
+    sizes = [s for leaf in layouts if leaf.names for n, s in zip(leaf.names, leaf.shape, strict=False) if n == name]
     return max(sizes, default=0)
 
 
@@ -119,7 +120,11 @@ def _layers(layouts: Sequence[LeafLayout]) -> int:
     if n:
         return n
     blocks = {
-        m.group(1) for l in layouts if l.names and "mlp" in l.names for m in [re.search(r"_(\d+)(?:/|$)", l.path)] if m
+        m.group(1)
+        for leaf in layouts
+        if leaf.names and "mlp" in leaf.names
+        for m in [re.search(r"_(\d+)(?:/|$)", leaf.path)]
+        if m
     }
     return max(1, len(blocks))
 
@@ -147,14 +152,17 @@ def workload(
         >>> w.layers, w.embed, w.mlp
         (4, 128, 512)
     """
-    n = sum(l.size for l in params)
-    lookup = sum(l.size for l in params if l.names and tuple(l.names) == ("vocab", "embed"))
+    n = sum(leaf.size for leaf in params)
+    lookup = sum(leaf.size for leaf in params if leaf.names and tuple(leaf.names) == ("vocab", "embed"))
     # Matmul weights have two dimensions besides a scan's `layers` axis (norm scales have one).
-    matmul = sum(l.size for l in params if len(l.shape) - (1 if l.names and "layers" in l.names else 0) >= 2) - lookup
+    matmul = (
+        sum(leaf.size for leaf in params if len(leaf.shape) - (1 if leaf.names and "layers" in leaf.names else 0) >= 2)
+        - lookup
+    )
     dtype = (
         np.dtype(compute_dtype)
         if compute_dtype is not None
-        else max((np.dtype(l.dtype) for l in params), key=lambda d: d.itemsize, default=np.dtype("float32"))
+        else max((np.dtype(leaf.dtype) for leaf in params), key=lambda d: d.itemsize, default=np.dtype("float32"))
     )
     moe: dict[str, Any] = {}
     if expert_layer:
@@ -162,7 +170,9 @@ def workload(
         moe = {
             "experts": int(expert_layer["experts"]),
             "expert_fraction": min(1.0, int(expert_layer["capacity"]) / group_len),
-            "expert_params": sum(l.size for l in params if l.names and "expert" in l.names and len(l.shape) >= 3),
+            "expert_params": sum(
+                leaf.size for leaf in params if leaf.names and "expert" in leaf.names and len(leaf.shape) >= 3
+            ),
         }
     return Workload(
         params=n,
@@ -193,10 +203,12 @@ def local_elements(rules: Rules, mesh: Mapping[str, int], names: Sequence[Any], 
     return math.prod(shape) / split
 
 
-def activation_shapes(w: Workload, micro_batch: int) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
+def activation_shapes(w: Workload, micro_batch: int) -> dict[str, tuple[tuple[str | None, ...], tuple[int, ...]]]:
     """The activations of one block (names, global shape) that the estimate counts."""
     b, t = micro_batch, w.seq_len
-    out = {"R": (("batch", "length", "embed"), (b, t, w.embed))}
+    out: dict[str, tuple[tuple[str | None, ...], tuple[int, ...]]] = {
+        "R": (("batch", "length", "embed"), (b, t, w.embed))
+    }
     if w.mlp:
         out["M"] = (("batch", "length", "mlp"), (b, t, w.mlp))
     if w.heads and w.head_dim:

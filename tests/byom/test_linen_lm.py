@@ -25,13 +25,13 @@ def test_plans_with_fewer_names_than_dimensions():
             model(), params, {"data": 1, "fsdp": 8}, "fsdp", batch_size=8, seq_len=32, task="same_token"
         ),
     )
-    specs = {l.path: (l.shape, l.spec) for l in plan.params}
+    specs = {leaf.path: (leaf.shape, leaf.spec) for leaf in plan.params}
     attn = "params/block_0/MultiHeadDotProductAttention_0"
     # ('embed', 'kv') on 3-D kernels: as in Flax, the trailing dimension is unsharded.
     assert specs[f"{attn}/query/kernel"] == ((64, 8, 8), P("fsdp", None, None))
     assert specs[f"{attn}/out/kernel"] == ((8, 8, 64), P("fsdp", None, None))
     assert specs["params/block_0/FeedForward_0/Dense_0/kernel"] == ((64, 128), P("fsdp", None))
-    dims = {l.path: l.dims for l in plan.params}[f"{attn}/query/kernel"]
+    dims = {leaf.path: leaf.dims for leaf in plan.params}[f"{attn}/query/kernel"]
     assert dims[2].notes == ("no name (a trailing dimension): unsharded",)
     # No activation is constrained, but the input batch is split by the batch rule: it fires.
     assert plan.errors == [] and 0 not in [u.index for u in plan.unused_rules]
@@ -103,7 +103,7 @@ def test_checkpoint_reshards_fsdp_to_tp_bit_exact(meshes, train_losses, tmp_path
     restored = pt.restore_checkpoint(
         tmp_path / "ckpt", pt.abstract_target(tp.abstract_state, shardings=tp.state_shardings)
     )
-    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored)):
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored), strict=True):
         assert np.array_equal(np.asarray(a), np.asarray(b))
     kernel = restored.params["block_0"]["FeedForward_0"]["Dense_0"]["kernel"]
     assert kernel.sharding.spec == P(None, "tensor")

@@ -29,7 +29,10 @@ def trainers(preset, meshes):
 @pytest.mark.parametrize("preset", ["dp", "fsdp", "tp", "fsdp_tp", "seq"])
 def test_same_specs_as_the_linen_gpt(preset, meshes):
     linen, twin = trainers(preset, meshes)
-    specs = lambda t: {l.path: (l.shape, l.spec) for l in t.state_layouts()}  # noqa: E731
+
+    def specs(t):
+        return {leaf.path: (leaf.shape, leaf.spec) for leaf in t.state_layouts()}
+
     assert specs(twin) == specs(linen)
 
 
@@ -41,7 +44,7 @@ def test_same_losses_as_the_linen_gpt(preset, meshes, train_losses, copy_state):
     a = linen.init(jax.random.key(0))
     b = twin.init(jax.random.key(0))
     # Born sharded: every NNX param is in its rule sharding straight out of the init.
-    for x, s in zip(jax.tree.leaves(b.params), jax.tree.leaves(twin.state_shardings.params)):
+    for x, s in zip(jax.tree.leaves(b.params), jax.tree.leaves(twin.state_shardings.params), strict=True):
         assert x.sharding.is_equivalent_to(s, x.ndim)
     b = b.replace(
         params=copy_state(a.params, twin.state_shardings.params),
@@ -58,7 +61,7 @@ def test_nnx_eager_sharding_in_the_toolkit_context_uses_the_rule_walk(meshes):
         with pt.sharding_context(mesh, preset):
             model = NNXGPT(**KW, rngs=nnx.Rngs(0))  # NNX's eager sharding, Flax's own code path
             flax_specs = nnx.get_partition_spec(nnx.state(model))
-        ours = {l.path: l.spec for l in pt.tree_layouts(nnx.state(model), mesh, preset)}
+        ours = {leaf.path: leaf.spec for leaf in pt.tree_layouts(nnx.state(model), mesh, preset)}
         wi = model.blocks.mlp.wi_0.get_value()
         assert wi.sharding.is_equivalent_to(NamedSharding(mesh, ours["blocks/mlp/wi_0"]), wi.ndim), preset
         assert flax_specs["blocks"]["mlp"]["wi_0"].get_value() == ours["blocks/mlp/wi_0"]
@@ -83,7 +86,9 @@ def test_checkpoints_restore_fsdp_to_one_device_and_to_tp_bit_exact(meshes, trai
     restored = pt.restore_checkpoint(
         tmp_path / "ck", pt.abstract_target(tp.abstract_state, shardings=tp.state_shardings)
     )
-    for a, b, c in zip(jax.tree.leaves(state.params), jax.tree.leaves(params), jax.tree.leaves(restored.params)):
+    for a, b, c in zip(
+        jax.tree.leaves(state.params), jax.tree.leaves(params), jax.tree.leaves(restored.params), strict=True
+    ):
         assert np.array_equal(np.asarray(a), np.asarray(b)) and np.array_equal(np.asarray(a), np.asarray(c))
     assert len(params["embedding"].sharding.device_set) == 1
     assert restored.params["blocks"]["mlp"]["wi_0"].sharding.spec == P(None, None, "tensor")

@@ -20,7 +20,7 @@ def test_mesh_axis_names_give_nnx_own_specs():
         "bias": model.bias.get_value().sharding.spec,
     }
     for rules in ("fsdp_tp", "dp", []):  # no rule mentions fsdp / tensor: they are mesh axes
-        layouts = {l.path: l for l in pt.tree_layouts(nnx.state(model), mesh, rules)}
+        layouts = {leaf.path: leaf for leaf in pt.tree_layouts(nnx.state(model), mesh, rules)}
         for path, spec in nnx_own.items():
             assert layouts[path].spec == spec, (rules, path)
     assert nnx_own["dot1/kernel"] == P("fsdp", "tensor")

@@ -85,7 +85,7 @@ def test_plan_train_and_reshard_a_target_model_from_yaml(workdir, run_cli_subpro
 
     old = ocp.StandardCheckpointer().restore(workdir / "runs/fsdp/checkpoints/3/state")
     new = ocp.StandardCheckpointer().restore(workdir / "resharded/3/state")
-    for x, y in zip(jax.tree.leaves(old), jax.tree.leaves(new)):
+    for x, y in zip(jax.tree.leaves(old), jax.tree.leaves(new), strict=True):
         assert np.array_equal(np.asarray(x), np.asarray(y))
 
 
@@ -137,7 +137,8 @@ def test_a_dataset_and_loss_from_yaml(workdir, run_cli_in_process, monkeypatch):
         ),
         (
             lambda t: t.replace("_target_: lm_linen.TransformerLM", "_target_: lm_linen.TransformerLN"),
-            "lm.yaml:2: model._target_: module 'lm_linen' has no attribute 'TransformerLN'; did you mean 'TransformerLM'?",
+            "lm.yaml:2: model._target_: module 'lm_linen' has no attribute 'TransformerLN'; did you mean "
+            "'TransformerLM'?",
         ),
         (
             lambda t: t.replace("loss: same_token", "loss: same_tokn"),

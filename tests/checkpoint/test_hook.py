@@ -51,7 +51,7 @@ def test_hook_saves_every_k_resumes_and_saves_on_interrupt(tmp_path, gathered, c
     assert all(x.is_deleted() for x in jax.tree.leaves(fresh))  # freed before reading
     assert [i.step for i in list_steps(tmp_path)] == [3, 6, 7, 9, 10]  # 10: saved at the end
     expected = jax.tree.map(lambda p: np.asarray(p) + 3, first.params)
-    for a, b in zip(gathered(final.params), jax.tree.leaves(expected)):
+    for a, b in zip(gathered(final.params), jax.tree.leaves(expected), strict=True):
         assert np.array_equal(a, b)
     # Resuming with no checkpoint is a no-op; resume=False ignores existing ones.
     again = CheckpointHook(CheckpointManager(tmp_path / "empty"))

@@ -82,7 +82,7 @@ def test_async_save_survives_donation_of_the_state(gpt, tmp_path, gathered, mesh
         x.delete()
     mngr.close()
     back = restore_checkpoint(tmp_path, gpt.target(m, "fsdp"))
-    for a, b in zip(gathered(back), expected):
+    for a, b in zip(gathered(back), expected, strict=True):
         assert np.array_equal(a, b)
 
 

@@ -41,7 +41,7 @@ def test_restore_onto_another_layout_bit_exact(gpt, tmp_path, src, dst, assert_b
     back = restore_checkpoint(tmp_path, target)
     assert_bit_exact(back, state)
     want = gpt.trainer(dst_mesh, d_rules).state_shardings
-    for got, w in zip(jax.tree.leaves(back), jax.tree.leaves(want)):
+    for got, w in zip(jax.tree.leaves(back), jax.tree.leaves(want), strict=True):
         assert got.sharding == w
         assert {d.id for d in got.sharding.device_set} == {d.id for d in dst_mesh.devices.flat}
     # The layout really changed where the rules differ.
@@ -59,7 +59,7 @@ def test_params_only_restore_and_bf16(gpt, tmp_path, assert_bit_exact, mesh_of):
         tmp_path, abstract_target(gpt.abstract.params, one, rules, dtype=jnp.bfloat16), params_only=True
     )
     assert set(params) == set(state.params)
-    for got, src in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):
+    for got, src in zip(jax.tree.leaves(params), jax.tree.leaves(state.params), strict=True):
         assert got.dtype == jnp.bfloat16 and got.sharding.mesh.size == 1
         assert np.array_equal(np.asarray(got), np.asarray(src).astype(jnp.bfloat16))
     # The {"params": ...} form (what model.apply takes) works too.

@@ -34,7 +34,7 @@ def one_line_error():
 
     def _one_line_error(r):
         assert r.returncode == 2, (r.stdout, r.stderr)
-        lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("simulating")]
+        lines = [line for line in r.stderr.splitlines() if line.strip() and not line.startswith("simulating")]
         assert len(lines) == 1, r.stderr
         assert "Traceback" not in r.stderr
         return lines[0]

@@ -13,7 +13,7 @@ def one_line(r) -> str:
     """The single error line of a failed command (and that it is the only line besides device notes)."""
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr
-    lines = [l for l in r.stderr.strip().splitlines() if not l.startswith("simulating ")]
+    lines = [line for line in r.stderr.strip().splitlines() if not line.startswith("simulating ")]
     assert len(lines) == 1, lines
     assert lines[0].startswith("error: ")
     return lines[0][len("error: ") :]
@@ -77,7 +77,8 @@ def test_yaml_12_numbers_merge_keys_and_every_error_at_once(in_tmp, run_cli_in_p
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "error: run.yaml:11: train.steps: must be >= 1, got 0",
-        "error: run.yaml:11: train.batch_sise: unknown key (valid: steps, batch_size, seq_len, grad_accum, microbatches, log_every, "
+        "error: run.yaml:11: train.batch_sise: unknown key (valid: steps, batch_size, seq_len, grad_accum, "
+        "microbatches, log_every, "
         "eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs); did you mean 'batch_size'?",
         "error: run.yaml:12: optimizer.b1: must be < 1, got 1.5",
     ]
@@ -104,7 +105,8 @@ def test_yaml_12_numbers_merge_keys_and_every_error_at_once(in_tmp, run_cli_in_p
         (("layers: 2", "layers: -1"), "run.yaml:6: model.layers: layers must be a positive integer, got -1"),
         (
             ("layers: 2", "layers: 2\n  remat: ful"),
-            "run.yaml:7: model.remat: remat must be one of none, full, dots, dots_no_batch, got 'ful'; did you mean 'full'?",
+            "run.yaml:7: model.remat: remat must be one of none, full, dots, dots_no_batch, got 'ful'; did you mean "
+            "'full'?",
         ),
         (
             ("layers: 2", "layers: 2\n  dtype: bf16"),
@@ -117,7 +119,8 @@ def test_yaml_12_numbers_merge_keys_and_every_error_at_once(in_tmp, run_cli_in_p
         ),
         (
             ("{data: 1, fsdp: -1, tensor: 1}", "{stage: 2, data: 1, fsdp: -1}"),
-            "run.yaml:8: mesh.shape.stage: the mesh has a 'stage' axis of size 2 but the rules do not put 'layers' on it; "
+            "run.yaml:8: mesh.shape.stage: the mesh has a 'stage' axis of size 2 but the rules do not put 'layers' "
+            "on it; "
             "add the rule [layers, stage] (presets pp, pp_fsdp)",
         ),
         (("devices: 8", "devices: 0"), "run.yaml:9: mesh.devices: must be >= 1, got 0"),
@@ -127,12 +130,14 @@ def test_yaml_12_numbers_merge_keys_and_every_error_at_once(in_tmp, run_cli_in_p
         ),
         (
             ("rules: fsdp", "rules: fsdp\ntrain: {batch_size: 12}"),
-            "run.yaml:11: train.batch_size: batch_size 12 is not divisible by the batch mesh axes ('data', 'fsdp') of size 8; "
+            "run.yaml:11: train.batch_size: batch_size 12 is not divisible by the batch mesh axes ('data', 'fsdp') "
+            "of size 8; "
             "use a multiple of 8",
         ),
         (
             ("{data: 1, fsdp: -1, tensor: 1}", "{data: 3, fsdp: 2}"),
-            "run.yaml:8: mesh.shape: mesh {data: 3, fsdp: 2} needs 6 devices, but there are 8; change a size or use -1 for "
+            "run.yaml:8: mesh.shape: mesh {data: 3, fsdp: 2} needs 6 devices, but there are 8; change a size or use "
+            "-1 for "
             "one axis",
         ),
     ],

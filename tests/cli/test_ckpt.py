@@ -17,7 +17,7 @@ def test_ls(saved_run, run_cli_in_process):
     result = run_cli_in_process("ckpt", "ls", root)
     assert result.returncode == 0
     out = result.stdout
-    rows = [l for l in out.splitlines() if l.startswith("│")]
+    rows = [line for line in out.splitlines() if line.startswith("│")]
     assert [r.split("│")[1].strip() for r in rows] == ["3", "6", "9"]
     assert [r.split("│")[2].strip() for r in rows] == ["complete", "complete", "INCOMPLETE (save unfinished or killed)"]
     assert "eval_loss 2.75, loss 2.25" in rows[1]
@@ -37,7 +37,7 @@ def test_inspect(saved_run, run_cli_in_process):
     assert f"jax {jax.__version__}" in out and "model gpt; mesh {data: 1, fsdp: 8} (8 devices)" in out
     assert "rules: batch->data/fsdp, embed->fsdp, vocab->fsdp, mlp->fsdp" in out
     assert "metrics: eval_loss 2.75, loss 2.25" in out
-    row = next(l for l in out.splitlines() if "│ params/blocks/attn/q " in l)
+    row = next(line for line in out.splitlines() if "│ params/blocks/attn/q " in line)
     cells = [c.strip() for c in row.split("│")[1:-1]]
     assert cells == [
         "params/blocks/attn/q",

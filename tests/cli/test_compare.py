@@ -35,5 +35,5 @@ def test_compare(write, tmp_path, run_cli_in_process, small_config):
     dp_c, fsdp_c = by["dp"]["compiled"]["collectives"], by["fsdp"]["compiled"]["collectives"]
     assert dp_c["all-gather"]["count"] == 0 and fsdp_c["all-gather"]["count"] >= 1
     assert dp_c["all-reduce"]["bytes"] >= total
-    row = next(l for l in out.splitlines() if l.lstrip("│ ").startswith("dp "))
+    row = next(line for line in out.splitlines() if line.lstrip("│ ").startswith("dp "))
     assert row.split("│")[2].strip() == "144.00 KiB" and "100.0%" in row

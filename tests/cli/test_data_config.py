@@ -115,7 +115,8 @@ CASES = [
     (
         ["train.npy"],
         "path: train.npy\ndtype: float16",
-        f"run.yaml:{DATA_LINE + 2}: data.dtype: must be one of uint8, uint16, uint32, uint64, int8, int16, int32, int64, "
+        f"run.yaml:{DATA_LINE + 2}: data.dtype: must be one of uint8, uint16, uint32, uint64, int8, int16, int32, "
+        "int64, "
         f"got 'float16'",
     ),
     (

@@ -15,7 +15,7 @@ def test_rules_explain(repo, run_cli_subprocess):
         "compute layout: parameters are gathered over the batch axes (data, fsdp; from rule 0 "
         "['batch', ('data', 'fsdp')]) before use"
     ) in out
-    row = next(l for l in out.splitlines() if "params/blocks/mlp/wi_0" in l)
+    row = next(line for line in out.splitlines() if "params/blocks/mlp/wi_0" in line)
     assert row.rstrip(" │").endswith("P(None, None, None)")
 
 
@@ -26,7 +26,7 @@ def test_rules_explain_with_declared_batch_axes(write, run_cli_subprocess, base_
     assert r.returncode == 0, r.stderr
     assert "compute layout: parameters are gathered over the batch axes (data; declared (batch_axes))" in r.stdout
     # fsdp no longer splits the batch, so FSDP-sharded weights are computed with as stored.
-    row = next(l for l in r.stdout.splitlines() if "params/blocks/mlp/wi_0" in l)
+    row = next(line for line in r.stdout.splitlines() if "params/blocks/mlp/wi_0" in line)
     assert row.rstrip(" │").endswith("P(None, 'fsdp', 'tensor')")
 
 

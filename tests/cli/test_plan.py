@@ -151,6 +151,6 @@ def test_tables_fit_the_terminal(write, run_cli_in_process, small_config, monkey
     cfg = write("small.yaml", small_config)
     code, out, err = run_cli_in_process("plan", cfg, "--no-compile")
     assert code == 0, err
-    table = [l for l in out.splitlines() if l[:1] in "┏┃┡│└"]
-    assert table and max(len(l) for l in table) <= columns
+    table = [line for line in out.splitlines() if line[:1] in "┏┃┡│└"]
+    assert table and max(len(leaf) for leaf in table) <= columns
     assert "params/wi_0" in out  # long cells fold inside their column, never vanish

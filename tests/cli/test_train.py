@@ -75,10 +75,12 @@ def test_train_writes_metrics_config_and_plot(write, tmp_path, run_cli_in_proces
     assert all("mfu" not in r for r in recs)  # no peak on a CPU
     # Off a terminal: one plain line per logged step (no \r frames), each with TFLOP/s per device.
     assert "\r" not in out
-    lines = [l for l in out.splitlines() if l.startswith("step ")]
-    assert [l.split()[1] for l in lines] == ["1/6", "2/6", "3/6", "4/6", "6/6"]
-    assert all(f"loss {r['loss']:.4g}" in l and "TFLOP/s/device" in l for l, r in zip(lines, recs))
-    flops_line = next(l for l in out.splitlines() if l.startswith("flops: "))
+    lines = [line for line in out.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["1/6", "2/6", "3/6", "4/6", "6/6"]
+    assert all(
+        f"loss {r['loss']:.4g}" in line and "TFLOP/s/device" in line for line, r in zip(lines, recs, strict=True)
+    )
+    flops_line = next(line for line in out.splitlines() if line.startswith("flops: "))
     assert "compiled step" in flops_line and "6·N·tokens" in flops_line and "no MFU" in flops_line
     # TensorBoard's own reader finds the logged values at the logged steps.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -281,7 +283,7 @@ def test_train_saves_resumes_and_continues(tmp_path, run_cli_subprocess, ckpt_tr
     assert r.returncode == 0, r.stderr
     assert f"checkpoint: resumed from step 6 ({ckdir})" in r.stdout
     assert [s.step for s in list_steps(ckdir)] == [6, 9]
-    resumed = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    resumed = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in resumed] == [1, 3, 6, 7, 9]
     # The same loss curve (data order included) as a run that was never interrupted.
     cfg2 = tmp_path / "whole.yaml"

@@ -92,7 +92,7 @@ def test_the_best_layout_trains_on_8_devices(tuned, run_cli_subprocess):
         "train", d / "best.yaml", "--set", f"run_dir={d / 'run'}", "--set", "checkpoint.every=0", cwd=d
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    metrics = [json.loads(l) for l in (d / "run" / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (d / "run" / "metrics.jsonl").read_text().splitlines()]
     assert max(m.get("step", 0) for m in metrics) == 2
 
 

@@ -59,12 +59,14 @@ def test_overrides(write, base_config):
         (
             lambda base: base + "trian:\n  steps: 3\n",
             [],
-            "{f}:11: trian: unknown key (valid: model, mesh, rules, optimizer_rules, on_indivisible, data, optimizer, train, checkpoint, run_dir, base); did you mean 'train'?",
+            "{f}:11: trian: unknown key (valid: model, mesh, rules, optimizer_rules, on_indivisible, data, "
+            "optimizer, train, checkpoint, run_dir, base); did you mean 'train'?",
         ),
         (
             lambda base: base + "train:\n  stpes: 3\n",
             [],
-            "{f}:12: train.stpes: unknown key (valid: steps, batch_size, seq_len, grad_accum, microbatches, log_every, eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs); did you mean 'steps'?",
+            "{f}:12: train.stpes: unknown key (valid: steps, batch_size, seq_len, grad_accum, microbatches, "
+            "log_every, eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs); did you mean 'steps'?",
         ),
         (lambda base: base + "train:\n  steps: many\n", [], "{f}:12: train.steps: expected int, got str 'many'"),
         (
@@ -75,12 +77,15 @@ def test_overrides(write, base_config):
         (
             lambda base: base.replace("shape: {data: 1, fsdp: -1, tensor: 1}", "shape: {data: -1, fsdp: -1}"),
             [],
-            "{f}:8: mesh.shape: mesh {'data': -1, 'fsdp': -1} has more than one -1; at most one axis can take the rest of the devices",
+            "{f}:8: mesh.shape: mesh {'data': -1, 'fsdp': -1} has more than one -1; at most one axis can take the "
+            "rest of the devices",
         ),
         (
             lambda base: base.replace("  embed: 64\n", "  embedd: 64\n"),
             [],
-            "{f}:3: model.embedd: model 'gpt' has no option 'embedd' (options: vocab_size, embed, heads, kv_heads, head_dim, mlp, layers, rope_theta, norm, scan_layers, remat, dtype, param_dtype, moe); did you mean 'embed'?",
+            "{f}:3: model.embedd: model 'gpt' has no option 'embedd' (options: vocab_size, embed, heads, kv_heads, "
+            "head_dim, mlp, layers, rope_theta, norm, scan_layers, remat, dtype, param_dtype, moe); "
+            "did you mean 'embed'?",
         ),
         (
             lambda base: base.replace("name: gpt", "name: gtp"),
@@ -90,7 +95,8 @@ def test_overrides(write, base_config):
         (
             lambda base: base.replace("rules: fsdp", "rules: fsd"),
             [],
-            "{f}:10: rules: unknown rule preset 'fsd' (presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp); did you mean 'fsdp'?",
+            "{f}:10: rules: unknown rule preset 'fsd' (presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp); did "
+            "you mean 'fsdp'?",
         ),
         (
             lambda base: base.replace("rules: fsdp", "rules:\n  - [embed]\n"),
@@ -100,7 +106,8 @@ def test_overrides(write, base_config):
         (
             lambda base: base.replace("rules: fsdp", "rules: 3"),
             [],
-            "{f}:10: rules: rules must be a preset name (dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp), a list of [logical, mesh_axes] pairs, or {preset: NAME, extra: [...]}; got int",
+            "{f}:10: rules: rules must be a preset name (dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp), a list of "
+            "[logical, mesh_axes] pairs, or {preset: NAME, extra: [...]}; got int",
         ),
         (
             lambda base: base.replace("mesh:\n  shape: {data: 1, fsdp: -1, tensor: 1}\n  devices: 8\n", ""),
@@ -132,7 +139,8 @@ def test_override_errors_point_at_the_flag(write, base_config):
     with pytest.raises(pt.ConfigError) as e:
         load_config(path, ["rules=tpp"])
     assert str(e.value) == (
-        f"{path} (--set rules=tpp): rules: unknown rule preset 'tpp' (presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp); "
+        f"{path} (--set rules=tpp): rules: unknown rule preset 'tpp' (presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, "
+        "seq, tp); "
         "did you mean 'tp'?"
     )
     with pytest.raises(pt.ConfigError, match=r"\(--set train.steps=x\): train.steps: expected int, got str 'x'"):

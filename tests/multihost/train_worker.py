@@ -30,6 +30,6 @@ if pause:
 
     CheckpointHook.on_step_end = on_step_end
 
-from partitioning.cli import main  # noqa: E402
+from partitioning.cli import main
 
 sys.exit(main(["train", *sys.argv[1:]]))

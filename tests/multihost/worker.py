@@ -13,13 +13,13 @@ pid, nproc, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.arg
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ.pop("XLA_FLAGS", None)
 
-import jax  # noqa: E402
+import jax
 
 jax.config.update("jax_num_cpu_devices", 8 // nproc)
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=nproc, process_id=pid)
 
-from tests.multihost.common import losses_and_checkpoint  # noqa: E402
+from tests.multihost.common import losses_and_checkpoint
 
 losses = losses_and_checkpoint(out)
 if jax.process_index() == 0:

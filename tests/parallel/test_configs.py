@@ -21,7 +21,7 @@ SHORT = [
 
 
 def _losses(run_dir):
-    return [json.loads(l)["loss"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
@@ -77,7 +77,7 @@ def test_the_405b_pipeline_config_plans(repo, tmp_path, run_cli_in_process):
     assert p["bubble"] == pytest.approx(5 / 29)
     # bf16 activations of one micro-batch on a device: 128 rows / (data 4 x fsdp 32) x 2048 x 16384.
     assert p["activation_bytes"] == 1 * 2048 * 16384 * 2
-    q = next(l for l in j["leaves"] if l["path"] == "params/blocks/attn/q")
+    q = next(leaf for leaf in j["leaves"] if leaf["path"] == "params/blocks/attn/q")
     assert q["spec"] == "P('stage', 'fsdp', 'tensor', None)"
     assert j["axes"]["stage"]["splits"] == ["layers"] and j["errors"] == []
 
@@ -97,7 +97,8 @@ def test_moe_config_trains_with_the_losses_of_the_same_model_without_expert_para
         )
         assert r.returncode == 0, r.stderr
     rows = {
-        n: [json.loads(l) for l in (tmp_path / n / "metrics.jsonl").read_text().splitlines()] for n in ("ep", "fsdp")
+        n: [json.loads(line) for line in (tmp_path / n / "metrics.jsonl").read_text().splitlines()]
+        for n in ("ep", "fsdp")
     }
     assert [r["loss"] for r in rows["ep"]] == pytest.approx([r["loss"] for r in rows["fsdp"]], rel=1e-4)
     # The router's load-balancing loss is reported: 0.01 x 4 layers x (1 when balanced, up to 8).
@@ -133,7 +134,7 @@ def test_plan_of_the_moe_config(repo, tmp_path, run_cli_in_process):
     # `expert` splits the experts and, outside the expert layers, is one more FSDP axis (embed over fsdp x expert).
     assert j["axes"]["expert"]["splits"] == ["embed", "expert"] and j["axes"]["fsdp"]["splits"] == ["embed"]
     assert j["totals"]["total"]["per_device"] == pytest.approx(j["totals"]["total"]["ideal"], rel=1e-5)
-    wi = next(l for l in j["leaves"] if l["path"] == "params/blocks/mlp/wi_0")
+    wi = next(leaf for leaf in j["leaves"] if leaf["path"] == "params/blocks/mlp/wi_0")
     assert wi["spec"] == "P(None, 'expert', 'fsdp', None)"
     assert (
         "experts: 8 (top-2, capacity 10) over 4 shard(s) in 4 layers: all-to-all 16x 1.25 MiB per step and "

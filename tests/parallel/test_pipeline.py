@@ -182,7 +182,7 @@ def test_config_errors_name_the_key(edit, key, message, write):
         text += "train: {batch_size: 12, seq_len: 8}\n"
     path = write("pp.yaml", text)
     cfg = load_config(path)
-    line = [i + 1 for i, l in enumerate(text.splitlines()) if key.split(".")[-1] + ":" in l][0]
+    line = [i + 1 for i, src in enumerate(text.splitlines()) if key.split(".")[-1] + ":" in src][0]
     with pytest.raises(PipelineError) as e:
         trainer_from_config(cfg, pt.make_mesh(cfg.mesh.shape, devices=jax.devices()[: cfg.mesh.devices]))
     assert str(e.value).startswith(f"{path}:{line}: {key}: {message}")
@@ -206,10 +206,13 @@ def test_an_nnx_model_pipelines_with_scan_layers(runs, reference):
     model = pt.NNXModel(lambda rngs: NNXPipelinedGPT(embed=32, heads=4, mlp=64, layers=4, rngs=rngs))
     mesh, rules, m = LAYOUTS["pp-S2"]
     tr = runs.trainer(model, mesh, rules, microbatches=m)
-    ref_tr, ref_state0 = reference[0], reference[0].init(jax.random.key(0))
-    assert [l.spec for l in tr.state_layouts() if "blocks" in l.path][0][0] == "stage"
+    ref_state0 = reference[0].init(jax.random.key(0))
+    assert [leaf.spec for leaf in tr.state_layouts() if "blocks" in leaf.path][0][0] == "stage"
     state = tr.init(jax.random.key(0))
-    copy = lambda tree, shardings: jax.tree.map(lambda a, sh: jax.device_put(np.asarray(a), sh), tree, shardings)  # noqa: E731
+
+    def copy(tree, shardings):
+        return jax.tree.map(lambda a, sh: jax.device_put(np.asarray(a), sh), tree, shardings)
+
     state = state.replace(
         params=copy(ref_state0.params, tr.state_shardings.params),
         opt_state=copy(ref_state0.opt_state, tr.state_shardings.opt_state),

@@ -66,7 +66,7 @@ def test_gpipe_equals_the_layers_applied_in_order(data, stages, micro):
     y_ref, aux_ref = sequential(ws, x, scale)
     g_ref = jax.grad(lambda w, x: sequential(w, x, scale)[0].sum(), argnums=(0, 1))(ws, x)
     np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-6)
-    for a, b in zip(g, g_ref):
+    for a, b in zip(g, g_ref, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     # Summed over layers; a mean over micro-batches of per-micro-batch means is the batch mean here.
     np.testing.assert_allclose(aux["aux"], aux_ref, rtol=1e-5)
@@ -77,7 +77,10 @@ def test_the_shift_is_one_collective_permute_per_iteration(data):
     stages, micro = 4, 4
     mesh = pt.make_mesh({"stage": stages, "data": 2})
     rules = pt.Rules([("layers", "stage"), ("batch", "data")])
-    f = lambda w, x: gpipe(layer_fn, w, x, (scale,), stages=stages, microbatches=micro, batch_axes=("data",))[0]  # noqa: E731
+
+    def f(w, x):
+        return gpipe(layer_fn, w, x, (scale,), stages=stages, microbatches=micro, batch_axes=("data",))[0]
+
     with pt.sharding_context(mesh, rules):
         wsh = jax.device_put(ws, NamedSharding(mesh, P("stage")))
         text = jax.jit(f).lower(wsh, x).compile().as_text()

@@ -70,7 +70,7 @@ def test_memory_by_axis(make_gpt, make_plan):
     assert axes["stage"]["splits"] == ["layers"]
     assert axes["fsdp"]["splits"] == ["embed"]  # every GPT param has an embed dim
     assert axes["data"] == {"size": 1, "splits": [], "per_device_bytes": 0, "unsplit_bytes": 0}
-    stacked = [l for l in plan.params + plan.opt_state if l.names and "layers" in l.names]
-    assert axes["stage"]["per_device_bytes"] == sum(l.per_device_bytes for l in stacked)
+    stacked = [leaf for leaf in plan.params + plan.opt_state if leaf.names and "layers" in leaf.names]
+    assert axes["stage"]["per_device_bytes"] == sum(leaf.per_device_bytes for leaf in stacked)
     assert axes["stage"]["unsplit_bytes"] == 2 * axes["stage"]["per_device_bytes"]
     assert plan.to_json()["axes"] == axes

@@ -24,15 +24,15 @@ from partitioning.train import Trainer
 def _bytes_from_specs(layouts, sizes):
     """Per-device bytes recomputed from shapes and specs, independently of LeafLayout."""
     total = 0
-    for l in layouts:
+    for leaf in layouts:
         n = 1
-        for i, s in enumerate(l.shape):
-            entry = l.spec[i] if i < len(l.spec) else None
+        for i, s in enumerate(leaf.shape):
+            entry = leaf.spec[i] if i < len(leaf.spec) else None
             axes = () if entry is None else ((entry,) if isinstance(entry, str) else entry)
             shards = math.prod(sizes[a] for a in axes)
-            assert s % shards == 0, (l.path, i)
+            assert s % shards == 0, (leaf.path, i)
             n *= s // shards
-        total += n * np.dtype(l.dtype).itemsize
+        total += n * np.dtype(leaf.dtype).itemsize
     return total
 
 
@@ -72,7 +72,7 @@ def test_table_bytes_equal_real_shards_on_8_devices(make_gpt, make_plan, batch_s
     p = make_plan(model, dict(mesh.shape), "fsdp_tp", tx=tx)
     trainer = Trainer(model, tx, mesh, "fsdp_tp", batch_size=batch_size, seq_len=seq_len)
     state = trainer.init(jax.random.key(0))
-    rows = {l.path: l for l in p.params + p.opt_state}
+    rows = {leaf.path: leaf for leaf in p.params + p.opt_state}
     leaves = jax.tree_util.tree_flatten_with_path(state)[0]
     per_device = {d: 0 for d in mesh.devices.flat}
     seen = set()
@@ -125,8 +125,8 @@ def test_uncovered_names_and_unused_rules(make_plan, make_mlp):
     assert [u.index for u in p.unused_rules] == [1]
     assert p.idle_axes == [IdleAxis("data", 2, False)]
     assert (
-        "mesh axis 'data' (size 2) shards no parameter: params, gradients and optimizer state are replicated 2x across it"
-        in p.warnings()
+        "mesh axis 'data' (size 2) shards no parameter: params, gradients and optimizer state are replicated 2x "
+        "across it" in p.warnings()
     )
     assert (
         "rule 1 ['heads', 'tensor'] never claims a dimension of any parameter or activation (rules[1])" in p.warnings()
@@ -154,7 +154,7 @@ def test_indivisible_dimension_is_reported_not_raised(make_gpt, make_plan):
         "opt_state/0/nu/blocks/mlp/wi_1",
         "opt_state/0/nu/blocks/mlp/wo",
     ]
-    row = next(l for l in p.params if l.path == "params/blocks/mlp/wi_0")
+    row = next(leaf for leaf in p.params if leaf.path == "params/blocks/mlp/wi_0")
     assert row.spec == P(None, "fsdp", None)  # mlp fell back to unsharded (fsdp has size 1)
     relaxed = make_plan(model, {"data": 1, "fsdp": 1, "tensor": 4}, "fsdp_tp", on_indivisible="replicate")
     assert relaxed.errors == [] and relaxed.indivisible == p.indivisible

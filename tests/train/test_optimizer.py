@@ -21,10 +21,10 @@ def test_other_optimizers_train_and_shard(name, tokens, run_steps, batch_size, s
     state, losses = run_steps(trainer, tokens, 6)
     assert losses[-1] < losses[0], losses
     layouts = trainer.state_layouts()
-    sharded = [l.path for l in layouts if l.path.startswith("opt_state") and not l.replicated]
+    sharded = [leaf.path for leaf in layouts if leaf.path.startswith("opt_state") and not leaf.replicated]
     if name == "adafactor":
         # Factored second moments have other shapes than their params: replicated (and small).
-        specs = {l.path: (l.shape, l.spec) for l in layouts}
+        specs = {leaf.path: (leaf.shape, leaf.spec) for leaf in layouts}
         assert specs["opt_state/1/inner_state/0/v_row/embedding"] == ((128,), P())
         assert specs["opt_state/1/inner_state/0/v_col/embedding"] == ((256,), P())
         # Unfactored second moments (the 128 x 64 wi_0) are laid out like their param.

@@ -35,7 +35,7 @@ def _leaves_with_layouts(boxed, arrays):
     b = jax.tree_util.tree_leaves(boxed, is_leaf=is_box)
     a = jax.tree_util.tree_leaves(arrays)
     assert len(a) == len(b)
-    return list(zip(b, a))
+    return list(zip(b, a, strict=True))
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,7 @@ def test_every_leaf_has_the_sharding_its_rules_imply(
                 1 if e is None else int(np.prod([mesh.shape[a] for a in ((e,) if isinstance(e, str) else e)]))
                 for e in norm_spec(expected, arr.ndim)
             ]
-            assert shard == tuple(s // n for s, n in zip(arr.shape, sizes))
+            assert shard == tuple(s // n for s, n in zip(arr.shape, sizes, strict=True))
     assert checked == 3 * len(jax.tree.leaves(state.params))  # params, adam mu and nu
     # Spot-check concrete values, independent of explain().
     wi = state.params["blocks"]["mlp"]["wi_0"]  # (layers, embed, mlp)
@@ -79,7 +79,7 @@ def test_every_leaf_has_the_sharding_its_rules_imply(
     assert norm_spec(mu.sharding.spec, 3) == expect
     assert norm_spec(state.step.sharding.spec, 0) == ()
     # state_layouts() agrees with the arrays, with paths.
-    layouts = {l.path: l for l in trainer.state_layouts()}
+    layouts = {leaf.path: leaf for leaf in trainer.state_layouts()}
     assert norm_spec(layouts["params/blocks/mlp/wi_0"].spec, 3) == expect
     assert norm_spec(layouts["opt_state/1/inner_state/0/mu/blocks/mlp/wi_0"].spec, 3) == expect
 
@@ -91,7 +91,10 @@ def test_optimizer_rules_give_zero1_layout(tokens, mlp_fsdp, norm_spec, batches,
         fsdp.model, fsdp.tx, fsdp.mesh, replicated, batch_size=batch_size, seq_len=seq_len, optimizer_rules="fsdp"
     )
     state = zero1.init(jax.random.key(0))
-    adam = lambda s: s.inner_state[0]  # noqa: E731  (inject_hyperparams -> adamw chain)
+
+    def adam(opt_state):
+        return opt_state.inner_state[0]  # inject_hyperparams -> the adamw chain
+
     wi, mu = state.params["wi_0"], adam(state.opt_state).mu["wi_0"]
     assert wi.sharding.is_fully_replicated
     assert norm_spec(mu.sharding.spec, 2) == ("fsdp", None)

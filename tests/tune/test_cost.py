@@ -212,7 +212,9 @@ def test_pipeline_and_expert_collectives_and_the_bubble():
 
 
 def test_expert_weights_are_not_gathered_over_the_expert_axis():
-    box = lambda shape, names: LogicallyPartitioned(jax.ShapeDtypeStruct(shape, jnp.bfloat16), names)  # noqa: E731
+    def box(shape, names):
+        return LogicallyPartitioned(jax.ShapeDtypeStruct(shape, jnp.bfloat16), names)
+
     tree = {
         "wi": box((2, 4, D, F), ("layers", "expert", "embed", "mlp")),
         "wo": box((2, 4, F, D), ("layers", "expert", "mlp", "embed")),

@@ -2,6 +2,7 @@
 ranking; what a compiled view changes; what to say when nothing fits."""
 
 import dataclasses
+import itertools
 
 import optax
 import pytest
@@ -88,7 +89,7 @@ def test_memory_rejections_and_what_budget_would_fit(run_search):
 def test_ties_go_to_the_simpler_layout(run_search):
     s = run_search(budget=2**30)
     best = s.ranked[0].step_time
-    for a, b in zip(s.ranked, s.ranked[1:]):
+    for a, b in itertools.pairwise(s.ranked):
         if round(a.step_time / best, 3) == round(b.step_time / best, 3):
             assert (a.candidate.grad_accum, a.candidate.zero1) <= (b.candidate.grad_accum, b.candidate.zero1)
 
@@ -195,9 +196,12 @@ def test_pipeline_and_expert_bytes_equal_what_plan_traces(moe_search, rules, mes
         # Expert weights are gathered over fsdp only (their expert dimension stays split 4 ways); the rest over
         # fsdp and expert, whole.
         leaves = build_plan(params, None, mesh, rules).params
-        is_expert = lambda l: {"expert", "mlp"} <= set(l.names or ())  # noqa: E731
-        experts = sum(l.nbytes for l in leaves if is_expert(l))
-        dense = sum(l.nbytes for l in leaves if not is_expert(l) and not l.replicated)
+
+        def is_expert(leaf):
+            return {"expert", "mlp"} <= set(leaf.names or ())
+
+        experts = sum(leaf.nbytes for leaf in leaves if is_expert(leaf))
+        dense = sum(leaf.nbytes for leaf in leaves if not is_expert(leaf) and not leaf.replicated)
         gathered = sum(c.bytes for c in r.analytic.comm if c.kind == "all-gather" and c.phase == "fwd")
         assert gathered == dense + experts // 4
 
