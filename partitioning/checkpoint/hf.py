@@ -58,7 +58,7 @@ def _config(path: str | os.PathLike) -> tuple[Path, dict[str, Any], Any]:
 
 
 def hf_family(path_or_dir: str | os.PathLike) -> str:
-    """The family of a checkpoint directory (or its ``config.json``): ``llama``, ``mistral``, ``qwen2``, ``gemma``, ``gpt2``.
+    """A checkpoint's family (``llama``, ``mistral``, ``qwen2``, ``gemma``, ``gpt2``), from its ``config.json``.
 
     Example::
 

@@ -48,8 +48,8 @@ def _strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
 
 def _span(box: Box, strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
     """(first byte, byte count) of the smallest contiguous range holding ``box``."""
-    first = sum(a * s for (a, _), s in zip(box, strides))
-    last = sum((b - 1) * s for (_, b), s in zip(box, strides))
+    first = sum(a * s for (a, _), s in zip(box, strides, strict=True))
+    last = sum((b - 1) * s for (_, b), s in zip(box, strides, strict=True))
     return first, last - first + itemsize
 
 
@@ -73,19 +73,19 @@ def _union(boxes: Sequence[Box]) -> Box:
 
 
 def _intersect(x: Box, y: Box) -> Box | None:
-    out = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(x, y))
+    out = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(x, y, strict=True))
     return None if any(a >= b for a, b in out) else out
 
 
 def _local(box: Box, origin: Box) -> tuple[slice, ...]:
-    return tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(box, origin))
+    return tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(box, origin, strict=True))
 
 
 def _boxes(sharding: Any, shape: tuple[int, ...]) -> dict[Box, list[Any]]:
     """This process's distinct device boxes (devices holding the same box share one read)."""
     out: dict[Box, list[Any]] = defaultdict(list)
     for device, index in sharding.addressable_devices_indices_map(shape).items():
-        out[tuple(s.indices(n)[:2] for s, n in zip(index, shape))].append(device)
+        out[tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=True))].append(device)
     return out
 
 
