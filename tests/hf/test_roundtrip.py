@@ -4,7 +4,6 @@ all-or-nothing on disk; a plain GPT exports as Llama."""
 import json
 import os
 import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -13,7 +12,7 @@ import pytest
 import partitioning as pt
 from partitioning.checkpoint import hf_write
 from partitioning.models import GPT
-from tests.hf.conftest import FAMILIES, expected, fixture, logits, mesh_for, tensors_of
+from tests.hf.conftest import FAMILIES, fixture, logits, mesh_for, tensors_of
 
 HF_PYTHON = os.environ.get("PARTITIONING_HF_PYTHON")  # a Python with torch + transformers (tools/make_hf_fixtures.py)
 
@@ -102,6 +101,7 @@ def test_a_failed_save_changes_nothing_on_disk(tmp_path, monkeypatch):
 
 def test_a_plain_gpt_exports_as_llama_and_mistral(tmp_path):
     tokens = np.arange(24, dtype=np.int32).reshape(2, 12) % 64
+    rng = np.random.default_rng(0)
     for kw, arch in [
         (
             dict(kv_heads=2, tie_embeddings=True, rope_scaling={"rope_type": "linear", "factor": 2.0}),
@@ -112,7 +112,6 @@ def test_a_plain_gpt_exports_as_llama_and_mistral(tmp_path):
         model = GPT(vocab_size=64, embed=32, heads=4, mlp=64, layers=2, **kw)
         # Random values of the init's shapes: compiling GPT's init takes ~20 s on a loaded 2-core host.
         abstract = pt.unbox(jax.eval_shape(model.init, jax.random.key(0), tokens))
-        rng = np.random.default_rng(0)
         variables = jax.tree.map(lambda a: rng.normal(0, 0.3, a.shape).astype(a.dtype), abstract)
         out = pt.save_hf(model, variables, tmp_path / arch)
         assert json.loads((out / "config.json").read_text())["architectures"] == [arch]
@@ -147,5 +146,4 @@ def test_transformers_loads_what_save_hf_writes(name, tmp_path, repo):
         timeout=300,
     )
     assert r.returncode == 0, r.stdout + r.stderr[-2000:]
-    tokens, want = expected(name)  # the check compared with these
-    assert "OK" in r.stdout
+    assert r.stdout.startswith("OK")
