@@ -49,8 +49,11 @@ def tensors_of(directory: Path) -> dict[str, np.ndarray]:
 def damaged(tmp_path):
     """``damaged(name, drop=(), add={}, replace={})``: a copy of a fixture with its tensors changed."""
 
+    made = []
+
     def make(name: str, drop=(), add=None, replace=None) -> Path:
-        out = tmp_path / name
+        made.append(name)
+        out = tmp_path / (name if made.count(name) == 1 else f"{name}-{made.count(name)}")
         shutil.copytree(fixture(name), out, ignore=shutil.ignore_patterns("*.safetensors*", "v4"))
         tensors = {k: v for k, v in tensors_of(fixture(name)).items() if k not in drop}
         tensors.update(replace or {})
