@@ -19,7 +19,10 @@ they live on: ``q_bias (heads, kv)``, ``k_bias`` / ``v_bias (kv_heads, kv)``, ``
 ``1 + w``) | ``layer``), ``norm_eps``, ``embed_scale`` (``x * sqrt(embed)`` in the compute
 dtype), ``mlp_act`` / ``mlp_glu`` (SwiGLU, GeGLU or GPT-2's plain gelu MLP), ``positions``
 (``rope`` | ``learned``: a ``pos_embedding (positions, embed)`` table of ``max_positions``
-rows), ``rope_scaling`` (``llama3`` / ``linear``), ``sliding_window``, ``attn_scale``.
+rows), ``rope_scaling`` (``llama3`` / ``linear``), ``sliding_window``, ``attn_scale``,
+``kernel_order`` (``out_in``: projection weights stored outputs first, ``q (heads, kv, embed)``,
+``wo (embed, mlp)``, ``unembed (vocab, embed)``, as torch's ``Linear`` stores them, so a Hugging
+Face checkpoint loads without transposes).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from partitioning.boxes import param_for_compute, with_logical_constraint, with_
 from partitioning.errors import ConfigError
 from partitioning.models.attention import Attention, parse_rope_scaling, rope
 from partitioning.models.checks import choice, divides, float_dtype, positive
-from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, dense_param, embed_lookup, make_norm
+from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
 from partitioning.models.moe import MoE, MoeMlp
 from partitioning.parallel.pipeline import LayerStack
 from partitioning.registry import register_model
@@ -67,6 +70,7 @@ class Block(nn.Module):
     rope_scaling: tuple | None = None
     sliding_window: int | None = None
     attn_scale: float | None = None
+    out_in: bool = False
 
     @nn.compact
     def __call__(self, x, _=None):
@@ -84,6 +88,7 @@ class Block(nn.Module):
             rope_scaling=self.rope_scaling,
             window=self.sliding_window,
             scale=self.attn_scale,
+            out_in=self.out_in,
             name="attn",
         )(y)
         y = make_norm(self.norm, self.dtype, self.param_dtype, "mlp_norm", self.norm_eps)(x)
@@ -97,6 +102,7 @@ class Block(nn.Module):
                 act=self.mlp_act,
                 glu=self.mlp_glu,
                 bias=self.mlp_bias,
+                out_in=self.out_in,
                 name="mlp",
             )(y)
         x = with_logical_constraint(x, ("batch", "length", "embed"))
@@ -134,6 +140,7 @@ class GPT(nn.Module):
     rope_scaling: Any = None  # {rope_type: llama3 | linear, factor, ...}
     sliding_window: int | None = None  # query i sees keys i - w < j <= i
     attn_scale: float | None = None  # None: head_dim ** -0.5
+    kernel_order: str = "in_out"  # in_out | out_in: projection weights stored outputs first (torch's Linear)
 
     def __post_init__(self):
         positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
@@ -161,6 +168,7 @@ class GPT(nn.Module):
         choice(self, "norm", NORMS)
         choice(self, "mlp_act", ACTIVATIONS)
         choice(self, "remat", REMAT_POLICIES)
+        choice(self, "kernel_order", ("in_out", "out_in"))
         float_dtype(self, "dtype", "param_dtype")
         MoE.parse(self.moe)  # a bad `moe:` option fails at construction, naming `moe`
         parse_rope_scaling(self.rope_scaling)
@@ -219,6 +227,7 @@ class GPT(nn.Module):
             rope_scaling=parse_rope_scaling(self.rope_scaling),
             sliding_window=self.sliding_window,
             attn_scale=self.attn_scale,
+            out_in=self.kernel_order == "out_in",
         )
         if self.scan_layers:
             # nn.scan over a `layers` axis; a GPipe pipeline when the mesh has a `stage` axis.
@@ -230,8 +239,9 @@ class GPT(nn.Module):
         if self.tie_embeddings:
             logits = jnp.einsum("btd,vd->btv", x, emb.astype(dt)).astype(jnp.float32)
         else:
-            w = dense_param(self, "unembed", ("embed", "vocab"), (self.embed, self.vocab_size), pd, self.embed)
-            logits = jnp.einsum("btd,dv->btv", x, w.astype(dt)).astype(jnp.float32)
+            oi = self.kernel_order == "out_in"
+            w = kernel(self, "unembed", (("embed", self.embed),), (("vocab", self.vocab_size),), pd, self.embed, oi)
+            logits = jnp.einsum(f"btd,{order(oi, 'd', 'v')}->btv", x, w.astype(dt)).astype(jnp.float32)
         return with_logical_constraint(logits, ("batch", "length", "vocab"))
 
 
