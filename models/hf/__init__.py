@@ -1,0 +1,34 @@
+"""Published decoder families (Hugging Face checkpoints): ``config.json`` readers and name maps as data.
+
+Each family is the one GPT decoder (:mod:`partitioning.models.gpt`) with the
+options its ``config.json`` asks for, so every rule preset applies unchanged,
+plus a table from its safetensors tensor names to the decoder's parameter
+paths. The loading engine (:mod:`partitioning.checkpoint.hf`) reads these
+tables; it knows patterns and shapes, not model classes.
+
+- :mod:`partitioning.models.hf.tables` — the name maps: HF tensor name -> parameter path + einops-like pattern.
+- :mod:`partitioning.models.hf.families` — ``config.json`` -> GPT options for Llama, Mistral, Qwen2, Gemma, GPT-2.
+- :mod:`partitioning.models.hf.model` — ``HFDecoder`` (a GPT carrying its ``config.json``), ``build``, ``export_config``.
+
+Example::
+
+    >>> from partitioning.models.hf import build
+    >>> build({"architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_head": 4, "n_layer": 2}).positions
+    'learned'
+"""
+
+from partitioning.models.hf.families import ARCHITECTURES, FAMILIES, Family, family_of
+from partitioning.models.hf.model import HFDecoder, build, export_config, family_for
+from partitioning.models.hf.tables import Tensor
+
+__all__ = [
+    "ARCHITECTURES",
+    "FAMILIES",
+    "Family",
+    "HFDecoder",
+    "Tensor",
+    "build",
+    "export_config",
+    "family_for",
+    "family_of",
+]

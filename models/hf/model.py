@@ -1,0 +1,120 @@
+"""``HFDecoder``: the GPT decoder built from a ``config.json``, carrying that config for ``save_hf``.
+
+:func:`build` reads a ``config.json`` dict through its family
+(:mod:`partitioning.models.hf.families`); :func:`export_config` is the
+``config.json`` a model is saved with: the original dict for an
+``HFDecoder``, or a Llama (Mistral, with a sliding window) config written in
+the dialect both transformers 4.x and 5.x read for a plain ``GPT`` of that
+shape, so a model trained from scratch can be exported too.
+
+Example::
+
+    >>> model = build({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
+    ...                "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 256})
+    >>> model.family, model.heads
+    ('llama', 4)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from partitioning.errors import ConfigError
+from partitioning.models.attention import parse_rope_scaling
+from partitioning.models.gpt import GPT
+from partitioning.models.hf.families import Family, family_of
+
+
+class HFDecoder(GPT):
+    """A :class:`~partitioning.models.gpt.GPT` whose options come from ``hf_config`` (``config.json`` text)."""
+
+    hf_config: str = "{}"
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return json.loads(self.hf_config)
+
+    @property
+    def family(self) -> str:
+        return family_of(self.config).name
+
+
+def build(
+    cfg: Mapping[str, Any],
+    *,
+    dtype: str | None = None,
+    param_dtype: str | None = None,
+    scan_layers: bool = True,
+    remat: str = "none",
+) -> HFDecoder:
+    """The decoder a ``config.json`` describes (float32 unless ``dtype`` / ``param_dtype`` say otherwise)."""
+    opts = family_of(cfg).options(cfg)
+    return HFDecoder(
+        **opts,
+        scan_layers=scan_layers,
+        remat=remat,
+        dtype=dtype or "float32",
+        param_dtype=param_dtype or "float32",
+        hf_config=json.dumps(dict(cfg)),
+    )
+
+
+def family_for(model: Any) -> Family:
+    """The family of a model :func:`export_config` accepts."""
+    return family_of(export_config(model))
+
+
+def export_config(model: Any) -> dict[str, Any]:
+    """The ``config.json`` dict to save ``model`` with (see the module docstring); ConfigError if none fits."""
+    if isinstance(model, HFDecoder):
+        return model.config
+    if not isinstance(model, GPT):
+        raise ConfigError(f"save_hf needs a model built by hf_model / load_hf or a GPT, got {type(model).__name__}")
+    unsupported = {
+        "moe": model.moe is not None,
+        "norm": model.norm != "rms",
+        "positions": model.positions != "rope",
+        "mlp_glu": not model.mlp_glu,
+        "mlp_act": model.mlp_act != "silu",
+        "embed_scale": model.embed_scale,
+        "attn_scale": model.attn_scale is not None,
+        "out_bias": model.out_bias != model.qkv_bias,
+    }
+    bad = [k for k, v in unsupported.items() if v]
+    if bad or (model.sliding_window and (model.qkv_bias or model.mlp_bias)):
+        raise ConfigError(
+            f"a GPT with {', '.join(bad) or 'sliding_window and biases'} has no Hugging Face architecture to export to "
+            "(plain GPTs export as LlamaForCausalLM, with sliding_window as MistralForCausalLM)",
+            arg=(bad or ["sliding_window"])[0],
+        )
+    scaling = parse_rope_scaling(model.rope_scaling)
+    arch, kind = ("MistralForCausalLM", "mistral") if model.sliding_window else ("LlamaForCausalLM", "llama")
+    cfg: dict[str, Any] = {
+        "architectures": [arch],
+        "model_type": kind,
+        "vocab_size": model.vocab_size,
+        "hidden_size": model.embed,
+        "intermediate_size": model.mlp,
+        "num_hidden_layers": model.layers,
+        "num_attention_heads": model.heads,
+        "num_key_value_heads": model.kv_heads or model.heads,
+        "head_dim": model.head_dim or model.embed // model.heads,
+        "hidden_act": "silu",
+        "rms_norm_eps": model.norm_eps,
+        "tie_word_embeddings": model.tie_embeddings,
+        "max_position_embeddings": 2048,
+        # transformers 4.x's keys: 5.x reads them too (4.x ignores rope_parameters).
+        "rope_theta": model.rope_theta,
+        "rope_scaling": dict(scaling) if scaling else None,
+        "torch_dtype": str(model.param_dtype),
+    }
+    if kind == "llama":
+        cfg.update(attention_bias=model.qkv_bias, mlp_bias=model.mlp_bias)
+    else:
+        cfg["sliding_window"] = model.sliding_window
+    return cfg
+
+
+__all__ = ["HFDecoder", "build", "export_config", "family_for"]

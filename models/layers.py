@@ -1,0 +1,166 @@
+"""The decoder's building blocks other than attention: parameters, norms, embedding lookup, MLPs.
+
+Every parameter is created with its true shape and logical names (Flax's
+``nn.DenseGeneral`` flattens kernel shapes before calling the initializer,
+which breaks 3-name annotations), so the layers use ``self.param`` +
+``einsum`` directly. The options cover the published decoder families
+(:mod:`partitioning.models.hf`): RMSNorm with ``scale`` or ``(1 + scale)``
+(Gemma), LayerNorm with a bias (GPT-2), gated (SwiGLU / GeGLU) or plain MLPs
+with silu / gelu activations and optional biases.
+
+Example::
+
+    >>> y = MlpBlock(512, jnp.float32, jnp.float32, act="gelu_tanh", glu=False, bias=True)  # GPT-2's MLP
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from partitioning.boxes import (
+    compute_spec,
+    logical_spec,
+    param_for_compute,
+    with_logical_constraint,
+    with_logical_partitioning,
+)
+from partitioning.context import get_logical_axis_rules
+
+NORMS = ("rms", "layer", "rms_offset")
+# The activations of the families' MLPs, by HF name too: gelu_new / gelu_pytorch_tanh are the tanh approximation.
+ACTIVATIONS = {
+    "silu": nn.silu,
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "relu": nn.relu,
+}
+
+
+def dense_param(mod: nn.Module, name: str, names: tuple, shape: tuple, dtype: Any, fan_in: int):
+    """A weight initialised N(0, 1/fan_in), boxed with ``names``, resharded for compute on Explicit meshes."""
+    init = nn.initializers.normal(stddev=fan_in**-0.5)
+    return param_for_compute(mod.param(name, with_logical_partitioning(init, names), shape, dtype), names)
+
+
+def bias_param(mod: nn.Module, name: str, names: tuple, shape: tuple, dtype: Any):
+    """A bias (zeros) named by the dimensions it lives on, e.g. ``("heads", "kv")`` for a query bias."""
+    return param_for_compute(
+        mod.param(name, with_logical_partitioning(nn.initializers.zeros, names), shape, dtype), names
+    )
+
+
+class Norm(nn.Module):
+    """RMSNorm (``rms``: ``x * scale``, as in Llama; ``rms_offset``: ``x * (1 + scale)``, scale
+    initialised at 0, as in Gemma) or LayerNorm (``layer``: scale and bias, as in GPT-2);
+    statistics in float32."""
+
+    kind: str = "rms"
+    eps: float = 1e-6
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        def vector(name, init):
+            box = with_logical_partitioning(init, ("embed",))
+            return param_for_compute(self.param(name, box, (x.shape[-1],), self.param_dtype), ("embed",))
+
+        x32 = x.astype(jnp.float32)
+        if self.kind == "rms_offset":
+            scale = 1.0 + vector("scale", nn.initializers.zeros).astype(jnp.float32)
+        else:
+            scale = vector("scale", nn.initializers.ones).astype(jnp.float32)
+        if self.kind != "layer":
+            return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps) * scale).astype(
+                self.dtype
+            )
+        bias = vector("bias", nn.initializers.zeros).astype(jnp.float32)
+        mean = x32.mean(-1, keepdims=True)
+        var = ((x32 - mean) ** 2).mean(-1, keepdims=True)
+        return ((x32 - mean) * jax.lax.rsqrt(var + self.eps) * scale + bias).astype(self.dtype)
+
+
+def make_norm(kind: str, dtype, param_dtype, name: str, eps: float = 1e-6) -> Norm:
+    return Norm(kind, eps=eps, dtype=dtype, param_dtype=param_dtype, name=name)
+
+
+def embed_lookup(emb, tokens):
+    """``emb[tokens]``; on Explicit axes JAX cannot infer a gather's output layout, so it is named."""
+    spec = logical_spec(("batch", "length", "embed"))
+    if spec is None:
+        if get_logical_axis_rules() and not jax.sharding.get_abstract_mesh().empty:
+            # Gather the table over the batch axes first (FSDP's all-gather), so the lookup is local:
+            # XLA cannot move a lookup split along `embed` to a batch split over several axes (ep)
+            # without replicating the activations.
+            emb = jax.lax.with_sharding_constraint(emb, compute_spec(("vocab", "embed")))
+        return jnp.take(emb, tokens, axis=0)
+    return emb.at[tokens].get(out_sharding=spec, mode="fill")
+
+
+def row_parallel(equation: str, h, w):
+    """An output projection contracting a (tensor-sharded) dimension back to ``embed``.
+
+    On Explicit axes JAX cannot infer the output layout of a contraction over
+    a sharded dimension, so it is named; on Auto axes XLA inserts the all-reduce.
+    """
+    y = jnp.einsum(equation, h, w, out_sharding=logical_spec(("batch", "length", "embed")))
+    return with_logical_constraint(y, ("batch", "length", "embed"))
+
+
+class MlpBlock(nn.Module):
+    """Gated (``glu``: SwiGLU as in Llama, GeGLU as in Gemma: ``wi_0`` gate, ``wi_1`` up) or plain
+    (``wi``, as in GPT-2) MLP, then ``wo`` back to ``embed``; ``bias`` adds ``<weight>_bias`` vectors."""
+
+    mlp: int
+    dtype: Any
+    param_dtype: Any
+    act: str = "silu"
+    glu: bool = True
+    bias: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+        d, m, pd, dt = x.shape[-1], self.mlp, self.param_dtype, self.dtype
+
+        def project_in(name):
+            w = dense_param(self, name, ("embed", "mlp"), (d, m), pd, d)
+            y = jnp.einsum("btd,dm->btm", x, w.astype(dt))
+            return y + bias_param(self, f"{name}_bias", ("mlp",), (m,), pd).astype(dt) if self.bias else y
+
+        act = ACTIVATIONS[self.act]
+        if self.glu:
+            # Created in this order (gate, up, down) so the default's init is unchanged.
+            w0 = dense_param(self, "wi_0", ("embed", "mlp"), (d, m), pd, d)
+            w1 = dense_param(self, "wi_1", ("embed", "mlp"), (d, m), pd, d)
+            wo = dense_param(self, "wo", ("mlp", "embed"), (m, d), pd, m)
+            gate = jnp.einsum("btd,dm->btm", x, w0.astype(dt))
+            up = jnp.einsum("btd,dm->btm", x, w1.astype(dt))
+            if self.bias:
+                gate = gate + bias_param(self, "wi_0_bias", ("mlp",), (m,), pd).astype(dt)
+                up = up + bias_param(self, "wi_1_bias", ("mlp",), (m,), pd).astype(dt)
+            hdn = act(gate) * up
+        else:
+            hdn = act(project_in("wi"))
+            wo = dense_param(self, "wo", ("mlp", "embed"), (m, d), pd, m)
+        hdn = with_logical_constraint(hdn, ("batch", "length", "mlp"))
+        y = row_parallel("btm,md->btd", hdn, wo.astype(dt))
+        if self.bias:
+            y = y + bias_param(self, "wo_bias", ("embed",), (d,), pd).astype(dt)
+        return y
+
+
+__all__ = [
+    "Norm",
+    "MlpBlock",
+    "make_norm",
+    "dense_param",
+    "bias_param",
+    "embed_lookup",
+    "row_parallel",
+    "NORMS",
+    "ACTIVATIONS",
+]

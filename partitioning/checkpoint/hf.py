@@ -1,0 +1,207 @@
+"""Hugging Face checkpoints in and out: ``load_hf``, ``save_hf``, ``hf_model``, ``hf_family``.
+
+A published checkpoint (``config.json`` + safetensors) is a model family
+(:mod:`partitioning.models.hf`) plus a name map. Loading builds the family's
+decoder from ``config.json``, lays out its parameters with the rules on the
+mesh, and has each process read only the bytes of the shards its devices
+hold (:mod:`~partitioning.checkpoint.hf_read`). Saving gathers one file
+tensor at a time (:mod:`~partitioning.checkpoint.hf_write`). The families
+are imported inside these functions: ``import partitioning`` loads no
+reference model.
+
+Example::
+
+    >>> model, variables = load_hf("tests/fixtures/hf/llama", mesh, "fsdp_tp")
+    >>> save_hf(model, variables, "out/llama")
+    PosixPath('out/llama')
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from partitioning.boxes import unbox
+from partitioning.checkpoint.hf_files import DTYPES, discover, parse_size, read_config
+from partitioning.checkpoint.hf_map import check_params, expand, match
+from partitioning.checkpoint.hf_read import Reader
+from partitioning.checkpoint.hf_write import save_tensors
+from partitioning.context import get_logical_axis_rules
+from partitioning.errors import CheckpointError, ConfigError
+from partitioning.layout import tree_shardings
+
+# Errors about the caller's own arguments, not about config.json.
+_ARGS = {"dtype", "param_dtype", "remat", "scan_layers"}
+
+
+def _families() -> Any:
+    # Loading a published checkpoint means building its family: the one place outside the
+    # config build step that imports the reference models, and only when called.
+    import partitioning.models.hf as families
+
+    return families
+
+
+def _config(path: str | os.PathLike) -> tuple[Path, dict[str, Any], Any]:
+    directory, cfg = read_config(path)
+    try:
+        return directory, cfg, _families().family_of(cfg)
+    except ConfigError as e:
+        raise CheckpointError(f"{directory / 'config.json'}: {e}") from None
+
+
+def hf_family(path_or_dir: str | os.PathLike) -> str:
+    """The family of a checkpoint directory (or its ``config.json``): ``llama``, ``mistral``, ``qwen2``, ``gemma``, ``gpt2``.
+
+    Example::
+
+        >>> pt.hf_family("tests/fixtures/hf/qwen2")
+        'qwen2'
+    """
+    return _config(path_or_dir)[2].name
+
+
+def hf_model(
+    path_or_dir: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    param_dtype: str | None = None,
+    scan_layers: bool = True,
+    remat: str = "none",
+) -> Any:
+    """The Flax module a checkpoint's ``config.json`` describes, without reading any weights.
+
+    Enough for ``plan`` / ``tune``: plan Llama-3.1-70B from its ``config.json`` alone.
+    ``dtype`` / ``param_dtype`` default to float32.
+
+    Example::
+
+        >>> model = pt.hf_model("tests/fixtures/hf/gemma/config.json")
+        >>> model.head_dim, model.norm, model.tie_embeddings
+        (12, 'rms_offset', True)
+    """
+    directory, cfg, _ = _config(path_or_dir)
+    try:
+        return _families().build(cfg, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat)
+    except ConfigError as e:
+        if e.arg in _ARGS:
+            raise
+        raise CheckpointError(f"{directory / 'config.json'}: {e}") from None
+
+
+def _abstract(model: Any) -> Any:
+    return jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"]
+
+
+def load_hf(
+    path: str | os.PathLike,
+    mesh: jax.sharding.Mesh | None = None,
+    rules: Any = None,
+    *,
+    dtype: str | None = None,
+    param_dtype: str | None = None,
+    scan_layers: bool = True,
+    remat: str = "none",
+    on_indivisible: str = "error",
+) -> tuple[Any, dict[str, Any]]:
+    """``(model, {"params": ...})`` from a Hugging Face checkpoint, every array born in its shard.
+
+    ``rules``: a :class:`Rules`, preset name or pairs; ``None`` takes the rule context in force,
+    else the ``fsdp`` preset. Without a ``mesh`` the arrays are on the first local device. Each
+    process reads only the bytes of its devices' shards; ``.safetensors`` in float32, bfloat16 or
+    float16 are cast to ``param_dtype`` (default float32). ``model.apply(variables, tokens)`` gives
+    the logits ``transformers`` gives.
+
+    Example::
+
+        >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
+        >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")
+        >>> variables["params"]["blocks"]["attn"]["q"].sharding.spec
+        PartitionSpec(None, 'fsdp')
+    """
+    model = hf_model(path, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat)
+    directory, _, family = _config(path)
+    stored = discover(directory)
+    abstract = _abstract(model)
+    if mesh is None:
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        shardings = jax.tree.map(lambda _: device, unbox(abstract))
+    else:
+        if rules is None:
+            rules = get_logical_axis_rules()
+            rules = rules if len(rules) else "fsdp"
+        shardings = tree_shardings(abstract, mesh, rules, on_indivisible=on_indivisible)
+    flat = traverse_util.flatten_dict(unbox(abstract))
+    flat_shardings = traverse_util.flatten_dict(shardings)
+    shapes = {k: tuple(v.shape) for k, v in flat.items()}
+    maps, _ = expand(family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers)
+    check_params(maps, shapes, family.name)
+    extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
+    found = match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
+    params = {}
+    with Reader() as reader:
+        for m in maps:
+            sources = [found[n] for n in m.hf]
+            params[m.path] = reader.param(m, sources, shapes[m.path], flat[m.path].dtype, flat_shardings[m.path])
+    return model, {"params": traverse_util.unflatten_dict(params)}
+
+
+def save_hf(
+    model: Any, variables: Any, out_dir: str | os.PathLike, *, max_shard_size: int | str = "5GB", dtype: Any = None
+) -> Path:
+    """Writes ``model``'s parameters as a Hugging Face checkpoint ``transformers`` loads; returns ``out_dir``.
+
+    ``config.json`` is the one the model was loaded with (a plain ``GPT`` is written as
+    ``LlamaForCausalLM``); weights go to ``model.safetensors``, or to
+    ``model-0000k-of-0000n.safetensors`` + an index past ``max_shard_size`` (``"5GB"``, ``"500MB"``,
+    or bytes), in ``dtype`` (default: the parameters'). Tied output weights are not written. Each
+    tensor is gathered alone (multi-process: process 0 writes); the directory changes only when
+    every file is complete.
+
+    Example::
+
+        >>> model, variables = pt.load_hf("tests/fixtures/hf/gpt2")
+        >>> pt.save_hf(model, variables, "out/gpt2", dtype="bfloat16")
+        PosixPath('out/gpt2')
+    """
+    families = _families()
+    cfg = families.export_config(model)
+    family = families.family_of(cfg)
+    if dtype is not None and (
+        not isinstance(dtype, str | np.dtype | type) or jnp.dtype(dtype) not in map(np.dtype, DTYPES.values())
+    ):
+        raise ConfigError(f"dtype must be one of float32, bfloat16, float16, float64; got {dtype!r}", arg="dtype")
+    params = variables.get("params", variables) if hasattr(variables, "get") else variables
+    flat = traverse_util.flatten_dict(unbox(params))
+    shapes = {k: tuple(v.shape) for k, v in flat.items()}
+    maps, order = expand(family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers)
+    check_params(maps, shapes, family.name)
+    want = traverse_util.flatten_dict(unbox(_abstract(model)))
+    for k, v in want.items():
+        if shapes[k] != tuple(v.shape):
+            raise CheckpointError(f"parameter {'/'.join(k)} has shape {list(shapes[k])}; the model has {list(v.shape)}")
+    out_dtype = jnp.dtype(dtype) if dtype is not None else np.dtype(next(iter(flat.values())).dtype)
+    cfg = dict(cfg)
+    keys = [k for k in ("dtype", "torch_dtype") if k in cfg] or ["torch_dtype"]
+    cfg.update({k: str(out_dtype) for k in keys})
+    out = Path(out_dir)
+    save_tensors(
+        maps,
+        order,
+        flat,
+        out,
+        max_shard_size=parse_size(max_shard_size),
+        dtype=out_dtype if dtype is not None else None,
+        extra_files={"config.json": json.dumps(cfg, indent=2) + "\n"},
+    )
+    return out
+
+
+__all__ = ["load_hf", "save_hf", "hf_model", "hf_family"]

@@ -1,0 +1,137 @@
+"""A family's name map applied to one model: which file tensors make which parameter, and checks.
+
+:func:`expand` turns table rows (:mod:`partitioning.models.hf.tables`) into
+one :class:`ParamMap` per parameter: per-layer rows become either one stacked
+parameter (``scan_layers``: ``blocks/...`` with a leading ``layers`` axis,
+layer ``i`` from file tensor ``...{i}...``) or one parameter per
+``block_{i}``. :func:`match` pairs them with the tensors found on disk and
+turns a missing, extra or wrongly shaped tensor into one
+:class:`~partitioning.CheckpointError` naming it and what ``config.json``
+implies.
+
+Example::
+
+    >>> maps, order = expand(FAMILIES["llama"].tensors, lambda opt: getattr(model, opt), 2, True)
+    >>> maps[2].path, maps[2].hf
+    (('blocks', 'attn', 'q'), ('model.layers.0.self_attn.q_proj.weight', 'model.layers.1.self_attn.q_proj.weight'))
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from partitioning.checkpoint.hf_files import Stored
+from partitioning.checkpoint.hf_pattern import Pattern
+from partitioning.errors import CheckpointError
+
+STACK, BLOCK = "blocks", "block_{i}"
+
+
+@dataclass(frozen=True)
+class ParamMap:
+    """One parameter: its path, the pattern from its file tensor(s), and their names (one per layer if stacked)."""
+
+    path: tuple[str, ...]
+    pattern: Pattern
+    part: int | None
+    hf: tuple[str, ...]
+    stacked: bool
+
+
+def _wanted(when: str | None, option: Callable[[str], Any]) -> bool:
+    if when is None:
+        return True
+    return not option(when[1:]) if when.startswith("!") else bool(option(when))
+
+
+def expand(
+    rows: Sequence[Any], option: Callable[[str], Any], layers: int, scan_layers: bool
+) -> tuple[list[ParamMap], list[str]]:
+    """``(one ParamMap per parameter, every file tensor name in file order)`` for a model with these options.
+
+    File order is transformers': the rows before the first per-layer row, layer 0's rows, layer 1's, ..., the rest.
+    """
+    rows = [r for r in rows if _wanted(r.when, option)]
+    maps: list[ParamMap] = []
+    for r in rows:
+        pattern = Pattern.parse(r.pattern)
+        if "{layer}" not in r.param:
+            maps.append(ParamMap(tuple(r.param.split("/")), pattern, r.part, (r.hf,), False))
+        elif scan_layers:
+            names = tuple(r.hf.format(i=i) for i in range(layers))
+            maps.append(ParamMap(tuple(r.param.format(layer=STACK).split("/")), pattern, r.part, names, True))
+        else:
+            for i in range(layers):
+                path = tuple(r.param.format(layer=BLOCK.format(i=i)).split("/"))
+                maps.append(ParamMap(path, pattern, r.part, (r.hf.format(i=i),), False))
+    per_layer = [i for i, r in enumerate(rows) if "{i}" in r.hf]
+    first, last = (per_layer[0], per_layer[-1]) if per_layer else (len(rows), len(rows) - 1)
+    order = [r.hf for r in rows[:first]]
+    order += [r.hf.format(i=i) for i in range(layers) for r in rows[first : last + 1]]
+    order += [r.hf for r in rows[last + 1 :]]
+    return maps, list(dict.fromkeys(order))
+
+
+def lookup(name: str, stored: Mapping[str, Stored], aliases: Sequence[tuple[str, str]]) -> Stored | None:
+    """The stored tensor for a canonical name, also under the family's alias prefixes."""
+    if name in stored:
+        return stored[name]
+    for canon, alias in aliases:
+        if name.startswith(canon) and alias + name[len(canon) :] in stored:
+            return stored[alias + name[len(canon) :]]
+    return None
+
+
+def check_params(maps: Sequence[ParamMap], shapes: Mapping[tuple[str, ...], tuple[int, ...]], family: str) -> None:
+    """The map names exactly the model's parameters (else the map and the model disagree: a bug, said plainly)."""
+    mapped = {m.path for m in maps}
+    for path in shapes:
+        if path not in mapped:
+            raise CheckpointError(f"parameter {'/'.join(path)} has no tensor in the {family} name map")
+    for m in maps:
+        if m.path not in shapes:
+            raise CheckpointError(f"the {family} name map names {'/'.join(m.path)}, which the model does not have")
+
+
+def layer_shape(m: ParamMap, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(shape[1:]) if m.stacked else tuple(shape)
+
+
+def match(
+    maps: Sequence[ParamMap],
+    shapes: Mapping[tuple[str, ...], tuple[int, ...]],
+    stored: Mapping[str, Stored],
+    *,
+    aliases: Sequence[tuple[str, str]] = (),
+    extra: Sequence[str] = (),
+    where: str = "",
+) -> dict[str, Stored]:
+    """Canonical file tensor name -> its stored tensor; CheckpointError for a missing, extra or misshaped one."""
+    found: dict[str, Stored] = {}
+    for m in maps:
+        want = m.pattern.file_shape(layer_shape(m, shapes[m.path]))
+        for name in m.hf:
+            s = lookup(name, stored, aliases)
+            if s is None:
+                raise CheckpointError(
+                    f"{where}: tensor {name!r} is missing (expected shape {list(want)} from config.json)"
+                )
+            if s.shape != want:
+                raise CheckpointError(
+                    f"{s.file}: tensor {s.name!r} has shape {list(s.shape)}; config.json implies {list(want)}"
+                )
+            found[name] = s
+    used = {s.name for s in found.values()}
+    for name in sorted(stored):
+        if name in used or any(re.search(p, name) for p in extra):
+            continue
+        raise CheckpointError(
+            f"{stored[name].file}: unexpected tensor {name!r}: not part of the model config.json describes"
+        )
+    return found
+
+
+__all__ = ["ParamMap", "expand", "lookup", "match", "check_params", "layer_shape", "STACK", "BLOCK"]

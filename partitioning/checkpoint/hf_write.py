@@ -1,0 +1,151 @@
+"""Writing safetensors from sharded parameters, one file tensor gathered at a time.
+
+Each file tensor (one layer of one parameter; GPT-2's ``c_attn`` from the q,
+k and v of its layer) is assembled on the host from the shards of the
+parameter that hold it: without a copy of the device buffers on the CPU,
+otherwise by slicing the layer on its device first. When the parameters span
+several processes, the layer is sliced on the devices and all-gathered, and
+process 0 writes: host memory stays about one tensor, whatever the model's
+size. Files are written under temporary names and renamed when all are
+complete, so a failed save leaves the directory as it was.
+
+Example::
+
+    >>> save_tensors(maps, order, flat_params, Path("out"), max_shard_size=5 * 10**9)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import re
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from partitioning.checkpoint.hf_files import INDEX, file_names, plan_shards, write_safetensors
+from partitioning.checkpoint.hf_map import ParamMap, layer_shape
+
+_OURS = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?$")
+
+
+@functools.cache
+def _take_layer():
+    return jax.jit(lambda a, i: jax.lax.dynamic_index_in_dim(a, i, keepdims=False))
+
+
+def host_value(x: Any, layer: int | None = None) -> np.ndarray:
+    """``x`` (or ``x[layer]``) as one host array, holding no more than that on the host."""
+    if not isinstance(x, jax.Array):
+        x = np.asarray(x)
+        return x if layer is None else x[layer]
+    if not x.is_fully_addressable:
+        part = x if layer is None else _take_layer()(x, layer)
+        return np.asarray(multihost_utils.process_allgather(part, tiled=True))
+    shape = x.shape if layer is None else x.shape[1:]
+    out = np.empty(shape, x.dtype)
+    cpu = all(d.platform == "cpu" for d in x.sharding.device_set)
+    seen = set()
+    for shard in x.addressable_shards:
+        box = tuple(s.indices(n)[:2] for s, n in zip(shard.index, x.shape))
+        if box in seen or (layer is not None and not box[0][0] <= layer < box[0][1]):
+            continue
+        seen.add(box)
+        if layer is None:
+            out[tuple(slice(*r) for r in box)] = np.asarray(shard.data)
+        elif cpu:
+            out[tuple(slice(*r) for r in box[1:])] = np.asarray(shard.data)[layer - box[0][0]]  # a view, no copy
+        else:
+            out[tuple(slice(*r) for r in box[1:])] = np.asarray(shard.data[layer - box[0][0]])
+    return out
+
+
+def contributions(maps: Sequence[ParamMap]) -> dict[str, list[tuple[ParamMap, int | None]]]:
+    """File tensor name -> the (parameter, layer) pairs it is made of, by part."""
+    out: dict[str, list[tuple[ParamMap, int | None]]] = defaultdict(list)
+    for m in maps:
+        for i, name in enumerate(m.hf):
+            out[name].append((m, i if m.stacked else None))
+    for parts in out.values():
+        parts.sort(key=lambda mp: mp[0].part or 0)
+    return out
+
+
+def save_tensors(
+    maps: Sequence[ParamMap],
+    order: Sequence[str],
+    params: Mapping[tuple[str, ...], Any],
+    out_dir: Path,
+    *,
+    max_shard_size: int,
+    dtype: Any = None,
+    extra_files: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Writes the file tensors (``order``) of ``params`` (flat: path -> array) to ``out_dir``; the file names.
+
+    ``extra_files`` (name -> text, e.g. ``config.json``) are written with the same all-or-nothing rename.
+    """
+    parts = contributions(maps)
+    entries = {}
+    for name in order:
+        m, _ = parts[name][0]
+        shape = layer_shape(m, tuple(params[m.path].shape))
+        entries[name] = (name, np.dtype(dtype or params[m.path].dtype), m.pattern.file_shape(shape))
+    sizes = [(n, int(np.prod(e[2])) * e[1].itemsize) for n, e in entries.items()]
+    shards = plan_shards(sizes, max_shard_size)
+    names = file_names(len(shards))
+
+    def arrays(tensors: list[str]) -> Iterator[np.ndarray]:
+        for t in tensors:
+            (m, _), *_ = parts[t]
+            yield m.pattern.to_file([host_value(params[p.path], layer) for p, layer in parts[t]])
+
+    writer = jax.process_index() == 0
+    files = dict(extra_files or {})
+    if len(shards) > 1:
+        weight_map = {t: f for f, tensors in zip(names, shards) for t in tensors}
+        total = sum(n for _, n in sizes)
+        files[INDEX] = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
+    created = writer and not out_dir.exists()
+    tmp: dict[str, Path] = {}
+    done = False
+    try:
+        if writer:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        for fname, tensors in zip(names, shards):
+            if writer:
+                tmp[fname] = out_dir / f".{fname}.partial"
+                write_safetensors(tmp[fname], [entries[t] for t in tensors], arrays(tensors))
+            else:
+                for _ in arrays(tensors):  # the gathers are collectives: every process takes part
+                    pass
+        if writer:
+            for fname, text in files.items():
+                tmp[fname] = out_dir / f".{fname}.partial"
+                tmp[fname].write_text(text)
+            for f in out_dir.iterdir():
+                if _OURS.match(f.name) and f.name not in tmp:
+                    f.unlink()  # another save's shards: they would shadow or mix with these
+            for fname, path in tmp.items():
+                os.replace(path, out_dir / fname)
+        done = True
+    finally:
+        if not done:
+            for path in tmp.values():
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+                out_dir.rmdir()
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("partitioning.save_hf")
+    return names
+
+
+__all__ = ["save_tensors", "host_value", "contributions"]

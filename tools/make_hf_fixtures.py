@@ -1,0 +1,325 @@
+"""Golden fixtures for `partitioning.load_hf`: tiny random checkpoints made by `transformers` itself.
+
+Run it with a Python that has torch, transformers, safetensors and tokenizers (NOT the project's
+dependencies; a separate venv)::
+
+    python3 -m venv /work/hfref && /work/hfref/bin/pip install torch transformers safetensors tokenizers
+    /work/hfref/bin/python tools/make_hf_fixtures.py            # writes tests/fixtures/hf/<name>/
+    /work/hfref/bin/python tools/make_hf_fixtures.py --check OUT_DIR --expect tests/fixtures/hf/llama
+
+Each fixture directory holds what `save_pretrained` wrote (config.json, model.safetensors or
+shards + index), a tiny byte-level BPE `tokenizer.json` + `tokenizer_config.json` with the
+family's BOS/EOS, `tokens.npy` (fixed int32 tokens, longer than every sliding window) and
+`logits.npy` (transformers' float32 logits on them, eager attention). Weights are random with a
+larger spread than `initializer_range` so the logits are far from uniform and a wrong transpose,
+norm or scale shows. `--check` loads a directory (e.g. one `save_hf` wrote) with `transformers`
+and compares its logits on the expected fixture's tokens; exit 1 on a mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "hf"
+VOCAB = 320
+TOKENS_SHAPE = (2, 16)
+
+# name -> (config class, config kwargs, tokenizer family, save options)
+FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
+    # GQA, untied, Llama 3.1 rope scaling, a large rope_theta.
+    "llama": (
+        "LlamaConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="llama3",
+                rope_theta=500000.0,
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=8,
+            ),
+        ),
+        "llama",
+        {},
+    ),
+    # Tied embeddings, multi-head, linear rope scaling, attention and MLP biases.
+    "llama_tied": (
+        "LlamaConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+            attention_bias=True,
+            mlp_bias=True,
+            rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0),
+        ),
+        "llama",
+        {},
+    ),
+    # Sliding window (5) smaller than the test sequence (16), GQA.
+    "mistral": (
+        "MistralConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            max_position_embeddings=64,
+            sliding_window=5,
+            tie_word_embeddings=False,
+        ),
+        "llama",
+        {},
+    ),
+    # q/k/v biases (no o bias), tied embeddings as in Qwen2-0.5B.
+    "qwen2": (
+        "Qwen2Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        ),
+        "qwen2",
+        {},
+    ),
+    # head_dim (12) != hidden / heads (8), multi-query, GeGLU, (1 + w) norms, sqrt(d) embedding scale.
+    "gemma": (
+        "GemmaConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=12,
+            max_position_embeddings=64,
+            hidden_act="gelu_pytorch_tanh",
+        ),
+        "gemma",
+        {},
+    ),
+    # Learned positions, LayerNorm, fused Conv1D c_attn, gelu_new, tied.
+    "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=2, n_head=4, n_positions=32, n_inner=None), "gpt2", {}),
+    # bf16 and fp16 on disk; logits of the float32 model with those rounded weights.
+    "llama_bf16": (
+        "LlamaConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        ),
+        "llama",
+        {"dtype": torch.bfloat16},
+    ),
+    "qwen2_fp16": (
+        "Qwen2Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        "qwen2",
+        {"dtype": torch.float16},
+    ),
+    # Sharded: several model-0000k-of-0000n.safetensors files + model.safetensors.index.json.
+    "llama_sharded": (
+        "LlamaConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        "llama",
+        {"max_shard_size": "40KB"},
+    ),
+}
+
+# Tokenizer family -> (special tokens in id order, bos, eos, add_bos)
+SPECIALS = {
+    "llama": (["<unk>", "<s>", "</s>"], "<s>", "</s>", True),
+    "qwen2": (["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None, "<|endoftext|>", False),
+    "gemma": (["<pad>", "<eos>", "<bos>", "<unk>"], "<bos>", "<eos>", True),
+    "gpt2": (["<|endoftext|>"], "<|endoftext|>", "<|endoftext|>", False),
+}
+
+
+def corpus() -> list[str]:
+    """Text to train the tiny BPE on: a few stdlib modules (the same kind of text as the toolkit's corpus)."""
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    return [(lib / name).read_text() for name in ("this.py", "textwrap.py", "string.py", "bisect.py")]
+
+
+def make_tokenizer(family: str, out: Path) -> dict:
+    """A byte-level BPE of VOCAB tokens with the family's specials; returns their ids."""
+    specials, bos, eos, add_bos = SPECIALS[family]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(), trainer)
+    ids = {s: tok.token_to_id(s) for s in specials}
+    if add_bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, ids[bos])]
+        )
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=bos,
+        eos_token=eos,
+        unk_token="<unk>" if "<unk>" in specials else None,
+        pad_token="<pad>" if "<pad>" in specials else None,
+        model_max_length=64,
+    )
+    fast.save_pretrained(out)
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update(add_bos_token=add_bos, add_eos_token=False)
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    return {"bos_token_id": ids.get(bos) if bos else None, "eos_token_id": ids[eos], "size": tok.get_vocab_size()}
+
+
+def randomize(model: torch.nn.Module, family: str, seed: int) -> None:
+    """Weights with a spread that makes every part of the forward pass matter to the logits."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            if p.ndim == 1 and ("norm" in name or "ln_" in name) and name.endswith("weight"):
+                # RMSNorm / LayerNorm scales: around 1 (Gemma stores w of (1 + w): around 0).
+                p.copy_((0.0 if family == "gemma" else 1.0) + 0.2 * noise)
+            elif p.ndim == 1:
+                p.copy_(0.1 * noise)  # biases
+            elif "embed" in name or "wte" in name or "wpe" in name:
+                p.copy_(0.5 * noise)
+            else:
+                p.copy_(noise / p.shape[-1] ** 0.5 if "c_" not in name else noise / p.shape[0] ** 0.5)
+
+
+def logits_of(model_dir: Path, tokens: np.ndarray) -> np.ndarray:
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    with torch.no_grad():
+        return model(torch.from_numpy(tokens.astype(np.int64))).logits.float().numpy()
+
+
+def v4_dialect(cfg: dict) -> dict:
+    """The same config as transformers 4.x wrote it: rope_theta + rope_scaling, torch_dtype, no layer_types."""
+    cfg = dict(cfg)
+    rope = dict(cfg.pop("rope_parameters", None) or {})
+    cfg["rope_theta"] = rope.pop("rope_theta", 10000.0)
+    rope_type = rope.pop("rope_type", "default")
+    cfg["rope_scaling"] = None if rope_type == "default" else {"rope_type": rope_type, **rope}
+    if "dtype" in cfg:
+        cfg["torch_dtype"] = cfg.pop("dtype")
+    cfg.pop("layer_types", None)
+    cfg["transformers_version"] = "4.46.0"
+    return cfg
+
+
+def make(name: str, seed: int) -> None:
+    cls_name, kwargs, family, save = FIXTURES[name]
+    out = OUT / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    ids = make_tokenizer(family, out)
+    assert ids["size"] <= VOCAB, ids
+    special = {k: v for k, v in ids.items() if k != "size"}
+    config = getattr(transformers, cls_name)(vocab_size=VOCAB, **kwargs, **special)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    randomize(model, family, seed)
+    model.tie_weights()
+    if "dtype" in save:
+        model = model.to(save["dtype"])
+    model.save_pretrained(out, max_shard_size=save.get("max_shard_size", "5GB"))
+    tokens = np.random.default_rng(seed).integers(0, VOCAB, TOKENS_SHAPE).astype(np.int32)
+    np.save(out / "tokens.npy", tokens)
+    logits = logits_of(out, tokens)
+    np.save(out / "logits.npy", logits.astype(np.float32))
+    if name == "llama":
+        # transformers 4.x's dialect of the same config: transformers 5 reads it to the same model.
+        v4 = out / "v4"
+        v4.mkdir()
+        for f in out.iterdir():
+            if f.suffix == ".safetensors":
+                (v4 / f.name).symlink_to(Path("..") / f.name)
+        (v4 / "config.json").write_text(json.dumps(v4_dialect(json.loads((out / "config.json").read_text())), indent=2))
+        assert np.array_equal(logits_of(v4, tokens), logits), "the 4.x dialect config gives other logits"
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"{name}: {cls_name}, logits std {logits.std():.3f}, {size / 1024:.0f} KiB")
+
+
+def check(model_dir: Path, expect: Path, atol: float) -> int:
+    """Loads `model_dir` with transformers; compares logits with `expect`'s on its tokens."""
+    tokens = np.load(expect / "tokens.npy")
+    got = logits_of(model_dir, tokens)
+    want = np.load(expect / "logits.npy")
+    diff = float(np.abs(got - want).max())
+    ok = got.shape == want.shape and diff <= atol
+    print(f"{'OK' if ok else 'MISMATCH'} {model_dir}: max |diff| {diff:.3g} vs {expect} (atol {atol})")
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*", help=f"fixtures to make (default all: {', '.join(FIXTURES)})")
+    ap.add_argument("--check", type=Path, help="a checkpoint directory to load with transformers")
+    ap.add_argument("--expect", type=Path, help="the fixture whose tokens and logits --check compares with")
+    ap.add_argument("--atol", type=float, default=1e-4)
+    args = ap.parse_args(argv)
+    if args.check:
+        return check(args.check, args.expect, args.atol)
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}")
+    for i, name in enumerate(args.names or FIXTURES):
+        make(name, seed=i)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
