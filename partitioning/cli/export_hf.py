@@ -72,8 +72,8 @@ def export_hf(run_dir: str, out_dir: str, *, step: int | None = None, force: boo
     for a run that did not start from a Hugging Face checkpoint, a missing run
     or step, or an ``out_dir`` that exists and is not empty (unless ``force``).
     """
-    import partitioning as pt
     from partitioning.checkpoint.disk import read_metadata, resolve_checkpoint
+    from partitioning.checkpoint.hf import hf_model, save_hf
 
     out = Path(out_dir)
     if not Path(run_dir).exists():
@@ -92,10 +92,10 @@ def export_hf(run_dir: str, out_dir: str, *, step: int | None = None, force: boo
     try:
         (tmp / "source").mkdir()
         (tmp / "source" / "config.json").write_text(json.dumps(hf["config"]))
-        model = pt.hf_model(tmp / "source", **hf.get("options", {}))
+        model = hf_model(tmp / "source", **hf.get("options", {}))
         shutil.rmtree(tmp / "source")
         params = _restore_params(ref, meta, model)
-        pt.save_hf(model, {"params": params}, tmp / "out")
+        save_hf(model, {"params": params}, tmp / "out")
         tokenizer = hf.get("tokenizer")
         source = Path(tokenizer).parent if tokenizer else Path(hf.get("source", ""))
         for name in TOKENIZER_FILES:
