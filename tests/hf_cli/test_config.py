@@ -1,4 +1,4 @@
-"""``model: {hf: DIR}`` in a run config: found beside the config (then the cwd), options checked, errors at file:line."""
+"""``model: {hf: DIR}`` in a run config: found beside the config (then the cwd), errors at file:line."""
 
 from pathlib import Path
 
@@ -66,7 +66,11 @@ def test_a_relative_path_is_looked_for_beside_the_config_then_in_the_cwd(tmp_pat
         ("missing", "", "a.yaml:2: model.hf: no such checkpoint folder or config.json 'missing' (looked in cfg, .)"),
         ("empty", "", "a.yaml:2: model.hf: cfg/empty has no config.json (a Hugging Face checkpoint folder holds"),
         ("ckpt", "  layers: 3\n", "a.yaml:3: model.layers: unknown key (valid: hf, scan_layers, remat, dtype, "),
-        ("ckpt", "  remat: some\n", "a.yaml:3: model.remat: must be one of none, full, dots, dots_no_batch, got 'some'"),
+        (
+            "ckpt",
+            "  remat: some\n",
+            "a.yaml:3: model.remat: must be one of none, full, dots, dots_no_batch, got 'some'",
+        ),
         ("ckpt", "  scan_layers: 1\n", "a.yaml:3: model.scan_layers: expected true or false, got int 1"),
         ("ckpt", "  name: gpt\n", "a.yaml:1: model: expected a mapping with a 'name' key"),
         ("[1]", "", "a.yaml:2: model.hf: expected a string, got list [1]"),
