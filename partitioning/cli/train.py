@@ -25,7 +25,7 @@ import jax
 
 from partitioning.cli.args import config_args, distributed_args, load_with_devices
 from partitioning.config.build import model_options_resolved
-from partitioning.config.hf import check_hf_weights, hf_params_from_config
+from partitioning.config.hf import check_hf_weights, has_checkpoint, hf_params_from_config
 from partitioning.config.preflight import preflight
 from partitioning.config.run import checkpoint_hook_from_config, trackers_from_config
 from partitioning.errors import ConfigError
@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
             f"--peak-tflops must be a positive number of TFLOP/s, got {args.peak_tflops:g}", arg="--peak-tflops"
         )
     cfg = load_with_devices(args)  # sets up (simulated) devices before any jax computation
+    if cfg.model_hf is not None and (args.resume is False or not has_checkpoint(cfg)):
+        check_hf_weights(cfg)  # a fresh run starts from them: fail before building anything
     # Every check first: a run that fails here has written nothing.
     ready = preflight(cfg, devices=args.devices, resume=args.resume)
     trainer, mesh, run_dir = ready.trainer, ready.mesh, ready.run_dir
@@ -107,7 +109,6 @@ def run(args: argparse.Namespace) -> int:
     # and only when there is no checkpoint of the run's own to resume from.
     pretrained = None
     if cfg.model_hf is not None and ready.resume_step is None:
-        check_hf_weights(cfg)
         pretrained = hf_params_from_config(cfg, mesh)
     # The checkpoint hook goes first: it restores before the log is trimmed to that step.
     ckpt = checkpoint_hook_from_config(cfg, trainer, run_dir, resume=args.resume, log=log)

@@ -138,6 +138,14 @@ def hf_record(cfg: Config) -> dict[str, Any] | None:
 PICKLED = (".bin", ".pt", ".pth", ".ckpt")
 
 
+def has_checkpoint(cfg: Config) -> bool:
+    """The run has a complete checkpoint of its own (a resume would not read the Hugging Face weights)."""
+    from partitioning.checkpoint.disk import list_steps
+
+    directory = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(cfg.run_dir) / "checkpoints"
+    return directory.is_dir() and any(s.complete for s in list_steps(directory))
+
+
 def check_hf_weights(cfg: Config) -> None:
     """The checkpoint has safetensors weights to start training from; else one line at ``model.hf``."""
     folder = cfg.model_hf if cfg.model_hf.is_dir() else cfg.model_hf.parent
@@ -194,6 +202,7 @@ __all__ = [
     "hf_params_from_config",
     "hf_record",
     "check_hf_weights",
+    "has_checkpoint",
     "tokenizer_from_config",
     "CONFIG_JSON",
     "TOKENIZER_JSON",
