@@ -1,7 +1,11 @@
 """Reference models, annotated only with logical axis names.
 
 - :mod:`partitioning.models.mlp` — ``MLP``: a byte-level MLP language model, the smallest model with real layouts.
-- :mod:`partitioning.models.gpt` — ``GPT``: a Llama-shaped decoder (RMSNorm, SwiGLU, RoPE, GQA, scanned layers).
+- :mod:`partitioning.models.gpt` — ``GPT``: a Llama-shaped decoder (RMSNorm, SwiGLU, RoPE, GQA, scanned layers),
+  with the options of the published families (biases, tied embeddings, LayerNorm, GeGLU, learned positions, ...).
+- :mod:`partitioning.models.layers` — norms, the embedding lookup, gated and plain MLPs, parameter helpers.
+- :mod:`partitioning.models.attention` — causal attention: RoPE (``llama3`` / ``linear`` scaling), GQA, sliding window.
+- :mod:`partitioning.models.hf` — the Hugging Face families: ``config.json`` readers and name maps (``load_hf``).
 - :mod:`partitioning.models.checks` — option checks on construction: bad values are errors at their config key.
 - :mod:`partitioning.models.moe` — ``MoE`` options and the GPT's mixture-of-experts MLP (``moe:``).
 - :mod:`partitioning.models.kv_cache` — decode mode's KV cache (the ``cache`` collection) for ``generate``.

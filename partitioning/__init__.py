@@ -8,7 +8,7 @@ The package is a pipeline, one folder per stage::
 
     rules, boxes, mesh, layout      names -> PartitionSpec -> NamedSharding (the core)
     train/                          sharded state, jitted step, data, loop
-    checkpoint/                     orbax save / restore onto any mesh and rules
+    checkpoint/                     orbax save / restore onto any mesh and rules; Hugging Face safetensors in / out
     plan/                           memory, collectives and warnings before running
     parallel/                       pipeline stages (the `layers` axis over `stage`) and experts
     tune/                           the best layout for a device count and a budget: priced, ranked, explained
@@ -49,7 +49,11 @@ from partitioning.checkpoint import (
     CheckpointManager,
     abstract_target,
     checkpoint_metadata,
+    hf_family,
+    hf_model,
+    load_hf,
     reshard_checkpoint,
+    save_hf,
     restore_checkpoint,
     save_checkpoint,
 )
@@ -222,6 +226,11 @@ __all__ = [
     "save_checkpoint",
     "checkpoint_metadata",
     "reshard_checkpoint",
+    # pretrained weights (Hugging Face)
+    "load_hf",
+    "save_hf",
+    "hf_model",
+    "hf_family",
     # plan
     "Plan",
     "build_plan",

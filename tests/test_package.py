@@ -101,7 +101,9 @@ def test_reference_models_are_imported_only_by_the_config_build_and_the_cli():
         if any(d == "partitioning.models" or d.startswith("partitioning.models.") for d in deps)
         and not m.startswith("partitioning.models")
     }
-    assert importers == {"partitioning.config.build"}
+    # Loading a published checkpoint means building its family (partitioning.models.hf), so
+    # checkpoint.hf imports the models too, inside its functions: `import partitioning` stays model-free.
+    assert importers == {"partitioning.config.build", "partitioning.checkpoint.hf"}
     # The CLI reaches them only through the build step.
     assert all(
         m.startswith(("partitioning.cli", "partitioning.config", "partitioning.models"))

@@ -8,7 +8,8 @@ tables; it knows patterns and shapes, not model classes.
 
 - :mod:`partitioning.models.hf.tables` — the name maps: HF tensor name -> parameter path + einops-like pattern.
 - :mod:`partitioning.models.hf.families` — ``config.json`` -> GPT options for Llama, Mistral, Qwen2, Gemma, GPT-2.
-- :mod:`partitioning.models.hf.model` — ``HFDecoder`` (a GPT carrying its ``config.json``), ``build``, ``export_config``.
+- :mod:`partitioning.models.hf.model` — ``HFDecoder`` (a GPT carrying its ``config.json``), ``build``,
+  ``export_config``.
 
 Example::
 

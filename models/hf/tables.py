@@ -13,8 +13,8 @@ A row is ``Tensor(hf, param, pattern, part=None, when=None)``:
 
 Example::
 
-    >>> LLAMA[1]
-    Tensor(hf='model.layers.{i}.input_layernorm.weight', param='{layer}/attn_norm/scale', pattern='d -> d', part=None, when=None)
+    >>> LLAMA[2][:3]
+    ('model.layers.{i}.self_attn.q_proj.weight', '{layer}/attn/q', '(h k) d -> d h k')
 """
 
 from __future__ import annotations

@@ -9,6 +9,12 @@ Modules:
 - :mod:`~partitioning.checkpoint.reader` — fast restore reads: each device slice from tensorstore to its device.
 - :mod:`~partitioning.checkpoint.reshard` — ``reshard_checkpoint``: rewrite a checkpoint for another layout.
 - :mod:`~partitioning.checkpoint.hook` — ``CheckpointHook``: resume, save every K steps, save on exit.
+- :mod:`~partitioning.checkpoint.hf` — ``load_hf`` / ``save_hf`` / ``hf_model``: Hugging Face checkpoints in and out.
+- :mod:`~partitioning.checkpoint.hf_files` — ``config.json``, safetensors headers (validated), indexes, writing files.
+- :mod:`~partitioning.checkpoint.hf_pattern` — name-map patterns (``"(h k) d -> d h k"``): file boxes of a shard.
+- :mod:`~partitioning.checkpoint.hf_map` — a family's name map applied to a model; missing / extra / misshaped tensors.
+- :mod:`~partitioning.checkpoint.hf_read` — per-shard reads: each process reads only its devices' bytes.
+- :mod:`~partitioning.checkpoint.hf_write` — safetensors out, one tensor gathered at a time.
 
 Example::
 
@@ -17,6 +23,7 @@ Example::
     >>> state = restore_checkpoint("runs/a", abstract_target(abstract_state, new_mesh, new_rules))
 """
 
+from partitioning.checkpoint.hf import hf_family, hf_model, load_hf, save_hf
 from partitioning.checkpoint.hook import CheckpointHook
 from partitioning.checkpoint.manager import CheckpointManager, save_checkpoint
 from partitioning.checkpoint.reshard import reshard_checkpoint
@@ -30,4 +37,8 @@ __all__ = [
     "restore_checkpoint",
     "checkpoint_metadata",
     "reshard_checkpoint",
+    "load_hf",
+    "save_hf",
+    "hf_model",
+    "hf_family",
 ]

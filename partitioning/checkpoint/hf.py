@@ -58,7 +58,7 @@ def _config(path: str | os.PathLike) -> tuple[Path, dict[str, Any], Any]:
 
 
 def hf_family(path_or_dir: str | os.PathLike) -> str:
-    """The family of a checkpoint directory (or its ``config.json``): ``llama``, ``mistral``, ``qwen2``, ``gemma``, ``gpt2``.
+    """A checkpoint's family (``llama``, ``mistral``, ``qwen2``, ``gemma``, ``gpt2``), from its ``config.json``.
 
     Example::
 
@@ -123,8 +123,8 @@ def load_hf(
 
         >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
         >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")
-        >>> variables["params"]["blocks"]["attn"]["q"].sharding.spec
-        PartitionSpec(None, 'fsdp')
+        >>> variables["params"]["blocks"]["attn"]["q"].sharding.spec  # (layers, embed, heads, kv)
+        P(None, 'fsdp', None, None)
     """
     model = hf_model(path, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat)
     directory, _, family = _config(path)
@@ -167,9 +167,11 @@ def save_hf(
 
     Example::
 
+        >>> import tempfile
         >>> model, variables = pt.load_hf("tests/fixtures/hf/gpt2")
-        >>> pt.save_hf(model, variables, "out/gpt2", dtype="bfloat16")
-        PosixPath('out/gpt2')
+        >>> out = pt.save_hf(model, variables, tempfile.mkdtemp() + "/gpt2", dtype="bfloat16")
+        >>> sorted(f.name for f in out.iterdir())
+        ['config.json', 'model.safetensors']
     """
     families = _families()
     cfg = families.export_config(model)

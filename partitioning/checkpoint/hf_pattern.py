@@ -69,7 +69,7 @@ class Pattern:
 
     def atom_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The file tensor viewed with one dimension per atom, for a parameter of ``shape``."""
-        size = dict(zip(self.dst, shape))
+        size = dict(zip(self.dst, shape, strict=True))
         return tuple(a if isinstance(a, int) else size[a] for a in self.atoms)
 
     def file_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -79,7 +79,7 @@ class Pattern:
 
     def atom_box(self, box: Box, part: int | None = None) -> Box:
         """The atoms' box holding the parameter's ``box`` (``part`` for the part axis)."""
-        by_name = dict(zip(self.dst, box))
+        by_name = dict(zip(self.dst, box, strict=True))
         return tuple((part, part + 1) if isinstance(a, int) else by_name[a] for a in self.atoms)
 
     def atoms_view(self, param: np.ndarray) -> np.ndarray:

@@ -54,7 +54,7 @@ def host_value(x: Any, layer: int | None = None) -> np.ndarray:
     cpu = all(d.platform == "cpu" for d in x.sharding.device_set)
     seen = set()
     for shard in x.addressable_shards:
-        box = tuple(s.indices(n)[:2] for s, n in zip(shard.index, x.shape))
+        box = tuple(s.indices(n)[:2] for s, n in zip(shard.index, x.shape, strict=True))
         if box in seen or (layer is not None and not box[0][0] <= layer < box[0][1]):
             continue
         seen.add(box)
@@ -110,7 +110,7 @@ def save_tensors(
     writer = jax.process_index() == 0
     files = dict(extra_files or {})
     if len(shards) > 1:
-        weight_map = {t: f for f, tensors in zip(names, shards) for t in tensors}
+        weight_map = {t: f for f, tensors in zip(names, shards, strict=True) for t in tensors}
         total = sum(n for _, n in sizes)
         files[INDEX] = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
     created = writer and not out_dir.exists()
@@ -119,7 +119,7 @@ def save_tensors(
     try:
         if writer:
             out_dir.mkdir(parents=True, exist_ok=True)
-        for fname, tensors in zip(names, shards):
+        for fname, tensors in zip(names, shards, strict=True):
             if writer:
                 tmp[fname] = out_dir / f".{fname}.partial"
                 write_safetensors(tmp[fname], [entries[t] for t in tensors], arrays(tensors))
