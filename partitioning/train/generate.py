@@ -138,8 +138,9 @@ def generate(
 
     Example::
 
+        >>> from partitioning.models import GPT
         >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
-        >>> model = pt.models.GPT(vocab_size=256, embed=32, heads=2, mlp=64, layers=2)
+        >>> model = GPT(vocab_size=256, embed=32, heads=2, mlp=64, layers=2)
         >>> params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
         >>> len(pt.generate(model, pt.unbox(params), list(b"def "), mesh=mesh, rules="fsdp", max_tokens=4))
         4

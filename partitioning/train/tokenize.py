@@ -166,7 +166,16 @@ def _read_bytes(path: Path, arg: str = "tokenizer") -> bytes:
 
 
 def load_tokenizer(path: str | os.PathLike) -> TextTokenizer:
-    """A :class:`TextTokenizer` from a ``tokenizer.json`` or a folder holding one (and its config)."""
+    """A :class:`TextTokenizer` from a ``tokenizer.json`` or a folder holding one (and its config).
+
+    Example::
+
+        >>> tok = pt.load_tokenizer("tests/fixtures/hf/llama")      # tokenizer.json + tokenizer_config.json
+        >>> tok.encode("def f():")[:1], tok.bos_id                  # a BOS first, as the config says
+        ([1], 1)
+        >>> tok.decode(tok.encode("def f():"))
+        'def f():'
+    """
     p = Path(path).expanduser()
     if p.is_dir():
         p = p / TOKENIZER_JSON
