@@ -171,10 +171,10 @@ def worker(pid: int, port: int, ckpt: str, out: str) -> None:
     first, variables = toolkit()
     peak = _status("VmHWM")
     bytes_read = readers[-1].bytes_read
-    # Check: this process's shards hold what load_file reads (q of layer 0 is (h k, d) on disk).
+    # Check: this process's shards hold what load_file reads (q of layer 0 is (h k, d) on disk, (h, k, d) here).
     _, arrays = baseline()
     q = variables["params"]["blocks"]["attn"]["q"]
-    want = arrays["model.layers.0.self_attn.q_proj.weight"].reshape(HEADS, EMBED // HEADS, EMBED).transpose(2, 0, 1)
+    want = arrays["model.layers.0.self_attn.q_proj.weight"].reshape(HEADS, EMBED // HEADS, EMBED)
     ok = all(np.array_equal(np.asarray(s.data)[0], want[s.index[1:]]) for s in q.addressable_shards)
     del variables, arrays, q
     toolkit_s, baseline_s = [], []

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from partitioning.boxes import logical_spec, with_logical_constraint
 from partitioning.errors import ConfigError
 from partitioning.models.kv_cache import cache_positions, cached_kv
-from partitioning.models.layers import bias_param, dense_param, row_parallel
+from partitioning.models.layers import bias_param, kernel, order, row_parallel
 
 # rope_type -> the keys it needs besides rope_type.
 ROPE_SCALINGS = {
@@ -108,8 +108,9 @@ def causal_mask(t: int, window: int | None = None) -> jax.Array:
 
 class Attention(nn.Module):
     """Grouped-query causal attention; ``q (embed, heads, kv)``, ``k``/``v (embed, kv_heads, kv)``,
-    ``o (heads, kv, embed)``; biases ``q_bias (heads, kv)``, ``k_bias``/``v_bias (kv_heads, kv)``,
-    ``o_bias (embed,)``. ``rope=False`` for models with learned absolute positions (GPT-2)."""
+    ``o (heads, kv, embed)`` (``out_in``: outputs first, ``q (heads, kv, embed)``, ...); biases
+    ``q_bias (heads, kv)``, ``k_bias``/``v_bias (kv_heads, kv)``, ``o_bias (embed,)``.
+    ``rope=False`` for models with learned absolute positions (GPT-2)."""
 
     heads: int
     kv_heads: int
@@ -124,19 +125,21 @@ class Attention(nn.Module):
     window: int | None = None
     scale: float | None = None
     decode: bool = False  # keep keys and values in the `cache` collection (models/kv_cache.py)
+    out_in: bool = False  # weights stored (out, in), as torch's Linear
 
     @nn.compact
     def __call__(self, x):
         b, t, d = x.shape
         h, g, k = self.heads, self.kv_heads, self.head_dim
-        pd, dt = self.param_dtype, self.dtype
-        wq = dense_param(self, "q", ("embed", "heads", "kv"), (d, h, k), pd, d)
-        wk = dense_param(self, "k", ("embed", "kv_heads", "kv"), (d, g, k), pd, d)
-        wv = dense_param(self, "v", ("embed", "kv_heads", "kv"), (d, g, k), pd, d)
-        wo = dense_param(self, "o", ("heads", "kv", "embed"), (h, k, d), pd, h * k)
-        q = jnp.einsum("btd,dhk->bthk", x, wq.astype(dt))
-        kk = jnp.einsum("btd,dgk->btgk", x, wk.astype(dt))
-        v = jnp.einsum("btd,dgk->btgk", x, wv.astype(dt))
+        pd, dt, oi = self.param_dtype, self.dtype, self.out_in
+        embed, heads, groups = (("embed", d),), (("heads", h), ("kv", k)), (("kv_heads", g), ("kv", k))
+        wq = kernel(self, "q", embed, heads, pd, d, oi)
+        wk = kernel(self, "k", embed, groups, pd, d, oi)
+        wv = kernel(self, "v", embed, groups, pd, d, oi)
+        wo = kernel(self, "o", heads, embed, pd, h * k, oi)
+        q = jnp.einsum(f"btd,{order(oi, 'd', 'hk')}->bthk", x, wq.astype(dt))
+        kk = jnp.einsum(f"btd,{order(oi, 'd', 'gk')}->btgk", x, wk.astype(dt))
+        v = jnp.einsum(f"btd,{order(oi, 'd', 'gk')}->btgk", x, wv.astype(dt))
         if self.qkv_bias:
             q = q + bias_param(self, "q_bias", ("heads", "kv"), (h, k), pd).astype(dt)
             kk = kk + bias_param(self, "k_bias", ("kv_heads", "kv"), (g, k), pd).astype(dt)
@@ -166,7 +169,7 @@ class Attention(nn.Module):
             "bgrts,bsgk->btgrk", probs, v, out_sharding=logical_spec(("batch", "length", "kv_heads", None, None))
         ).reshape(b, t, h, k)
         out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
-        y = row_parallel("bthk,hkd->btd", out, wo.astype(dt))
+        y = row_parallel(f"bthk,{order(oi, 'hk', 'd')}->btd", out, wo.astype(dt))
         if self.out_bias:
             y = y + bias_param(self, "o_bias", ("embed",), (d,), pd).astype(dt)
         return y

@@ -19,7 +19,10 @@ they live on: ``q_bias (heads, kv)``, ``k_bias`` / ``v_bias (kv_heads, kv)``, ``
 ``1 + w``) | ``layer``), ``norm_eps``, ``embed_scale`` (``x * sqrt(embed)`` in the compute
 dtype), ``mlp_act`` / ``mlp_glu`` (SwiGLU, GeGLU or GPT-2's plain gelu MLP), ``positions``
 (``rope`` | ``learned``: a ``pos_embedding (positions, embed)`` table of ``max_positions``
-rows), ``rope_scaling`` (``llama3`` / ``linear``), ``sliding_window``, ``attn_scale``.
+rows), ``rope_scaling`` (``llama3`` / ``linear``), ``sliding_window``, ``attn_scale``,
+``kernel_order`` (``out_in``: projection weights stored outputs first, ``q (heads, kv, embed)``,
+``wo (embed, mlp)``, ``unembed (vocab, embed)``, as torch's ``Linear`` stores them, so a Hugging
+Face checkpoint loads without transposes).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from partitioning.errors import ConfigError
 from partitioning.models.attention import Attention, parse_rope_scaling, rope
 from partitioning.models.checks import choice, divides, float_dtype, positive
 from partitioning.models.kv_cache import position_offset
-from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, dense_param, embed_lookup, make_norm
+from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
 from partitioning.models.moe import MoE, MoeMlp
 from partitioning.parallel.pipeline import LayerStack
 from partitioning.registry import register_model
@@ -69,6 +72,7 @@ class Block(nn.Module):
     sliding_window: int | None = None
     attn_scale: float | None = None
     decode: bool = False
+    out_in: bool = False
 
     @nn.compact
     def __call__(self, x, _=None):
@@ -87,6 +91,7 @@ class Block(nn.Module):
             window=self.sliding_window,
             scale=self.attn_scale,
             decode=self.decode,
+            out_in=self.out_in,
             name="attn",
         )(y)
         y = make_norm(self.norm, self.dtype, self.param_dtype, "mlp_norm", self.norm_eps)(x)
@@ -100,6 +105,7 @@ class Block(nn.Module):
                 act=self.mlp_act,
                 glu=self.mlp_glu,
                 bias=self.mlp_bias,
+                out_in=self.out_in,
                 name="mlp",
             )(y)
         x = with_logical_constraint(x, ("batch", "length", "embed"))
@@ -138,6 +144,7 @@ class GPT(nn.Module):
     sliding_window: int | None = None  # query i sees keys i - w < j <= i
     attn_scale: float | None = None  # None: head_dim ** -0.5
     decode: bool = False  # KV cache in the `cache` collection, for generation (partitioning.generate)
+    kernel_order: str = "in_out"  # in_out | out_in: projection weights stored outputs first (torch's Linear)
 
     def __post_init__(self):
         positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
@@ -165,6 +172,7 @@ class GPT(nn.Module):
         choice(self, "norm", NORMS)
         choice(self, "mlp_act", ACTIVATIONS)
         choice(self, "remat", REMAT_POLICIES)
+        choice(self, "kernel_order", ("in_out", "out_in"))
         float_dtype(self, "dtype", "param_dtype")
         MoE.parse(self.moe)  # a bad `moe:` option fails at construction, naming `moe`
         parse_rope_scaling(self.rope_scaling)
@@ -225,6 +233,7 @@ class GPT(nn.Module):
             sliding_window=self.sliding_window,
             attn_scale=self.attn_scale,
             decode=self.decode,
+            out_in=self.kernel_order == "out_in",
         )
         if self.scan_layers:
             # nn.scan over a `layers` axis; a GPipe pipeline when the mesh has a `stage` axis.
@@ -236,8 +245,9 @@ class GPT(nn.Module):
         if self.tie_embeddings:
             logits = jnp.einsum("btd,vd->btv", x, emb.astype(dt)).astype(jnp.float32)
         else:
-            w = dense_param(self, "unembed", ("embed", "vocab"), (self.embed, self.vocab_size), pd, self.embed)
-            logits = jnp.einsum("btd,dv->btv", x, w.astype(dt)).astype(jnp.float32)
+            oi = self.kernel_order == "out_in"
+            w = kernel(self, "unembed", (("embed", self.embed),), (("vocab", self.vocab_size),), pd, self.embed, oi)
+            logits = jnp.einsum(f"btd,{order(oi, 'd', 'v')}->btv", x, w.astype(dt)).astype(jnp.float32)
         return with_logical_constraint(logits, ("batch", "length", "vocab"))
 
 

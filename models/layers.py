@@ -46,6 +46,18 @@ def dense_param(mod: nn.Module, name: str, names: tuple, shape: tuple, dtype: An
     return param_for_compute(mod.param(name, with_logical_partitioning(init, names), shape, dtype), names)
 
 
+def kernel(mod: nn.Module, name: str, ins: tuple, outs: tuple, dtype: Any, fan_in: int, out_in: bool = False):
+    """A projection weight over ``ins`` then ``outs`` (``((logical name, size), ...)``); ``out_in`` stores it
+    outputs first, as torch's ``Linear`` does (the Hugging Face families: loading them is then a reshape)."""
+    axes = tuple(outs) + tuple(ins) if out_in else tuple(ins) + tuple(outs)
+    return dense_param(mod, name, tuple(n for n, _ in axes), tuple(s for _, s in axes), dtype, fan_in)
+
+
+def order(out_in: bool, ins: str, outs: str) -> str:
+    """The einsum subscripts of a :func:`kernel`: ``ins + outs``, or ``outs + ins`` when ``out_in``."""
+    return outs + ins if out_in else ins + outs
+
+
 def bias_param(mod: nn.Module, name: str, names: tuple, shape: tuple, dtype: Any):
     """A bias (zeros) named by the dimensions it lives on, e.g. ``("heads", "kv")`` for a query bias."""
     return param_for_compute(
@@ -121,33 +133,35 @@ class MlpBlock(nn.Module):
     act: str = "silu"
     glu: bool = True
     bias: bool = False
+    out_in: bool = False  # weights stored (out, in), as torch's Linear
 
     @nn.compact
     def __call__(self, x):
-        d, m, pd, dt = x.shape[-1], self.mlp, self.param_dtype, self.dtype
+        d, m, pd, dt, oi = x.shape[-1], self.mlp, self.param_dtype, self.dtype, self.out_in
+        embed, mlp = (("embed", d),), (("mlp", m),)
+        w_in, w_out = f"btd,{order(oi, 'd', 'm')}->btm", f"btm,{order(oi, 'm', 'd')}->btd"
 
         def project_in(name):
-            w = dense_param(self, name, ("embed", "mlp"), (d, m), pd, d)
-            y = jnp.einsum("btd,dm->btm", x, w.astype(dt))
+            y = jnp.einsum(w_in, x, kernel(self, name, embed, mlp, pd, d, oi).astype(dt))
             return y + bias_param(self, f"{name}_bias", ("mlp",), (m,), pd).astype(dt) if self.bias else y
 
         act = ACTIVATIONS[self.act]
         if self.glu:
             # Created in this order (gate, up, down) so the default's init is unchanged.
-            w0 = dense_param(self, "wi_0", ("embed", "mlp"), (d, m), pd, d)
-            w1 = dense_param(self, "wi_1", ("embed", "mlp"), (d, m), pd, d)
-            wo = dense_param(self, "wo", ("mlp", "embed"), (m, d), pd, m)
-            gate = jnp.einsum("btd,dm->btm", x, w0.astype(dt))
-            up = jnp.einsum("btd,dm->btm", x, w1.astype(dt))
+            w0 = kernel(self, "wi_0", embed, mlp, pd, d, oi)
+            w1 = kernel(self, "wi_1", embed, mlp, pd, d, oi)
+            wo = kernel(self, "wo", mlp, embed, pd, m, oi)
+            gate = jnp.einsum(w_in, x, w0.astype(dt))
+            up = jnp.einsum(w_in, x, w1.astype(dt))
             if self.bias:
                 gate = gate + bias_param(self, "wi_0_bias", ("mlp",), (m,), pd).astype(dt)
                 up = up + bias_param(self, "wi_1_bias", ("mlp",), (m,), pd).astype(dt)
             hdn = act(gate) * up
         else:
             hdn = act(project_in("wi"))
-            wo = dense_param(self, "wo", ("mlp", "embed"), (m, d), pd, m)
+            wo = kernel(self, "wo", mlp, embed, pd, m, oi)
         hdn = with_logical_constraint(hdn, ("batch", "length", "mlp"))
-        y = row_parallel("btm,md->btd", hdn, wo.astype(dt))
+        y = row_parallel(w_out, hdn, wo.astype(dt))
         if self.bias:
             y = y + bias_param(self, "wo_bias", ("embed",), (d,), pd).astype(dt)
         return y
@@ -158,6 +172,8 @@ __all__ = [
     "MlpBlock",
     "make_norm",
     "dense_param",
+    "kernel",
+    "order",
     "bias_param",
     "embed_lookup",
     "row_parallel",

@@ -103,6 +103,8 @@ def _decoder(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, A
         norm_eps=float(get("rms_norm_eps")),
         tie_embeddings=bool(get("tie_word_embeddings")),
         mlp_act=_act(cfg, "hidden_act", defaults["hidden_act"]),
+        # torch's Linear stores weights (out, in): the same order here makes loading a reshape.
+        kernel_order="out_in",
         **_rope(cfg),
     )
 

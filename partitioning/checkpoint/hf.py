@@ -100,6 +100,11 @@ def _abstract(model: Any) -> Any:
     return jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"]
 
 
+def _names(abstract: Any) -> dict[tuple[str, ...], tuple[str, ...]]:
+    """Each parameter's logical axis names, from the boxes ``model.init`` returns."""
+    return {k: tuple(box.names) for k, box in traverse_util.flatten_dict(abstract).items()}
+
+
 def load_hf(
     path: str | os.PathLike,
     mesh: jax.sharding.Mesh | None = None,
@@ -123,8 +128,8 @@ def load_hf(
 
         >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
         >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")
-        >>> variables["params"]["blocks"]["attn"]["q"].sharding.spec  # (layers, embed, heads, kv)
-        P(None, 'fsdp', None, None)
+        >>> variables["params"]["blocks"]["attn"]["q"].sharding.spec  # (layers, heads, kv, embed)
+        P(None, None, None, 'fsdp')
     """
     model = hf_model(path, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat)
     directory, _, family = _config(path)
@@ -141,7 +146,7 @@ def load_hf(
     flat = traverse_util.flatten_dict(unbox(abstract))
     flat_shardings = traverse_util.flatten_dict(shardings)
     shapes = {k: tuple(v.shape) for k, v in flat.items()}
-    maps, _ = expand(family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers)
+    maps, _ = expand(family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, _names(abstract))
     check_params(maps, shapes, family.name)
     extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     found = match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
@@ -183,9 +188,12 @@ def save_hf(
     params = variables.get("params", variables) if hasattr(variables, "get") else variables
     flat = traverse_util.flatten_dict(unbox(params))
     shapes = {k: tuple(v.shape) for k, v in flat.items()}
-    maps, order = expand(family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers)
+    abstract = _abstract(model)
+    maps, order = expand(
+        family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, _names(abstract)
+    )
     check_params(maps, shapes, family.name)
-    want = traverse_util.flatten_dict(unbox(_abstract(model)))
+    want = traverse_util.flatten_dict(unbox(abstract))
     for k, v in want.items():
         if shapes[k] != tuple(v.shape):
             raise CheckpointError(f"parameter {'/'.join(k)} has shape {list(shapes[k])}; the model has {list(v.shape)}")

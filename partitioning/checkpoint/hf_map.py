@@ -11,7 +11,7 @@ implies.
 
 Example::
 
-    >>> maps, order = expand(FAMILIES["llama"].tensors, lambda opt: getattr(model, opt), 2, True)
+    >>> maps, order = expand(FAMILIES["llama"].tensors, lambda opt: getattr(model, opt), 2, True, names)
     >>> maps[2].path, maps[2].hf
     (('blocks', 'attn', 'q'), ('model.layers.0.self_attn.q_proj.weight', 'model.layers.1.self_attn.q_proj.weight'))
 """
@@ -48,25 +48,36 @@ def _wanted(when: str | None, option: Callable[[str], Any]) -> bool:
 
 
 def expand(
-    rows: Sequence[Any], option: Callable[[str], Any], layers: int, scan_layers: bool
+    rows: Sequence[Any],
+    option: Callable[[str], Any],
+    layers: int,
+    scan_layers: bool,
+    names: Mapping[tuple[str, ...], tuple[str, ...]],
 ) -> tuple[list[ParamMap], list[str]]:
     """``(one ParamMap per parameter, every file tensor name in file order)`` for a model with these options.
 
+    ``names`` are each parameter's logical axis names (its layout): a row's file axes are matched
+    to them, so the pattern is a reshape when the orders agree and a transpose when they do not.
     File order is transformers': the rows before the first per-layer row, layer 0's rows, layer 1's, ..., the rest.
     """
     rows = [r for r in rows if _wanted(r.when, option)]
     maps: list[ParamMap] = []
+
+    def add(r: Any, param: str, hf: tuple[str, ...], stacked: bool) -> None:
+        path = tuple(param.split("/"))
+        if path not in names:
+            raise CheckpointError(f"the name map names {param}, which the model does not have")
+        dst = tuple(names[path][1:] if stacked else names[path])
+        maps.append(ParamMap(path, Pattern.parse(f"{r.axes} -> {' '.join(dst)}"), r.part, hf, stacked))
+
     for r in rows:
-        pattern = Pattern.parse(r.pattern)
         if "{layer}" not in r.param:
-            maps.append(ParamMap(tuple(r.param.split("/")), pattern, r.part, (r.hf,), False))
+            add(r, r.param, (r.hf,), False)
         elif scan_layers:
-            names = tuple(r.hf.format(i=i) for i in range(layers))
-            maps.append(ParamMap(tuple(r.param.format(layer=STACK).split("/")), pattern, r.part, names, True))
+            add(r, r.param.format(layer=STACK), tuple(r.hf.format(i=i) for i in range(layers)), True)
         else:
             for i in range(layers):
-                path = tuple(r.param.format(layer=BLOCK.format(i=i)).split("/"))
-                maps.append(ParamMap(path, pattern, r.part, (r.hf.format(i=i),), False))
+                add(r, r.param.format(layer=BLOCK.format(i=i)), (r.hf.format(i=i),), False)
     per_layer = [i for i, r in enumerate(rows) if "{i}" in r.hf]
     first, last = (per_layer[0], per_layer[-1]) if per_layer else (len(rows), len(rows) - 1)
     order = [r.hf for r in rows[:first]]

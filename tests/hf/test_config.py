@@ -36,7 +36,7 @@ def test_transformers_4_dialect_is_the_same_model():
         "original_max_position_embeddings": 8.0,
     }
     _, variables = pt.load_hf(fixture("llama") / "v4")
-    assert variables["params"]["unembed"].shape == (32, 320)
+    assert variables["params"]["unembed"].shape == (320, 32)  # (vocab, embed), as lm_head
 
 
 def test_missing_keys_take_the_transformers_class_defaults():
@@ -86,7 +86,7 @@ def test_config_options_and_dtypes_pass_through():
     q = variables["params"]["blocks"]["attn"]["q"]
     assert q.dtype == np.dtype("bfloat16")
     raw = tensors_of(fixture("llama_bf16"))["model.layers.1.self_attn.q_proj.weight"]  # (h k, d)
-    assert np.array_equal(np.asarray(q[1]).reshape(32, 32).T.view(np.uint16), raw.view(np.uint16))
+    assert np.array_equal(np.asarray(q[1]).reshape(32, 32).view(np.uint16), raw.view(np.uint16))  # (h, k, d)
 
 
 def test_patterns():

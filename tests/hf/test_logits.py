@@ -42,22 +42,23 @@ def test_logits_match_transformers_other_layouts(name, preset, scan):
 def test_shards_are_placed_by_the_rules():
     model, variables = pt.load_hf(fixture("qwen2"), mesh_for("fsdp_tp"), "fsdp_tp")
     p = variables["params"]
-    assert p["blocks"]["attn"]["q"].sharding.spec == P(None, "fsdp", "tensor", None)  # (layers, embed, heads, kv)
+    # Weights are stored (out, in) like torch's Linear (kernel_order: out_in): loading is a reshape.
+    assert p["blocks"]["attn"]["q"].sharding.spec == P(None, "tensor", None, "fsdp")  # (layers, heads, kv, embed)
     assert p["blocks"]["attn"]["q_bias"].sharding.spec == P(None, "tensor", None)  # (layers, heads, kv)
-    assert p["blocks"]["attn"]["o"].sharding.spec == P(None, "tensor", None, "fsdp")
-    assert p["blocks"]["mlp"]["wi_0"].sharding.spec == P(None, "fsdp", "tensor")
+    assert p["blocks"]["attn"]["o"].sharding.spec == P(None, "fsdp", "tensor", None)  # (layers, embed, heads, kv)
+    assert p["blocks"]["mlp"]["wi_0"].sharding.spec == P(None, "tensor", "fsdp")  # (layers, mlp, embed)
     assert p["embedding"].sharding.spec == P("tensor", "fsdp")
     assert "unembed" not in p  # tied
     # Each device holds only its shard.
     q = p["blocks"]["attn"]["q"]
-    assert {s.data.shape for s in q.addressable_shards} == {(2, 8, 2, 8)}
+    assert {s.data.shape for s in q.addressable_shards} == {(2, 2, 8, 8)}
 
 
 def test_gpt2_positions_and_fused_qkv_are_laid_out():
     _, variables = pt.load_hf(fixture("gpt2"), mesh_for("fsdp_tp"), "fsdp_tp", scan_layers=False)
     p = variables["params"]
     assert p["pos_embedding"].sharding.spec == P(None, "fsdp")  # (positions, embed)
-    assert p["block_1"]["attn"]["k"].sharding.spec == P("fsdp", "tensor", None)
+    assert p["block_1"]["attn"]["k"].sharding.spec == P("fsdp", "tensor", None)  # Conv1D: (embed, heads, kv)
     assert p["block_1"]["mlp"]["wi_bias"].sharding.spec == P("tensor")
 
 
@@ -80,6 +81,6 @@ def test_without_a_mesh_on_one_device_and_the_context_rules_otherwise():
     mesh = mesh_for("fsdp_tp")
     with pt.axis_rules("tp"):
         _, variables = pt.load_hf(fixture("qwen2"), mesh)
-    assert variables["params"]["blocks"]["mlp"]["wo"].sharding.spec == P(None, "tensor", None)
+    assert variables["params"]["blocks"]["mlp"]["wo"].sharding.spec == P(None, None, "tensor")
     _, variables = pt.load_hf(fixture("qwen2"), mesh)  # no context: fsdp
-    assert variables["params"]["blocks"]["mlp"]["wo"].sharding.spec == P(None, None, "fsdp")
+    assert variables["params"]["blocks"]["mlp"]["wo"].sharding.spec == P(None, "fsdp", None)
