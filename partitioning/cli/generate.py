@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 from typing import Any
 
 from partitioning.cli.args import config_args, load_with_devices, say
 from partitioning.config.build import abstract_model, mesh_from_config, model_from_config
-from partitioning.config.hf import hf_params_from_config, tokenizer_from_config
+from partitioning.config.hf import hf_params_from_config, run_checkpoints, tokenizer_from_config
 from partitioning.config.schema import Config
 from partitioning.errors import CheckpointError, ConfigError
 
@@ -37,16 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--from-hf", action="store_true", help="the config's Hugging Face weights, not the run's")
 
 
-def _checkpoints(cfg: Config) -> Path:
-    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(cfg.run_dir) / "checkpoints"
-
-
 def _params(cfg: Config, args: argparse.Namespace, mesh: Any) -> tuple[Any, str]:
     """(params on ``mesh``, where they came from)."""
     from partitioning.checkpoint.disk import list_steps
     from partitioning.checkpoint.restore import abstract_target, restore_checkpoint
 
-    directory = _checkpoints(cfg)
+    directory = run_checkpoints(cfg)
     steps = [s.step for s in list_steps(directory) if s.complete] if directory.is_dir() else []
     if args.from_hf:
         if cfg.model_hf is None:
@@ -88,16 +83,21 @@ def run(args: argparse.Namespace) -> int:
     mesh = mesh_from_config(cfg, args.devices)
     params, source = _params(cfg, args, mesh)
     start = time.perf_counter()
-    new = generate(
-        model,
-        params,
-        prompt,
-        mesh=mesh,
-        rules=cfg.rules,
-        max_tokens=args.max_tokens,
-        stop_id=tok.stop_id if tok is not None else None,
-        on_indivisible=cfg.on_indivisible,
-    )
+    try:
+        new = generate(
+            model,
+            params,
+            prompt,
+            mesh=mesh,
+            rules=cfg.rules,
+            max_tokens=args.max_tokens,
+            stop_id=tok.stop_id if tok is not None else None,
+            on_indivisible=cfg.on_indivisible,
+        )
+    except ConfigError as e:
+        if e.arg != "max_positions":
+            raise
+        raise ConfigError(f"--max-tokens {args.max_tokens} + {len(prompt)} prompt tokens: {e}", arg=e.arg) from None
     took = time.perf_counter() - start
     text = (
         tok.decode(prompt + new)

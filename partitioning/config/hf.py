@@ -138,11 +138,16 @@ def hf_record(cfg: Config) -> dict[str, Any] | None:
 PICKLED = (".bin", ".pt", ".pth", ".ckpt")
 
 
+def run_checkpoints(cfg: Config) -> Path:
+    """Where the run's checkpoints are: ``checkpoint.dir``, else ``RUN_DIR/checkpoints``."""
+    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(cfg.run_dir) / "checkpoints"
+
+
 def has_checkpoint(cfg: Config) -> bool:
     """The run has a complete checkpoint of its own (a resume would not read the Hugging Face weights)."""
     from partitioning.checkpoint.disk import list_steps
 
-    directory = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(cfg.run_dir) / "checkpoints"
+    directory = run_checkpoints(cfg)
     return directory.is_dir() and any(s.complete for s in list_steps(directory))
 
 
@@ -203,6 +208,7 @@ __all__ = [
     "hf_record",
     "check_hf_weights",
     "has_checkpoint",
+    "run_checkpoints",
     "tokenizer_from_config",
     "CONFIG_JSON",
     "TOKENIZER_JSON",
