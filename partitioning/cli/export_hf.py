@@ -55,8 +55,11 @@ def _restore_params(ref: Any, meta: dict[str, Any], model: Any) -> Any:
     saved_mesh = meta.get("mesh") or {}
     n = int(saved_mesh.get("devices") or 1)
     names, shape = saved_mesh.get("axis_names") or ["fsdp"], saved_mesh.get("shape") or [n]
-    simulate_devices(n)
-    mesh = make_mesh(dict(zip(names, shape, strict=True)), devices=jax.devices()[:n])
+    simulate_devices(n)  # CPU: as many as the run had; an accelerator host keeps its own
+    sizes = dict(zip(names, shape, strict=True))
+    if jax.device_count() < n:  # fewer accelerators than the run: read everything onto one device
+        sizes, n = {a: 1 for a in names}, 1
+    mesh = make_mesh(sizes, devices=jax.devices()[:n])
     rules = Rules.parse(meta["rules"] if meta.get("rules") else "fsdp")
     tokens = jax.ShapeDtypeStruct((1, 8), jax.numpy.int32)
     abstract = as_model(model).abstract((tokens,), {})["params"]

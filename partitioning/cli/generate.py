@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
             on_indivisible=cfg.on_indivisible,
         )
     except ConfigError as e:
+        if e.arg == "stage":
+            raise ConfigError(f"{cfg.where('mesh', 'shape', 'stage')}: {e}", arg=e.arg) from None
         if e.arg != "max_positions":
             raise
         raise ConfigError(f"--max-tokens {args.max_tokens} + {len(prompt)} prompt tokens: {e}", arg=e.arg) from None

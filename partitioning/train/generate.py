@@ -35,6 +35,7 @@ from partitioning.boxes import unbox
 from partitioning.errors import ConfigError
 from partitioning.layout import tree_shardings
 from partitioning.mesh import sharding_context
+from partitioning.parallel.pipeline import pipeline_stages
 from partitioning.rules import as_rules
 from partitioning.train.batch import place
 
@@ -72,6 +73,12 @@ class Decoder:
 
     def __init__(self, model: Any, mesh: jax.sharding.Mesh, rules: Any, *, max_len: int, on_indivisible: str = "error"):
         self.model, self.mesh, self.rules = decoder_of(model), mesh, as_rules(rules).validate(mesh)
+        if pipeline_stages(mesh) > 1:
+            raise ConfigError(
+                f"decoding does not run pipelined: the mesh has a `stage` axis of {pipeline_stages(mesh)}; "
+                f"decode on a mesh without one (e.g. its devices on fsdp)",
+                arg="stage",
+            )
         self.rows, self.max_len = batch_rows(mesh, self.rules), int(max_len)
         tokens = jax.ShapeDtypeStruct((self.rows, self.max_len), jnp.int32)
         with sharding_context(mesh, self.rules):

@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -291,13 +292,14 @@ def tokenize_files(
         progress.update(len(text))
     flush()
     tokens = np.concatenate(chunks) if chunks else np.zeros(0, tok.dtype)
-    tmp = folder / f".{target.name}.{os.getpid()}.tmp"
+    # A unique temporary name: the processes of a multi-host run may share this folder.
+    fd, name = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".tmp", dir=folder)
     try:
-        with tmp.open("wb") as fh:
+        with os.fdopen(fd, "wb") as fh:
             np.save(fh, tokens, allow_pickle=False)
-        os.replace(tmp, target)
+        os.replace(name, target)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        Path(name).unlink(missing_ok=True)
         raise DataError(f"cannot write the token cache {target}: {e.strerror}", arg="cache_dir") from None
     progress.close(len(tokens), target)
     return np.load(target, mmap_mode="r", allow_pickle=False)
