@@ -73,14 +73,18 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}", arg="max_tokens")
     cfg = load_with_devices(args)
     model = model_from_config(cfg)
-    decoder_of(model)  # a model without a decode mode fails before any weight is read
+    mesh = mesh_from_config(cfg, args.devices)
+    try:  # a model without a decode mode, or a pipelined mesh, fails before any weight is read
+        decoder_of(model, mesh)
+    except ConfigError as e:
+        key = ("mesh", "shape", "stage") if e.arg == "stage" else ("model",)
+        raise ConfigError(f"{cfg.where(*key)}: {e}", arg=e.arg) from None
     path = tokenizer_from_config(cfg)
     tok = load_tokenizer(path) if path is not None else None
     prompt = tok.encode(args.prompt, document=False) if tok is not None else list(args.prompt.encode("utf-8"))
     vocab = getattr(model, "vocab_size", None)
     if tok is None and vocab is not None and vocab < 256:
         raise ConfigError(f"{cfg.where('model')}: a byte-level prompt needs vocab_size >= 256, got {vocab}")
-    mesh = mesh_from_config(cfg, args.devices)
     params, source = _params(cfg, args, mesh)
     start = time.perf_counter()
     try:
@@ -95,8 +99,6 @@ def run(args: argparse.Namespace) -> int:
             on_indivisible=cfg.on_indivisible,
         )
     except ConfigError as e:
-        if e.arg == "stage":
-            raise ConfigError(f"{cfg.where('mesh', 'shape', 'stage')}: {e}", arg=e.arg) from None
         if e.arg != "max_positions":
             raise
         raise ConfigError(f"--max-tokens {args.max_tokens} + {len(prompt)} prompt tokens: {e}", arg=e.arg) from None

@@ -42,8 +42,15 @@ from partitioning.train.batch import place
 CACHE = "cache"
 
 
-def decoder_of(model: Any) -> Any:
-    """``model`` in decode mode (``model.clone(decode=True)``); a ConfigError for models without one."""
+def decoder_of(model: Any, mesh: jax.sharding.Mesh | None = None) -> Any:
+    """``model`` in decode mode (``model.clone(decode=True)``); a ConfigError for models without one,
+    or for a ``mesh`` with a ``stage`` axis (decoding does not run pipelined)."""
+    if mesh is not None and pipeline_stages(mesh) > 1:
+        raise ConfigError(
+            f"decoding does not run pipelined: the mesh has a `stage` axis of {pipeline_stages(mesh)}; "
+            f"decode on a mesh without one (e.g. its devices on fsdp)",
+            arg="stage",
+        )
     module = getattr(model, "module", model)  # a LinenModel adapter holds the module
     fields = {f.name for f in dataclasses.fields(module)} if dataclasses.is_dataclass(module) else set()
     if "decode" not in fields:
@@ -72,13 +79,7 @@ class Decoder:
     """
 
     def __init__(self, model: Any, mesh: jax.sharding.Mesh, rules: Any, *, max_len: int, on_indivisible: str = "error"):
-        self.model, self.mesh, self.rules = decoder_of(model), mesh, as_rules(rules).validate(mesh)
-        if pipeline_stages(mesh) > 1:
-            raise ConfigError(
-                f"decoding does not run pipelined: the mesh has a `stage` axis of {pipeline_stages(mesh)}; "
-                f"decode on a mesh without one (e.g. its devices on fsdp)",
-                arg="stage",
-            )
+        self.model, self.mesh, self.rules = decoder_of(model, mesh), mesh, as_rules(rules).validate(mesh)
         self.rows, self.max_len = batch_rows(mesh, self.rules), int(max_len)
         tokens = jax.ShapeDtypeStruct((self.rows, self.max_len), jnp.int32)
         with sharding_context(mesh, self.rules):
