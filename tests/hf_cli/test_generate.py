@@ -1,5 +1,7 @@
 """Greedy decoding with the KV cache gives the tokens of re-running the whole sequence at every step."""
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +10,8 @@ from jax.sharding import NamedSharding
 
 import partitioning as pt
 from partitioning.checkpoint.hf import load_hf
+from partitioning.config import load_config
+from partitioning.config.build import mesh_from_config, trainer_from_config
 from partitioning.errors import ConfigError
 from partitioning.mesh import sharding_context
 from partitioning.models import GPT, MLP
@@ -75,3 +79,33 @@ def test_stop_token_and_models_without_a_decode_mode():
         generate(MLP(), {}, [1], mesh=mesh, rules="fsdp")
     with pytest.raises(ConfigError, match="max_tokens must be >= 1"):
         generate(model, params, [1], mesh=mesh, rules="fsdp", max_tokens=0)
+
+
+BYTES_CONFIG = """\
+model: {name: gpt, vocab_size: 256, embed: 32, heads: 2, mlp: 64, layers: 1}
+mesh: {shape: {data: 1, fsdp: -1}, devices: 8}
+rules: fsdp
+train: {batch_size: 8, seq_len: 16}
+run_dir: runs/bytes
+"""
+
+
+def test_a_byte_level_run_generates_utf8_text(tmp_path, monkeypatch, run_cli_in_process):
+    monkeypatch.chdir(tmp_path)
+    Path("bytes.yaml").write_text(BYTES_CONFIG)
+    r = run_cli_in_process("generate", "bytes.yaml", "--prompt", "é")
+    (line,) = [x for x in r.stderr.splitlines() if not x.startswith("simulating")]
+    assert r.returncode == 2 and line.startswith("error: runs/bytes/checkpoints: no checkpoint to generate from; train")
+    r = run_cli_in_process("generate", "bytes.yaml", "--prompt", "é", "--from-hf")
+    assert r.returncode == 2
+    assert r.stderr.endswith(
+        "error: --from-hf: bytes.yaml:1: model is not a Hugging Face checkpoint (model: {hf: DIR})\n"
+    )
+    # A checkpoint as `train` writes it (a fresh init is enough to talk; no training step compiled).
+    cfg = load_config("bytes.yaml")
+    trainer = trainer_from_config(cfg, mesh_from_config(cfg))
+    pt.save_checkpoint("runs/bytes/checkpoints", 2, trainer.init(jax.random.key(0)), rules=cfg.rules)
+    r = run_cli_in_process("generate", "bytes.yaml", "--prompt", "é", "--max-tokens", "6")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("é") and r.stdout.endswith("\n")  # the prompt's two bytes, then 6 decoded bytes
+    assert "generate: 6 tokens from step 2 of runs/bytes/checkpoints, greedy with a KV cache" in r.stderr
