@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from partitioning.boxes import logical_spec, with_logical_constraint
 from partitioning.errors import ConfigError
+from partitioning.models.kv_cache import cache_positions, cached_kv
 from partitioning.models.layers import bias_param, kernel, order, row_parallel
 
 # rope_type -> the keys it needs besides rope_type.
@@ -123,6 +124,7 @@ class Attention(nn.Module):
     rope_scaling: tuple | None = None
     window: int | None = None
     scale: float | None = None
+    decode: bool = False  # keep keys and values in the `cache` collection (models/kv_cache.py)
     out_in: bool = False  # weights stored (out, in), as torch's Linear
 
     @nn.compact
@@ -144,10 +146,14 @@ class Attention(nn.Module):
             v = v + bias_param(self, "v_bias", ("kv_heads", "kv"), (g, k), pd).astype(dt)
         q = with_logical_constraint(q, ("batch", "length", "heads", "kv"))
         kk = with_logical_constraint(kk, ("batch", "length", "kv_heads", "kv"))
+        positions = cache_positions(self, t) if self.decode else None
         if self.rope:
-            q = rope(q, self.rope_theta, self.rope_scaling)
-            kk = rope(kk, self.rope_theta, self.rope_scaling)
+            q = rope(q, self.rope_theta, self.rope_scaling, positions)
+            kk = rope(kk, self.rope_theta, self.rope_scaling, positions)
         v = with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
+        mask = causal_mask(t, self.window)
+        if self.decode:  # attend to every cached position so far, this call's included
+            kk, v, mask = cached_kv(self, kk, v, positions, self.window)
         # Grouped-query: each kv head serves heads // kv_heads query heads.
         q = q.reshape(b, t, g, h // g, k)
         # Explicit axes with `length` sharded (seq): name the layouts of the two
@@ -157,7 +163,7 @@ class Attention(nn.Module):
         )
         scale = k**-0.5 if self.scale is None else self.scale
         scores = scores.astype(jnp.float32) * scale
-        scores = jnp.where(causal_mask(t, self.window), scores, jnp.finfo(jnp.float32).min)
+        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
         out = jnp.einsum(
             "bgrts,bsgk->btgrk", probs, v, out_sharding=logical_spec(("batch", "length", "kv_heads", None, None))

@@ -37,6 +37,7 @@ from partitioning.boxes import param_for_compute, with_logical_constraint, with_
 from partitioning.errors import ConfigError
 from partitioning.models.attention import Attention, parse_rope_scaling, rope
 from partitioning.models.checks import choice, divides, float_dtype, positive
+from partitioning.models.kv_cache import position_offset
 from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
 from partitioning.models.moe import MoE, MoeMlp
 from partitioning.parallel.pipeline import LayerStack
@@ -70,6 +71,7 @@ class Block(nn.Module):
     rope_scaling: tuple | None = None
     sliding_window: int | None = None
     attn_scale: float | None = None
+    decode: bool = False
     out_in: bool = False
 
     @nn.compact
@@ -88,6 +90,7 @@ class Block(nn.Module):
             rope_scaling=self.rope_scaling,
             window=self.sliding_window,
             scale=self.attn_scale,
+            decode=self.decode,
             out_in=self.out_in,
             name="attn",
         )(y)
@@ -140,6 +143,7 @@ class GPT(nn.Module):
     rope_scaling: Any = None  # {rope_type: llama3 | linear, factor, ...}
     sliding_window: int | None = None  # query i sees keys i - w < j <= i
     attn_scale: float | None = None  # None: head_dim ** -0.5
+    decode: bool = False  # KV cache in the `cache` collection, for generation (partitioning.generate)
     kernel_order: str = "in_out"  # in_out | out_in: projection weights stored outputs first (torch's Linear)
 
     def __post_init__(self):
@@ -201,7 +205,8 @@ class GPT(nn.Module):
             names = ("positions", "embed")
             init = with_logical_partitioning(nn.initializers.normal(0.02), names)
             pos = param_for_compute(self.param("pos_embedding", init, (self.max_positions, self.embed), pd), names)
-            x = x + pos[:t].astype(dt)[None]
+            start = position_offset(self, t) if self.decode else 0
+            x = x + jax.lax.dynamic_slice_in_dim(pos, start, t).astype(dt)[None]
         x = with_logical_constraint(x, ("batch", "length", "embed"))
 
         block = Block
@@ -227,6 +232,7 @@ class GPT(nn.Module):
             rope_scaling=parse_rope_scaling(self.rope_scaling),
             sliding_window=self.sliding_window,
             attn_scale=self.attn_scale,
+            decode=self.decode,
             out_in=self.kernel_order == "out_in",
         )
         if self.scan_layers:

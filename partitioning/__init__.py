@@ -128,6 +128,8 @@ from partitioning.train import (
     plot_loss,
 )
 from partitioning.train.data import ArrayDataset
+from partitioning.train.generate import generate
+from partitioning.train.tokenize import TextTokenizer, load_tokenizer
 from partitioning.tune import Hardware, Workload, hardware, load_hardware, workload
 from partitioning.tune import search as search_layouts
 from partitioning.tune.compiled import compiled_estimate
@@ -203,6 +205,9 @@ __all__ = [
     "TokenBatches",
     "ArrayDataset",
     "load_corpus",
+    "load_tokenizer",
+    "TextTokenizer",
+    "generate",
     "fit",
     "evaluate",
     "JsonlLogger",

@@ -56,13 +56,14 @@ class CheckpointHook:
         self._started = False
         self._last_metrics: tuple[int, Mapping[str, Any]] | None = None
 
-    def initial_state(self, trainer: Any, rng: Any) -> Any:
-        """Restores the latest checkpoint onto the trainer's layout if resuming, else ``trainer.init``."""
+    def initial_state(self, trainer: Any, rng: Any, init: Any = None) -> Any:
+        """Restores the latest checkpoint onto the trainer's layout if resuming, else ``trainer.init(rng)``
+        (or ``init()``: e.g. ``lambda: trainer.init_from(pretrained_params)``, never called on a resume)."""
         if self.resume and self.manager.latest_step() is not None:
             target = self.target or abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
             return self._restore(target)
         self._started = True
-        return trainer.init(rng)
+        return init() if init is not None else trainer.init(rng)
 
     def _restore(self, target: Any) -> Any:
         state = self.manager.restore(target)

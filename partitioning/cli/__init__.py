@@ -11,7 +11,9 @@ Modules:
 - :mod:`~partitioning.cli.compare` — ``compare``: several rule tables side by side.
 - :mod:`~partitioning.cli.tune` — ``tune``: every candidate layout priced, the best one recommended and written.
 - :mod:`~partitioning.cli.tune_report` — ``tune``'s ranked table, recommendation, rejections and best YAML.
-- :mod:`~partitioning.cli.ckpt` — ``ckpt ls|inspect|reshard``.
+- :mod:`~partitioning.cli.ckpt` — ``ckpt ls|inspect|reshard|export-hf``.
+- :mod:`~partitioning.cli.export_hf` — ``ckpt export-hf``: a run that started from Hugging Face weights, back out.
+- :mod:`~partitioning.cli.generate` — ``generate``: greedy decoding with a KV cache from a run or its HF weights.
 - :mod:`~partitioning.cli.config` — ``config show|schema``: the resolved config, the JSON Schema.
 - :mod:`~partitioning.cli.compiling` — where the compiled view is computed (here or a child process).
 - :mod:`~partitioning.cli.render` — rich tables for the terminal.

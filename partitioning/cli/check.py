@@ -13,7 +13,9 @@ import warnings
 
 from partitioning.cli.args import config_args, load_with_devices, say
 from partitioning.cli.compiling import IN_PROCESS_MAX, plan_devices
+from partitioning.config.hf import check_hf_weights
 from partitioning.config.preflight import preflight, preflight_abstract
+from partitioning.errors import ConfigError
 
 HELP = "the pre-flight: every check train would make (config, mesh, rules, batch, data, dirs, checkpoint, memory)"
 EXAMPLES = """examples:
@@ -59,4 +61,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"memory: {ready.budget.describe()}")
     if ready.resume_step is not None:
         print(f"resume: train would continue from the checkpoint at step {ready.resume_step} in {ready.checkpoint_dir}")
+    elif cfg.model_hf is not None:
+        try:
+            check_hf_weights(cfg)
+            print(f"weights: train would start from the Hugging Face weights in {cfg.model_hf}")
+        except ConfigError as e:  # planning needs only config.json; say what train would need
+            print(f"weights: {str(e).split(': ', 2)[-1]}")
     return 0

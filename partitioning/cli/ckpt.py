@@ -1,8 +1,9 @@
-"""``partitioning ckpt ls|inspect|reshard``: checkpoints from the command line.
+"""``partitioning ckpt ls|inspect|reshard|export-hf``: checkpoints from the command line.
 
     partitioning ckpt ls RUN_DIR
     partitioning ckpt inspect CKPT [--json]
     partitioning ckpt reshard CKPT --config NEW.yaml --out DIR [--set k=v] [--step N]
+    partitioning ckpt export-hf RUN_DIR OUT_DIR [--step N] [--force]   (see partitioning.cli.export_hf)
 
 ``CKPT`` is a run dir or checkpoints dir (latest complete step), a step dir, or
 a directory written by plain orbax.
@@ -35,6 +36,7 @@ from partitioning.checkpoint.disk import (
     sharding_str,
 )
 from partitioning.checkpoint.reshard import reshard_checkpoint
+from partitioning.cli import export_hf
 from partitioning.cli.args import load_with_devices
 from partitioning.cli.render import console
 from partitioning.config.build import abstract_model, mesh_from_config
@@ -43,10 +45,11 @@ from partitioning.errors import CheckpointError
 from partitioning.fmt import fmt_bytes, fmt_mesh, fmt_rules, fmt_shape
 from partitioning.yamlfile import dump_yaml
 
-HELP = "checkpoints: ls RUN_DIR | inspect CKPT | reshard CKPT --config NEW.yaml --out DIR"
+HELP = "checkpoints: ls RUN_DIR | inspect CKPT | reshard CKPT --config NEW.yaml --out DIR | export-hf RUN_DIR OUT_DIR"
 EXAMPLES = """examples:
   partitioning ckpt ls runs/quickstart
-  partitioning ckpt reshard runs/quickstart --config tp.yaml --out runs/tp/checkpoints"""
+  partitioning ckpt reshard runs/quickstart --config tp.yaml --out runs/tp/checkpoints
+  partitioning ckpt export-hf runs/hf_tiny exported/hf_tiny"""
 
 
 def _mesh_str(mesh: dict[str, Any] | None) -> str:
@@ -204,7 +207,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rs.add_argument("--step", type=int, default=None, help="a step other than the latest")
     rs.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     rs.add_argument("--devices", type=int, default=None, help="number of devices (simulated on the CPU)")
+    export_hf.add_parser(sub)
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"ls": cmd_ls, "inspect": cmd_inspect, "reshard": cmd_reshard}[args.ckpt_cmd](args)
+    commands = {"ls": cmd_ls, "inspect": cmd_inspect, "reshard": cmd_reshard, "export-hf": export_hf.cmd_export_hf}
+    return commands[args.ckpt_cmd](args)

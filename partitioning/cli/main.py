@@ -6,7 +6,8 @@
     partitioning plan CONFIG [--devices N] [--json F] [--png F]
     partitioning compare CONFIG --rules A B ...
     partitioning tune CONFIG [--devices N] [--hardware NAME|FILE] [--device-memory X] [--out best.yaml]
-    partitioning ckpt ls|inspect|reshard ...
+    partitioning ckpt ls|inspect|reshard|export-hf ...
+    partitioning generate CONFIG --prompt TEXT [--max-tokens N] [--step N | --from-hf]
 
 Bad input (a :class:`PartitioningError`) prints one line to stderr and exits 2.
 """
@@ -23,7 +24,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any
 
-from partitioning.cli import check, ckpt, compare, config, explain, plan, train, tune
+from partitioning.cli import check, ckpt, compare, config, explain, generate, plan, train, tune
 from partitioning.cli.args import say
 from partitioning.errors import PartitioningError, did_you_mean
 
@@ -38,6 +39,7 @@ COMMANDS: dict[str, ModuleType] = {
     "compare": compare,
     "tune": tune,
     "ckpt": ckpt,
+    "generate": generate,
     "config": config,
 }
 

@@ -18,12 +18,14 @@ and MFU where the device's peak is known (``--peak-tflops`` sets it).
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 import jax
 
 from partitioning.cli.args import config_args, distributed_args, load_with_devices
 from partitioning.config.build import model_options_resolved
+from partitioning.config.hf import check_hf_weights, has_checkpoint, hf_params_from_config
 from partitioning.config.preflight import preflight
 from partitioning.config.run import checkpoint_hook_from_config, trackers_from_config
 from partitioning.errors import ConfigError
@@ -95,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
             f"--peak-tflops must be a positive number of TFLOP/s, got {args.peak_tflops:g}", arg="--peak-tflops"
         )
     cfg = load_with_devices(args)  # sets up (simulated) devices before any jax computation
+    if cfg.model_hf is not None and (args.resume is False or not has_checkpoint(cfg)):
+        check_hf_weights(cfg)  # a fresh run starts from them: fail before building anything
     # Every check first: a run that fails here has written nothing.
     ready = preflight(cfg, devices=args.devices, resume=args.resume)
     trainer, mesh, run_dir = ready.trainer, ready.mesh, ready.run_dir
@@ -102,6 +106,11 @@ def run(args: argparse.Namespace) -> int:
     train_batches, eval_batches = ready.train_batches, ready.eval_batches
     main = jax.process_index() == 0
     log = (lambda m: print(m, flush=True)) if main else (lambda m: None)
+    # Pretrained weights are read before anything is written (a bad checkpoint fails the run cleanly),
+    # and only when there is no checkpoint of the run's own to resume from.
+    pretrained = None
+    if cfg.model_hf is not None and ready.resume_step is None:
+        pretrained = hf_params_from_config(cfg, mesh)
     # The checkpoint hook goes first: it restores before the log is trimmed to that step.
     ckpt = checkpoint_hook_from_config(cfg, trainer, run_dir, resume=args.resume, log=log)
     resolved = cfg.resolved(dict(mesh.shape), model_options_resolved(cfg))
@@ -123,7 +132,12 @@ def run(args: argparse.Namespace) -> int:
     plot = LossPlot(logger, run_dir / "loss.png", title=f"{Path(cfg.path).stem}: {cfg.model_name}")
     # Restore (or init) directly, so a resumed run never holds a fresh init and
     # the restored state at once.
-    state = ckpt.initial_state(trainer, jax.random.key(cfg.train.seed))
+    init = None
+    if pretrained is not None:
+        log(f"train: starting from the Hugging Face weights in {cfg.model_hf}")
+        init = functools.partial(trainer.init_from, pretrained)
+    state = ckpt.initial_state(trainer, jax.random.key(cfg.train.seed), init=init)
+    init = pretrained = None  # the state holds the params now
     start = state_step(state)
     if start >= cfg.train.steps and main:
         print(

@@ -28,6 +28,7 @@ import flax.linen as nn
 import jax
 
 import partitioning.models  # noqa: F401  (registers the reference models: gpt, mlp)
+from partitioning.config.hf import hf_model_from_config, hf_options, tokenizer_from_config
 from partitioning.config.schema import Config
 from partitioning.config.targets import TARGET, Factory, build_target, check_kwargs, takes_rngs
 from partitioning.errors import ConfigError, DataError, PartitioningError, ShardingError
@@ -68,6 +69,8 @@ def model_from_config(cfg: Config) -> Any:
     with a did-you-mean); NNX models come back as :class:`NNXModel` factories,
     so the trainer builds them sharded.
     """
+    if cfg.model_hf is not None:
+        return hf_model_from_config(cfg)
     if cfg.model_target:
         obj = build_target(
             {TARGET: cfg.model_name, **cfg.model_options}, path=cfg.path, lines=cfg.lines, key=("model",)
@@ -97,6 +100,8 @@ def _construct(cfg: Config, cls: Any, options: dict[str, Any]) -> Any:
 
 def model_options_resolved(cfg: Config) -> dict[str, Any]:
     """The model's options with the constructor's defaults filled in (for a registered model)."""
+    if cfg.model_hf is not None:
+        return hf_options(cfg)
     if cfg.model_target:
         return dict(cfg.model_options)
     try:
@@ -147,7 +152,9 @@ def optimizer_from_config(cfg: Config) -> Any:
     )
 
 
-_DATA_KEYS = {k: ("data", k) for k in ("path", "eval_path", "dtype", "source", "eval_fraction")}
+_DATA_KEYS = {
+    k: ("data", k) for k in ("path", "eval_path", "dtype", "source", "eval_fraction", "tokenizer", "cache_dir")
+}
 
 
 def dataset_from_config(cfg: Config) -> Any:
@@ -155,9 +162,20 @@ def dataset_from_config(cfg: Config) -> Any:
     d = cfg.data
     if d.target is not None:
         return build_target(d.target, path=cfg.path, lines=cfg.lines, key=("data",))
+    tokenizer = tokenizer_from_config(cfg)
     try:
-        return load_corpus(d.path, source=d.source, dtype=d.dtype, eval_path=d.eval_path, eval_fraction=d.eval_fraction)
+        return load_corpus(
+            d.path,
+            source=d.source,
+            dtype=d.dtype,
+            eval_path=d.eval_path,
+            eval_fraction=d.eval_fraction,
+            tokenizer=None if tokenizer is None else str(tokenizer),
+            cache_dir=d.cache_dir,
+        )
     except DataError as e:
+        if e.arg == "tokenizer" and d.tokenizer is None:  # the checkpoint's own tokenizer
+            raise DataError(f"{cfg.where('model', 'hf')}: {e}", arg=e.arg) from None
         raise at_key(cfg, e, _DATA_KEYS) from None
 
 

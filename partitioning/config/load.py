@@ -32,7 +32,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from partitioning.config.schema import REQUIRED, SECTIONS, TOP_KEYS, Config, DataConfig
+from partitioning.config.hf import hf_source
+from partitioning.config.schema import REQUIRED, SECTIONS, TOP_KEYS, Config, DataConfig, HfModelConfig
 from partitioning.errors import ConfigError, PartitioningError, RuleError, did_you_mean
 from partitioning.rules import Rules
 from partitioning.yamlfile import Key, Lines, load_value, read_yaml
@@ -273,17 +274,23 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
             errors.append(f"{path_s}: missing required section {k!r}")
 
     model = data.get("model", {})
-    head = "name"
+    head, hf = "name", None
     if "model" in data:
-        if not isinstance(model, Mapping) or ("name" in model) == (TARGET in model):
+        if not isinstance(model, Mapping) or sum(k in model for k in ("name", TARGET, "hf")) != 1:
             errors.append(
                 f"{_where(path_s, lines, ('model',))}: expected a mapping with a 'name' key (a registered "
-                f"model, e.g. {{name: gpt}}) or a '_target_' key (module.Class, e.g. "
-                f"{{_target_: my_models.Transformer}})"
+                f"model, e.g. {{name: gpt}}), a '_target_' key (module.Class, e.g. "
+                f"{{_target_: my_models.Transformer}}) or an 'hf' key (a Hugging Face checkpoint folder)"
             )
             model = {"name": "?"}
-        head = "name" if "name" in model else TARGET
-        if not isinstance(model[head], str):
+        head = "name" if "name" in model else TARGET if TARGET in model else "hf"
+        if head == "hf":
+            try:
+                HfModelConfig.model_validate(dict(model))
+            except ValidationError as e:
+                errors.extend(_messages(e, "model", model, HfModelConfig, path_s, lines))
+            hf = hf_source(model.get("hf"), path_s, lines, errors)
+        elif not isinstance(model[head], str):
             errors.append(f"{_where(path_s, lines, ('model', head))}: expected a string, got {_show(model[head])}")
 
     sections = {name: _section(name, data.get(name), path_s, lines, errors) for name in SECTIONS}
@@ -328,6 +335,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
         train=sections["train"],
         checkpoint=sections["checkpoint"],
         run_dir=run_dir,
+        model_hf=hf,
     )
 
 

@@ -22,12 +22,14 @@ from partitioning.checkpoint.hook import CheckpointHook, prepare_directory
 from partitioning.checkpoint.manager import CheckpointManager
 from partitioning.checkpoint.restore import abstract_target
 from partitioning.config.build import dataset_from_config
+from partitioning.config.hf import hf_record, tokenizer_from_config
 from partitioning.config.schema import Config
 from partitioning.config.targets import TARGET
 from partitioning.errors import ConfigError, DataError
 from partitioning.train.data import Corpus
 from partitioning.train.hooks import JsonlLogger
 from partitioning.train.step import Trainer
+from partitioning.train.tokenize import load_tokenizer
 from partitioning.train.trackers import TensorBoardLogger, WandbLogger
 
 
@@ -44,8 +46,13 @@ def _check_vocab(cfg: Config, trainer: Trainer, corpus: Corpus) -> None:
     vocab = _model_vocab(trainer.model)
     if vocab is None:
         return
-    here = cfg.where("model", "vocab_size")
+    here = cfg.where("model", "hf" if cfg.model_hf is not None else "vocab_size")
     if corpus.vocab is not None:
+        if vocab < corpus.vocab and corpus.tokenizer is not None:
+            raise ConfigError(
+                f"{here}: the model's vocab_size is {vocab}, but the tokenizer {corpus.tokenizer.path} has "
+                f"{corpus.vocab:,} tokens; name the model's own tokenizer with data.tokenizer"
+            )
         if vocab < corpus.vocab:
             raise ConfigError(f"{here}: the data is bytes, so vocab_size must be >= {corpus.vocab}, got {vocab}")
         return
@@ -126,7 +133,11 @@ def data_position(cfg: Config) -> dict[str, Any]:
         if d.target is not None
         else {"source": d.source, "path": d.path, "eval_path": d.eval_path, "dtype": d.dtype}
     )
-    return {"position": "step", **where, "seed": d.seed, "batch_size": t.batch_size, "seq_len": t.seq_len}
+    out = {"position": "step", **where, "seed": d.seed, "batch_size": t.batch_size, "seq_len": t.seq_len}
+    tokenizer = tokenizer_from_config(cfg)
+    if tokenizer is not None:  # text is these tokens: another tokenizer, other batches
+        out["tokenizer"] = load_tokenizer(tokenizer).digest[:16]
+    return out
 
 
 def data_resume_note(cfg: Config, saved: dict[str, Any] | None) -> str | None:
@@ -163,6 +174,8 @@ def checkpoint_hook_from_config(
     extra: dict[str, Any] = {"data": data_position(cfg)}
     if cfg.optimizer_rules is not None:
         extra["optimizer_rules"] = cfg.optimizer_rules.to_list()
+    if cfg.model_hf is not None:  # what `ckpt export-hf` needs to write the run back out
+        extra["hf"] = hf_record(cfg)
     mngr = CheckpointManager(
         directory,
         every=c.every,

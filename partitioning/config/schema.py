@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
@@ -96,10 +97,28 @@ class DataConfig(Section):
     )
     eval_fraction: float = Field(default=0.05, gt=0, lt=1)
     seed: StrictInt = Field(default=0, ge=0, description="order of training examples")
+    tokenizer: StrictStr | None = Field(
+        default=None,
+        description="text: a tokenizer.json (or a folder holding one) to tokenize with; null: bytes, or the "
+        "checkpoint's tokenizer.json with model.hf",
+    )
+    cache_dir: StrictStr | None = Field(
+        default=None, description="where tokenized text is cached; null: $XDG_CACHE_HOME/partitioning/tokens"
+    )
     log_batches: StrictBool = Field(
         default=False, description="debug: a digest of each step's batch in RUN_DIR/batches.N.jsonl"
     )
     target: dict[str, Any] | None = Field(default=None, exclude=True)  # {_target_: module.fn, ...}
+
+
+class HfModelConfig(Section):
+    """``model: {hf: DIR}``: a Hugging Face checkpoint's model (``config.json``) and how to run it."""
+
+    hf: StrictStr = Field(description="a checkpoint folder (config.json, safetensors) or a config.json file")
+    scan_layers: StrictBool = Field(default=True, description="stack the layers and scan over them")
+    remat: Literal["none", "full", "dots", "dots_no_batch"] = "none"
+    dtype: StrictStr | None = Field(default=None, description="compute dtype; null: float32")
+    param_dtype: StrictStr | None = Field(default=None, description="parameter dtype; null: float32")
 
 
 class OptimizerConfig(Section):
@@ -160,7 +179,9 @@ class CheckpointConfig(Section):
 class RunConfig(Section):
     """A whole run config, as a JSON Schema (``partitioning config schema``) and for validation."""
 
-    model: dict[str, Any] = Field(description="{name: gpt, ...} or {_target_: module.Class, ...}")
+    model: dict[str, Any] = Field(
+        description="{name: gpt, ...}, {_target_: module.Class, ...} or {hf: checkpoint dir, scan_layers, remat, ...}"
+    )
     mesh: MeshConfig = Field(default_factory=MeshConfig)
     rules: Any = Field(
         description="a preset, a rules file, a list of [logical, mesh_axes] or {preset, extra, batch_axes}"
@@ -221,8 +242,11 @@ class Config:
         train: TrainConfig,
         checkpoint: CheckpointConfig,
         run_dir: str,
+        model_hf: Path | None = None,
     ):
         self.path, self.raw, self.lines = path, raw, lines
+        # ``model: {hf: ...}``: the checkpoint folder (or config.json), found beside the config or in the cwd.
+        self.model_hf = model_hf
         self.model_name, self.model_options, self.model_target = model_name, model_options, model_target
         self.mesh, self.rules, self.optimizer_rules, self.on_indivisible = mesh, rules, optimizer_rules, on_indivisible
         self.data, self.optimizer, self.train, self.checkpoint, self.run_dir = (
@@ -239,7 +263,7 @@ class Config:
 
     def resolved(self, mesh_sizes: dict[str, int] | None = None, model_options: dict[str, Any] | None = None) -> dict:
         """Every key with its value or default, the rule tables written out, mesh sizes resolved if given."""
-        model_head = "_target_" if self.model_target else "name"
+        model_head = "_target_" if self.model_target else "hf" if self.model_hf is not None else "name"
         mesh = self.mesh.model_dump(by_alias=True)
         if mesh_sizes is not None:
             mesh["shape"] = dict(mesh_sizes)
@@ -272,6 +296,7 @@ __all__ = [
     "RunConfig",
     "MeshConfig",
     "DataConfig",
+    "HfModelConfig",
     "OptimizerConfig",
     "TrainConfig",
     "CheckpointConfig",

@@ -47,7 +47,7 @@ from partitioning.train.model import SOWN_LOSSES
 from partitioning.train.task import sown_losses
 
 # Collections a scanned block may write: sown losses (MoE load balancing) are stacked per layer.
-SCANNED = {"params": 0, "losses": 0}
+SCANNED = {"params": 0, "losses": 0, "cache": 0}  # cache: each layer's keys and values when decoding
 _local = threading.local()
 
 

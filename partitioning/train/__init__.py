@@ -10,8 +10,10 @@ Modules:
 - :mod:`~partitioning.train.lowering` — what a Trainer shows without running: layouts, lowered steps, init peak, FLOPs.
 - :mod:`~partitioning.train.optimizer` — optax optimizers and learning-rate schedules.
 - :mod:`~partitioning.train.sources` — where tokens come from: text files (bytes), ``.npy`` / ``.bin`` token arrays.
+- :mod:`~partitioning.train.tokenize` — text -> tokens with a ``tokenizer.json``: BOS / EOS per document, cached.
 - :mod:`~partitioning.train.order` — the grain ``MapDataset`` s: seeded example order, each process's rows.
 - :mod:`~partitioning.train.data` — corpora and resumable, per-process global batches (the public API).
+- :mod:`~partitioning.train.generate` — greedy decoding with a KV cache (``generate``), on a mesh under rules.
 - :mod:`~partitioning.train.loop` — ``fit``: steps, evals, hooks, progress, clean stops.
 - :mod:`~partitioning.train.hooks` — loop hooks that record a run (``JsonlLogger``).
 - :mod:`~partitioning.train.trackers` — TensorBoard and Weights & Biases as loop hooks.

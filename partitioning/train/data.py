@@ -32,6 +32,7 @@ import numpy as np
 from partitioning.errors import DataError
 from partitioning.train.batch import local_block
 from partitioning.train.sources import BYTE_VOCAB, TokenStream, read_splits, stdlib_files
+from partitioning.train.tokenize import load_tokenizer
 
 VOCAB_SIZE = BYTE_VOCAB
 
@@ -59,6 +60,7 @@ class Corpus:
     kind: str = "text"
     vocab: int | None = BYTE_VOCAB
     eval_source: str | None = None  # where eval came from, when not split off ``source``
+    tokenizer: Any = None  # the TextTokenizer text was tokenized with (None: bytes)
 
     def tokens(self, split: str) -> Any:
         if split not in ("train", "eval"):
@@ -75,8 +77,9 @@ class Corpus:
         )
 
     def describe(self) -> str:
-        unit = "bytes" if self.kind == "text" else "tokens"
-        return f"{self.source}: {len(self.train):,} train / {len(self.eval):,} eval {unit}"
+        unit = "bytes" if self.kind == "text" and self.tokenizer is None else "tokens"
+        out = f"{self.source}: {len(self.train):,} train / {len(self.eval):,} eval {unit}"
+        return out + (f" (tokenizer {self.tokenizer.path})" if self.tokenizer is not None else "")
 
 
 @functools.lru_cache(maxsize=4)
@@ -87,8 +90,14 @@ def load_corpus(
     dtype: str | None = None,
     eval_path: str | None = None,
     eval_fraction: float = 0.05,
+    tokenizer: str | None = None,
+    cache_dir: str | None = None,
 ) -> Corpus:
     """The embedded stdlib corpus (``path=None``), text, or pre-tokenized ``.npy`` / ``.bin`` arrays.
+
+    With ``tokenizer`` (a ``tokenizer.json`` or a folder holding one) text is
+    tokenized, each file one document with BOS / EOS as the tokenizer's config
+    says, and cached in ``cache_dir`` (see :mod:`partitioning.train.tokenize`).
 
     ``source`` is ``"text"`` or ``"tokens"`` (default: ``tokens`` for
     ``.npy`` / ``.bin`` files or folders of them); ``dtype`` is required for
@@ -105,7 +114,16 @@ def load_corpus(
         >>> load_corpus("data/train.bin", dtype="uint16", eval_path="data/val.bin").kind
         'tokens'
     """
-    train, ev, info = read_splits(path, source=source, dtype=dtype, eval_path=eval_path, eval_fraction=eval_fraction)
+    tok = load_tokenizer(tokenizer) if tokenizer is not None else None
+    train, ev, info = read_splits(
+        path,
+        source=source,
+        dtype=dtype,
+        eval_path=eval_path,
+        eval_fraction=eval_fraction,
+        tokenizer=tok,
+        cache_dir=cache_dir,
+    )
     return Corpus(
         train,
         ev,
@@ -115,6 +133,7 @@ def load_corpus(
         info["kind"],
         info["vocab"],
         info["eval_source"] if info["eval_source"] != info["source"] else None,
+        tok if info["kind"] == "text" else None,
     )
 
 

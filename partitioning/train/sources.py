@@ -241,7 +241,14 @@ def _files(path: str, kind: str, arg: str) -> tuple[Path, list[Path]]:
     return p, files
 
 
-def _stream(files: list[Path], root: Path, kind: str, dtype: str | None, arg: str) -> Any:
+def _stream(files: list[Path], root: Path, kind: str, dtype: str | None, arg: str, tokens: Any = None) -> Any:
+    if kind == "text" and tokens is not None:  # (tokenizer, cache_dir): tokenized once, then memory-mapped
+        from partitioning.train.tokenize import tokenize_files
+
+        data = tokenize_files(files, *tokens)
+        if len(data) == 0:
+            raise DataError(f"{str(files[0]) if len(files) == 1 else str(root)!r}: no tokens in the text", arg=arg)
+        return TokenStream([data], [str(files[0]) if len(files) == 1 else str(root)])
     if kind == "text":
         data = np.frombuffer(b"".join(_read(f, arg) for f in files), dtype=np.uint8)
         if len(data) == 0:
@@ -261,12 +268,18 @@ def read_splits(
     dtype: str | None = None,
     eval_path: str | None = None,
     eval_fraction: float = 0.05,
+    tokenizer: Any = None,
+    cache_dir: str | None = None,
 ) -> tuple[Any, Any, dict[str, Any]]:
     """(train tokens, eval tokens, info) of a text or token source; see the module docstring.
 
     Tokens are a ``uint8`` array for text, a :class:`TokenStream` for token
     files. ``info``: ``kind``, ``source`` and ``eval_source`` (descriptions), ``vocab`` (256 for
-    text, None for tokens), ``train_files`` and ``eval_files``.
+    text, None for tokens), ``train_files`` and ``eval_files``. With a
+    ``tokenizer`` (a :class:`~partitioning.train.tokenize.TextTokenizer`) text
+    is tokenized, each file a document, and cached in ``cache_dir``
+    (:func:`~partitioning.train.tokenize.tokenize_files`); ``vocab`` is then
+    the tokenizer's.
     """
     if not 0 < eval_fraction < 1:
         raise DataError(f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction}", arg="eval_fraction")
@@ -281,12 +294,9 @@ def read_splits(
     else:
         root, files = _files(path, kind, "path")
         desc = str(Path(path).expanduser())
-    info: dict[str, Any] = {
-        "kind": kind,
-        "source": desc,
-        "eval_source": desc,
-        "vocab": BYTE_VOCAB if kind == "text" else None,
-    }
+    tokens = (tokenizer, cache_dir) if kind == "text" and tokenizer is not None else None
+    vocab = (tokenizer.vocab_size if tokens else BYTE_VOCAB) if kind == "text" else None
+    info: dict[str, Any] = {"kind": kind, "source": desc, "eval_source": desc, "vocab": vocab}
     if eval_path is not None:
         eroot, efiles = _files(eval_path, kind, "eval_path")
         info.update(
@@ -294,9 +304,13 @@ def read_splits(
             eval_files=tuple(_rel(efiles, eroot)),
             eval_source=str(Path(eval_path).expanduser()),
         )
-        return _stream(files, root, kind, dtype, "path"), _stream(efiles, eroot, kind, dtype, "eval_path"), info
+        return (
+            _stream(files, root, kind, dtype, "path", tokens),
+            _stream(efiles, eroot, kind, dtype, "eval_path", tokens),
+            info,
+        )
     if len(files) == 1:
-        data = _stream(files, root, kind, dtype, "path")
+        data = _stream(files, root, kind, dtype, "path", tokens)
         if len(data) < 2:
             raise DataError(
                 f"{str(files[0])!r}: too small to split into train and eval ({len(data)} tokens)", arg="path"
@@ -304,7 +318,7 @@ def read_splits(
         cut = len(data) - max(1, int(len(data) * eval_fraction))
         name = (files[0].name,)
         info.update(train_files=name, eval_files=name)
-        if kind == "text":
+        if not isinstance(data, TokenStream):
             return data[:cut], data[cut:], info
         parts = data.parts[0]
         return TokenStream([parts[:cut]], data.names), TokenStream([parts[cut:]], data.names, [cut]), info
@@ -318,7 +332,7 @@ def read_splits(
         train_files=tuple(r for i, r in enumerate(rel) if i not in eval_idx),
         eval_files=tuple(r for i, r in enumerate(rel) if i in eval_idx),
     )
-    return _stream(train_f, root, kind, dtype, "path"), _stream(eval_f, root, kind, dtype, "path"), info
+    return _stream(train_f, root, kind, dtype, "path", tokens), _stream(eval_f, root, kind, dtype, "path", tokens), info
 
 
 __all__ = [

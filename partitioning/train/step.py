@@ -274,6 +274,43 @@ class Trainer(Lowering):
             step, opt_state = self._init_opt_jit(params)
         return TrainState(step=step, params=params, opt_state=opt_state, collections=collections)
 
+    def init_from(self, params: Any) -> TrainState:
+        """A TrainState at step 0 starting from ``params`` (e.g. pretrained weights), the optimizer state
+        initialised from them.
+
+        ``params`` has the structure of the model's params (boxed or not);
+        arrays already in this trainer's layout and dtype are used as they are
+        (:func:`partitioning.load_hf` with the trainer's mesh and rules makes
+        them so), others are cast and moved there.
+
+        Example::
+
+            >>> model, variables = pt.load_hf("checkpoints/llama", mesh, "fsdp")
+            >>> state = Trainer(model, tx, mesh, "fsdp", batch_size=8, seq_len=128).init_from(variables["params"])
+        """
+        params = unbox(params)
+        shardings, abstract = self.state_shardings.params, unbox(self.abstract_state.params)
+        want, got = jax.tree.structure(abstract), jax.tree.structure(params)
+        if want != got:
+            raise ValueError(f"init_from: params do not have the model's structure: {got} vs the model's {want}")
+
+        def fit(x, a, s):
+            x = x if x.dtype == a.dtype else x.astype(a.dtype)
+            return x if isinstance(x, jax.Array) and x.sharding == s else jax.device_put(x, s)
+
+        params = jax.tree.map(fit, params, abstract, shardings)
+        with sharding_context(self.mesh, self.rules):
+            step, opt_state = self._init_opt_jit(params)
+            collections = self._collections_template
+            if jax.tree.leaves(collections):  # the model's other collections (batch statistics, ...) as at init
+                collections = self._init_collections_jit(jax.random.key(self.seed))
+        return TrainState(step=step, params=params, opt_state=opt_state, collections=collections)
+
+    @functools.cached_property
+    def _init_collections_jit(self):
+        # The params of this init are dead code: XLA drops them.
+        return jax.jit(lambda rng: self._init_params_fn(rng)[1], out_shardings=self.state_shardings.collections)
+
     def train_step(self, state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
         """One optimizer step (the input state is donated). Metrics are device scalars."""
         with sharding_context(self.mesh, self.rules):

@@ -1,0 +1,215 @@
+"""``model: {hf: DIR}``: a Hugging Face checkpoint in a run config, checked at load and built from it.
+
+    model:
+      hf: hf/llama-3.1-8b        # a folder with config.json (+ *.safetensors to train), or a config.json
+      scan_layers: true
+      remat: none
+      dtype: bfloat16
+
+The path is looked for beside the file that names it, then in the current
+directory (a ``--set`` value: the other way round). ``check``, ``plan``,
+``tune`` and ``rules explain`` need only ``config.json``
+(:func:`partitioning.hf_model`); ``train`` reads the weights onto its mesh
+(:func:`partitioning.load_hf`). Text data is tokenized with the checkpoint's
+``tokenizer.json`` unless ``data.tokenizer`` names another.
+
+Example::
+
+    >>> cfg = load_config("configs/llama3_70b_hf.yaml")
+    >>> cfg.model_hf, hf_options(cfg)["scan_layers"]
+    (PosixPath('configs/hf/llama-3.1-70b'), True)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from partitioning.config.schema import Config, HfModelConfig
+from partitioning.errors import ConfigError, DataError, PartitioningError
+from partitioning.yamlfile import Key, Lines, where
+
+CONFIG_JSON = "config.json"
+TOKENIZER_JSON = "tokenizer.json"
+
+
+def find_beside(value: str, path: str, lines: Lines, key: Key) -> tuple[Path | None, list[str]]:
+    """(the file or folder ``value`` names, or None; the folders looked in).
+
+    Relative paths are looked for beside the file that set ``key`` (the config,
+    or the ``base:`` file it came from), then in the current directory; a
+    ``--set`` value in the current directory first.
+    """
+    p = Path(value).expanduser()
+    if p.is_absolute():
+        return (p if p.exists() else None), [str(p.parent)]
+    origin = lines.get(tuple(key))
+    if isinstance(origin, str):  # --set: typed relative to where the command runs
+        folders = [Path("."), Path(path).parent]
+    else:
+        defined_in = origin[0] if isinstance(origin, tuple) else path
+        folders = [Path(defined_in).parent, Path(".")]
+    for folder in folders:
+        candidate = Path(os.path.normpath(folder / p))
+        if candidate.exists():
+            return candidate, [str(f) for f in folders]
+    return None, list(dict.fromkeys(str(f) for f in folders))
+
+
+def config_json(source: Path) -> Path:
+    """The ``config.json`` of a checkpoint folder (or the file itself)."""
+    return source / CONFIG_JSON if source.is_dir() else source
+
+
+def hf_source(value: Any, path: str, lines: Lines, errors: list[str]) -> Path | None:
+    """The checkpoint ``model.hf`` names (a folder with config.json, or a config.json); else an error appended."""
+    if not isinstance(value, str):
+        return None  # the schema's error says what was expected
+    here = where(path, lines, ("model", "hf"))
+    found, looked = find_beside(value, path, lines, ("model", "hf"))
+    if found is None:
+        errors.append(f"{here}: no such checkpoint folder or config.json {value!r} (looked in {', '.join(looked)})")
+        return None
+    if found.is_dir() and not (found / CONFIG_JSON).is_file():
+        errors.append(
+            f"{here}: {found} has no {CONFIG_JSON} (a Hugging Face checkpoint folder holds config.json and "
+            f"*.safetensors; for planning, config.json alone is enough)"
+        )
+        return None
+    if found.is_file() and found.suffix != ".json":
+        errors.append(f"{here}: {found} is a file but not a config.json; name the checkpoint folder")
+        return None
+    return found
+
+
+def hf_options(cfg: Config) -> dict[str, Any]:
+    """The model options of an ``hf`` config with their defaults (``scan_layers``, ``remat``, dtypes)."""
+    return HfModelConfig.model_validate({"hf": cfg.model_name, **cfg.model_options}).model_dump(exclude={"hf"})
+
+
+def _at_hf(cfg: Config, e: PartitioningError) -> PartitioningError:
+    """An error of the checkpoint, at the config key naming it (options at their own keys)."""
+    arg = getattr(e, "arg", None)
+    key = ("model", arg) if arg in cfg.model_options else ("model", "hf")
+    return type(e)(f"{cfg.where(*key)}: {e}", arg=arg)
+
+
+def hf_model_from_config(cfg: Config) -> Any:
+    """The Flax module of the config's checkpoint, built from its ``config.json`` alone."""
+    from partitioning.checkpoint.hf import hf_model
+
+    try:
+        return hf_model(cfg.model_hf, **hf_options(cfg))
+    except PartitioningError as e:
+        raise _at_hf(cfg, e) from None
+
+
+def hf_params_from_config(cfg: Config, mesh: Any) -> Any:
+    """The checkpoint's weights, each array born in its shard of ``mesh`` under the config's rules."""
+    from partitioning.checkpoint.hf import load_hf
+
+    try:
+        _, variables = load_hf(cfg.model_hf, mesh, cfg.rules, on_indivisible=cfg.on_indivisible, **hf_options(cfg))
+    except PartitioningError as e:
+        raise _at_hf(cfg, e) from None
+    return variables["params"]
+
+
+def hf_record(cfg: Config) -> dict[str, Any] | None:
+    """What a run's checkpoints record of its Hugging Face source (None without ``model.hf``).
+
+    The ``config.json`` itself is kept, so ``ckpt export-hf`` rebuilds the
+    model even when the source folder has moved.
+    """
+    if cfg.model_hf is None:
+        return None
+    source = cfg.model_hf.resolve()
+    tokenizer = tokenizer_from_config(cfg)
+    return {
+        "source": str(source if source.is_dir() else source.parent),
+        "config": json.loads(config_json(cfg.model_hf).read_text()),
+        "options": hf_options(cfg),
+        "tokenizer": None if tokenizer is None else str(tokenizer.resolve()),
+    }
+
+
+PICKLED = (".bin", ".pt", ".pth", ".ckpt")
+
+
+def run_checkpoints(cfg: Config) -> Path:
+    """Where the run's checkpoints are: ``checkpoint.dir``, else ``RUN_DIR/checkpoints``."""
+    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(cfg.run_dir) / "checkpoints"
+
+
+def has_checkpoint(cfg: Config) -> bool:
+    """The run has a complete checkpoint of its own (a resume would not read the Hugging Face weights)."""
+    from partitioning.checkpoint.disk import list_steps
+
+    directory = run_checkpoints(cfg)
+    return directory.is_dir() and any(s.complete for s in list_steps(directory))
+
+
+def check_hf_weights(cfg: Config) -> None:
+    """The checkpoint has safetensors weights to start training from; else one line at ``model.hf``."""
+    folder = cfg.model_hf if cfg.model_hf.is_dir() else cfg.model_hf.parent
+    if any(folder.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLED)
+    why = (
+        f"only {pickled[0]}: convert it to safetensors (pickled files are never loaded)"
+        if pickled
+        else "train starts from them; plan, check and tune need only config.json"
+    )
+    raise ConfigError(f"{cfg.where('model', 'hf')}: {folder} has no *.safetensors weights ({why})")
+
+
+def tokenizer_from_config(cfg: Config) -> Path | None:
+    """The tokenizer text data is tokenized with: ``data.tokenizer``, else the checkpoint's ``tokenizer.json``.
+
+    None: the data is bytes (no tokenizer, or the data is token arrays / a ``_target_``).
+    """
+    d = cfg.data
+    if d.target is not None:
+        return None
+    if d.tokenizer is not None:
+        found, looked = find_beside(d.tokenizer, cfg.path, cfg.lines, ("data", "tokenizer"))
+        if found is None:
+            raise DataError(
+                f"{cfg.where('data', 'tokenizer')}: no such tokenizer {d.tokenizer!r} (looked in {', '.join(looked)})"
+            )
+        return found
+    if cfg.model_hf is None:
+        return None
+    from partitioning.train.sources import source_of
+
+    try:
+        if source_of(d.path, d.source) != "text":
+            return None
+    except DataError as e:
+        raise DataError(f"{cfg.where('data', 'source')}: {e}") from None
+    folder = cfg.model_hf if cfg.model_hf.is_dir() else cfg.model_hf.parent
+    if not (folder / TOKENIZER_JSON).is_file():
+        raise ConfigError(
+            f"{cfg.where('model', 'hf')}: {folder} has no {TOKENIZER_JSON} to tokenize the text data with; "
+            f"name one with data.tokenizer, or train on token arrays (data.source: tokens)"
+        )
+    return folder / TOKENIZER_JSON
+
+
+__all__ = [
+    "find_beside",
+    "config_json",
+    "hf_source",
+    "hf_options",
+    "hf_model_from_config",
+    "hf_params_from_config",
+    "hf_record",
+    "check_hf_weights",
+    "has_checkpoint",
+    "run_checkpoints",
+    "tokenizer_from_config",
+    "CONFIG_JSON",
+    "TOKENIZER_JSON",
+]

@@ -1,0 +1,188 @@
+"""A Hugging Face checkpoint from YAML and the command line, as real subprocesses with relative paths.
+
+One run of ``configs/hf_tiny.yaml`` (a tiny Llama made by transformers, trained on the
+stdlib tokenized with its own tokenizer) is shared by the tests of this module, in a copy
+of the repository's layout: resumed, exported, and made to talk.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURE = "tests/fixtures/hf/llama"
+STEPS = ["--set", "train.steps=20", "--set", "train.eval_every=10", "--set", "train.tracker=[jsonl]"]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """A folder laid out like the repository (configs/, tests/fixtures/hf/llama) and a token cache of its own."""
+    root = tmp_path_factory.mktemp("hf_cli")
+    (root / "configs").mkdir()
+    shutil.copy(REPO / "configs" / "hf_tiny.yaml", root / "configs")
+    shutil.copytree(REPO / FIXTURE, root / FIXTURE)
+    return root
+
+
+def cli(work: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m partitioning ARGS`` in ``work`` (the CLI sets up its own devices)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["XDG_CACHE_HOME"] = str(work / "cache")
+    return subprocess.run(
+        [sys.executable, "-m", "partitioning", *args], capture_output=True, text=True, cwd=work, env=env, timeout=600
+    )
+
+
+def error_line(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = [x for x in r.stderr.splitlines() if x.strip() and not x.startswith(("simulating", "data: "))]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+def records(work: Path) -> list[dict]:
+    return [json.loads(x) for x in (work / "runs/hf_tiny/metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def trained(work):
+    r = cli(work, "train", "configs/hf_tiny.yaml", "--no-progress", *STEPS)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def test_train_starts_from_the_weights_and_the_loss_falls(work, trained):
+    assert "train: starting from the Hugging Face weights in tests/fixtures/hf/llama" in trained.stdout
+    assert "tokens (tokenizer tests/fixtures/hf/llama/tokenizer.json)" in trained.stdout
+    evals = [r["eval_loss"] for r in records(work) if "eval_loss" in r]
+    assert [r["step"] for r in records(work) if "eval_loss" in r] == [1, 10, 20]
+    assert evals[-1] < evals[0] - 1.0, evals  # ~6.3 -> ~4.3 nats per token of the checkpoint's tokenizer
+    meta = json.loads((work / "runs/hf_tiny/checkpoints/20/meta/metadata").read_text())
+    assert meta["hf"]["source"] == str((work / FIXTURE).resolve())
+    assert meta["hf"]["config"]["architectures"] == ["LlamaForCausalLM"]
+    assert meta["hf"]["options"] == {"scan_layers": True, "remat": "none", "dtype": None, "param_dtype": None}
+    assert meta["data"]["tokenizer"]  # the digest of the tokenizer the text was cut with
+
+
+def test_resume_reads_its_own_checkpoint_not_the_weights(work, trained):
+    weights = work / FIXTURE / "model.safetensors"
+    weights.rename(weights.with_suffix(".away"))
+    try:
+        r = cli(work, "train", "configs/hf_tiny.yaml", "--no-progress", *STEPS, "--set", "train.steps=24")
+    finally:
+        weights.with_suffix(".away").rename(weights)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "checkpoint: resumed from step 20" in r.stdout
+    assert "starting from the Hugging Face weights" not in r.stdout
+    assert records(work)[-1]["step"] == 24
+
+
+def test_export_loads_back_with_the_trained_eval_loss(work, trained, monkeypatch):
+    r = cli(work, "ckpt", "export-hf", "runs/hf_tiny", "exported", "--step", "20")
+    assert r.returncode == 0, r.stderr[-3000:]
+    files = "config.json, generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json"
+    assert r.stdout.strip() == f"exported step 20 of runs/hf_tiny to exported: {files}"
+    assert not [p for p in work.iterdir() if p.name.startswith(".exported")]  # no temporary folder left
+
+    # The exported checkpoint, loaded as a user would, on the run's own eval batches: the run's eval loss.
+    from partitioning.config import load_config
+    from partitioning.config.build import mesh_from_config, trainer_from_config
+    from partitioning.config.hf import hf_params_from_config
+    from partitioning.config.run import data_from_config
+
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(work / "cache"))
+    cfg = load_config("configs/hf_tiny.yaml", [*STEPS[1::2], "model.hf=exported"])
+    mesh = mesh_from_config(cfg)
+    trainer = trainer_from_config(cfg, mesh)
+    corpus, _, evals = data_from_config(cfg, trainer)
+    params = hf_params_from_config(cfg, mesh)
+    loss = np.mean([float(trainer.eval_step(params, b)["loss"]) for b in evals()])
+    (trained_loss,) = [r["eval_loss"] for r in records(work) if r["step"] == 20 and "eval_loss" in r]
+    assert abs(loss - trained_loss) < 1e-5, (loss, trained_loss)
+    # The tokens it was trained on: each stdlib file opened by the checkpoint's BOS (1), no EOS (2).
+    first = (Path(sysconfig.get_paths()["stdlib"]) / corpus.train_files[0]).read_text()
+    ids = Tokenizer.from_file(str(work / FIXTURE / "tokenizer.json")).encode(first, add_special_tokens=False).ids
+    assert corpus.train[: len(ids) + 2].tolist() == [1, *ids, 1]
+
+
+def test_export_bad_inputs_are_one_line_and_write_nothing(work, trained, monkeypatch, capsys):
+    assert error_line(cli(work, "ckpt", "export-hf", "runs/nothing", "out")) == "error: runs/nothing: no such run dir"
+    full = work / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    line = error_line(cli(work, "ckpt", "export-hf", "runs/hf_tiny", "full"))
+    assert line == "error: full: exists and is not empty; choose a new folder or pass --force to replace it"
+    assert [p.name for p in full.iterdir()] == ["notes.txt"]
+    # A run that did not start from a Hugging Face checkpoint: its metadata has no `hf`.
+    shutil.copytree(work / "runs/hf_tiny", work / "runs/plain")
+    for meta in (work / "runs/plain/checkpoints").glob("*/meta/metadata"):
+        data = json.loads(meta.read_text())
+        del data["hf"]
+        meta.write_text(json.dumps(data))
+    line = error_line(cli(work, "ckpt", "export-hf", "runs/plain", "out"))
+    assert line.startswith("error: runs/plain: this run did not start from a Hugging Face checkpoint")
+    assert not (work / "out").exists()
+    # The same contract in this process (no interpreter start-up): a missing step, then --force.
+    from partitioning.cli import main
+
+    monkeypatch.chdir(work)
+    assert main(["ckpt", "export-hf", "runs/hf_tiny", "out", "--step", "7"]) == 2
+    expected = "error: runs/hf_tiny/checkpoints: no complete checkpoint for step 7 (steps: 20, 24)\n"
+    assert capsys.readouterr().err == expected
+    assert not (work / "out").exists()
+    assert main(["ckpt", "export-hf", "runs/hf_tiny", "full", "--force"]) == 0
+    assert not (full / "notes.txt").exists() and (full / "model.safetensors").is_file()
+
+
+def test_generate_prints_the_decoded_text(work, trained):
+    r = cli(work, "generate", "configs/hf_tiny.yaml", "--prompt", "def main(", "--max-tokens", "8")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("def main(") and len(r.stdout.rstrip("\n")) > len("def main(")
+    assert "generate: 8 tokens from step " in r.stderr and "greedy with a KV cache on mesh" in r.stderr
+    r = cli(work, "generate", "configs/hf_tiny.yaml", "--prompt", "import", "--max-tokens", "4", "--from-hf")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("import")
+    assert "generate: 4 tokens from the Hugging Face weights in tests/fixtures/hf/llama" in r.stderr
+
+
+PLAN_ONLY = """\
+model:
+  hf: ckpt
+mesh:
+  shape: {data: 1, fsdp: -1, tensor: 2}
+  devices: 8
+rules: fsdp_tp
+train:
+  batch_size: 8
+  seq_len: 32
+"""
+
+
+def test_plan_and_check_need_only_config_json(work, tmp_path):
+    folder = work / "plan_only"
+    (folder / "ckpt").mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):  # no safetensors
+        shutil.copy(work / FIXTURE / name, folder / "ckpt")
+    (folder / "plan.yaml").write_text(PLAN_ONLY)
+    r = cli(folder, "check", "plan.yaml")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("OK: plan.yaml: model ckpt (39,072 parameters, 12 arrays) on mesh")
+    assert "weights: ckpt has no *.safetensors weights (train starts from them; plan, check and tune need only" in (
+        r.stdout
+    )
+    r = cli(folder, "plan", "plan.yaml", "--no-compile")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("ckpt (39,072 parameters) on mesh {'data': 1, 'fsdp': 4, 'tensor': 2}")
+    assert "params/blocks/attn/q" in r.stdout
+    line = error_line(cli(folder, "train", "plan.yaml"))
+    assert line.startswith("error: plan.yaml:2: model.hf: ckpt has no *.safetensors weights")
+    assert not (folder / "runs").exists()
