@@ -48,7 +48,7 @@ import flax.linen.spmd as linen_spmd
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from partitioning.resolve import mesh_axis_sizes, walk
+from partitioning.resolve import axes_tuple, fill_mesh_axis_names, mesh_axis_sizes
 from partitioning.rules import Rules, as_rules
 
 _local = threading.local()
@@ -94,12 +94,16 @@ def axis_rules(rules: Any):
 def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = None) -> PartitionSpec | None:
     """Flax-compatible: the PartitionSpec for logical dimension names (rules: argument or context).
 
+    Exactly :func:`flax.linen.logical_to_mesh_axes`; under a mesh
+    (``jax.set_mesh``) a name no rule mentions that is a free mesh axis also
+    gets that axis (after the rules, never taking an axis a rule assigned).
+
     Example::
 
         >>> logical_to_mesh_axes(("embed", "mlp"), "fsdp_tp")
         P('fsdp', 'tensor')
     """
-    return as_rules(rules).resolve(array_dim_names)
+    return as_rules(rules).resolve(array_dim_names, mesh=_context_sizes())
 
 
 @contextlib.contextmanager
@@ -145,6 +149,7 @@ def _resolve(names: Sequence[Any], rules: Rules, mesh: Any = None) -> PartitionS
 
 _flax_apply_rules = flax_spmd.apply_rules
 _flax_from_sharding_rules = flax_spmd.from_sharding_rules
+_flax_composite_rules = flax_spmd.composite_rules
 _flax_logical_to_mesh_axes = getattr(linen_spmd, "_logical_to_mesh_axes", None)
 _UNASSIGNED = getattr(linen_spmd, "_unassigned_axis", None)
 
@@ -168,20 +173,26 @@ def _nnx_from_sharding_rules(sharding: Any, sharding_rules: Any) -> Any:
 
 
 def _linen_logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = None) -> Any:
-    """Linen's walk, recorded; with a toolkit table and a mesh, mesh-axis names resolve too."""
+    """Linen's walk (Flax's own code), recorded; then, with a toolkit table and a mesh, mesh-axis names.
+
+    Dims nothing claimed stay Flax's "unassigned" so its fallback modes apply unchanged.
+    """
     record(array_dim_names)
     result = _flax_logical_to_mesh_axes(array_dim_names, rules)
     table = rules if rules is not None else flax_spmd.get_logical_axis_rules()
     sizes = _context_sizes()
     if result is None or not isinstance(table, Rules) or not sizes or _UNASSIGNED is None:
         return result
-    log: list = []
-    out = walk(table, table.origins, tuple(array_dim_names), None, sizes, "error", "", log)
-    # Dims the walk left unclaimed stay Flax's "unassigned" so its fallback modes still apply.
-    return [
-        _UNASSIGNED if (isinstance(d.name, str) and d.rule_index is None and not d.by_mesh_axis) else a
-        for a, d in zip(out, log)
-    ]
+    owner = {a: i for i, entry in enumerate(result) if isinstance(entry, (str, tuple)) for a in axes_tuple(entry)}
+    fill_mesh_axis_names(table, tuple(array_dim_names), result, _UNASSIGNED, owner, sizes)
+    return result
+
+
+def _composite_rules(rule1: Any, rule2: Any) -> Any:
+    """NNX's merge of the context's and a variable's own rules: with a toolkit table, one ordered table."""
+    if isinstance(rule1, Rules) or isinstance(rule2, Rules):
+        return Rules(rule2 or ()) + Rules(rule1 or ()) if rule2 else Rules(rule1 or ())
+    return _flax_composite_rules(rule1, rule2)
 
 
 def install() -> None:
@@ -190,6 +201,7 @@ def install() -> None:
         return
     flax_spmd.apply_rules = _nnx_apply_rules
     flax_spmd.from_sharding_rules = _nnx_from_sharding_rules
+    flax_spmd.composite_rules = _composite_rules
     if _flax_logical_to_mesh_axes is not None:
         linen_spmd._logical_to_mesh_axes = _linen_logical_to_mesh_axes
 

@@ -44,7 +44,8 @@ PRESET_DIR = Path(__file__).parent / "presets"
 
 
 def _norm_axes(value: Any, where: str) -> MeshAxes:
-    if value is None or isinstance(value, str):
+    # PartitionSpec.UNCONSTRAINED: the dimension is left to XLA (Flax resolves it so too).
+    if value is None or isinstance(value, str) or value is PartitionSpec.UNCONSTRAINED:
         return value
     if isinstance(value, (list, tuple)):
         if not all(isinstance(a, str) for a in value):
@@ -89,7 +90,7 @@ class Rules(tuple):
         if origins is None:
             origins = [f"rules[{i}]" for i in range(len(pairs))]
         normed = []
-        for i, (pair, where) in enumerate(zip(pairs, origins)):
+        for pair, where in zip(pairs, origins, strict=False):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 raise RuleError(f"{where}: a rule is a pair [logical_name, mesh_axes], got {pair!r}")
             logical, axes = pair
@@ -251,7 +252,7 @@ class Rules(tuple):
     def validate(self, mesh: Any) -> Rules:
         """Checks every mesh axis named by a rule exists in ``mesh``."""
         sizes = mesh_axis_sizes(mesh)
-        for (logical, axes), where in zip(self, self.origins):
+        for (_, axes), where in zip(self, self.origins, strict=False):
             for a in axes_tuple(axes):
                 if a not in sizes:
                     raise RuleError(
