@@ -36,7 +36,9 @@ Training (state born sharded, jitted step with donation)::
 from partitioning.boxes import (
     Fallback,
     LogicallyPartitioned,
+    RulesFallback,
     compute_spec,
+    get_partition_spec,
     is_box,
     logical_spec,
     param_for_compute,
@@ -156,6 +158,8 @@ __all__ = [
     "with_logical_partitioning",
     "with_logical_constraint",
     "Fallback",
+    "RulesFallback",
+    "get_partition_spec",
     "is_box",
     "unbox",
     "compute_spec",

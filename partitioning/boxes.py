@@ -181,16 +181,33 @@ def unbox(tree: Any) -> Any:
     return jax.tree.map(lambda x: x.value if is_box(x) else x, tree, is_leaf=is_box)
 
 
-class Fallback(enum.Enum):
-    """What a named dimension nothing assigned (no rule, or every rule's axes taken) means for a constraint.
+def get_partition_spec(tree: Any) -> Any:
+    """Flax's ``nn.get_partition_spec``: each box's *logical* names as a PartitionSpec, ``P()`` for arrays.
 
-    Flax's :class:`flax.linen.spmd.RulesFallback` (``pt.RulesFallback``) is
-    accepted too and behaves exactly as in Flax: ``AXIS_IS_UNSHARDED`` is
-    :attr:`UNSHARDED`, ``RAISE_ERROR`` is :attr:`ERROR`, ``NO_CONSTRAINT`` is
-    :attr:`NO_CONSTRAINT`.
+    Resolve them with :func:`~partitioning.logical_to_mesh` (or use
+    :func:`~partitioning.tree_specs`, which resolves and checks divisibility).
 
     Example::
 
+        >>> get_partition_spec({"w": LogicallyPartitioned(jnp.zeros((4, 8)), ("embed", "mlp"))})
+        {'w': P('embed', 'mlp')}
+    """
+    return meta.get_partition_spec(tree)
+
+
+class Fallback(enum.Enum):
+    """What a named dimension nothing assigned (no rule, or every rule's axes taken) means for a constraint.
+
+    ``pt.RulesFallback`` is this enum under Flax's name, with Flax's member
+    names as aliases: ``AXIS_IS_UNSHARDED`` is :attr:`UNSHARDED`,
+    ``RAISE_ERROR`` is :attr:`ERROR`, ``NO_CONSTRAINT`` is
+    :attr:`NO_CONSTRAINT`; Flax's own ``nn.RulesFallback`` is accepted too.
+    Each behaves exactly as in Flax.
+
+    Example::
+
+        >>> Fallback.RAISE_ERROR is Fallback.ERROR is RulesFallback.RAISE_ERROR
+        True
         >>> with_logical_constraint(h, ("batch", "length", "mlp"), fallback=Fallback.UNCONSTRAINED)
     """
 
@@ -198,6 +215,12 @@ class Fallback(enum.Enum):
     UNCONSTRAINED = "unconstrained"  # that dimension is left to XLA (a toolkit extra)
     ERROR = "error"  # raise (a RuleError, a ValueError)
     NO_CONSTRAINT = "no_constraint"  # the whole array is left unconstrained
+    # Flax's member names (``pt.RulesFallback`` is this enum): aliases of the members above.
+    AXIS_IS_UNSHARDED = "unsharded"
+    RAISE_ERROR = "error"
+
+
+RulesFallback = Fallback
 
 
 def _fallback(value: Any) -> Fallback:

@@ -103,7 +103,7 @@ def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = Non
         >>> logical_to_mesh_axes(("embed", "mlp"), "fsdp_tp")
         P('fsdp', 'tensor')
     """
-    return as_rules(rules).resolve(array_dim_names, mesh=_context_sizes())
+    return as_rules(rules).resolve(array_dim_names, mesh=context_sizes())
 
 
 @contextlib.contextmanager
@@ -127,7 +127,8 @@ def record(names: Sequence[Any] | None) -> None:
         stack[-1].add(tuple(names))
 
 
-def _context_sizes(mesh: Any = None) -> dict[str, int] | None:
+def context_sizes(mesh: Any = None) -> dict[str, int] | None:
+    """``{axis: size}`` of ``mesh`` or else the context mesh (``jax.set_mesh``); None without one."""
     mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
     if mesh is None or getattr(mesh, "empty", False):
         return None
@@ -135,21 +136,27 @@ def _context_sizes(mesh: Any = None) -> dict[str, int] | None:
 
 
 def _toolkit_rules(local: Any = None) -> Rules | None:
-    """The toolkit table in force (a variable's own ``sharding_rules`` first), or None."""
+    """The toolkit table in force (a variable's own ``sharding_rules`` first), or None.
+
+    An empty table is no table, as for Flax: NNX then passes names through as mesh axes.
+    """
     rules = flax_spmd.get_logical_axis_rules()
-    if not isinstance(rules, Rules):
+    if not isinstance(rules, Rules) or not (rules or local):
         return None
     return Rules(local) + rules if local else rules
 
 
 def _resolve(names: Sequence[Any], rules: Rules, mesh: Any = None) -> PartitionSpec:
     record(names)
-    return rules.resolve(tuple(names), mesh=_context_sizes(mesh))
+    if mesh is None:  # a Variable's own ``mesh=`` metadata, when NNX is placing it (see _nnx_shard_value)
+        mesh = getattr(_local, "variable_mesh", None)
+    return rules.resolve(tuple(names), mesh=context_sizes(mesh))
 
 
 _flax_apply_rules = flax_spmd.apply_rules
 _flax_from_sharding_rules = flax_spmd.from_sharding_rules
 _flax_composite_rules = flax_spmd.composite_rules
+_flax_shard_value = flax_spmd.shard_value
 _flax_logical_to_mesh_axes = getattr(linen_spmd, "_logical_to_mesh_axes", None)
 _UNASSIGNED = getattr(linen_spmd, "_unassigned_axis", None)
 
@@ -163,6 +170,16 @@ def _nnx_apply_rules(sharding: Any, sharding_rules: Any = None) -> Any:
         if isinstance(sharding, (PartitionSpec, tuple)):
             return _resolve(sharding, rules)
     return _flax_apply_rules(sharding, sharding_rules)
+
+
+def _nnx_shard_value(value: Any, out_sharding: Any, sharding_rules: Any, mesh: Any) -> Any:
+    """NNX's eager placement of a new Variable: mesh-axis names resolve against its own ``mesh=`` too."""
+    previous = getattr(_local, "variable_mesh", None)
+    _local.variable_mesh = mesh
+    try:
+        return _flax_shard_value(value, out_sharding, sharding_rules, mesh)
+    finally:
+        _local.variable_mesh = previous
 
 
 def _nnx_from_sharding_rules(sharding: Any, sharding_rules: Any) -> Any:
@@ -180,7 +197,7 @@ def _linen_logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: An
     record(array_dim_names)
     result = _flax_logical_to_mesh_axes(array_dim_names, rules)
     table = rules if rules is not None else flax_spmd.get_logical_axis_rules()
-    sizes = _context_sizes()
+    sizes = context_sizes()
     if result is None or not isinstance(table, Rules) or not sizes or _UNASSIGNED is None:
         return result
     owner = {a: i for i, entry in enumerate(result) if isinstance(entry, (str, tuple)) for a in axes_tuple(entry)}
@@ -202,6 +219,7 @@ def install() -> None:
     flax_spmd.apply_rules = _nnx_apply_rules
     flax_spmd.from_sharding_rules = _nnx_from_sharding_rules
     flax_spmd.composite_rules = _composite_rules
+    flax_spmd.shard_value = _nnx_shard_value
     if _flax_logical_to_mesh_axes is not None:
         linen_spmd._logical_to_mesh_axes = _linen_logical_to_mesh_axes
 

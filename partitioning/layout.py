@@ -28,6 +28,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from partitioning.boxes import is_box, is_logical_box
+from partitioning.context import context_sizes
 from partitioning.errors import ShardingError
 from partitioning.resolve import DimExplanation, axes_tuple, mesh_axis_sizes
 from partitioning.rules import Rules, as_rules
@@ -80,7 +81,7 @@ class LeafLayout:
 
     @property
     def per_device_bytes(self) -> int:
-        local = math.prod(-(-s // n) for s, n in zip(self.shape, self.shards_per_dim))
+        local = math.prod(-(-s // n) for s, n in zip(self.shape, self.shards_per_dim, strict=True))
         return local * np.dtype(self.dtype).itemsize
 
     @property
@@ -134,7 +135,7 @@ def _layout_one(path: str, leaf: Any, mesh: Any, rules: Rules, on_indivisible: s
     if is_box(leaf):  # nn.Partitioned: names are mesh axes already
         spec = PartitionSpec(*leaf.names)
         shards = _shards(spec, len(shape), sizes)
-        for i, (s, n) in enumerate(zip(shape, shards)):
+        for i, (s, n) in enumerate(zip(shape, shards, strict=True)):
             if s % n:
                 raise ShardingError(
                     f"{path}: dim {i} (size {s}) is not divisible by mesh axes {axes_tuple(spec[i])!r} of size {n}"
@@ -170,7 +171,7 @@ def tree_specs(tree: Any, mesh: Any, rules: Any = None, *, on_indivisible: str =
     """
     layouts = tree_layouts(tree, mesh, rules, on_indivisible=on_indivisible)
     treedef = jax.tree_util.tree_structure(tree, is_leaf=_is_leaf)
-    return jax.tree_util.tree_unflatten(treedef, [l.spec for l in layouts])
+    return jax.tree_util.tree_unflatten(treedef, [leaf.spec for leaf in layouts])
 
 
 def tree_shardings(tree: Any, mesh: jax.sharding.Mesh, rules: Any = None, *, on_indivisible: str = "error") -> Any:
@@ -193,8 +194,8 @@ def logical_names(tree: Any) -> Any:
         ('vocab', 'embed')
     """
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_leaf)
-    leaves = [_as_box(l) for l in leaves]
-    return jax.tree_util.tree_unflatten(treedef, [tuple(l.names) if is_logical_box(l) else None for l in leaves])
+    boxes = [_as_box(leaf) for leaf in leaves]
+    return jax.tree_util.tree_unflatten(treedef, [tuple(b.names) if is_logical_box(b) else None for b in boxes])
 
 
 def per_device_bytes(layouts: list[LeafLayout]) -> int:
@@ -205,7 +206,7 @@ def per_device_bytes(layouts: list[LeafLayout]) -> int:
         >>> per_device_bytes(tree_layouts(abstract, mesh, "fsdp"))
         1114112
     """
-    return sum(l.per_device_bytes for l in layouts)
+    return sum(leaf.per_device_bytes for leaf in layouts)
 
 
 def _is_spec_or_box(x: Any) -> bool:
@@ -215,24 +216,36 @@ def _is_spec_or_box(x: Any) -> bool:
 def logical_to_mesh(tree: Any, rules: Any = None) -> Any:
     """Flax-compatible: maps a pytree of logical PartitionSpecs (or boxes) to mesh specs.
 
+    Under a mesh (``jax.set_mesh``) mesh-axis names resolve as in
+    :func:`~partitioning.logical_to_mesh_axes`.
+
     Example::
 
         >>> logical_to_mesh({"w": P("embed", "mlp")}, "fsdp")
         {'w': P('fsdp', None)}
     """
-    rules = as_rules(rules)
-    return jax.tree.map(lambda x: rules.resolve(tuple(x.names) if is_box(x) else x), tree, is_leaf=_is_spec_or_box)
+    return _logical_to_mesh(tree, as_rules(rules), context_sizes())
+
+
+def _logical_to_mesh(tree: Any, rules: Rules, sizes: Any) -> Any:
+    def one(x: Any) -> Any:
+        return rules.resolve(tuple(x.names) if is_box(x) else x, mesh=sizes)
+
+    return jax.tree.map(one, tree, is_leaf=_is_spec_or_box)
 
 
 def logical_to_mesh_sharding(tree: Any, mesh: jax.sharding.Mesh, rules: Any = None) -> Any:
     """Flax-compatible: a pytree of logical PartitionSpecs (or boxes) -> NamedShardings.
+
+    A name no rule mentions that is an axis of ``mesh`` gets that axis when
+    the rules left it free (see :func:`~partitioning.logical_to_mesh_axes`).
 
     Example::
 
         >>> logical_to_mesh_sharding({"w": P("embed", "mlp")}, mesh, "fsdp")["w"].spec
         P('fsdp', None)
     """
-    specs = logical_to_mesh(tree, rules)
+    specs = _logical_to_mesh(tree, as_rules(rules), mesh_axis_sizes(mesh) or None)
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
