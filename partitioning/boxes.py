@@ -10,6 +10,7 @@ applied on every platform, the CPU included.
 Example::
 
     >>> import flax.linen as nn
+import flax.linen.spmd as linen_spmd
     >>> from partitioning import with_logical_partitioning
     >>> dense = nn.Dense(64, kernel_init=with_logical_partitioning(
     ...     nn.initializers.lecun_normal(), ("embed", "mlp")))
@@ -23,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as nn
+import flax.linen.spmd as linen_spmd
 import jax
 from flax.core import meta
 from jax.sharding import NamedSharding, PartitionSpec
@@ -258,18 +260,17 @@ def _is_explicit_target(mesh: Any) -> bool:
 def _with_sharding_constraint(x: Any, axis_resources: PartitionSpec | None, mesh: Any = None) -> Any:
     """Constrains ``x`` to ``axis_resources`` on ``mesh`` (else the context mesh); the identity without one.
 
-    ``reshard`` on Explicit axes, a sharding constraint on Auto ones; on every
-    platform, the CPU included. Flax's ``_with_sharding_constraint``, same
-    signature.
+    Flax's ``_with_sharding_constraint`` (same signature; it is called for
+    ``Auto`` axes, so a test that mocks Flax's sees the toolkit's calls too),
+    except on ``Explicit`` axes, where a sharding constraint only asserts:
+    there it is ``jax.sharding.reshard``. On every platform, the CPU included.
     """
-    context = jax.sharding.get_abstract_mesh()
-    if axis_resources is None or (mesh is None and context.empty):
+    if axis_resources is None:
         return x
-    target = mesh if mesh is not None else context
-    spec: Any = NamedSharding(mesh, axis_resources) if mesh is not None else axis_resources
+    target = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
     if _is_explicit_target(target):
-        return jax.sharding.reshard(x, spec)
-    return jax.lax.with_sharding_constraint(x, spec)
+        return jax.sharding.reshard(x, NamedSharding(mesh, axis_resources) if mesh is not None else axis_resources)
+    return linen_spmd._with_sharding_constraint(x, axis_resources, mesh=mesh)
 
 
 def _constrain_one(names: Any, x: Any, fallback: Fallback, rules: Rules, mesh: Any) -> Any:
