@@ -65,13 +65,13 @@ def _is_explicit(mesh: Any) -> bool:
     return not mesh.empty and any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
 
 
-def compute_spec(names: Sequence[Any], rules: Any = None) -> PartitionSpec:
+def compute_spec(names: Sequence[Any], rules: Any = None, mesh: Any = None) -> PartitionSpec:
     """A param's spec for computing with it: its rule spec minus :attr:`Rules.batch_axes`.
 
     Those axes split the batch, so a param sharded over them (FSDP) must be
     gathered before use; its other axes (tensor parallelism) stay sharded.
     ``batch_axes`` are declared with the rule table, or read off its ``batch``
-    rules.
+    rules. Mesh-axis names resolve against ``mesh`` (else the context mesh).
 
     Example::
 
@@ -81,7 +81,8 @@ def compute_spec(names: Sequence[Any], rules: Any = None) -> PartitionSpec:
     rules = as_rules(rules) if rules is not None else get_logical_axis_rules()
     batch_axes = set(rules.batch_axes)
     out = []
-    for entry in _constraint_spec(tuple(names), rules, jax.sharding.get_abstract_mesh()):
+    mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
+    for entry in _constraint_spec(tuple(names), rules, mesh):
         kept = tuple(a for a in axes_tuple(entry) if a not in batch_axes)
         out.append(None if not kept else kept[0] if len(kept) == 1 else kept)
     return PartitionSpec(*out)

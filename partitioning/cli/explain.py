@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         task=task_from_config(cfg),
         collections=collections,
     )
-    computes = {l.path: fmt_spec(compute_spec(l.names, cfg.rules)) for l in layouts if l.names is not None}
+    computes = {x.path: fmt_spec(compute_spec(x.names, cfg.rules, mesh)) for x in layouts if x.names is not None}
     out = console()
     out.print(
         explain_table(layouts, computes, title=f"{cfg.model_name} on mesh {dict(mesh.shape)}: rules from {cfg.path}")
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         f"compute layout: parameters are gathered over the batch axes ({axes}; "
         f"{rules.batch_axes_origin}) before use: 'compute spec' above"
     )
-    cov = rule_coverage(layouts, rules, acts)
+    cov = rule_coverage(layouts, rules, acts, mesh)
     if cov.uncovered:
         print(f"logical names no rule mentions (unsharded): {', '.join(cov.uncovered)}")
     if cov.unused:

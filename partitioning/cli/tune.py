@@ -220,9 +220,10 @@ def run(args: argparse.Namespace) -> int:
     # One trace, unpipelined, at the full batch: the activation names, and the layer stacks and
     # expert layers that add pipeline / expert candidates and their costs.
     with microbatching(1), recording() as records:
-        names = activation_names(
-            model, params, {a: 1 for a in ["data", *table_axes(cfg.rules)]}, cfg.rules, batch=batch, task=task
-        )
+        # Size-1 axes: the config's (a model may name them directly) and the rules'; traced with the config's
+        # axis types (a model using Explicit-only ops traces only so).
+        axes = dict.fromkeys([*cfg.mesh.shape, "data", *table_axes(cfg.rules)], 1)
+        names = activation_names(model, params, axes, cfg.rules, batch=batch, task=task, axis_types=cfg.mesh.axis_types)
     tables = _tables(cfg, args.rules, args.config, records)
     p0 = build_plan(params, opt_state, {"data": 1}, Rules([]), on_indivisible="replicate")
     w = workload(

@@ -283,7 +283,7 @@ def build_plan(
     p_layouts, p_msgs = _layouts(params, sizes, rules, "params")
     o_layouts, o_msgs = _layouts(opt_state, sizes, opt_rules, "opt_state")
 
-    cov = rule_coverage(p_layouts + (o_layouts if opt_rules is rules else []), rules, activations)
+    cov = rule_coverage(p_layouts + (o_layouts if opt_rules is rules else []), rules, activations, sizes)
 
     plan = Plan(
         mesh=dict(sizes),
