@@ -63,6 +63,7 @@ from partitioning.errors import (
     ConfigError,
     DataError,
     MeshError,
+    ModelError,
     PartitioningError,
     RuleError,
     ShardingError,
@@ -144,6 +145,7 @@ __all__ = [
     "ConfigError",
     "CheckpointError",
     "DataError",
+    "ModelError",
     # rules
     "Rules",
     "DimExplanation",

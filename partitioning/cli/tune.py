@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from partitioning.cli.args import config_args, say
 from partitioning.cli.compiling import CPU_MAX_DEVICES, IN_PROCESS_MAX, compile_in_child, plan_devices, write_json
 from partitioning.cli.render import console
@@ -40,6 +42,7 @@ from partitioning.config.planning import compiled_from_config
 from partitioning.config.schema import Config, parse_bytes
 from partitioning.devices import simulate_devices
 from partitioning.errors import ConfigError, MeshError, PartitioningError, ShardingError
+from partitioning.layout import logical_names
 from partitioning.parallel.pipeline import microbatching
 from partitioning.parallel.trace import recording
 from partitioning.plan.coverage import activation_names
@@ -154,6 +157,14 @@ def _remats(cfg: Config, sets: list[str]) -> tuple[str | None, ...]:
     return tuple(ok) or (None,)
 
 
+def _model_axes(cfg: Config, params: Any, activations: set) -> list[str]:
+    """The config's mesh axes the model names directly (no rule mentions them): every candidate keeps them."""
+    used = {n for names in activations for n in names} | {
+        n for names in jax.tree.leaves(logical_names(params), is_leaf=lambda x: isinstance(x, tuple)) for n in names
+    }
+    return [a for a in cfg.mesh.shape if a in used and a not in cfg.rules.logical_names]
+
+
 def compile_candidate(
     cfg: Config, sets: list[str], overrides: list[str], devices: int, here: bool, timeout: float
 ) -> dict[str, Any]:
@@ -245,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
         activations={n: names for n in tables},
         on_indivisible=cfg.on_indivisible,
         records=records,
+        model_axes=_model_axes(cfg, params, names),
     )
     compiles = args.compiles if args.compiles is not None else (8 if here else 2)
     t1 = time.perf_counter()

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from partitioning.boxes import LogicallyPartitioned, unbox
+from partitioning.train.tracing import guard
 
 MODE_ARGS = ("deterministic", "train", "training", "is_training")
 # Collections a Linen init may return that are not state to carry between steps.
@@ -228,6 +229,7 @@ class NNXModel:
         self.factory, self.module = factory, module
         with nnx.use_eager_sharding(False):
             abstract = module if module is not None else nnx.eval_shape(lambda: factory(nnx.Rngs(0)))
+        self.model_class = type(abstract)
         filters = [f for _, f in NNX_GROUPS]
         self._graphdef, *states = nnx.split(abstract, *filters, ...)
         self._templates = dict(zip([g for g, _ in NNX_GROUPS] + ["state"], states))
@@ -355,6 +357,11 @@ class FunctionModel:
         if "train" in self._call:
             kw["train"] = train
         return self.apply_fn(variables["params"], *args, **kw), {}
+
+
+# A failure in the model's own code while it is traced: one ModelError line (partitioning.train.tracing).
+for _adapter in (LinenModel, NNXModel, FunctionModel):
+    guard(_adapter)
 
 
 def as_model(model: Any) -> Any:

@@ -134,8 +134,13 @@ def candidates(
     max_grad_accum: int = 16,
     layers: int = 0,
     rejected: list[tuple[Candidate, str]] | None = None,
+    model_axes: Sequence[str] = (),
 ) -> list[Candidate]:
     """Every layout of ``devices`` over the rule ``tables`` (see the module docstring).
+
+    ``model_axes``: mesh axes the model names directly (mesh-axis names, e.g.
+    ``einsum(..., out_sharding=P('fsdp', ...))``): every mesh has them, so the
+    model traces on every candidate.
 
     Layouts whose batch does not split (``batch_size / grad_accum`` not a
     multiple of the batch shards, or of the pipeline micro-batches times
@@ -147,6 +152,7 @@ def candidates(
         axes = table_axes(rules)
         if "data" not in axes:
             axes = ["data", *axes]
+        axes += [a for a in model_axes if a not in axes]
         for sizes_t in factorizations(devices, len(axes)):
             sizes = dict(zip(axes, sizes_t))
             mesh = tuple(sizes.items())
