@@ -6,7 +6,7 @@ checkpoint under it.
 
 The package is a pipeline, one folder per stage::
 
-    rules, boxes, mesh, layout      names -> PartitionSpec -> NamedSharding (the core)
+    rules, boxes, mesh, layout      names -> PartitionSpec -> NamedSharding (the core; replication warns)
     train/                          sharded state, jitted step, data, loop
     checkpoint/                     orbax save / restore onto any mesh and rules
     plan/                           memory, collectives and warnings before running
@@ -100,6 +100,7 @@ from partitioning.plan import (
     transformer_flops,
 )
 from partitioning.registry import build_model, model_names, register_model
+from partitioning.replication import ReplicationWarning
 from partitioning.resolve import DimExplanation, IndivisibleWarning
 from partitioning.rules import Rules, preset_names
 from partitioning.train import (
@@ -150,6 +151,7 @@ __all__ = [
     "Rules",
     "DimExplanation",
     "IndivisibleWarning",
+    "ReplicationWarning",
     "axis_rules",
     "get_logical_axis_rules",
     "set_logical_axis_rules",

@@ -58,7 +58,7 @@ def abstract_target(
     if shardings is None:
         if mesh is None:
             raise TypeError("abstract_target needs a mesh (and rules) or shardings")
-        shardings = tree_shardings(abstract, mesh, rules, on_indivisible=on_indivisible)
+        shardings = tree_shardings(abstract, mesh, rules, on_indivisible=on_indivisible, warn_replicated=False)
 
     def sds(value: Any, s: Any) -> jax.ShapeDtypeStruct:
         dt = jnp.dtype(value.dtype)

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_with_devices(args)
     mesh = mesh_from_config(cfg, args.devices)
     model, abstract = abstract_model(cfg)
-    layouts = tree_layouts(abstract, mesh, cfg.rules, on_indivisible=cfg.on_indivisible)
+    layouts = tree_layouts(abstract, mesh, cfg.rules, on_indivisible=cfg.on_indivisible, warn_replicated=False)
     collections = {k: v for k, v in abstract.items() if k != "params"}
     acts = activation_names(
         model,

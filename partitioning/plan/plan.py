@@ -245,7 +245,7 @@ def _layouts(tree: Any, mesh: Any, rules: Rules, prefix: str) -> tuple[list[Leaf
     """Layouts with indivisible dimensions falling back (and recorded), never raising."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", IndivisibleWarning)
-        layouts = tree_layouts(tree, mesh, rules, on_indivisible="replicate")
+        layouts = tree_layouts(tree, mesh, rules, on_indivisible="replicate", warn_replicated=False)
     msgs = [f"{prefix}/{w.message}" for w in caught if issubclass(w.category, IndivisibleWarning)]
     return _prefixed(layouts, prefix), list(dict.fromkeys(msgs))
 
