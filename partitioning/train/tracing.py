@@ -31,7 +31,6 @@ import flax
 import jax
 import optax
 
-import partitioning
 from partitioning.errors import ModelError, PartitioningError
 from partitioning.fmt import fmt_mesh
 
@@ -42,7 +41,7 @@ _LIBRARIES = tuple(
         os.path.dirname(jax.__file__),
         os.path.dirname(flax.__file__),
         os.path.dirname(optax.__file__),
-        os.path.dirname(partitioning.__file__),
+        str(Path(__file__).resolve().parents[1]),  # the partitioning package
         sysconfig.get_paths()["stdlib"],
     )
 )
