@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from partitioning.context import get_logical_axis_rules, record
 from partitioning.errors import RuleError
-from partitioning.resolve import axes_tuple, mesh_axis_sizes, walk
+from partitioning.resolve import axes_tuple, mesh_axis_sizes
 from partitioning.rules import Rules, as_rules
 
 
@@ -247,7 +247,7 @@ _UNASSIGNED = object()  # a named dimension nothing claimed (Flax's fallback mod
 def _mesh_axes(names: Sequence[Any], rules: Rules, mesh: Any) -> list[Any]:
     """The rule walk for ``names`` with mesh-axis names against ``mesh``; unclaimed dims are ``_UNASSIGNED``."""
     sizes = mesh_axis_sizes(mesh) if mesh is not None and not getattr(mesh, "empty", False) else {}
-    return walk(rules, rules.origins, tuple(names), None, sizes or None, "error", "", None, unassigned_as=_UNASSIGNED)
+    return rules.axes(tuple(names), sizes or None, unassigned_as=_UNASSIGNED)
 
 
 def _constraint_spec(names: Sequence[Any], rules: Rules, mesh: Any = None) -> PartitionSpec:

@@ -48,6 +48,7 @@ import flax.linen.spmd as linen_spmd
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from partitioning.follows import canonical
 from partitioning.resolve import axes_tuple, fill_mesh_axis_names, mesh_axis_sizes
 from partitioning.rules import Rules, as_rules
 
@@ -195,8 +196,10 @@ def _linen_logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: An
     Dims nothing claimed stay Flax's "unassigned" so its fallback modes apply unchanged.
     """
     record(array_dim_names)
-    result = _flax_logical_to_mesh_axes(array_dim_names, rules)
     table = rules if rules is not None else flax_spmd.get_logical_axis_rules()
+    if isinstance(table, Rules) and table.follows and array_dim_names is not None:
+        array_dim_names = canonical(array_dim_names, table.follows)  # activation_embed -> embed, ...
+    result = _flax_logical_to_mesh_axes(array_dim_names, rules)
     sizes = context_sizes()
     if result is None or not isinstance(table, Rules) or not sizes or _UNASSIGNED is None:
         return result

@@ -41,6 +41,7 @@ from typing import Any
 from jax.sharding import PartitionSpec
 
 from partitioning.errors import RuleError, ShardingError, did_you_mean
+from partitioning.follows import canonical
 
 MeshAxes = None | str | tuple[str, ...]
 Pair = tuple[str, MeshAxes]
@@ -225,6 +226,101 @@ def fill_mesh_axis_names(
     return taken
 
 
+class TableWalk:
+    """The resolution methods of a rule table (:class:`~partitioning.Rules` is one): the walk, with its
+    ``follows`` renaming (:mod:`partitioning.follows`) first.
+
+    Example::
+
+        >>> Rules([("embed", "fsdp")], follows={"activation_embed": "embed"}).resolve(("activation_embed",))
+        P('fsdp',)
+    """
+
+    origins: tuple[str, ...]
+    follows: dict[str, str]
+
+    def resolve(
+        self,
+        names: Sequence[Any] | None,
+        shape: Sequence[int] | None = None,
+        mesh: Any = None,
+        *,
+        on_indivisible: str = "error",
+        path: str = "",
+    ) -> PartitionSpec | None:
+        """The PartitionSpec for an array whose dimensions carry ``names``.
+
+        With ``shape`` and ``mesh`` the divisibility of every claimed dimension
+        is checked: ``on_indivisible='error'`` raises a :class:`ShardingError`
+        naming ``path``; ``'replicate'`` skips that rule (a later rule for the
+        name may claim the dimension) and warns.
+        """
+        if names is None:
+            return None
+        return PartitionSpec(*self._walk(names, shape, mesh, on_indivisible, path, None))
+
+    def explain(
+        self,
+        names: Sequence[Any],
+        shape: Sequence[int] | None = None,
+        mesh: Any = None,
+        *,
+        on_indivisible: str = "replicate",
+        path: str = "",
+    ) -> list[DimExplanation]:
+        """Per dimension: the rule that claimed it and why earlier ones were skipped.
+
+        Example::
+
+            >>> for d in Rules([("embed", "fsdp"), ("mlp", "fsdp")]).explain(("embed", "mlp")):
+            ...     print(d)
+            dim 0 'embed' -> 'fsdp' by rule 0 ('embed', 'fsdp')
+            dim 1 'mlp' -> unsharded; skipped rule 1 ('mlp', 'fsdp'): mesh axis 'fsdp' already used by dim 0 ('embed')
+        """
+        log: list[DimExplanation] = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", IndivisibleWarning)
+            self._walk(names, shape, mesh, on_indivisible, path, log)
+        return log
+
+    def _walk(self, names, shape, mesh, on_indivisible, path, log, unassigned_as=None):
+        original = tuple(names)
+        names = canonical(original, self.follows)
+        inner: list | None = [] if log is not None and names != original else log
+        out = walk(self, self.origins, names, shape, mesh, on_indivisible, path, inner, unassigned_as=unassigned_as)
+        if inner is not log and log is not None:
+            for d in inner:
+                if d.dim < len(original) and original[d.dim] != names[d.dim]:
+                    note = f"{original[d.dim]!r} follows {names[d.dim]!r}"
+                    d = dataclasses.replace(d, name=original[d.dim], notes=(note, *d.notes))
+                log.append(d)
+        return out
+
+    def axes(self, names: Sequence[Any], mesh: Any = None, *, unassigned_as: Any = None) -> list[Any]:
+        """One mesh-axes entry per dimension (no shape checks); a dimension nothing claimed is ``unassigned_as``.
+
+        Example::
+
+            >>> Rules([("batch", "data")]).axes(("batch", "other"), unassigned_as="?")
+            ['data', '?']
+        """
+        return self._walk(names, None, mesh, "error", "", None, unassigned_as)
+
+    def resolve_explained(
+        self,
+        names: Sequence[Any],
+        shape: Sequence[int] | None = None,
+        mesh: Any = None,
+        *,
+        on_indivisible: str = "error",
+        path: str = "",
+    ) -> tuple[PartitionSpec, list[DimExplanation]]:
+        """:meth:`resolve` and :meth:`explain` in one walk of the rules (warns like resolve)."""
+        log: list[DimExplanation] = []
+        spec = PartitionSpec(*self._walk(names, shape, mesh, on_indivisible, path, log))
+        return spec, log
+
+
 @dataclasses.dataclass(frozen=True)
 class DimExplanation:
     """How one array dimension was assigned (see :meth:`Rules.explain`).
@@ -260,6 +356,7 @@ class DimExplanation:
 
 __all__ = [
     "walk",
+    "TableWalk",
     "fill_mesh_axis_names",
     "DimExplanation",
     "IndivisibleWarning",

@@ -73,7 +73,9 @@ def rule_coverage(
         dims += rules.explain(names, mesh=sizes)
     names_used = frozenset(d.name for d in dims if isinstance(d.name, str))
     fired = frozenset(d.rule_index for d in dims if d.rule_index is not None)
-    uncovered = sorted(names_used - set(rules.logical_names) - set(sizes or ()))
+    known = set(rules.logical_names)
+    followed = {n for n in names_used if rules.follows.get(n) in known}
+    uncovered = sorted(names_used - known - followed - set(sizes or ()))
     unused = [
         UnusedRule(i, [r[0], list(r[1]) if isinstance(r[1], tuple) else r[1]], rules.origins[i])
         for i, r in enumerate(rules)

@@ -75,8 +75,8 @@ class Candidate:
         sets = [
             "mesh.shape={" + ", ".join(f"{a}: {s}" for a, s in self.mesh) + "}",
             f"mesh.devices={self.devices}",
-            f"rules={_flow(rules.to_list())}",
-            f"optimizer_rules={_flow(optimizer_rules.to_list()) if optimizer_rules is not None else 'null'}",
+            f"rules={_flow(rules.to_config())}",
+            f"optimizer_rules={_flow(optimizer_rules.to_config()) if optimizer_rules is not None else 'null'}",
             f"train.grad_accum={self.grad_accum}",
             f"train.microbatches={self.microbatches if self.stages > 1 else 'null'}",
         ]
@@ -96,8 +96,12 @@ class Candidate:
         }
 
 
-def _flow(pairs: list) -> str:
+def _flow(pairs: Any) -> str:
+    """YAML flow style for a rule table's config form (pairs, or a mapping with extra / batch_axes / follows)."""
+
     def one(x):
+        if isinstance(x, dict):
+            return "{" + ", ".join(f"{k}: {one(v)}" for k, v in x.items()) + "}"
         return "null" if x is None else "[" + ", ".join(one(y) for y in x) + "]" if isinstance(x, list) else str(x)
 
     return one(pairs)
