@@ -6,7 +6,7 @@ checkpoint under it.
 
 The package is a pipeline, one folder per stage::
 
-    rules, boxes, mesh, layout      names -> PartitionSpec -> NamedSharding (the core)
+    rules, boxes, mesh, layout      names -> PartitionSpec -> NamedSharding (the core; replication warns)
     train/                          sharded state, jitted step, data, loop
     checkpoint/                     orbax save / restore onto any mesh and rules; Hugging Face safetensors in / out
     plan/                           memory, collectives and warnings before running
@@ -36,7 +36,9 @@ Training (state born sharded, jitted step with donation)::
 from partitioning.boxes import (
     Fallback,
     LogicallyPartitioned,
+    RulesFallback,
     compute_spec,
+    get_partition_spec,
     is_box,
     logical_spec,
     param_for_compute,
@@ -53,9 +55,9 @@ from partitioning.checkpoint import (
     hf_model,
     load_hf,
     reshard_checkpoint,
-    save_hf,
     restore_checkpoint,
     save_checkpoint,
+    save_hf,
 )
 from partitioning.config import Config, load_config
 from partitioning.context import axis_rules, get_logical_axis_rules, logical_to_mesh_axes, set_logical_axis_rules
@@ -65,6 +67,7 @@ from partitioning.errors import (
     ConfigError,
     DataError,
     MeshError,
+    ModelError,
     PartitioningError,
     RuleError,
     ShardingError,
@@ -101,6 +104,7 @@ from partitioning.plan import (
     transformer_flops,
 )
 from partitioning.registry import build_model, model_names, register_model
+from partitioning.replication import ReplicationWarning
 from partitioning.resolve import DimExplanation, IndivisibleWarning
 from partitioning.rules import Rules, preset_names
 from partitioning.train import (
@@ -148,10 +152,12 @@ __all__ = [
     "ConfigError",
     "CheckpointError",
     "DataError",
+    "ModelError",
     # rules
     "Rules",
     "DimExplanation",
     "IndivisibleWarning",
+    "ReplicationWarning",
     "axis_rules",
     "get_logical_axis_rules",
     "set_logical_axis_rules",
@@ -162,6 +168,8 @@ __all__ = [
     "with_logical_partitioning",
     "with_logical_constraint",
     "Fallback",
+    "RulesFallback",
+    "get_partition_spec",
     "is_box",
     "unbox",
     "compute_spec",

@@ -10,6 +10,7 @@ applied on every platform, the CPU included.
 Example::
 
     >>> import flax.linen as nn
+import flax.linen.spmd as linen_spmd
     >>> from partitioning import with_logical_partitioning
     >>> dense = nn.Dense(64, kernel_init=with_logical_partitioning(
     ...     nn.initializers.lecun_normal(), ("embed", "mlp")))
@@ -23,14 +24,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.linen as nn
+import flax.linen.spmd as linen_spmd
 import jax
 from flax.core import meta
-from jax.sharding import PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from partitioning.context import get_logical_axis_rules, record
 from partitioning.errors import RuleError
 from partitioning.resolve import axes_tuple, mesh_axis_sizes
-from partitioning.rules import as_rules
+from partitioning.rules import Rules, as_rules
 
 
 class LogicallyPartitioned(nn.LogicallyPartitioned):
@@ -51,22 +53,25 @@ class LogicallyPartitioned(nn.LogicallyPartitioned):
         # init shape (fewer dims than names): nothing to constrain yet.
         if not apply_constraint or getattr(self.value, "ndim", len(self.names)) < len(self.names):
             return self.value
-        if _is_explicit(jax.sharding.get_abstract_mesh()):
+        context = jax.sharding.get_abstract_mesh()
+        if self.mesh is None and context.empty:  # as Flax: no mesh, no constraint
+            return self.value
+        if self.mesh is None and _is_explicit(context):
             return param_for_compute(self.value, tuple(self.names), rules=self.rules)
-        return with_logical_constraint(self.value, tuple(self.names), rules=self.rules)
+        return with_logical_constraint(self.value, tuple(self.names), rules=self.rules, mesh=self.mesh)
 
 
 def _is_explicit(mesh: Any) -> bool:
     return not mesh.empty and any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
 
 
-def compute_spec(names: Sequence[Any], rules: Any = None) -> PartitionSpec:
+def compute_spec(names: Sequence[Any], rules: Any = None, mesh: Any = None) -> PartitionSpec:
     """A param's spec for computing with it: its rule spec minus :attr:`Rules.batch_axes`.
 
     Those axes split the batch, so a param sharded over them (FSDP) must be
     gathered before use; its other axes (tensor parallelism) stay sharded.
     ``batch_axes`` are declared with the rule table, or read off its ``batch``
-    rules.
+    rules. Mesh-axis names resolve against ``mesh`` (else the context mesh).
 
     Example::
 
@@ -76,7 +81,8 @@ def compute_spec(names: Sequence[Any], rules: Any = None) -> PartitionSpec:
     rules = as_rules(rules) if rules is not None else get_logical_axis_rules()
     batch_axes = set(rules.batch_axes)
     out = []
-    for entry in _constraint_spec(tuple(names), rules, Fallback.UNSHARDED, jax.sharding.get_abstract_mesh()):
+    mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
+    for entry in _constraint_spec(tuple(names), rules, mesh):
         kept = tuple(a for a in axes_tuple(entry) if a not in batch_axes)
         out.append(None if not kept else kept[0] if len(kept) == 1 else kept)
     return PartitionSpec(*out)
@@ -116,26 +122,23 @@ def logical_spec(names: Sequence[Any], rules: Any = None) -> PartitionSpec | Non
     mesh = jax.sharding.get_abstract_mesh()
     if not rules or not _is_explicit(mesh):
         return None
-    return _constraint_spec(tuple(names), rules, Fallback.UNSHARDED, mesh)
+    return _constraint_spec(tuple(names), rules, mesh)
 
 
 def constrain(x: jax.Array, spec: PartitionSpec) -> jax.Array:
     """``x`` constrained to ``spec`` on the context mesh: ``reshard`` on Explicit axes, else a sharding
     constraint; the identity outside a mesh."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return x
-    if any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types):
-        return jax.sharding.reshard(x, spec)
-    return jax.lax.with_sharding_constraint(x, spec)
+    return _with_sharding_constraint(x, spec)
 
 
 def with_logical_partitioning(
-    fn: Callable[..., Any], names: Sequence[str | None], rules: Any = None
+    fn: Callable[..., Any], names: Sequence[str | None], mesh: Any = None, rules: Any = None
 ) -> Callable[..., LogicallyPartitioned]:
-    """Wraps an initializer so its result is boxed with logical ``names``.
+    """Wraps an initializer so its result is boxed with logical ``names`` (Flax's signature).
 
-    Fewer names than dimensions leave the trailing dimensions unsharded. The
+    ``mesh`` and ``rules`` are stored on the box, as in Flax: its constraint
+    then uses them instead of the context's. Fewer names than dimensions leave
+    the trailing dimensions unsharded. The
     initializer may be called with a flattened shape (Flax's ``DenseGeneral``
     does, then reshapes the box's value), so the names are checked against the
     parameter's final shape when it is laid out.
@@ -150,7 +153,7 @@ def with_logical_partitioning(
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        return LogicallyPartitioned(fn(*args, **kwargs), names, rules=rules)
+        return LogicallyPartitioned(fn(*args, **kwargs), names, mesh=mesh, rules=rules)
 
     return wrapper
 
@@ -181,17 +184,46 @@ def unbox(tree: Any) -> Any:
     return jax.tree.map(lambda x: x.value if is_box(x) else x, tree, is_leaf=is_box)
 
 
-class Fallback(enum.Enum):
-    """What a logical name with no rule means for an activation constraint.
+def get_partition_spec(tree: Any) -> Any:
+    """Flax's ``nn.get_partition_spec``: each box's *logical* names as a PartitionSpec, ``P()`` for arrays.
+
+    Resolve them with :func:`~partitioning.logical_to_mesh` (or use
+    :func:`~partitioning.tree_specs`, which resolves and checks divisibility).
 
     Example::
 
+        >>> get_partition_spec({"w": LogicallyPartitioned(jnp.zeros((4, 8)), ("embed", "mlp"))})
+        {'w': P('embed', 'mlp')}
+    """
+    return meta.get_partition_spec(tree)
+
+
+class Fallback(enum.Enum):
+    """What a named dimension nothing assigned (no rule, or every rule's axes taken) means for a constraint.
+
+    ``pt.RulesFallback`` is this enum under Flax's name, with Flax's member
+    names as aliases: ``AXIS_IS_UNSHARDED`` is :attr:`UNSHARDED`,
+    ``RAISE_ERROR`` is :attr:`ERROR`, ``NO_CONSTRAINT`` is
+    :attr:`NO_CONSTRAINT`; Flax's own ``nn.RulesFallback`` is accepted too.
+    Each behaves exactly as in Flax.
+
+    Example::
+
+        >>> Fallback.RAISE_ERROR is Fallback.ERROR is RulesFallback.RAISE_ERROR
+        True
         >>> with_logical_constraint(h, ("batch", "length", "mlp"), fallback=Fallback.UNCONSTRAINED)
     """
 
     UNSHARDED = "unsharded"  # the dimension is replicated
-    UNCONSTRAINED = "unconstrained"  # XLA decides
-    ERROR = "error"  # raise
+    UNCONSTRAINED = "unconstrained"  # that dimension is left to XLA (a toolkit extra)
+    ERROR = "error"  # raise (a RuleError, a ValueError)
+    NO_CONSTRAINT = "no_constraint"  # the whole array is left unconstrained
+    # Flax's member names (``pt.RulesFallback`` is this enum): aliases of the members above.
+    AXIS_IS_UNSHARDED = "unsharded"
+    RAISE_ERROR = "error"
+
+
+RulesFallback = Fallback
 
 
 def _fallback(value: Any) -> Fallback:
@@ -200,7 +232,7 @@ def _fallback(value: Any) -> Fallback:
     if isinstance(value, nn.spmd.RulesFallback):
         return {
             nn.spmd.RulesFallback.AXIS_IS_UNSHARDED: Fallback.UNSHARDED,
-            nn.spmd.RulesFallback.NO_CONSTRAINT: Fallback.UNCONSTRAINED,
+            nn.spmd.RulesFallback.NO_CONSTRAINT: Fallback.NO_CONSTRAINT,
             nn.spmd.RulesFallback.RAISE_ERROR: Fallback.ERROR,
         }[value]
     try:
@@ -209,64 +241,105 @@ def _fallback(value: Any) -> Fallback:
         raise RuleError(f"fallback must be one of {[f.value for f in Fallback]}, got {value!r}") from None
 
 
-def _constraint_spec(names: Sequence[Any], rules, fallback: Fallback, mesh: Any = None) -> PartitionSpec:
-    names = tuple(names)
-    known = set(rules.logical_names)
-    sizes = mesh_axis_sizes(mesh) if mesh is not None and not mesh.empty else {}
-    spec = list(rules.resolve(names, mesh=sizes or None))
-    for i, n in enumerate(names):
-        if isinstance(n, str) and n not in known and n not in sizes:
-            if fallback is Fallback.ERROR:
-                raise RuleError(
-                    f"activation dimension {i} has logical name {n!r} but no rule mentions it "
-                    f"(rules cover: {', '.join(rules.logical_names)})"
-                )
-            if fallback is Fallback.UNCONSTRAINED:
-                spec[i] = PartitionSpec.UNCONSTRAINED
-    return PartitionSpec(*spec)
+_UNASSIGNED = object()  # a named dimension nothing claimed (Flax's fallback modes apply to it)
 
 
-def _constrain_one(x: Any, names: Any, rules, fallback: Fallback, mesh) -> Any:
+def _mesh_axes(names: Sequence[Any], rules: Rules, mesh: Any) -> list[Any]:
+    """The rule walk for ``names`` with mesh-axis names against ``mesh``; unclaimed dims are ``_UNASSIGNED``."""
+    sizes = mesh_axis_sizes(mesh) if mesh is not None and not getattr(mesh, "empty", False) else {}
+    return rules.axes(tuple(names), sizes or None, unassigned_as=_UNASSIGNED)
+
+
+def _constraint_spec(names: Sequence[Any], rules: Rules, mesh: Any = None) -> PartitionSpec:
+    return PartitionSpec(*(None if a is _UNASSIGNED else a for a in _mesh_axes(names, rules, mesh)))
+
+
+def _is_explicit_target(mesh: Any) -> bool:
+    return any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ()))
+
+
+def _with_sharding_constraint(x: Any, axis_resources: PartitionSpec | None, mesh: Any = None) -> Any:
+    """Constrains ``x`` to ``axis_resources`` on ``mesh`` (else the context mesh); the identity without one.
+
+    Flax's ``_with_sharding_constraint`` (same signature; it is called for
+    ``Auto`` axes, so a test that mocks Flax's sees the toolkit's calls too),
+    except on ``Explicit`` axes, where a sharding constraint only asserts:
+    there it is ``jax.sharding.reshard``. On every platform, the CPU included.
+    """
+    if axis_resources is None:
+        return x
+    target = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
+    if _is_explicit_target(target):
+        return jax.sharding.reshard(x, NamedSharding(mesh, axis_resources) if mesh is not None else axis_resources)
+    return linen_spmd._with_sharding_constraint(x, axis_resources, mesh=mesh)
+
+
+def _constrain_one(names: Any, x: Any, fallback: Fallback, rules: Rules, mesh: Any) -> Any:
     if names is None:
         return x
     names = tuple(names)
     record(names)
-    if len(names) > x.ndim:
-        raise RuleError(
-            f"{len(names)} logical names {names!r} for an activation of rank {x.ndim} (shape {tuple(x.shape)})"
-        )
-    spec = _constraint_spec(names, rules, fallback, mesh)
-    explicit = any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
-    if explicit:
-        return jax.sharding.reshard(x, spec)
-    return jax.lax.with_sharding_constraint(x, spec)
+    ndim = getattr(x, "ndim", len(names))
+    if len(names) > ndim:
+        raise RuleError(f"{len(names)} logical names {names!r} for an activation of rank {ndim} (shape {x.shape})")
+    axes = _mesh_axes(names, rules, mesh if mesh is not None else jax.sharding.get_abstract_mesh())
+    unassigned = [i for i, a in enumerate(axes) if a is _UNASSIGNED]
+    if unassigned:
+        if fallback is Fallback.ERROR:
+            i = unassigned[0]
+            why = (
+                "no rule mentions it"
+                if names[i] not in rules.logical_names
+                else "every rule for it wants a mesh axis another dimension already uses"
+            )
+            raise RuleError(
+                f"activation dimension {i} has logical name {names[i]!r} but {why} "
+                f"(names {names!r}; rules cover: {', '.join(rules.logical_names)})"
+            )
+        if fallback is Fallback.NO_CONSTRAINT:
+            return x
+        fill = PartitionSpec.UNCONSTRAINED if fallback is Fallback.UNCONSTRAINED else None
+        axes = [fill if a is _UNASSIGNED else a for a in axes]
+    return _with_sharding_constraint(x, PartitionSpec(*axes), mesh=mesh)
 
 
-def with_logical_constraint(x: Any, names: Any, *, rules: Any = None, fallback: Any = Fallback.UNSHARDED) -> Any:
-    """Constrains an activation's sharding by logical names.
+def _is_logical_spec(x: Any) -> bool:
+    return x is None or (
+        isinstance(x, (PartitionSpec, tuple))
+        and all(n is None or isinstance(n, str) or n is PartitionSpec.UNCONSTRAINED for n in x)
+    )
 
-    Uses ``jax.lax.with_sharding_constraint`` on ``Auto`` mesh axes and
-    ``jax.sharding.reshard`` on ``Explicit`` ones; the identity outside a mesh
-    (``jax.set_mesh``) or outside a rule table. Applies on the CPU too.
-    ``fallback`` says what a name no rule mentions means: ``'unsharded'``
-    (default), ``'unconstrained'`` (let XLA choose) or ``'error'``.
+
+def with_logical_constraint(
+    x: Any,
+    logical_axis_resources: Any,
+    rules: Any = None,
+    mesh: Any = None,
+    fallback: Any = nn.spmd.RulesFallback.AXIS_IS_UNSHARDED,
+) -> Any:
+    """Constrains an activation's sharding by logical names (Flax's signature and fallbacks).
+
+    ``logical_axis_resources`` is a tuple of names (or a pytree of them
+    matching ``x``). Uses ``jax.lax.with_sharding_constraint`` on ``Auto``
+    mesh axes and ``jax.sharding.reshard`` on ``Explicit`` ones, on ``mesh``
+    or else the context mesh (``jax.set_mesh``); the identity without a mesh
+    or without a rule table. Applies on the CPU too. A named dimension
+    nothing assigned follows ``fallback``: Flax's ``RulesFallback``
+    (``AXIS_IS_UNSHARDED``, the default; ``RAISE_ERROR`` raises a
+    ``ValueError`` with or without a mesh; ``NO_CONSTRAINT`` leaves ``x``
+    unconstrained) or :class:`Fallback` / its strings ``'unsharded'``,
+    ``'unconstrained'`` (that dimension is left to XLA), ``'error'``,
+    ``'no_constraint'``.
 
     Example::
 
         >>> h = with_logical_constraint(h, ("batch", "length", "mlp"))
     """
     rules = as_rules(rules) if rules is not None else get_logical_axis_rules()
-    mesh = jax.sharding.get_abstract_mesh()
-    if not rules or names is None or mesh.empty:
+    if not rules or logical_axis_resources is None:
         return x
     fb = _fallback(fallback)
-    if isinstance(names, (PartitionSpec, tuple)) and all(
-        n is None or isinstance(n, str) or n is PartitionSpec.UNCONSTRAINED for n in names
-    ):
-        return _constrain_one(x, names, rules, fb, mesh)
-    return jax.tree.map(
-        lambda n, a: _constrain_one(a, n, rules, fb, mesh),
-        names,
-        x,
-        is_leaf=lambda n: isinstance(n, (PartitionSpec, tuple)) or n is None,
-    )
+    one = functools.partial(_constrain_one, fallback=fb, rules=rules, mesh=mesh)
+    if _is_logical_spec(logical_axis_resources):
+        return one(logical_axis_resources, x)
+    return jax.tree.map(one, logical_axis_resources, x, is_leaf=_is_logical_spec)

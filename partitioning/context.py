@@ -48,7 +48,8 @@ import flax.linen.spmd as linen_spmd
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from partitioning.resolve import mesh_axis_sizes, walk
+from partitioning.follows import canonical
+from partitioning.resolve import axes_tuple, fill_mesh_axis_names, mesh_axis_sizes
 from partitioning.rules import Rules, as_rules
 
 _local = threading.local()
@@ -94,12 +95,16 @@ def axis_rules(rules: Any):
 def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = None) -> PartitionSpec | None:
     """Flax-compatible: the PartitionSpec for logical dimension names (rules: argument or context).
 
+    Exactly :func:`flax.linen.logical_to_mesh_axes`; under a mesh
+    (``jax.set_mesh``) a name no rule mentions that is a free mesh axis also
+    gets that axis (after the rules, never taking an axis a rule assigned).
+
     Example::
 
         >>> logical_to_mesh_axes(("embed", "mlp"), "fsdp_tp")
         P('fsdp', 'tensor')
     """
-    return as_rules(rules).resolve(array_dim_names)
+    return as_rules(rules).resolve(array_dim_names, mesh=context_sizes())
 
 
 @contextlib.contextmanager
@@ -123,7 +128,8 @@ def record(names: Iterable[Any] | None) -> None:
         stack[-1].add(tuple(names))
 
 
-def _context_sizes(mesh: Any = None) -> dict[str, int] | None:
+def context_sizes(mesh: Any = None) -> dict[str, int] | None:
+    """``{axis: size}`` of ``mesh`` or else the context mesh (``jax.set_mesh``); None without one."""
     mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
     if mesh is None or getattr(mesh, "empty", False):
         return None
@@ -131,20 +137,27 @@ def _context_sizes(mesh: Any = None) -> dict[str, int] | None:
 
 
 def _toolkit_rules(local: Any = None) -> Rules | None:
-    """The toolkit table in force (a variable's own ``sharding_rules`` first), or None."""
+    """The toolkit table in force (a variable's own ``sharding_rules`` first), or None.
+
+    An empty table is no table, as for Flax: NNX then passes names through as mesh axes.
+    """
     rules = flax_spmd.get_logical_axis_rules()
-    if not isinstance(rules, Rules):
+    if not isinstance(rules, Rules) or not (rules or local):
         return None
     return Rules(local) + rules if local else rules
 
 
 def _resolve(names: Iterable[Any], rules: Rules, mesh: Any = None) -> PartitionSpec:
     record(names)
-    return rules.resolve(tuple(names), mesh=_context_sizes(mesh))
+    if mesh is None:  # a Variable's own ``mesh=`` metadata, when NNX is placing it (see _nnx_shard_value)
+        mesh = getattr(_local, "variable_mesh", None)
+    return rules.resolve(tuple(names), mesh=context_sizes(mesh))
 
 
 _flax_apply_rules = flax_spmd.apply_rules
 _flax_from_sharding_rules = flax_spmd.from_sharding_rules
+_flax_composite_rules = flax_spmd.composite_rules
+_flax_shard_value = flax_spmd.shard_value
 _flax_logical_to_mesh_axes = getattr(linen_spmd, "_logical_to_mesh_axes", None)
 _UNASSIGNED = getattr(linen_spmd, "_unassigned_axis", None)
 
@@ -160,6 +173,16 @@ def _nnx_apply_rules(sharding: Any, sharding_rules: Any = None) -> Any:
     return _flax_apply_rules(sharding, sharding_rules)
 
 
+def _nnx_shard_value(value: Any, out_sharding: Any, sharding_rules: Any, mesh: Any) -> Any:
+    """NNX's eager placement of a new Variable: mesh-axis names resolve against its own ``mesh=`` too."""
+    previous = getattr(_local, "variable_mesh", None)
+    _local.variable_mesh = mesh
+    try:
+        return _flax_shard_value(value, out_sharding, sharding_rules, mesh)
+    finally:
+        _local.variable_mesh = previous
+
+
 def _nnx_from_sharding_rules(sharding: Any, sharding_rules: Any) -> Any:
     """``nnx.get_partition_spec``'s name -> mesh-axis step: the walk under a toolkit table."""
     if isinstance(sharding_rules, Rules) and isinstance(sharding, (PartitionSpec, tuple)):
@@ -168,21 +191,28 @@ def _nnx_from_sharding_rules(sharding: Any, sharding_rules: Any) -> Any:
 
 
 def _linen_logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = None) -> Any:
-    """Linen's walk, recorded; with a toolkit table and a mesh, mesh-axis names resolve too."""
-    assert _flax_logical_to_mesh_axes is not None  # installed (below) only when flax has the function
+    """Linen's walk (Flax's own code), recorded; then, with a toolkit table and a mesh, mesh-axis names.
+
+    Dims nothing claimed stay Flax's "unassigned" so its fallback modes apply unchanged.
+    """
     record(array_dim_names)
-    result = _flax_logical_to_mesh_axes(array_dim_names, rules)
     table = rules if rules is not None else flax_spmd.get_logical_axis_rules()
-    sizes = _context_sizes()
-    if result is None or array_dim_names is None or not isinstance(table, Rules) or not sizes or _UNASSIGNED is None:
+    if isinstance(table, Rules) and table.follows and array_dim_names is not None:
+        array_dim_names = canonical(array_dim_names, table.follows)  # activation_embed -> embed, ...
+    result = _flax_logical_to_mesh_axes(array_dim_names, rules)
+    sizes = context_sizes()
+    if result is None or not isinstance(table, Rules) or not sizes or _UNASSIGNED is None:
         return result
-    log: list = []
-    out = walk(table, table.origins, tuple(array_dim_names), None, sizes, "error", "", log)
-    # Dims the walk left unclaimed stay Flax's "unassigned" so its fallback modes still apply.
-    return [
-        _UNASSIGNED if (isinstance(d.name, str) and d.rule_index is None and not d.by_mesh_axis) else a
-        for a, d in zip(out, log, strict=True)
-    ]
+    owner = {a: i for i, entry in enumerate(result) if isinstance(entry, (str, tuple)) for a in axes_tuple(entry)}
+    fill_mesh_axis_names(table, tuple(array_dim_names), result, _UNASSIGNED, owner, sizes)
+    return result
+
+
+def _composite_rules(rule1: Any, rule2: Any) -> Any:
+    """NNX's merge of the context's and a variable's own rules: with a toolkit table, one ordered table."""
+    if isinstance(rule1, Rules) or isinstance(rule2, Rules):
+        return Rules(rule2 or ()) + Rules(rule1 or ()) if rule2 else Rules(rule1 or ())
+    return _flax_composite_rules(rule1, rule2)
 
 
 def install() -> None:
@@ -191,6 +221,8 @@ def install() -> None:
         return
     flax_spmd.apply_rules = _nnx_apply_rules
     flax_spmd.from_sharding_rules = _nnx_from_sharding_rules
+    flax_spmd.composite_rules = _composite_rules
+    flax_spmd.shard_value = _nnx_shard_value
     if _flax_logical_to_mesh_axes is not None:
         linen_spmd._logical_to_mesh_axes = _linen_logical_to_mesh_axes
 

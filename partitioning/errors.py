@@ -40,6 +40,13 @@ class ConfigError(PartitioningError, ValueError):
     """A config file is malformed; the message names file, line and key."""
 
 
+class ModelError(PartitioningError):
+    """The model's own code failed while it was traced (init or forward pass): one line saying where and why.
+
+    The original exception is its ``__cause__``.
+    """
+
+
 class CheckpointError(PartitioningError):
     """A checkpoint is missing, damaged, or does not fit the model."""
 

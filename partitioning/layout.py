@@ -28,7 +28,9 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from partitioning.boxes import is_box, is_logical_box
+from partitioning.context import context_sizes
 from partitioning.errors import ShardingError
+from partitioning.replication import check_replication
 from partitioning.resolve import DimExplanation, axes_tuple, mesh_axis_sizes
 from partitioning.rules import Rules, as_rules
 
@@ -144,20 +146,35 @@ def _layout_one(path: str, leaf: Any, mesh: Any, rules: Rules, on_indivisible: s
     return LeafLayout(path, shape, dtype, None, spec, (), (1,) * len(shape))
 
 
-def tree_layouts(tree: Any, mesh: Any, rules: Any = None, *, on_indivisible: str = "error") -> list[LeafLayout]:
+def tree_layouts(
+    tree: Any, mesh: Any, rules: Any = None, *, on_indivisible: str = "error", warn_replicated: bool = True
+) -> list[LeafLayout]:
     """One :class:`LeafLayout` per leaf, in flattening order.
+
+    Warns (:class:`~partitioning.ReplicationWarning`) when most of the tree
+    would be replicated because nothing matched its names
+    (``warn_replicated=False``: never).
 
     Example::
 
         >>> for leaf in tree_layouts(jax.eval_shape(model.init, key, x), mesh, "fsdp"):
         ...     print(leaf.path, leaf.spec, leaf.per_device_bytes)
     """
+    return _tree_layouts(tree, mesh, rules, on_indivisible, warn_replicated, 4)
+
+
+def _tree_layouts(tree: Any, mesh: Any, rules: Any, on_indivisible: str, warn: bool, depth: int) -> list[LeafLayout]:
     rules = as_rules(rules)
     leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_leaf)[0]
-    return [_layout_one(path_str(kp), leaf, mesh, rules, on_indivisible) for kp, leaf in leaves]
+    layouts = [_layout_one(path_str(kp), leaf, mesh, rules, on_indivisible) for kp, leaf in leaves]
+    if warn:
+        check_replication(layouts, mesh_axis_sizes(mesh), rules, stacklevel=depth)  # depth: the user's frame
+    return layouts
 
 
-def tree_specs(tree: Any, mesh: Any, rules: Any = None, *, on_indivisible: str = "error") -> Any:
+def tree_specs(
+    tree: Any, mesh: Any, rules: Any = None, *, on_indivisible: str = "error", warn_replicated: bool = True
+) -> Any:
     """A PartitionSpec per leaf of ``tree``, in its unboxed structure.
 
     Divisibility against ``mesh`` is checked up front; the error names the
@@ -168,19 +185,32 @@ def tree_specs(tree: Any, mesh: Any, rules: Any = None, *, on_indivisible: str =
         >>> tree_specs(abstract, {"fsdp": 8}, "fsdp")["params"]["embedding"]
         P(None, 'fsdp')
     """
-    layouts = tree_layouts(tree, mesh, rules, on_indivisible=on_indivisible)
+    return _tree_specs(tree, mesh, rules, on_indivisible, warn_replicated, 5)
+
+
+def _tree_specs(tree: Any, mesh: Any, rules: Any, on_indivisible: str, warn: bool, depth: int) -> Any:
+    layouts = _tree_layouts(tree, mesh, rules, on_indivisible, warn, depth)
     treedef = jax.tree_util.tree_structure(tree, is_leaf=_is_leaf)
     return jax.tree_util.tree_unflatten(treedef, [leaf.spec for leaf in layouts])
 
 
-def tree_shardings(tree: Any, mesh: jax.sharding.Mesh, rules: Any = None, *, on_indivisible: str = "error") -> Any:
+def tree_shardings(
+    tree: Any,
+    mesh: jax.sharding.Mesh,
+    rules: Any = None,
+    *,
+    on_indivisible: str = "error",
+    warn_replicated: bool = True,
+) -> Any:
     """A NamedSharding per leaf of ``tree`` (boxed or not), in its unboxed structure.
+
+    Warns like :func:`tree_layouts` (``warn_replicated``).
 
     Example::
 
         >>> shardings = tree_shardings(jax.eval_shape(init, key), mesh, "fsdp")
     """
-    specs = tree_specs(tree, mesh, rules, on_indivisible=on_indivisible)
+    specs = _tree_specs(tree, mesh, rules, on_indivisible, warn_replicated, 5)
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
@@ -193,10 +223,8 @@ def logical_names(tree: Any) -> Any:
         ('vocab', 'embed')
     """
     leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=_is_leaf)
-    leaves = [_as_box(leaf) for leaf in leaves]
-    return jax.tree_util.tree_unflatten(
-        treedef, [tuple(leaf.names) if is_logical_box(leaf) else None for leaf in leaves]
-    )
+    boxes = [_as_box(leaf) for leaf in leaves]
+    return jax.tree_util.tree_unflatten(treedef, [tuple(b.names) if is_logical_box(b) else None for b in boxes])
 
 
 def per_device_bytes(layouts: list[LeafLayout]) -> int:
@@ -217,24 +245,36 @@ def _is_spec_or_box(x: Any) -> bool:
 def logical_to_mesh(tree: Any, rules: Any = None) -> Any:
     """Flax-compatible: maps a pytree of logical PartitionSpecs (or boxes) to mesh specs.
 
+    Under a mesh (``jax.set_mesh``) mesh-axis names resolve as in
+    :func:`~partitioning.logical_to_mesh_axes`.
+
     Example::
 
         >>> logical_to_mesh({"w": P("embed", "mlp")}, "fsdp")
         {'w': P('fsdp', None)}
     """
-    rules = as_rules(rules)
-    return jax.tree.map(lambda x: rules.resolve(tuple(x.names) if is_box(x) else x), tree, is_leaf=_is_spec_or_box)
+    return _logical_to_mesh(tree, as_rules(rules), context_sizes())
+
+
+def _logical_to_mesh(tree: Any, rules: Rules, sizes: Any) -> Any:
+    def one(x: Any) -> Any:
+        return rules.resolve(tuple(x.names) if is_box(x) else x, mesh=sizes)
+
+    return jax.tree.map(one, tree, is_leaf=_is_spec_or_box)
 
 
 def logical_to_mesh_sharding(tree: Any, mesh: jax.sharding.Mesh, rules: Any = None) -> Any:
     """Flax-compatible: a pytree of logical PartitionSpecs (or boxes) -> NamedShardings.
+
+    A name no rule mentions that is an axis of ``mesh`` gets that axis when
+    the rules left it free (see :func:`~partitioning.logical_to_mesh_axes`).
 
     Example::
 
         >>> logical_to_mesh_sharding({"w": P("embed", "mlp")}, mesh, "fsdp")["w"].spec
         P('fsdp', None)
     """
-    specs = logical_to_mesh(tree, rules)
+    specs = _logical_to_mesh(tree, as_rules(rules), mesh_axis_sizes(mesh) or None)
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 

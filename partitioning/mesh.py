@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-from jax.sharding import AxisType, Mesh
+from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from partitioning.context import axis_rules
 from partitioning.errors import MeshError, did_you_mean
@@ -113,6 +113,34 @@ def make_mesh(
     return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=types, devices=devices)
 
 
+def abstract_mesh(mesh: Any, axis_types: str | Sequence[AxisType] | None = None) -> AbstractMesh:
+    """The :class:`~jax.sharding.AbstractMesh` to trace under (``plan``, ``tune``: shapes only, no devices).
+
+    ``mesh`` is a Mesh or AbstractMesh (its axis types are kept) or an
+    ordered ``{axis: size}`` mapping (``Auto`` axes); ``axis_types``
+    (``"auto"``, ``"explicit"`` or one AxisType per axis) overrides either.
+    A model that uses ``Explicit``-only ops (``einsum(..., out_sharding=)``)
+    traces only under the axis types it runs with.
+
+    Example::
+
+        >>> abstract_mesh({"fsdp": 4, "tensor": 2}, "explicit").axis_types
+        (Explicit, Explicit)
+    """
+    if isinstance(mesh, (Mesh, AbstractMesh)) and axis_types is None:
+        return mesh.abstract_mesh if isinstance(mesh, Mesh) else mesh
+    sizes = {str(k): int(v) for k, v in (mesh.items() if isinstance(mesh, Mapping) else mesh.shape.items())}
+    if axis_types is None:
+        axis_types = "auto"
+    if isinstance(axis_types, str):
+        if axis_types not in AXIS_TYPES:
+            raise MeshError(f"axis_types must be one of {sorted(AXIS_TYPES)}, got {axis_types!r}")
+        types = (AXIS_TYPES[axis_types],) * len(sizes)
+    else:
+        types = tuple(axis_types)
+    return AbstractMesh(tuple(sizes.values()), tuple(sizes), axis_types=types)
+
+
 @contextlib.contextmanager
 def sharding_context(mesh: Mesh, rules: Any):
     """Sets the mesh (``jax.set_mesh``) and the rule table together.
@@ -130,4 +158,4 @@ def sharding_context(mesh: Mesh, rules: Any):
         yield mesh, rules
 
 
-__all__ = ["MeshSpec", "make_mesh", "sharding_context", "AXIS_TYPES"]
+__all__ = ["MeshSpec", "make_mesh", "abstract_mesh", "sharding_context", "AXIS_TYPES"]

@@ -15,8 +15,13 @@ Two more cases, both as Flax itself treats them:
   short ``PartitionSpec``;
 - a name no rule mentions that is an axis of the mesh (``nn.Partitioned``,
   NNX models annotated with mesh axes): that mesh axis, when the mesh is
-  known and the axis is free. Without a mesh such a name is unsharded, which
-  keeps exact parity with :func:`flax.linen.logical_to_mesh_axes`.
+  known. The rules are walked first; such a name only fills a dimension they
+  left unassigned, and only when its axis is still free, so wherever
+  :func:`flax.linen.logical_to_mesh_axes` assigns an axis the walk assigns
+  the same, with or without a mesh. Without a mesh such a name is unsharded.
+
+A rule whose mesh axes are ``PartitionSpec.UNCONSTRAINED`` claims its
+dimension as unconstrained and uses no mesh axis (as in Flax).
 
 Example::
 
@@ -33,7 +38,10 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from jax.sharding import PartitionSpec
+
 from partitioning.errors import RuleError, ShardingError, did_you_mean
+from partitioning.follows import canonical
 
 MeshAxes = None | str | tuple[str, ...]
 Pair = tuple[str, MeshAxes]
@@ -46,8 +54,8 @@ class IndivisibleWarning(UserWarning):
 
 
 def axes_tuple(axes: MeshAxes) -> tuple[str, ...]:
-    """``None`` -> ``()``, ``"a"`` -> ``("a",)``, a tuple -> itself."""
-    if axes is None:
+    """``None`` -> ``()``, ``"a"`` -> ``("a",)``, a tuple -> itself; ``P.UNCONSTRAINED`` uses no axis."""
+    if axes is None or axes is PartitionSpec.UNCONSTRAINED:
         return ()
     if isinstance(axes, str):
         return (axes,)
@@ -72,11 +80,15 @@ def walk(
     on_indivisible: str,
     path: str,
     log: list | None,
-) -> list[MeshAxes]:
+    *,
+    unassigned_as: Any = None,
+) -> list[Any]:
     """One mesh-axes entry per dimension of an array named ``names`` (see the module docstring).
 
     With ``shape`` and ``mesh`` divisibility is checked (``on_indivisible``);
-    with ``log`` a :class:`DimExplanation` per dimension is appended.
+    with ``log`` a :class:`DimExplanation` per dimension is appended. A named
+    dimension nothing claimed is ``unassigned_as`` (unsharded, ``None``, by
+    default; Flax's fallback modes tell it apart from a rule's ``None``).
     """
     if on_indivisible not in ON_INDIVISIBLE:
         raise RuleError(f"on_indivisible must be one of {ON_INDIVISIBLE}, got {on_indivisible!r}")
@@ -106,8 +118,6 @@ def walk(
                 owner.setdefault(a, i)
     claimed_by: dict[int, int] = {}
     skipped: dict[int, list[str]] = {i: [] for i in range(len(names))}
-    # Mesh-axis names are placed first: like a tuple of mesh axes, they name the layout directly.
-    by_axis = _mesh_axis_names(rules, names, result, owner, sizes, shape, skipped, where)
     for r, (logical, axes) in enumerate(rules):
         if logical not in names:
             continue
@@ -144,7 +154,12 @@ def walk(
         claimed_by[i] = r
         for a in axes_tuple(axes):
             owner[a] = i
-    out = [None if x is unassigned else x for x in result]
+    # Then mesh-axis names, only where the rules left a dimension unassigned and the axis is free:
+    # wherever Flax assigns an axis, the same axis is assigned here.
+    by_axis = fill_mesh_axis_names(
+        rules, names, result, unassigned, owner, sizes, shape, on_indivisible, skipped, where
+    )
+    out = [unassigned_as if x is unassigned else x for x in result]
     if log is not None:
         for i, n in enumerate(names):
             rule = rules[claimed_by[i]] if i in claimed_by else None
@@ -157,7 +172,7 @@ def walk(
                     dim=i,
                     name=n,
                     size=None if shape is None else int(shape[i]),
-                    mesh_axes=out[i],
+                    mesh_axes=None if result[i] is unassigned else result[i],
                     rule_index=claimed_by.get(i),
                     rule=(rule[0], rule[1]) if rule is not None else None,
                     notes=tuple(skipped[i]),
@@ -167,27 +182,144 @@ def walk(
     return out
 
 
-def _mesh_axis_names(rules, names, result, owner, sizes, shape, skipped, where) -> set[int]:
-    """Names no rule mentions that are mesh axes take that axis (unless another dim already holds it)."""
+def fill_mesh_axis_names(
+    rules: Sequence[Pair],
+    names: Sequence[Any],
+    result: list[Any],
+    unassigned: Any,
+    owner: dict[str, int],
+    sizes: Mapping[str, int],
+    shape: Sequence[int] | None = None,
+    on_indivisible: str = "error",
+    skipped: dict[int, list[str]] | None = None,
+    where: str = "",
+) -> set[int]:
+    """Gives each still-``unassigned`` dimension whose name no rule mentions and is a free mesh axis that axis.
+
+    Runs after the rule walk (``result`` and ``owner`` are its output, updated
+    in place), so a rule never loses an axis to a mesh-axis name. Returns the
+    dimensions filled. Without ``sizes`` (no mesh) nothing changes: Flax parity.
+    """
     if not sizes:
         return set()
+    skipped = skipped if skipped is not None else {}
     mentioned = {logical for logical, _ in rules}
     taken: set[int] = set()
     for i, n in enumerate(names):
-        if not isinstance(n, str) or n in mentioned or n not in sizes:
+        if result[i] is not unassigned or not isinstance(n, str) or n in mentioned or n not in sizes:
             continue
+        notes = skipped.setdefault(i, [])
         if n in owner:
-            skipped[i].append(f"mesh-axis name {n!r}: axis already used by dim {owner[n]} ({names[owner[n]]!r})")
+            j = owner[n]
+            notes.append(f"mesh-axis name {n!r}: axis already used by dim {j} ({names[j]!r})")
             continue
         if shape is not None and shape[i] % sizes[n]:
-            raise ShardingError(
-                f"{where}dim {i} (mesh axis {n!r}, size {shape[i]}) is not divisible by the mesh axis size {sizes[n]}"
-            )
+            msg = f"{where}dim {i} (mesh axis {n!r}, size {shape[i]}) is not divisible by the mesh axis size {sizes[n]}"
+            if on_indivisible == "error":
+                raise ShardingError(msg + "; change the size, or set on_indivisible: replicate")
+            warnings.warn(msg + "; unsharded", IndivisibleWarning, stacklevel=5)
+            notes.append(f"mesh-axis name {n!r}: size {shape[i]} not divisible by {sizes[n]}")
+            continue
         result[i] = n
         owner[n] = i
         taken.add(i)
-        skipped[i].append(f"mesh-axis name: no rule mentions {n!r} and it is a mesh axis")
+        notes.append(f"mesh-axis name: no rule mentions {n!r} and it is a mesh axis")
     return taken
+
+
+class TableWalk:
+    """The resolution methods of a rule table (:class:`~partitioning.Rules` is one): the walk, with its
+    ``follows`` renaming (:mod:`partitioning.follows`) first.
+
+    Example::
+
+        >>> Rules([("embed", "fsdp")], follows={"activation_embed": "embed"}).resolve(("activation_embed",))
+        P('fsdp',)
+    """
+
+    origins: tuple[str, ...]
+    follows: dict[str, str]
+
+    def resolve(
+        self,
+        names: Sequence[Any] | None,
+        shape: Sequence[int] | None = None,
+        mesh: Any = None,
+        *,
+        on_indivisible: str = "error",
+        path: str = "",
+    ) -> PartitionSpec | None:
+        """The PartitionSpec for an array whose dimensions carry ``names``.
+
+        With ``shape`` and ``mesh`` the divisibility of every claimed dimension
+        is checked: ``on_indivisible='error'`` raises a :class:`ShardingError`
+        naming ``path``; ``'replicate'`` skips that rule (a later rule for the
+        name may claim the dimension) and warns.
+        """
+        if names is None:
+            return None
+        return PartitionSpec(*self._walk(names, shape, mesh, on_indivisible, path, None))
+
+    def explain(
+        self,
+        names: Sequence[Any],
+        shape: Sequence[int] | None = None,
+        mesh: Any = None,
+        *,
+        on_indivisible: str = "replicate",
+        path: str = "",
+    ) -> list[DimExplanation]:
+        """Per dimension: the rule that claimed it and why earlier ones were skipped.
+
+        Example::
+
+            >>> for d in Rules([("embed", "fsdp"), ("mlp", "fsdp")]).explain(("embed", "mlp")):
+            ...     print(d)
+            dim 0 'embed' -> 'fsdp' by rule 0 ('embed', 'fsdp')
+            dim 1 'mlp' -> unsharded; skipped rule 1 ('mlp', 'fsdp'): mesh axis 'fsdp' already used by dim 0 ('embed')
+        """
+        log: list[DimExplanation] = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", IndivisibleWarning)
+            self._walk(names, shape, mesh, on_indivisible, path, log)
+        return log
+
+    def _walk(self, names, shape, mesh, on_indivisible, path, log, unassigned_as=None):
+        original = tuple(names)
+        names = canonical(original, self.follows)
+        inner: list | None = [] if log is not None and names != original else log
+        out = walk(self, self.origins, names, shape, mesh, on_indivisible, path, inner, unassigned_as=unassigned_as)
+        if inner is not log and log is not None:
+            for d in inner:
+                if d.dim < len(original) and original[d.dim] != names[d.dim]:
+                    note = f"{original[d.dim]!r} follows {names[d.dim]!r}"
+                    d = dataclasses.replace(d, name=original[d.dim], notes=(note, *d.notes))
+                log.append(d)
+        return out
+
+    def axes(self, names: Sequence[Any], mesh: Any = None, *, unassigned_as: Any = None) -> list[Any]:
+        """One mesh-axes entry per dimension (no shape checks); a dimension nothing claimed is ``unassigned_as``.
+
+        Example::
+
+            >>> Rules([("batch", "data")]).axes(("batch", "other"), unassigned_as="?")
+            ['data', '?']
+        """
+        return self._walk(names, None, mesh, "error", "", None, unassigned_as)
+
+    def resolve_explained(
+        self,
+        names: Sequence[Any],
+        shape: Sequence[int] | None = None,
+        mesh: Any = None,
+        *,
+        on_indivisible: str = "error",
+        path: str = "",
+    ) -> tuple[PartitionSpec, list[DimExplanation]]:
+        """:meth:`resolve` and :meth:`explain` in one walk of the rules (warns like resolve)."""
+        log: list[DimExplanation] = []
+        spec = PartitionSpec(*self._walk(names, shape, mesh, on_indivisible, path, log))
+        return spec, log
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,6 +357,8 @@ class DimExplanation:
 
 __all__ = [
     "walk",
+    "TableWalk",
+    "fill_mesh_axis_names",
     "DimExplanation",
     "IndivisibleWarning",
     "axes_tuple",

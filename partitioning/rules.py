@@ -25,16 +25,17 @@ Example::
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import flax.core.spmd as flax_spmd
 from jax.sharding import PartitionSpec
 
 from partitioning.errors import ConfigError, RuleError, did_you_mean
-from partitioning.resolve import DimExplanation, IndivisibleWarning, MeshAxes, axes_tuple, mesh_axis_sizes, walk
+from partitioning.follows import NAMED as NAMED_FOLLOWS
+from partitioning.follows import parse_follows
+from partitioning.resolve import MeshAxes, TableWalk, axes_tuple, mesh_axis_sizes
 from partitioning.yamlfile import Key, Lines, read_yaml
 from partitioning.yamlfile import where as _where
 
@@ -44,7 +45,8 @@ PRESET_DIR = Path(__file__).parent / "presets"
 
 
 def _norm_axes(value: Any, where: str) -> MeshAxes:
-    if value is None or isinstance(value, str):
+    # PartitionSpec.UNCONSTRAINED: the dimension is left to XLA (Flax resolves it so too).
+    if value is None or isinstance(value, str) or value is PartitionSpec.UNCONSTRAINED:
         return value
     if isinstance(value, (list, tuple)):
         if not all(isinstance(a, str) for a in value):
@@ -57,7 +59,7 @@ def _norm_axes(value: Any, where: str) -> MeshAxes:
     )
 
 
-class Rules(tuple):
+class Rules(TableWalk, tuple):
     """An immutable, ordered rule table.
 
     It *is* a tuple of ``(logical, mesh_axes)`` pairs, so it can be handed to
@@ -65,6 +67,9 @@ class Rules(tuple):
     rule, where it came from (``"configs/x.yaml:12: rules[3]"``) so errors can
     point at the line. ``batch_axes`` declares the mesh axes that split the
     batch (see :attr:`batch_axes`); by default they are read off the rules.
+    ``follows`` maps names to the logical names they are laid out as
+    (``{"activation_embed": "embed"}``, or ``"activations"``: MaxText's
+    activation names; :mod:`partitioning.follows`); every preset has it.
 
     Example::
 
@@ -77,6 +82,7 @@ class Rules(tuple):
 
     origins: tuple[str, ...]
     declared_batch_axes: tuple[str, ...] | None
+    follows: dict[str, str]
 
     def __new__(
         cls,
@@ -84,12 +90,13 @@ class Rules(tuple):
         origins: Sequence[str] | None = None,
         *,
         batch_axes: Sequence[str] | str | None = None,
+        follows: Any = None,
     ):
         pairs = list(pairs)
         if origins is None:
             origins = [f"rules[{i}]" for i in range(len(pairs))]
         normed = []
-        for pair, where in zip(pairs, origins, strict=True):
+        for pair, where in zip(pairs, origins, strict=False):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 raise RuleError(f"{where}: a rule is a pair [logical_name, mesh_axes], got {pair!r}")
             logical, axes = pair
@@ -99,6 +106,7 @@ class Rules(tuple):
         self = super().__new__(cls, normed)
         self.origins = tuple(origins)
         self.declared_batch_axes = None if batch_axes is None else axes_tuple(_norm_axes(batch_axes, "batch_axes"))
+        self.follows = parse_follows(follows, "follows")
         return self
 
     # -- construction --------------------------------------------------------
@@ -112,11 +120,11 @@ class Rules(tuple):
         table = cls.from_yaml(path)
         # Name the shipped file the same on every machine: presets/fsdp.yaml:13: rules[2].
         origins = [o.replace(str(PRESET_DIR), "presets", 1) for o in table.origins]
-        return Rules(list(table), origins, batch_axes=table.declared_batch_axes)
+        return Rules(list(table), origins, batch_axes=table.declared_batch_axes, follows=table.follows)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> Rules:
-        """Reads a rules file: a list of pairs, or a mapping with ``rules:`` (and ``batch_axes:``).
+        """Reads a rules file: a list of pairs, or a mapping with ``rules:`` (and ``batch_axes:``, ``follows:``).
 
         Example::
 
@@ -128,16 +136,17 @@ class Rules(tuple):
         if isinstance(data, Mapping):
             if "rules" not in data:
                 raise ConfigError(f"{path}: a rules file needs a top-level 'rules:' list")
+            valid = ("rules", "batch_axes", "follows")
             for k in data:
-                if k not in ("rules", "batch_axes"):
+                if k not in valid:
                     raise ConfigError(
-                        f"{_where(path, lines, (k,))}: unknown key (valid: rules, batch_axes)"
-                        f"{did_you_mean(str(k), ['rules', 'batch_axes'])}"
+                        f"{_where(path, lines, (k,))}: unknown key (valid: {', '.join(valid)})"
+                        f"{did_you_mean(str(k), valid)}"
                     )
             rules = cls.parse(data["rules"], path, lines, ("rules",))
             if data.get("batch_axes") is not None:
                 rules = rules.with_batch_axes(_parse_axes(data["batch_axes"], path, lines, ("batch_axes",)))
-            return rules
+            return rules.with_follows(_parse_follows(data.get("follows"), path, lines, ("follows",)))
         return cls.parse(data, path, lines, ())
 
     @classmethod
@@ -147,7 +156,7 @@ class Rules(tuple):
         ``value`` is a preset name, a rules file (``x.yaml``, relative to
         ``path``'s folder or the current directory), a list of
         ``[logical, mesh_axes]`` pairs, or ``{preset: NAME, extra: [...],
-        batch_axes: [...]}`` (extra rules take precedence over the preset's).
+        batch_axes: [...], follows: ...}`` (extra rules take precedence over the preset's).
 
         Example::
 
@@ -169,7 +178,7 @@ class Rules(tuple):
             except RuleError as e:
                 raise ConfigError(f"{here}: {e}") from None
         if isinstance(value, Mapping):
-            valid = ("preset", "extra", "batch_axes")
+            valid = ("preset", "extra", "batch_axes", "follows")
             for k in value:
                 if k not in valid:
                     raise ConfigError(
@@ -181,7 +190,7 @@ class Rules(tuple):
             rules = extra + base
             if value.get("batch_axes") is not None:
                 rules = rules.with_batch_axes(_parse_axes(value["batch_axes"], path, lines, key + ("batch_axes",)))
-            return rules
+            return rules.with_follows(_parse_follows(value.get("follows"), path, lines, key + ("follows",)))
         if isinstance(value, list):
             origins = [_where(path, lines, key + (i,)) for i in range(len(value))]
             try:
@@ -195,19 +204,41 @@ class Rules(tuple):
 
     def with_batch_axes(self, batch_axes: Sequence[str] | str | None) -> Rules:
         """The same table with ``batch_axes`` declared (``None``: read them off the rules)."""
-        return Rules(list(self), list(self.origins), batch_axes=batch_axes)
+        return Rules(list(self), list(self.origins), batch_axes=batch_axes, follows=self.follows)
+
+    def with_follows(self, follows: Any) -> Rules:
+        """The same table with ``follows`` added (a mapping or a set name; these take precedence)."""
+        if not follows:
+            return self
+        merged = parse_follows(follows, "follows") | {k: v for k, v in self.follows.items() if k not in follows}
+        return Rules(list(self), list(self.origins), batch_axes=self.declared_batch_axes, follows=merged)
 
     def __add__(self, other: Iterable[Any]) -> Rules:
         other = other if isinstance(other, Rules) else Rules(other)
         declared = self.declared_batch_axes if self.declared_batch_axes is not None else other.declared_batch_axes
-        return Rules(list(self) + list(other), list(self.origins) + list(other.origins), batch_axes=declared)
+        follows = other.follows | self.follows  # the first table's win, as its rules do
+        pairs, origins = list(self) + list(other), list(self.origins) + list(other.origins)
+        return Rules(pairs, origins, batch_axes=declared, follows=follows)
 
     def __repr__(self) -> str:
         extra = "" if self.declared_batch_axes is None else f", batch_axes={self.declared_batch_axes!r}"
+        if self.follows:
+            extra += f", follows={{...{len(self.follows)} names}}"
         return f"Rules({list(self)!r}{extra})"
 
     def __reduce__(self):
-        return (_rebuild, (list(self), list(self.origins), self.declared_batch_axes))
+        return (_rebuild, (list(self), list(self.origins), self.declared_batch_axes, self.follows))
+
+    def to_config(self) -> Any:
+        """The YAML form: the pairs, or ``{extra: pairs, batch_axes: ..., follows: ...}`` when it has those."""
+        if self.declared_batch_axes is None and not self.follows:
+            return self.to_list()
+        out: dict[str, Any] = {"extra": self.to_list()}
+        if self.declared_batch_axes is not None:
+            out["batch_axes"] = list(self.declared_batch_axes)
+        if self.follows:
+            out["follows"] = "activations" if self.follows == NAMED_FOLLOWS["activations"] else dict(self.follows)
+        return out
 
     @property
     def logical_names(self) -> tuple[str, ...]:
@@ -251,7 +282,7 @@ class Rules(tuple):
     def validate(self, mesh: Any) -> Rules:
         """Checks every mesh axis named by a rule exists in ``mesh``."""
         sizes = mesh_axis_sizes(mesh)
-        for (_, axes), where in zip(self, self.origins, strict=True):
+        for (_, axes), where in zip(self, self.origins, strict=False):
             for a in axes_tuple(axes):
                 if a not in sizes:
                     raise RuleError(
@@ -261,90 +292,6 @@ class Rules(tuple):
             if a not in sizes:
                 raise RuleError(f"batch_axes: {a!r} is not a mesh axis ({', '.join(sizes)}){did_you_mean(a, sizes)}")
         return self
-
-    # -- resolution ----------------------------------------------------------
-    @overload
-    def resolve(
-        self,
-        names: Sequence[Any],
-        shape: Sequence[int] | None = None,
-        mesh: Any = None,
-        *,
-        on_indivisible: str = "error",
-        path: str = "",
-    ) -> PartitionSpec: ...
-
-    @overload
-    def resolve(
-        self,
-        names: None,
-        shape: Sequence[int] | None = None,
-        mesh: Any = None,
-        *,
-        on_indivisible: str = "error",
-        path: str = "",
-    ) -> None: ...
-
-    def resolve(
-        self,
-        names: Sequence[Any] | None,
-        shape: Sequence[int] | None = None,
-        mesh: Any = None,
-        *,
-        on_indivisible: str = "error",
-        path: str = "",
-    ) -> PartitionSpec | None:
-        """The PartitionSpec for an array whose dimensions carry ``names``.
-
-        With ``shape`` and ``mesh`` the divisibility of every claimed dimension
-        is checked: ``on_indivisible='error'`` raises a :class:`ShardingError`
-        naming ``path``; ``'replicate'`` skips that rule (a later rule for the
-        name may claim the dimension) and warns.
-        """
-        if names is None:
-            return None
-        return PartitionSpec(*self._walk(names, shape, mesh, on_indivisible, path, None))
-
-    def explain(
-        self,
-        names: Sequence[Any],
-        shape: Sequence[int] | None = None,
-        mesh: Any = None,
-        *,
-        on_indivisible: str = "replicate",
-        path: str = "",
-    ) -> list[DimExplanation]:
-        """Per dimension: the rule that claimed it and why earlier ones were skipped.
-
-        Example::
-
-            >>> for d in Rules([("embed", "fsdp"), ("mlp", "fsdp")]).explain(("embed", "mlp")):
-            ...     print(d)
-            dim 0 'embed' -> 'fsdp' by rule 0 ('embed', 'fsdp')
-            dim 1 'mlp' -> unsharded; skipped rule 1 ('mlp', 'fsdp'): mesh axis 'fsdp' already used by dim 0 ('embed')
-        """
-        log: list[DimExplanation] = []
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", IndivisibleWarning)
-            self._walk(names, shape, mesh, on_indivisible, path, log)
-        return log
-
-    def _walk(self, names, shape, mesh, on_indivisible, path, log):
-        return walk(self, self.origins, names, shape, mesh, on_indivisible, path, log)
-
-    def resolve_explained(
-        self,
-        names: Sequence[Any],
-        shape: Sequence[int] | None = None,
-        mesh: Any = None,
-        *,
-        on_indivisible: str = "error",
-        path: str = "",
-    ) -> tuple[PartitionSpec, list[DimExplanation]]:
-        """:meth:`resolve` and :meth:`explain` in one walk of the rules (warns like resolve)."""
-        log: list[DimExplanation] = []
-        spec = PartitionSpec(*self._walk(names, shape, mesh, on_indivisible, path, log))
-        return spec, log
 
 
 def preset_names() -> list[str]:
@@ -371,8 +318,15 @@ def as_rules(rules: Any) -> Rules:
     return Rules(rules)
 
 
-def _rebuild(pairs: list[Any], origins: list[str], batch_axes: Any) -> Rules:
-    return Rules(pairs, origins, batch_axes=batch_axes)
+def _rebuild(pairs: list[Any], origins: list[str], batch_axes: Any, follows: Any = None) -> Rules:
+    return Rules(pairs, origins, batch_axes=batch_axes, follows=follows)
+
+
+def _parse_follows(value: Any, path: Any, lines: Lines, key: Key) -> dict[str, str]:
+    try:
+        return parse_follows(value, _where(path, lines, key))
+    except RuleError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _parse_axes(value: Any, path: Any, lines: Lines, key: Key) -> tuple[str, ...]:

@@ -216,7 +216,7 @@ def gathered(tree):
 def assert_bit_exact(a, b):
     la, lb = gathered(a), gathered(b)
     assert len(la) == len(lb)
-    for x, y in zip(la, lb):
+    for x, y in zip(la, lb, strict=True):
         assert x.dtype == y.dtype and np.array_equal(x, y)
 
 

@@ -148,3 +148,58 @@ def test_boxed_param_unbox_constrains_inside_apply(dense_module):
     with pt.sharding_context(mesh, "fsdp_tp"):
         text = jax.jit(model.apply).lower(variables, x).as_text()
     assert "sharding_constraint" in text
+
+
+# -- Flax's signatures and fallbacks -----------------------------------------------
+
+
+def test_flax_signatures_positional_mesh_and_rules():
+    mesh = pt.make_mesh({"data": 2, "model": 4})
+    rules = (("a", "data"), ("b", "model"))
+    init = pt.with_logical_partitioning(nn.initializers.ones_init(), ("a", "b"), mesh, rules)
+    box = init(jax.random.key(0), (4, 8))
+    assert box.mesh is mesh and box.rules == rules
+    text = jax.jit(lambda: box.unbox()).lower().as_text()  # the box's own mesh and rules, no context needed
+    assert '<@mesh, [{"data"}, {"model"}]>' in text
+    x = jnp.ones((4, 8))
+    text = jax.jit(lambda a: pt.with_logical_constraint(a, ("a", "b"), rules, mesh)).lower(x).as_text()
+    assert '<@mesh, [{"data"}, {"model"}]>' in text
+
+
+def test_rules_fallback_exactly_as_flax():
+    rf = nn.spmd.RulesFallback
+    x = jnp.ones((8, 4))
+    rules = [("batch", "data")]
+    # RAISE_ERROR: a ValueError on an unmatched name, with or without a mesh (Flax resolves before looking for one).
+    with pt.axis_rules(rules):
+        for fallback in (rf.RAISE_ERROR, pt.RulesFallback.RAISE_ERROR):
+            with pytest.raises(ValueError, match="activation dimension 1 has logical name 'other'"):
+                pt.with_logical_constraint(x, ("batch", "other"), fallback=fallback)
+    mesh = pt.make_mesh({"data": 8})
+
+    def lower(names, fb):
+        return jax.jit(lambda a: pt.with_logical_constraint(a, names, fallback=fb)).lower(x)
+
+    with pt.sharding_context(mesh, rules):
+        # NO_CONSTRAINT: x is left alone when any name is unassigned...
+        assert "sharding_constraint" not in lower(("batch", "other"), rf.NO_CONSTRAINT).as_text()
+        # ...and constrained as usual when every name is assigned.
+        assert '<@mesh, [{"data"}, {}]>' in lower(("batch", None), rf.NO_CONSTRAINT).as_text()
+        assert '<@mesh, [{"data"}, {}]>' in lower(("batch", "other"), rf.AXIS_IS_UNSHARDED).as_text()
+    # Two names wanting one axis: the second is unassigned, as in Flax.
+    with pt.sharding_context(mesh, [("batch", "data"), ("embed", "data")]):
+        assert '<@mesh, [{"data"}, {}]>' in lower(("batch", "embed"), rf.AXIS_IS_UNSHARDED).as_text()
+        assert "sharding_constraint" not in lower(("batch", "embed"), rf.NO_CONSTRAINT).as_text()
+        with pytest.raises(ValueError, match="every rule for it wants a mesh axis another dimension already uses"):
+            lower(("batch", "embed"), rf.RAISE_ERROR)
+
+
+def test_unconstrained_as_a_rules_mesh_axes():
+    u = P.UNCONSTRAINED
+    rules = pt.Rules([("foo", None), ("bar", u), ("bar", "data")])
+    assert rules.resolve(("foo", "bar")) == P(None, u)
+    assert pt.logical_to_mesh_axes(("foo", "bar"), rules) == nn.logical_to_mesh_axes(("foo", "bar"), rules)
+    mesh = pt.make_mesh({"data": 8})
+    with pt.sharding_context(mesh, rules):
+        text = jax.jit(lambda a: pt.with_logical_constraint(a, ("bar", "foo"))).lower(jnp.ones((8, 4))).as_text()
+    assert "<@mesh, [{?}, {}]>" in text

@@ -1,37 +1,46 @@
 """Rule resolution: agreement with Flax, explain, validation, context."""
 
+import contextlib
 import random
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
+from partitioning import boxes
 from partitioning.rules import Rules
 
 MESH_AXES = ["data", "fsdp", "tensor", "seq", "expert"]
 LOGICAL = ["batch", "length", "embed", "heads", "kv", "mlp", "vocab", "layers", "norule"]
+UNCONSTRAINED = P.UNCONSTRAINED
 
 
 def _random_axes(rng):
     k = rng.random()
     if k < 0.2:
         return None
+    if k < 0.25:
+        return UNCONSTRAINED
     if k < 0.6:
         return rng.choice(MESH_AXES)
     return tuple(rng.sample(MESH_AXES, rng.randint(1, 3)))
 
 
-def _random_case(rng):
+def _random_case(rng, pool=LOGICAL):
     # Rules draw from all names but "norule", with repeats (fallbacks).
-    rules = [(rng.choice(LOGICAL[:-1]), _random_axes(rng)) for _ in range(rng.randint(0, 10))]
+    named = [n for n in pool if n != "norule"]
+    rules = [(rng.choice(named), _random_axes(rng)) for _ in range(rng.randint(0, 10))]
     if rng.random() < 0.5:  # a name with several rules: later ones are fallbacks
-        name = rng.choice(LOGICAL[:-1])
+        name = rng.choice(named)
         rules += [(name, _random_axes(rng)) for _ in range(rng.randint(1, 3))]
         rng.shuffle(rules)
     ndim = rng.randint(0, 5)
-    names = rng.sample(LOGICAL, ndim)
-    names = [None if rng.random() < 0.15 else n for n in names]
+    names = rng.sample(pool, ndim)
+    names = [None if k < 0.12 else UNCONSTRAINED if k < 0.16 else n for n, k in ((n, rng.random()) for n in names)]
     return rules, tuple(names)
 
 
@@ -45,6 +54,102 @@ def test_agrees_with_flax_on_random_tables():
         assert ours == theirs, f"case {case}: rules={rules} names={names}: ours {ours} != flax {theirs}"
         # The Rules method and the free function are one engine.
         assert Rules(rules).resolve(names) == theirs
+
+
+# -- under a mesh, with names that may be mesh axes --------------------------------
+
+
+def _contract(rules, names, mesh_axes):
+    """DESIGN.md's contract, written independently of the toolkit: Flax's own walk (the unpatched function),
+    then a name no rule mentions that is a mesh axis fills a dimension the rules left unassigned, if that axis
+    is free. Returns (spec entries, which dims stay unassigned)."""
+    from partitioning.context import _flax_logical_to_mesh_axes as flax_walk
+
+    raw = flax_walk(names, rules)
+    unassigned = nn.spmd._unassigned_axis
+    used = {a for e in raw if e is not unassigned for a in jax.tree.leaves(e) if isinstance(a, str)}
+    mentioned = {r for r, _ in rules}
+    out, open_dims = [], []
+    for i, (n, e) in enumerate(zip(names, raw, strict=True)):
+        if e is unassigned and mesh_axes and n not in mentioned and n in mesh_axes and n not in used:
+            e = n
+        if e is unassigned:
+            open_dims.append(i)
+            e = None
+        out.append(e)
+    return out, open_dims
+
+
+MIXED = LOGICAL + MESH_AXES  # logical names and mesh-axis names, in rules and in arrays
+
+
+def _nnx_spec(names):
+    from flax import nnx
+
+    v = nnx.Param(jnp.zeros(()), out_sharding=names, eager_sharding=False)
+    return nnx.get_partition_spec({"w": v})["w"].get_value()
+
+
+@contextlib.contextmanager
+def _recording_constraints(module):
+    """Swaps ``module._with_sharding_constraint`` for a recorder of the spec it is handed (cheaper than a mock)."""
+    seen = []
+    real = module._with_sharding_constraint
+    module._with_sharding_constraint = lambda x, spec, mesh=None: seen.append(spec)
+    try:
+        yield seen
+    finally:
+        module._with_sharding_constraint = real
+
+
+def _constraint_spec(fn, seen, x, names, **kw):
+    """The spec ``fn`` hands its sharding-constraint primitive (None: ``x`` left untouched)."""
+    seen.clear()
+    fn(x, names, **kw)
+    return seen[-1] if seen else None
+
+
+@pytest.mark.parametrize("with_mesh", [False, True], ids=["no-mesh", "mesh"])
+def test_agrees_with_flax_under_a_mesh_with_mesh_axis_names(with_mesh):
+    rng = random.Random(2025 + with_mesh)
+    mesh = jax.make_mesh((1, 2, 2, 2, 1), tuple(MESH_AXES), axis_types=(jax.sharding.AxisType.Auto,) * 5)
+    arrays = [np.zeros((2,) * rank) for rank in range(6)]  # the recorder never touches them
+    scalar = arrays[0]
+    rf = nn.spmd.RulesFallback
+    for case in range(2000):
+        rules, names = _random_case(rng, MIXED)
+        table = Rules(rules)
+        entries, open_dims = _contract(rules, names, MESH_AXES if with_mesh else ())
+        want = P(*entries)
+        where = f"case {case}: rules={rules} names={names}"
+        with contextlib.ExitStack() as stack:
+            if with_mesh:
+                stack.enter_context(jax.set_mesh(mesh))
+            stack.enter_context(pt.axis_rules(table))
+            assert pt.logical_to_mesh_axes(names) == want, where
+            assert pt.logical_to_mesh_axes(names, rules) == want, where
+            assert nn.logical_to_mesh_axes(names) == want, where  # Flax's own function, inside the toolkit's context
+            box = nn.LogicallyPartitioned(scalar, names)
+            assert nn.logical_to_mesh(nn.get_partition_spec({"w": box}))["w"] == want, where
+            if case % 4:
+                continue  # NNX and the constraint paths on a quarter of the cases: the same walk, more machinery
+            # (NNX reads an empty table as "no rules" and passes names through: Flax's behaviour, left alone.)
+            if rules and names and all(isinstance(n, str) or n is None for n in names):
+                assert _nnx_spec(names) == want, where
+            xs = arrays[len(names)]
+            for fn, module in ((nn.with_logical_constraint, nn.spmd), (pt.with_logical_constraint, boxes)):
+                with _recording_constraints(module) as seen:
+                    if not rules:  # no table: a constraint is the identity in both
+                        assert _constraint_spec(fn, seen, xs, names) is None, where
+                        continue
+                    assert _constraint_spec(fn, seen, xs, names) == want, where
+                    no_constraint = _constraint_spec(fn, seen, xs, names, fallback=rf.NO_CONSTRAINT)
+                    assert no_constraint == (None if open_dims else want), where
+                    if open_dims:
+                        with pytest.raises(ValueError):
+                            fn(xs, names, fallback=rf.RAISE_ERROR)
+                    else:
+                        assert _constraint_spec(fn, seen, xs, names, fallback=rf.RAISE_ERROR) == want, where
 
 
 def test_flax_worked_example():
@@ -144,10 +249,8 @@ def test_presets_load_and_resolve():
     assert Rules.preset("seq").resolve(("batch", "length", "embed")) == P(("data", "fsdp"), "tensor", None)
     with pytest.raises(
         pt.RuleError,
-        match=(
-            r"unknown rule preset 'fsdpp' \(presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp\); did you mean "
-            r"'fsdp'\?"
-        ),
+        match=r"unknown rule preset 'fsdpp' \(presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp\); "
+        r"did you mean 'fsdp'\?",
     ):
         Rules.preset("fsdpp")
 
@@ -204,7 +307,7 @@ def test_rules_parse_forms_with_batch_axes(write):
     bad = write("bad.yaml", "rules: []\nbatch_axis: data\n")
     with pytest.raises(
         pt.ConfigError,
-        match=r"bad.yaml:2: batch_axis: unknown key \(valid: rules, batch_axes\); did you mean 'batch_axes'\?",
+        match=r"bad.yaml:2: batch_axis: unknown key \(valid: rules, batch_axes, follows\); did you mean 'batch_axes'\?",
     ):
         Rules.from_yaml(bad)
     with pytest.raises(pt.ConfigError, match=r"rules.batch_axes: mesh axes must be names"):
@@ -226,11 +329,14 @@ def test_mesh_axis_names_no_rule_mentions_resolve_to_that_axis_with_a_mesh():
     rules = Rules.preset("fsdp")
     mesh = {"data": 1, "fsdp": 4, "tensor": 2}
     assert rules.resolve(("embed", "tensor"), (64, 8), mesh) == P("fsdp", "tensor")
-    # Placed before the rule walk: the explicit axis wins over a rule wanting it.
-    assert rules.resolve(("fsdp", "embed"), (64, 8), mesh) == P("fsdp", None)
+    # The rules go first: a mesh-axis name only fills a dimension they left, with an axis still free.
+    assert rules.resolve(("fsdp", "embed"), (64, 8), mesh) == P(None, "fsdp")
     [d0, d1] = rules.explain(("fsdp", "embed"), (64, 8), mesh)
+    assert not d0.by_mesh_axis and d0.mesh_axes is None and d1.rule_index == 1
+    assert d0.notes == ("mesh-axis name 'fsdp': axis already used by dim 1 ('embed')",)
+    assert rules.resolve(("tensor", "embed"), (8, 64), mesh) == P("tensor", "fsdp")
+    [d0, _] = rules.explain(("tensor", "embed"), (8, 64), mesh)
     assert d0.by_mesh_axis and d0.rule_index is None
-    assert d1.notes == ("skipped rule 1 ('embed', 'fsdp'): mesh axis 'fsdp' already used by dim 0 ('fsdp')",)
     # A rule that mentions the name wins; without a mesh the name is unsharded (Flax parity).
     assert Rules([("tensor", "fsdp")]).resolve(("tensor",), (8,), mesh) == P("fsdp")
     assert rules.resolve(("embed", "tensor")) == P("fsdp", None)

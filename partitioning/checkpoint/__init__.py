@@ -5,8 +5,9 @@ Modules:
 - :mod:`~partitioning.checkpoint.disk` — the on-disk layout: finding steps, reading metadata.
 - :mod:`~partitioning.checkpoint.diagnose` — damage -> one :class:`CheckpointError` naming the file.
 - :mod:`~partitioning.checkpoint.manager` — ``CheckpointManager``: save every N, keep K (and the best), async.
-- :mod:`~partitioning.checkpoint.restore` — ``abstract_target`` and ``restore_checkpoint`` onto the current layout.
+- :mod:`~partitioning.checkpoint.restore` — ``abstract_target`` and ``restore_checkpoint`` (a target, or mesh + rules).
 - :mod:`~partitioning.checkpoint.reader` — fast restore reads: each device slice from tensorstore to its device.
+- :mod:`~partitioning.checkpoint.target` — restore targets read off a checkpoint: its arrays on a new mesh and rules.
 - :mod:`~partitioning.checkpoint.reshard` — ``reshard_checkpoint``: rewrite a checkpoint for another layout.
 - :mod:`~partitioning.checkpoint.hook` — ``CheckpointHook``: resume, save every K steps, save on exit.
 - :mod:`~partitioning.checkpoint.hf` — ``load_hf`` / ``save_hf`` / ``hf_model``: Hugging Face checkpoints in and out.

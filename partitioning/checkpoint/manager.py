@@ -94,8 +94,8 @@ class CheckpointManager:
     metadata with the mesh, step and versions.
     ``compress`` writes arrays zstd-compressed (orbax's default; ~8% smaller
     for float states, restores several times slower on a CPU-bound host).
-    ``keep <= 0`` keeps every checkpoint; ``every == 0`` saves only when asked
-    with ``force=True``. With ``keep_best``, the checkpoint with the lowest
+    ``keep <= 0`` keeps every checkpoint; ``every == 0`` (no schedule) saves
+    whenever :meth:`save` is called. With ``keep_best``, the checkpoint with the lowest
     ``best_metric`` (among those saved with that metric) is kept too.
 
     Example::
@@ -213,12 +213,14 @@ class CheckpointManager:
     def save(self, step: int, state: Any, *, metrics: Mapping[str, Any] | None = None, force: bool = False) -> bool:
         """Saves ``state`` at ``step`` if due (or ``force``); False if skipped or already saved.
 
+        With ``every == 0`` (no schedule, the default) an explicit ``save`` always saves.
+
         Asynchronous saves return once the device-to-host copies are done, so the
         caller may hand ``state`` to a donating step right away (on the CPU orbax
         keeps zero-copy views and XLA then copies instead of donating, once).
         """
         step = int(step)
-        if not force and not self.should_save(step):
+        if not force and self.every > 0 and not self.should_save(step):
             return False
         if step in self._mngr.all_steps():
             return False

@@ -23,23 +23,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import jax
-from jax.sharding import NamedSharding, PartitionSpec
-
 from partitioning.boxes import unbox
-from partitioning.checkpoint.disk import (
-    flat_saved,
-    is_saved_leaf,
-    read_metadata,
-    resolve_checkpoint,
-    saved_mesh_str,
-    saved_tree,
-)
+from partitioning.checkpoint.disk import flat_saved, read_metadata, resolve_checkpoint, saved_mesh_str, saved_tree
 from partitioning.checkpoint.manager import CheckpointManager, names_by_path
-from partitioning.checkpoint.restore import check_fits, restore_checkpoint
+from partitioning.checkpoint.restore import restore_checkpoint
+from partitioning.checkpoint.target import check_fits, layout_target, names_for_moments, reshard_target
 from partitioning.errors import CheckpointError
 from partitioning.fmt import fmt_mesh
-from partitioning.layout import path_str
 from partitioning.rules import as_rules
 
 
@@ -53,64 +43,6 @@ class ReshardResult:
     path: Path
     from_mesh: str
     to_mesh: str
-
-
-def reshard_target(
-    saved: dict[str, Any],
-    names: Mapping[str, Any],
-    mesh: Any,
-    rules: Any,
-    optimizer_rules: Any,
-    on_indivisible: str,
-    tree: Any,
-) -> Any:
-    """A restore target shaped like the saved tree, laid out by the new mesh and rules.
-
-    ``names`` maps paths to logical names; the optimizer state follows
-    ``optimizer_rules``. Arrays without names are replicated.
-    """
-    rules = as_rules(rules)
-    opt_rules = as_rules(optimizer_rules) if optimizer_rules is not None else rules
-    specs = {}
-    # Parameters first, so an indivisible dimension is reported as at init.
-    for p in sorted(saved, key=lambda p: not p.startswith("params")):
-        shape = tuple(int(s) for s in saved[p].shape)
-        n = names.get(p)
-        specs[p] = PartitionSpec()
-        if n is not None and len(n) == len(shape):
-            table = opt_rules if p.startswith("opt_state") else rules
-            specs[p] = table.resolve(
-                tuple(tuple(x) if isinstance(x, list) else x for x in n),
-                shape,
-                mesh,
-                on_indivisible=on_indivisible,
-                path=p,
-            )
-
-    def one(kp: Any, md: Any) -> jax.ShapeDtypeStruct:
-        shape = tuple(int(s) for s in md.shape)
-        return jax.ShapeDtypeStruct(shape, md.dtype, sharding=NamedSharding(mesh, specs[path_str(kp)]))
-
-    return jax.tree_util.tree_map_with_path(one, tree, is_leaf=is_saved_leaf)
-
-
-def names_for_moments(saved: Mapping[str, Any], names: dict[str, Any]) -> None:
-    """Optimizer moments without recorded names take their parameter's (``opt_state/0/mu/<param>``).
-
-    Checkpoints written by plain orbax carry no logical names; optax moments
-    mirror the params tree, so a path ending in a parameter's path with the
-    parameter's shape is laid out like that parameter.
-    """
-    params = {p[len("params/") :]: p for p in names if p.startswith("params/")}
-    for p, md in saved.items():
-        if p in names or not p.startswith("opt_state/"):
-            continue
-        parts = p.split("/")
-        for i in range(1, len(parts)):
-            q = params.get("/".join(parts[i:]))
-            if q is not None and q in saved and tuple(saved[q].shape) == tuple(md.shape):
-                names[p] = names[q]
-                break
 
 
 def _jsonable(x: Any) -> Any:
@@ -143,10 +75,9 @@ def reshard_checkpoint(
     rules = as_rules(rules)
     ref = resolve_checkpoint(ckpt, step)
     meta = read_metadata(ref)
-    tree = saved_tree(ref)
-    saved = flat_saved(tree)
+    saved = flat_saved(saved_tree(ref))
     rules.validate(mesh)
-    names = {p: a["names"] for p, a in (meta.get("arrays") or {}).items() if a.get("names") is not None}
+    model_names = None
     if abstract_params is not None and any(p.startswith("params/") for p in saved):
         # The new layout must describe the same model: same parameter paths and shapes.
         check_fits(
@@ -155,10 +86,16 @@ def reshard_checkpoint(
             {"params": unbox(abstract_params)},
             False,
         )
-        for p, n in names_by_path({"params": abstract_params}).items():
-            names.setdefault(p, n)
-    names_for_moments(saved, names)
-    target = reshard_target(saved, names, mesh, rules, optimizer_rules, on_indivisible, tree)
+        model_names = names_by_path({"params": abstract_params})
+    target, names = layout_target(
+        ref,
+        mesh,
+        rules,
+        optimizer_rules=optimizer_rules,
+        on_indivisible=on_indivisible,
+        unnamed="replicate",
+        names=model_names,
+    )
     state = restore_checkpoint(ref.path, target)
     saved_step = meta.get("step", ref.step)
     if saved_step is None:  # plain orbax: the state's own step counter, if it has one

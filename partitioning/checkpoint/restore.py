@@ -14,7 +14,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import logging
 import math
 import os
 from collections.abc import Mapping
@@ -29,8 +31,8 @@ from partitioning.boxes import is_box
 from partitioning.checkpoint.diagnose import diagnose
 from partitioning.checkpoint.disk import CheckpointRef, flat_saved, read_metadata, resolve_checkpoint, saved_tree
 from partitioning.checkpoint.reader import fast_registry
+from partitioning.checkpoint.target import check_fits, layout_target
 from partitioning.errors import CheckpointError
-from partitioning.fmt import fmt_shape
 from partitioning.layout import path_str, tree_shardings
 
 
@@ -58,7 +60,7 @@ def abstract_target(
     if shardings is None:
         if mesh is None:
             raise TypeError("abstract_target needs a mesh (and rules) or shardings")
-        shardings = tree_shardings(abstract, mesh, rules, on_indivisible=on_indivisible)
+        shardings = tree_shardings(abstract, mesh, rules, on_indivisible=on_indivisible, warn_replicated=False)
 
     def sds(value: Any, s: Any) -> jax.ShapeDtypeStruct:
         dt = jnp.dtype(value.dtype)
@@ -83,53 +85,50 @@ def target_like(tree: Any) -> Any:
 # -- restore --------------------------------------------------------------------------
 
 
-def check_fits(ref: CheckpointRef, saved: dict[str, Any], target: Any, partial: bool) -> None:
-    """Raises a CheckpointError listing the first paths whose presence or shape differs.
+class _MissingMetadata(logging.Filter):
+    """Orbax warns that a step's ``_CHECKPOINT_METADATA`` is missing on every restore of an item it did not
+    write through its own manager (the toolkit's checkpoints keep theirs beside the state): not news."""
 
-    ``saved`` is :func:`~partitioning.checkpoint.disk.flat_saved` of the checkpoint;
-    with ``partial``, arrays only in the checkpoint are fine.
-    """
-    want = {path_str(kp): leaf for kp, leaf in jax.tree_util.tree_flatten_with_path(target)[0]}
-    # A saved NNX Variable's value is a `value` key in orbax's metadata; in the target it is the Variable itself.
-    saved = {
-        p[: -len("/value")] if p.endswith("/value") and p not in want and p[: -len("/value")] in want else p: md
-        for p, md in saved.items()
-    }
-    diffs: list[tuple[str, str]] = []
-    for p, leaf in want.items():
-        if p not in saved:
-            diffs.append((p, f"{p}: not in the checkpoint (model {fmt_shape(leaf.shape)})"))
-        elif tuple(saved[p].shape) != tuple(leaf.shape):
-            diffs.append((p, f"{p}: checkpoint {fmt_shape(saved[p].shape)} vs model {fmt_shape(leaf.shape)}"))
-    if not partial:
-        diffs += [
-            (p, f"{p}: only in the checkpoint ({fmt_shape(md.shape)})") for p, md in saved.items() if p not in want
-        ]
-    # Parameters first: they name the model change; optimizer moments only repeat it.
-    lines = [d for _, d in sorted(diffs, key=lambda pd: not pd[0].startswith("params"))]
-    if lines:
-        more = f"; … and {len(lines) - 5} more" if len(lines) > 5 else ""
-        raise CheckpointError(
-            f"checkpoint {ref} does not fit the model ({len(lines)} of {len(want)} arrays differ): "
-            + "; ".join(lines[:5])
-            + more
-        )
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Metadata file does not exist")
 
 
+@contextlib.contextmanager
+def _quiet_missing_metadata() -> Any:
+    """Only during the toolkit's restores: orbax in the user's own code still says it."""
+    logger, quiet = logging.getLogger("absl"), _MissingMetadata()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
+@_quiet_missing_metadata()  # the whole restore: reading the saved tree's metadata warns too
 def restore_checkpoint(
     path: str | os.PathLike,
-    target: Any,
+    target: Any = None,
     *,
+    mesh: Any = None,
+    rules: Any = None,
+    optimizer_rules: Any = None,
+    on_indivisible: str = "error",
     step: int | None = None,
     params_only: bool = False,
     max_inflight_bytes: int | None = None,
 ) -> Any:
-    """Restores a checkpoint onto the shardings (and dtypes) of ``target``.
+    """Restores a checkpoint onto the shardings (and dtypes) of ``target``, or onto ``mesh`` and ``rules``.
 
     ``path`` is a run dir or checkpoints dir (latest complete step, or ``step``),
     a step dir, or a directory written by plain ``ocp.StandardCheckpointer``.
-    ``target`` comes from :func:`abstract_target`; orbax reads only the slices
-    each device needs. With ``params_only``, ``target`` is the params tree (or
+    ``target`` comes from :func:`abstract_target` (an NNX state of Variables
+    works too), or is a pytree of ``NamedSharding`` s (shapes and dtypes are
+    the saved ones). Without a ``target``, pass ``mesh`` (and ``rules``): the
+    checkpoint's own arrays are laid out there — by their logical names
+    (recorded in its metadata) under ``rules``, and an array without names
+    keeps the spec it was saved with, on the axes ``mesh`` has
+    (:mod:`partitioning.checkpoint.target`). Orbax reads only the slices each
+    device needs. With ``params_only``, ``target`` is the params tree (or
     ``{"params": ...}``) and only the checkpoint's ``params`` are read.
     ``max_inflight_bytes`` bounds the host buffers being read at once (default:
     256 MiB or the largest array), so peak memory stays near the state's size.
@@ -138,13 +137,24 @@ def restore_checkpoint(
 
         >>> state = restore_checkpoint("runs/a", abstract_target(trainer.abstract_state,
         ...                 shardings=trainer.state_shardings))
+        >>> state = restore_checkpoint("exported", mesh=make_mesh({"fsdp": -1}), rules="fsdp")  # no model needed
     """
     ref = resolve_checkpoint(path, step)
     saved = flat_saved(saved_tree(ref))
+    if target is None:
+        if mesh is None:
+            raise TypeError("restore_checkpoint needs a target, or a mesh (and rules) to lay the checkpoint out on")
+        target, _ = layout_target(
+            ref, mesh, rules, optimizer_rules=optimizer_rules, on_indivisible=on_indivisible, unnamed="saved"
+        )
+        if params_only and isinstance(target, Mapping) and "params" in target:
+            target = target["params"]
+    target = _from_shardings(ref, target, saved, "params/" if params_only and _has_params(saved) else "")
+    target, refill = _plain_variables(target, saved, params_only)
     tgt, unwrap, partial = target, False, False
     if params_only:
         partial = True
-        has_params = any(p == "params" or p.startswith("params/") for p in saved)
+        has_params = _has_params(saved)
         if isinstance(target, Mapping) and set(target) == {"params"}:
             pass
         elif has_params:
@@ -177,7 +187,65 @@ def restore_checkpoint(
     finally:
         if gc_was_enabled:
             gc.enable()
-    return out["params"] if unwrap else out
+    return refill(out["params"] if unwrap else out)
+
+
+def _has_params(saved: Mapping[str, Any]) -> bool:
+    return any(p == "params" or p.startswith("params/") for p in saved)
+
+
+def _from_shardings(ref: CheckpointRef, target: Any, saved: Mapping[str, Any], prefix: str) -> Any:
+    """A target of shardings -> ShapeDtypeStructs with the saved shapes and dtypes."""
+
+    def one(kp: Any, leaf: Any) -> Any:
+        if not isinstance(leaf, jax.sharding.Sharding):
+            return leaf
+        p = prefix + path_str(kp)
+        if p not in saved:
+            raise CheckpointError(f"checkpoint {ref} has no array {p} (the target's sharding for it has nowhere to go)")
+        md = saved[p]
+        return jax.ShapeDtypeStruct(tuple(int(s) for s in md.shape), md.dtype, sharding=leaf)
+
+    return jax.tree_util.tree_map_with_path(one, target, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def _plain_variables(target: Any, saved: Mapping[str, Any], params_only: bool) -> tuple[Any, Any]:
+    """An NNX target (Variables) for a checkpoint that holds plain arrays: (plain target, refill).
+
+    The Trainer saves an NNX model's state as plain arrays (``nnx.to_pure_dict``); a target of
+    Variables (``abstract_target(nnx.state(model, nnx.Param), ...)``) then restores into plain
+    arrays, which ``refill`` puts back into copies of the target's Variables. A checkpoint of an
+    ``nnx.State`` itself (a ``value`` under every Variable) restores as it is.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(target, is_leaf=_is_variable)
+    variables = [(path_str(kp), leaf) for kp, leaf in leaves if _is_variable(leaf)]
+    if not variables:
+        return target, lambda out: out
+    prefix = "params/" if params_only and any(p.startswith("params/") for p in saved) else ""
+    if any(f"{prefix}{p}/value" in saved for p, _ in variables):
+        return target, lambda out: out
+    values = [leaf.get_value() if _is_variable(leaf) else leaf for _, leaf in leaves]
+    plain = _as_dicts(jax.tree_util.tree_unflatten(treedef, values))
+
+    def refill(out: Any) -> Any:
+        restored = jax.tree.leaves(out)
+        return jax.tree_util.tree_unflatten(
+            treedef,
+            [leaf.replace(x) if _is_variable(leaf) else x for (_, leaf), x in zip(leaves, restored, strict=True)],
+        )
+
+    return plain, refill
+
+
+def _as_dicts(tree: Any) -> Any:
+    """``nnx.State`` containers as plain dicts (the structure a saved pure dict has)."""
+    if isinstance(tree, Mapping):
+        return {k: _as_dicts(v) for k, v in tree.items()}
+    return tree
 
 
 def _nbytes(md: Any) -> int:

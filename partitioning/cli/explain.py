@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_with_devices(args)
     mesh = mesh_from_config(cfg, args.devices)
     model, abstract = abstract_model(cfg)
-    layouts = tree_layouts(abstract, mesh, cfg.rules, on_indivisible=cfg.on_indivisible)
+    layouts = tree_layouts(abstract, mesh, cfg.rules, on_indivisible=cfg.on_indivisible, warn_replicated=False)
     collections = {k: v for k, v in abstract.items() if k != "params"}
     acts = activation_names(
         model,
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         task=task_from_config(cfg),
         collections=collections,
     )
-    computes = {leaf.path: fmt_spec(compute_spec(leaf.names, cfg.rules)) for leaf in layouts if leaf.names is not None}
+    computes = {x.path: fmt_spec(compute_spec(x.names, cfg.rules, mesh)) for x in layouts if x.names is not None}
     out = console()
     out.print(
         explain_table(layouts, computes, title=f"{cfg.model_name} on mesh {dict(mesh.shape)}: rules from {cfg.path}")
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         f"compute layout: parameters are gathered over the batch axes ({axes}; "
         f"{rules.batch_axes_origin}) before use: 'compute spec' above"
     )
-    cov = rule_coverage(layouts, rules, acts)
+    cov = rule_coverage(layouts, rules, acts, mesh)
     if cov.uncovered:
         print(f"logical names no rule mentions (unsharded): {', '.join(cov.uncovered)}")
     if cov.unused:

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import sys
+import warnings
 from collections.abc import Sequence
 from importlib import metadata
 from types import ModuleType
@@ -27,6 +28,8 @@ from typing import Any
 from partitioning.cli import check, ckpt, compare, config, explain, generate, plan, train, tune
 from partitioning.cli.args import say
 from partitioning.errors import PartitioningError, did_you_mean
+from partitioning.replication import ReplicationWarning
+from partitioning.resolve import IndivisibleWarning
 
 EXIT_USAGE = 2
 
@@ -58,6 +61,22 @@ def quiet_orbax() -> None:
         previous(u)
 
     sys.unraisablehook = hook
+
+
+def plain_warnings() -> None:
+    """The toolkit's own warnings (replication, indivisible fallbacks) print as one ``warning:`` line each."""
+    previous = warnings.showwarning
+    if getattr(previous, "plain", False):  # installed by an earlier main() in this process
+        return
+
+    def show(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+        if issubclass(category, (ReplicationWarning, IndivisibleWarning)):
+            say(f"warning: {' '.join(str(message).split())}")
+        else:
+            previous(message, category, *args, **kwargs)
+
+    show.plain = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
 
 
 class Parser(argparse.ArgumentParser):
@@ -102,6 +121,7 @@ def version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_orbax()
+    plain_warnings()
     try:
         code = int(args.run(args) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe is noticed here, not at exit

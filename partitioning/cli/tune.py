@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from partitioning.cli.args import config_args, say
 from partitioning.cli.compiling import CPU_MAX_DEVICES, IN_PROCESS_MAX, compile_in_child, plan_devices, write_json
 from partitioning.cli.render import console
@@ -41,6 +43,7 @@ from partitioning.config.planning import compiled_from_config
 from partitioning.config.schema import Config, parse_bytes
 from partitioning.devices import simulate_devices
 from partitioning.errors import ConfigError, MeshError, PartitioningError, ShardingError
+from partitioning.layout import logical_names
 from partitioning.parallel.pipeline import microbatching
 from partitioning.parallel.trace import recording
 from partitioning.plan.coverage import activation_names
@@ -155,6 +158,14 @@ def _remats(cfg: Config, sets: list[str]) -> tuple[str | None, ...]:
     return tuple(ok) or (None,)
 
 
+def _model_axes(cfg: Config, params: Any, activations: set) -> list[str]:
+    """The config's mesh axes the model names directly (no rule mentions them): every candidate keeps them."""
+    used = {n for names in activations for n in names} | {
+        n for names in jax.tree.leaves(logical_names(params), is_leaf=lambda x: isinstance(x, tuple)) for n in names
+    }
+    return [a for a in cfg.mesh.shape if a in used and a not in cfg.rules.logical_names]
+
+
 def compile_candidate(
     cfg: Config, sets: list[str], overrides: list[str], devices: int, here: bool, timeout: float
 ) -> dict[str, Any]:
@@ -221,9 +232,10 @@ def run(args: argparse.Namespace) -> int:
     # One trace, unpipelined, at the full batch: the activation names, and the layer stacks and
     # expert layers that add pipeline / expert candidates and their costs.
     with microbatching(1), recording() as records:
-        names = activation_names(
-            model, params, {a: 1 for a in ["data", *table_axes(cfg.rules)]}, cfg.rules, batch=batch, task=task
-        )
+        # Size-1 axes: the config's (a model may name them directly) and the rules'; traced with the config's
+        # axis types (a model using Explicit-only ops traces only so).
+        axes = dict.fromkeys([*cfg.mesh.shape, "data", *table_axes(cfg.rules)], 1)
+        names = activation_names(model, params, axes, cfg.rules, batch=batch, task=task, axis_types=cfg.mesh.axis_types)
     tables = _tables(cfg, args.rules, args.config, records)
     p0 = build_plan(params, opt_state, {"data": 1}, Rules([]), on_indivisible="replicate")
     w = workload(
@@ -245,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
         activations={n: names for n in tables},
         on_indivisible=cfg.on_indivisible,
         records=records,
+        model_axes=_model_axes(cfg, params, names),
     )
     compiles = args.compiles if args.compiles is not None else (8 if here else 2)
     t1 = time.perf_counter()

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-from jax.sharding import AbstractMesh
 
 from partitioning.config.build import (
     PIPELINE_KEYS,
@@ -24,7 +23,7 @@ from partitioning.config.build import (
     trainer_from_config,
 )
 from partitioning.config.schema import Config
-from partitioning.mesh import AXIS_TYPES, make_mesh
+from partitioning.mesh import abstract_mesh, make_mesh
 from partitioning.parallel.pipeline import PipelineError, check_layers, check_microbatches, layers_sizes, microbatching
 from partitioning.parallel.schedule import STAGE_AXIS
 from partitioning.parallel.trace import recording
@@ -45,20 +44,16 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
     # What one forward pass sees (grad_accum splits the batch), pipelined as the Trainer would.
     g = max(1, cfg.train.grad_accum)
     forward = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // g, *x.shape[1:]), x.dtype), batch)
-    types = (AXIS_TYPES[cfg.mesh.axis_types],) * len(sizes)
+    abstract = abstract_mesh(sizes, cfg.mesh.axis_types)
     try:
         m, _, _ = check_microbatches(
-            AbstractMesh(tuple(sizes.values()), tuple(sizes), axis_types=types),
-            cfg.rules,
-            cfg.train.microbatches,
-            cfg.train.batch_size // g,
-            f"batch_size {cfg.train.batch_size}",
+            abstract, cfg.rules, cfg.train.microbatches, cfg.train.batch_size // g, f"batch_size {cfg.train.batch_size}"
         )
         check_layers(layers_sizes(params), sizes.get(STAGE_AXIS, 1))
     except PipelineError as e:
         raise at_key(cfg, e, PIPELINE_KEYS) from None
     with microbatching(m), recording() as stacks:
-        acts = activation_names(model, params, sizes, cfg.rules, batch=forward, task=task)
+        acts = activation_names(model, params, abstract, cfg.rules, batch=forward, task=task)
     plan = build_plan(
         params,
         opt_state,

@@ -13,7 +13,8 @@ mistake later, and a run that fails changes nothing on disk. In order:
 5. ``run_dir`` and ``checkpoint.dir`` are folders (or can be made) and writable,
    and the trackers' packages are installed;
 6. an existing checkpoint fits the model, if the run would resume from it;
-7. the per-device peak fits the memory budget (compiled when a budget is set).
+7. the model traces: the train step is lowered (a model that fails is one ``ModelError`` line);
+8. the per-device peak fits the memory budget (compiled when a budget is set).
 
 Example::
 
@@ -157,9 +158,12 @@ def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_
     plan = build_plan(
         a.params, a.opt_state, mesh, cfg.rules, optimizer_rules=cfg.optimizer_rules, on_indivisible=cfg.on_indivisible
     )
+    # The train step is traced (and lowered) here, so a model that fails to trace stops the run before
+    # anything is written; the compile for the memory figure reuses it.
+    lowered = trainer.lower_train_step()
     compiled = None
     if compile_memory or (compile_memory is None and budget is not None):
-        compiled = memory_stats(trainer.lower_train_step().compile())
+        compiled = memory_stats(lowered.compile())
     fit = check_budget(plan, budget, compiled)
     if not fit.fits:
         raise fit.error(

@@ -267,14 +267,11 @@ class Config:
         mesh = self.mesh.model_dump(by_alias=True)
         if mesh_sizes is not None:
             mesh["shape"] = dict(mesh_sizes)
-        rules = self.rules.to_list()
         out: dict[str, Any] = {
             "model": {model_head: self.model_name, **(model_options or self.model_options)},
             "mesh": mesh,
-            "rules": rules,
+            "rules": self.rules.to_config(),  # with its batch_axes and follows, if any
         }
-        if self.rules.declared_batch_axes is not None:
-            out["rules"] = {"extra": rules, "batch_axes": list(self.rules.declared_batch_axes)}
         out["optimizer_rules"] = self.optimizer_rules.to_list() if self.optimizer_rules is not None else None
         out["on_indivisible"] = self.on_indivisible
         data = self.data.model_dump(by_alias=True)

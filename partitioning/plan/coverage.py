@@ -21,11 +21,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
-from jax.sharding import AbstractMesh, AxisType
 
 from partitioning.boxes import unbox
 from partitioning.context import axis_rules, recording
 from partitioning.layout import LeafLayout
+from partitioning.mesh import abstract_mesh
 from partitioning.resolve import mesh_axis_sizes
 from partitioning.rules import as_rules
 from partitioning.train.batch import batch_shapes, stream_keys
@@ -53,8 +53,13 @@ class Coverage:
     unused: list[UnusedRule]
 
 
-def rule_coverage(layouts: Sequence[LeafLayout], rules: Any, activations: Iterable[tuple[Any, ...]] = ()) -> Coverage:
+def rule_coverage(
+    layouts: Sequence[LeafLayout], rules: Any, activations: Iterable[tuple[Any, ...]] = (), mesh: Any = None
+) -> Coverage:
     """Coverage of ``rules`` over parameter ``layouts`` and activation name tuples.
+
+    With ``mesh`` (a Mesh or ``{axis: size}``), names that are its axes are
+    mesh-axis names, not logical names missing a rule.
 
     Example::
 
@@ -62,12 +67,15 @@ def rule_coverage(layouts: Sequence[LeafLayout], rules: Any, activations: Iterab
         [UnusedRule(index=1, rule=['mlp', 'fsdp'], origin='rules[1]')]
     """
     rules = as_rules(rules)
-    dims = [d for leaf in layouts for d in leaf.dims]
+    sizes = mesh_axis_sizes(mesh) or None
+    dims = [d for layout in layouts for d in layout.dims]
     for names in activations:
-        dims += rules.explain(names)
+        dims += rules.explain(names, mesh=sizes)
     names_used = frozenset(d.name for d in dims if isinstance(d.name, str))
     fired = frozenset(d.rule_index for d in dims if d.rule_index is not None)
-    uncovered = sorted(names_used - set(rules.logical_names))
+    known = set(rules.logical_names)
+    followed = {n for n in names_used if rules.follows.get(n) in known}
+    uncovered = sorted(names_used - known - followed - set(sizes or ()))
     unused = [
         UnusedRule(i, [r[0], list(r[1]) if isinstance(r[1], tuple) else r[1]], rules.origins[i])
         for i, r in enumerate(rules)
@@ -87,12 +95,15 @@ def activation_names(
     batch: Any = None,
     task: Any = None,
     collections: Any = None,
+    axis_types: Any = None,
 ) -> set[tuple[Any, ...]]:
     """Logical names of every constraint in a forward pass (traced only, nothing runs).
 
     Constraints made with the toolkit's ``with_logical_constraint`` and with
     Flax's own (``nn.with_logical_constraint``, boxes, NNX variables) are all
-    seen (:func:`partitioning.context.recording`).
+    seen (:func:`partitioning.context.recording`). The pass is traced on an
+    abstract ``mesh`` with its own axis types (a Mesh) or ``axis_types``
+    (``"auto"`` by default for a ``{axis: size}`` mapping, ``"explicit"``).
 
     Example::
 
@@ -100,9 +111,8 @@ def activation_names(
         ...                                                  batch_size=8, seq_len=64)
         True
     """
-    sizes = mesh_axis_sizes(mesh)
-    abstract = AbstractMesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes))
-    rules = as_rules(rules).validate(sizes)
+    abstract = abstract_mesh(mesh, axis_types)
+    rules = as_rules(rules).validate(mesh_axis_sizes(abstract))
     adapter = as_model(model)
     batch = batch_shapes(batch, batch_size, seq_len, "activation_names")
     args, kwargs = model_inputs(as_task(task), batch)

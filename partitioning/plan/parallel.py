@@ -33,8 +33,8 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import AbstractMesh, AxisType
 
+from partitioning.mesh import abstract_mesh
 from partitioning.parallel.pipeline import check_microbatches, microbatching
 from partitioning.parallel.schedule import bubble_fraction
 from partitioning.parallel.trace import recording
@@ -132,13 +132,15 @@ def parallel_costs(
     task: Any = None,
     microbatches: int | None = None,
     grad_accum: int = 1,
+    axis_types: Any = None,
 ) -> dict[str, Any]:
     """``{"pipeline": ..., "experts": ...}``: the analytic costs per train step and device of ``model`` laid out
     by ``rules`` on ``mesh`` (``{axis: size}`` or a Mesh) — what ``partitioning plan`` prints beside the
     compiled collectives. Traces one forward pass (``jax.eval_shape``; nothing runs, nothing is allocated).
 
     ``params``: abstract boxed params (:func:`~partitioning.train.state.abstract_train_state`);
-    ``microbatches`` / ``grad_accum`` as for the Trainer. Either entry is None when the model has no
+    ``microbatches`` / ``grad_accum`` as for the Trainer; ``axis_types`` as for
+    :func:`~partitioning.activation_names`. Either entry is None when the model has no
     layer stack / expert layer.
 
     Example::
@@ -153,10 +155,10 @@ def parallel_costs(
     full = batch_shapes(batch, batch_size, seq_len, "parallel_costs")
     g = max(1, int(grad_accum))
     forward = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // g, *x.shape[1:]), x.dtype), full)
-    abstract = AbstractMesh(tuple(sizes.values()), tuple(sizes), axis_types=(AxisType.Auto,) * len(sizes))
+    abstract = abstract_mesh(mesh, axis_types)
     m, _, _ = check_microbatches(abstract, rules, microbatches, batch_size_of(forward))
     with microbatching(m), recording() as records:
-        activation_names(model, params, sizes, rules, batch=forward, task=task)
+        activation_names(model, params, abstract, rules, batch=forward, task=task)
     return costs_from_records(records, sizes, passes=g)
 
 

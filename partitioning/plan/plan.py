@@ -247,7 +247,7 @@ def _layouts(tree: Any, mesh: Any, rules: Rules, prefix: str) -> tuple[list[Leaf
     """Layouts with indivisible dimensions falling back (and recorded), never raising."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", IndivisibleWarning)
-        layouts = tree_layouts(tree, mesh, rules, on_indivisible="replicate")
+        layouts = tree_layouts(tree, mesh, rules, on_indivisible="replicate", warn_replicated=False)
     msgs = [f"{prefix}/{w.message}" for w in caught if issubclass(w.category, IndivisibleWarning)]
     return _prefixed(layouts, prefix), list(dict.fromkeys(msgs))
 
@@ -285,7 +285,7 @@ def build_plan(
     p_layouts, p_msgs = _layouts(params, sizes, rules, "params")
     o_layouts, o_msgs = _layouts(opt_state, sizes, opt_rules, "opt_state")
 
-    cov = rule_coverage(p_layouts + (o_layouts if opt_rules is rules else []), rules, activations)
+    cov = rule_coverage(p_layouts + (o_layouts if opt_rules is rules else []), rules, activations, sizes)
 
     plan = Plan(
         mesh=dict(sizes),

@@ -43,7 +43,7 @@ class Lowering:
 
     def state_layouts(self) -> list[LeafLayout]:
         """One :class:`LeafLayout` per array of params, optimizer state and collections."""
-        a, kw = self.abstract_state, {"on_indivisible": self.on_indivisible}
+        a, kw = self.abstract_state, {"on_indivisible": self.on_indivisible, "warn_replicated": False}
         return (
             tree_layouts({"params": a.params}, self.mesh, self.rules, **kw)
             + tree_layouts({"opt_state": a.opt_state}, self.mesh, self.optimizer_rules, **kw)
@@ -119,7 +119,11 @@ class Lowering:
         return sum(
             leaf.size
             for leaf in tree_layouts(
-                self.abstract_state.params, self.mesh, self.rules, on_indivisible=self.on_indivisible
+                self.abstract_state.params,
+                self.mesh,
+                self.rules,
+                on_indivisible=self.on_indivisible,
+                warn_replicated=False,
             )
         )
 

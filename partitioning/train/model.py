@@ -43,6 +43,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from partitioning.boxes import LogicallyPartitioned, unbox
+from partitioning.train.tracing import guard
 
 MODE_ARGS = ("deterministic", "train", "training", "is_training")
 # Collections a Linen init may return that are not state to carry between steps.
@@ -236,6 +237,7 @@ class NNXModel:
             assert make is not None  # exactly one of the two, checked above
             with nnx.use_eager_sharding(False):
                 abstract = nnx.eval_shape(lambda: make(nnx.Rngs(0)))
+        self.model_class = type(abstract)
         filters = [f for _, f in NNX_GROUPS]
         self._graphdef, *states = nnx.split(abstract, *filters, ...)
         self._templates = dict(zip([g for g, _ in NNX_GROUPS] + ["state"], states, strict=True))
@@ -364,6 +366,11 @@ class FunctionModel:
         if "train" in self._call:
             kw["train"] = train
         return self.apply_fn(variables["params"], *args, **kw), {}
+
+
+# A failure in the model's own code while it is traced: one ModelError line (partitioning.train.tracing).
+for _adapter in (LinenModel, NNXModel, FunctionModel):
+    guard(_adapter)
 
 
 def as_model(model: Any) -> Any:

@@ -152,14 +152,14 @@ class Trainer(Lowering):
         check_layers(layers_sizes(self.abstract_state.params), self.stages)
         replicated = NamedSharding(mesh, PartitionSpec())
         # Wrapped in {"params": ...} so error messages name `params/...` paths, as `check` does.
-        a = self.abstract_state
+        # The params warn when most of them would be replicated (ReplicationWarning; their optimizer
+        # state follows them, so one warning says it all).
+        a, quiet = self.abstract_state, {"on_indivisible": on_indivisible, "warn_replicated": False}
         self.state_shardings = TrainState(
             step=replicated,
             params=tree_shardings({"params": a.params}, mesh, self.rules, on_indivisible=on_indivisible)["params"],
-            opt_state=tree_shardings(
-                {"opt_state": a.opt_state}, mesh, self.optimizer_rules, on_indivisible=on_indivisible
-            )["opt_state"],
-            collections=tree_shardings(a.collections, mesh, self.rules, on_indivisible=on_indivisible),
+            opt_state=tree_shardings({"opt_state": a.opt_state}, mesh, self.optimizer_rules, **quiet)["opt_state"],
+            collections=tree_shardings(a.collections, mesh, self.rules, **quiet),
         )
         self.replicated = replicated
         s = self.state_shardings

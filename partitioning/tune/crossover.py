@@ -64,7 +64,9 @@ def _terms(
     """(FLOPs seconds per phase, communication seconds per phase and axis) at ``tokens_per_device``."""
     rules = as_rules(rules)
     devices = math.prod(mesh.values())
-    params = tree_layouts(mlp_stack(embed, mlp, layers), dict(mesh), rules, on_indivisible="replicate")
+    params = tree_layouts(
+        mlp_stack(embed, mlp, layers), dict(mesh), rules, on_indivisible="replicate", warn_replicated=False
+    )
     w = Workload(
         params=2 * layers * embed * mlp,
         matmul_params=2 * layers * embed * mlp,

@@ -255,6 +255,7 @@ def search(
     on_indivisible: str = "error",
     flops: Mapping[str, Mapping[str, float]] | None = None,
     records: Sequence[Mapping[str, Any]] = (),
+    model_axes: Sequence[str] = (),
 ) -> Search:
     """Prices every candidate (see the module docstring). ``params`` / ``opt_state``: the boxed abstract state.
 
@@ -263,7 +264,8 @@ def search(
     analytic count (e.g. from a compiled step); ``records``: one traced forward
     pass's layer stacks and expert layers at the full batch, unpipelined
     (:func:`partitioning.parallel.trace.recording`), which adds ``stage``
-    candidates (split of the stacked layers) and the pipeline / expert costs.
+    candidates (split of the stacked layers) and the pipeline / expert costs;
+    ``model_axes``: mesh axes the model names directly, present in every candidate mesh.
 
     Example::
 
@@ -282,6 +284,7 @@ def search(
         max_grad_accum=max_grad_accum,
         layers=layers,
         rejected=rejected,
+        model_axes=model_axes,
     )
     results = [Result(c, tables[c.rules_name], None, reason=why) for c, why in rejected]
     plans: dict[tuple, Plan | PartitioningError] = {}

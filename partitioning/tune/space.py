@@ -75,8 +75,8 @@ class Candidate:
         sets = [
             "mesh.shape={" + ", ".join(f"{a}: {s}" for a, s in self.mesh) + "}",
             f"mesh.devices={self.devices}",
-            f"rules={_flow(rules.to_list())}",
-            f"optimizer_rules={_flow(optimizer_rules.to_list()) if optimizer_rules is not None else 'null'}",
+            f"rules={_flow(rules.to_config())}",
+            f"optimizer_rules={_flow(optimizer_rules.to_config()) if optimizer_rules is not None else 'null'}",
             f"train.grad_accum={self.grad_accum}",
             f"train.microbatches={self.microbatches if self.stages > 1 else 'null'}",
         ]
@@ -96,8 +96,12 @@ class Candidate:
         }
 
 
-def _flow(pairs: list) -> str:
+def _flow(pairs: Any) -> str:
+    """YAML flow style for a rule table's config form (pairs, or a mapping with extra / batch_axes / follows)."""
+
     def one(x):
+        if isinstance(x, dict):
+            return "{" + ", ".join(f"{k}: {one(v)}" for k, v in x.items()) + "}"
         return "null" if x is None else "[" + ", ".join(one(y) for y in x) + "]" if isinstance(x, list) else str(x)
 
     return one(pairs)
@@ -134,8 +138,13 @@ def candidates(
     max_grad_accum: int = 16,
     layers: int = 0,
     rejected: list[tuple[Candidate, str]] | None = None,
+    model_axes: Sequence[str] = (),
 ) -> list[Candidate]:
     """Every layout of ``devices`` over the rule ``tables`` (see the module docstring).
+
+    ``model_axes``: mesh axes the model names directly (mesh-axis names, e.g.
+    ``einsum(..., out_sharding=P('fsdp', ...))``): every mesh has them, so the
+    model traces on every candidate.
 
     Layouts whose batch does not split (``batch_size / grad_accum`` not a
     multiple of the batch shards, or of the pipeline micro-batches times
@@ -147,6 +156,7 @@ def candidates(
         axes = table_axes(rules)
         if "data" not in axes:
             axes = ["data", *axes]
+        axes += [a for a in model_axes if a not in axes]
         for sizes_t in factorizations(devices, len(axes)):
             sizes = dict(zip(axes, sizes_t, strict=True))
             mesh = tuple(sizes.items())

@@ -62,7 +62,8 @@ def test_train_writes_metrics_config_and_plot(write, tmp_path, run_cli_in_proces
     assert saved["data"]["seed"] == 3  # the resolved config, overrides applied
     # Every default, mesh sizes resolved, the rule table written out: it reproduces the run by itself.
     assert saved["optimizer"]["b2"] == 0.95 and saved["checkpoint"]["keep"] == 3
-    assert -1 not in saved["mesh"]["shape"].values() and saved["rules"][0] == ["batch", ["data", "fsdp"]]
+    assert -1 not in saved["mesh"]["shape"].values() and saved["rules"]["extra"][0] == ["batch", ["data", "fsdp"]]
+    assert saved["rules"]["follows"] == "activations"
     again = load_config(run / "config.yaml")
     assert again.train == load_config(path, ["data.seed=3"]).train and list(again.rules) == list(
         load_config(path).rules
