@@ -82,6 +82,10 @@ class CheckpointHook:
                     x.delete()
         return self._restore(target)
 
+    def wants_state(self, step: int) -> bool:
+        """True when this step saves: the loop checks the state is finite first (see :func:`fit`)."""
+        return self.manager.should_save(int(step))
+
     def on_step_end(self, step: int, state: Any, metrics: Mapping[str, Any] | None = None) -> None:
         if metrics is not None:
             self._last_metrics = (int(step), metrics)  # for a save on exit at this step
@@ -93,7 +97,8 @@ class CheckpointHook:
             leaves = jax.tree.leaves(state) if state is not None else []
             # A step interrupted after donating its input leaves nothing to save.
             alive = leaves and not any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves)
-            if self.save_on_exit and alive:
+            # A diverged state ("nonfinite") or a run that failed is never saved.
+            if self.save_on_exit and alive and reason not in ("nonfinite", "failed"):
                 step = state_step(state)
                 last = self._last_metrics
                 metrics = last[1] if last is not None and last[0] == step else None

@@ -23,6 +23,7 @@ from pathlib import Path
 import jax
 
 from partitioning.cli.args import config_args, distributed_args, load_with_devices
+from partitioning.cli.faults import closing_summary, diverged
 from partitioning.config.build import model_options_resolved
 from partitioning.config.preflight import preflight
 from partitioning.config.run import checkpoint_hook_from_config, trackers_from_config
@@ -30,6 +31,7 @@ from partitioning.errors import ConfigError
 from partitioning.plan.flops import peak_tflops, transformer_flops
 from partitioning.train.data import Corpus
 from partitioning.train.loop import fit
+from partitioning.train.nonfinite import NonFiniteError
 from partitioning.train.plots import LossPlot
 from partitioning.train.state import state_step
 
@@ -135,28 +137,25 @@ def run(args: argparse.Namespace) -> int:
         flops = trainer.step_flops()  # compiles the step (the loop then reuses it)
         peak = args.peak_tflops if args.peak_tflops is not None else peak_tflops(jax.devices()[0])
         log(_flops_line(trainer, flops, peak))
-    state = fit(
-        trainer,
-        state,
-        train_batches,
-        steps=cfg.train.steps,
-        eval_batches=eval_batches,
-        eval_every=cfg.train.eval_every,
-        log_every=cfg.train.log_every,
-        hooks=[ckpt, logger, *trackers, plot],
-        progress="lines" if args.no_progress else True,
-        flops_per_step=flops,
-        peak_tflops=peak,
-    )
+    try:
+        state = fit(
+            trainer,
+            state,
+            train_batches,
+            steps=cfg.train.steps,
+            eval_batches=eval_batches,
+            eval_every=cfg.train.eval_every,
+            log_every=cfg.train.log_every,
+            hooks=[ckpt, logger, *trackers, plot],
+            progress="lines" if args.no_progress else True,
+            flops_per_step=flops,
+            peak_tflops=peak,
+        )
+    except NonFiniteError as e:
+        raise diverged(e, cfg, ckpt.manager) from None
     reason = logger.reason or "done"
     if main:
-        last = logger.records[-1] if logger.records else {}
-        evals = [r["eval_loss"] for r in logger.records if r.get("eval_loss") is not None]
-        summary = f"{reason}: step {last.get('step', 0)}"
-        if last.get("loss") is not None:
-            summary += f", loss {last['loss']:.3f}"
-        if evals:
-            summary += f", eval_loss {evals[-1]:.3f}"
+        summary = closing_summary(reason, logger.records)
         wrote = [run_dir / "metrics.jsonl"] if logger.path is not None else []
         wrote += [t.logdir for t in trackers if hasattr(t, "logdir")]
         wrote += [run_dir / "loss.png"] if logger.records else []

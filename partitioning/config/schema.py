@@ -142,6 +142,10 @@ class TrainConfig(Section):
     step: dict[str, Any] | None = Field(default=None, description="{_target_: fn}: a whole step(forward, batch)")
     inputs: dict[str, Any] | None = Field(default=None, description="{_target_: fn}: batch -> model args/kwargs")
     rngs: list[StrictStr] = Field(default_factory=lambda: ["dropout"], description="RNG streams for the model")
+    on_nonfinite: Literal["stop", "skip_step"] = Field(
+        default="stop",
+        description="a NaN / inf loss or gradient norm: stop (exit 2, nothing saved) | skip_step (drop that update)",
+    )
 
 
 class CheckpointConfig(Section):
