@@ -1,4 +1,4 @@
-"""What ``partitioning train`` says when a run meets a fault: divergence, and the closing summary.
+"""``partitioning train`` meeting a fault: the run directory's lock, divergence, the closing summary.
 
 Example::
 
@@ -9,11 +9,81 @@ Example::
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
+
+import jax
+import numpy as np
 
 from partitioning.checkpoint.disk import list_steps
 from partitioning.config.schema import Config
+from partitioning.train.lock import RunLock, RunLockedError
 from partitioning.train.nonfinite import NonFiniteError, describe
+
+
+class RunLocks:
+    """The locks of a run: ``run_dir`` and, when it lies elsewhere, ``checkpoint.dir``.
+
+    Process 0 holds them for every process of a multi-host run; the others
+    learn whether it could (a one-integer broadcast), so all stop together.
+
+    Example::
+
+        >>> locks = RunLocks()
+        >>> locks.check(cfg)      # before the pre-flight: reads only
+        >>> locks.acquire()       # after it: creates RUN_DIR/.lock
+        >>> locks.release()
+    """
+
+    def __init__(self) -> None:
+        self.locks: list[RunLock] = []
+
+    def _agree(self, action: Any) -> None:
+        error: Exception | None = None
+        if jax.process_index() == 0:
+            try:
+                action()
+            except RunLockedError as e:
+                error = e
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            failed = int(multihost_utils.broadcast_one_to_all(np.int32(error is not None)))
+            if failed and error is None:
+                where = self.locks[0].directory if self.locks else "the run directory"
+                error = RunLockedError(f"{where}: process 0 found it in use by another job (see its error)")
+        if error is not None:
+            raise error
+
+    def check(self, cfg: Config) -> None:
+        """Refuses (RunLockedError) if another live job holds the run's directories; writes nothing."""
+        run_dir = Path(cfg.run_dir)
+        self.locks = [RunLock(run_dir)]
+        if cfg.checkpoint.dir:
+            ckpt = Path(cfg.checkpoint.dir)
+            if not _inside(ckpt, run_dir):
+                # Beside it, not inside: --no-resume moves the directory aside whole.
+                self.locks.append(RunLock(ckpt, "checkpoint directory", ckpt.with_name(ckpt.name + ".lock")))
+        self._agree(lambda: [lock.check() for lock in self.locks])
+
+    def acquire(self) -> None:
+        def take() -> None:
+            for lock in self.locks:
+                lock.acquire()
+
+        self._agree(take)
+
+    def release(self) -> None:
+        for lock in self.locks:
+            lock.release()
+
+
+def _inside(path: Path, parent: Path) -> bool:
+    try:
+        path.resolve().relative_to(parent.resolve())
+    except ValueError:
+        return False
+    return True
 
 
 def _num(v: Any) -> str:
@@ -65,4 +135,4 @@ def diverged(e: NonFiniteError, cfg: Config, manager: Any) -> NonFiniteError:
     )
 
 
-__all__ = ["closing_summary", "diverged", "last_complete"]
+__all__ = ["RunLocks", "closing_summary", "diverged", "last_complete"]

@@ -23,7 +23,7 @@ from pathlib import Path
 import jax
 
 from partitioning.cli.args import config_args, distributed_args, load_with_devices
-from partitioning.cli.faults import closing_summary, diverged
+from partitioning.cli.faults import RunLocks, closing_summary, diverged
 from partitioning.config.build import model_options_resolved
 from partitioning.config.preflight import preflight
 from partitioning.config.run import checkpoint_hook_from_config, trackers_from_config
@@ -92,13 +92,23 @@ def _flops_line(trainer, flops: float | None, peak: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    locks = RunLocks()  # one writer per run directory
+    try:
+        return _train(args, locks)
+    finally:
+        locks.release()
+
+
+def _train(args: argparse.Namespace, locks: RunLocks) -> int:
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         raise ConfigError(
             f"--peak-tflops must be a positive number of TFLOP/s, got {args.peak_tflops:g}", arg="--peak-tflops"
         )
     cfg = load_with_devices(args)  # sets up (simulated) devices before any jax computation
+    locks.check(cfg)  # another job on this run_dir: refused before anything is read or written
     # Every check first: a run that fails here has written nothing.
     ready = preflight(cfg, devices=args.devices, resume=args.resume)
+    locks.acquire()
     trainer, mesh, run_dir = ready.trainer, ready.mesh, ready.run_dir
     train_batches, eval_batches = ready.train_batches, ready.eval_batches
     main = jax.process_index() == 0
