@@ -116,6 +116,6 @@ def test_a_diverging_run_stops_at_once_saves_nothing_and_names_the_last_good_che
         f"last good checkpoint: run/checkpoints/{saved[-1]} (step {saved[-1]}); lower optimizer.lr, or set "
         "train.on_nonfinite: skip_step to drop such steps"
     )
-    recs = [json.loads(l) for l in Path("run/metrics.jsonl").read_text().splitlines()]
+    recs = [json.loads(line) for line in Path("run/metrics.jsonl").read_text().splitlines()]
     assert recs[-1]["loss"] is None and recs[-1]["step"] - first < 5  # stopped at the next sync point
     assert "done:" not in r.stdout
