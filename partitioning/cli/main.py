@@ -43,8 +43,14 @@ COMMANDS: dict[str, ModuleType] = {
 
 
 def quiet_orbax() -> None:
-    """Bad input must print one line: silence orbax's absl warnings and stray asyncio noise."""
-    logging.getLogger("absl").setLevel(logging.ERROR)
+    """Bad input must print one line: silence orbax's absl logs and stray asyncio noise.
+
+    Orbax logs each failure of its background save threads (with a traceback) before
+    raising it where the toolkit catches it and says it in one line (a full disk, a
+    damaged file): those logs, and asyncio's, would only repeat it as 100 lines.
+    """
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     previous = sys.unraisablehook
 
     def hook(u: Any) -> None:

@@ -156,6 +156,10 @@ class CheckpointConfig(Section):
     keep: StrictInt = Field(default=3, ge=0, description="the last N; 0: keep all")
     keep_best: StrictBool = False
     async_: StrictBool = Field(default=True, alias="async")
+    on_error: Literal["stop", "continue"] = Field(
+        default="stop", description="a save that fails (e.g. a full disk): stop (exit 2) | continue (say so, train on)"
+    )
+    verify: StrictBool = Field(default=False, description="check every array's checksum when resuming")
 
 
 class RunConfig(Section):
