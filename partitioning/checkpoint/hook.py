@@ -60,6 +60,7 @@ class CheckpointHook:
         self.restored_step: int | None = None
         self._started = False
         self._last_metrics: tuple[int, Mapping[str, Any]] | None = None
+        self._tried: int | None = None
 
     def initial_state(self, trainer: Any, rng: Any) -> Any:
         """Restores the latest checkpoint onto the trainer's layout if resuming, else ``trainer.init``."""
@@ -99,6 +100,7 @@ class CheckpointHook:
         if self.manager.should_save(int(step)):
             with self._failures():
                 self.manager.wait()  # the previous save's failure, under its own step
+            self._tried = int(step)  # saved, or failed: not tried again on exit
             with self._failures():
                 self.manager.save(int(step), state, metrics=metrics, force=True)
 
@@ -119,8 +121,8 @@ class CheckpointHook:
             # A step interrupted after donating its input leaves nothing to save.
             alive = leaves and not any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves)
             # A diverged state ("nonfinite") or a run that failed is never saved.
-            if self.save_on_exit and alive and reason not in ("nonfinite", "failed"):
-                step = state_step(state)
+            step = state_step(state) if alive else None
+            if self.save_on_exit and alive and reason not in ("nonfinite", "failed") and step != self._tried:
                 last = self._last_metrics
                 metrics = last[1] if last is not None and last[0] == step else None
                 with self._failures():

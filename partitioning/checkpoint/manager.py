@@ -54,10 +54,8 @@ def versions() -> dict[str, str]:
     """Versions of the packages that wrote a checkpoint."""
     out = {}
     for dist in ("partitioning", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint"):
-        try:
+        with contextlib.suppress(md.PackageNotFoundError):
             out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
     return out
 
 
@@ -141,6 +139,7 @@ class CheckpointManager:
         self._names = dict(names or {})
         self._needed: dict[int, int] = {}  # bytes of each save, for a disk-full message
         self._pending: int | None = None  # the last step handed to orbax
+        self._reported: set[str] = set()
         if abstract is not None:
             self._names.update(names_by_path(abstract))
         keep: list[Any] = [ocp_policies.LatestN(n=self.keep if self.keep > 0 else None)]
@@ -277,11 +276,15 @@ class CheckpointManager:
             raise self._failed(e, None) from None
 
     def wait(self) -> None:
-        """Blocks until pending asynchronous saves are on disk."""
+        """Blocks until pending asynchronous saves are on disk; a failed one raises (once)."""
         try:
             self._mngr.wait_until_finished()
         except Exception as e:
-            raise self._failed(e, None) from None
+            err = self._failed(e, None)
+            if str(err) in self._reported:
+                return  # orbax raises a failed save again at every wait: it was said already
+            self._reported.add(str(err))
+            raise err from None
 
     def _drop_pruned(self) -> None:
         """Deletes the steps orbax pruned (renamed into PRUNED); each entry, so a rename in flight is safe."""
