@@ -50,13 +50,14 @@ class CheckpointHook:
         free_init: bool = True,
         log: Any = None,
         on_error: str = "stop",
+        verify: bool = False,
     ):
         self.manager, self.target, self.resume = manager, target, resume
         self.save_on_exit, self.free_init = save_on_exit, free_init
         self.log = log or (lambda msg: None)
         if on_error not in ("stop", "continue"):
             raise ValueError(f"on_error must be 'stop' or 'continue', got {on_error!r}")
-        self.on_error = on_error
+        self.on_error, self.verify = on_error, verify
         self.restored_step: int | None = None
         self._started = False
         self._last_metrics: tuple[int, Mapping[str, Any]] | None = None
@@ -71,7 +72,7 @@ class CheckpointHook:
         return trainer.init(rng)
 
     def _restore(self, target: Any) -> Any:
-        state = self.manager.restore(target)
+        state = self.manager.restore(target, verify=self.verify)
         self.restored_step = state_step(state)
         self._started = True
         self.log(f"checkpoint: resumed from step {self.restored_step} ({self.manager.directory})")

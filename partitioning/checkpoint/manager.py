@@ -37,6 +37,7 @@ from jax.sharding import NamedSharding
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
 from partitioning.boxes import is_box
+from partitioning.checkpoint.checksum import MetaHandler, MetaSave
 from partitioning.checkpoint.disk import FORMAT, META_ITEM, PRUNED, STATE_ITEM, TMP_SUFFIX, dir_bytes, list_steps
 from partitioning.checkpoint.restore import checkpoint_metadata, restore_checkpoint
 from partitioning.checkpoint.space import check_space, disk_full_error, drop_unfinished, is_disk_full, state_nbytes
@@ -169,7 +170,7 @@ class CheckpointManager:
         # ocp.StandardCheckpointer still reads it) to choose the compression.
         handlers = {
             STATE_ITEM: ocp.PyTreeCheckpointHandler(use_compression=compress),
-            META_ITEM: ocp.JsonCheckpointHandler(),
+            META_ITEM: MetaHandler(),  # orbax's JSON handler + each process's checksums (checksum.py)
         }
         try:
             self._mngr = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
@@ -238,7 +239,7 @@ class CheckpointManager:
         args = ocp.args.Composite(
             **{
                 STATE_ITEM: ocp.args.PyTreeSave(state, ocdbt_target_data_file_size=DATA_FILE_BYTES),
-                META_ITEM: ocp.args.JsonSave(self._step_meta(step, state, metrics)),
+                META_ITEM: MetaSave(self._step_meta(step, state, metrics), state),
             }
         )
         try:
@@ -308,10 +309,10 @@ class CheckpointManager:
         self.close()
 
     # -- restore ------------------------------------------------------------
-    def restore(self, target: Any, step: int | None = None, *, params_only: bool = False) -> Any:
+    def restore(self, target: Any, step: int | None = None, *, params_only: bool = False, verify: bool = False) -> Any:
         """:func:`restore_checkpoint` of this directory's latest (or ``step``) checkpoint."""
         self.wait()
-        return restore_checkpoint(self.directory, target, step=step, params_only=params_only)
+        return restore_checkpoint(self.directory, target, step=step, params_only=params_only, verify=verify)
 
     def metadata(self, step: int | None = None) -> dict[str, Any]:
         self.wait()

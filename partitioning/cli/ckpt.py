@@ -21,6 +21,7 @@ from typing import Any
 import jax.numpy as jnp
 from rich.table import Table
 
+from partitioning.checkpoint.checksum import verify_checksums
 from partitioning.checkpoint.diagnose import verify
 from partitioning.checkpoint.disk import (
     META_FILE,
@@ -88,6 +89,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     meta = read_metadata(ref)
     saved = flat_saved(saved_tree(ref))
     problems = verify(ref)
+    if not problems and not args.no_verify:
+        problems = verify_checksums(ref)  # reads every array back
     arrays_meta = meta.get("arrays") or {}
     size = dir_bytes(ref.path)
     if args.json:
@@ -197,6 +200,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ins.add_argument("--step", type=int, default=None, help="a step other than the latest")
     ins.add_argument("--json", action="store_true", help="machine-readable output")
     ins.add_argument("--config", action="store_true", help="also print the saved run config")
+    ins.add_argument(
+        "--no-verify", action="store_true", help="skip reading every array back against its recorded checksum"
+    )
     rs = sub.add_parser("reshard", help="rewrite a checkpoint for another mesh / rule table (offline)")
     rs.add_argument("ckpt", help="run dir (latest step), checkpoints dir, step dir, or plain orbax dir")
     rs.add_argument("--config", required=True, help="run config with the new mesh and rules")

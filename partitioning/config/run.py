@@ -176,7 +176,9 @@ def checkpoint_hook_from_config(
         extra=extra,
     )
     target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
-    return CheckpointHook(mngr, target=target, resume=resume is not False, log=log, on_error=c.on_error)
+    return CheckpointHook(
+        mngr, target=target, resume=resume is not False, log=log, on_error=c.on_error, verify=c.verify
+    )
 
 
 def trackers_from_config(cfg: Config, run_dir: Path, config: Any = None) -> tuple[JsonlLogger, list[Any]]:
