@@ -149,17 +149,20 @@ def _has_key(item: Path, key: str) -> bool:
 
 
 def _files_of(item: Path, name: str) -> list[str]:
-    """The OCDBT data files holding an array's chunks (for the message)."""
+    """The files holding an array's chunks: OCDBT data files, or the B-tree node a small chunk is inlined in."""
     found: list[str] = []
+
+    def file_of(location: str) -> str:
+        _, base, rel = location.rsplit(":", 2)[0].split(":", 2)
+        return str(item / base / rel)
+
     try:
         kv = ts.KvStore.open({"driver": "file", "path": os.path.realpath(item) + "/"}).result()
-        manifest = ts.ocdbt.dump(kv).result()
-        versions = manifest.get("versions") or []
-        root = max(versions, key=lambda v: v.get("generation_number", 0))["root"]["location"]
-        stack = [root]
+        versions = ts.ocdbt.dump(kv).result().get("versions") or []
+        stack = [max(versions, key=lambda v: v.get("generation_number", 0))["root"]["location"]]
         while stack:
-            node = ts.ocdbt.dump(kv, stack.pop()).result()
-            for entry in node.get("entries", []):
+            node_loc = stack.pop()
+            for entry in ts.ocdbt.dump(kv, node_loc).result().get("entries", []):
                 child = entry.get("node")
                 child = child.get("location") if isinstance(child, dict) else child
                 if isinstance(child, str) and child.startswith("btreenode"):
@@ -167,14 +170,13 @@ def _files_of(item: Path, name: str) -> list[str]:
                     continue
                 key = entry.get("key", b"")
                 key = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+                if not key.startswith(name + "/") or key.endswith((".zarray", "zarr.json")):
+                    continue
                 value = entry.get("indirect_value")
-                if key.startswith(name + "/") and isinstance(value, str):
-                    head = value.rsplit(":", 2)[0]
-                    _, base, rel = head.split(":", 2)
-                    f = str(item / base / rel)
-                    if f not in found:
-                        found.append(f)
-    except Exception:
+                f = file_of(value) if isinstance(value, str) else file_of(node_loc)
+                if f not in found:
+                    found.append(f)
+    except Exception:  # only for the message: a damaged tree is reported by verify() already
         pass
     return found
 
