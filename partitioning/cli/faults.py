@@ -116,6 +116,12 @@ def last_complete(directory: Any) -> Any:
     return done[-1] if done else None
 
 
+def checkpoint_note(directory: Any) -> str | None:
+    """``the last complete checkpoint is DIR/40``, for the line a dead peer prints."""
+    good = last_complete(directory)
+    return f"the last complete checkpoint is {good.path}" if good is not None else "no checkpoint was completed"
+
+
 def diverged(e: NonFiniteError, cfg: Config, manager: Any) -> NonFiniteError:
     """The one line ``train`` prints when the loss or gradient norm went NaN / inf under ``on_nonfinite: stop``."""
     at = int((e.metrics or {}).get("step", e.step))
@@ -135,4 +141,4 @@ def diverged(e: NonFiniteError, cfg: Config, manager: Any) -> NonFiniteError:
     )
 
 
-__all__ = ["RunLocks", "closing_summary", "diverged", "last_complete"]
+__all__ = ["RunLocks", "closing_summary", "diverged", "last_complete", "checkpoint_note"]

@@ -23,6 +23,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any
 
+from partitioning import peers
 from partitioning.cli import check, ckpt, compare, config, explain, plan, train, tune
 from partitioning.cli.args import say
 from partitioning.errors import PartitioningError, did_you_mean
@@ -106,6 +107,15 @@ def version() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_orbax()
+    code = 1
+    try:
+        code = _run(args)
+        return code
+    finally:
+        peers.goodbye(code)  # the other processes of a multi-host run: this exit is not a death
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         code = int(args.run(args) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe is noticed here, not at exit

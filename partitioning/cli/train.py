@@ -22,8 +22,9 @@ from pathlib import Path
 
 import jax
 
+from partitioning import peers
 from partitioning.cli.args import config_args, distributed_args, load_with_devices
-from partitioning.cli.faults import RunLocks, closing_summary, diverged
+from partitioning.cli.faults import RunLocks, checkpoint_note, closing_summary, diverged
 from partitioning.config.build import model_options_resolved
 from partitioning.config.preflight import preflight
 from partitioning.config.run import checkpoint_hook_from_config, trackers_from_config
@@ -115,6 +116,7 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
     log = (lambda m: print(m, flush=True)) if main else (lambda m: None)
     # The checkpoint hook goes first: it restores before the log is trimmed to that step.
     ckpt = checkpoint_hook_from_config(cfg, trainer, run_dir, resume=args.resume, log=log)
+    peers.set_note(lambda: checkpoint_note(ckpt.manager.directory))  # said if another process dies
     resolved = cfg.resolved(dict(mesh.shape), model_options_resolved(cfg))
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
