@@ -87,7 +87,7 @@ def test_a_killed_process_stops_the_other_with_one_line_and_both_resume(repo, tm
     ]
     single = _train(repo, cfg, tmp_path / "single", "--set", f"train.steps={steps}")
     results = [p.communicate(timeout=300) for p in (*resumed, single)]
-    for p, (o, e) in zip((*resumed, single), results, strict=True):
+    for p, (_, e) in zip((*resumed, single), results, strict=True):
         assert p.returncode == 0, e[-3000:]
     assert f"checkpoint: resumed from step {last} " in results[0][0]
     multi, ref = _losses(run), _losses(tmp_path / "single")
