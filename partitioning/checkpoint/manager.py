@@ -127,6 +127,8 @@ class CheckpointManager:
         compress: bool = False,
     ):
         self.directory = Path(directory).absolute()
+        if ".." in self.directory.parts:
+            self.directory = self.directory.resolve()  # orbax and tensorstore take no `..`
         self.every, self.keep, self.keep_best, self.best_metric = int(every), int(keep), keep_best, best_metric
         self.async_ = async_
         self._base_meta: dict[str, Any] = {"format": FORMAT, "state_item": STATE_ITEM, "versions": versions()}

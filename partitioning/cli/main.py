@@ -69,6 +69,12 @@ class Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors: ``error: MESSAGE; see 'partitioning train --help'`` and exit 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        for action in self._actions:
+            # A missing subcommand: name the choices, not argparse's internal dest (`ckpt_cmd`).
+            if isinstance(action, argparse._SubParsersAction) and action.required and action.choices:
+                names = {action.dest, str(action.metavar)}
+                if any(re.search(rf"required: .*{re.escape(n)}", message) for n in names if n):
+                    message = f"missing command: choose one of {', '.join(action.choices)}"
         m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         hint = did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2))) if m else ""
         say(f"error: {' '.join(message.split())}{hint}; see '{self.prog} --help'")

@@ -38,7 +38,7 @@ def write(text: str | bytes, name: str = RUN) -> str:
     "text, error",
     [
         ("model: &m {name: gpt, x: *m}\n", "run.yaml:1: an alias refers to a value that contains it (recursive alias)"),
-        ("model: " + "[" * 5000 + "]" * 5000 + "\n", "run.yaml: nested more than 64 levels deep"),
+        ("model: " + "[" * 5000 + "]" * 5000 + "\n", "run.yaml:1: nested more than 64 levels deep"),
         (
             "mystery: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
             "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
@@ -51,7 +51,7 @@ def write(text: str | bytes, name: str = RUN) -> str:
             "model: {name: gpt}\n".encode("utf-16"),
             "run.yaml: not UTF-8 text (byte 0 looks like UTF-16 text); save it as UTF-8",
         ),
-        ("model: {name: gpt}\nmodel: {name: mlp}\n", "run.yaml:2: model: key appears twice"),
+        ("model: {name: gpt}\nmodel: {name: mlp}\n", "run.yaml:2: model: key appears twice (first at line 1)"),
     ],
 )
 def test_unreadable_yaml_is_one_line(in_tmp, run_cli_in_process, text, error):

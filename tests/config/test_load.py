@@ -112,7 +112,7 @@ def test_overrides(write, base_config):
             [],
             "{f}:11: on_indivisible: must be one of error, replicate, got 'replicat'; did you mean 'replicate'?",
         ),
-        (lambda base: base + "mesh:\n  devices: 4\n", [], "{f}:11: mesh: key appears twice"),
+        (lambda base: base + "mesh:\n  devices: 4\n", [], "{f}:11: mesh: key appears twice (first at line 7)"),
         (lambda base: "model: [gpt\n", [], "{f}:2: invalid YAML: expected ',' or ']', but got '<stream end>'"),
         (lambda base: base, ["train.steps"], "--set train.steps: expected KEY=VALUE, e.g. train.steps=100"),
         (lambda base: base, ["trian.steps=3"], "--set trian.steps=3: unknown key 'trian'; did you mean 'train'?"),
