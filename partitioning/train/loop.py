@@ -308,6 +308,11 @@ def fit(
                 if single:
                     stop = flag.reason  # a signal during the hooks counts for this step too
                 if stop:
+                    # Stopping saves the state on the way out: never a non-finite one.
+                    bad, first = tally.read() if policy == "stop" else (0, None)
+                    if bad:
+                        diverged, reason = (first or step, step, host), "nonfinite"
+                        break
                     reason = stop
                     break
     except PartitioningError:

@@ -124,3 +124,36 @@ def test_tally_counts_on_device_and_reads_the_first_bad_step():
     for flag in (0.0, 0.0, 1.0, 0.0, 1.0):
         tally.add(jax.numpy.float32(flag))
     assert tally.read() == (2, 13)
+
+
+def test_a_stop_signal_after_a_bad_step_saves_nothing(stop_trainer):
+    """Ctrl-C between logging steps is a sync point too: the NaN state is not saved on the way out."""
+    import os
+    import signal
+
+    t = stop_trainer
+
+    class CtrlC:
+        def on_step_end(self, step, state, metrics):
+            if step == BAD_STEP:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    class ExitSaver(Saver):
+        def on_exit(self, state, reason):
+            super().on_exit(state, reason)
+            if reason != "nonfinite":  # as the checkpoint hook: it would save here
+                self.saved.append(("exit", None))
+
+    saver = ExitSaver()
+    with pytest.raises(NonFiniteError) as e:
+        fit(
+            t,
+            t.init(jax.random.key(0)),
+            lambda s: batch_at(t, s),
+            steps=10,
+            log_every=10,
+            hooks=[CtrlC(), saver],
+            progress=False,
+        )
+    assert e.value.step == BAD_STEP and saver.exit == "nonfinite"
+    assert [s for s, _ in saver.saved] == [2]
