@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from partitioning import peers
+from partitioning.checkpoint.space import FULL_ERRNOS
 from partitioning.cli import check, ckpt, compare, config, explain, plan, train, tune
 from partitioning.cli.args import say
 from partitioning.errors import PartitioningError, did_you_mean
@@ -138,6 +139,12 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         say("interrupted")
         return 130
+    except OSError as e:
+        # A full disk (or quota) under any file the run writes (metrics, plots, configs): one line, not a bug.
+        if e.errno not in FULL_ERRNOS:
+            raise
+        say(f"error: {e.filename or 'a file'}: {e.strerror}; free space or write the run elsewhere (run_dir)")
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

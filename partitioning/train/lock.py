@@ -106,8 +106,11 @@ class RunLock:
         """Takes the lock (creating the directory and the file) and records this process as the holder."""
         if self._fd is not None:
             return self
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise RunLockedError(f"{self.path}: cannot create the {self.what}'s lock: {e.strerror}") from None
         if not self._try(fd, fcntl.LOCK_EX):
             os.close(fd)
             raise self._refuse()
@@ -117,9 +120,10 @@ class RunLock:
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join(["partitioning", *sys.argv[1:]]) if sys.argv else None,
         }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
         self._fd = fd
+        with contextlib.suppress(OSError):  # a full disk: the lock holds, the note of who holds it is lost
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
         return self
 
     def release(self) -> None:
