@@ -74,16 +74,18 @@ def _mark_line(e: YAMLError) -> str:
     return f":{mark.line + 1}" if mark is not None else ""
 
 
-def _deep_line(text: str) -> int:
-    """The line where nesting passes MAX_DEPTH: flow brackets, or indentation levels (block nesting).
+def _deep_line(text: str, block: bool = True) -> int | None:
+    """The line where nesting passes MAX_DEPTH: flow brackets, or (``block``) indentation levels.
 
-    For a nesting so deep the YAML composer itself recursed too far: a character scan, no recursion.
+    A character scan, no recursion: ``block=False`` is the pre-check before parsing (ruamel's
+    scanner is quadratic in flow depth: 5,000 brackets took 6 s of CPU to refuse);
+    ``block=True`` names a line when the composer itself recursed too far.
     """
     depth, quote = 0, ""
     indents: list[int] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         body = raw.lstrip(" ")
-        if body and not body.startswith("#") and not quote:
+        if block and body and not body.startswith("#") and not quote:
             indent = len(raw) - len(body)
             while indents and indents[-1] >= indent:
                 indents.pop()
@@ -103,7 +105,7 @@ def _deep_line(text: str) -> int:
                     return number
             elif ch in "]}":
                 depth -= 1
-    return 1
+    return 1 if block else None
 
 
 _STR_TAG = "tag:yaml.org,2002:str"
@@ -241,6 +243,9 @@ def read_yaml(path: str | Path, what: str = "YAML file") -> tuple[Any, Lines]:
 def parse_yaml(text: str, path: str | Path = "<text>") -> tuple[Any, Lines]:
     """:func:`read_yaml` for text already read (``path`` only names it in errors)."""
     path = Path(path)
+    deep = _deep_line(text, block=False)
+    if deep is not None:
+        raise ConfigError(f"{path}:{deep}: nested more than {MAX_DEPTH} levels deep")
     try:
         node = _yaml().compose(io.StringIO(text))
         if node is not None:
