@@ -27,6 +27,7 @@ import sys
 import jax
 
 from partitioning.errors import MeshError
+from partitioning.peers import jax_timeouts, start_watch
 
 # XLA's CPU backend compiles for at most this many devices, and simulating more only burns time.
 MAX_SIMULATED = 2048
@@ -86,11 +87,15 @@ def initialize_distributed(
     num_processes: int | None = None,
     process_id: int | None = None,
     global_devices: int | None = None,
+    peer_timeout: float | None = None,
 ) -> None:
     """Joins this process to the others; must run before any jax computation.
 
     ``global_devices`` is the device count the run needs: on the CPU each
     process simulates ``global_devices / num_processes`` of them.
+    ``peer_timeout`` (seconds) starts the watch of :mod:`partitioning.peers`: a
+    process that dies or goes silent that long stops every other one with one
+    line (jax's own heartbeat timeout is set above it).
 
     Example::
 
@@ -111,17 +116,21 @@ def initialize_distributed(
                 raise MeshError(f"{global_devices} devices cannot be split evenly over {num_processes} processes")
             jax.config.update("jax_num_cpu_devices", global_devices // num_processes)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    timeouts = jax_timeouts(peer_timeout) if peer_timeout else {}
     try:
         if all(given):
-            jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
+            jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id, **timeouts)
         else:
-            jax.distributed.initialize()
+            jax.distributed.initialize(**timeouts)
     except (ValueError, RuntimeError) as e:
         what = f"joining {coordinator}" if all(given) else "--distributed: no cluster to join was detected"
         raise MeshError(
             f"{what} ({' '.join(str(e).split())[:160]}); on a machine jax cannot detect as a "
             f"cluster, pass --coordinator HOST:PORT, --num-processes N and --process-id I"
         ) from None
+    host = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if peer_timeout and host and jax.process_count() > 1:
+        start_watch(jax.process_index(), jax.process_count(), host.rsplit(":", 1)[0].strip("[]"), peer_timeout)
     if global_devices and jax.device_count() < global_devices:
         raise MeshError(
             f"the config needs {global_devices} devices but the {jax.process_count()} processes "

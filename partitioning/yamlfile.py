@@ -74,13 +74,69 @@ def _mark_line(e: YAMLError) -> str:
     return f":{mark.line + 1}" if mark is not None else ""
 
 
+def _deep_line(text: str, block: bool = True) -> int | None:
+    """The line where nesting passes MAX_DEPTH: flow brackets, or (``block``) indentation levels.
+
+    A character scan, no recursion: ``block=False`` is the pre-check before parsing (ruamel's
+    scanner is quadratic in flow depth: 5,000 brackets took 6 s of CPU to refuse);
+    ``block=True`` names a line when the composer itself recursed too far.
+    """
+    depth, quote = 0, ""
+    indents: list[int] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        body = raw.lstrip(" ")
+        if block and body and not body.startswith("#") and not quote:
+            indent = len(raw) - len(body)
+            while indents and indents[-1] >= indent:
+                indents.pop()
+            indents.append(indent)
+            if len(indents) + body.startswith("- ") > MAX_DEPTH:
+                return number
+        for ch in raw:
+            if quote:
+                quote = "" if ch == quote else quote
+            elif ch in "\"'":
+                quote = ch
+            elif ch == "#":
+                break
+            elif ch in "[{":
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return number
+            elif ch in "]}":
+                depth -= 1
+    return 1 if block else None
+
+
+_STR_TAG = "tag:yaml.org,2002:str"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_KINDS = {"int": "int", "float": "float", "bool": "bool", "null": "null", "timestamp": "a date"}
+
+
+def _key_problem(key: Any, parent: Key, path: Path) -> str | None:
+    """What is wrong with a mapping key node (not a plain name), at the key's own line."""
+    line = key.start_mark.line + 1
+    where = dotted(parent) or "the top level"
+    if isinstance(key, (MappingNode, SequenceNode)):
+        kind = "a list" if isinstance(key, SequenceNode) else "a mapping"
+        return f"{path}:{line}: {where}: keys must be names (strings), got {kind}"
+    tag = str(getattr(key, "tag", "") or "")
+    if tag in (_STR_TAG, _MERGE_TAG) or not tag.startswith("tag:yaml.org,2002:"):
+        return None
+    short = tag[len("tag:yaml.org,2002:") :]
+    kind = _KINDS.get(short, short)
+    shown = f"{kind} {key.value}" if kind != "null" else "null"
+    return f"{path}:{line}: {where}: keys must be names (strings), got {shown}"
+
+
 def _check_graph(node: Any, path: Path) -> None:
-    """Refuses recursive aliases, nesting deeper than MAX_DEPTH and alias expansion past MAX_NODES."""
+    """Refuses recursive aliases, nesting deeper than MAX_DEPTH, alias expansion past MAX_NODES,
+    keys that are not names and keys given twice, each at its own line with its dotted key."""
     on_path: set[int] = set()
-    stack: list[tuple[Any, int, bool]] = [(node, 1, True)]
+    stack: list[tuple[Any, int, bool, Key]] = [(node, 1, True, ())]
     visited = 0
     while stack:
-        n, depth, entering = stack.pop()
+        n, depth, entering, key = stack.pop()
         if not entering:
             on_path.discard(id(n))
             continue
@@ -98,9 +154,28 @@ def _check_graph(node: Any, path: Path) -> None:
         if id(n) in on_path:
             raise ConfigError(f"{path}:{line}: an alias refers to a value that contains it (recursive alias)")
         on_path.add(id(n))
-        stack.append((n, depth, False))
-        children = [c for pair in n.value for c in pair] if isinstance(n, MappingNode) else list(n.value)
-        stack.extend((c, depth + 1, True) for c in reversed(children))
+        stack.append((n, depth, False, key))
+        if isinstance(n, SequenceNode):
+            stack.extend((c, depth + 1, True, key + (i,)) for i, c in reversed(list(enumerate(n.value))))
+            continue
+        seen: dict[str, int] = {}
+        children = []
+        for k, v in n.value:
+            problem = _key_problem(k, key, path)
+            if problem:
+                raise ConfigError(problem)
+            if str(getattr(k, "tag", "")) == _MERGE_TAG:
+                children.append((v, key))
+                continue
+            name = str(k.value)
+            k_line = k.start_mark.line + 1
+            if name in seen:
+                raise ConfigError(
+                    f"{path}:{k_line}: {dotted(key + (name,))}: key appears twice (first at line {seen[name]})"
+                )
+            seen[name] = k_line
+            children.append((v, key + (name,)))
+        stack.extend((c, depth + 1, True, ck) for c, ck in reversed(children))
 
 
 def _plain(value: Any) -> Any:
@@ -169,6 +244,9 @@ def read_yaml(path: str | Path, what: str = "YAML file") -> tuple[Any, Lines]:
 def parse_yaml(text: str, path: str | Path = "<text>") -> tuple[Any, Lines]:
     """:func:`read_yaml` for text already read (``path`` only names it in errors)."""
     path = Path(path)
+    deep = _deep_line(text, block=False)
+    if deep is not None:
+        raise ConfigError(f"{path}:{deep}: nested more than {MAX_DEPTH} levels deep")
     try:
         node = _yaml().compose(io.StringIO(text))
         if node is not None:
@@ -185,7 +263,7 @@ def parse_yaml(text: str, path: str | Path = "<text>") -> tuple[Any, Lines]:
     except YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {' '.join(str(e).split())[:200]}") from None
     except RecursionError:
-        raise ConfigError(f"{path}: nested more than {MAX_DEPTH} levels deep") from None
+        raise ConfigError(f"{path}:{_deep_line(text)}: nested more than {MAX_DEPTH} levels deep") from None
     lines: Lines = {}
     return (_convert(data, (), 1, path, lines) if data is not None else {}), lines
 

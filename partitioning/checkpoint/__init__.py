@@ -4,6 +4,8 @@ Modules:
 
 - :mod:`~partitioning.checkpoint.disk` — the on-disk layout: finding steps, reading metadata.
 - :mod:`~partitioning.checkpoint.diagnose` — damage -> one :class:`CheckpointError` naming the file.
+- :mod:`~partitioning.checkpoint.checksum` — a crc32c of every saved slice, recorded at save, verified on demand.
+- :mod:`~partitioning.checkpoint.space` — a full disk: refused before writing, or one error after; nothing half-written.
 - :mod:`~partitioning.checkpoint.manager` — ``CheckpointManager``: save every N, keep K (and the best), async.
 - :mod:`~partitioning.checkpoint.restore` — ``abstract_target`` and ``restore_checkpoint`` (a target, or mesh + rules).
 - :mod:`~partitioning.checkpoint.reader` — fast restore reads: each device slice from tensorstore to its device.

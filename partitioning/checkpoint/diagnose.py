@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,7 +66,8 @@ def ocdbt_problems(db: Path, only_key: str | None = None, limit: int = 5) -> lis
         return [f"missing file {db / 'manifest.ocdbt'}"]
     problems: list[str] = []
     try:
-        kv = ts.KvStore.open({"driver": "file", "path": str(db) + "/"}).result()
+        # tensorstore refuses paths with `..`: open the absolute form (messages keep the user's).
+        kv = ts.KvStore.open({"driver": "file", "path": os.path.realpath(db) + "/"}).result()
         manifest = ts.ocdbt.dump(kv).result()
     except Exception:
         return [f"damaged file {db / 'manifest.ocdbt'}"]

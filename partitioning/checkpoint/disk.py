@@ -197,7 +197,7 @@ def saved_tree(ref: CheckpointRef) -> Any:
         raise CheckpointError(f"checkpoint {ref}: damaged file {meta_file} (not valid JSON; truncated?)") from None
     try:
         # orbax finds no metadata under a relative path: hand it the absolute one (messages keep the user's).
-        md = ocp.PyTreeCheckpointer().metadata(ref.item.absolute())
+        md = ocp.PyTreeCheckpointer().metadata(ref.item.resolve())
     except Exception as e:  # orbax internals: never leak them for bad input
         raise diagnose(ref, e) from None
     tree = getattr(md, "item_metadata", md)

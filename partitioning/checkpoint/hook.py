@@ -9,6 +9,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -48,13 +49,19 @@ class CheckpointHook:
         save_on_exit: bool = True,
         free_init: bool = True,
         log: Any = None,
+        on_error: str = "stop",
+        verify: bool = False,
     ):
         self.manager, self.target, self.resume = manager, target, resume
         self.save_on_exit, self.free_init = save_on_exit, free_init
         self.log = log or (lambda msg: None)
+        if on_error not in ("stop", "continue"):
+            raise ValueError(f"on_error must be 'stop' or 'continue', got {on_error!r}")
+        self.on_error, self.verify = on_error, verify
         self.restored_step: int | None = None
         self._started = False
         self._last_metrics: tuple[int, Mapping[str, Any]] | None = None
+        self._tried: int | None = None
 
     def initial_state(self, trainer: Any, rng: Any, init: Any = None) -> Any:
         """Restores the latest checkpoint onto the trainer's layout if resuming, else ``trainer.init(rng)``
@@ -66,7 +73,7 @@ class CheckpointHook:
         return init() if init is not None else trainer.init(rng)
 
     def _restore(self, target: Any) -> Any:
-        state = self.manager.restore(target)
+        state = self.manager.restore(target, verify=self.verify)
         self.restored_step = state_step(state)
         self._started = True
         self.log(f"checkpoint: resumed from step {self.restored_step} ({self.manager.directory})")
@@ -83,25 +90,50 @@ class CheckpointHook:
                     x.delete()
         return self._restore(target)
 
+    def wants_state(self, step: int) -> bool:
+        """True when this step saves: the loop checks the state is finite first (see :func:`fit`)."""
+        return self.manager.should_save(int(step))
+
     def on_step_end(self, step: int, state: Any, metrics: Mapping[str, Any] | None = None) -> None:
         if metrics is not None:
             self._last_metrics = (int(step), metrics)  # for a save on exit at this step
+        with self._failures():
+            self.manager.check()  # a failed asynchronous save stops the run now if orbax knows it already
         if self.manager.should_save(int(step)):
-            self.manager.save(int(step), state, metrics=metrics, force=True)
+            with self._failures():
+                self.manager.wait()  # the previous save's failure, under its own step
+            self._tried = int(step)  # saved, or failed: not tried again on exit
+            with self._failures():
+                self.manager.save(int(step), state, metrics=metrics, force=True)
+
+    @contextlib.contextmanager
+    def _failures(self):
+        """A checkpoint that cannot be written stops the run (CheckpointError), or with
+        ``on_error="continue"`` is reported on one line and training goes on."""
+        try:
+            yield
+        except CheckpointError as e:
+            if self.on_error != "continue":
+                raise
+            self.log(f"checkpoint: not saved: {e}; training goes on (checkpoint.on_error: continue)")
 
     def on_exit(self, state: Any, reason: str = "done") -> None:
         try:
             leaves = jax.tree.leaves(state) if state is not None else []
             # A step interrupted after donating its input leaves nothing to save.
             alive = leaves and not any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves)
-            if self.save_on_exit and alive:
-                step = state_step(state)
+            # A diverged state ("nonfinite") or a run that failed is never saved.
+            step = state_step(state) if alive else None
+            if self.save_on_exit and alive and reason not in ("nonfinite", "failed") and step != self._tried:
                 last = self._last_metrics
                 metrics = last[1] if last is not None and last[0] == step else None
-                if self.manager.save(step, state, metrics=metrics, force=True):
-                    self.log(f"checkpoint: saved step {step} to {self.manager.directory} ({reason})")
+                with self._failures():
+                    if self.manager.save(step, state, metrics=metrics, force=True):
+                        self.manager.wait()
+                        self.log(f"checkpoint: saved step {step} to {self.manager.directory} ({reason})")
         finally:
-            self.manager.close()
+            with self._failures():
+                self.manager.close()
 
 
 def prepare_directory(directory: str | os.PathLike, resume: bool | None, log: Any = None) -> Path:

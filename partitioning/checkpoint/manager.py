@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -36,8 +37,10 @@ from jax.sharding import NamedSharding
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
 from partitioning.boxes import is_box
-from partitioning.checkpoint.disk import FORMAT, META_ITEM, PRUNED, STATE_ITEM, TMP_SUFFIX
+from partitioning.checkpoint.checksum import MetaHandler, MetaSave
+from partitioning.checkpoint.disk import FORMAT, META_ITEM, PRUNED, STATE_ITEM, TMP_SUFFIX, dir_bytes, list_steps
 from partitioning.checkpoint.restore import checkpoint_metadata, restore_checkpoint
+from partitioning.checkpoint.space import check_space, disk_full_error, drop_unfinished, is_disk_full, state_nbytes
 from partitioning.errors import CheckpointError
 from partitioning.layout import path_str
 from partitioning.rules import as_rules
@@ -124,6 +127,8 @@ class CheckpointManager:
         compress: bool = False,
     ):
         self.directory = Path(directory).absolute()
+        if ".." in self.directory.parts:
+            self.directory = self.directory.resolve()  # orbax and tensorstore take no `..`
         self.every, self.keep, self.keep_best, self.best_metric = int(every), int(keep), keep_best, best_metric
         self.async_ = async_
         self._base_meta: dict[str, Any] = {"format": FORMAT, "state_item": STATE_ITEM, "versions": versions()}
@@ -135,6 +140,9 @@ class CheckpointManager:
             self._base_meta["model"] = model_name
         self._base_meta.update(extra or {})
         self._names = dict(names or {})
+        self._needed: dict[int, int] = {}  # bytes of each save, for a disk-full message
+        self._pending: int | None = None  # the last step handed to orbax
+        self._reported: set[str] = set()
         if abstract is not None:
             self._names.update(names_by_path(abstract))
         policies: list[Any] = [ocp_policies.LatestN(n=self.keep if self.keep > 0 else None)]
@@ -168,7 +176,7 @@ class CheckpointManager:
         # ocp.StandardCheckpointer still reads it) to choose the compression.
         handlers = {
             STATE_ITEM: ocp.PyTreeCheckpointHandler(use_compression=compress),
-            META_ITEM: ocp.JsonCheckpointHandler(),
+            META_ITEM: MetaHandler(),  # orbax's JSON handler + each process's checksums (checksum.py)
         }
         try:
             self._mngr = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
@@ -228,23 +236,64 @@ class CheckpointManager:
         if self.keep_best and metrics and _is_number(metrics.get(self.best_metric)):
             tracked = {self.best_metric: float(metrics[self.best_metric])}
         self._drop_pruned()
+        # Orbax would wait for the previous save here anyway: its failure is reported now, with its step.
+        self.wait()
+        # A save that cannot fit is refused before anything is written (space.py).
+        latest = self._latest_complete()
+        # The last step's size on disk counts too: chunk and file overheads outweigh small states.
+        last_size = dir_bytes(self.directory / str(latest)) if latest is not None else 0
+        self._needed[step] = max(state_nbytes(state), last_size)
+        check_space(self.directory, step, self._needed[step], latest)
         args = ocp.args.Composite(
             **{
                 STATE_ITEM: ocp.args.PyTreeSave(state, ocdbt_target_data_file_size=DATA_FILE_BYTES),
-                META_ITEM: ocp.args.JsonSave(self._step_meta(step, state, metrics)),
+                META_ITEM: MetaSave(self._step_meta(step, state, metrics), state),
             }
         )
         try:
-            return bool(self._mngr.save(step, args=args, metrics=tracked, force=True))
-        except OSError as e:
-            raise CheckpointError(f"{self.directory}/{step}: cannot write checkpoint: {e.strerror or e}") from None
+            saved = bool(self._mngr.save(step, args=args, metrics=tracked, force=True))
+        except Exception as e:  # this save's, or the previous asynchronous save's, failure
+            raise self._failed(e, step) from None
+        self._pending = step
+        return saved
+
+    def _failed(self, error: Exception, step: int | None) -> Exception:
+        """A failed save as one CheckpointError (its unfinished directory removed); other errors unchanged."""
+        m = re.search(rf"/(\d+){re.escape(TMP_SUFFIX)}", str(error))
+        step = int(m.group(1)) if m else step if step is not None else self._pending
+        if not (is_disk_full(error) or isinstance(error, OSError)):
+            return error
+        with contextlib.suppress(Exception):
+            self._mngr.wait_until_finished()  # let orbax's threads settle before removing their files
+        if step is not None:
+            drop_unfinished(self.directory, step)
+        if is_disk_full(error):
+            return disk_full_error(self.directory, step, self._needed.get(step), self._latest_complete())
+        what = getattr(error, "strerror", None) or error
+        return CheckpointError(f"{self.directory}/{step}: cannot write checkpoint: {what}")
+
+    def _latest_complete(self) -> int | None:
+        """The newest step complete on disk (orbax's own list also holds a save that failed)."""
+        done = [s.step for s in list_steps(self.directory) if s.complete] if self.directory.is_dir() else []
+        return done[-1] if done else None
+
+    def check(self) -> None:
+        """Raises a failed asynchronous save's error now (a CheckpointError for a full disk); never waits."""
+        try:
+            self._mngr.check_for_errors()
+        except Exception as e:
+            raise self._failed(e, None) from None
 
     def wait(self) -> None:
-        """Blocks until pending asynchronous saves are on disk."""
+        """Blocks until pending asynchronous saves are on disk; a failed one raises (once)."""
         try:
             self._mngr.wait_until_finished()
-        except OSError as e:
-            raise CheckpointError(f"{self.directory}: a checkpoint write failed: {e.strerror or e}") from None
+        except Exception as e:
+            err = self._failed(e, None)
+            if str(err) in self._reported:
+                return  # orbax raises a failed save again at every wait: it was said already
+            self._reported.add(str(err))
+            raise err from None
 
     def _drop_pruned(self) -> None:
         """Deletes the steps orbax pruned (renamed into PRUNED); each entry, so a rename in flight is safe."""
@@ -254,9 +303,12 @@ class CheckpointManager:
                 shutil.rmtree(c, ignore_errors=True)
 
     def close(self) -> None:
-        self.wait()
-        self._mngr.close()
-        self._drop_pruned()
+        try:
+            self.wait()
+        finally:
+            with contextlib.suppress(Exception):  # a failed save was reported by wait()
+                self._mngr.close()
+            self._drop_pruned()
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -265,10 +317,10 @@ class CheckpointManager:
         self.close()
 
     # -- restore ------------------------------------------------------------
-    def restore(self, target: Any, step: int | None = None, *, params_only: bool = False) -> Any:
+    def restore(self, target: Any, step: int | None = None, *, params_only: bool = False, verify: bool = False) -> Any:
         """:func:`restore_checkpoint` of this directory's latest (or ``step``) checkpoint."""
         self.wait()
-        return restore_checkpoint(self.directory, target, step=step, params_only=params_only)
+        return restore_checkpoint(self.directory, target, step=step, params_only=params_only, verify=verify)
 
     def metadata(self, step: int | None = None) -> dict[str, Any]:
         self.wait()

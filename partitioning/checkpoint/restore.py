@@ -28,6 +28,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from partitioning.boxes import is_box
+from partitioning.checkpoint.checksum import verify_checksums
 from partitioning.checkpoint.diagnose import diagnose
 from partitioning.checkpoint.disk import CheckpointRef, flat_saved, read_metadata, resolve_checkpoint, saved_tree
 from partitioning.checkpoint.reader import fast_registry
@@ -116,6 +117,7 @@ def restore_checkpoint(
     step: int | None = None,
     params_only: bool = False,
     max_inflight_bytes: int | None = None,
+    verify: bool = False,
 ) -> Any:
     """Restores a checkpoint onto the shardings (and dtypes) of ``target``, or onto ``mesh`` and ``rules``.
 
@@ -132,6 +134,9 @@ def restore_checkpoint(
     ``{"params": ...}``) and only the checkpoint's ``params`` are read.
     ``max_inflight_bytes`` bounds the host buffers being read at once (default:
     256 MiB or the largest array), so peak memory stays near the state's size.
+    ``verify`` first reads every saved slice back and checks its recorded
+    checksum (:mod:`partitioning.checkpoint.checksum`): a CheckpointError names
+    the array and the file of a mismatch.
 
     Example::
 
@@ -141,6 +146,11 @@ def restore_checkpoint(
     """
     ref = resolve_checkpoint(path, step)
     saved = flat_saved(saved_tree(ref))
+    if verify:
+        problems = verify_checksums(ref)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise CheckpointError(f"checkpoint {ref}: {problems[0]}{more}; not restored (checkpoint.verify)")
     if target is None:
         if mesh is None:
             raise TypeError("restore_checkpoint needs a target, or a mesh (and rules) to lay the checkpoint out on")
@@ -179,7 +189,7 @@ def restore_checkpoint(
     try:
         with ocp.Checkpointer(handler) as ckptr:
             out = ckptr.restore(
-                ref.item.absolute(),
+                ref.item.resolve(),
                 args=ocp.args.PyTreeRestore(item=tgt, restore_args=restore_args, partial_restore=partial),
             )
     except Exception as e:  # orbax / tensorstore internals -> one actionable line

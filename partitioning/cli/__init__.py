@@ -7,6 +7,7 @@ Modules:
 - :mod:`~partitioning.cli.check` — ``check``: validate a config, mesh and rules against N devices.
 - :mod:`~partitioning.cli.explain` — ``rules explain``: which rule claimed each dimension, and why.
 - :mod:`~partitioning.cli.train` — ``train``: the main job.
+- :mod:`~partitioning.cli.faults` — ``train`` meeting a fault: the run's locks, divergence, the closing summary.
 - :mod:`~partitioning.cli.plan` — ``plan``: every parameter's layout, memory and communication.
 - :mod:`~partitioning.cli.compare` — ``compare``: several rule tables side by side.
 - :mod:`~partitioning.cli.tune` — ``tune``: every candidate layout priced, the best one recommended and written.

@@ -15,6 +15,7 @@ from partitioning.config.load import load_config
 from partitioning.config.schema import Config
 from partitioning.devices import initialize_distributed, simulate_devices
 from partitioning.errors import MeshError
+from partitioning.peers import DEFAULT_TIMEOUT
 
 
 def say(msg: str) -> None:
@@ -49,6 +50,14 @@ def distributed_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--coordinator", metavar="HOST:PORT", help="address of process 0's coordinator service")
     g.add_argument("--num-processes", type=int, metavar="N", help="number of processes in the run")
     g.add_argument("--process-id", type=int, metavar="I", help="this process's id, 0..N-1")
+    g.add_argument(
+        "--peer-timeout",
+        type=float,
+        metavar="S",
+        default=DEFAULT_TIMEOUT,
+        help=f"a process that dies or is silent this many seconds stops all the others, with one line "
+        f"(default {DEFAULT_TIMEOUT:g})",
+    )
 
 
 def device_count(args: argparse.Namespace) -> int | None:
@@ -69,8 +78,11 @@ def load_with_devices(args: argparse.Namespace, config: str | None = None, simul
     n = config_devices(cfg, requested)
     multi = [getattr(args, k, None) for k in ("coordinator", "num_processes", "process_id")]
     if getattr(args, "distributed", False) or any(v is not None for v in multi):
+        timeout = getattr(args, "peer_timeout", DEFAULT_TIMEOUT)
+        if not timeout > 0:
+            raise MeshError(f"--peer-timeout must be a positive number of seconds, got {timeout:g}", arg="peer_timeout")
         coordinator, num_processes, process_id = multi
-        initialize_distributed(coordinator, num_processes, process_id, global_devices=n)
+        initialize_distributed(coordinator, num_processes, process_id, global_devices=n, peer_timeout=timeout)
     elif simulate:
         try:
             simulate_devices(n, quiet=False)

@@ -22,6 +22,7 @@ from typing import Any
 import jax.numpy as jnp
 from rich.table import Table
 
+from partitioning.checkpoint.checksum import verify_checksums
 from partitioning.checkpoint.diagnose import verify
 from partitioning.checkpoint.disk import (
     META_FILE,
@@ -41,7 +42,7 @@ from partitioning.cli.args import load_with_devices
 from partitioning.cli.render import console
 from partitioning.config.build import abstract_model, mesh_from_config
 from partitioning.config.run import jsonable
-from partitioning.errors import CheckpointError
+from partitioning.errors import CheckpointError, MeshError, RuleError, ShardingError
 from partitioning.fmt import fmt_bytes, fmt_mesh, fmt_rules, fmt_shape
 from partitioning.yamlfile import dump_yaml
 
@@ -91,6 +92,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     meta = read_metadata(ref)
     saved = flat_saved(saved_tree(ref))
     problems = verify(ref)
+    if not problems and not args.no_verify:
+        problems = verify_checksums(ref)  # reads every array back
     arrays_meta = meta.get("arrays") or {}
     size = dir_bytes(ref.path)
     if args.json:
@@ -170,9 +173,24 @@ def _itemsize(dtype: Any) -> int:
 
 def cmd_reshard(args: argparse.Namespace) -> int:
     cfg = load_with_devices(args)  # devices for the *new* layout, before any jax computation
-    mesh = mesh_from_config(cfg)
+    try:
+        mesh = mesh_from_config(cfg)
+    except MeshError as e:
+        raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
     _, variables = abstract_model(cfg)
-    r = reshard_checkpoint(
+    try:
+        r = _reshard(args, cfg, mesh, variables)
+    except (ShardingError, RuleError) as e:  # the new layout does not fit the model: the config says so
+        raise type(e)(f"{cfg.where('rules')} (mesh {dict(mesh.shape)}): {e}") from None
+    print(
+        f"resharded step {r.step}: {r.arrays} arrays from mesh {r.from_mesh} to {r.to_mesh} "
+        f"(rules from {cfg.path}) -> {r.path}"
+    )
+    return 0
+
+
+def _reshard(args: argparse.Namespace, cfg: Any, mesh: Any, variables: Any) -> Any:
+    return reshard_checkpoint(
         args.ckpt,
         args.out,
         mesh,
@@ -184,15 +202,10 @@ def cmd_reshard(args: argparse.Namespace) -> int:
         config=jsonable(cfg.raw),
         model_name=cfg.model_name,
     )
-    print(
-        f"resharded step {r.step}: {r.arrays} arrays from mesh {r.from_mesh} to {r.to_mesh} "
-        f"(rules from {cfg.path}) -> {r.path}"
-    )
-    return 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="ckpt_cmd", required=True)
+    sub = p.add_subparsers(dest="ckpt_cmd", required=True, metavar="{ls,inspect,reshard}")
     ls = sub.add_parser("ls", help="steps, sizes, times, and which saves completed")
     ls.add_argument("run_dir", help="a run dir (RUN_DIR/checkpoints) or a checkpoints dir")
     ins = sub.add_parser("inspect", help="arrays with shapes, dtypes, saved shardings, and the metadata")
@@ -200,6 +213,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ins.add_argument("--step", type=int, default=None, help="a step other than the latest")
     ins.add_argument("--json", action="store_true", help="machine-readable output")
     ins.add_argument("--config", action="store_true", help="also print the saved run config")
+    ins.add_argument(
+        "--no-verify", action="store_true", help="skip reading every array back against its recorded checksum"
+    )
     rs = sub.add_parser("reshard", help="rewrite a checkpoint for another mesh / rule table (offline)")
     rs.add_argument("ckpt", help="run dir (latest step), checkpoints dir, step dir, or plain orbax dir")
     rs.add_argument("--config", required=True, help="run config with the new mesh and rules")

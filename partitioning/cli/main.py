@@ -25,6 +25,8 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any
 
+from partitioning import peers
+from partitioning.checkpoint.space import FULL_ERRNOS
 from partitioning.cli import check, ckpt, compare, config, explain, generate, plan, train, tune
 from partitioning.cli.args import say
 from partitioning.errors import PartitioningError, did_you_mean
@@ -48,8 +50,14 @@ COMMANDS: dict[str, ModuleType] = {
 
 
 def quiet_orbax() -> None:
-    """Bad input must print one line: silence orbax's absl warnings and stray asyncio noise."""
-    logging.getLogger("absl").setLevel(logging.ERROR)
+    """Bad input must print one line: silence orbax's absl logs and stray asyncio noise.
+
+    Orbax logs each failure of its background save threads (with a traceback) before
+    raising it where the toolkit catches it and says it in one line (a full disk, a
+    damaged file): those logs, and asyncio's, would only repeat it as 100 lines.
+    """
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     previous = sys.unraisablehook
 
     def hook(u: Any) -> None:
@@ -83,6 +91,12 @@ class Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors: ``error: MESSAGE; see 'partitioning train --help'`` and exit 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        for action in self._actions:
+            # A missing subcommand: name the choices, not argparse's internal dest (`ckpt_cmd`).
+            if isinstance(action, argparse._SubParsersAction) and action.required and action.choices:
+                names = {action.dest, str(action.metavar)}
+                if any(re.search(rf"required: .*{re.escape(n)}", message) for n in names if n):
+                    message = f"missing command: choose one of {', '.join(action.choices)}"
         m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         hint = did_you_mean(m.group(1), re.findall(r"'([^']*)'", m.group(2))) if m else ""
         say(f"error: {' '.join(message.split())}{hint}; see '{self.prog} --help'")
@@ -122,6 +136,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_orbax()
     plain_warnings()
+    code = 1
+    try:
+        code = _run(args)
+        return code
+    finally:
+        peers.goodbye(code)  # the other processes of a multi-host run: this exit is not a death
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         code = int(args.run(args) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe is noticed here, not at exit
@@ -138,6 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         say("interrupted")
         return 130
+    except OSError as e:
+        # A full disk (or quota) under any file the run writes (metrics, plots, configs): one line, not a bug.
+        if e.errno not in FULL_ERRNOS:
+            raise
+        say(f"error: {e.filename or 'a file'}: {e.strerror}; free space or write the run elsewhere (run_dir)")
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

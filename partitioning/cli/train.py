@@ -23,7 +23,9 @@ from pathlib import Path
 
 import jax
 
+from partitioning import peers
 from partitioning.cli.args import config_args, distributed_args, load_with_devices
+from partitioning.cli.faults import RunLocks, checkpoint_note, closing_summary, diverged
 from partitioning.config.build import model_options_resolved
 from partitioning.config.hf import check_hf_weights, has_checkpoint, hf_params_from_config
 from partitioning.config.preflight import preflight
@@ -32,6 +34,7 @@ from partitioning.errors import ConfigError
 from partitioning.plan.flops import peak_tflops, transformer_flops
 from partitioning.train.data import Corpus
 from partitioning.train.loop import fit
+from partitioning.train.nonfinite import NonFiniteError
 from partitioning.train.plots import LossPlot
 from partitioning.train.state import state_step
 
@@ -92,15 +95,25 @@ def _flops_line(trainer, flops: float | None, peak: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    locks = RunLocks()  # one writer per run directory
+    try:
+        return _train(args, locks)
+    finally:
+        locks.release()
+
+
+def _train(args: argparse.Namespace, locks: RunLocks) -> int:
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         raise ConfigError(
             f"--peak-tflops must be a positive number of TFLOP/s, got {args.peak_tflops:g}", arg="--peak-tflops"
         )
     cfg = load_with_devices(args)  # sets up (simulated) devices before any jax computation
+    locks.check(cfg)  # another job on this run_dir: refused before anything is read or written
     if cfg.model_hf is not None and (args.resume is False or not has_checkpoint(cfg)):
         check_hf_weights(cfg)  # a fresh run starts from them: fail before building anything
     # Every check first: a run that fails here has written nothing.
     ready = preflight(cfg, devices=args.devices, resume=args.resume)
+    locks.acquire()
     trainer, mesh, run_dir = ready.trainer, ready.mesh, ready.run_dir
     assert trainer is not None  # preflight (unlike preflight_abstract) builds the trainer
     train_batches, eval_batches = ready.train_batches, ready.eval_batches
@@ -113,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         pretrained = hf_params_from_config(cfg, mesh)
     # The checkpoint hook goes first: it restores before the log is trimmed to that step.
     ckpt = checkpoint_hook_from_config(cfg, trainer, run_dir, resume=args.resume, log=log)
+    peers.set_note(lambda: checkpoint_note(ckpt.manager.directory))  # said if another process dies
     resolved = cfg.resolved(dict(mesh.shape), model_options_resolved(cfg))
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -150,28 +164,25 @@ def run(args: argparse.Namespace) -> int:
         flops = trainer.step_flops()  # compiles the step (the loop then reuses it)
         peak = args.peak_tflops if args.peak_tflops is not None else peak_tflops(jax.devices()[0])
         log(_flops_line(trainer, flops, peak))
-    state = fit(
-        trainer,
-        state,
-        train_batches,
-        steps=cfg.train.steps,
-        eval_batches=eval_batches,
-        eval_every=cfg.train.eval_every,
-        log_every=cfg.train.log_every,
-        hooks=[ckpt, logger, *trackers, plot],
-        progress="lines" if args.no_progress else True,
-        flops_per_step=flops,
-        peak_tflops=peak,
-    )
+    try:
+        state = fit(
+            trainer,
+            state,
+            train_batches,
+            steps=cfg.train.steps,
+            eval_batches=eval_batches,
+            eval_every=cfg.train.eval_every,
+            log_every=cfg.train.log_every,
+            hooks=[ckpt, logger, *trackers, plot],
+            progress="lines" if args.no_progress else True,
+            flops_per_step=flops,
+            peak_tflops=peak,
+        )
+    except NonFiniteError as e:
+        raise diverged(e, cfg, ckpt.manager) from None
     reason = logger.reason or "done"
     if main:
-        last = logger.records[-1] if logger.records else {}
-        evals = [r["eval_loss"] for r in logger.records if r.get("eval_loss") is not None]
-        summary = f"{reason}: step {last.get('step', 0)}"
-        if last.get("loss") is not None:
-            summary += f", loss {last['loss']:.3f}"
-        if evals:
-            summary += f", eval_loss {evals[-1]:.3f}"
+        summary = closing_summary(reason, logger.records)
         wrote = [run_dir / "metrics.jsonl"] if logger.path is not None else []
         wrote += [t.logdir for t in trackers if hasattr(t, "logdir")]
         wrote += [run_dir / "loss.png"] if logger.records else []

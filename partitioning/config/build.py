@@ -243,6 +243,7 @@ def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh, dataset: Any = Non
             on_indivisible=cfg.on_indivisible,
             grad_accum=t.grad_accum,
             microbatches=t.microbatches,
+            on_nonfinite=t.on_nonfinite,
         )
     except (ShardingError, PipelineError) as e:
         raise at_key(

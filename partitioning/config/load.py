@@ -269,9 +269,10 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
                 f"{_where(path_s, lines, (k,))}: unknown key (valid: {', '.join(TOP_KEYS)})"
                 f"{did_you_mean(str(k), TOP_KEYS)}"
             )
-    for k in REQUIRED:
-        if k not in data:
-            errors.append(f"{path_s}: missing required section {k!r}")
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:  # one line, also for an empty file
+        many = "s" if len(missing) > 1 else ""
+        errors.append(f"{path_s}: missing required section{many} {', '.join(repr(k) for k in missing)}")
 
     model = data.get("model", {})
     head, hf = "name", None

@@ -33,6 +33,7 @@ from typing import Any
 
 import jax
 
+from partitioning.checkpoint.checksum import verify_checksums
 from partitioning.checkpoint.disk import flat_saved, list_steps, resolve_checkpoint, saved_tree
 from partitioning.checkpoint.restore import abstract_target, check_fits, checkpoint_metadata
 from partitioning.config.build import (
@@ -128,6 +129,18 @@ def check_resume(directory: Path, target: Any, resume: bool | None, partial: boo
     return ref.step
 
 
+def verify_resume(directory: Path) -> None:
+    """``checkpoint.verify``: every array of the checkpoint a run resumes from matches its checksum."""
+    ref = resolve_checkpoint(directory)
+    problems = verify_checksums(ref)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise CheckpointError(
+            f"checkpoint {ref}: {problems[0]}{more}; not resumed (checkpoint.verify): restore an earlier step "
+            f"with --set checkpoint.dir=... or start over with --no-resume"
+        )
+
+
 def _mesh(cfg: Config, devices: int | None):
     try:
         return mesh_from_config(cfg, devices)
@@ -152,6 +165,8 @@ def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_
     run_dir, ckpt_dir = _dirs(cfg)
     target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
     step = check_resume(ckpt_dir, target, resume)
+    if step is not None and cfg.checkpoint.verify:
+        verify_resume(ckpt_dir)  # before anything is written
     note = data_resume_note(cfg, checkpoint_metadata(ckpt_dir, step).get("data")) if step is not None else None
     budget = _budget(cfg)
     a = trainer.abstract_state

@@ -189,7 +189,8 @@ def checkpoint_hook_from_config(
         extra=extra,
     )
     target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
-    return CheckpointHook(mngr, target=target, resume=resume is not False, log=log)
+    # checkpoint.verify is checked by the pre-flight, before the run writes anything.
+    return CheckpointHook(mngr, target=target, resume=resume is not False, log=log, on_error=c.on_error)
 
 
 def trackers_from_config(cfg: Config, run_dir: Path, config: Any = None) -> tuple[JsonlLogger, list[Any]]:

@@ -164,6 +164,10 @@ class TrainConfig(Section):
     step: dict[str, Any] | None = Field(default=None, description="{_target_: fn}: a whole step(forward, batch)")
     inputs: dict[str, Any] | None = Field(default=None, description="{_target_: fn}: batch -> model args/kwargs")
     rngs: list[StrictStr] = Field(default_factory=lambda: ["dropout"], description="RNG streams for the model")
+    on_nonfinite: Literal["stop", "skip_step"] = Field(
+        default="stop",
+        description="a NaN / inf loss or gradient norm: stop (exit 2, nothing saved) | skip_step (drop that update)",
+    )
 
 
 class CheckpointConfig(Section):
@@ -174,6 +178,10 @@ class CheckpointConfig(Section):
     keep: StrictInt = Field(default=3, ge=0, description="the last N; 0: keep all")
     keep_best: StrictBool = False
     async_: StrictBool = Field(default=True, alias="async")
+    on_error: Literal["stop", "continue"] = Field(
+        default="stop", description="a save that fails (e.g. a full disk): stop (exit 2) | continue (say so, train on)"
+    )
+    verify: StrictBool = Field(default=False, description="check every array's checksum when resuming")
 
 
 class RunConfig(Section):

@@ -16,6 +16,8 @@ Modules:
 - :mod:`~partitioning.train.data` — corpora and resumable, per-process global batches (the public API).
 - :mod:`~partitioning.train.generate` — greedy decoding with a KV cache (``generate``), on a mesh under rules.
 - :mod:`~partitioning.train.loop` — ``fit``: steps, evals, hooks, progress, clean stops.
+- :mod:`~partitioning.train.nonfinite` — divergence: the non-finite flag tallied on device; stop or skip_step.
+- :mod:`~partitioning.train.lock` — ``RunLock``: one writer per run directory (an ``flock`` naming its holder).
 - :mod:`~partitioning.train.hooks` — loop hooks that record a run (``JsonlLogger``).
 - :mod:`~partitioning.train.trackers` — TensorBoard and Weights & Biases as loop hooks.
 - :mod:`~partitioning.train.plots` — the loss-curve PNG (and ``LossPlot``, the hook that redraws it).

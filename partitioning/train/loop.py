@@ -13,7 +13,18 @@ A hook is any object with some of::
 
     on_start(state) -> state          # e.g. restore from a checkpoint
     on_step_end(step, state, metrics) # metrics: host floats on logging steps, else None
-    on_exit(state, reason)            # "done" | "interrupted" | "preempted"
+    on_exit(state, reason)            # "done" | "interrupted" | "preempted" | "nonfinite" | "failed"
+    wants_state(step) -> bool         # this hook will save the state at this step (a checkpoint)
+
+A NaN or infinite loss or gradient norm (the step's ``nonfinite`` metric) is
+found at the next logging, eval or saving step, without waiting for the device
+in between (:mod:`partitioning.train.nonfinite`). With the trainer's
+``on_nonfinite="stop"`` the loop then stops: hooks with ``wants_state`` (those
+that save) never see that state, the others see ``on_exit(state, "nonfinite")``,
+and :class:`NonFiniteError` names the first bad step. With ``"skip_step"`` the
+trainer dropped those updates and the logged metric ``skipped_steps`` counts them.
+A hook raising a :class:`PartitioningError` stops the loop; the other hooks see
+``on_exit(state, "failed")`` before the error goes on.
 
 Example::
 
@@ -38,6 +49,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm  # not tqdm.auto: its notebook bar needs ipywidgets
 
+from partitioning.errors import PartitioningError
+from partitioning.train.nonfinite import FLAG, SKIPPED, NonFiniteError, Tally, describe
 from partitioning.train.state import TrainState, host_scalar
 
 
@@ -232,20 +245,33 @@ def fit(
     last_t, last_step = time.perf_counter(), start
     step = start
     reason = "done"
+    policy = getattr(trainer, "on_nonfinite", None)
+    tally = Tally(start)
+    diverged: tuple[int, int, dict[str, float] | None] | None = None  # (first bad step, found at, metrics)
     try:
         with flag.installed():
             while step < steps:
                 state, metrics = trainer.train_step(state, get_batch(step))
                 step += 1
+                if FLAG in metrics:
+                    tally.add(metrics[FLAG])  # on device, asynchronous: read only at the sync points below
                 logging = step == start + 1 or step % max(log_every, 1) == 0 or step == steps
                 evaluating = eval_batches is not None and (
                     step == start + 1 or step == steps or (eval_every and step % eval_every == 0)
                 )
+                # A hook about to save the state makes this step a sync point: a non-finite state is never saved.
+                saving = any(h.wants_state(step) for h in hooks if hasattr(h, "wants_state"))
                 # One process alone acts on its signal at once; several agree at logging steps.
                 stop = flag.reason if single else (_agreed_stop(flag.reason) if logging or evaluating else None)
+                bad, first = tally.read() if policy and (logging or evaluating or saving or stop) else (0, None)
+                if policy == "stop" and bad:
+                    evaluating = False  # a diverged state's eval says nothing
                 host = None
-                if logging or evaluating or stop:
+                if logging or evaluating or stop or (bad and policy == "stop"):
                     host = host_metrics(metrics)  # waits for the step: the only sync point
+                    host.pop(FLAG, None)
+                    if policy == "skip_step":
+                        host[SKIPPED] = float(bad)
                     now = time.perf_counter()
                     dt = (now - last_t) / max(step - last_step, 1)
                     host.update(step=step, step_time_s=dt, tokens_per_s=tokens_per_step / dt if dt > 0 else math.inf)
@@ -269,19 +295,47 @@ def fit(
                     if lines:
                         print(format_line(host, steps), flush=True)
                 bar.update(1)
+                if policy == "stop" and bad:
+                    # The state is not finite: hooks that save it (wants_state) are not called with it.
+                    for h in hooks:
+                        if hasattr(h, "on_step_end") and not hasattr(h, "wants_state"):
+                            h.on_step_end(step, state, host)
+                    diverged, reason = (first or step, step, host), "nonfinite"
+                    break
                 for h in hooks:
                     if hasattr(h, "on_step_end"):
                         h.on_step_end(step, state, host)
                 if single:
                     stop = flag.reason  # a signal during the hooks counts for this step too
                 if stop:
+                    # Stopping saves the state on the way out: never a non-finite one.
+                    bad, first = tally.read() if policy == "stop" else (0, None)
+                    if bad:
+                        diverged, reason = (first or step, step, host), "nonfinite"
+                        break
                     reason = stop
                     break
+    except PartitioningError:
+        # A hook refused to go on (e.g. a checkpoint that cannot be written): the others still close.
+        bar.close()
+        for h in hooks:
+            if hasattr(h, "on_exit"):
+                with contextlib.suppress(Exception):
+                    h.on_exit(state, "failed")
+        raise
     finally:
         bar.close()
     for h in hooks:
         if hasattr(h, "on_exit"):
             h.on_exit(state, reason)
+    if diverged is not None:
+        first, at, host = diverged
+        raise NonFiniteError(
+            f"{describe(first, at, host)}: the loss or gradient norm is not finite; stopped without saving "
+            f"(on_nonfinite=stop)",
+            step=first,
+            metrics=host,
+        )
     return state
 
 

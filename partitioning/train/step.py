@@ -52,6 +52,7 @@ from partitioning.rules import as_rules
 from partitioning.train.batch import batch_shapes, batch_size_of, batch_specs, micro_batches, place, stream_keys
 from partitioning.train.lowering import Lowering
 from partitioning.train.model import SOWN_LOSSES, as_model
+from partitioning.train.nonfinite import FLAG, check_policy, keep_if_finite, nonfinite_flag
 from partitioning.train.optimizer import current_lr
 from partitioning.train.state import TrainState, model_inputs, strip_foreign_boxes
 from partitioning.train.task import as_task, sown_losses
@@ -81,6 +82,9 @@ class Trainer(Lowering):
       grad_accum: micro-batches per step; gradients are averaged over them.
       microbatches: pipeline micro-batches (per grad_accum micro-batch) when the mesh has a
         ``stage`` axis (default: its size); see :mod:`partitioning.parallel.pipeline`.
+      on_nonfinite: ``"stop"`` (:func:`fit` stops at a NaN / infinite loss or gradient norm)
+        or ``"skip_step"`` (such a step's update is dropped on device and counted);
+        see :mod:`partitioning.train.nonfinite`. The metric ``nonfinite`` flags such steps.
 
     Scalars the model sows into its ``losses`` collection (an MoE load-balancing
     loss) are added to the objective and reported as metrics under their names;
@@ -114,8 +118,10 @@ class Trainer(Lowering):
         on_indivisible: str = "error",
         grad_accum: int = 1,
         microbatches: int | None = None,
+        on_nonfinite: str = "stop",
     ):
         self.model, self.tx, self.mesh = as_model(model), tx, mesh
+        self.on_nonfinite = check_policy(on_nonfinite)
         self.task = as_task(task if task is not None else loss_fn)
         self.rules = as_rules(rules).validate(mesh)
         self.optimizer_rules = as_rules(optimizer_rules).validate(mesh) if optimizer_rules is not None else self.rules
@@ -255,7 +261,14 @@ class Trainer(Lowering):
         (loss, (aux, collections)), grads = self._grads(state.params, state.collections, batch, state.step)
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
+        grad_norm = optax.tree.norm(grads)
+        flag = nonfinite_flag(loss, grad_norm)
+        if self.on_nonfinite == "skip_step":
+            # Drop the whole update on device: the state stays the last finite one.
+            params, opt_state, collections = keep_if_finite(
+                flag, (params, opt_state, collections), (state.params, state.opt_state, state.collections)
+            )
+        metrics = {"loss": loss, "grad_norm": grad_norm, **aux, FLAG: flag}
         lr = current_lr(opt_state)
         if lr is not None:
             metrics["lr"] = jnp.asarray(lr, jnp.float32)

@@ -38,7 +38,7 @@ def write(text: str | bytes, name: str = RUN) -> str:
     "text, error",
     [
         ("model: &m {name: gpt, x: *m}\n", "run.yaml:1: an alias refers to a value that contains it (recursive alias)"),
-        ("model: " + "[" * 5000 + "]" * 5000 + "\n", "run.yaml: nested more than 64 levels deep"),
+        ("model: " + "[" * 5000 + "]" * 5000 + "\n", "run.yaml:1: nested more than 64 levels deep"),
         (
             "mystery: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
             "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
@@ -51,7 +51,7 @@ def write(text: str | bytes, name: str = RUN) -> str:
             "model: {name: gpt}\n".encode("utf-16"),
             "run.yaml: not UTF-8 text (byte 0 looks like UTF-16 text); save it as UTF-8",
         ),
-        ("model: {name: gpt}\nmodel: {name: mlp}\n", "run.yaml:2: model: key appears twice"),
+        ("model: {name: gpt}\nmodel: {name: mlp}\n", "run.yaml:2: model: key appears twice (first at line 1)"),
     ],
 )
 def test_unreadable_yaml_is_one_line(in_tmp, run_cli_in_process, text, error):
@@ -78,8 +78,8 @@ def test_yaml_12_numbers_merge_keys_and_every_error_at_once(in_tmp, run_cli_in_p
     assert r.stderr.strip().splitlines() == [
         "error: run.yaml:11: train.steps: must be >= 1, got 0",
         "error: run.yaml:11: train.batch_sise: unknown key (valid: steps, batch_size, seq_len, grad_accum, "
-        "microbatches, log_every, "
-        "eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs); did you mean 'batch_size'?",
+        "microbatches, log_every, eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs, "
+        "on_nonfinite); did you mean 'batch_size'?",
         "error: run.yaml:12: optimizer.b1: must be < 1, got 1.5",
     ]
 

@@ -66,7 +66,8 @@ def test_overrides(write, base_config):
             lambda base: base + "train:\n  stpes: 3\n",
             [],
             "{f}:12: train.stpes: unknown key (valid: steps, batch_size, seq_len, grad_accum, microbatches, "
-            "log_every, eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs); did you mean 'steps'?",
+            "log_every, eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs, on_nonfinite); "
+            "did you mean 'steps'?",
         ),
         (lambda base: base + "train:\n  steps: many\n", [], "{f}:12: train.steps: expected int, got str 'many'"),
         (
@@ -119,7 +120,7 @@ def test_overrides(write, base_config):
             [],
             "{f}:11: on_indivisible: must be one of error, replicate, got 'replicat'; did you mean 'replicate'?",
         ),
-        (lambda base: base + "mesh:\n  devices: 4\n", [], "{f}:11: mesh: key appears twice"),
+        (lambda base: base + "mesh:\n  devices: 4\n", [], "{f}:11: mesh: key appears twice (first at line 7)"),
         (lambda base: "model: [gpt\n", [], "{f}:2: invalid YAML: expected ',' or ']', but got '<stream end>'"),
         (lambda base: base, ["train.steps"], "--set train.steps: expected KEY=VALUE, e.g. train.steps=100"),
         (lambda base: base, ["trian.steps=3"], "--set trian.steps=3: unknown key 'trian'; did you mean 'train'?"),

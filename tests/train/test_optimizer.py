@@ -42,4 +42,4 @@ def test_metrics_report_lr_from_the_schedule(tokens, gpt_fsdp, batches):
         lrs.append(host_scalar(m["lr"]))
     # warmup over 2 steps starting at lr / 2, then cosine from 1e-2 towards 1e-3 over 18 steps
     np.testing.assert_allclose(lrs, [5e-3, 1e-2, 1e-2, 1e-3 + 9e-3 * (1 + np.cos(np.pi / 18)) / 2], rtol=1e-5)
-    assert set(m) == {"loss", "grad_norm", "lr", "accuracy"}
+    assert set(m) == {"loss", "grad_norm", "lr", "accuracy", "nonfinite"}  # nonfinite: see train.nonfinite

@@ -1,0 +1,124 @@
+"""A full disk, for real: checkpoints on a small tmpfs (this needs root, as CI has; skipped elsewhere).
+
+A save that cannot fit is refused before it writes; one that fills the disk mid-write
+(tensorstore's RESOURCE_EXHAUSTED) is one CheckpointError with the path and the bytes;
+either way the last complete step stays complete, nothing unfinished is left behind, and
+the CLI prints one line and exits 2 (``checkpoint.on_error: continue`` trains on).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from partitioning.checkpoint import CheckpointManager, restore_checkpoint
+from partitioning.checkpoint import manager as manager_module
+from partitioning.checkpoint.disk import list_steps
+from partitioning.errors import CheckpointError
+
+TINY = """\
+model: {name: gpt, embed: 32, heads: 2, mlp: 64, layers: 2}
+mesh: {shape: {data: 1, fsdp: -1}, devices: 8}
+rules: fsdp
+optimizer: {lr: 0.003, warmup_steps: 0, schedule: constant}
+train: {steps: 6, batch_size: 8, seq_len: 16, log_every: 2, eval_every: 0, eval_batches: 0, tracker: [jsonl]}
+checkpoint: {dir: disk/ck, every: 2, keep: 0}
+run_dir: run
+"""
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """small_disk(size): a tmpfs of ``size`` mounted at tmp_path/disk (unmounted at the end)."""
+    mounted = []
+
+    def _mount(size: str) -> Path:
+        d = tmp_path / "disk"
+        d.mkdir(exist_ok=True)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here (needs root): {r.stderr.decode().strip()}")
+        mounted.append(d)
+        return d
+
+    yield _mount
+    for d in mounted:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def _leftovers(d: Path) -> list[str]:
+    return [p.name for p in d.rglob("*") if "orbax-checkpoint-tmp" in p.name]
+
+
+def test_train_on_a_full_disk_stops_with_one_line_and_keeps_the_last_step(tmp_path, small_disk, repo):
+    small_disk("1500k")  # one checkpoint of this model (~1.1 MiB on disk) fits, two do not
+    (tmp_path / "run.yaml").write_text(TINY)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = str(repo)
+    cmd = [sys.executable, "-m", "partitioning", "train", "run.yaml", "--no-progress"]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2, r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if not line.startswith("simulating")]
+    assert len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith(f"error: {tmp_path}/disk/ck/4: no space left on device: this checkpoint needs about ")
+    assert lines[0].endswith(
+        " free; the latest complete checkpoint is step 2; free space, lower checkpoint.keep, or point "
+        "checkpoint.dir at a larger disk"
+    )
+    for noise in ("Traceback", "RESOURCE_EXHAUSTED", "Task exception", "ERROR:absl"):
+        assert noise not in r.stdout + r.stderr
+    ck = tmp_path / "disk" / "ck"
+    assert [(s.step, s.complete) for s in list_steps(ck)] == [(2, True)] and not _leftovers(ck)
+    # The step left is whole: every array reads back and matches its checksum.
+    ins = subprocess.run(
+        [sys.executable, "-m", "partitioning", "ckpt", "inspect", str(ck)], env=env, capture_output=True, text=True
+    )
+    assert ins.returncode == 0 and "files: OK" in ins.stdout.splitlines()[0], ins.stderr
+    # on_error: continue: the refused saves are one line each, and training finishes.
+    r = subprocess.run(
+        cmd + ["--set", "checkpoint.on_error=continue"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    notes = [line for line in r.stdout.splitlines() if line.startswith("checkpoint: not saved: ")]
+    assert [n.split(": ")[2].rsplit("/", 1)[1] for n in notes] == ["4", "6"]
+    assert all(n.endswith("training goes on (checkpoint.on_error: continue)") for n in notes)
+    assert [(s.step, s.complete) for s in list_steps(ck)] == [(2, True)] and not _leftovers(ck)
+
+
+def _state(k):
+    mesh = jax.make_mesh((8,), ("fsdp",))
+    sh = NamedSharding(mesh, P("fsdp"))
+    return {"step": np.int32(k), "w": jax.device_put(np.full((64 * 1024,), k, np.float32), sh)}
+
+
+def test_a_disk_that_fills_mid_write_is_one_error_and_leaves_nothing_unfinished(small_disk, monkeypatch):
+    d = small_disk("400k")
+    with CheckpointManager(d / "ck", keep=0) as mngr:
+        mngr.save(1, _state(1), force=True)  # 256 KiB of values: fits
+        mngr.wait()
+        # Another job takes the room between our check of the free space and the write.
+        monkeypatch.setattr(manager_module, "check_space", lambda *a, **k: None)
+        mngr.save(2, _state(2), force=True)
+        with pytest.raises(CheckpointError) as e:
+            mngr.wait()
+    msg = str(e.value)
+    assert msg.startswith(f"{d / 'ck'}/2: no space left on device: this checkpoint needs ")
+    assert "the latest complete checkpoint is step 1" in msg and "\n" not in msg
+    assert [(s.step, s.complete) for s in list_steps(d / "ck")] == [(1, True)] and not _leftovers(d / "ck")
+    w = _state(1)["w"]
+    target = {
+        "step": jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(w.sharding.mesh, P())),
+        "w": jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=w.sharding),
+    }
+    assert np.array_equal(np.asarray(restore_checkpoint(d / "ck", target)["w"]), np.asarray(w))
