@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from partitioning.boxes import compute_spec
-from partitioning.cli.args import config_args, load_with_devices
+from partitioning.cli.args import config_args, leaf, load_with_devices
 from partitioning.cli.render import console, explain_table
 from partitioning.config.build import abstract_model, batch_from_config, mesh_from_config, task_from_config
 from partitioning.fmt import fmt_spec
@@ -19,11 +19,13 @@ EXAMPLES = """examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="rules_cmd", required=True)
-    config_args(sub.add_parser("explain", help=HELP))
+    sub = p.add_subparsers(dest="rules_cmd", metavar="{explain}")
+    config_args(leaf(sub, "explain", HELP))
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.rules_cmd is None:
+        return args.print_help()
     cfg = load_with_devices(args)
     mesh = mesh_from_config(cfg, args.devices)
     model, abstract = abstract_model(cfg)
@@ -41,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     computes = {l.path: fmt_spec(compute_spec(l.names, cfg.rules)) for l in layouts if l.names is not None}
     out = console()
     out.print(
-        explain_table(layouts, computes, title=f"{cfg.model_name} on mesh {dict(mesh.shape)}: rules from {cfg.path}")
+        explain_table(layouts, computes, title=f"{cfg.model_name} on mesh {dict(mesh.shape)}: {cfg.rules_label()}")
     )
     rules = cfg.rules
     axes = ", ".join(rules.batch_axes) or "none"

@@ -104,6 +104,12 @@ def _apply_override(data: dict, lines: Lines, text: str) -> None:
         value = load_value(raw) if raw.strip() else None
     except ConfigError:
         value = raw  # not YAML: take it as a string, the schema says whether that is right
+    glued = _glued_keys(value)
+    if glued:
+        raise ConfigError(
+            f"{flag}: {glued[0]!r} reads as one key with no value: YAML needs a space after each colon, "
+            f"e.g. {_unglue(raw.strip())}"
+        )
     node = data
     for i, k in enumerate(keys[:-1]):
         if k not in node or node[k] is None:
@@ -118,6 +124,37 @@ def _apply_override(data: dict, lines: Lines, text: str) -> None:
     for k in [k for k in lines if k[: len(keys)] == tuple(keys)]:
         del lines[k]
     lines[tuple(keys)] = flag
+
+
+_GLUED = re.compile(r"^[\w.\-]+:[^\s/]")
+
+
+def _glued_keys(value: Any) -> list[str]:
+    """Mapping keys like ``data:2`` with no value: ``{data:2}`` is YAML for ``{"data:2": null}``."""
+    if isinstance(value, Mapping):
+        out = [k for k, v in value.items() if v is None and isinstance(k, str) and _GLUED.match(k)]
+        return out + [k for v in value.values() for k in _glued_keys(v)]
+    if isinstance(value, list):
+        return [k for v in value for k in _glued_keys(v)]
+    return []
+
+
+def _unglue(text: str) -> str:
+    return re.sub(r",(?=\S)", ", ", re.sub(r"(?<=[\w\-]):(?=[^\s/])", ": ", text))
+
+
+def _sibling_hint(model: type[BaseModel], field: tuple[Any, ...], value: Any) -> str:
+    """``; did you mean 'steps'?`` when a value of the wrong type fits a key whose name is close (``train.step=20``)."""
+    if len(field) != 1:
+        return ""
+    close = [k for k in _model_keys(model) if k != field[0] and did_you_mean(str(field[0]), [k])]
+    for k in close:
+        try:
+            model.model_validate({k: value})
+        except ValidationError:
+            continue
+        return did_you_mean(str(field[0]), [k])
+    return ""
 
 
 # -- validation messages ------------------------------------------------------------------------
@@ -203,7 +240,10 @@ def _messages(
         else:
             names = list(dict.fromkeys(_TYPE_NAMES[k] for k in kinds if _TYPE_NAMES.get(k)))
             expected = " or ".join(names) if names else errs[0]["msg"].lower()
-            out.append(f"{here}: expected {expected}, got {_show(value)}")
+            hint = _sibling_hint(model, field, value)
+            if value is None and isinstance(field[-1], str) and _GLUED.match(field[-1]):
+                hint = f"; YAML needs a space after the colon: {_unglue(field[-1])!r}"
+            out.append(f"{here}: expected {expected}, got {_show(value)}{hint}")
     return out
 
 

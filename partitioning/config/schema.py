@@ -234,6 +234,18 @@ class Config:
         """``file:line: dotted.key`` of a key of this config (or the ``--set`` flag that set it)."""
         return where(self.path, self.lines, key)
 
+    def rules_label(self) -> str:
+        """Where the rule table came from, for titles: ``rules fsdp_tp (--set rules=fsdp_tp)``,
+        ``rules fsdp (configs/quickstart.yaml:21)``, ``6 rules (configs/x.yaml:12)``."""
+        value = self.raw.get("rules")
+        loc = where(self.path, self.lines, ("rules",)).removesuffix(": rules")
+        if isinstance(value, str):
+            return f"rules {value} ({loc})"
+        if isinstance(value, dict) and isinstance(value.get("preset"), str):
+            extra = len(value.get("extra") or [])
+            return f"rules {value['preset']}{f' + {extra} extra' if extra else ''} ({loc})"
+        return f"{len(self.rules)} rules ({loc})"
+
     def resolved(self, mesh_sizes: dict[str, int] | None = None, model_options: dict[str, Any] | None = None) -> dict:
         """Every key with its value or default, the rule tables written out, mesh sizes resolved if given."""
         model_head = "_target_" if self.model_target else "name"

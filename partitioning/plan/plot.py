@@ -128,7 +128,8 @@ def plot_plan(report: dict[str, Any], path: str | Path) -> Path:
 
     unused = {u["index"] for u in (report.get("warnings") or {}).get("unused_rules", [])}
     _draw_mesh(mx, report["mesh"], report.get("rules") or [], unused)
-    fig.suptitle(f"{report.get('model', {}).get('name', '')} — rules from {report.get('config', '')}", fontsize=10)
+    source = report.get("rules_source") or f"rules from {report.get('config', '')}"
+    fig.suptitle(f"{report.get('model', {}).get('name', '')}: {source}", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path)
 
