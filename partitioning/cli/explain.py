@@ -7,6 +7,7 @@ import argparse
 from partitioning.boxes import compute_spec
 from partitioning.cli.args import config_args, leaf, load_with_devices
 from partitioning.cli.render import console, explain_table
+from partitioning.config.axes import check_axes_used
 from partitioning.config.build import abstract_model, batch_from_config, mesh_from_config, task_from_config
 from partitioning.fmt import fmt_spec
 from partitioning.layout import tree_layouts
@@ -30,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     mesh = mesh_from_config(cfg, args.devices)
     model, abstract = abstract_model(cfg)
     layouts = tree_layouts(abstract, mesh, cfg.rules, on_indivisible=cfg.on_indivisible)
+    check_axes_used(cfg, dict(mesh.shape), layouts)
     collections = {k: v for k, v in abstract.items() if k != "params"}
     acts = activation_names(
         model,

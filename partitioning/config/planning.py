@@ -14,6 +14,7 @@ from typing import Any
 import jax
 from jax.sharding import AbstractMesh
 
+from partitioning.config.axes import check_axes_used
 from partitioning.config.build import (
     PIPELINE_KEYS,
     at_key,
@@ -69,6 +70,7 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
         activations=acts,
         parallel=costs_from_records(stacks, sizes, passes=g),
     )
+    check_axes_used(cfg, sizes, plan.params + plan.opt_state)
     return plan, model
 
 

@@ -34,6 +34,7 @@ import jax
 
 from partitioning.checkpoint.disk import flat_saved, list_steps, resolve_checkpoint, saved_tree
 from partitioning.checkpoint.restore import abstract_target, check_fits, checkpoint_metadata
+from partitioning.config.axes import check_axes_used
 from partitioning.config.build import (
     at_key,
     batch_from_config,
@@ -157,6 +158,7 @@ def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_
     plan = build_plan(
         a.params, a.opt_state, mesh, cfg.rules, optimizer_rules=cfg.optimizer_rules, on_indivisible=cfg.on_indivisible
     )
+    check_axes_used(cfg, plan.mesh, plan.params + plan.opt_state)
     compiled = None
     if compile_memory or (compile_memory is None and budget is not None):
         compiled = memory_stats(trainer.lower_train_step().compile())
