@@ -49,11 +49,31 @@ def load_rules_file(path: str | Path) -> Rules:
 # -- files and bases --------------------------------------------------------------------------
 
 
+# Mappings whose keys are one value, not separate settings: the mesh's axes are ordered and the rule
+# tables are tables. A derived config or a --set that gives one replaces it whole.
+WHOLE = {("mesh", "shape"), ("rules",), ("optimizer_rules",)}
+
+
+def replaces(key: Key, old: Any, new: Any) -> bool:
+    """Whether ``new`` at ``key`` replaces ``old`` whole instead of merging into it key by key.
+
+    Mappings merge key by key (``base:`` and ``--set`` alike), except ``mesh.shape``
+    and the rule tables, and a mapping that names another thing to build (its
+    ``_target_``, or the model's ``name``): its keys are that thing's arguments.
+    """
+    if not isinstance(old, dict) or not isinstance(new, dict) or tuple(key) in WHOLE:
+        return True
+    heads = (TARGET, "name") if tuple(key) == ("model",) else (TARGET,)
+    return any(h in new and new[h] != old.get(h) for h in heads) or (
+        tuple(key) == ("model",) and any(h in new for h in heads) and any(h in old and h not in new for h in heads)
+    )
+
+
 def _merge(base: dict, base_lines: Lines, over: dict, over_lines: Lines, key: Key = ()) -> None:
-    """Merges ``over`` into ``base`` in place (mappings key by key); lines follow the value that wins."""
+    """Merges ``over`` into ``base`` in place (see :func:`replaces`); lines follow the value that wins."""
     for k, v in over.items():
         sub = key + (k,)
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
+        if not replaces(sub, base.get(k), v):
             base_lines[sub] = over_lines.get(sub, base_lines.get(sub))
             _merge(base[k], base_lines, v, over_lines, sub)
             continue
@@ -90,6 +110,15 @@ def _read(path: Path, shown: str, chain: tuple[str, ...]) -> tuple[dict, Lines]:
 # -- --set overrides ----------------------------------------------------------------------------
 
 
+def _paths(value: Any, key: Key = ()) -> list[Key]:
+    """``key`` and the key of every value under it."""
+    out = [key]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _paths(v, key + (k,))
+    return out
+
+
 def _apply_override(data: dict, lines: Lines, text: str) -> None:
     flag = f"--set {text}"
     if "=" not in text:
@@ -119,11 +148,9 @@ def _apply_override(data: dict, lines: Lines, text: str) -> None:
                 f"{flag}: {'.'.join(keys[: i + 1])} is {node[k]!r} ({type(node[k]).__name__}), not a mapping with keys"
             )
         node = node[k]
-    node[keys[-1]] = value
-    # The overridden subtree has no file lines any more: errors point at the flag.
-    for k in [k for k in lines if k[: len(keys)] == tuple(keys)]:
-        del lines[k]
-    lines[tuple(keys)] = flag
+    # The same merge as base: (a mapping merges key by key unless it replaces whole); what it sets points at the flag.
+    key = tuple(keys)
+    _merge(node, lines, {keys[-1]: value}, {key + sub: flag for sub in _paths(value)}, key[:-1])
 
 
 _GLUED = re.compile(r"^[\w.\-]+:[^\s/]")
@@ -145,7 +172,7 @@ def _unglue(text: str) -> str:
 
 def _sibling_hint(model: type[BaseModel], field: tuple[Any, ...], value: Any) -> str:
     """``; did you mean 'steps'?`` when a value of the wrong type fits a key whose name is close (``train.step=20``)."""
-    if len(field) != 1:
+    if len(field) != 1 or value is None:
         return ""
     close = [k for k in _model_keys(model) if k != field[0] and did_you_mean(str(field[0]), [k])]
     for k in close:
