@@ -71,14 +71,14 @@ def compare_run(
     """
     run_dir = cfg.run_dir
     fresh = (
-        f"--no-resume to start over (the old run is moved to {run_dir}/previous/), or give this run its own "
-        f"run_dir (--set run_dir=runs/NAME)"
+        f"give this run its own run_dir (--set run_dir=runs/NAME), or start over with --no-resume (the old run "
+        f"moves to {run_dir}/previous/)"
     )
     if cfg.train.steps <= step:
         return (
             f"{cfg.where('train', 'steps')}: the checkpoint in {run_dir} is already at step {step} (train.steps is "
-            f"{cfg.train.steps}): nothing to train; raise train.steps to continue it "
-            f"(--set train.steps={max(2 * step, step + 1)}), {fresh}",
+            f"{cfg.train.steps}): nothing to train. To continue it raise train.steps "
+            f"(--set train.steps={max(2 * step, step + 1)}); otherwise {fresh}",
             None,
         )
     saved = meta.get(RECORD_KEY)
@@ -91,10 +91,10 @@ def compare_run(
     }
     what = [k for k, v in changed.items() if v]
     if what and resume is not True:
-        detail = "; ".join(f"{k}: {', '.join(changed[k])}" for k in what)
+        detail = "; ".join(", ".join(changed[k]) if len(what) == 1 else f"{k}: {', '.join(changed[k])}" for k in what)
         return (
-            f"{run_dir}: the checkpoint at step {step} was trained with another {' and '.join(what)} ({detail}): "
-            f"{fresh}; or --resume to continue the checkpoint with this config",
+            f"{run_dir}: the checkpoint at step {step} was trained with another {' and '.join(what)} ({detail}), "
+            f"so this run is another experiment: {fresh}; or --resume to continue the checkpoint with this config",
             None,
         )
     notes = [f"{k}: {', '.join(changed[k])}" for k in what]
