@@ -66,10 +66,13 @@ class DecoderBlock(nn.Module):
     @nn.compact
     def __call__(self, x, mask):
         c = self.config
-        norm = lambda: nn.LayerNorm(
-            scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),  # noqa: E731
-            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-        )
+
+        def norm():
+            return nn.LayerNorm(
+                scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+            )
+
         y = nn.MultiHeadDotProductAttention(
             num_heads=c.num_heads,
             qkv_features=c.qkv_dim,
