@@ -10,7 +10,13 @@ Modules:
   (imported on its own: it brings the reference models).
 - :mod:`~partitioning.config.run` — Config -> a run's batches, checkpoint hook and trackers.
 - :mod:`~partitioning.config.planning` — Config -> the plan and the compiled view of the train step.
+- :mod:`~partitioning.config.axes` — every mesh axis does work: one no rule uses is an error (did-you-mean).
+- :mod:`~partitioning.config.resume` — a run resuming its run dir's checkpoint is that experiment, further on;
+  anything else (nothing to train, another model or optimizer) says what to do.
+- :mod:`~partitioning.config.rundir` — starting over moves the previous run whole into ``RUN_DIR/previous/``.
 - :mod:`~partitioning.config.preflight` — every check ``train`` makes, before anything is compiled or written.
+- :mod:`~partitioning.config.tables` — a config laid out with other rule tables, each on a mesh that uses its
+  axes (``compare``).
 
 Example::
 
