@@ -4,6 +4,7 @@ Modules:
 
 - :mod:`~partitioning.config.schema` — the typed sections (``mesh``, ``train``, ``optimizer``, ...) and defaults.
 - :mod:`~partitioning.config.load` — YAML -> :class:`Config`, ``--set`` overrides, every error at ``file:line``.
+- :mod:`~partitioning.config.merge` — how ``base:`` and ``--set`` combine with what they override (one rule).
 - :mod:`~partitioning.config.targets` — ``_target_`` objects (Hydra's convention): imported beside the config,
   built recursively, options checked against the constructor.
 - :mod:`~partitioning.config.build` — Config -> mesh, model, optimizer, task, trainer

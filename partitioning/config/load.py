@@ -6,8 +6,9 @@ A run config has sections ``model``, ``mesh``, ``rules`` (required) and
 config reference and :mod:`partitioning.config.schema`.
 
 - ``base: other.yaml`` extends another config (MaxText-style): its keys apply
-  unless this file sets them (mappings merge key by key; other values are
-  replaced). Errors in inherited keys name the other file's line.
+  unless this file sets them (how values combine, here and for ``--set``:
+  :mod:`partitioning.config.merge`). Errors in inherited keys name the other
+  file's line.
 - ``--set a.b.c=value`` overrides any key (the value is YAML); errors in an
   overridden key name the flag.
 - The model section is checked against the model itself when it is built
@@ -31,10 +32,11 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from partitioning.config.merge import GLUED, glued_keys, merge, paths, unglue
 from partitioning.config.schema import REQUIRED, SECTIONS, TOP_KEYS, Config, DataConfig
 from partitioning.errors import ConfigError, PartitioningError, RuleError, did_you_mean
 from partitioning.rules import Rules
-from partitioning.yamlfile import Key, Lines, load_value, read_yaml
+from partitioning.yamlfile import Lines, load_value, read_yaml
 from partitioning.yamlfile import where as _where
 
 TARGET = "_target_"
@@ -47,40 +49,6 @@ def load_rules_file(path: str | Path) -> Rules:
 
 
 # -- files and bases --------------------------------------------------------------------------
-
-
-# Mappings whose keys are one value, not separate settings: the mesh's axes are ordered and the rule
-# tables are tables. A derived config or a --set that gives one replaces it whole.
-WHOLE = {("mesh", "shape"), ("rules",), ("optimizer_rules",)}
-
-
-def replaces(key: Key, old: Any, new: Any) -> bool:
-    """Whether ``new`` at ``key`` replaces ``old`` whole instead of merging into it key by key.
-
-    Mappings merge key by key (``base:`` and ``--set`` alike), except ``mesh.shape``
-    and the rule tables, and a mapping that names another thing to build (its
-    ``_target_``, or the model's ``name``): its keys are that thing's arguments.
-    """
-    if not isinstance(old, dict) or not isinstance(new, dict) or tuple(key) in WHOLE:
-        return True
-    heads = (TARGET, "name") if tuple(key) == ("model",) else (TARGET,)
-    return any(h in new and new[h] != old.get(h) for h in heads) or (
-        tuple(key) == ("model",) and any(h in new for h in heads) and any(h in old and h not in new for h in heads)
-    )
-
-
-def _merge(base: dict, base_lines: Lines, over: dict, over_lines: Lines, key: Key = ()) -> None:
-    """Merges ``over`` into ``base`` in place (see :func:`replaces`); lines follow the value that wins."""
-    for k, v in over.items():
-        sub = key + (k,)
-        if not replaces(sub, base.get(k), v):
-            base_lines[sub] = over_lines.get(sub, base_lines.get(sub))
-            _merge(base[k], base_lines, v, over_lines, sub)
-            continue
-        base[k] = v
-        for old in [x for x in base_lines if x[: len(sub)] == sub]:
-            del base_lines[old]
-        base_lines.update({x: line for x, line in over_lines.items() if x[: len(sub)] == sub})
 
 
 def _read(path: Path, shown: str, chain: tuple[str, ...]) -> tuple[dict, Lines]:
@@ -103,20 +71,11 @@ def _read(path: Path, shown: str, chain: tuple[str, ...]) -> tuple[dict, Lines]:
     inherited, inherited_lines = _read(base_path, base_shown, chain + (resolved,))
     # Keys from the base file are located in that file.
     inherited_lines = {k: (v if isinstance(v, (tuple, str)) else (base_shown, v)) for k, v in inherited_lines.items()}
-    _merge(inherited, inherited_lines, data, {k: v for k, v in lines.items() if k != ("base",)})
+    merge(inherited, inherited_lines, data, {k: v for k, v in lines.items() if k != ("base",)})
     return inherited, inherited_lines
 
 
 # -- --set overrides ----------------------------------------------------------------------------
-
-
-def _paths(value: Any, key: Key = ()) -> list[Key]:
-    """``key`` and the key of every value under it."""
-    out = [key]
-    if isinstance(value, dict):
-        for k, v in value.items():
-            out += _paths(v, key + (k,))
-    return out
 
 
 def _apply_override(data: dict, lines: Lines, text: str) -> None:
@@ -133,11 +92,11 @@ def _apply_override(data: dict, lines: Lines, text: str) -> None:
         value = load_value(raw) if raw.strip() else None
     except ConfigError:
         value = raw  # not YAML: take it as a string, the schema says whether that is right
-    glued = _glued_keys(value)
+    glued = glued_keys(value)
     if glued:
         raise ConfigError(
             f"{flag}: {glued[0]!r} reads as one key with no value: YAML needs a space after each colon, "
-            f"e.g. {_unglue(raw.strip())}"
+            f"e.g. {unglue(raw.strip())}"
         )
     node = data
     for i, k in enumerate(keys[:-1]):
@@ -150,24 +109,7 @@ def _apply_override(data: dict, lines: Lines, text: str) -> None:
         node = node[k]
     # The same merge as base: (a mapping merges key by key unless it replaces whole); what it sets points at the flag.
     key = tuple(keys)
-    _merge(node, lines, {keys[-1]: value}, {key + sub: flag for sub in _paths(value)}, key[:-1])
-
-
-_GLUED = re.compile(r"^[\w.\-]+:[^\s/]")
-
-
-def _glued_keys(value: Any) -> list[str]:
-    """Mapping keys like ``data:2`` with no value: ``{data:2}`` is YAML for ``{"data:2": null}``."""
-    if isinstance(value, Mapping):
-        out = [k for k, v in value.items() if v is None and isinstance(k, str) and _GLUED.match(k)]
-        return out + [k for v in value.values() for k in _glued_keys(v)]
-    if isinstance(value, list):
-        return [k for v in value for k in _glued_keys(v)]
-    return []
-
-
-def _unglue(text: str) -> str:
-    return re.sub(r",(?=\S)", ", ", re.sub(r"(?<=[\w\-]):(?=[^\s/])", ": ", text))
+    merge(node, lines, {keys[-1]: value}, {key + sub: flag for sub in paths(value)}, key[:-1])
 
 
 def _sibling_hint(model: type[BaseModel], field: tuple[Any, ...], value: Any) -> str:
@@ -268,8 +210,8 @@ def _messages(
             names = list(dict.fromkeys(_TYPE_NAMES[k] for k in kinds if _TYPE_NAMES.get(k)))
             expected = " or ".join(names) if names else errs[0]["msg"].lower()
             hint = _sibling_hint(model, field, value)
-            if value is None and isinstance(field[-1], str) and _GLUED.match(field[-1]):
-                hint = f"; YAML needs a space after the colon: {_unglue(field[-1])!r}"
+            if value is None and isinstance(field[-1], str) and GLUED.match(field[-1]):
+                hint = f"; YAML needs a space after the colon: {unglue(field[-1])!r}"
             out.append(f"{here}: expected {expected}, got {_show(value)}{hint}")
     return out
 
