@@ -30,6 +30,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -147,14 +148,19 @@ def user_env(extra_path: str | None = None) -> dict[str, str]:
 
 
 def run_bash(script: str, folder: Path, env: dict[str, str], timeout: float) -> Result:
-    r = subprocess.run(
-        ["bash", "-c", "set -e -o pipefail\n" + script],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    try:
+        r = subprocess.run(
+            ["bash", "-c", "set -e -o pipefail\n" + script],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else e.stdout or ""
+        err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else e.stderr or ""
+        return Result(124, f"{out}{err}\n(timed out after {timeout:.0f} s)", err)
     return Result(r.returncode, r.stdout + r.stderr, r.stderr)
 
 
@@ -234,13 +240,15 @@ def walk(
     root: Path,
     env: dict[str, str],
     shorten: Callable[[Block], str] = lambda b: b.text,
-    timeout: float = 600,
+    timeout: float = 1800,
     say: Callable[[str], None] = print,
+    timings: list[tuple[str, float]] | None = None,
 ) -> list[str]:
     """Runs every block of ``pages`` in order in ``folder``; returns one failure line per failing block.
 
     ``shorten(block)`` gives the text to run (the walk may make long runs
-    shorter); the page's own text is what the checks read.
+    shorter); the page's own text is what the checks read. ``timings``
+    collects ``(page:line, seconds)`` of every block run.
     """
     failures: list[str] = []
     for page in pages:
@@ -258,11 +266,14 @@ def walk(
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_text(shorten(b))
                     continue
+                t0 = time.perf_counter()
                 if b.kind == "bash":
                     result = run_bash(shorten(b), folder, env, timeout)
                 else:
                     session = session or PythonSession(folder, env)
                     result = session.run(shorten(b), b.where, timeout)
+                if timings is not None:
+                    timings.append((b.where, time.perf_counter() - t0))
                 problems = check(b, result, folder)
                 if problems:
                     failures.append(
