@@ -153,7 +153,21 @@ def test_every_snippet_of_the_docs_runs_as_pasted(repo, tmp_path, capsys):
     folder.mkdir()
     shipped_copy(repo, folder)
     said: list[str] = []
-    failures = walk(pages(repo), folder, root=repo, env=user_env(), shorten=lambda b: shorten(b.text), say=said.append)
+    timings: list[tuple[str, float]] = []
+    failures = walk(
+        pages(repo),
+        folder,
+        root=repo,
+        env=user_env(),
+        shorten=lambda b: shorten(b.text),
+        say=said.append,
+        timings=timings,
+    )
+    slowest = sorted(timings, key=lambda t: -t[1])[:5]
+    said.append(
+        f"{len(timings)} blocks in {sum(t for _, t in timings):.0f} s; slowest: "
+        + ", ".join(f"{w} {t:.0f} s" for w, t in slowest)
+    )
     with capsys.disabled():
         for line in said:
             print(f"\n  docs walk: {line}", end="")
