@@ -159,8 +159,8 @@ def run(args: argparse.Namespace) -> int:
         wrote = [run_dir / "metrics.jsonl"] if logger.path is not None else []
         wrote += [t.logdir for t in trackers if hasattr(t, "logdir")]
         wrote += [run_dir / "loss.png"] if logger.records else []
-        print(f"{summary}; wrote {', '.join(str(w) for w in wrote) or 'nothing'}", flush=True)
-        for t in trackers:
+        for t in trackers:  # before the summary, which stays the last line
             if isinstance(t, TensorBoardLogger):
                 print(tensorboard_hint(t.logdir), flush=True)
+        print(f"{summary}; wrote {', '.join(str(w) for w in wrote) or 'nothing'}", flush=True)
     return EXIT_CODES[reason]
