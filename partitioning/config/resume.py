@@ -8,12 +8,12 @@ e.g. ``--set optimizer.lr=0.001``) or when the checkpoint already holds every
 step asked for. Checked by the pre-flight, so ``check`` and ``train`` agree and
 nothing is written:
 
-- **nothing to train** (``train.steps`` at or below the saved step): an error,
-  whatever ``--resume`` says: raise ``train.steps``, start over, or use
-  another ``run_dir``;
 - **another model or optimizer** than the checkpoint's (every option resolved,
   defaults included; ``remat`` aside, it only trades memory for compute): an
   error unless ``--resume`` asks to continue the checkpoint with this config;
+- **nothing to train** (``train.steps`` at or below the saved step): an error,
+  whatever ``--resume`` says: raise ``train.steps``, start over, or use
+  another ``run_dir``;
 - **another layout** (rules, mesh) or other data: a genuine continuation
   (checkpoints restore onto any layout); one line says what changed.
 
@@ -74,20 +74,13 @@ def compare_run(
         f"give this run its own run_dir (--set run_dir=runs/NAME), or start over with --no-resume (the old run "
         f"moves to {run_dir}/previous/)"
     )
-    if cfg.train.steps <= step:
-        return (
-            f"{cfg.where('train', 'steps')}: the checkpoint in {run_dir} is already at step {step} (train.steps is "
-            f"{cfg.train.steps}): nothing to train. To continue it raise train.steps "
-            f"(--set train.steps={max(2 * step, step + 1)}); otherwise {fresh}",
-            None,
-        )
     saved = meta.get(RECORD_KEY)
     if not isinstance(saved, Mapping):
-        return None, None  # a checkpoint from before the record (or plain orbax): only its shapes were checked
+        saved = {}  # a checkpoint from before the record (or plain orbax): only its shapes and steps are checked
     now = run_record(cfg, sizes)
     changed = {
-        "model": _diff(saved.get("model"), now["model"], COMPUTE_ONLY),
-        "optimizer": _diff(saved.get("optimizer"), now["optimizer"]),
+        "model": _diff(saved["model"], now["model"], COMPUTE_ONLY) if "model" in saved else [],
+        "optimizer": _diff(saved["optimizer"], now["optimizer"]) if "optimizer" in saved else [],
     }
     what = [k for k, v in changed.items() if v]
     if what and resume is not True:
@@ -97,9 +90,16 @@ def compare_run(
             f"so this run is another experiment: {fresh}; or --resume to continue the checkpoint with this config",
             None,
         )
+    if cfg.train.steps <= step:  # the same experiment (or --resume), with nothing left to do
+        return (
+            f"{cfg.where('train', 'steps')}: the checkpoint in {run_dir} is already at step {step} (train.steps is "
+            f"{cfg.train.steps}): nothing to train. To continue it raise train.steps "
+            f"(--set train.steps={max(2 * step, step + 1)}); otherwise {fresh}",
+            None,
+        )
     notes = [f"{k}: {', '.join(changed[k])}" for k in what]
     layout = []
-    if saved.get("rules") != now["rules"]:
+    if "rules" in saved and saved["rules"] != now["rules"]:
         layout.append(f"rules {_fmt_rules(saved.get('rules'))} -> {_fmt_rules(now['rules'])}")
     old_mesh = (saved.get("mesh") or {}).get("shape")
     if old_mesh != now["mesh"]["shape"] and isinstance(old_mesh, Mapping):
