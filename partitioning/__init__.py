@@ -106,7 +106,8 @@ from partitioning.plan import (
 from partitioning.registry import build_model, model_names, register_model
 from partitioning.replication import ReplicationWarning
 from partitioning.resolve import DimExplanation, IndivisibleWarning
-from partitioning.rules import Rules, preset_names
+from partitioning.rules import Rules, preset_names, table_mesh
+from partitioning.show import describe_sharding, show_sharding
 from partitioning.train import (
     Corpus,
     FunctionModel,
@@ -180,6 +181,9 @@ __all__ = [
     "make_mesh",
     "sharding_context",
     "simulate_devices",
+    "show_sharding",
+    "describe_sharding",
+    "table_mesh",
     "initialize_distributed",
     # layout
     "LeafLayout",

@@ -71,13 +71,13 @@ def simulate_devices(n: int | None, *, quiet: bool = True) -> None:
     except RuntimeError:  # backend already started
         if jax.device_count() < n:
             raise MeshError(
-                f"the config needs {n} devices but jax already started with {jax.device_count()}; "
-                f"set JAX_NUM_CPU_DEVICES={n} (or XLA_FLAGS=--xla_force_host_platform_device_count={n}) "
-                f"before running"
+                f"{n} devices are needed but jax already started with {jax.device_count()}: call "
+                f"simulate_devices({n}) before any JAX computation (a fresh Python process), or set "
+                f"XLA_FLAGS=--xla_force_host_platform_device_count={n} before starting Python"
             ) from None
         return
     if jax.device_count() < n:
-        raise MeshError(f"the config needs {n} devices but only {jax.device_count()} are visible")
+        raise MeshError(f"{n} devices are needed but only {jax.device_count()} are visible")
     if not quiet and jax.default_backend() == "cpu" and n > 1:
         print(f"simulating {n} CPU devices", file=sys.stderr, flush=True)
 

@@ -107,8 +107,14 @@ def make_mesh(
         {'data': 2, 'fsdp': 4}
     """
     spec = shape if isinstance(shape, MeshSpec) else MeshSpec.from_mapping(shape, axis_types)
+    visible = devices is None
     devices = list(devices) if devices is not None else jax.devices()
-    sizes = spec.resolve(len(devices))
+    try:
+        sizes = spec.resolve(len(devices))
+    except MeshError as e:
+        if not visible or jax.default_backend() != "cpu":
+            raise
+        raise MeshError(f"{e}{_simulate_hint(spec, len(devices))}") from None
     types = (AXIS_TYPES[spec.axis_types],) * len(sizes)
     return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=types, devices=devices)
 
@@ -139,6 +145,18 @@ def abstract_mesh(mesh: Any, axis_types: str | Sequence[AxisType] | None = None)
     else:
         types = tuple(axis_types)
     return AbstractMesh(tuple(sizes.values()), tuple(sizes), axis_types=types)
+
+
+def _simulate_hint(spec: MeshSpec, visible: int) -> str:
+    """How to get the devices a mesh needs on a CPU: simulate them, before JAX starts."""
+    fixed = math.prod(s for _, s in spec.axes if s != -1)
+    n = fixed * max(1, math.ceil(8 / fixed)) if any(s == -1 for _, s in spec.axes) else fixed
+    if n <= visible:
+        return ""
+    return (
+        f" (on a CPU, simulate devices: call partitioning.simulate_devices({n}) before any JAX computation, "
+        f"or set XLA_FLAGS=--xla_force_host_platform_device_count={n} before starting Python)"
+    )
 
 
 @contextlib.contextmanager

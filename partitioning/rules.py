@@ -136,7 +136,7 @@ class Rules(TableWalk, tuple):
         if isinstance(data, Mapping):
             if "rules" not in data:
                 raise ConfigError(f"{path}: a rules file needs a top-level 'rules:' list")
-            valid = ("rules", "batch_axes", "follows")
+            valid = ["rules", "batch_axes", "follows", "mesh"]
             for k in data:
                 if k not in valid:
                     raise ConfigError(
@@ -303,6 +303,35 @@ def preset_names() -> list[str]:
         ['dp', 'fsdp', 'fsdp_tp', 'seq', 'tp']
     """
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def table_mesh(source: str | Path) -> dict[str, int] | None:
+    """The mesh a rule table is meant for: the ``mesh:`` of a preset or rules file (None: it names none).
+
+    ``source`` is a preset name or a rules file. The sizes are a mesh shape
+    (one may be ``-1``, the rest of the devices).
+
+    Example::
+
+        >>> table_mesh("fsdp_tp")
+        {'data': 1, 'fsdp': -1, 'tensor': 2}
+    """
+    path = PRESET_DIR / f"{source}.yaml" if str(source) in preset_names() else Path(source)
+    data, lines = read_yaml(path, "rules file")
+    mesh = data.get("mesh") if isinstance(data, Mapping) else None
+    if mesh is None:
+        return None
+    ok = (
+        isinstance(mesh, Mapping)
+        and mesh
+        and all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and (v >= 1 or v == -1)
+            for k, v in mesh.items()
+        )
+    )
+    if not ok:
+        raise ConfigError(f"{_where(path, lines, ('mesh',))}: expected a mesh shape such as {{data: 1, fsdp: -1}}")
+    return dict(mesh)
 
 
 def as_rules(rules: Any) -> Rules:

@@ -49,3 +49,16 @@ def test_sharding_context_validates_rules_against_mesh():
     ):
         pass
     assert pt.get_logical_axis_rules() == ()
+
+
+def test_too_few_devices_on_the_cpu_says_how_to_simulate_them():
+    with pytest.raises(pt.MeshError) as e:
+        pt.make_mesh({"data": 16})  # the tests simulate 8
+    assert str(e.value) == (
+        "mesh {data: 16} needs 16 devices, but there are 8; change a size or use -1 for one axis (on a CPU, simulate "
+        "devices: call partitioning.simulate_devices(16) before any JAX computation, or set "
+        "XLA_FLAGS=--xla_force_host_platform_device_count=16 before starting Python)"
+    )
+    with pytest.raises(pt.MeshError) as e:  # devices given: the caller chose them, no hint
+        pt.make_mesh({"data": 16}, devices=jax.devices()[:8])
+    assert "simulate" not in str(e.value)

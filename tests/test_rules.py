@@ -307,7 +307,8 @@ def test_rules_parse_forms_with_batch_axes(write):
     bad = write("bad.yaml", "rules: []\nbatch_axis: data\n")
     with pytest.raises(
         pt.ConfigError,
-        match=r"bad.yaml:2: batch_axis: unknown key \(valid: rules, batch_axes, follows\); did you mean 'batch_axes'\?",
+        match=r"bad.yaml:2: batch_axis: unknown key \(valid: rules, batch_axes, follows, mesh\); "
+        r"did you mean 'batch_axes'\?",
     ):
         Rules.from_yaml(bad)
     with pytest.raises(pt.ConfigError, match=r"rules.batch_axes: mesh axes must be names"):

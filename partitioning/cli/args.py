@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from partitioning.config.build import config_devices
 from partitioning.config.load import load_config
@@ -21,6 +22,11 @@ from partitioning.peers import DEFAULT_TIMEOUT
 def say(msg: str) -> None:
     """One line to stderr (progress and notes; stdout stays for results)."""
     print(msg, file=sys.stderr, flush=True)
+
+
+def leaf(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
+    """A sub-command's parser whose ``--help`` starts with what it does (argparse shows ``help`` only in the list)."""
+    return sub.add_parser(name, help=help, description=help)
 
 
 def config_args(p: argparse.ArgumentParser, devices: bool = True) -> None:
@@ -92,4 +98,4 @@ def load_with_devices(args: argparse.Namespace, config: str | None = None, simul
     return cfg
 
 
-__all__ = ["say", "config_args", "distributed_args", "load_with_devices"]
+__all__ = ["say", "leaf", "config_args", "distributed_args", "load_with_devices"]

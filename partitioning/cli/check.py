@@ -61,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"memory: {ready.budget.describe()}")
     if ready.resume_step is not None:
         print(f"resume: train would continue from the checkpoint at step {ready.resume_step} in {ready.checkpoint_dir}")
+        for note in (getattr(ready, "resume_note", None), ready.data_note):
+            if note:
+                print(note)
     elif cfg.model_hf is not None:
         try:
             check_hf_weights(cfg)

@@ -38,7 +38,7 @@ from partitioning.checkpoint.disk import (
 )
 from partitioning.checkpoint.reshard import reshard_checkpoint
 from partitioning.cli import export_hf
-from partitioning.cli.args import load_with_devices
+from partitioning.cli.args import leaf, load_with_devices
 from partitioning.cli.render import console
 from partitioning.config.build import abstract_model, mesh_from_config
 from partitioning.config.run import jsonable
@@ -202,13 +202,18 @@ def _reshard(args: argparse.Namespace, cfg: Any, mesh: Any, variables: Any) -> A
         config=jsonable(cfg.raw),
         model_name=cfg.model_name,
     )
+    print(
+        f"resharded step {r.step}: {r.arrays} arrays from mesh {r.from_mesh} to {r.to_mesh} "
+        f"({cfg.rules_label()}) -> {r.path}"
+    )
+    return 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="ckpt_cmd", required=True, metavar="{ls,inspect,reshard}")
-    ls = sub.add_parser("ls", help="steps, sizes, times, and which saves completed")
+    sub = p.add_subparsers(dest="ckpt_cmd", metavar="{ls,inspect,reshard,export-hf}")
+    ls = leaf(sub, "ls", "list a run's checkpoints: steps, sizes, times, metrics, and which saves completed")
     ls.add_argument("run_dir", help="a run dir (RUN_DIR/checkpoints) or a checkpoints dir")
-    ins = sub.add_parser("inspect", help="arrays with shapes, dtypes, saved shardings, and the metadata")
+    ins = leaf(sub, "inspect", "a checkpoint's arrays with shapes, dtypes, saved shardings, and its metadata")
     ins.add_argument("ckpt", help="run dir (latest step), checkpoints dir, step dir, or plain orbax dir")
     ins.add_argument("--step", type=int, default=None, help="a step other than the latest")
     ins.add_argument("--json", action="store_true", help="machine-readable output")
@@ -216,7 +221,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ins.add_argument(
         "--no-verify", action="store_true", help="skip reading every array back against its recorded checksum"
     )
-    rs = sub.add_parser("reshard", help="rewrite a checkpoint for another mesh / rule table (offline)")
+    rs = leaf(sub, "reshard", "rewrite a checkpoint for another mesh / rule table (offline)")
     rs.add_argument("ckpt", help="run dir (latest step), checkpoints dir, step dir, or plain orbax dir")
     rs.add_argument("--config", required=True, help="run config with the new mesh and rules")
     rs.add_argument("--out", required=True, help="checkpoints dir to write (DIR/STEP/...)")
@@ -227,5 +232,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ckpt_cmd is None:
+        return args.print_help()
     commands = {"ls": cmd_ls, "inspect": cmd_inspect, "reshard": cmd_reshard, "export-hf": export_hf.cmd_export_hf}
     return commands[args.ckpt_cmd](args)

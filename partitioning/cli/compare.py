@@ -1,23 +1,34 @@
-"""``partitioning compare CONFIG --rules A B ...``: several rule tables side by side."""
+"""``partitioning compare CONFIG --rules A B ...``: several rule tables side by side, each on its own mesh.
+
+Each table is laid out on a mesh that uses its axes (:mod:`partitioning.config.tables`):
+the one given with ``--mesh``, the config's own for the config's own table,
+else the mesh the preset or rules file is meant for, fitted to the model; the
+table says which mesh each row used and why.
+"""
 
 from __future__ import annotations
 
 import argparse
 import time
 
+from pydantic import ValidationError
 from rich.table import Table
 
 from partitioning.cli.args import config_args
 from partitioning.cli.compiling import compile_args, compiled, setup_devices, write_json
 from partitioning.cli.render import console
 from partitioning.config.load import load_config
-from partitioning.config.planning import plan_from_config
-from partitioning.fmt import fmt_bytes
+from partitioning.config.schema import MeshConfig
+from partitioning.config.tables import describe, table_layout
+from partitioning.errors import ConfigError
+from partitioning.fmt import fmt_bytes, fmt_mesh
+from partitioning.yamlfile import load_value
 
-HELP = "side by side per-device memory, communication and replication of several rule tables"
+HELP = "side by side per-device memory, communication and replication of several rule tables, each on its mesh"
 EXAMPLES = """examples:
-  partitioning compare configs/quickstart.yaml --rules fsdp fsdp_tp tp
-  partitioning compare configs/llama3_70b.yaml --rules fsdp_tp my_rules.yaml --no-compile"""
+  partitioning compare configs/quickstart.yaml --rules fsdp_tp fsdp tp dp
+  partitioning compare configs/quickstart.yaml --rules tp dp --mesh "{data: 4, tensor: 2}" -
+  partitioning compare configs/llama3_70b.yaml --rules fsdp_tp configs/my_rules.yaml --no-compile"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,22 +40,54 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="RULES",
         help="rule tables to compare: preset names or rules YAML files",
     )
+    p.add_argument(
+        "--mesh",
+        nargs="+",
+        metavar="MESH",
+        help="one mesh per --rules table, e.g. \"{data: 2, tensor: 4}\" ('-': choose it; default: the config's "
+        "mesh for its own table, else the mesh the preset or rules file is meant for, fitted to the model)",
+    )
     p.add_argument("--json", metavar="FILE", help="write the comparison as JSON")
     compile_args(p)
 
 
+def _meshes(args: argparse.Namespace) -> list[dict[str, int] | None]:
+    given = args.mesh or []
+    if given and len(given) != len(args.rules):
+        raise ConfigError(
+            f"--mesh: {len(given)} mesh(es) for {len(args.rules)} rule tables; give one per table ('-' to choose it)",
+            arg="mesh",
+        )
+    out: list[dict[str, int] | None] = []
+    for text in given or ["-"] * len(args.rules):
+        if text.strip() == "-":
+            out.append(None)
+            continue
+        try:
+            out.append(dict(MeshConfig(shape=load_value(text)).shape))
+        except (ConfigError, ValidationError, TypeError) as e:
+            msg = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
+            raise ConfigError(f"--mesh {text}: expected a mesh shape such as {{data: 2, tensor: 4}} ({msg})") from None
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
-    cfg0 = load_config(args.config, args.set or [])
-    configs = [(name, load_config(args.config, list(args.set or []) + [f"rules={name}"])) for name in args.rules]
+    sets = list(args.set or [])
+    cfg0 = load_config(args.config, sets)
+    meshes = _meshes(args)
     devices, here = setup_devices(cfg0, args)
-    rows = []
-    for name, cfg in configs:
+    rows, layouts = [], []
+    for name, mesh in zip(args.rules, meshes, strict=True):
         t0 = time.perf_counter()
-        plan, _ = plan_from_config(cfg, devices)
-        view = compiled(cfg, args, devices, here, plan, extra_set=[f"rules={name}"])
+        t = table_layout(args.config, sets, name, devices, mesh)
+        layouts.append(t)
+        plan = t.plan
+        view = compiled(t.cfg, args, devices, here, plan, extra_set=t.overrides)
         rows.append(
             {
                 "rules": name,
+                "mesh": plan.mesh,
+                "mesh_source": t.source,
                 "totals": plan.totals,
                 "replicated_share": plan.replicated_share,
                 "warnings": plan.warnings(),
@@ -53,10 +96,10 @@ def run(args: argparse.Namespace) -> int:
                 "wall_s": round(time.perf_counter() - t0, 3),
             }
         )
-    sizes = plan.mesh  # every table plans the same mesh
     out = console()
-    t = Table(title=f"{cfg0.model_name} on mesh {sizes} ({devices:,} devices): per device")
+    t = Table(title=f"{cfg0.model_name} on {devices:,} devices: per device, each table on its mesh")
     t.add_column("rules")
+    t.add_column("mesh")
     for col in (
         "params",
         "optimizer",
@@ -87,9 +130,10 @@ def run(args: argparse.Namespace) -> int:
             cells.append(fmt_bytes(sum(x["bytes"] for x in c.values())))
         else:
             cells += ["-"] * 6
-        t.add_row(r["rules"], *cells)
+        t.add_row(r["rules"], fmt_mesh(r["mesh"]), *cells)
     out.print(t)
     out.print("collective columns: bytes per step per device (buffer sizes; loop iterations counted)")
+    out.print("meshes: " + "; ".join(describe(x) for x in layouts), highlight=False, markup=False)
     for r in rows:
         if r["compiled"]["status"] != "ok":
             out.print(
@@ -100,8 +144,5 @@ def run(args: argparse.Namespace) -> int:
         for w in r["warnings"]:
             out.print(f"{r['rules']}: {w}", highlight=False, markup=False)
     if args.json:
-        write_json(
-            args.json,
-            {"config": str(cfg0.path), "model": cfg0.model_name, "devices": devices, "mesh": sizes, "tables": rows},
-        )
+        write_json(args.json, {"config": str(cfg0.path), "model": cfg0.model_name, "devices": devices, "tables": rows})
     return 0

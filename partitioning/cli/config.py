@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from partitioning.cli.args import config_args, load_with_devices
+from partitioning.cli.args import config_args, leaf, load_with_devices
 from partitioning.cli.compiling import plan_devices
 from partitioning.config.build import model_options_resolved
 from partitioning.config.schema import json_schema
@@ -26,12 +26,14 @@ EXAMPLES = """examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="config_cmd", required=True)
-    sub.add_parser("schema", help="print the JSON Schema of a run config")
-    config_args(sub.add_parser("show", help="print a config fully resolved (every default, mesh sizes)"))
+    sub = p.add_subparsers(dest="config_cmd", metavar="{schema,show}")
+    leaf(sub, "schema", "print the JSON Schema of a run config (for editors that complete and check YAML)")
+    config_args(leaf(sub, "show", "print a config fully resolved: every default, base: and --set applied, mesh sizes"))
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.config_cmd is None:
+        return args.print_help()
     if args.config_cmd == "schema":
         print(json.dumps(json_schema(), indent=1))
         return 0

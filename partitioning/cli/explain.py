@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 
 from partitioning.boxes import compute_spec
-from partitioning.cli.args import config_args, load_with_devices
+from partitioning.cli.args import config_args, leaf, load_with_devices
 from partitioning.cli.render import console, explain_table
+from partitioning.config.axes import check_axes_used
 from partitioning.config.build import abstract_model, batch_from_config, mesh_from_config, task_from_config
 from partitioning.fmt import fmt_spec
 from partitioning.layout import tree_layouts
@@ -19,15 +20,18 @@ EXAMPLES = """examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="rules_cmd", required=True)
-    config_args(sub.add_parser("explain", help=HELP))
+    sub = p.add_subparsers(dest="rules_cmd", metavar="{explain}")
+    config_args(leaf(sub, "explain", HELP))
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.rules_cmd is None:
+        return args.print_help()
     cfg = load_with_devices(args)
     mesh = mesh_from_config(cfg, args.devices)
     model, abstract = abstract_model(cfg)
     layouts = tree_layouts(abstract, mesh, cfg.rules, on_indivisible=cfg.on_indivisible, warn_replicated=False)
+    check_axes_used(cfg, dict(mesh.shape), layouts)
     collections = {k: v for k, v in abstract.items() if k != "params"}
     acts = activation_names(
         model,
@@ -41,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     computes = {x.path: fmt_spec(compute_spec(x.names, cfg.rules, mesh)) for x in layouts if x.names is not None}
     out = console()
     out.print(
-        explain_table(layouts, computes, title=f"{cfg.model_name} on mesh {dict(mesh.shape)}: rules from {cfg.path}")
+        explain_table(layouts, computes, title=f"{cfg.model_name} on mesh {dict(mesh.shape)}: {cfg.rules_label()}")
     )
     rules = cfg.rules
     axes = ", ".join(rules.batch_axes) or "none"

@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run 'partitioning COMMAND --help' for a command's options and examples.",
     )
     parser.add_argument("--version", action="version", version=f"partitioning {version()}")
-    sub = parser.add_subparsers(dest="cmd", required=True, parser_class=Parser)
+    sub = parser.add_subparsers(dest="cmd", parser_class=Parser, metavar="COMMAND")
     for name, module in COMMANDS.items():
         p = sub.add_parser(
             name,
@@ -121,8 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         module.add_arguments(p)
-        p.set_defaults(run=module.run)
+        # A command with sub-commands (rules, ckpt, config) given none prints its help, as bare `partitioning` does.
+        p.set_defaults(run=module.run, print_help=_help_of(p))
+    parser.set_defaults(run=None, print_help=_help_of(parser))
     return parser
+
+
+def _help_of(parser: argparse.ArgumentParser) -> Any:
+    def show() -> int:
+        parser.print_help()
+        return 0
+
+    return show
 
 
 def version() -> str:
@@ -134,6 +144,8 @@ def version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.run is None:  # bare `partitioning`: the commands, not an error
+        return args.print_help()
     quiet_orbax()
     plain_warnings()
     code = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from partitioning.cli.args import config_args
+from partitioning.cli.args import config_args, say
 from partitioning.cli.compiling import compile_args, compiled, setup_devices, write_json
 from partitioning.cli.render import console, render_plan
 from partitioning.config.load import load_config
@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     t2 = time.perf_counter()
     report = {
         "config": str(cfg.path),
+        "rules_source": cfg.rules_label(),
         "model": {"name": cfg.model_name, "options": dict(cfg.model_options)},
         "batch": {"batch_size": cfg.train.batch_size, "seq_len": cfg.train.seq_len},
         **plan.to_json(),
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, report)
     if args.png:
-        plot_plan(report, args.png)
+        say(f"wrote {plot_plan(report, args.png)}")
     if not fit.fits:  # printed in full above; the exit status refuses the layout
         raise fit.error(
             cfg.where("mesh", "device_memory")

@@ -74,7 +74,7 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
     mesh = report["mesh"]
     console.print(
         f"[bold]{report['model']['name']}[/bold] ({report['parameters']:,} parameters) on mesh "
-        f"{mesh} ({report['devices']:,} devices), rules from {report['config']}"
+        f"{mesh} ({report['devices']:,} devices), {report.get('rules_source') or 'rules from ' + report['config']}"
     )
     t = Table(title="parameters", show_lines=False)
     columns: tuple[tuple[str, JustifyMethod], ...] = (

@@ -30,6 +30,7 @@ from partitioning.config.build import model_options_resolved
 from partitioning.config.hf import check_hf_weights, has_checkpoint, hf_params_from_config
 from partitioning.config.preflight import preflight
 from partitioning.config.run import checkpoint_hook_from_config, trackers_from_config
+from partitioning.config.rundir import move_previous_run
 from partitioning.errors import ConfigError
 from partitioning.plan.flops import peak_tflops, transformer_flops
 from partitioning.train.data import Corpus
@@ -37,6 +38,7 @@ from partitioning.train.loop import fit
 from partitioning.train.nonfinite import NonFiniteError
 from partitioning.train.plots import LossPlot
 from partitioning.train.state import state_step
+from partitioning.train.trackers import TensorBoardLogger, tensorboard_hint
 
 HELP = "train the config's model with its mesh and rules; writes RUN_DIR/metrics.jsonl, config.yaml, loss.png"
 EXAMPLES = """examples:
@@ -124,6 +126,8 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
     pretrained = None
     if cfg.model_hf is not None and ready.resume_step is None:
         pretrained = hf_params_from_config(cfg, mesh)
+    if ready.resume_step is None:  # starting over: the previous run's history goes with its checkpoints
+        move_previous_run(run_dir, ready.checkpoint_dir, log)
     # The checkpoint hook goes first: it restores before the log is trimmed to that step.
     ckpt = checkpoint_hook_from_config(cfg, trainer, run_dir, resume=args.resume, log=log)
     peers.set_note(lambda: checkpoint_note(ckpt.manager.directory))  # said if another process dies
@@ -140,8 +144,9 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
         )
         if ready.budget is not None and ready.budget.budget is not None:
             print(f"memory: {ready.budget.describe()}", flush=True)
-        if ready.data_note:
-            print(ready.data_note, flush=True)
+        for note in (ready.resume_note, ready.data_note):
+            if note:
+                print(note, flush=True)
     logger, trackers = trackers_from_config(cfg, run_dir, resolved)
     plot = LossPlot(logger, run_dir / "loss.png", title=f"{Path(cfg.path).stem}: {cfg.model_name}")
     # Restore (or init) directly, so a resumed run never holds a fresh init and
@@ -152,13 +157,7 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
         init = functools.partial(trainer.init_from, pretrained)
     state = ckpt.initial_state(trainer, jax.random.key(cfg.train.seed), init=init)
     init = pretrained = None  # the state holds the params now
-    start = state_step(state)
-    if start >= cfg.train.steps and main:
-        print(
-            f"train: the checkpoint is already at step {start} (train.steps is {cfg.train.steps}); "
-            f"raise train.steps to continue, or --no-resume to start over",
-            flush=True,
-        )
+    start = state_step(state)  # below train.steps: the pre-flight refused a run with nothing to train
     flops = peak = None
     if start < cfg.train.steps:
         flops = trainer.step_flops()  # compiles the step (the loop then reuses it)
@@ -186,5 +185,8 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
         wrote = [run_dir / "metrics.jsonl"] if logger.path is not None else []
         wrote += [t.logdir for t in trackers if hasattr(t, "logdir")]
         wrote += [run_dir / "loss.png"] if logger.records else []
+        for t in trackers:  # before the summary, which stays the last line
+            if isinstance(t, TensorBoardLogger):
+                print(tensorboard_hint(t.logdir), flush=True)
         print(f"{summary}; wrote {', '.join(str(w) for w in wrote) or 'nothing'}", flush=True)
     return EXIT_CODES[reason]

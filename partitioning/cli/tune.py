@@ -31,6 +31,7 @@ from partitioning.cli.args import config_args, say
 from partitioning.cli.compiling import CPU_MAX_DEVICES, IN_PROCESS_MAX, compile_in_child, plan_devices, write_json
 from partitioning.cli.render import console
 from partitioning.cli.tune_report import render_search, write_best
+from partitioning.config.axes import check_axes_used
 from partitioning.config.build import (
     batch_from_config,
     model_from_config,
@@ -47,7 +48,7 @@ from partitioning.layout import logical_names
 from partitioning.parallel.pipeline import microbatching
 from partitioning.parallel.trace import recording
 from partitioning.plan.coverage import activation_names
-from partitioning.plan.plan import build_plan
+from partitioning.plan.plan import build_plan, mesh_sizes
 from partitioning.rules import Rules, preset_names
 from partitioning.train.state import abstract_train_state
 from partitioning.tune.hardware import Hardware, hardware, load_hardware
@@ -210,6 +211,17 @@ def refine(
     return done
 
 
+def _check_config_mesh(cfg: Config, devices: int, params: Any, opt_state: Any) -> None:
+    """The config's own mesh uses every axis, as in check / train (tune searches other meshes too, but a typo
+    in this one is still a typo)."""
+    try:
+        sizes = mesh_sizes(cfg.mesh.shape, devices)
+    except MeshError:
+        return  # a mesh for another device count: tune searches this count's meshes
+    p = build_plan(params, opt_state, sizes, cfg.rules, optimizer_rules=cfg.optimizer_rules, on_indivisible="replicate")
+    check_axes_used(cfg, sizes, p.params + p.opt_state)
+
+
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     sets = list(args.set or [])
@@ -236,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
         # axis types (a model using Explicit-only ops traces only so).
         axes = dict.fromkeys([*cfg.mesh.shape, "data", *table_axes(cfg.rules)], 1)
         names = activation_names(model, params, axes, cfg.rules, batch=batch, task=task, axis_types=cfg.mesh.axis_types)
+    _check_config_mesh(cfg, devices, params, opt_state)
     tables = _tables(cfg, args.rules, args.config, records)
     p0 = build_plan(params, opt_state, {"data": 1}, Rules([]), on_indivisible="replicate")
     w = workload(

@@ -152,7 +152,9 @@ def render_search(report: dict[str, Any], s: Search, top: int, console: Any) -> 
 def write_best(cfg: Config, sets: list[str], best: Result, path: str, report: dict[str, Any]) -> Path:
     """The config with the best layout applied, every default resolved (``partitioning train`` runs it)."""
     overrides = best.candidate.overrides(best.rules, best.optimizer_rules)
-    tuned = load_config(cfg.path, sets + overrides)
+    # Another layout is another run: its own run_dir (named after the file), never the original's checkpoints.
+    run_dir = f"runs/{Path(path).stem}"
+    tuned = load_config(cfg.path, [*sets, *overrides, f"run_dir={run_dir}"])
     e = _estimate(best)
     head = [
         f"# Written by `partitioning tune {cfg.path}` for {best.candidate.devices:,} devices "
@@ -161,6 +163,7 @@ def write_best(cfg: Config, sets: list[str], best: Result, path: str, report: di
         f"#   estimated {fmt_seconds(best.step_time)} per step ({e.source}), bound by {e.bottleneck};",
         f"#   peak {fmt_bytes(best.peak)} per device ({best.peak_source}) of a "
         f"{fmt_bytes(report['search']['budget_bytes'])} budget.",
+        f"#   run_dir {run_dir}: its own, so `partitioning train {path}` starts a run of this layout",
     ]
     text = "\n".join(head) + "\n" + tuned.to_yaml(best.candidate.sizes, model_options_resolved(tuned))
     return write_text(path, text, "--out")

@@ -5,13 +5,20 @@ Modules:
 - :mod:`~partitioning.config.schema` — the typed sections (``mesh``, ``train``, ``optimizer``, ...) and defaults.
 - :mod:`~partitioning.config.load` — YAML -> :class:`Config`, ``--set`` overrides, every error at ``file:line``.
 - :mod:`~partitioning.config.hf` — ``model: {hf: DIR}``: a Hugging Face checkpoint, checked and built; its tokenizer.
+- :mod:`~partitioning.config.merge` — how ``base:`` and ``--set`` combine with what they override (one rule).
 - :mod:`~partitioning.config.targets` — ``_target_`` objects (Hydra's convention): imported beside the config,
   built recursively, options checked against the constructor.
 - :mod:`~partitioning.config.build` — Config -> mesh, model, optimizer, task, trainer
   (imported on its own: it brings the reference models).
 - :mod:`~partitioning.config.run` — Config -> a run's batches, checkpoint hook and trackers.
 - :mod:`~partitioning.config.planning` — Config -> the plan and the compiled view of the train step.
+- :mod:`~partitioning.config.axes` — every mesh axis does work: one no rule uses is an error (did-you-mean).
+- :mod:`~partitioning.config.resume` — a run resuming its run dir's checkpoint is that experiment, further on;
+  anything else (nothing to train, another model or optimizer) says what to do.
+- :mod:`~partitioning.config.rundir` — starting over moves the previous run whole into ``RUN_DIR/previous/``.
 - :mod:`~partitioning.config.preflight` — every check ``train`` makes, before anything is compiled or written.
+- :mod:`~partitioning.config.tables` — a config laid out with other rule tables, each on a mesh that uses its
+  axes (``compare``).
 
 Example::
 

@@ -6,8 +6,9 @@ A run config has sections ``model``, ``mesh``, ``rules`` (required) and
 config reference and :mod:`partitioning.config.schema`.
 
 - ``base: other.yaml`` extends another config (MaxText-style): its keys apply
-  unless this file sets them (mappings merge key by key; other values are
-  replaced). Errors in inherited keys name the other file's line.
+  unless this file sets them (how values combine, here and for ``--set``:
+  :mod:`partitioning.config.merge`). Errors in inherited keys name the other
+  file's line.
 - ``--set a.b.c=value`` overrides any key (the value is YAML); errors in an
   overridden key name the flag.
 - The model section is checked against the model itself when it is built
@@ -33,10 +34,11 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from partitioning.config.hf import hf_source
+from partitioning.config.merge import GLUED, glued_keys, merge, paths, unglue
 from partitioning.config.schema import REQUIRED, SECTIONS, TOP_KEYS, Config, DataConfig, HfModelConfig
 from partitioning.errors import ConfigError, PartitioningError, RuleError, did_you_mean
 from partitioning.rules import Rules
-from partitioning.yamlfile import Key, Lines, load_value, read_yaml
+from partitioning.yamlfile import Lines, load_value, read_yaml
 from partitioning.yamlfile import where as _where
 
 TARGET = "_target_"
@@ -49,20 +51,6 @@ def load_rules_file(path: str | Path) -> Rules:
 
 
 # -- files and bases --------------------------------------------------------------------------
-
-
-def _merge(base: dict, base_lines: Lines, over: dict, over_lines: Lines, key: Key = ()) -> None:
-    """Merges ``over`` into ``base`` in place (mappings key by key); lines follow the value that wins."""
-    for k, v in over.items():
-        sub = key + (k,)
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            base_lines[sub] = over_lines.get(sub, base_lines.get(sub))
-            _merge(base[k], base_lines, v, over_lines, sub)
-            continue
-        base[k] = v
-        for old in [x for x in base_lines if x[: len(sub)] == sub]:
-            del base_lines[old]
-        base_lines.update({x: line for x, line in over_lines.items() if x[: len(sub)] == sub})
 
 
 def _read(path: Path, shown: str, chain: tuple[str, ...]) -> tuple[dict, Lines]:
@@ -85,7 +73,7 @@ def _read(path: Path, shown: str, chain: tuple[str, ...]) -> tuple[dict, Lines]:
     inherited, inherited_lines = _read(base_path, base_shown, chain + (resolved,))
     # Keys from the base file are located in that file.
     inherited_lines = {k: (v if isinstance(v, (tuple, str)) else (base_shown, v)) for k, v in inherited_lines.items()}
-    _merge(inherited, inherited_lines, data, {k: v for k, v in lines.items() if k != ("base",)})
+    merge(inherited, inherited_lines, data, {k: v for k, v in lines.items() if k != ("base",)})
     return inherited, inherited_lines
 
 
@@ -106,6 +94,12 @@ def _apply_override(data: dict, lines: Lines, text: str) -> None:
         value = load_value(raw) if raw.strip() else None
     except ConfigError:
         value = raw  # not YAML: take it as a string, the schema says whether that is right
+    glued = glued_keys(value)
+    if glued:
+        raise ConfigError(
+            f"{flag}: {glued[0]!r} reads as one key with no value: YAML needs a space after each colon, "
+            f"e.g. {unglue(raw.strip())}"
+        )
     node = data
     for i, k in enumerate(keys[:-1]):
         if k not in node or node[k] is None:
@@ -115,11 +109,23 @@ def _apply_override(data: dict, lines: Lines, text: str) -> None:
                 f"{flag}: {'.'.join(keys[: i + 1])} is {node[k]!r} ({type(node[k]).__name__}), not a mapping with keys"
             )
         node = node[k]
-    node[keys[-1]] = value
-    # The overridden subtree has no file lines any more: errors point at the flag.
-    for stale in [line_key for line_key in lines if line_key[: len(keys)] == tuple(keys)]:
-        del lines[stale]
-    lines[tuple(keys)] = flag
+    # The same merge as base: (a mapping merges key by key unless it replaces whole); what it sets points at the flag.
+    key = tuple(keys)
+    merge(node, lines, {keys[-1]: value}, {key + sub: flag for sub in paths(value)}, key[:-1])
+
+
+def _sibling_hint(model: type[BaseModel], field: tuple[Any, ...], value: Any) -> str:
+    """``; did you mean 'steps'?`` when a value of the wrong type fits a key whose name is close (``train.step=20``)."""
+    if len(field) != 1 or value is None:
+        return ""
+    close = [k for k in _model_keys(model) if k != field[0] and did_you_mean(str(field[0]), [k])]
+    for k in close:
+        try:
+            model.model_validate({k: value})
+        except ValidationError:
+            continue
+        return did_you_mean(str(field[0]), [k])
+    return ""
 
 
 # -- validation messages ------------------------------------------------------------------------
@@ -204,7 +210,10 @@ def _messages(
         else:
             names = list(dict.fromkeys(t for k in kinds if (t := _TYPE_NAMES.get(k))))
             expected = " or ".join(names) if names else errs[0]["msg"].lower()
-            out.append(f"{here}: expected {expected}, got {_show(value)}")
+            hint = _sibling_hint(model, field, value)
+            if value is None and isinstance(field[-1], str) and GLUED.match(field[-1]):
+                hint = f"; YAML needs a space after the colon: {unglue(field[-1])!r}"
+            out.append(f"{here}: expected {expected}, got {_show(value)}{hint}")
     return out
 
 

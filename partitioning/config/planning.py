@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 
+from partitioning.config.axes import check_axes_used
 from partitioning.config.build import (
     PIPELINE_KEYS,
     at_key,
@@ -64,6 +65,7 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
         activations=acts,
         parallel=costs_from_records(stacks, sizes, passes=g),
     )
+    check_axes_used(cfg, sizes, plan.params + plan.opt_state)
     return plan, model
 
 

@@ -36,6 +36,7 @@ import jax
 from partitioning.checkpoint.checksum import verify_checksums
 from partitioning.checkpoint.disk import flat_saved, list_steps, resolve_checkpoint, saved_tree
 from partitioning.checkpoint.restore import abstract_target, check_fits, checkpoint_metadata
+from partitioning.config.axes import check_axes_used
 from partitioning.config.build import (
     at_key,
     batch_from_config,
@@ -45,6 +46,7 @@ from partitioning.config.build import (
     trainer_from_config,
 )
 from partitioning.config.planning import plan_from_config
+from partitioning.config.resume import compare_run
 from partitioning.config.run import data_from_config, data_resume_note
 from partitioning.config.schema import Config
 from partitioning.errors import CheckpointError, ConfigError, MeshError, ShardingError
@@ -71,6 +73,7 @@ class Ready:
     budget: Budget | None
     plan: Plan
     data_note: str | None = None  # how the data differs from the checkpoint's, when resuming
+    resume_note: str | None = None  # how the config differs from the checkpoint's, when resuming
 
 
 def writable_dir(path: Path, where: str) -> None:
@@ -123,8 +126,8 @@ def check_resume(directory: Path, target: Any, resume: bool | None, partial: boo
         check_fits(ref, flat_saved(saved_tree(ref)), target, partial)
     except CheckpointError as e:
         raise CheckpointError(
-            f"{e}; to start over with this model use --no-resume (the old checkpoints are "
-            f"moved aside) or another run_dir"
+            f"{e}; to start over with this model use --no-resume (the old run is moved to RUN_DIR/previous/) "
+            f"or another run_dir"
         ) from None
     return ref.step
 
@@ -139,6 +142,19 @@ def verify_resume(directory: Path) -> None:
             f"checkpoint {ref}: {problems[0]}{more}; not resumed (checkpoint.verify): restore an earlier step "
             f"with --set checkpoint.dir=... or start over with --no-resume"
         )
+
+
+def _continuation(
+    cfg: Config, ckpt_dir: Path, step: int | None, resume: bool | None, sizes: dict[str, int]
+) -> tuple[str | None, str | None]:
+    """(data note, config note) for a run resuming at ``step``; raises when it is no continuation of it."""
+    if step is None:
+        return None, None
+    meta = checkpoint_metadata(ckpt_dir, step)
+    problem, changed = compare_run(cfg, meta, step, resume, sizes)
+    if problem:
+        raise CheckpointError(problem)
+    return data_resume_note(cfg, meta.get("data")), changed
 
 
 def _mesh(cfg: Config, devices: int | None):
@@ -167,12 +183,13 @@ def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_
     step = check_resume(ckpt_dir, target, resume)
     if step is not None and cfg.checkpoint.verify:
         verify_resume(ckpt_dir)  # before anything is written
-    note = data_resume_note(cfg, checkpoint_metadata(ckpt_dir, step).get("data")) if step is not None else None
+    note, changed = _continuation(cfg, ckpt_dir, step, resume, dict(mesh.shape))
     budget = _budget(cfg)
     a = trainer.abstract_state
     plan = build_plan(
         a.params, a.opt_state, mesh, cfg.rules, optimizer_rules=cfg.optimizer_rules, on_indivisible=cfg.on_indivisible
     )
+    check_axes_used(cfg, plan.mesh, plan.params + plan.opt_state)
     # The train step is traced (and lowered) here, so a model that fails to trace stops the run before
     # anything is written; the compile for the memory figure reuses it.
     lowered = trainer.lower_train_step()
@@ -186,7 +203,7 @@ def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
-    return Ready(cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note)
+    return Ready(cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed)
 
 
 def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None) -> Ready:
@@ -219,6 +236,7 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None) ->
         step = check_resume(ckpt_dir, _nest(want), resume, partial=True)
     elif resume is True:
         raise CheckpointError(f"--resume: no complete checkpoint in {ckpt_dir}")
+    _continuation(cfg, ckpt_dir, step, resume, sizes)
     fit = check_budget(plan, _budget(cfg))
     if not fit.fits:
         raise fit.error(

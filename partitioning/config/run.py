@@ -23,6 +23,7 @@ from partitioning.checkpoint.manager import CheckpointManager
 from partitioning.checkpoint.restore import abstract_target
 from partitioning.config.build import dataset_from_config
 from partitioning.config.hf import hf_record, tokenizer_from_config
+from partitioning.config.resume import RECORD_KEY, run_record
 from partitioning.config.schema import Config
 from partitioning.config.targets import TARGET
 from partitioning.errors import ConfigError, DataError
@@ -171,7 +172,7 @@ def checkpoint_hook_from_config(
     """
     c = cfg.checkpoint
     directory = prepare_directory(Path(c.dir) if c.dir else Path(run_dir) / "checkpoints", resume, log)
-    extra: dict[str, Any] = {"data": data_position(cfg)}
+    extra: dict[str, Any] = {"data": data_position(cfg), RECORD_KEY: run_record(cfg, dict(trainer.mesh.shape))}
     if cfg.optimizer_rules is not None:
         extra["optimizer_rules"] = cfg.optimizer_rules.to_list()
     if cfg.model_hf is not None:  # what `ckpt export-hf` needs to write the run back out

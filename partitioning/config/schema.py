@@ -20,8 +20,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
+from partitioning.errors import did_you_mean
 from partitioning.rules import Rules
 from partitioning.yamlfile import Key, dump_yaml, where
 
@@ -57,6 +58,10 @@ class MeshConfig(Section):
     device_memory: StrictInt | StrictStr | None = Field(
         default=None, description="per-device memory budget, e.g. 80GiB (default: what the device reports)"
     )
+    unused_axes: list[StrictStr] = Field(
+        default_factory=list,
+        description="mesh axes no rule uses, kept on purpose (every device along them repeats the same work)",
+    )
 
     @field_validator("shape")
     @classmethod
@@ -71,6 +76,15 @@ class MeshConfig(Section):
         if sum(1 for s in v.values() if s == -1) > 1:
             raise ValueError(f"mesh {dict(v)} has more than one -1; at most one axis can take the rest of the devices")
         return v
+
+    @model_validator(mode="after")
+    def _unused_axes(self) -> MeshConfig:
+        for a in self.unused_axes:
+            if a not in self.shape:
+                raise ValueError(
+                    f"unused_axes: {a!r} is not a mesh axis ({', '.join(self.shape)}){did_you_mean(a, self.shape)}"
+                )
+        return self
 
     @field_validator("device_memory")
     @classmethod
@@ -268,6 +282,19 @@ class Config:
     def where(self, *key: Any) -> str:
         """``file:line: dotted.key`` of a key of this config (or the ``--set`` flag that set it)."""
         return where(self.path, self.lines, key)
+
+    def rules_label(self, located: bool = True) -> str:
+        """The rule table and where it came from, for titles: ``rules fsdp_tp (--set rules=fsdp_tp)``,
+        ``rules fsdp (configs/quickstart.yaml:21)``, ``6 rules (configs/x.yaml:12)``."""
+        value = self.raw.get("rules")
+        if isinstance(value, str):
+            name = f"rules {value}"
+        elif isinstance(value, dict) and isinstance(value.get("preset"), str):
+            extra = len(value.get("extra") or [])
+            name = f"rules {value['preset']}{f' + {extra} extra' if extra else ''}"
+        else:
+            name = f"{len(self.rules)} rules"
+        return f"{name} ({where(self.path, self.lines, ('rules',)).removesuffix(': rules')})" if located else name
 
     def resolved(self, mesh_sizes: dict[str, int] | None = None, model_options: dict[str, Any] | None = None) -> dict:
         """Every key with its value or default, the rule tables written out, mesh sizes resolved if given."""

@@ -26,7 +26,7 @@ from partitioning.boxes import unbox
 from partitioning.context import axis_rules, recording
 from partitioning.layout import LeafLayout
 from partitioning.mesh import abstract_mesh
-from partitioning.resolve import mesh_axis_sizes
+from partitioning.resolve import axes_tuple, mesh_axis_sizes
 from partitioning.rules import as_rules
 from partitioning.train.batch import batch_shapes, stream_keys
 from partitioning.train.model import as_model
@@ -84,6 +84,32 @@ def rule_coverage(
     return Coverage(names_used, fired, uncovered, unused)
 
 
+def unused_mesh_axes(
+    mesh: Any, rules: Any, layouts: Iterable[LeafLayout] = (), optimizer_rules: Any = None
+) -> list[str]:
+    """Mesh axes of size > 1 that nothing uses: every device along them would repeat the same work.
+
+    An axis is used when a rule of ``rules`` or ``optimizer_rules`` names it (as
+    a target or in ``batch_axes``) or a layout's spec holds it (a model that
+    annotates with mesh-axis names). Size-1 axes are never reported.
+
+    Example::
+
+        >>> unused_mesh_axes({"data": 1, "fsdp": 4, "tensr": 2}, "fsdp")
+        ['tensr']
+    """
+    named: set[str] = set()
+    for table in (rules, optimizer_rules):
+        if table is None:
+            continue
+        table = as_rules(table)
+        named |= {a for _, axes in table for a in axes_tuple(axes)} | set(table.batch_axes)
+    for l in layouts:
+        for entry in l.spec:
+            named |= set(axes_tuple(entry))
+    return [a for a, n in mesh_axis_sizes(mesh).items() if n > 1 and a not in named]
+
+
 def activation_names(
     model: Any,
     params: Any,
@@ -126,4 +152,4 @@ def activation_names(
     return seen
 
 
-__all__ = ["Coverage", "UnusedRule", "rule_coverage", "activation_names"]
+__all__ = ["Coverage", "UnusedRule", "rule_coverage", "activation_names", "unused_mesh_axes"]

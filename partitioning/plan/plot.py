@@ -52,33 +52,96 @@ def _axis_names(rules: list, unused: AbstractSet[int] = frozenset()) -> dict[str
     return out
 
 
-def _draw_mesh(mx: Any, mesh: dict[str, int], rules: list, unused: AbstractSet[int] = frozenset()) -> None:
-    """The mesh as a grid (last axis across, the rest folded down), capped at
-    MAX_CELLS a side; cells are coloured by their index along the last axis.
-    Below it, each axis with the logical names of the rules that fire on it."""
+def _largest(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The parameter with the most bytes (the one whose split matters most), from the plan's leaves."""
+    leaves = [leaf for leaf in report.get("leaves") or [] if leaf.get("shape")]
+    return max(leaves, key=lambda leaf: leaf.get("total_bytes", 0), default=None)
+
+
+def _block(leaf: dict[str, Any], coords: dict[str, int], mesh: dict[str, int]) -> str:
+    """``[:, 32:64, 256:512]``: the slice of ``leaf`` a device at mesh ``coords`` holds."""
+    out = []
+    for size, claim in zip(leaf["shape"], leaf.get("claimed_by") or [None] * len(leaf["shape"]), strict=True):
+        axes = claim["mesh_axes"] if claim else None
+        axes = [axes] if isinstance(axes, str) else list(axes or [])
+        ways, k = 1, 0
+        for a in axes:  # the first axis is the major one, as in a PartitionSpec entry
+            k, ways = k * mesh.get(a, 1) + coords.get(a, 0), ways * mesh.get(a, 1)
+        b = size // ways if ways else size
+        out.append(":" if ways == 1 else f"{k * b}:{(k + 1) * b}")
+    return "[" + ", ".join(out) + "]"
+
+
+def _coords(index: int, working: list[tuple[str, int]]) -> dict[str, int]:
+    """Mesh coordinates of the device at ``index`` (row-major over the axes of size > 1)."""
+    if not working:
+        return {}
+    at = np.unravel_index(index, [s for _, s in working])
+    return {n: int(v) for (n, _), v in zip(working, at, strict=True)}
+
+
+def _draw_mesh(mx: Any, report: dict[str, Any], unused: AbstractSet[int] = frozenset()) -> None:
+    """The mesh as a grid (last axis across, the rest folded down), capped at MAX_CELLS a side. Each cell is a
+    device with its slice of the largest parameter; each axis is labelled with what it splits."""
+    mesh: dict[str, int] = report["mesh"]
+    rules = report.get("rules") or []
     rows, cols, rows_name, cols_name = _grid(mesh)
     r_show, c_show = min(rows, MAX_CELLS), min(cols, MAX_CELLS)
     colour = np.tile(np.arange(c_show), (r_show, 1))
-    mx.imshow(colour, cmap="tab20" if c_show <= 20 else "viridis", aspect="auto", interpolation="nearest")
+    mx.imshow(colour, cmap="tab20" if c_show <= 20 else "viridis", aspect="auto", interpolation="nearest", alpha=0.55)
     # Cell borders, so each device is visibly its own square.
     mx.set_xticks(np.arange(-0.5, c_show, 1), minor=True)
     mx.set_yticks(np.arange(-0.5, r_show, 1), minor=True)
     mx.grid(which="minor", color="white", linewidth=2)
     mx.tick_params(which="minor", length=0)
+    big = _largest(report)
+    working = [(n, s) for n, s in mesh.items() if s > 1]
+    show_blocks = big is not None and r_show * c_show <= 32
     for r in range(r_show):
         for c in range(c_show):
-            if r_show * c_show <= 128:
-                mx.text(c, r, str(r * cols + c), ha="center", va="center", fontsize=9)
+            if r_show * c_show > 128:
+                continue
+            index = r * cols + c
+            text = str(index)
+            if show_blocks:
+                block = _block(big, _coords(index, working), mesh)
+                # Narrow cells (many columns): one dimension per line.
+                text += "\n" + (block.replace(", ", ",\n") if c_show > 4 else block)
+            mx.text(c, r, text, ha="center", va="center", fontsize=8 if show_blocks else 9)
+    axes_info = report.get("axes") or {}
+    names = _axis_names(rules, unused)
+
+    def what(axis: str) -> str:
+        splits = (axes_info.get(axis) or {}).get("splits")
+        params = ", ".join(splits) if splits else "no parameter"
+        batch = " + the batch" if "batch" in names.get(axis, []) else ""
+        return f"splits {params}{batch}"
+
+    col_axis = working[-1][0] if working else ""
     mx.set_xticks(sorted({0, c_show - 1}), [str(i) for i in sorted({0, c_show - 1})])
-    mx.set_xlabel(cols_name + ("" if c_show == cols else f" (first {c_show} of {cols} shown)"))
+    mx.set_xlabel(
+        cols_name + (f": {what(col_axis)}" if col_axis else "") + ("" if c_show == cols else f" (first {c_show} shown)")
+    )
     if rows > 1:
         mx.set_yticks([0, r_show - 1], ["0", str(r_show - 1)])
-        mx.set_ylabel(rows_name + ("" if r_show == rows else f" (first {r_show} of {rows} shown)"))
+        row_axes = [n for n, _ in working[:-1]]
+        mx.set_ylabel(
+            rows_name
+            + (f": {what(row_axes[0])}" if len(row_axes) == 1 else "")
+            + ("" if r_show == rows else f" (first {r_show} shown)"),
+            fontsize=9,
+        )
     else:  # one row: a row axis would only label nothing
         mx.set_yticks([])
-    names = _axis_names(rules, unused)
-    lines = [f"{a} ({s}): {', '.join(names.get(a, [])) or 'no rule fires on it'}" for a, s in mesh.items()]
-    mx.set_title("mesh " + " x ".join(f"{n}={s}" for n, s in mesh.items()) + " (device index)", fontsize=10)
+    lines = [f"{a} ({s}): {what(a)}" for a, s in mesh.items()]
+    if show_blocks:
+        lines.insert(0, f"in each device: its index and its slice of {big['path']} {tuple(big['shape'])}")
+    elif big is not None:
+        lines.insert(
+            0, f"device 0 holds {big['path']}{_block(big, _coords(0, working), mesh)} of {tuple(big['shape'])}"
+        )
+    cells = "what each device holds" if show_blocks else "device index"
+    mx.set_title("mesh " + " x ".join(f"{n}={s}" for n, s in mesh.items()) + f": {cells}", fontsize=10)
     mx.text(0.0, -0.2, "\n".join(lines), transform=mx.transAxes, fontsize=8, va="top", family="monospace")
 
 
@@ -128,8 +191,9 @@ def plot_plan(report: dict[str, Any], path: str | Path) -> Path:
     ax.grid(True, axis="y", alpha=0.3)
 
     unused = {u["index"] for u in (report.get("warnings") or {}).get("unused_rules", [])}
-    _draw_mesh(mx, report["mesh"], report.get("rules") or [], unused)
-    fig.suptitle(f"{report.get('model', {}).get('name', '')} — rules from {report.get('config', '')}", fontsize=10)
+    _draw_mesh(mx, report, unused)
+    source = report.get("rules_source") or f"rules from {report.get('config', '')}"
+    fig.suptitle(f"{report.get('model', {}).get('name', '')}: {source}", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path)
 

@@ -13,6 +13,7 @@ previous run wrote after the restored step, and W&B resumes the same run id
 Example::
 
     >>> fit(trainer, state, batches, steps=200, hooks=[TensorBoardLogger("runs/x/tensorboard")])
+    $ pip install 'partitioning[tensorboard]'   # the viewer (writing the files needs only tensorboardX)
     $ tensorboard --logdir runs/x/tensorboard
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import secrets
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,20 @@ def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
             continue
         out[tag(k)] = float(v)
     return out
+
+
+def tensorboard_hint(logdir: str | Path) -> str:
+    """How to look at the curves: the ``tensorboard`` command, or how to install it when it is not there.
+
+    Example::
+
+        >>> tensorboard_hint("runs/x/tensorboard")
+        'view the curves: tensorboard --logdir runs/x/tensorboard'
+    """
+    cmd = f"tensorboard --logdir {logdir}"
+    if shutil.which("tensorboard") is None:
+        return f"view the curves: pip install 'partitioning[tensorboard]', then {cmd}"
+    return f"view the curves: {cmd}"
 
 
 class TensorBoardLogger:
@@ -143,4 +159,4 @@ class WandbLogger:
             self.run = None
 
 
-__all__ = ["TensorBoardLogger", "WandbLogger", "tag", "scalars"]
+__all__ = ["TensorBoardLogger", "WandbLogger", "tag", "scalars", "tensorboard_hint"]

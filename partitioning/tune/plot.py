@@ -19,6 +19,10 @@ from partitioning.fmt import fmt_bytes
 from partitioning.train.plots import save_figure
 
 GIB = 2**30
+# Ten distinguishable colours (matplotlib's tab10 with black for its grey, which the rejected crosses use);
+# beyond ten tables the marker changes too, so every table is its own (colour, marker).
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#000000", "#bcbd22", "#17becf")
+MARKERS = ("o", "s", "^", "D")
 
 
 def _points(rows: list[dict[str, Any]]) -> list[tuple[float, float, dict[str, Any]]]:
@@ -28,6 +32,17 @@ def _points(rows: list[dict[str, Any]]) -> list[tuple[float, float, dict[str, An
         if t and r.get("peak_bytes"):
             out.append((t, r["peak_bytes"] / GIB, r))
     return out
+
+
+def table_styles(tables: list[str]) -> dict[str, tuple[str, str]]:
+    """``{table: (colour, marker)}``, a different pair for each of up to 40 tables.
+
+    Example::
+
+        >>> table_styles(["dp", "fsdp"])
+        {'dp': ('#1f77b4', 'o'), 'fsdp': ('#ff7f0e', 'o')}
+    """
+    return {t: (PALETTE[i % len(PALETTE)], MARKERS[i // len(PALETTE) % len(MARKERS)]) for i, t in enumerate(tables)}
 
 
 def plot_search(report: dict[str, Any], path: str | Path) -> Path:
@@ -55,8 +70,8 @@ def plot_search(report: dict[str, Any], path: str | Path) -> Path:
             zorder=1,
         )
     tables = sorted({p[2]["rules"] for p in fitting})
-    palette = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3"]
-    colours = {name: palette[i % len(palette)] for i, name in enumerate(tables)}
+    styles = table_styles(tables)
+    colours, markers = {t: c for t, (c, _) in styles.items()}, {t: m for t, (_, m) in styles.items()}
     for name in tables:
         pts = [p for p in fitting if p[2]["rules"] == name]
         compiled = [p for p in pts if (p[2].get("estimate") or {}).get("source") == "compiled"]
@@ -64,13 +79,21 @@ def plot_search(report: dict[str, Any], path: str | Path) -> Path:
             [p[0] for p in pts],
             [p[1] for p in pts],
             s=22,
+            marker=markers[name],
             facecolors="none",
             edgecolors=colours[name],
             label=f"{name} ({len(pts)})",
             zorder=2,
         )
         if compiled:
-            ax.scatter([p[0] for p in compiled], [p[1] for p in compiled], s=30, color=colours[name], zorder=3)
+            ax.scatter(
+                [p[0] for p in compiled],
+                [p[1] for p in compiled],
+                s=30,
+                marker=markers[name],
+                color=colours[name],
+                zorder=3,
+            )
     budget = search["budget_bytes"] / GIB
     ax.axhline(budget, color="#c44e52", linestyle="--", linewidth=1.2, zorder=0)
     ax.text(
@@ -111,4 +134,4 @@ def plot_search(report: dict[str, Any], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-__all__ = ["plot_search"]
+__all__ = ["plot_search", "table_styles"]

@@ -7,11 +7,11 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
-from tests.byom.models.lm_linen import LMConfig, TransformerLM
+from examples.lm1b.models import TransformerConfig, TransformerLM
 
 
 def model(dropout=0.0):
-    return TransformerLM(LMConfig(num_heads=8, dropout_rate=dropout, attention_dropout_rate=dropout))
+    return TransformerLM(TransformerConfig(num_heads=8, dropout_rate=dropout, attention_dropout_rate=dropout))
 
 
 def test_plans_with_fewer_names_than_dimensions():

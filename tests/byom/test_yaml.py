@@ -13,12 +13,13 @@ import partitioning as pt
 from partitioning import registry
 
 MODELS = Path(__file__).parent / "models"
+LM1B = Path(__file__).parents[2] / "examples" / "lm1b" / "models.py"
 
 LM = """\
 model:
   _target_: lm_linen.TransformerLM
   config:
-    _target_: lm_linen.LMConfig
+    _target_: lm_linen.TransformerConfig
     num_heads: 8
     dropout_rate: 0.0
     attention_dropout_rate: 0.0
@@ -47,8 +48,9 @@ def lm_config(name, rules="fsdp", shape="{data: 1, fsdp: -1}"):
 @pytest.fixture
 def workdir(tmp_path):
     """A folder holding the model files beside the configs, as a user's project would."""
-    for f in ("lm_linen.py", "gpt_nnx.py", "image_linen.py"):
+    for f in ("gpt_nnx.py", "image_linen.py"):
         shutil.copy(MODELS / f, tmp_path / f)
+    shutil.copy(LM1B, tmp_path / "lm_linen.py")  # the shipped example's model, under another module name
     return tmp_path
 
 
@@ -123,7 +125,7 @@ def test_a_dataset_and_loss_from_yaml(workdir, run_cli_in_process, monkeypatch):
     [
         (
             lambda t: t.replace("num_heads: 8", "num_haeds: 8"),
-            "lm.yaml:5: model.config.num_haeds: 'lm_linen.LMConfig' has no option 'num_haeds' (options: vocab_size, "
+            "lm.yaml:5: model.config.num_haeds: 'lm_linen.TransformerConfig' has no option 'num_haeds' (options: vocab_size, "
             "emb_dim, num_heads, num_layers, qkv_dim, mlp_dim, max_len, dropout_rate, attention_dropout_rate, "
             "deterministic, dtype, kernel_init); did you mean 'num_heads'?",
         ),

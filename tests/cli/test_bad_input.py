@@ -292,7 +292,7 @@ def test_a_resume_that_does_not_fit_changes_nothing(in_tmp, run_cli_in_process, 
     error = one_line(run_cli_in_process("train", RUN, "--resume"))
     assert error.startswith("checkpoint ") and "does not fit the model" in error
     assert error.endswith(
-        "to start over with this model use --no-resume (the old checkpoints are moved aside) or another run_dir"
+        "to start over with this model use --no-resume (the old run is moved to RUN_DIR/previous/) or another run_dir"
     )
     after = {p: p.read_bytes() for p in Path("runs").rglob("*") if p.is_file()}
     assert after == before  # config.yaml, metrics, checkpoints: untouched

@@ -6,6 +6,7 @@ import pytest
 
 PLAN_KEYS = {
     "config",
+    "rules_source",
     "model",
     "batch",
     "mesh",
@@ -47,7 +48,11 @@ def test_plan_table_json_png(write, tmp_path, run_cli_in_process, small_config, 
     cfg = write("small.yaml", small_config)
     code, out, err = run_cli_in_process("plan", cfg, "--json", tmp_path / "p.json", "--png", tmp_path / "p.png")
     assert code == 0, err
-    assert f"mlp (36,864 parameters) on mesh {{'data': 1, 'fsdp': 8, 'tensor': 1}} (8 devices), rules from {cfg}" in out
+    assert (
+        f"mlp (36,864 parameters) on mesh {{'data': 1, 'fsdp': 8, 'tensor': 1}} (8 devices), rules fsdp ({cfg}:10)"
+        in out
+    )
+    assert f"wrote {tmp_path / 'p.png'}" in err
     assert "params/wi_0" in out and "P('fsdp', None)" in out
     assert "compiled train step (8 cpu devices)" in out
     assert "self-check: the " in out and "compiled input/output shardings match the rules" in out

@@ -228,12 +228,11 @@ def test_rerun_of_a_finished_run_says_so(write, tmp_path, run_cli_in_process):
     )
     assert run_cli_in_process("train", str(path), "--no-progress").returncode == 0
     result = run_cli_in_process("train", str(path), "--no-progress")
-    assert result.returncode == 0
-    out = result.stdout
-    assert (
-        "train: the checkpoint is already at step 2 (train.steps is 2); raise train.steps to continue, "
-        "or --no-resume to start over"
-    ) in out
+    # Nothing was done, so it does not pass for success: one line, exit 2, what to do.
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith(f"error: {path}:") and "already at step 2 (train.steps is 2): nothing to train" in (
+        result.stderr
+    )
     assert [r["step"] for r in records(tmp_path / "run")] == [1, 2]  # nothing trained twice
 
 

@@ -83,6 +83,15 @@ def test_the_best_layout_is_a_config(tuned):
     assert cfg.train.grad_accum == best["grad_accum"]
     assert cfg.model_options.get("remat") == best["remat"]
     assert (d / "best.yaml").read_text().startswith("# Written by `partitioning tune")
+    assert cfg.run_dir == "runs/best"  # its own: training it never resumes the tuned config's run
+
+
+def test_every_rule_table_has_its_own_colour_and_marker():
+    from partitioning.tune.plot import table_styles
+
+    styles = table_styles([f"t{i}" for i in range(12)])
+    assert len(set(styles.values())) == 12 and len({c for c, _ in list(styles.values())[:10]}) == 10
+    assert "#7f7f7f" not in {c for c, _ in styles.values()}  # grey is the rejected layouts' colour
 
 
 @pytest.mark.slow

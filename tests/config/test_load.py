@@ -5,6 +5,7 @@ import pytest
 import partitioning as pt
 from partitioning.config import load_config, load_rules_file
 from partitioning.config.build import model_from_config
+from partitioning.fmt import fmt_mesh
 
 
 def test_quickstart_loads(repo):
@@ -165,3 +166,44 @@ def test_missing_rules_file(write, base_config):
     path = write("run.yaml", base_config.replace("rules: fsdp", "rules: missing.yaml"))
     with pytest.raises(pt.ConfigError, match=r"run.yaml:10: rules: no such rules file 'missing.yaml'"):
         load_config(path)
+
+
+def test_base_and_set_merge_alike_and_replace_the_mesh_shape_whole(write, base_config, repo):
+    """One semantics for `base:` and `--set`: a mapping merges key by key, except mesh.shape (its axes are
+    ordered), the rule tables, and a mapping naming another thing to build (_target_, the model's name)."""
+    write("base.yaml", base_config + "train: {steps: 7, batch_size: 16}\n")
+    derived = write(
+        "derived.yaml", "base: base.yaml\nmesh: {shape: {data: 1, tensor: -1}}\nrules: tp\ntrain: {steps: 9}\n"
+    )
+    cfg = load_config(derived)
+    assert cfg.mesh.shape == {"data": 1, "tensor": -1} and cfg.mesh.devices == 8  # replaced; devices inherited
+    assert (cfg.train.steps, cfg.train.batch_size) == (9, 16)  # merged
+    assert cfg.where("mesh", "shape") == f"{derived}:2: mesh.shape"
+    same = load_config(write("plain.yaml", base_config), ["mesh={shape: {data: 1, tensor: -1}}", "rules=tp"])
+    assert same.mesh.shape == cfg.mesh.shape and same.mesh.devices == 8
+    over = load_config(derived, ["train={seq_len: 32}", "mesh.shape.tensor=4"])
+    assert (over.train.steps, over.train.batch_size, over.train.seq_len) == (9, 16, 32)
+    assert over.mesh.shape == {"data": 1, "tensor": 4}  # one axis set by its dotted key
+    assert over.where("train", "seq_len").endswith("(--set train={seq_len: 32}): train.seq_len")
+    # Another model replaces the options of the old one; the same model merges them.
+    assert load_config(derived, ["model={name: mlp}"]).model_options == {}
+    assert load_config(derived, ["model={mlp: 256}"]).model_options["embed"] == 64
+    # The shipped tp config: the quickstart's keys, its own mesh.
+    tp = load_config(repo / "configs" / "tp.yaml")
+    assert tp.mesh.shape == {"data": -1, "tensor": 4} and tp.train.steps == 200 and tp.run_dir == "runs/tp"
+
+
+@pytest.mark.parametrize("preset", ["dp", "fsdp", "tp", "fsdp_tp", "seq", "pp", "pp_fsdp", "ep"])
+def test_each_preset_mesh_fits_the_config_it_sits_beside(repo, preset):
+    """The mesh a preset declares (the docs' presets table shows it) fits the quickstart on 8 devices (ep: the
+    MoE config), with every axis used."""
+    from partitioning.config.planning import plan_from_config
+    from partitioning.rules import table_mesh
+    from partitioning.yamlfile import load_value
+
+    mesh = table_mesh(preset)
+    config = repo / "configs" / ("moe.yaml" if preset == "ep" else "quickstart.yaml")
+    cfg = load_config(config, [f"rules={preset}", f"mesh.shape={fmt_mesh(mesh)}"])
+    plan, _ = plan_from_config(cfg, 8)
+    assert plan.errors == [] and load_value(fmt_mesh(mesh)) == mesh
+    assert all(s > 1 for s in plan.mesh.values() if s != plan.mesh.get("data")), plan.mesh

@@ -1,10 +1,16 @@
-"""A decoder-only Transformer LM in the style of Flax's lm1b example (written for these tests).
+"""A decoder-only Transformer LM written the way Flax's ``examples/lm1b/models.py`` is.
 
 Like lm1b: hyperparameters in a config dataclass, ``nn.MultiHeadDotProductAttention``
 and ``nn.Dense`` kernels annotated with Flax's own ``nn.with_logical_partitioning``
 (attention kernels with two names for three dimensions), dropout switched by
 ``config.deterministic``, and the inputs shifted right *inside* the model (so the
-loss is ``same_token``). Nothing here knows about the toolkit.
+loss is ``same_token``). Nothing here knows about the toolkit: ``lm1b.yaml`` beside
+this file names it with ``_target_`` and ``partitioning`` plans, trains and
+checkpoints it as written::
+
+    partitioning train examples/lm1b/lm1b.yaml
+
+(The tests use this file too: tests/byom.)
 """
 
 from collections.abc import Callable
@@ -16,7 +22,7 @@ from flax import struct
 
 
 @struct.dataclass
-class LMConfig:
+class TransformerConfig:
     vocab_size: int = 256
     emb_dim: int = 64
     num_heads: int = 4
@@ -36,7 +42,7 @@ def shift_right(x):
 
 
 class FeedForward(nn.Module):
-    config: LMConfig
+    config: TransformerConfig
 
     @nn.compact
     def __call__(self, x):
@@ -55,7 +61,7 @@ class FeedForward(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    config: LMConfig
+    config: TransformerConfig
 
     @nn.compact
     def __call__(self, x, mask):
@@ -81,7 +87,7 @@ class DecoderBlock(nn.Module):
 
 
 class TransformerLM(nn.Module):
-    config: LMConfig
+    config: TransformerConfig
 
     @nn.compact
     def __call__(self, inputs):

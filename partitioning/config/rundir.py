@@ -1,0 +1,67 @@
+"""A run dir that starts over keeps the old run whole: its history moves aside with its checkpoints.
+
+``partitioning train`` writes ``config.yaml``, ``metrics.jsonl``, ``loss.png``,
+``tensorboard/``, ``checkpoints/`` (and ``wandb_run_id``, ``wandb/``,
+``batches.*.jsonl``) into ``run_dir``. A run that starts from step 0 where a
+previous run left these (``--no-resume``, or a run that stopped before its
+first checkpoint) would overwrite the history and mix two runs in one
+TensorBoard folder; instead they move, together, into
+``RUN_DIR/previous/<time>/``. Nothing is deleted, and only the files a run
+writes move (anything else in the folder stays where it is).
+
+Example::
+
+    >>> move_previous_run(Path("runs/quickstart"), Path("runs/quickstart/checkpoints"), log=print)
+    run_dir: starting over: moved the previous run (config.yaml, metrics.jsonl, ...) to runs/quickstart/previous/...
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+
+PREVIOUS = "previous"
+# What a run writes into its run dir (checkpoints/ only when checkpoint.dir is the default).
+RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "loss.png", "tensorboard", "wandb_run_id", "wandb")
+RUN_GLOBS = ("batches.*.jsonl",)
+
+
+def previous_outputs(run_dir: Path, checkpoint_dir: Path) -> list[Path]:
+    """The outputs of an earlier run in ``run_dir`` (its checkpoints too when they live in it)."""
+    if not run_dir.is_dir():
+        return []
+    found = [run_dir / n for n in RUN_OUTPUTS if (run_dir / n).exists()]
+    found += sorted(p for g in RUN_GLOBS for p in run_dir.glob(g))
+    ckpt = checkpoint_dir.absolute()
+    if ckpt.parent == run_dir.absolute() and ckpt.is_dir() and any(ckpt.iterdir()):
+        found.append(run_dir / ckpt.name)
+    return found
+
+
+def move_previous_run(run_dir: Path, checkpoint_dir: Path, log: Callable[[str], None] | None = None) -> Path | None:
+    """Moves an earlier run's outputs into ``RUN_DIR/previous/<time>/`` (None: there were none).
+
+    Only process 0 moves; every process returns the same folder.
+    """
+    found = previous_outputs(run_dir, checkpoint_dir)
+    if not found:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = run_dir / PREVIOUS / stamp
+    n = 1
+    while aside.exists():  # two starts within a second
+        n += 1
+        aside = run_dir / PREVIOUS / f"{stamp}-{n}"
+    if jax.process_index() == 0:
+        aside.mkdir(parents=True)
+        for p in found:
+            p.rename(aside / p.name)
+    if log is not None:
+        log(f"run_dir: starting over: moved the previous run ({', '.join(p.name for p in found)}) to {aside}")
+    return aside
+
+
+__all__ = ["move_previous_run", "previous_outputs", "PREVIOUS", "RUN_OUTPUTS"]
