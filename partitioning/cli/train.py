@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_with_devices(args)  # sets up (simulated) devices before any jax computation
     # Every check first: a run that fails here has written nothing.
     ready = preflight(cfg, devices=args.devices, resume=args.resume)
+    cfg = ready.cfg  # with `model.remat: auto` resolved
     trainer, mesh, run_dir = ready.trainer, ready.mesh, ready.run_dir
     train_batches, eval_batches = ready.train_batches, ready.eval_batches
     main = jax.process_index() == 0
@@ -114,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
             f"run_dir {run_dir}",
             flush=True,
         )
+        if ready.remat_note:
+            print(ready.remat_note, flush=True)
         if ready.budget is not None and ready.budget.budget is not None:
             print(f"memory: {ready.budget.describe()}", flush=True)
         if ready.data_note:

@@ -28,28 +28,15 @@ from partitioning.cli.args import config_args, say
 from partitioning.cli.compiling import CPU_MAX_DEVICES, IN_PROCESS_MAX, compile_in_child, plan_devices, write_json
 from partitioning.cli.render import console
 from partitioning.cli.tune_report import render_search, write_best
-from partitioning.config.build import (
-    batch_from_config,
-    model_from_config,
-    model_options_resolved,
-    optimizer_from_config,
-    task_from_config,
-)
 from partitioning.config.load import load_config
-from partitioning.config.planning import compiled_from_config
+from partitioning.config.planning import compiled_from_config, tune_inputs
+from partitioning.config.remat import remat_policies
 from partitioning.config.schema import Config, parse_bytes
 from partitioning.devices import simulate_devices
 from partitioning.errors import ConfigError, MeshError, PartitioningError, ShardingError
-from partitioning.parallel.pipeline import microbatching
-from partitioning.parallel.trace import recording
-from partitioning.plan.coverage import activation_names
-from partitioning.plan.plan import build_plan
 from partitioning.rules import Rules, preset_names
-from partitioning.train.state import abstract_train_state
 from partitioning.tune.hardware import Hardware, hardware, load_hardware
 from partitioning.tune.search import Search, search
-from partitioning.tune.space import table_axes
-from partitioning.tune.workload import REMATS, workload
 
 HELP = "the best layout for a device count and memory budget: every candidate priced, ranked, explained"
 EXAMPLES = """examples:
@@ -141,19 +128,6 @@ def _tables(
     return out
 
 
-def _remats(cfg: Config, sets: list[str]) -> tuple[str | None, ...]:
-    if "remat" not in model_options_resolved(cfg):
-        return (None,)
-    ok = []
-    for r in REMATS:
-        try:
-            model_from_config(load_config(cfg.path, sets + [f"model.remat={r}"]))
-            ok.append(r)
-        except PartitioningError:
-            pass
-    return tuple(ok) or (None,)
-
-
 def compile_candidate(
     cfg: Config, sets: list[str], overrides: list[str], devices: int, here: bool, timeout: float
 ) -> dict[str, Any]:
@@ -215,23 +189,15 @@ def run(args: argparse.Namespace) -> int:
             raise MeshError(f"--devices: {e}") from None
     hw = _hardware(args.hardware, devices)
     budget = _budget(cfg, args, hw)
-    model, batch, task = model_from_config(cfg), batch_from_config(cfg), task_from_config(cfg)
-    params, opt_state = abstract_train_state(model, optimizer_from_config(cfg), batch=batch, task=task)
-    # One trace, unpipelined, at the full batch: the activation names, and the layer stacks and
-    # expert layers that add pipeline / expert candidates and their costs.
-    with microbatching(1), recording() as records:
-        names = activation_names(
-            model, params, {a: 1 for a in ["data", *table_axes(cfg.rules)]}, cfg.rules, batch=batch, task=task
-        )
-    tables = _tables(cfg, args.rules, args.config, records)
-    p0 = build_plan(params, opt_state, {"data": 1}, Rules([]), on_indivisible="replicate")
-    w = workload(
-        p0.params,
-        batch_size=cfg.train.batch_size,
-        seq_len=cfg.train.seq_len,
-        compute_dtype=model_options_resolved(cfg).get("dtype"),
-        expert_layer=next((r for r in records if r["kind"] == "experts"), None),
+    inputs = tune_inputs(cfg)
+    params, opt_state, records, names, w = (
+        inputs.params,
+        inputs.opt_state,
+        inputs.records,
+        inputs.names,
+        inputs.workload,
     )
+    tables = _tables(cfg, args.rules, args.config, records)
     s = search(
         params,
         opt_state,
@@ -240,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         w,
         hw,
         budget,
-        remats=_remats(cfg, sets),
+        remats=remat_policies(cfg) or (None,),
         activations={n: names for n in tables},
         on_indivisible=cfg.on_indivisible,
         records=records,

@@ -9,7 +9,9 @@ Modules:
 - :mod:`~partitioning.config.build` — Config -> mesh, model, optimizer, task, trainer
   (imported on its own: it brings the reference models).
 - :mod:`~partitioning.config.run` — Config -> a run's batches, checkpoint hook and trackers.
-- :mod:`~partitioning.config.planning` — Config -> the plan and the compiled view of the train step.
+- :mod:`~partitioning.config.planning` — Config -> the plan and the compiled view of the train step; the
+  tuner's inputs.
+- :mod:`~partitioning.config.remat` — ``model.remat: auto`` (the default) -> the policy tune prices fastest here.
 - :mod:`~partitioning.config.preflight` — every check ``train`` makes, before anything is compiled or written.
 
 Example::

@@ -4,7 +4,8 @@
 checks first, so a run that passes ``check`` does not fail on a config
 mistake later, and a run that fails changes nothing on disk. In order:
 
-1. the mesh fits the devices (sizes, ``-1``, ``--devices``);
+1. the mesh fits the devices (sizes, ``-1``, ``--devices``); ``model.remat: auto`` becomes a policy
+   (:mod:`partitioning.config.remat`);
 2. the model builds (options checked against its constructor) and every
    parameter divides over the mesh axes its rules give it;
 3. the batch (and micro-batch) divides over the batch axes;
@@ -43,6 +44,7 @@ from partitioning.config.build import (
     trainer_from_config,
 )
 from partitioning.config.planning import plan_from_config
+from partitioning.config.remat import resolve_remat
 from partitioning.config.run import data_from_config, data_resume_note
 from partitioning.config.schema import Config
 from partitioning.errors import CheckpointError, ConfigError, MeshError, ShardingError
@@ -69,6 +71,7 @@ class Ready:
     budget: Budget | None
     plan: Plan | None = None
     data_note: str | None = None  # how the data differs from the checkpoint's, when resuming
+    remat_note: str | None = None  # which policy `remat: auto` became, and why
 
 
 def writable_dir(path: Path, where: str) -> None:
@@ -145,6 +148,7 @@ def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_
     only when there is a budget to compare it with).
     """
     mesh = _mesh(cfg, devices)
+    cfg, remat_note = resolve_remat(cfg, mesh)
     dataset = dataset_from_config(cfg)
     trainer = trainer_from_config(cfg, mesh, dataset)
     _, train, evals = data_from_config(cfg, trainer, dataset)
@@ -167,7 +171,7 @@ def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
-    return Ready(cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note)
+    return Ready(cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, remat_note)
 
 
 def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None) -> Ready:
