@@ -90,7 +90,7 @@ def build(layout, hw):
     from partitioning.plan import build_plan, compiled_view
     from partitioning.tune.compiled import compiled_estimate
     from partitioning.tune.cost import analytic_estimate, token_axes
-    from partitioning.tune.search import _gathered_layer_bytes
+    from partitioning.tune.price import _gathered_layer_bytes
     from partitioning.tune.workload import activation_bytes, workload
 
     rules, mesh, remat, accum = layout

@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
         f"OK: {cfg.path}: model {cfg.model_name} ({n_params:,} parameters, {len(plan.params)} arrays) "
         f"on mesh {mesh} ({devices} devices) with {len(cfg.rules)} rules"
     )
+    if ready.remat_note:
+        print(ready.remat_note)
     if ready.budget is not None:
         print(f"memory: {ready.budget.describe()}")
     if ready.resume_step is not None:

@@ -184,7 +184,7 @@ def cmd_reshard(args: argparse.Namespace) -> int:
         raise type(e)(f"{cfg.where('rules')} (mesh {dict(mesh.shape)}): {e}") from None
     print(
         f"resharded step {r.step}: {r.arrays} arrays from mesh {r.from_mesh} to {r.to_mesh} "
-        f"(rules from {cfg.path}) -> {r.path}"
+        f"({cfg.rules_label()}) -> {r.path}"
     )
     return 0
 
@@ -202,11 +202,6 @@ def _reshard(args: argparse.Namespace, cfg: Any, mesh: Any, variables: Any) -> A
         config=jsonable(cfg.raw),
         model_name=cfg.model_name,
     )
-    print(
-        f"resharded step {r.step}: {r.arrays} arrays from mesh {r.from_mesh} to {r.to_mesh} "
-        f"({cfg.rules_label()}) -> {r.path}"
-    )
-    return 0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -16,6 +16,7 @@ from partitioning.cli.compiling import compile_args, compiled, setup_devices, wr
 from partitioning.cli.render import console, render_plan
 from partitioning.config.load import load_config
 from partitioning.config.planning import plan_from_config
+from partitioning.config.remat import is_auto
 from partitioning.plan.budget import check_budget, device_memory
 from partitioning.plan.plot import plot_plan
 
@@ -36,7 +37,13 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     cfg = load_config(args.config, args.set or [])
     devices, here = setup_devices(cfg, args)
-    plan, _ = plan_from_config(cfg, devices)
+    plan, model = plan_from_config(cfg, devices)
+    if is_auto(cfg):
+        policy = getattr(model, "remat", "the model's default")
+        say(
+            f"remat: auto is resolved when train starts, on the devices it runs on; planned here as {policy} "
+            f"(--set model.remat=... plans another)"
+        )
     t1 = time.perf_counter()
     view = compiled(cfg, args, devices, here, plan)
     t2 = time.perf_counter()

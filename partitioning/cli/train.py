@@ -116,6 +116,7 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
     # Every check first: a run that fails here has written nothing.
     ready = preflight(cfg, devices=args.devices, resume=args.resume)
     locks.acquire()
+    cfg = ready.cfg  # with `model.remat: auto` resolved
     trainer, mesh, run_dir = ready.trainer, ready.mesh, ready.run_dir
     assert trainer is not None  # preflight (unlike preflight_abstract) builds the trainer
     train_batches, eval_batches = ready.train_batches, ready.eval_batches
@@ -142,6 +143,8 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
             f"run_dir {run_dir}",
             flush=True,
         )
+        if ready.remat_note:
+            print(ready.remat_note, flush=True)
         if ready.budget is not None and ready.budget.budget is not None:
             print(f"memory: {ready.budget.describe()}", flush=True)
         for note in (ready.resume_note, ready.data_note):

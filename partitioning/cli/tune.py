@@ -32,29 +32,17 @@ from partitioning.cli.compiling import CPU_MAX_DEVICES, IN_PROCESS_MAX, compile_
 from partitioning.cli.render import console
 from partitioning.cli.tune_report import render_search, write_best
 from partitioning.config.axes import check_axes_used
-from partitioning.config.build import (
-    batch_from_config,
-    model_from_config,
-    model_options_resolved,
-    optimizer_from_config,
-    task_from_config,
-)
 from partitioning.config.load import load_config
-from partitioning.config.planning import compiled_from_config
+from partitioning.config.planning import compiled_from_config, tune_inputs
+from partitioning.config.remat import remat_policies
 from partitioning.config.schema import Config, parse_bytes
 from partitioning.devices import simulate_devices
 from partitioning.errors import ConfigError, MeshError, PartitioningError, ShardingError
 from partitioning.layout import logical_names
-from partitioning.parallel.pipeline import microbatching
-from partitioning.parallel.trace import recording
-from partitioning.plan.coverage import activation_names
 from partitioning.plan.plan import build_plan, mesh_sizes
 from partitioning.rules import Rules, preset_names
-from partitioning.train.state import abstract_train_state
 from partitioning.tune.hardware import Hardware, hardware, load_hardware
 from partitioning.tune.search import Search, search
-from partitioning.tune.space import table_axes
-from partitioning.tune.workload import REMATS, workload
 
 HELP = "the best layout for a device count and memory budget: every candidate priced, ranked, explained"
 EXAMPLES = """examples:
@@ -146,19 +134,6 @@ def _tables(
     return out
 
 
-def _remats(cfg: Config, sets: list[str]) -> tuple[str | None, ...]:
-    if "remat" not in model_options_resolved(cfg):
-        return (None,)
-    ok = []
-    for r in REMATS:
-        try:
-            model_from_config(load_config(cfg.path, sets + [f"model.remat={r}"]))
-            ok.append(r)
-        except PartitioningError:
-            pass
-    return tuple(ok) or (None,)
-
-
 def _model_axes(cfg: Config, params: Any, activations: set) -> list[str]:
     """The config's mesh axes the model names directly (no rule mentions them): every candidate keeps them."""
     used = {n for names in activations for n in names} | {
@@ -239,25 +214,16 @@ def run(args: argparse.Namespace) -> int:
             raise MeshError(f"--devices: {e}") from None
     hw = _hardware(args.hardware, devices)
     budget = _budget(cfg, args, hw)
-    model, batch, task = model_from_config(cfg), batch_from_config(cfg), task_from_config(cfg)
-    params, opt_state = abstract_train_state(model, optimizer_from_config(cfg), batch=batch, task=task)
-    # One trace, unpipelined, at the full batch: the activation names, and the layer stacks and
-    # expert layers that add pipeline / expert candidates and their costs.
-    with microbatching(1), recording() as records:
-        # Size-1 axes: the config's (a model may name them directly) and the rules'; traced with the config's
-        # axis types (a model using Explicit-only ops traces only so).
-        axes = dict.fromkeys([*cfg.mesh.shape, "data", *table_axes(cfg.rules)], 1)
-        names = activation_names(model, params, axes, cfg.rules, batch=batch, task=task, axis_types=cfg.mesh.axis_types)
+    inputs = tune_inputs(cfg)
+    params, opt_state, records, names, w = (
+        inputs.params,
+        inputs.opt_state,
+        inputs.records,
+        inputs.names,
+        inputs.workload,
+    )
     _check_config_mesh(cfg, devices, params, opt_state)
     tables = _tables(cfg, args.rules, args.config, records)
-    p0 = build_plan(params, opt_state, {"data": 1}, Rules([]), on_indivisible="replicate")
-    w = workload(
-        p0.params,
-        batch_size=cfg.train.batch_size,
-        seq_len=cfg.train.seq_len,
-        compute_dtype=model_options_resolved(cfg).get("dtype"),
-        expert_layer=next((r for r in records if r["kind"] == "experts"), None),
-    )
     s = search(
         params,
         opt_state,
@@ -266,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
         w,
         hw,
         budget,
-        remats=_remats(cfg, sets),
+        remats=remat_policies(cfg) or (None,),
         activations={n: names for n in tables},
         on_indivisible=cfg.on_indivisible,
         records=records,

@@ -11,7 +11,9 @@ Modules:
 - :mod:`~partitioning.config.build` — Config -> mesh, model, optimizer, task, trainer
   (imported on its own: it brings the reference models).
 - :mod:`~partitioning.config.run` — Config -> a run's batches, checkpoint hook and trackers.
-- :mod:`~partitioning.config.planning` — Config -> the plan and the compiled view of the train step.
+- :mod:`~partitioning.config.planning` — Config -> the plan and the compiled view of the train step; the
+  tuner's inputs.
+- :mod:`~partitioning.config.remat` — ``model.remat: auto`` (the default) -> the policy tune prices fastest here.
 - :mod:`~partitioning.config.axes` — every mesh axis does work: one no rule uses is an error (did-you-mean).
 - :mod:`~partitioning.config.resume` — a run resuming its run dir's checkpoint is that experiment, further on;
   anything else (nothing to train, another model or optimizer) says what to do.

@@ -43,6 +43,10 @@ from partitioning.train.state import model_inputs
 from partitioning.train.step import Trainer
 from partitioning.train.task import Task, as_task
 
+# `model.remat: auto` (the default for a model with a `remat` option) is resolved at run start
+# (partitioning.config.remat); a model built before that, for shapes only, gets the model's own default.
+AUTO = "auto"
+
 # PipelineError.arg -> the config key to point at.
 PIPELINE_KEYS = {
     "microbatches": ("train", "microbatches"),
@@ -73,14 +77,19 @@ def model_from_config(cfg: Config) -> Any:
         return hf_model_from_config(cfg)
     if cfg.model_target:
         obj = build_target(
-            {TARGET: cfg.model_name, **cfg.model_options}, path=cfg.path, lines=cfg.lines, key=("model",)
+            {TARGET: cfg.model_name, **_concrete(cfg.model_options, "none")},
+            path=cfg.path,
+            lines=cfg.lines,
+            key=("model",),
         )
     else:
         try:
             cls = model_class(cfg.model_name)
         except ConfigError as e:
             raise at_key(cfg, e, {"name": ("model", "name")}) from None
-        options = build_target(cfg.model_options, path=cfg.path, lines=cfg.lines, key=("model",))
+        default = constructor_options(cls).get("remat")
+        fallback = default if isinstance(default, str) and default != AUTO else "none"
+        options = build_target(_concrete(cfg.model_options, fallback), path=cfg.path, lines=cfg.lines, key=("model",))
         check_kwargs(cls, options, f"model {cfg.model_name!r}", lambda k: cfg.where("model", *([k] if k else [])))
         obj = Factory(cls, options) if takes_rngs(cls) else _construct(cfg, cls, options)
     if isinstance(obj, Factory):
@@ -91,6 +100,11 @@ def model_from_config(cfg: Config) -> Any:
         raise ConfigError(f"{cfg.where('model')}: {e}") from None
 
 
+def _concrete(options: dict[str, Any], fallback: str) -> dict[str, Any]:
+    """The options with ``remat: auto`` replaced by ``fallback`` (auto is resolved at run start)."""
+    return {**options, "remat": fallback} if options.get("remat") == AUTO else options
+
+
 def _construct(cfg: Config, cls: Any, options: dict[str, Any]) -> Any:
     try:
         return cls(**options)
@@ -99,7 +113,8 @@ def _construct(cfg: Config, cls: Any, options: dict[str, Any]) -> Any:
 
 
 def model_options_resolved(cfg: Config) -> dict[str, Any]:
-    """The model's options with the constructor's defaults filled in (for a registered model)."""
+    """The model's options with the constructor's defaults filled in (for a registered model);
+    ``remat`` defaults to ``auto``."""
     if cfg.model_hf is not None:
         return hf_options(cfg)
     if cfg.model_target:
@@ -108,6 +123,8 @@ def model_options_resolved(cfg: Config) -> dict[str, Any]:
         defaults = constructor_options(model_class(cfg.model_name))
     except ConfigError:
         return dict(cfg.model_options)
+    if isinstance(defaults.get("remat"), str):
+        defaults["remat"] = AUTO
     return {
         k: cfg.model_options.get(k, d)
         for k, d in defaults.items()
@@ -252,6 +269,7 @@ def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh, dataset: Any = Non
 
 
 __all__ = [
+    "AUTO",
     "at_key",
     "model_options_resolved",
     "model_from_config",

@@ -5,10 +5,13 @@ Example::
     >>> plan, model = plan_from_config(load_config("configs/quickstart.yaml"), devices=8)
     >>> plan.totals["params"]["per_device"] > 0
     True
+
+:func:`tune_inputs` is what the tuner prices a config's layouts from (``tune``, ``model.remat: auto``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -19,6 +22,7 @@ from partitioning.config.build import (
     at_key,
     batch_from_config,
     model_from_config,
+    model_options_resolved,
     optimizer_from_config,
     task_from_config,
     trainer_from_config,
@@ -33,7 +37,10 @@ from partitioning.plan.coverage import activation_names
 from partitioning.plan.flops import transformer_flops
 from partitioning.plan.parallel import costs_from_records
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
+from partitioning.rules import Rules
 from partitioning.train.state import abstract_train_state
+from partitioning.tune.space import table_axes
+from partitioning.tune.workload import Workload, workload
 
 
 def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
@@ -86,4 +93,36 @@ def compiled_from_config(cfg: Config, devices: int, plan: Plan | None = None) ->
     return view
 
 
-__all__ = ["plan_from_config", "compiled_from_config"]
+@dataclasses.dataclass
+class TuneInputs:
+    """A config's abstract state, one traced forward pass (its records and activation names), its workload."""
+
+    params: Any
+    opt_state: Any
+    records: list[dict[str, Any]]
+    names: Any
+    workload: Workload
+
+
+def tune_inputs(cfg: Config) -> TuneInputs:
+    """What the tuner needs of a config: ``jax.eval_shape`` of the state and one forward pass, unpipelined,
+    at the full batch (the layer stacks and expert layers that add pipeline / expert costs)."""
+    model, batch, task = model_from_config(cfg), batch_from_config(cfg), task_from_config(cfg)
+    params, opt_state = abstract_train_state(model, optimizer_from_config(cfg), batch=batch, task=task)
+    with microbatching(1), recording() as records:
+        # Size-1 axes: the config's (a model may name them directly) and the rules'; traced with the config's
+        # axis types (a model using Explicit-only ops traces only so).
+        axes = dict.fromkeys([*cfg.mesh.shape, "data", *table_axes(cfg.rules)], 1)
+        names = activation_names(model, params, axes, cfg.rules, batch=batch, task=task, axis_types=cfg.mesh.axis_types)
+    p0 = build_plan(params, opt_state, {"data": 1}, Rules([]), on_indivisible="replicate")
+    w = workload(
+        p0.params,
+        batch_size=cfg.train.batch_size,
+        seq_len=cfg.train.seq_len,
+        compute_dtype=model_options_resolved(cfg).get("dtype"),
+        expert_layer=next((r for r in records if r["kind"] == "experts"), None),
+    )
+    return TuneInputs(params, opt_state, list(records), names, w)
+
+
+__all__ = ["plan_from_config", "compiled_from_config", "tune_inputs", "TuneInputs"]

@@ -4,7 +4,8 @@
 checks first, so a run that passes ``check`` does not fail on a config
 mistake later, and a run that fails changes nothing on disk. In order:
 
-1. the mesh fits the devices (sizes, ``-1``, ``--devices``);
+1. the mesh fits the devices (sizes, ``-1``, ``--devices``); ``model.remat: auto`` becomes a policy
+   (:mod:`partitioning.config.remat`);
 2. the model builds (options checked against its constructor) and every
    parameter divides over the mesh axes its rules give it;
 3. the batch (and micro-batch) divides over the batch axes;
@@ -46,6 +47,7 @@ from partitioning.config.build import (
     trainer_from_config,
 )
 from partitioning.config.planning import plan_from_config
+from partitioning.config.remat import resolve_remat
 from partitioning.config.resume import compare_run
 from partitioning.config.run import data_from_config, data_resume_note
 from partitioning.config.schema import Config
@@ -74,6 +76,7 @@ class Ready:
     plan: Plan
     data_note: str | None = None  # how the data differs from the checkpoint's, when resuming
     resume_note: str | None = None  # how the config differs from the checkpoint's, when resuming
+    remat_note: str | None = None  # which policy `remat: auto` became, and why
 
 
 def writable_dir(path: Path, where: str) -> None:
@@ -175,6 +178,7 @@ def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_
     only when there is a budget to compare it with).
     """
     mesh = _mesh(cfg, devices)
+    cfg, remat_note = resolve_remat(cfg, mesh)
     dataset = dataset_from_config(cfg)
     trainer = trainer_from_config(cfg, mesh, dataset)
     _, train, evals = data_from_config(cfg, trainer, dataset)
@@ -203,7 +207,9 @@ def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
-    return Ready(cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed)
+    return Ready(
+        cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed, remat_note
+    )
 
 
 def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None) -> Ready:

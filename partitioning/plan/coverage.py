@@ -104,8 +104,8 @@ def unused_mesh_axes(
             continue
         table = as_rules(table)
         named |= {a for _, axes in table for a in axes_tuple(axes)} | set(table.batch_axes)
-    for l in layouts:
-        for entry in l.spec:
+    for layout in layouts:
+        for entry in layout.spec:
             named |= set(axes_tuple(entry))
     return [a for a, n in mesh_axis_sizes(mesh).items() if n > 1 and a not in named]
 

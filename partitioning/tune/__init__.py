@@ -4,14 +4,18 @@ Modules:
 
 - :mod:`~partitioning.tune.hardware` — hardware profiles (H100, H200, A100, TPU v4 / v5e / v5p, YAML files) and
   the bandwidth of a collective over mesh axes.
-- :mod:`~partitioning.tune.measure` — the ``cpu`` profile, measured on the spot in device-seconds.
+- :mod:`~partitioning.tune.measure` — the ``cpu`` profile, measured on the spot in device-seconds (and cached);
+  the profile of this process's devices.
 - :mod:`~partitioning.tune.workload` — the model's shape from its logical names; FLOPs; the activation estimate.
 - :mod:`~partitioning.tune.space` — the candidates: meshes x rule tables x ZeRO-1 x remat x micro-batches.
 - :mod:`~partitioning.tune.comm` — the analytic communication terms (FSDP, data, tensor, sequence, pipeline
   stages, experts): which collectives a layout runs, per phase and axis.
 - :mod:`~partitioning.tune.cost` — the roofline: compute and per-axis communication per phase, overlapped or not.
 - :mod:`~partitioning.tune.compiled` — the same roofline from a compiled step's ops and collectives.
+- :mod:`~partitioning.tune.price` — one layout priced, no search: plan, memory, fit, analytic step time.
 - :mod:`~partitioning.tune.search` — price every candidate, reject with the reason, rank; fold in compiled views.
+- :mod:`~partitioning.tune.remat` — ``model.remat: auto``: every remat policy priced for one layout, the fastest
+  that fits.
 - :mod:`~partitioning.tune.crossover` — the per-device batch below which a layout becomes communication-bound.
 - :mod:`~partitioning.tune.plot` — the candidates' PNG: peak memory against estimated step time, the budget line.
 

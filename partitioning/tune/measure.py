@@ -24,6 +24,12 @@ Measured, with every device busy at once:
 Collectives on the CPU are memory copies on the same cores that compute, so
 the profile does not overlap them with compute.
 
+:func:`local_profile` is the profile of the devices this process runs on, for
+choices made at run start (``model.remat: auto``): an accelerator's built-in
+profile by its ``device_kind`` (:func:`device_profile`); for the CPU the
+measured one, kept in a cache file (:func:`cpu_profile`: one measurement per
+machine, device count and jax version; delete the file to measure again).
+
 Example::
 
     >>> hw = measure_cpu()            # ~5 s on 8 simulated devices
@@ -32,11 +38,15 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -44,7 +54,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from partitioning.tune.hardware import Hardware
+from partitioning.tune.hardware import PROFILES, Hardware
 
 
 def device_seconds(fn: Callable[[], Any], devices: int, repeats: int = 3, min_seconds: float = 0.05) -> float:
@@ -165,4 +175,103 @@ def measure_cpu(
     )
 
 
-__all__ = ["measure_cpu", "device_seconds"]
+# jax's ``device_kind`` (lower case) -> built-in profile: the first substring that matches wins.
+DEVICE_KINDS = (
+    ("h200", "h200"),
+    ("h100", "h100"),
+    ("a100", "a100-80g"),
+    ("tpu v5 lite", "v5e"),
+    ("tpu v5e", "v5e"),
+    ("tpu v5p", "v5p"),
+    ("tpu v5", "v5p"),
+    ("tpu v4", "v4"),
+)
+
+
+def device_profile(device: Any) -> Hardware | None:
+    """The built-in profile of a jax device by its ``device_kind`` (None: a CPU, or a kind without one).
+
+    Example::
+
+        >>> device_profile(jax.devices()[0])      # 'TPU v5 lite' -> the v5e profile; a CPU -> None
+    """
+    if getattr(device, "platform", "") == "cpu":
+        return None
+    kind = str(getattr(device, "device_kind", "")).lower()
+    return next((PROFILES[name] for key, name in DEVICE_KINDS if key in kind), None)
+
+
+def cache_dir() -> Path:
+    """Where measured profiles are kept: ``$PARTITIONING_CACHE``, else ``$XDG_CACHE_HOME/partitioning``,
+    else ``~/.cache/partitioning``."""
+    if os.environ.get("PARTITIONING_CACHE"):
+        return Path(os.environ["PARTITIONING_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "partitioning"
+
+
+def _fingerprint(devices: int) -> dict[str, Any]:
+    """What a measured profile depends on: the processor, its cores, the device count, jax."""
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "devices": devices, "jax": jax.__version__}
+
+
+def cpu_profile(devices: int, directory: str | Path | None = None) -> tuple[Hardware, str]:
+    """``(profile, where it came from)``: the cached measurement of :func:`measure_cpu` for this machine and
+    ``devices``, measured and cached first if there is none (or the machine, device count or jax differ).
+
+    Example::
+
+        >>> hw, source = cpu_profile(8)
+        >>> source
+        'cpu profile measured now, cached in /root/.cache/partitioning/cpu-8.json'
+    """
+    path = Path(directory) if directory is not None else cache_dir()
+    path = path / f"cpu-{devices}.json"
+    key = _fingerprint(devices)
+    try:
+        data = json.loads(path.read_text())
+        if data.get("fingerprint") == key:
+            hw = data["profile"]
+            hw["collective_bandwidth"] = dict(hw.get("collective_bandwidth") or {})
+            hw["sources"] = tuple(hw.get("sources") or ())
+            return Hardware(**{k: v for k, v in hw.items() if k in _FIELDS}), f"cpu profile cached in {path}"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    hw = measure_cpu(devices)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"fingerprint": key, "measured": time.time(), "profile": hw.to_json()}))
+        tmp.replace(path)
+        return hw, f"cpu profile measured now, cached in {path}"
+    except OSError:
+        return hw, "cpu profile measured now (not cached: the cache folder is not writable)"
+
+
+_FIELDS = {f.name for f in dataclasses.fields(Hardware)}
+
+
+def local_profile(devices: int | None = None) -> tuple[Hardware | None, str]:
+    """``(profile, where it came from)`` of the devices this process runs on: an accelerator's built-in
+    profile (None when its kind has none), or the CPU's measured one (:func:`cpu_profile`).
+
+    Example::
+
+        >>> hw, source = local_profile(8)
+    """
+    device = jax.devices()[0]
+    n = int(devices or jax.device_count())
+    if device.platform == "cpu":
+        return cpu_profile(n)
+    hw = device_profile(device)
+    kind = getattr(device, "device_kind", device.platform)
+    return hw, (f"the {hw.name} profile ({kind})" if hw else f"no profile for {kind!r}")
+
+
+__all__ = ["measure_cpu", "device_seconds", "device_profile", "cpu_profile", "local_profile", "cache_dir"]

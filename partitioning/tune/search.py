@@ -34,17 +34,14 @@ from typing import Any
 
 from partitioning.errors import PartitioningError
 from partitioning.fmt import fmt_bytes
-from partitioning.parallel.experts import DISPATCHED, TOKENS
 from partitioning.plan.compiled import normalize_spec
-from partitioning.plan.parallel import costs_from_records
 from partitioning.plan.plan import Plan, build_plan
-from partitioning.resolve import axes_tuple
 from partitioning.rules import Rules
 from partitioning.tune.compiled import compiled_estimate
-from partitioning.tune.cost import analytic_estimate, shared_axes, token_axes
 from partitioning.tune.hardware import Hardware
+from partitioning.tune.price import price
 from partitioning.tune.space import Candidate, Result, candidates, zero1_rules
-from partitioning.tune.workload import Workload, activation_bytes
+from partitioning.tune.workload import Workload
 
 REMAT_ORDER = {None: 0, "none": 0, "dots": 1, "dots_no_batch": 2, "full": 3}
 
@@ -203,43 +200,6 @@ _ACTIVATIONS = (
 )
 
 
-def _gathered_layer_bytes(plan: Plan, tokens: Sequence[str], layers: int) -> float:
-    mesh = plan.mesh
-    total = sum(
-        leaf.per_device_bytes * math.prod(mesh[a] for a in shared_axes(leaf, mesh) if a in tokens)
-        for leaf in plan.params
-        if any(a in tokens for a in shared_axes(leaf, mesh))
-    )
-    return total / max(1, layers)
-
-
-def _records_for(records: Sequence[Mapping[str, Any]], rules: Rules, c: Candidate) -> list[dict[str, Any]]:
-    """The traced records (full batch, unpipelined) as candidate ``c`` would trace them."""
-
-    def axes(spec, i):
-        return axes_tuple(spec[i]) if spec is not None and len(spec) > i else ()
-
-    out = []
-    for rec in records:
-        rec = dict(rec)
-        if rec["kind"] == "pipeline":
-            shape = tuple(rec["shape"])
-            rec.update(
-                stages=c.stages,
-                microbatches=c.microbatches if c.stages > 1 else 1,
-                shape=(shape[0] // c.grad_accum, *shape[1:]),
-                batch_axes=tuple(rules.batch_axes),
-            )
-        elif rec["kind"] == "experts":
-            rec.update(
-                groups=max(1, int(rec["groups"]) // c.grad_accum),
-                batch_axes=axes(rules.resolve(TOKENS), 0),
-                expert_axes=axes(rules.resolve(DISPATCHED), 1),
-            )
-        out.append(rec)
-    return out
-
-
 def search(
     params: Any,
     opt_state: Any,
@@ -308,57 +268,28 @@ def search(
             except PartitioningError as e:
                 plans[key] = e
         plan = plans[key]
-        r = Result(c, rules, opt_rules)
-        results.append(r)
-        if isinstance(plan, PartitioningError):
-            r.reason = f"rules: {plan}"
-            continue
-        if plan.errors:
-            r.reason = f"indivisible: {plan.errors[0]}"
-            continue
-        key = _layout_key(plan, rules, c)
-        if key in seen:
-            results.pop()
-            duplicates += 1
-            continue
-        seen.add(key)
-        tot = plan.totals
-        r.state = {k: float(tot[k]["per_device"]) for k in ("params", "optimizer", "gradients")}
-        tokens = token_axes(rules, c.sizes, w)
-        r.activations = activation_bytes(
-            w,
-            rules,
-            c.sizes,
-            remat=c.remat or "none",
-            micro_batch=w.batch // c.grad_accum,
-            gathered_layer_bytes=_gathered_layer_bytes(plan, tokens, w.layers // c.stages),
-            grad_bytes=r.state["gradients"],
-            grad_accum=c.grad_accum,
-            stages=c.stages,
-            microbatches=c.microbatches,
-        )
-        r.peak = sum(r.state.values()) + r.activations["total"]
-        parallel = (
-            costs_from_records(_records_for(records, rules, c), c.sizes, passes=c.grad_accum) if records else None
-        )
-        r.analytic = analytic_estimate(
-            plan.params,
-            r.state,
-            c.sizes,
-            rules,
-            w,
-            hw,
-            remat=c.remat or "none",
-            grad_accum=c.grad_accum,
-            flops_total=(flops or {}).get(c.remat or "none"),
-            temp_bytes=r.activations["total"],
-            parallel=parallel,
-        )
-        if r.peak > budget:
-            r.reason = (
-                f"memory: needs {fmt_bytes(r.peak)} per device (estimate), more than the budget of {fmt_bytes(budget)}"
+        if not isinstance(plan, PartitioningError) and not plan.errors:
+            key = _layout_key(plan, rules, c)
+            if key in seen:
+                duplicates += 1
+                continue
+            seen.add(key)
+        results.append(
+            price(
+                params,
+                opt_state,
+                c,
+                rules,
+                w,
+                hw,
+                budget,
+                optimizer_rules=opt_rules,
+                plan=plan,
+                flops=flops,
+                records=records,
             )
+        )
     return Search(results, hw, int(budget), w, devices, time.perf_counter() - t0, duplicates)
 
 
-__all__ = ["Result", "Search", "search"]
+__all__ = ["Result", "Search", "search", "price"]

@@ -8,8 +8,10 @@ layers (the ``layers`` axis of scanned parameters, else the numbered blocks).
 FLOPs per step (analytic, the usual transformer count): every matmul weight
 costs 2 FLOPs per token forward and 4 backward, and attention ``4 T H K`` per
 token and layer forward (``QK^T`` and ``PV``); ``remat: full`` runs the
-forward again in the backward pass. The model FLOPs of MFU leave the
-recomputation out: ``6 N tokens + 12 L T H K tokens``.
+forward again in the backward pass, ``dots_no_batch`` its attention products
+(the matmuls with batch dimensions, which it does not save), ``dots`` no
+matmul. The model FLOPs of MFU leave the recomputation out:
+``6 N tokens + 12 L T H K tokens``.
 
 Activation bytes per device (:func:`activation_bytes`), for a transformer
 block of the names above, with ``s`` the compute dtype's bytes and each
@@ -22,6 +24,8 @@ tensor's per-device size from the rule walk of its activation names:
   in the compute dtype; 8R the float32 norm inputs and the row-parallel
   partial sums);
 - ``dots`` keeps the matmul outputs: ``s (2R + 2Q + 2KV + 2M + S)``;
+- ``dots_no_batch`` keeps those without batch dimensions (the projections,
+  not the attention products): ``s (2R + Q + 2KV + 2M)``;
 - ``full`` keeps only each layer's input ``s R`` and recomputes one layer
   (the ``none`` set once) in the backward pass;
 
@@ -56,7 +60,7 @@ from partitioning.layout import LeafLayout
 from partitioning.resolve import IndivisibleWarning, axes_tuple
 from partitioning.rules import Rules
 
-REMATS = ("none", "dots", "full")
+REMATS = ("none", "dots", "dots_no_batch", "full")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +102,7 @@ class Workload:
         """Analytic FLOPs of one step: ``fwd``, ``bwd``, ``recompute``, ``total`` and ``model`` (for MFU)."""
         attn = 4 * self.seq_len * self.heads * self.head_dim * self.layers
         fwd = self.tokens * (2 * self.active_matmul_params + attn)
-        recompute = fwd if remat == "full" else 0.0
+        recompute = {"full": fwd, "dots_no_batch": self.tokens * attn}.get(remat, 0.0)
         return {
             "fwd": float(fwd),
             "bwd": 2.0 * fwd,
@@ -220,6 +224,16 @@ def activation_shapes(w: Workload, micro_batch: int) -> dict[str, tuple[tuple[st
     return out
 
 
+def saved_bytes(none: float, R: float, Q: float, KV: float, M: float, S: float, s: int) -> dict[str, float]:
+    """Per policy, the bytes one layer keeps for the backward pass (see the module docstring)."""
+    return {
+        "none": none,
+        "dots": s * (2 * R + 2 * Q + 2 * KV + 2 * M + S),
+        "dots_no_batch": s * (2 * R + Q + 2 * KV + 2 * M),
+        "full": s * R,
+    }
+
+
 def activation_bytes(
     w: Workload,
     rules: Rules,
@@ -246,7 +260,7 @@ def activation_bytes(
         M *= w.experts * w.expert_fraction  # expert hidden activations: experts x capacity slots per group
     s = w.compute_bytes
     none = s * (6 * R + 2 * Q + 2 * KV + 4 * M) + (8 + s) * S + 8 * R
-    saved = {"none": none, "dots": s * (2 * R + 2 * Q + 2 * KV + 2 * M + S), "full": s * R}.get(remat, none)
+    saved = saved_bytes(none, R, Q, KV, M, S, s).get(remat, none)
     parts = {
         "layers": w.layers * saved * (1 if stages <= 1 else (microbatches + stages - 1) / (microbatches * stages)),
         "recompute": none if remat != "none" else 0.0,

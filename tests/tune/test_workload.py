@@ -10,7 +10,7 @@ from partitioning.plan import build_plan
 from partitioning.rules import Rules
 from partitioning.train.state import abstract_train_state
 from partitioning.tune.cost import token_axes
-from partitioning.tune.search import _gathered_layer_bytes
+from partitioning.tune.price import _gathered_layer_bytes
 from partitioning.tune.workload import activation_bytes, workload
 
 

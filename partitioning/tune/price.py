@@ -1,0 +1,156 @@
+"""One layout priced, no search: its plan, memory, fit and analytic step time.
+
+The steps of :mod:`partitioning.tune.search` for a single
+:class:`~partitioning.tune.space.Candidate`, which :func:`~partitioning.tune.search.search`
+runs for each candidate and ``model.remat: auto`` (:mod:`partitioning.tune.remat`) and the check
+against published measurements run for one forced layout each.
+
+Example::
+
+    >>> c = Candidate((("data", 1), ("fsdp", 8)), "fsdp", remat="full")
+    >>> r = price(params, opt_state, c, Rules.preset("fsdp"), w, hardware("h100"), 80 * 2**30)
+    >>> r.fits, r.step_time, r.estimate.mfu
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from partitioning.errors import PartitioningError
+from partitioning.fmt import fmt_bytes
+from partitioning.parallel.experts import DISPATCHED, TOKENS
+from partitioning.plan.parallel import costs_from_records
+from partitioning.plan.plan import Plan, build_plan
+from partitioning.resolve import axes_tuple
+from partitioning.rules import Rules
+from partitioning.tune.cost import analytic_estimate, shared_axes, token_axes
+from partitioning.tune.hardware import Hardware
+from partitioning.tune.space import Candidate, Result
+from partitioning.tune.workload import Workload, activation_bytes
+
+
+def _gathered_layer_bytes(plan: Plan, tokens: Sequence[str], layers: int) -> float:
+    mesh = plan.mesh
+    total = sum(
+        leaf.per_device_bytes * math.prod(mesh[a] for a in shared_axes(leaf, mesh) if a in tokens)
+        for leaf in plan.params
+        if any(a in tokens for a in shared_axes(leaf, mesh))
+    )
+    return total / max(1, layers)
+
+
+def _records_for(records: Sequence[Mapping[str, Any]], rules: Rules, c: Candidate) -> list[dict[str, Any]]:
+    """The traced records (full batch, unpipelined) as candidate ``c`` would trace them."""
+
+    def axes(spec, i):
+        return axes_tuple(spec[i]) if spec is not None and len(spec) > i else ()
+
+    out = []
+    for rec in records:
+        rec = dict(rec)
+        if rec["kind"] == "pipeline":
+            shape = tuple(rec["shape"])
+            rec.update(
+                stages=c.stages,
+                microbatches=c.microbatches if c.stages > 1 else 1,
+                shape=(shape[0] // c.grad_accum, *shape[1:]),
+                batch_axes=tuple(rules.batch_axes),
+            )
+        elif rec["kind"] == "experts":
+            rec.update(
+                groups=max(1, int(rec["groups"]) // c.grad_accum),
+                batch_axes=axes(rules.resolve(TOKENS), 0),
+                expert_axes=axes(rules.resolve(DISPATCHED), 1),
+            )
+        out.append(rec)
+    return out
+
+
+def price(
+    params: Any,
+    opt_state: Any,
+    c: Candidate,
+    rules: Rules,
+    w: Workload,
+    hw: Hardware,
+    budget: float,
+    *,
+    optimizer_rules: Rules | None = None,
+    plan: Plan | PartitioningError | None = None,
+    activations: Sequence[Any] = (),
+    on_indivisible: str = "error",
+    flops: Mapping[str, Mapping[str, float]] | None = None,
+    records: Sequence[Mapping[str, Any]] = (),
+) -> Result:
+    """One layout priced, no search: ``c``'s mesh, remat, micro-batches with ``rules`` (and ``optimizer_rules``).
+
+    The steps of the module docstring for one candidate: its plan (or ``plan``, already built), memory,
+    fit against ``budget`` and the analytic estimate. A layout the rules cannot split comes back with
+    its ``reason``. Arguments as for :func:`search`.
+
+    Example::
+
+        >>> c = Candidate((("data", 1), ("fsdp", 8)), "fsdp", remat="full")
+        >>> r = price(params, opt_state, c, Rules.preset("fsdp"), w, hardware("h100"), 80 * 2**30)
+        >>> r.fits, r.step_time, r.estimate.mfu
+    """
+    if plan is None:
+        try:
+            plan = build_plan(
+                params,
+                opt_state,
+                c.sizes,
+                rules,
+                optimizer_rules=optimizer_rules,
+                on_indivisible=on_indivisible,
+                activations=activations,
+            )
+        except PartitioningError as e:
+            plan = e
+    r = Result(c, rules, optimizer_rules)
+    if isinstance(plan, PartitioningError):
+        r.reason = f"rules: {plan}"
+        return r
+    if plan.errors:
+        r.reason = f"indivisible: {plan.errors[0]}"
+        return r
+    tot = plan.totals
+    r.state = {k: float(tot[k]["per_device"]) for k in ("params", "optimizer", "gradients")}
+    tokens = token_axes(rules, c.sizes, w)
+    r.activations = activation_bytes(
+        w,
+        rules,
+        c.sizes,
+        remat=c.remat or "none",
+        micro_batch=w.batch // c.grad_accum,
+        gathered_layer_bytes=_gathered_layer_bytes(plan, tokens, w.layers // c.stages),
+        grad_bytes=r.state["gradients"],
+        grad_accum=c.grad_accum,
+        stages=c.stages,
+        microbatches=c.microbatches,
+    )
+    r.peak = sum(r.state.values()) + r.activations["total"]
+    parallel = costs_from_records(_records_for(records, rules, c), c.sizes, passes=c.grad_accum) if records else None
+    r.analytic = analytic_estimate(
+        plan.params,
+        r.state,
+        c.sizes,
+        rules,
+        w,
+        hw,
+        remat=c.remat or "none",
+        grad_accum=c.grad_accum,
+        flops_total=(flops or {}).get(c.remat or "none"),
+        temp_bytes=r.activations["total"],
+        parallel=parallel,
+    )
+    if r.peak > budget:
+        r.reason = (
+            f"memory: needs {fmt_bytes(r.peak)} per device (estimate), more than the budget of {fmt_bytes(budget)}"
+        )
+    return r
+
+
+__all__ = ["price"]

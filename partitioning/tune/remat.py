@@ -1,0 +1,144 @@
+"""``model.remat: auto``: the remat policy for one layout, each policy priced on the hardware; the fastest that fits.
+
+A remat policy trades memory for recomputation: ``none`` keeps every
+activation the backward pass needs, ``dots`` / ``dots_no_batch`` keep the
+matmul outputs (all of them / those without batch dimensions: the
+projections, not the attention products), ``full`` keeps each layer's input
+and runs its forward pass again. Which is fastest depends on the hardware:
+
+- on accelerators (memory pooled, collectives beside compute) recomputation
+  costs FLOPs and saving costs only memory, so ``none`` wins while it fits and
+  the policy with the least recomputation that fits otherwise;
+- on the CPU a step pays for every byte of fresh temporary memory (the
+  runtime maps it anew each step and the kernel zeroes it:
+  ``Hardware.alloc_bandwidth``), so saving many activations can cost more than
+  recomputing them.
+
+:func:`choose_remat` prices the run's own layout (mesh, rules, micro-batches:
+nothing else changes) once per policy with :func:`partitioning.tune.price.price`
+— the same estimate ``tune`` ranks its candidates by, on the same hardware
+profile — and takes the fastest that fits the budget; within 0.1% the one
+with less recomputation; when none fits, the smallest peak.
+
+Example::
+
+    >>> choice = choose_remat(params, opt_state, {"data": 1, "fsdp": 8}, Rules.preset("fsdp"), w, hw,
+    ...                       budget=2**31, policies=("none", "dots", "dots_no_batch", "full"))
+    >>> choice.policy, choice.describe()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from partitioning.errors import PartitioningError
+from partitioning.fmt import fmt_bytes
+from partitioning.plan.plan import build_plan
+from partitioning.rules import Rules
+from partitioning.tune.hardware import Hardware
+from partitioning.tune.price import price
+from partitioning.tune.search import Search
+from partitioning.tune.space import Candidate, Result
+from partitioning.tune.workload import Workload
+
+RUN = "run"  # the rules name of the run's own layout
+
+
+@dataclasses.dataclass
+class RematChoice:
+    """The policy picked for a layout, and every policy's priced :class:`~partitioning.tune.space.Result`."""
+
+    policy: str
+    results: list[Result]
+    hardware: Hardware
+    budget: float
+    why: str  # "fastest" | "smallest peak" | "not priced: ..."
+
+    def describe(self) -> str:
+        """One line: the policy, the estimates it beat, the peak and the budget."""
+        priced = [r for r in self.results if r.analytic is not None]
+        if not priced:
+            return f"{self.policy} ({self.why})"
+        chosen = next(r for r in priced if r.candidate.remat == self.policy)
+        others = ", ".join(
+            f"{r.candidate.remat} {_ms(r.step_time)}{'' if r.fits else ' (does not fit)'}"
+            for r in sorted(priced, key=lambda r: r.step_time)
+            if r is not chosen
+        )
+        return (
+            f"{self.policy}: the {self.why} of {len(priced)} policies, est. {_ms(chosen.step_time)} per step "
+            f"on {self.hardware.name} ({others}); peak {fmt_bytes(chosen.peak)} of {fmt_bytes(self.budget)}"
+        )
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def choose_remat(
+    params: Any,
+    opt_state: Any,
+    mesh: Mapping[str, int],
+    rules: Rules,
+    w: Workload,
+    hw: Hardware,
+    budget: float,
+    *,
+    policies: Sequence[str],
+    optimizer_rules: Rules | None = None,
+    grad_accum: int = 1,
+    microbatches: int = 1,
+    records: Sequence[Mapping[str, Any]] = (),
+    activations: Sequence[Any] = (),
+    on_indivisible: str = "error",
+) -> RematChoice:
+    """The fastest of ``policies`` that fits ``budget`` for this layout (see the module docstring).
+
+    ``params`` / ``opt_state``: the boxed abstract state; ``mesh``: ``{axis: size}``; ``records``: one
+    traced forward pass (pipeline and expert costs), as for :func:`partitioning.tune.search.search`.
+    """
+    if not policies:
+        raise ValueError("choose_remat: no policies to choose from")
+    sizes = {a: int(n) for a, n in mesh.items()}
+    try:
+        plan: Any = build_plan(
+            params,
+            opt_state,
+            sizes,
+            rules,
+            optimizer_rules=optimizer_rules,
+            on_indivisible=on_indivisible,
+            activations=activations,
+        )
+    except PartitioningError as e:
+        plan = e
+    results = [
+        price(
+            params,
+            opt_state,
+            Candidate(tuple(sizes.items()), RUN, p, grad_accum, False, microbatches),
+            rules,
+            w,
+            hw,
+            budget,
+            optimizer_rules=optimizer_rules,
+            plan=plan,
+            records=records,
+        )
+        for p in policies
+    ]
+    best = Search(results, hw, int(budget), w, math.prod(sizes.values())).best
+    if best is not None:
+        return RematChoice(str(best.candidate.remat), results, hw, budget, "fastest")
+    priced = [r for r in results if r.peak > 0]
+    if priced:
+        small = min(priced, key=lambda r: r.peak)
+        return RematChoice(str(small.candidate.remat), results, hw, budget, "smallest peak (none fits)")
+    reason = results[0].reason or "no estimate"
+    return RematChoice(str(policies[0]), results, hw, budget, f"not priced: {reason}")
+
+
+__all__ = ["RematChoice", "choose_remat"]
