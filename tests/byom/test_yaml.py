@@ -126,8 +126,8 @@ def test_a_dataset_and_loss_from_yaml(workdir, run_cli_in_process, monkeypatch):
         (
             lambda t: t.replace("num_heads: 8", "num_haeds: 8"),
             "lm.yaml:5: model.config.num_haeds: 'lm_linen.TransformerConfig' has no option 'num_haeds' "
-            "(options: vocab_size, emb_dim, num_heads, num_layers, qkv_dim, mlp_dim, max_len, dropout_rate, attention_dropout_rate, "
-            "deterministic, dtype, kernel_init); did you mean 'num_heads'?",
+            "(options: vocab_size, emb_dim, num_heads, num_layers, qkv_dim, mlp_dim, max_len, dropout_rate, "
+            "attention_dropout_rate, deterministic, dtype, kernel_init); did you mean 'num_heads'?",
         ),
         (
             lambda t: t.replace("num_heads: 8", "num_heads: many"),
