@@ -316,6 +316,8 @@ def table_mesh(source: str | Path) -> dict[str, int] | None:
         >>> table_mesh("fsdp_tp")
         {'data': 1, 'fsdp': -1, 'tensor': 2}
     """
+    if str(source) not in preset_names() and not str(source).endswith((".yaml", ".yml")):
+        Rules.preset(str(source))  # not a file: an unknown preset, named with the nearest one
     path = PRESET_DIR / f"{source}.yaml" if str(source) in preset_names() else Path(source)
     data, lines = read_yaml(path, "rules file")
     mesh = data.get("mesh") if isinstance(data, Mapping) else None

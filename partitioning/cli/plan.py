@@ -38,9 +38,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set or [])
     devices, here = setup_devices(cfg, args)
     plan, model = plan_from_config(cfg, devices)
+    remat_note = None
     if is_auto(cfg):
         policy = getattr(model, "remat", "the model's default")
-        say(
+        remat_note = (
             f"remat: auto is resolved when train starts, on the devices it runs on; planned here as {policy} "
             f"(--set model.remat=... plans another)"
         )
@@ -66,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         "largest": [list(x) for x in fit.top],
     }
     render_plan(report, console())
+    if remat_note:  # with the table on stdout: stderr stays one line when something fails
+        print(remat_note)
     print(f"memory: {fit.describe()}")
     if args.json:
         write_json(args.json, report)
