@@ -42,7 +42,7 @@ from partitioning.cli.args import leaf, load_with_devices
 from partitioning.cli.render import console
 from partitioning.config.build import abstract_model, mesh_from_config
 from partitioning.config.run import jsonable
-from partitioning.errors import CheckpointError, MeshError, RuleError, ShardingError
+from partitioning.errors import CheckpointError, MeshError
 from partitioning.fmt import fmt_bytes, fmt_mesh, fmt_rules, fmt_shape
 from partitioning.yamlfile import dump_yaml
 
@@ -178,10 +178,8 @@ def cmd_reshard(args: argparse.Namespace) -> int:
     except MeshError as e:
         raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
     _, variables = abstract_model(cfg)
-    try:
-        r = _reshard(args, cfg, mesh, variables)
-    except (ShardingError, RuleError) as e:  # the new layout does not fit the model: the config says so
-        raise type(e)(f"{cfg.where('rules')} (mesh {dict(mesh.shape)}): {e}") from None
+    # An indivisible parameter is named by its path, as `partitioning check` names it for this config.
+    r = _reshard(args, cfg, mesh, variables)
     print(
         f"resharded step {r.step}: {r.arrays} arrays from mesh {r.from_mesh} to {r.to_mesh} "
         f"({cfg.rules_label()}) -> {r.path}"

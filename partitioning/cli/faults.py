@@ -104,6 +104,8 @@ def closing_summary(reason: str, records: list[dict[str, Any]]) -> str:
         out += f", eval_loss {_num(evals[-1]['eval_loss'])}"
         if evals[-1].get("step") != last.get("step"):
             out += f" (step {evals[-1].get('step')})"
+    if last.get("skipped_steps"):
+        out += f", {int(last['skipped_steps'])} non-finite steps skipped"
     return out
 
 

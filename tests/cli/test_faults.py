@@ -119,3 +119,16 @@ def test_a_diverging_run_stops_at_once_saves_nothing_and_names_the_last_good_che
     recs = [json.loads(line) for line in Path("run/metrics.jsonl").read_text().splitlines()]
     assert recs[-1]["loss"] is None and recs[-1]["step"] - first < 5  # stopped at the next sync point
     assert "done:" not in r.stdout
+
+
+def test_the_closing_summary_repeats_the_last_logged_numbers():
+    from partitioning.cli.faults import closing_summary
+
+    # A NaN eval (logged as null) is nan here, not the last finite eval loss.
+    recs = [{"step": 50, "loss": 2.0, "eval_loss": 2152.0}, {"step": 60, "loss": None, "eval_loss": None}]
+    assert closing_summary("done", recs) == "done: step 60, loss nan, eval_loss nan"
+    recs = [{"step": 5, "loss": 2.5, "eval_loss": 3.0}, {"step": 10, "loss": 2.25, "skipped_steps": 3.0}]
+    assert (
+        closing_summary("done", recs)
+        == "done: step 10, loss 2.250, eval_loss 3.000 (step 5), 3 non-finite steps skipped"
+    )
