@@ -80,7 +80,8 @@ class Pattern:
     def atom_box(self, box: Box, part: int | None = None) -> Box:
         """The atoms' box holding the parameter's ``box`` (``part`` for the part axis)."""
         by_name = dict(zip(self.dst, box, strict=True))
-        return tuple((part, part + 1) if isinstance(a, int) else by_name[a] for a in self.atoms)
+        p = 0 if part is None else part
+        return tuple((p, p + 1) if isinstance(a, int) else by_name[a] for a in self.atoms)
 
     def atoms_view(self, param: np.ndarray) -> np.ndarray:
         """A view of a (part of a) parameter-ordered array in atom order (the part axis of size 1)."""

@@ -177,12 +177,12 @@ class Reader:
                 self.tensor(stored[i], m.pattern, m.part, tuple(shape[1:]), targets)
         else:
             self.tensor(stored[0], m.pattern, m.part, tuple(shape), [(box, bufs[box]) for box in boxes])
-        host, targets = [], []
+        host, places = [], []
         for box, devices in boxes.items():
             for d in devices:
                 host.append(bufs[box])
-                targets.append(jax.sharding.SingleDeviceSharding(d, memory_kind=sharding.memory_kind))
-        shards = jax.device_put(host, targets)
+                places.append(jax.sharding.SingleDeviceSharding(d, memory_kind=sharding.memory_kind))
+        shards = jax.device_put(host, places)
         return jax.make_array_from_single_device_arrays(tuple(shape), sharding, shards)
 
 

@@ -19,8 +19,12 @@ def options(model, names=OPTIONS + ("rope_theta", "rope_scaling", "sliding_windo
     return {k: getattr(model, k) for k in names}
 
 
-def test_family_names():
+def test_family_names_and_relative_paths(monkeypatch):
     assert [pt.hf_family(fixture(n)) for n in FAMILIES] == ["llama", "llama", "mistral", "qwen2", "gemma", "gpt2"]
+    monkeypatch.chdir(fixture("gpt2").parent)
+    assert pt.hf_family("qwen2/config.json") == "qwen2"
+    _, variables = pt.load_hf("gpt2/config.json")
+    assert variables["params"]["pos_embedding"].shape == (32, 32)
 
 
 def test_transformers_4_dialect_is_the_same_model():
