@@ -17,6 +17,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -44,9 +46,10 @@ def cached_kv(
     """
     b, t, g, d = k.shape
     init = with_logical_partitioning(jnp.zeros, NAMES)
-    keys = mod.variable(CACHE, "cached_key", init, (b, t, g, d), k.dtype)
-    values = mod.variable(CACHE, "cached_value", init, (b, t, g, d), v.dtype)
-    index = mod.variable(CACHE, "cache_index", lambda: jnp.zeros((), jnp.int32))
+    # Boxed when created (for the layout), plain arrays once applied: Any for the type checker.
+    keys: Any = mod.variable(CACHE, "cached_key", init, (b, t, g, d), k.dtype)
+    values: Any = mod.variable(CACHE, "cached_value", init, (b, t, g, d), v.dtype)
+    index: Any = mod.variable(CACHE, "cache_index", lambda: jnp.zeros((), jnp.int32))
     if positions is None:
         i, j = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
     else:

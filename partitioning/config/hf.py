@@ -84,6 +84,13 @@ def hf_source(value: Any, path: str, lines: Lines, errors: list[str]) -> Path | 
     return found
 
 
+def hf_path(cfg: Config) -> Path:
+    """The checkpoint an ``hf`` config names (a folder, or a config.json)."""
+    if cfg.model_hf is None:
+        raise ValueError(f"{cfg.path}: the model is not a Hugging Face checkpoint")
+    return cfg.model_hf
+
+
 def hf_options(cfg: Config) -> dict[str, Any]:
     """The model options of an ``hf`` config with their defaults (``scan_layers``, ``remat``, dtypes)."""
     return HfModelConfig.model_validate({"hf": cfg.model_name, **cfg.model_options}).model_dump(exclude={"hf"})
@@ -101,7 +108,7 @@ def hf_model_from_config(cfg: Config) -> Any:
     from partitioning.checkpoint.hf import hf_model
 
     try:
-        return hf_model(cfg.model_hf, **hf_options(cfg))
+        return hf_model(hf_path(cfg), **hf_options(cfg))
     except PartitioningError as e:
         raise _at_hf(cfg, e) from None
 
@@ -111,7 +118,7 @@ def hf_params_from_config(cfg: Config, mesh: Any) -> Any:
     from partitioning.checkpoint.hf import load_hf
 
     try:
-        _, variables = load_hf(cfg.model_hf, mesh, cfg.rules, on_indivisible=cfg.on_indivisible, **hf_options(cfg))
+        _, variables = load_hf(hf_path(cfg), mesh, cfg.rules, on_indivisible=cfg.on_indivisible, **hf_options(cfg))
     except PartitioningError as e:
         raise _at_hf(cfg, e) from None
     return variables["params"]
@@ -153,7 +160,8 @@ def has_checkpoint(cfg: Config) -> bool:
 
 def check_hf_weights(cfg: Config) -> None:
     """The checkpoint has safetensors weights to start training from; else one line at ``model.hf``."""
-    folder = cfg.model_hf if cfg.model_hf.is_dir() else cfg.model_hf.parent
+    source = hf_path(cfg)
+    folder = source if source.is_dir() else source.parent
     if any(folder.glob("*.safetensors")):
         return
     pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLED)
@@ -203,6 +211,7 @@ __all__ = [
     "config_json",
     "hf_source",
     "hf_options",
+    "hf_path",
     "hf_model_from_config",
     "hf_params_from_config",
     "hf_record",

@@ -1,8 +1,9 @@
 """A Hugging Face checkpoint from YAML and the command line, as real subprocesses with relative paths.
 
 One run of ``configs/hf_tiny.yaml`` (a tiny Llama made by transformers, trained on the
-stdlib tokenized with its own tokenizer) is shared by the tests of this module, in a copy
-of the repository's layout: resumed, exported, and made to talk.
+stdlib tokenized with its own tokenizer), in a copy of the repository's layout, is trained,
+resumed, exported and made to talk in one test: its stages depend on each other, and one
+test stays on one xdist worker, so the run is trained once.
 """
 
 import json
@@ -52,14 +53,18 @@ def records(work: Path) -> list[dict]:
     return [json.loads(x) for x in (work / "runs/hf_tiny/metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def trained(work):
-    r = cli(work, "train", "configs/hf_tiny.yaml", "--no-progress", *STEPS)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r
+def test_fine_tune_resume_export_generate(work, monkeypatch, capsys):
+    trained = cli(work, "train", "configs/hf_tiny.yaml", "--no-progress", *STEPS)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    check_train(work, trained)
+    check_resume(work)
+    check_export(work, monkeypatch)
+    check_bad_exports(work, monkeypatch, capsys)
+    check_generate(work)
 
 
-def test_train_starts_from_the_weights_and_the_loss_falls(work, trained):
+def check_train(work, trained):
+    """Train starts from the weights, on the checkpoint's tokens; the loss falls; the source is recorded."""
     assert "train: starting from the Hugging Face weights in tests/fixtures/hf/llama" in trained.stdout
     assert "tokens (tokenizer tests/fixtures/hf/llama/tokenizer.json)" in trained.stdout
     evals = [r["eval_loss"] for r in records(work) if "eval_loss" in r]
@@ -72,7 +77,8 @@ def test_train_starts_from_the_weights_and_the_loss_falls(work, trained):
     assert meta["data"]["tokenizer"]  # the digest of the tokenizer the text was cut with
 
 
-def test_resume_reads_its_own_checkpoint_not_the_weights(work, trained):
+def check_resume(work):
+    """A resume reads the run's own checkpoint, not the weights (they are gone meanwhile)."""
     weights = work / FIXTURE / "model.safetensors"
     weights.rename(weights.with_suffix(".away"))
     try:
@@ -85,7 +91,8 @@ def test_resume_reads_its_own_checkpoint_not_the_weights(work, trained):
     assert records(work)[-1]["step"] == 24
 
 
-def test_export_loads_back_with_the_trained_eval_loss(work, trained, monkeypatch):
+def check_export(work, monkeypatch):
+    """The export loads back with the run's eval loss, on the run's own eval batches."""
     r = cli(work, "ckpt", "export-hf", "runs/hf_tiny", "exported", "--step", "20")
     assert r.returncode == 0, r.stderr[-3000:]
     files = "config.json, generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json"
@@ -114,7 +121,8 @@ def test_export_loads_back_with_the_trained_eval_loss(work, trained, monkeypatch
     assert corpus.train[: len(ids) + 2].tolist() == [1, *ids, 1]
 
 
-def test_export_bad_inputs_are_one_line_and_write_nothing(work, trained, monkeypatch, capsys):
+def check_bad_exports(work, monkeypatch, capsys):
+    """Bad input is one line, exit 2, nothing written."""
     assert error_line(cli(work, "ckpt", "export-hf", "runs/nothing", "out")) == "error: runs/nothing: no such run dir"
     full = work / "full"
     full.mkdir()
@@ -135,6 +143,7 @@ def test_export_bad_inputs_are_one_line_and_write_nothing(work, trained, monkeyp
     from partitioning.cli import main
 
     monkeypatch.chdir(work)
+    capsys.readouterr()
     assert main(["ckpt", "export-hf", "runs/hf_tiny", "out", "--step", "7"]) == 2
     expected = "error: runs/hf_tiny/checkpoints: no complete checkpoint for step 7 (steps: 20, 24)\n"
     assert capsys.readouterr().err == expected
@@ -143,7 +152,8 @@ def test_export_bad_inputs_are_one_line_and_write_nothing(work, trained, monkeyp
     assert not (full / "notes.txt").exists() and (full / "model.safetensors").is_file()
 
 
-def test_generate_prints_the_decoded_text(work, trained):
+def check_generate(work):
+    """generate prints the decoded prompt and continuation, from the run or from the weights."""
     r = cli(work, "generate", "configs/hf_tiny.yaml", "--prompt", "def main(", "--max-tokens", "8")
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.startswith("def main(") and len(r.stdout.rstrip("\n")) > len("def main(")
@@ -161,18 +171,21 @@ mesh:
   shape: {data: 1, fsdp: -1, tensor: 2}
   devices: 8
 rules: fsdp_tp
+data:
+  path: text.py
 train:
   batch_size: 8
   seq_len: 32
 """
 
 
-def test_plan_and_check_need_only_config_json(work, tmp_path):
+def test_plan_and_check_need_only_config_json(work):
     folder = work / "plan_only"
     (folder / "ckpt").mkdir(parents=True)
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):  # no safetensors
         shutil.copy(work / FIXTURE / name, folder / "ckpt")
     (folder / "plan.yaml").write_text(PLAN_ONLY)
+    (folder / "text.py").write_text("def add(x, y):\n    return x + y\n" * 400)
     r = cli(folder, "check", "plan.yaml")
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.startswith("OK: plan.yaml: model ckpt (39,072 parameters, 12 arrays) on mesh")
