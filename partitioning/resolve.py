@@ -20,6 +20,7 @@ Two more cases, both as Flax itself treats them:
 
 Example::
 
+    >>> from partitioning.resolve import walk
     >>> walk([("embed", "fsdp"), ("mlp", "fsdp")], ["r0", "r1"], ("embed", "mlp"),
     ...      None, None, "error", "", None)
     ['fsdp', None]
@@ -196,7 +197,7 @@ class DimExplanation:
 
     Example::
 
-        >>> d = Rules.preset("fsdp").explain(("embed", "mlp"))[1]
+        >>> d = pt.Rules.preset("fsdp").explain(("embed", "mlp"))[1]
         >>> d.name, d.mesh_axes, d.claimed
         ('mlp', None, False)
     """
