@@ -22,9 +22,13 @@ flips it to deterministic.
 
 Example::
 
-    >>> model = as_model(nn.Dense(4))                       # Linen
-    >>> model = NNXModel(lambda rngs: MyNNXModel(8, rngs=rngs))   # NNX: a factory taking rngs
-    >>> model = FunctionModel(init_fn, apply_fn)            # plain functions
+    >>> from flax import nnx
+    >>> pt.as_model(nn.Dense(4)).kind                                          # Linen
+    'linen'
+    >>> pt.NNXModel(lambda rngs: nnx.Linear(8, 4, rngs=rngs)).kind              # NNX: a factory taking rngs
+    'nnx'
+    >>> pt.FunctionModel(lambda rng: {"w": jnp.ones((8, 4))}, lambda p, x: x @ p["w"]).kind   # plain functions
+    'function'
 """
 
 from __future__ import annotations
@@ -108,8 +112,11 @@ class LinenModel:
 
     Example::
 
-        >>> model = LinenModel(TransformerLM(config))
-        >>> variables = model.abstract((tokens,), {})      # boxed ShapeDtypeStructs
+        >>> from partitioning.models import MLP
+        >>> model = pt.LinenModel(MLP())
+        >>> variables = model.abstract((jnp.zeros((8, 16), jnp.int32),), {})      # boxed ShapeDtypeStructs
+        >>> variables["params"]["wi_0"].names, variables["params"]["wi_0"].value.shape
+        (('embed', 'mlp'), (64, 256))
     """
 
     kind = "linen"
@@ -220,7 +227,17 @@ class NNXModel:
 
     Example::
 
-        >>> model = NNXModel(lambda rngs: GPT(cfg, rngs=rngs))
+        >>> from flax import nnx
+        >>> class Linear(nnx.Module):
+        ...     def __init__(self, din, dout, *, rngs):
+        ...         init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))
+        ...         self.w = nnx.Param(init(rngs.params(), (din, dout)))
+        ...     def __call__(self, x):
+        ...         return x @ self.w[...]
+        >>> model = pt.NNXModel(lambda rngs: Linear(64, 256, rngs=rngs))
+        >>> pt.tree_layouts(model.abstract((jnp.zeros((8, 64)),), {}), pt.make_mesh({"data": 1, "fsdp": -1}),
+        ...                 "fsdp")[0].spec
+        P('fsdp', None)
     """
 
     kind = "nnx"
@@ -331,7 +348,9 @@ class FunctionModel:
 
         >>> def init(rng):
         ...     return {"w": pt.LogicallyPartitioned(jax.random.normal(rng, (64, 10)), ("embed", "vocab"))}
-        >>> model = FunctionModel(init, lambda p, x: x @ p["w"])
+        >>> model = pt.FunctionModel(init, lambda p, x: x @ p["w"])
+        >>> model.abstract((), {})["params"]["w"].names
+        ('embed', 'vocab')
     """
 
     kind = "function"
@@ -371,7 +390,9 @@ def as_model(model: Any) -> Any:
 
     Example::
 
-        >>> as_model(GPT()).kind, as_model(nnx_module).kind
+        >>> from flax import nnx
+        >>> from partitioning.models import GPT
+        >>> pt.as_model(GPT()).kind, pt.as_model(nnx.Linear(4, 4, rngs=nnx.Rngs(0))).kind
         ('linen', 'nnx')
     """
     if isinstance(model, (LinenModel, NNXModel, FunctionModel)):

@@ -20,10 +20,15 @@ model asks for (``dropout``, ...) are derived from ``seed`` and the step.
 
 Example::
 
-    >>> trainer = Trainer(model, optax.adamw(1e-3), mesh, "fsdp", batch_size=32, seq_len=128)
+    >>> import optax
+    >>> from partitioning.models import MLP
+    >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
+    ...                      batch_size=8, seq_len=16)
     >>> state = trainer.init(jax.random.key(0))
+    >>> batch = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding).batch_at(0)
     >>> state, metrics = trainer.train_step(state, batch)     # metrics stay on device
-    >>> trainer.lower_train_step().compile().memory_analysis()
+    >>> int(state.step), sorted(metrics)[:3]
+    (1, ['accuracy', 'grad_norm', 'loss'])
 """
 
 from __future__ import annotations
@@ -88,10 +93,16 @@ class Trainer(Lowering):
 
     Example::
 
-        >>> trainer = Trainer(model, tx, make_mesh({"data": 1, "fsdp": -1}), "fsdp",
-        ...                   batch_size=32, seq_len=128, grad_accum=2)
-        >>> trainer = Trainer(resnet, tx, mesh, "fsdp", batch={"inputs": images, "targets": labels},
-        ...                   task="classification")
+        >>> import optax
+        >>> from partitioning.models import MLP
+        >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
+        >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), mesh, "fsdp", batch_size=32, seq_len=128, grad_accum=2)
+        >>> trainer.micro_batch
+        16
+        >>> images, labels = jnp.zeros((16, 8, 8, 1)), jnp.zeros((16,), jnp.int32)
+        >>> classifier = nn.Sequential([lambda x: x.reshape(x.shape[0], -1), nn.Dense(10)])
+        >>> trainer = pt.Trainer(classifier, optax.sgd(0.1), mesh, "fsdp",
+        ...                      batch={"inputs": images, "targets": labels}, task="classification")
         >>> state = trainer.init(jax.random.key(0))
     """
 
