@@ -137,7 +137,7 @@ from partitioning.tune.crossover import crossover
 from partitioning.tune.measure import measure_cpu
 from partitioning.tune.plot import plot_search
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is written: pyproject.toml reads it (see CHANGELOG.md)
 
 __all__ = [
     # errors

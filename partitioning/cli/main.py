@@ -19,10 +19,10 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from types import ModuleType
 from typing import Any
 
+import partitioning
 from partitioning.cli import check, ckpt, compare, config, explain, plan, train, tune
 from partitioning.cli.args import say
 from partitioning.errors import PartitioningError, did_you_mean
@@ -91,10 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def version() -> str:
-    try:
-        return metadata.version("partitioning")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    """The installed version: ``partitioning.__version__`` (pyproject reads it from there too)."""
+    return partitioning.__version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,26 +9,23 @@ ask which kind they hold:
   is its ``jax.eval_shape``: nothing allocated;
 - ``init(rng, args, kwargs)``: the same tree, unboxed, traceable (the trainer
   jits it with ``out_shardings`` so every array is born in its shard);
-- ``apply(variables, args, kwargs, rngs=, train=)``: ``(outputs, updated
-  collections)`` — the collections other than ``params`` that the model
-  mutates in training (BatchNorm's ``batch_stats``, NNX's RNG counters).
+- ``apply(variables, args, kwargs, rngs=, train=)``: ``(outputs, updated collections)`` — the collections
+  other than ``params`` that the model mutates in training (BatchNorm's ``batch_stats``, NNX's RNG counters).
 
 Train vs eval mode is found, in this order, as a ``deterministic`` / ``train``
 / ``training`` argument of the model's ``__call__``; a field of the module of
 that name; a field of a config dataclass the module holds (Flax's lm1b:
 ``config.deterministic``); NNX's ``model.train()`` / ``model.eval()``.
-Where the mode is a field, training uses the model as configured and eval
-flips it to deterministic.
+Where the mode is a field, training uses the model as configured and eval flips it to deterministic.
 
 Example::
 
     >>> from flax import nnx
-    >>> pt.as_model(nn.Dense(4)).kind                                          # Linen
-    'linen'
-    >>> pt.NNXModel(lambda rngs: nnx.Linear(8, 4, rngs=rngs)).kind              # NNX: a factory taking rngs
-    'nnx'
-    >>> pt.FunctionModel(lambda rng: {"w": jnp.ones((8, 4))}, lambda p, x: x @ p["w"]).kind   # plain functions
-    'function'
+    >>> linen = pt.as_model(nn.Dense(4))
+    >>> nnx_model = pt.NNXModel(lambda rngs: nnx.Linear(8, 4, rngs=rngs))       # NNX: a factory taking rngs
+    >>> functions = pt.FunctionModel(lambda rng: {"w": jnp.ones((8, 4))}, lambda p, x: x @ p["w"])
+    >>> linen.kind, nnx_model.kind, functions.kind
+    ('linen', 'nnx', 'function')
 """
 
 from __future__ import annotations
@@ -114,9 +111,8 @@ class LinenModel:
 
         >>> from partitioning.models import MLP
         >>> model = pt.LinenModel(MLP())
-        >>> variables = model.abstract((jnp.zeros((8, 16), jnp.int32),), {})      # boxed ShapeDtypeStructs
-        >>> variables["params"]["wi_0"].names, variables["params"]["wi_0"].value.shape
-        (('embed', 'mlp'), (64, 256))
+        >>> model.abstract((jnp.zeros((8, 16), jnp.int32),), {})["params"]["wi_0"]   # boxed ShapeDtypeStructs
+        LogicallyPartitioned(value=ShapeDtypeStruct(shape=(64, 256), dtype=float32), names=('embed', 'mlp'), ...)
     """
 
     kind = "linen"
@@ -228,15 +224,9 @@ class NNXModel:
     Example::
 
         >>> from flax import nnx
-        >>> class Linear(nnx.Module):
-        ...     def __init__(self, din, dout, *, rngs):
-        ...         init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))
-        ...         self.w = nnx.Param(init(rngs.params(), (din, dout)))
-        ...     def __call__(self, x):
-        ...         return x @ self.w[...]
-        >>> model = pt.NNXModel(lambda rngs: Linear(64, 256, rngs=rngs))
-        >>> pt.tree_layouts(model.abstract((jnp.zeros((8, 64)),), {}), pt.make_mesh({"data": 1, "fsdp": -1}),
-        ...                 "fsdp")[0].spec
+        >>> init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))
+        >>> model = pt.NNXModel(lambda rngs: nnx.Linear(64, 256, kernel_init=init, rngs=rngs))
+        >>> pt.tree_layouts(model.abstract((jnp.zeros((8, 64)),), {}), {"data": 1, "fsdp": 8}, "fsdp")[-1].spec
         P('fsdp', None)
     """
 
@@ -348,8 +338,7 @@ class FunctionModel:
 
         >>> def init(rng):
         ...     return {"w": pt.LogicallyPartitioned(jax.random.normal(rng, (64, 10)), ("embed", "vocab"))}
-        >>> model = pt.FunctionModel(init, lambda p, x: x @ p["w"])
-        >>> model.abstract((), {})["params"]["w"].names
+        >>> pt.FunctionModel(init, lambda p, x: x @ p["w"]).abstract((), {})["params"]["w"].names
         ('embed', 'vocab')
     """
 
@@ -391,8 +380,7 @@ def as_model(model: Any) -> Any:
     Example::
 
         >>> from flax import nnx
-        >>> from partitioning.models import GPT
-        >>> pt.as_model(GPT()).kind, pt.as_model(nnx.Linear(4, 4, rngs=nnx.Rngs(0))).kind
+        >>> pt.as_model(nn.Dense(4)).kind, pt.as_model(nnx.Linear(4, 4, rngs=nnx.Rngs(0))).kind
         ('linen', 'nnx')
     """
     if isinstance(model, (LinenModel, NNXModel, FunctionModel)):
