@@ -20,8 +20,8 @@ from its module.
 Example (8 devices: ``pt.simulate_devices(8)`` on a CPU)::
 
     >>> import partitioning as pt
-    >>> from partitioning.models import GPT
-    >>> model, tokens = GPT(embed=64, mlp=128, layers=2), jnp.zeros((8, 32), jnp.int32)
+    >>> from partitioning.models import MLP
+    >>> model, tokens = MLP(), jnp.zeros((8, 32), jnp.int32)
     >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
     >>> rules = pt.Rules.preset("fsdp")
     >>> abstract = jax.eval_shape(model.init, jax.random.key(0), tokens)
