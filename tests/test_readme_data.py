@@ -1,4 +1,4 @@
-"""The README's Data section: its pre-tokenizing example writes .npy files that its config accepts."""
+"""The Data guide (docs/data.md): its pre-tokenizing example writes .npy files that its config accepts."""
 
 import os
 import re
@@ -20,7 +20,7 @@ def get_encoding(name):
 
 
 def test_pretokenizing_example_makes_data_the_config_accepts(repo, tmp_path):
-    section = (repo / "README.md").read_text().split("\n## Data\n", 1)[1].split("\n## ", 1)[0]
+    section = (repo / "docs" / "data.md").read_text()
     python = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
     config = re.findall(r"```yaml\n(.*?)```", section, flags=re.S)[0]
     (tmp_path / "stub").mkdir()

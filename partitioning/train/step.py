@@ -69,10 +69,11 @@ class Trainer(Lowering):
       model: a Flax Linen module, a Flax NNX module (or ``NNXModel(factory)`` for a
         sharded init), or ``FunctionModel(init, apply)`` (see :func:`as_model`).
       tx: an optax transformation (``make_optimizer`` reports the learning rate).
-      mesh: the device mesh; rules: a rule table, preset name or list of pairs.
-      batch_size, seq_len: the language-model shorthand for the global batch
-        (``{"inputs", "targets"}``, int32 ``(batch_size, seq_len)``; a ``batch``
-        with integer 2-D ``inputs`` gives ``seq_len`` too); or
+      mesh: the device mesh.
+      rules: a rule table, preset name or list of pairs.
+      batch_size: with ``seq_len``, the language-model shorthand for the global batch
+        (``{"inputs", "targets"}``, int32 ``(batch_size, seq_len)``); or ``batch``.
+      seq_len: see ``batch_size`` (a ``batch`` with integer 2-D ``inputs`` gives it too).
       batch: any pytree of arrays / ``ShapeDtypeStruct`` s: one global batch.
       batch_names: optional logical names per batch leaf (default: dim 0 over
         the rules' batch axes).
