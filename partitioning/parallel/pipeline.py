@@ -62,7 +62,7 @@ from partitioning.train.model import SOWN_LOSSES
 from partitioning.train.task import sown_losses
 
 # Collections a scanned block may write: sown losses (MoE load balancing) are stacked per layer.
-SCANNED = {"params": 0, "losses": 0}
+SCANNED: dict[Any, Any] = {"params": 0, "losses": 0}  # nn.scan's variable_axes: collection -> axis
 _local = threading.local()
 
 

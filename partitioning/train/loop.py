@@ -84,8 +84,8 @@ class _StopFlag:
         try:
             yield self
         finally:
-            for sig, old in self._old.items():
-                signal.signal(sig, old)
+            for signum, old in self._old.items():
+                signal.signal(signum, old)
 
 
 _REASON_CODES = {None: 0, "interrupted": 1, "preempted": 2}
