@@ -4,6 +4,8 @@
 - ``reference/api.md``: the API reference, one mkdocstrings entry per name of ``partitioning.__all__``,
   grouped as ``partitioning/__init__.py`` groups them;
 - ``changelog.md``: the repository's ``CHANGELOG.md``;
+- the nav: a guide added to ``docs/`` but not yet to ``mkdocs.yml``'s nav joins the Guides section (titled by
+  its first heading), so a new page is never silently left out;
 - ``notebooks/*.ipynb``: the executed notebooks of the repository's ``notebooks/`` folder, added to the site
   as they are (mkdocs-jupyter renders them; nothing is re-executed).
 
@@ -172,6 +174,27 @@ def api_reference() -> str:
 # -- hooks ----------------------------------------------------------------------------------------
 
 
+def _nav_pages(nav: Any) -> set[str]:
+    if isinstance(nav, str):
+        return {nav}
+    if isinstance(nav, dict):
+        return set().union(*(_nav_pages(v) for v in nav.values()))
+    if isinstance(nav, list):
+        return set().union(*(_nav_pages(v) for v in nav)) if nav else set()
+    return set()
+
+
+def _add_missing_guides(files: Files, config: Any) -> None:
+    listed = _nav_pages(config["nav"])
+    missing = sorted(f.src_uri for f in files.documentation_pages() if f.src_uri not in listed)
+    if not missing:
+        return
+    guides = next(item["Guides"] for item in config["nav"] if isinstance(item, dict) and "Guides" in item)
+    for uri in missing:
+        first = (Path(config["docs_dir"]) / uri).read_text().lstrip().splitlines()[0]
+        guides.append({first.lstrip("# ").strip() or uri: uri})
+
+
 @event_priority(100)  # before mkdocs-jupyter looks for notebooks among the files
 def on_files(files: Files, config: Any) -> Files:
     files.append(File.generated(config, "reference/config.md", content=config_reference()))
@@ -180,4 +203,5 @@ def on_files(files: Files, config: Any) -> Files:
     for nb in sorted((REPO / "notebooks").glob("*.ipynb")):
         # A real file under the repository (not File.generated): mkdocs-jupyter's wrapper reads src_dir.
         files.append(File(f"notebooks/{nb.name}", str(REPO), config.site_dir, config.use_directory_urls))
+    _add_missing_guides(files, config)
     return files
