@@ -18,6 +18,8 @@ Example::
 
     >>> from partitioning.models import GPT
     >>> model = GPT(embed=128, heads=4, layers=4)
+    >>> "gpt" in pt.model_names()
+    True
 """
 
 from partitioning.models.gpt import GPT

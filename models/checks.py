@@ -6,8 +6,10 @@ instead of a ``ZeroDivisionError`` or a broadcasting error deep in the model.
 
 Example::
 
-    >>> positive(GPT(heads=0), "heads")
+    >>> from partitioning.models import GPT
+    >>> GPT(heads=0)
     Traceback (most recent call last):
+    ...
     partitioning.errors.ConfigError: heads must be a positive integer, got 0
 """
 

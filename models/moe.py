@@ -8,8 +8,12 @@ load-balancing loss, times ``aux_loss_weight``, is sown into ``losses`` as
 
 Example::
 
-    >>> GPT(moe={"experts": 8, "top_k": 2, "capacity_factor": 1.25})
-    >>> GPT(moe={"experts": 8, "top_k": 2, "dropless": True})
+    >>> from partitioning.models import GPT
+    >>> model = GPT(embed=64, mlp=128, layers=2, moe={"experts": 8, "top_k": 2, "capacity_factor": 1.25})
+    >>> params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((8, 16), jnp.int32))["params"]
+    >>> params["blocks"]["mlp"]["wi_0"].names, params["blocks"]["mlp"]["wi_0"].value.shape
+    (('layers', 'expert', 'embed', 'mlp'), (2, 8, 64, 128))
+    >>> model = GPT(moe={"experts": 8, "top_k": 2, "dropless": True})
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class MoE:
 
     Example::
 
+        >>> from partitioning.models.moe import MoE
         >>> MoE.parse({"experts": 8, "top_k": 2, "dropless": True}).capacity(128)
         128
     """

@@ -17,20 +17,26 @@ The package is a pipeline, one folder per stage::
 This module re-exports what a user needs; everything else stays importable
 from its module.
 
-Example::
+Example (8 devices: ``pt.simulate_devices(8)`` on a CPU)::
 
     >>> import partitioning as pt
+    >>> from partitioning.models import MLP
+    >>> model, tokens = MLP(), jnp.zeros((8, 32), jnp.int32)
     >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
     >>> rules = pt.Rules.preset("fsdp")
     >>> abstract = jax.eval_shape(model.init, jax.random.key(0), tokens)
     >>> shardings = pt.tree_shardings(abstract, mesh, rules)
+    >>> shardings["params"]["embedding"].spec
+    P(None, 'fsdp')
 
 Training (state born sharded, jitted step with donation)::
 
-    >>> tx = pt.make_optimizer("adamw", lr=3e-3, total_steps=200, warmup_steps=20)
-    >>> trainer = pt.Trainer(model, tx, mesh, rules, batch_size=32, seq_len=128)
-    >>> batches = pt.load_corpus().batches("train", 32, 128, trainer.batch_sharding)
-    >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=200)
+    >>> tx = pt.make_optimizer("adamw", lr=3e-3, total_steps=4, warmup_steps=1)
+    >>> trainer = pt.Trainer(model, tx, mesh, rules, batch_size=8, seq_len=32)
+    >>> batches = pt.load_corpus().batches("train", 8, 32, trainer.batch_sharding)
+    >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=4, progress=False)
+    >>> int(state.step)
+    4
 """
 
 from partitioning.boxes import (
@@ -142,7 +148,7 @@ from partitioning.tune.crossover import crossover
 from partitioning.tune.measure import measure_cpu
 from partitioning.tune.plot import plot_search
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is written: pyproject.toml reads it (see CHANGELOG.md)
 
 __all__ = [
     # errors

@@ -9,11 +9,12 @@ applied on every platform, the CPU included.
 
 Example::
 
-    >>> import flax.linen as nn
-import flax.linen.spmd as linen_spmd
     >>> from partitioning import with_logical_partitioning
     >>> dense = nn.Dense(64, kernel_init=with_logical_partitioning(
     ...     nn.initializers.lecun_normal(), ("embed", "mlp")))
+    >>> variables = jax.eval_shape(dense.init, jax.random.key(0), jnp.ones((8, 32)))
+    >>> variables["params"]["kernel"].names
+    ('embed', 'mlp')
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class LogicallyPartitioned(nn.LogicallyPartitioned):
 
     Example::
 
+        >>> from partitioning import LogicallyPartitioned
         >>> box = LogicallyPartitioned(jnp.zeros((64, 256)), ("embed", "mlp"))
         >>> box.names, box.value.shape
         (('embed', 'mlp'), (64, 256))
@@ -75,6 +77,7 @@ def compute_spec(names: Sequence[Any], rules: Any = None, mesh: Any = None) -> P
 
     Example::
 
+        >>> from partitioning import compute_spec
         >>> compute_spec(("embed", "heads"), "fsdp_tp")
         P(None, 'tensor')
     """
@@ -99,7 +102,14 @@ def param_for_compute(x: Any, names: Sequence[Any], rules: Any = None) -> Any:
 
     Example::
 
-        >>> scale = param_for_compute(self.param("scale", init, (d,)), ("embed",))
+        In a model: ``w = param_for_compute(self.param("w", init, shape), ("embed", "mlp"))``.
+
+        >>> from partitioning import param_for_compute
+        >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1}, axis_types="explicit")
+        >>> w = jax.device_put(jnp.ones((64, 256)), jax.NamedSharding(mesh, jax.P("fsdp", None)))  # stored split
+        >>> with pt.sharding_context(mesh, "fsdp"):
+        ...     param_for_compute(w, ("embed", "mlp")).sharding.spec   # gathered for the matmul
+        P(None, None)
     """
     rules = as_rules(rules) if rules is not None else get_logical_axis_rules()
     if not rules or not _is_explicit(jax.sharding.get_abstract_mesh()):
@@ -116,7 +126,12 @@ def logical_spec(names: Sequence[Any], rules: Any = None) -> PartitionSpec | Non
 
     Example::
 
-        >>> y = jnp.einsum("btm,md->btd", h, wo, out_sharding=logical_spec(("batch", "length", "embed")))
+        >>> from partitioning import logical_spec
+        >>> logical_spec(("batch", "embed"), "fsdp") is None   # no Explicit mesh: leave it to XLA
+        True
+        >>> with pt.sharding_context(pt.make_mesh({"data": 1, "fsdp": -1}, axis_types="explicit"), "fsdp"):
+        ...     logical_spec(("batch", "length", "embed"))
+        P(('data', 'fsdp'), None, None)
     """
     rules = as_rules(rules) if rules is not None else get_logical_axis_rules()
     mesh = jax.sharding.get_abstract_mesh()
@@ -145,6 +160,7 @@ def with_logical_partitioning(
 
     Example::
 
+        >>> from partitioning import with_logical_partitioning
         >>> init = with_logical_partitioning(nn.initializers.zeros_init(), ("embed",))
         >>> init(jax.random.key(0), (4,)).names
         ('embed',)
@@ -163,6 +179,7 @@ def is_box(x: Any) -> bool:
 
     Example::
 
+        >>> from partitioning import is_box
         >>> is_box(nn.Partitioned(jnp.zeros(4), ("fsdp",))), is_box(jnp.zeros(4))
         (True, False)
     """
@@ -179,7 +196,12 @@ def unbox(tree: Any) -> Any:
 
     Example::
 
-        >>> params = unbox(jax.eval_shape(model.init, key, x))["params"]
+        >>> from partitioning import unbox, with_logical_partitioning
+        >>> init = with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+        >>> dense = nn.Dense(64, kernel_init=init)
+        >>> params = unbox(jax.eval_shape(dense.init, jax.random.key(0), jnp.ones((8, 32))))["params"]
+        >>> params["kernel"]
+        ShapeDtypeStruct(shape=(32, 64), dtype=float32)
     """
     return jax.tree.map(lambda x: x.value if is_box(x) else x, tree, is_leaf=is_box)
 
@@ -192,6 +214,7 @@ def get_partition_spec(tree: Any) -> Any:
 
     Example::
 
+        >>> from partitioning import LogicallyPartitioned, get_partition_spec
         >>> get_partition_spec({"w": LogicallyPartitioned(jnp.zeros((4, 8)), ("embed", "mlp"))})
         {'w': P('embed', 'mlp')}
     """
@@ -209,9 +232,14 @@ class Fallback(enum.Enum):
 
     Example::
 
+        >>> from partitioning import Fallback, RulesFallback, with_logical_constraint
         >>> Fallback.RAISE_ERROR is Fallback.ERROR is RulesFallback.RAISE_ERROR
         True
-        >>> with_logical_constraint(h, ("batch", "length", "mlp"), fallback=Fallback.UNCONSTRAINED)
+        >>> @jax.jit
+        ... def f(h):   # mlp has no rule: XLA chooses its layout
+        ...     return with_logical_constraint(h, ("batch", "length", "mlp"), fallback=Fallback.UNCONSTRAINED)
+        >>> with pt.sharding_context(pt.make_mesh({"data": 1, "fsdp": -1}), [("batch", "fsdp")]):
+        ...     h = f(jnp.ones((8, 16, 256)))
     """
 
     UNSHARDED = "unsharded"  # the dimension is replicated
@@ -333,7 +361,11 @@ def with_logical_constraint(
 
     Example::
 
-        >>> h = with_logical_constraint(h, ("batch", "length", "mlp"))
+        >>> from partitioning import with_logical_constraint
+        >>> with pt.sharding_context(pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp"):
+        ...     h = with_logical_constraint(jnp.ones((8, 16, 256)), ("batch", "length", "mlp"))
+        >>> h.sharding.spec
+        P(('data', 'fsdp'), None, None)
     """
     rules = as_rules(rules) if rules is not None else get_logical_axis_rules()
     if not rules or logical_axis_resources is None:

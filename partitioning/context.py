@@ -30,9 +30,16 @@ constrains with Flax's own ``nn.with_logical_constraint``.
 
 Example::
 
-    >>> with recording() as seen, sharding_context(mesh, "fsdp"):
-    ...     jax.eval_shape(model.apply, variables, tokens)
-    >>> ("activation_batch", "activation_length", "activation_embed") in seen
+    >>> from partitioning.context import recording
+    >>> class Block(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, x):
+    ...         return nn.with_logical_constraint(nn.Dense(64)(x), ("activation_batch", "activation_embed"))
+    >>> x = jnp.ones((8, 64))
+    >>> variables = jax.eval_shape(Block().init, jax.random.key(0), x)
+    >>> with recording() as seen, pt.sharding_context(pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp"):
+    ...     _ = jax.eval_shape(Block().apply, variables, x)
+    >>> ("activation_batch", "activation_embed") in seen
     True
 """
 
@@ -60,6 +67,7 @@ def get_logical_axis_rules() -> Rules:
 
     Example::
 
+        >>> from partitioning import axis_rules, get_logical_axis_rules
         >>> with axis_rules("fsdp"):
         ...     get_logical_axis_rules()[1]
         ('embed', 'fsdp')
@@ -72,7 +80,11 @@ def set_logical_axis_rules(rules: Any) -> None:
 
     Example::
 
+        >>> from partitioning import get_logical_axis_rules, set_logical_axis_rules
         >>> set_logical_axis_rules("fsdp")
+        >>> get_logical_axis_rules()[1]
+        ('embed', 'fsdp')
+        >>> set_logical_axis_rules(None)   # back to no rules
     """
     flax_spmd.set_logical_axis_rules(as_rules(rules) if rules is not None else Rules())
 
@@ -83,6 +95,7 @@ def axis_rules(rules: Any):
 
     Example::
 
+        >>> from partitioning import axis_rules, logical_to_mesh_axes
         >>> with axis_rules([("embed", "fsdp")]):
         ...     logical_to_mesh_axes(("embed", None))
         P('fsdp', None)
@@ -101,6 +114,7 @@ def logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = Non
 
     Example::
 
+        >>> from partitioning import logical_to_mesh_axes
         >>> logical_to_mesh_axes(("embed", "mlp"), "fsdp_tp")
         P('fsdp', 'tensor')
     """

@@ -17,6 +17,8 @@ Example::
     >>> import partitioning as pt
     >>> pt.simulate_devices(8)              # before any jax computation
     >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})   # 8 CPU devices
+    >>> dict(mesh.shape)
+    {'data': 1, 'fsdp': 8}
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def simulate_devices(n: int | None, *, quiet: bool = True) -> None:
 
     Example::
 
+        >>> from partitioning import simulate_devices
         >>> simulate_devices(8)
         >>> jax.device_count()
         8
@@ -99,8 +102,13 @@ def initialize_distributed(
 
     Example::
 
-        # on every host (here: two processes on one machine, 4 CPU devices each)
-        >>> initialize_distributed("127.0.0.1:1234", num_processes=2, process_id=0, global_devices=8)
+        On every host (here: process 0 of two on one machine, 4 CPU devices each); it waits for the
+        other process, so it does not run as a lone example::
+
+        >>> from partitioning import initialize_distributed
+        >>> initialize_distributed(  # doctest: +SKIP
+        ...     "127.0.0.1:1234", num_processes=2, process_id=0, global_devices=8
+        ... )
     """
     given = [coordinator is not None, num_processes is not None, process_id is not None]
     if any(given) and not all(given):

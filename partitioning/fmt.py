@@ -5,6 +5,8 @@ same way.
 
 Example::
 
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from partitioning.fmt import fmt_bytes, fmt_mesh, fmt_spec
     >>> fmt_bytes(3 * 2**30), fmt_spec(P("fsdp", None)), fmt_mesh({"data": 2, "fsdp": 4})
     ('3.00 GiB', "P('fsdp', None)", '{data: 2, fsdp: 4}')
 """

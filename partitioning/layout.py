@@ -10,9 +10,14 @@ are logical names, resolved by the same rules.
 
 Example::
 
+    >>> from partitioning.models import MLP
+    >>> model, x = MLP(), jnp.zeros((8, 16), jnp.int32)
+    >>> mesh, rules = pt.make_mesh({"data": 1, "fsdp": -1}), pt.Rules.preset("fsdp")
     >>> abstract = jax.eval_shape(model.init, jax.random.key(0), x)
-    >>> shardings = tree_shardings(abstract, mesh, rules)
+    >>> shardings = pt.tree_shardings(abstract, mesh, rules)
     >>> params = jax.jit(model.init, out_shardings=shardings)(jax.random.key(0), x)
+    >>> pt.unbox(params)["params"]["embedding"].sharding.spec
+    P(None, 'fsdp')
 """
 
 from __future__ import annotations
@@ -59,7 +64,9 @@ class LeafLayout:
 
     Example::
 
-        >>> leaf = tree_layouts(abstract, mesh, "fsdp")[0]
+        >>> from partitioning.models import MLP
+        >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), jnp.zeros((8, 16), jnp.int32))
+        >>> leaf = pt.tree_layouts(abstract, pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp")[0]
         >>> leaf.path, leaf.spec, leaf.per_device_bytes, leaf.replicated
         ('params/embedding', P(None, 'fsdp'), 8192, False)
     """
@@ -157,8 +164,13 @@ def tree_layouts(
 
     Example::
 
-        >>> for leaf in tree_layouts(jax.eval_shape(model.init, key, x), mesh, "fsdp"):
-        ...     print(leaf.path, leaf.spec, leaf.per_device_bytes)
+        >>> from partitioning.models import MLP
+        >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), jnp.zeros((8, 16), jnp.int32))
+        >>> for leaf in pt.tree_layouts(abstract, pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp")[:3]:
+        ...     print(leaf.path, leaf.names, leaf.spec, leaf.per_device_bytes)
+        params/embedding ('vocab', 'embed') P(None, 'fsdp') 8192
+        params/unembed ('embed', 'vocab') P('fsdp', None) 8192
+        params/wi_0 ('embed', 'mlp') P('fsdp', None) 8192
     """
     return _tree_layouts(tree, mesh, rules, on_indivisible, warn_replicated, 4)
 
@@ -182,7 +194,9 @@ def tree_specs(
 
     Example::
 
-        >>> tree_specs(abstract, {"fsdp": 8}, "fsdp")["params"]["embedding"]
+        >>> from partitioning.models import MLP
+        >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), jnp.zeros((8, 16), jnp.int32))
+        >>> pt.tree_specs(abstract, {"data": 1, "fsdp": 8}, "fsdp")["params"]["embedding"]
         P(None, 'fsdp')
     """
     return _tree_specs(tree, mesh, rules, on_indivisible, warn_replicated, 5)
@@ -208,7 +222,11 @@ def tree_shardings(
 
     Example::
 
-        >>> shardings = tree_shardings(jax.eval_shape(init, key), mesh, "fsdp")
+        >>> from partitioning.models import MLP
+        >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), jnp.zeros((8, 16), jnp.int32))
+        >>> shardings = pt.tree_shardings(abstract, pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp")
+        >>> shardings["params"]["wi_0"]
+        NamedSharding(mesh=Mesh('data': 1, 'fsdp': 8, ...), spec=P('fsdp', None), ...)
     """
     specs = _tree_specs(tree, mesh, rules, on_indivisible, warn_replicated, 5)
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
@@ -219,6 +237,9 @@ def logical_names(tree: Any) -> Any:
 
     Example::
 
+        >>> from partitioning import logical_names
+        >>> from partitioning.models import MLP
+        >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), jnp.zeros((8, 16), jnp.int32))
         >>> logical_names(abstract)["params"]["embedding"]
         ('vocab', 'embed')
     """
@@ -232,8 +253,10 @@ def per_device_bytes(layouts: list[LeafLayout]) -> int:
 
     Example::
 
-        >>> per_device_bytes(tree_layouts(abstract, mesh, "fsdp"))
-        1114112
+        >>> from partitioning.models import MLP
+        >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), jnp.zeros((8, 16), jnp.int32))
+        >>> pt.per_device_bytes(pt.tree_layouts(abstract, pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp"))
+        49152
     """
     return sum(leaf.per_device_bytes for leaf in layouts)
 
@@ -250,7 +273,8 @@ def logical_to_mesh(tree: Any, rules: Any = None) -> Any:
 
     Example::
 
-        >>> logical_to_mesh({"w": P("embed", "mlp")}, "fsdp")
+        >>> from jax.sharding import PartitionSpec as P
+        >>> pt.logical_to_mesh({"w": P("embed", "mlp")}, "fsdp")
         {'w': P('fsdp', None)}
     """
     return _logical_to_mesh(tree, as_rules(rules), context_sizes())
@@ -271,7 +295,9 @@ def logical_to_mesh_sharding(tree: Any, mesh: jax.sharding.Mesh, rules: Any = No
 
     Example::
 
-        >>> logical_to_mesh_sharding({"w": P("embed", "mlp")}, mesh, "fsdp")["w"].spec
+        >>> from jax.sharding import PartitionSpec as P
+        >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
+        >>> pt.logical_to_mesh_sharding({"w": P("embed", "mlp")}, mesh, "fsdp")["w"].spec
         P('fsdp', None)
     """
     specs = _logical_to_mesh(tree, as_rules(rules), mesh_axis_sizes(mesh) or None)

@@ -4,8 +4,10 @@ Example::
 
     >>> from partitioning import make_mesh, sharding_context
     >>> mesh = make_mesh({"data": 2, "fsdp": -1, "tensor": 1})   # 8 devices -> (2, 4, 1)
-    >>> with sharding_context(mesh, "fsdp"):
-    ...     ...   # jax.set_mesh(mesh) and the fsdp rule table, both restored on exit
+    >>> with sharding_context(mesh, "fsdp"):   # jax.set_mesh(mesh) and the fsdp rule table, restored on exit
+    ...     y = pt.with_logical_constraint(jnp.ones((8, 64)), ("batch", "embed"))
+    >>> y.sharding.spec
+    P(('data', 'fsdp'), None)
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class MeshSpec:
 
     Example::
 
+        >>> from partitioning.mesh import MeshSpec
         >>> MeshSpec.from_mapping({"data": 2, "fsdp": -1}).resolve(8)
         {'data': 2, 'fsdp': 4}
     """
@@ -102,6 +105,7 @@ def make_mesh(
 
     Example::
 
+        >>> from partitioning import make_mesh
         >>> mesh = make_mesh({"data": 2, "fsdp": -1})
         >>> dict(mesh.shape)
         {'data': 2, 'fsdp': 4}
@@ -168,8 +172,10 @@ def sharding_context(mesh: Mesh, rules: Any):
 
     Example::
 
-        >>> with sharding_context(make_mesh({"fsdp": -1}), "fsdp") as (mesh, rules):
-        ...     ...
+        >>> from partitioning import make_mesh, sharding_context
+        >>> with sharding_context(make_mesh({"data": 1, "fsdp": -1}), "fsdp") as (mesh, rules):
+        ...     print(dict(mesh.shape), rules.resolve(("embed", "mlp")))
+        {'data': 1, 'fsdp': 8} P('fsdp', None)
     """
     rules = as_rules(rules).validate(mesh)
     with jax.set_mesh(mesh), axis_rules(rules):

@@ -10,8 +10,8 @@ NNX modules included) — so a typo is an error naming the option, never a
 
 Example::
 
-    >>> import flax.linen as nn
     >>> from partitioning import register_model
+    >>> from partitioning.registry import build_model
     >>> @register_model("tiny")
     ... class Tiny(nn.Module):
     ...     vocab_size: int = 256
@@ -41,7 +41,14 @@ def register_model(name: str, cls: type | None = None) -> Callable[[type], type]
 
     Example::
 
+        >>> from partitioning import register_model
+        >>> class MyModel(nn.Module):
+        ...     width: int = 64
+        ...     @nn.compact
+        ...     def __call__(self, x):
+        ...         return nn.Dense(self.width)(x)
         >>> register_model("mine", MyModel)
+        <class '...MyModel'>
     """
 
     def deco(c: type) -> type:
@@ -56,6 +63,8 @@ def model_names() -> list[str]:
 
     Example::
 
+        >>> import partitioning.models  # registers gpt and mlp
+        >>> from partitioning.registry import model_names
         >>> "gpt" in model_names()
         True
     """
@@ -115,7 +124,14 @@ def build_model(name: str, **options: Any) -> Any:
 
     Example::
 
-        >>> build_model("gpt", embed=64, layers=2)
+        >>> import partitioning.models  # registers gpt and mlp
+        >>> from partitioning.registry import build_model
+        >>> build_model("gpt", embed=64, layers=2).layers
+        2
+        >>> build_model("gpt", embedd=64)
+        Traceback (most recent call last):
+        ...
+        partitioning.errors.ConfigError: model 'gpt' has no option 'embedd' (options: ...); did you mean 'embed'?
     """
     cls = model_class(name)
     check_options(f"model {name!r}", cls, options)

@@ -25,6 +25,7 @@ dimension as unconstrained and uses no mesh axis (as in Flax).
 
 Example::
 
+    >>> from partitioning.resolve import walk
     >>> walk([("embed", "fsdp"), ("mlp", "fsdp")], ["r0", "r1"], ("embed", "mlp"),
     ...      None, None, "error", "", None)
     ['fsdp', None]
@@ -328,7 +329,7 @@ class DimExplanation:
 
     Example::
 
-        >>> d = Rules.preset("fsdp").explain(("embed", "mlp"))[1]
+        >>> d = pt.Rules.preset("fsdp").explain(("embed", "mlp"))[1]
         >>> d.name, d.mesh_axes, d.claimed
         ('mlp', None, False)
     """

@@ -15,9 +15,13 @@ keys are errors naming the line.
 
 Example::
 
-    >>> data, lines = read_yaml("configs/quickstart.yaml")
-    >>> where("configs/quickstart.yaml", lines, ("train", "steps"))
-    'configs/quickstart.yaml:42: train.steps'
+    >>> import pathlib, tempfile
+    >>> from partitioning.yamlfile import read_yaml, where
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.yaml"
+    >>> _ = path.write_text("model: {name: gpt}\\ntrain:\\n  steps: 100\\n")
+    >>> data, lines = read_yaml(path)
+    >>> data["train"], where("run.yaml", lines, ("train", "steps"))
+    ({'steps': 100}, 'run.yaml:3: train.steps')
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests run on the CPU with 8 simulated devices, set before jax starts.
+"""Tests run on the CPU with 8 simulated devices, set before jax starts (by the repository's conftest.py).
 
 Fixtures used across test folders live here: paths and files, the base run
 config, the two ways of running the CLI, a Flax module with annotated
@@ -6,31 +6,22 @@ weights, and the checkpoint helpers (the real Trainer's state on any mesh).
 """
 
 import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-# pytest-xdist workers start with COLUMNS=80 and LINES=24 in their environment: the CLI (and every CLI
-# subprocess) would draw 80-column tables and fold the cells tests read. Tests that want a width set it.
-for _k in ("COLUMNS", "LINES"):
-    os.environ.pop(_k, None)
+import flax.linen as nn
+import jax
+import numpy as np
+import optax
+import pytest
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import NamedTuple  # noqa: E402
-
-import flax.linen as nn  # noqa: E402
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-import pytest  # noqa: E402
-
-import partitioning as pt  # noqa: E402
-from partitioning.boxes import is_box  # noqa: E402
-from partitioning.checkpoint import CheckpointManager, abstract_target  # noqa: E402
-from partitioning.models import GPT  # noqa: E402
-from partitioning.train import Trainer  # noqa: E402
+import partitioning as pt
+from partitioning.boxes import is_box
+from partitioning.checkpoint import CheckpointManager, abstract_target
+from partitioning.models import GPT
+from partitioning.train import Trainer
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -7,6 +7,7 @@ import inspect
 import os
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -185,3 +186,14 @@ def test_public_api_names_have_docstring_examples():
         if "Example" not in doc and ">>>" not in doc:
             lacking.append(name)
     assert lacking == []
+
+
+def test_the_version_is_written_once_and_the_changelog_has_it(repo):
+    from importlib import metadata
+
+    from partitioning.cli.main import version
+
+    assert metadata.version("partitioning") == pt.__version__ == version()
+    project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
+    assert "version" not in project and "version" in project["dynamic"]  # read from partitioning/__init__.py
+    assert f"## [{pt.__version__}]" in (repo / "CHANGELOG.md").read_text()

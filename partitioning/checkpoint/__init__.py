@@ -21,9 +21,19 @@ Modules:
 
 Example::
 
-    >>> mngr = CheckpointManager("runs/a/checkpoints", every=100, keep=3, rules=rules)
-    >>> mngr.save(step, state)
-    >>> state = restore_checkpoint("runs/a", abstract_target(abstract_state, new_mesh, new_rules))
+    >>> import pathlib, tempfile
+    >>> from partitioning.models import MLP
+    >>> x, mesh = jnp.zeros((8, 16), jnp.int32), pt.make_mesh({"data": 1, "fsdp": -1})
+    >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), x)
+    >>> shardings = pt.tree_shardings(abstract, mesh, "fsdp")
+    >>> params = pt.unbox(jax.jit(MLP().init, out_shardings=shardings)(jax.random.key(0), x))
+    >>> run = pathlib.Path(tempfile.mkdtemp())
+    >>> with pt.CheckpointManager(run / "checkpoints", every=100, keep=3, rules="fsdp") as mngr:
+    ...     _ = mngr.save(100, params)
+    >>> tp_mesh = pt.make_mesh({"data": 1, "tensor": -1})   # another mesh and rule table
+    >>> params = pt.restore_checkpoint(run, pt.abstract_target(abstract, tp_mesh, "tp"))
+    >>> params["params"]["wi_0"].sharding.spec
+    P(None, 'tensor')
 """
 
 from partitioning.checkpoint.hf import hf_family, hf_model, load_hf, save_hf

@@ -6,8 +6,22 @@ truncated or missing file is named instead of a 200-line traceback.
 
 Example::
 
-    >>> verify(resolve_checkpoint("runs/x"))
-    ['truncated file runs/x/checkpoints/20/state/d/ab12… (100 bytes, needs at least 2206) (holds params.embedding)']
+    >>> import pathlib, tempfile
+    >>> from partitioning.models import MLP
+    >>> x, mesh = jnp.zeros((8, 16), jnp.int32), pt.make_mesh({"data": 1, "fsdp": -1})
+    >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), x)
+    >>> shardings = pt.tree_shardings(abstract, mesh, "fsdp")
+    >>> params = pt.unbox(jax.jit(MLP().init, out_shardings=shardings)(jax.random.key(0), x))
+    >>> run = pathlib.Path(tempfile.mkdtemp())
+    >>> step_dir = pt.save_checkpoint(run / "checkpoints", 10, params, rules="fsdp", abstract=abstract)
+    >>> from partitioning.checkpoint.diagnose import verify
+    >>> from partitioning.checkpoint.disk import resolve_checkpoint
+    >>> verify(resolve_checkpoint(run))
+    []
+    >>> data = max((step_dir / "state" / "d").iterdir(), key=lambda f: f.stat().st_size)
+    >>> _ = data.write_bytes(data.read_bytes()[:100])       # a copy cut short
+    >>> verify(resolve_checkpoint(run))
+    ['truncated file .../checkpoints/10/state/d/... (100 bytes, needs at least ...)']
 """
 
 from __future__ import annotations

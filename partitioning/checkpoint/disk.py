@@ -16,9 +16,18 @@ the metadata; failures go through :mod:`partitioning.checkpoint.diagnose`.
 
 Example::
 
-    >>> ref = resolve_checkpoint("runs/quickstart")        # latest complete step
+    >>> import pathlib, tempfile
+    >>> from partitioning.models import MLP
+    >>> x, mesh = jnp.zeros((8, 16), jnp.int32), pt.make_mesh({"data": 1, "fsdp": -1})
+    >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), x)
+    >>> shardings = pt.tree_shardings(abstract, mesh, "fsdp")
+    >>> params = pt.unbox(jax.jit(MLP().init, out_shardings=shardings)(jax.random.key(0), x))
+    >>> run = pathlib.Path(tempfile.mkdtemp())
+    >>> step_dir = pt.save_checkpoint(run / "checkpoints", 10, params, rules="fsdp", abstract=abstract)
+    >>> from partitioning.checkpoint.disk import read_metadata, resolve_checkpoint
+    >>> ref = resolve_checkpoint(run)        # a run dir: its latest complete step
     >>> ref.step, read_metadata(ref)["rules"][0]
-    (200, ['batch', ['data', 'fsdp']])
+    (10, ['batch', ['data', 'fsdp']])
 """
 
 from __future__ import annotations

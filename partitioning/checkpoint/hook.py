@@ -2,9 +2,17 @@
 
 Example::
 
-    >>> hook = CheckpointHook(CheckpointManager(run_dir / "checkpoints", every=100))
+    >>> import optax, pathlib, tempfile
+    >>> from partitioning.models import MLP
+    >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
+    ...                      batch_size=8, seq_len=16)
+    >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+    >>> run_dir = pathlib.Path(tempfile.mkdtemp())
+    >>> hook = pt.CheckpointHook(pt.CheckpointManager(run_dir / "checkpoints", every=2, rules=trainer.rules))
     >>> state = hook.initial_state(trainer, jax.random.key(0))   # restore or init
-    >>> fit(trainer, state, batches, hooks=[hook])
+    >>> state = pt.fit(trainer, state, batches, steps=4, hooks=[hook], progress=False)
+    >>> sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir())
+    [2, 4]
 """
 
 from __future__ import annotations
@@ -35,9 +43,20 @@ class CheckpointHook:
 
     Example::
 
-        >>> hook = CheckpointHook(CheckpointManager(run_dir / "checkpoints", every=100))
+        >>> import optax, pathlib, tempfile
+        >>> from partitioning.models import MLP
+        >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
+        ...                      batch_size=8, seq_len=16)
+        >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+        >>> run_dir = pathlib.Path(tempfile.mkdtemp())
+        >>> hook = pt.CheckpointHook(pt.CheckpointManager(run_dir / "checkpoints", every=2, rules=trainer.rules))
         >>> state = hook.initial_state(trainer, jax.random.key(0))   # restore or init
-        >>> fit(trainer, state, batches, hooks=[hook])
+        >>> state = pt.fit(trainer, state, batches, steps=4, hooks=[hook], progress=False)
+        >>> sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir())
+        [2, 4]
+        >>> hook = pt.CheckpointHook(pt.CheckpointManager(run_dir / "checkpoints", every=2))
+        >>> int(hook.initial_state(trainer, jax.random.key(0)).step)   # a second run resumes
+        4
     """
 
     def __init__(

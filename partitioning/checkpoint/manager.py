@@ -13,10 +13,19 @@ shrink by only ~8%: their mantissas are noise to zstd. ``compress=True`` brings 
 
 Example::
 
-    >>> mngr = CheckpointManager("runs/a/checkpoints", every=100, keep=3, rules=rules)
-    >>> mngr.save(step, state)                     # async; returns once arrays are copied
+    >>> import pathlib, tempfile
+    >>> from partitioning.models import MLP
+    >>> x, mesh = jnp.zeros((8, 16), jnp.int32), pt.make_mesh({"data": 1, "fsdp": -1})
+    >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), x)
+    >>> shardings = pt.tree_shardings(abstract, mesh, "fsdp")
+    >>> params = pt.unbox(jax.jit(MLP().init, out_shardings=shardings)(jax.random.key(0), x))
+    >>> run = pathlib.Path(tempfile.mkdtemp())
+    >>> mngr = pt.CheckpointManager(run / "checkpoints", every=100, keep=3, rules="fsdp")
+    >>> mngr.save(100, params)                     # async; returns once arrays are copied
+    True
     >>> mngr.wait()
-    >>> state = mngr.restore(abstract_target(abstract_state, mesh, rules))
+    >>> params = mngr.restore(pt.abstract_target(abstract, mesh, "fsdp"))
+    >>> mngr.close()
 """
 
 from __future__ import annotations
@@ -103,10 +112,19 @@ class CheckpointManager:
 
     Example::
 
-        >>> with CheckpointManager("ckpts", every=100, keep=2, rules=rules) as mngr:
-        ...     for step in ...:
-        ...         mngr.save(step, state, metrics={"eval_loss": 2.1})
-        >>> state = mngr.restore(abstract_target(abstract, mesh, rules))
+        >>> import pathlib, tempfile
+        >>> from partitioning.models import MLP
+        >>> x, mesh = jnp.zeros((8, 16), jnp.int32), pt.make_mesh({"data": 1, "fsdp": -1})
+        >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), x)
+        >>> shardings = pt.tree_shardings(abstract, mesh, "fsdp")
+        >>> params = pt.unbox(jax.jit(MLP().init, out_shardings=shardings)(jax.random.key(0), x))
+        >>> run = pathlib.Path(tempfile.mkdtemp())
+        >>> with pt.CheckpointManager(run / "ckpts", every=2, keep=2, keep_best=True, rules="fsdp") as mngr:
+        ...     for step in range(1, 9):
+        ...         _ = mngr.save(step, params, metrics={"eval_loss": abs(step - 4)})
+        >>> sorted(int(p.name) for p in (run / "ckpts").iterdir() if p.name.isdigit())   # the last two, the best
+        [4, 6, 8]
+        >>> params = mngr.restore(pt.abstract_target(abstract, mesh, "fsdp"))
     """
 
     def __init__(
@@ -340,7 +358,15 @@ def save_checkpoint(directory: str | os.PathLike, step: int, state: Any, **manag
 
     Example::
 
-        >>> save_checkpoint("exported", int(state.step), state, rules=rules)   # exported/STEP/
+        >>> import pathlib, tempfile
+        >>> from partitioning.models import MLP
+        >>> x, mesh = jnp.zeros((8, 16), jnp.int32), pt.make_mesh({"data": 1, "fsdp": -1})
+        >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), x)
+        >>> shardings = pt.tree_shardings(abstract, mesh, "fsdp")
+        >>> params = pt.unbox(jax.jit(MLP().init, out_shardings=shardings)(jax.random.key(0), x))
+        >>> run = pathlib.Path(tempfile.mkdtemp())
+        >>> pt.save_checkpoint(run / "exported", 200, params, rules="fsdp").name   # exported/200/
+        '200'
     """
     with CheckpointManager(directory, async_=False, keep=0, **manager_kwargs) as mngr:
         mngr.save(step, state, force=True)

@@ -20,6 +20,8 @@ goes to orbax's handler unchanged.
 
 Example::
 
+    >>> import orbax.checkpoint as ocp
+    >>> from partitioning.checkpoint.reader import fast_registry
     >>> handler = ocp.PyTreeCheckpointHandler(type_handler_registry=fast_registry(256 * 2**20))
 """
 
@@ -117,7 +119,9 @@ class FastArrayRestore(_th.TypeHandler):
 
     Example::
 
-        >>> FastArrayRestore(ocp.type_handlers.get_type_handler(jax.Array), max_inflight_bytes=2**28)
+        >>> import orbax.checkpoint as ocp
+        >>> from partitioning.checkpoint.reader import FastArrayRestore
+        >>> handler = FastArrayRestore(ocp.type_handlers.get_type_handler(jax.Array), max_inflight_bytes=2**28)
     """
 
     def __init__(self, inner: Any, max_inflight_bytes: int):
@@ -204,7 +208,9 @@ def fast_registry(max_inflight_bytes: int) -> _th.TypeHandlerRegistry:
 
     Example::
 
-        >>> ocp.PyTreeCheckpointHandler(type_handler_registry=fast_registry(256 * 2**20))
+        >>> import orbax.checkpoint as ocp
+        >>> from partitioning.checkpoint.reader import fast_registry
+        >>> handler = ocp.PyTreeCheckpointHandler(type_handler_registry=fast_registry(256 * 2**20))
     """
     return _Registry(max_inflight_bytes)
 

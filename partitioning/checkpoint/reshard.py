@@ -8,10 +8,19 @@ is saved as a new checkpoint whose metadata records where it came from.
 
 Example::
 
-    >>> result = reshard_checkpoint("runs/fsdp", "runs/tp/checkpoints", mesh, Rules.preset("tp"),
-    ...                             abstract_params=jax.eval_shape(model.init, key, x)["params"])
-    >>> result.step, result.path
-    (200, PosixPath('/…/runs/tp/checkpoints/200'))
+    >>> import pathlib, tempfile
+    >>> from partitioning.models import MLP
+    >>> x, mesh = jnp.zeros((8, 16), jnp.int32), pt.make_mesh({"data": 1, "fsdp": -1})
+    >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), x)
+    >>> shardings = pt.tree_shardings(abstract, mesh, "fsdp")
+    >>> params = pt.unbox(jax.jit(MLP().init, out_shardings=shardings)(jax.random.key(0), x))
+    >>> run = pathlib.Path(tempfile.mkdtemp())
+    >>> step_dir = pt.save_checkpoint(run / "checkpoints", 10, params, rules="fsdp", abstract=abstract)
+    >>> tp_mesh = pt.make_mesh({"data": 1, "tensor": -1})
+    >>> result = pt.reshard_checkpoint(run, run / "tp" / "checkpoints", tp_mesh, pt.Rules.preset("tp"),
+    ...                                abstract_params=abstract["params"])
+    >>> result.step, result.path.relative_to(run)
+    (10, PosixPath('tp/checkpoints/10'))
 """
 
 from __future__ import annotations
@@ -70,7 +79,17 @@ def reshard_checkpoint(
 
     Example::
 
-        >>> reshard_checkpoint("runs/a", "runs/b/checkpoints", make_mesh({"tensor": -1}), "tp")
+        >>> import pathlib, tempfile
+        >>> from partitioning.models import MLP
+        >>> x, mesh = jnp.zeros((8, 16), jnp.int32), pt.make_mesh({"data": 1, "fsdp": -1})
+        >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), x)
+        >>> shardings = pt.tree_shardings(abstract, mesh, "fsdp")
+        >>> params = pt.unbox(jax.jit(MLP().init, out_shardings=shardings)(jax.random.key(0), x))
+        >>> run = pathlib.Path(tempfile.mkdtemp())
+        >>> step_dir = pt.save_checkpoint(run / "checkpoints", 10, params, rules="fsdp", abstract=abstract)
+        >>> result = pt.reshard_checkpoint(run, run / "b", pt.make_mesh({"data": 1, "tensor": -1}), "tp")
+        >>> pt.checkpoint_metadata(result.path)["arrays"]["params/wi_0"]["spec"]
+        [None, 'tensor']
     """
     rules = as_rules(rules)
     ref = resolve_checkpoint(ckpt, step)

@@ -6,10 +6,20 @@ device needs, whatever layout wrote the checkpoint.
 
 Example::
 
-    >>> target = abstract_target(abstract_state, new_mesh, new_rules)   # no allocation
-    >>> state = restore_checkpoint("runs/a", target)                     # latest complete step
-    >>> params = restore_checkpoint("runs/a", abstract_target(abstract_params, mesh, rules,
-    ...                             dtype=jnp.bfloat16), params_only=True)
+    >>> import pathlib, tempfile
+    >>> from partitioning.models import MLP
+    >>> x, mesh = jnp.zeros((8, 16), jnp.int32), pt.make_mesh({"data": 1, "fsdp": -1})
+    >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), x)
+    >>> shardings = pt.tree_shardings(abstract, mesh, "fsdp")
+    >>> params = pt.unbox(jax.jit(MLP().init, out_shardings=shardings)(jax.random.key(0), x))
+    >>> run = pathlib.Path(tempfile.mkdtemp())
+    >>> step_dir = pt.save_checkpoint(run / "checkpoints", 10, params, rules="fsdp", abstract=abstract)
+    >>> target = pt.abstract_target(abstract, pt.make_mesh({"data": 1, "tensor": -1}), "tp")   # no allocation
+    >>> state = pt.restore_checkpoint(run, target)                     # latest complete step
+    >>> params = pt.restore_checkpoint(run, pt.abstract_target(abstract["params"], mesh, "fsdp",
+    ...                                dtype=jnp.bfloat16), params_only=True)
+    >>> params["wi_0"].dtype, params["wi_0"].sharding.spec
+    (dtype(bfloat16), P('fsdp', None))
 """
 
 from __future__ import annotations
@@ -56,7 +66,11 @@ def abstract_target(
 
     Example::
 
-        >>> target = abstract_target(jax.eval_shape(model.init, key, x), mesh, "tp")
+        >>> from partitioning.models import MLP
+        >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), jnp.zeros((8, 16), jnp.int32))
+        >>> target = pt.abstract_target(abstract, pt.make_mesh({"data": 1, "tensor": -1}), "tp")
+        >>> target["params"]["wi_0"].sharding.spec
+        P(None, 'tensor')
     """
     if shardings is None:
         if mesh is None:
@@ -140,9 +154,20 @@ def restore_checkpoint(
 
     Example::
 
-        >>> state = restore_checkpoint("runs/a", abstract_target(trainer.abstract_state,
-        ...                 shardings=trainer.state_shardings))
-        >>> state = restore_checkpoint("exported", mesh=make_mesh({"fsdp": -1}), rules="fsdp")  # no model needed
+        >>> import pathlib, tempfile
+        >>> from partitioning.models import MLP
+        >>> x, mesh = jnp.zeros((8, 16), jnp.int32), pt.make_mesh({"data": 1, "fsdp": -1})
+        >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), x)
+        >>> shardings = pt.tree_shardings(abstract, mesh, "fsdp")
+        >>> params = pt.unbox(jax.jit(MLP().init, out_shardings=shardings)(jax.random.key(0), x))
+        >>> run = pathlib.Path(tempfile.mkdtemp())
+        >>> step_dir = pt.save_checkpoint(run / "checkpoints", 10, params, rules="fsdp", abstract=abstract)
+        >>> target = pt.abstract_target(abstract, shardings=shardings)   # e.g. a Trainer's state_shardings
+        >>> pt.restore_checkpoint(run / "checkpoints" / "10", target)["params"]["wo_0"].shape
+        (256, 64)
+        >>> tp = pt.make_mesh({"data": 2, "tensor": 4})    # no model needed: onto another mesh by its names
+        >>> pt.restore_checkpoint(run / "checkpoints" / "10", mesh=tp, rules="tp")["params"]["wo_0"].sharding.spec
+        P('tensor', None)
     """
     ref = resolve_checkpoint(path, step)
     saved = flat_saved(saved_tree(ref))
@@ -271,9 +296,17 @@ def checkpoint_metadata(path: str | os.PathLike, step: int | None = None) -> dic
 
     Example::
 
-        >>> meta = checkpoint_metadata("runs/quickstart")
+        >>> import pathlib, tempfile
+        >>> from partitioning.models import MLP
+        >>> x, mesh = jnp.zeros((8, 16), jnp.int32), pt.make_mesh({"data": 1, "fsdp": -1})
+        >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), x)
+        >>> shardings = pt.tree_shardings(abstract, mesh, "fsdp")
+        >>> params = pt.unbox(jax.jit(MLP().init, out_shardings=shardings)(jax.random.key(0), x))
+        >>> run = pathlib.Path(tempfile.mkdtemp())
+        >>> step_dir = pt.save_checkpoint(run / "checkpoints", 10, params, rules="fsdp", abstract=abstract)
+        >>> meta = pt.checkpoint_metadata(run)
         >>> meta["step"], meta["mesh"]["shape"], meta["arrays"]["params/embedding"]["names"]
-        (200, [1, 8, 1], ['vocab', 'embed'])
+        (10, [1, 8], ['vocab', 'embed'])
     """
     ref = resolve_checkpoint(path, step)
     meta = dict(read_metadata(ref))

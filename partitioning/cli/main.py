@@ -21,10 +21,10 @@ import re
 import sys
 import warnings
 from collections.abc import Sequence
-from importlib import metadata
 from types import ModuleType
 from typing import Any
 
+import partitioning
 from partitioning import peers
 from partitioning.checkpoint.space import FULL_ERRNOS
 from partitioning.cli import check, ckpt, compare, config, explain, generate, plan, train, tune
@@ -136,10 +136,8 @@ def _help_of(parser: argparse.ArgumentParser) -> Any:
 
 
 def version() -> str:
-    try:
-        return metadata.version("partitioning")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    """The installed version: ``partitioning.__version__`` (pyproject reads it from there too)."""
+    return partitioning.__version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,7 +2,11 @@
 
 Example::
 
-    >>> console().print(explain_table(layouts, computes, title="gpt on mesh {...}"))
+    >>> from partitioning.cli.render import console, explain_table
+    >>> w = pt.LogicallyPartitioned(jax.ShapeDtypeStruct((64, 256), jnp.float32), ("embed", "mlp"))
+    >>> table = explain_table(pt.tree_layouts({"w": w}, {"data": 1, "fsdp": 8}, "fsdp"), {}, title="w")
+    >>> table.row_count, [c.header for c in table.columns][:3]   # console().print(table) draws it
+    (2, ['parameter', 'dim', 'logical'])
 """
 
 from __future__ import annotations

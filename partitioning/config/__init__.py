@@ -24,7 +24,11 @@ Modules:
 
 Example::
 
-    >>> cfg = load_config("configs/quickstart.yaml", overrides=["train.steps=50"])
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.yaml"
+    >>> _ = path.write_text("{model: {name: mlp}, mesh: {shape: {data: 1, fsdp: -1}}, rules: fsdp,"
+    ...                     " train: {steps: 20, batch_size: 8, seq_len: 16}}")
+    >>> cfg = pt.load_config(path, overrides=["train.steps=50"])
     >>> cfg.train.steps, cfg.rules[0]
     (50, ('batch', ('data', 'fsdp')))
 """

@@ -8,9 +8,15 @@ also the one library module that imports the reference models
 
 Example::
 
-    >>> cfg = load_config("configs/quickstart.yaml")
-    >>> mesh = mesh_from_config(cfg)
-    >>> trainer = trainer_from_config(cfg, mesh)
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.yaml"
+    >>> _ = path.write_text("{model: {name: mlp}, mesh: {shape: {data: 1, fsdp: -1}}, rules: fsdp,"
+    ...                     " train: {steps: 20, batch_size: 8, seq_len: 16}}")
+    >>> from partitioning.config.build import mesh_from_config, trainer_from_config
+    >>> cfg = pt.load_config(path)
+    >>> trainer = trainer_from_config(cfg, mesh_from_config(cfg))
+    >>> dict(trainer.mesh.shape), trainer.batch_size
+    ({'data': 1, 'fsdp': 8}, 8)
 
 Running and planning a config build on these: :mod:`partitioning.config.run`
 (data, checkpoints, trackers) and :mod:`partitioning.config.planning` (plan,

@@ -16,9 +16,17 @@ config reference and :mod:`partitioning.config.schema`.
 
 Example::
 
-    >>> cfg = load_config("configs/quickstart.yaml", overrides=["train.steps=50"])
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.yaml"
+    >>> _ = path.write_text("{model: {name: mlp}, mesh: {shape: {data: 1, fsdp: -1}}, rules: fsdp,"
+    ...                     " train: {steps: 20, batch_size: 8, seq_len: 16}}")
+    >>> cfg = pt.load_config(path, overrides=["train.steps=50"])
     >>> cfg.train.steps, cfg.rules[0]
     (50, ('batch', ('data', 'fsdp')))
+    >>> pt.load_config(path, overrides=["train.stpes=50"])
+    Traceback (most recent call last):
+    ...
+    partitioning.errors.ConfigError: .../run.yaml (--set train.stpes=50): train.stpes: unknown key ...
 """
 
 from __future__ import annotations
@@ -263,7 +271,11 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
 
     Example::
 
-        >>> load_config("configs/quickstart.yaml", ["rules=tp", "mesh.shape={data: 1, tensor: -1}"]).rules[0]
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.yaml"
+        >>> _ = path.write_text("{model: {name: mlp}, mesh: {shape: {data: 1, fsdp: -1}}, rules: fsdp,"
+        ...                     " train: {steps: 20, batch_size: 8, seq_len: 16}}")
+        >>> pt.load_config(path, ["rules=tp", "mesh.shape={data: 1, tensor: -1}"]).rules[0]
         ('batch', 'data')
     """
     path_s = str(path)

@@ -2,7 +2,12 @@
 
 Example::
 
-    >>> plan, model = plan_from_config(load_config("configs/quickstart.yaml"), devices=8)
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.yaml"
+    >>> _ = path.write_text("{model: {name: mlp}, mesh: {shape: {data: 1, fsdp: -1}}, rules: fsdp,"
+    ...                     " train: {steps: 20, batch_size: 8, seq_len: 16}}")
+    >>> from partitioning.config.planning import plan_from_config
+    >>> plan, model = plan_from_config(pt.load_config(path), devices=2048)   # shapes only: any device count
     >>> plan.totals["params"]["per_device"] > 0
     True
 

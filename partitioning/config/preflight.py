@@ -19,9 +19,14 @@ mistake later, and a run that fails changes nothing on disk. In order:
 
 Example::
 
-    >>> ready = preflight(load_config("configs/quickstart.yaml"), devices=None, resume=None)
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.yaml"
+    >>> _ = path.write_text("{model: {name: mlp}, mesh: {shape: {data: 1, fsdp: -1}}, rules: fsdp,"
+    ...                     " train: {steps: 20, batch_size: 8, seq_len: 16}}")
+    >>> from partitioning.config.preflight import preflight
+    >>> ready = preflight(pt.load_config(path), devices=None, resume=None)
     >>> ready.trainer.num_params, ready.resume_step
-    (1115264, None)
+    (98304, None)
 """
 
 from __future__ import annotations

@@ -5,9 +5,17 @@ every error is re-raised at the config key it comes from.
 
 Example::
 
-    >>> cfg = load_config("configs/quickstart.yaml")
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.yaml"
+    >>> _ = path.write_text("{model: {name: mlp}, mesh: {shape: {data: 1, fsdp: -1}}, rules: fsdp,"
+    ...                     " train: {steps: 20, batch_size: 8, seq_len: 16}}")
+    >>> from partitioning.config.build import mesh_from_config, trainer_from_config
+    >>> from partitioning.config.run import data_from_config
+    >>> cfg = pt.load_config(path)
     >>> trainer = trainer_from_config(cfg, mesh_from_config(cfg))
     >>> corpus, train, evals = data_from_config(cfg, trainer)
+    >>> train.batch_at(0)["inputs"].shape
+    (8, 16)
 """
 
 from __future__ import annotations

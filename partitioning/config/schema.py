@@ -7,6 +7,7 @@ so editors can complete and check YAML configs.
 
 Example::
 
+    >>> from partitioning.config.schema import OptimizerConfig, TrainConfig
     >>> TrainConfig().steps, OptimizerConfig().name
     (200, 'adamw')
     >>> TrainConfig(steps=0)
@@ -241,9 +242,13 @@ class Config:
 
     Example::
 
-        >>> cfg = load_config("configs/quickstart.yaml")
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.yaml"
+        >>> _ = path.write_text("{model: {name: mlp}, mesh: {shape: {data: 1, fsdp: -1}}, rules: fsdp,"
+        ...                     " train: {steps: 20, batch_size: 8, seq_len: 16}}")
+        >>> cfg = pt.load_config(path)
         >>> cfg.model_name, cfg.train.batch_size, cfg.where("train", "steps")
-        ('gpt', 32, 'configs/quickstart.yaml:42: train.steps')
+        ('mlp', 8, '.../run.yaml:1: train.steps')
     """
 
     def __init__(

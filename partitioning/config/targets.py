@@ -17,7 +17,18 @@
 
 Example::
 
-    >>> obj = build_target(cfg_value, path="run.yaml", lines=lines, key=("model",))
+    >>> from partitioning.config.targets import build_target
+    >>> value = {"_target_": "flax.linen.Dense", "features": 16}
+    >>> build_target(value, path="run.yaml", lines={}, key=("model",))
+    Dense(
+        # attributes
+        features = 16
+        ...
+    )
+    >>> build_target({"_target_": "flax.linen.Dense", "feature": 16}, path="run.yaml", lines={}, key=("model",))
+    Traceback (most recent call last):
+    ...
+    partitioning.errors.ConfigError: run.yaml: model.feature: 'flax.linen.Dense' has no option 'feature' ...
 """
 
 from __future__ import annotations

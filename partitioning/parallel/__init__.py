@@ -14,7 +14,19 @@ model only marks where its layers stack and where its experts sit:
 
 Example::
 
-    >>> x, _ = LayerStack(Block, length=8, block_kwargs={"dim": 64}, name="blocks")(x)
+    >>> class Block(nn.Module):                      # nn.scan's convention: (x, *args) -> (x, y)
+    ...     dim: int
+    ...     @nn.compact
+    ...     def __call__(self, x):
+    ...         init = pt.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+    ...         return x + jnp.tanh(x @ self.param("w", init, (self.dim, self.dim))), None
+    >>> class Stack(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, x):
+    ...         return pt.LayerStack(Block, length=8, block_kwargs={"dim": 64}, name="blocks")(x)[0]
+    >>> params = Stack().init(jax.random.key(0), jnp.ones((16, 64)))
+    >>> params["params"]["blocks"]["w"].value.shape   # one tree, a leading `layers` axis: a scan or a pipeline
+    (8, 64, 64)
 """
 
 from partitioning.parallel.experts import expert_capacity, moe_ffn

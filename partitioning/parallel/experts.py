@@ -27,7 +27,14 @@ data-parallel MoE.
 
 Example::
 
-    >>> y, aux = moe_ffn(x, router, (wi_0, wi_1, wo), top_k=2, capacity=expert_capacity(128, 8, 2, 1.25))
+    >>> G, S, D, E, M = 2, 64, 32, 8, 64                       # groups, tokens, embed, experts, mlp
+    >>> k = jax.random.split(jax.random.key(0), 4)
+    >>> x, router = jax.random.normal(k[0], (G, S, D)), jax.random.normal(k[1], (D, E))
+    >>> wi_0, wi_1 = jax.random.normal(k[2], (E, D, M)) / 8, jax.random.normal(k[3], (E, D, M)) / 8
+    >>> wo = jnp.ones((E, M, D)) / M
+    >>> y, aux = pt.moe_ffn(x, router, (wi_0, wi_1, wo), top_k=2, capacity=pt.expert_capacity(S, E, 2, 1.25))
+    >>> y.shape, aux.shape
+    ((2, 64, 32), ())
 """
 
 from __future__ import annotations
@@ -139,8 +146,14 @@ def moe_ffn(
 
     Example::
 
+        >>> G, S, D, E, M = 2, 64, 32, 8, 64                       # groups, tokens, embed, experts, mlp
+        >>> k = jax.random.split(jax.random.key(0), 4)
+        >>> x, router = jax.random.normal(k[0], (G, S, D)), jax.random.normal(k[1], (D, E))
+        >>> wi_0, wi_1 = jax.random.normal(k[2], (E, D, M)) / 8, jax.random.normal(k[3], (E, D, M)) / 8
+        >>> wo = jnp.ones((E, M, D)) / M
         >>> y, aux = pt.moe_ffn(x, router, (wi_0, wi_1, wo), top_k=2)       # dropless
-        >>> self.sow("losses", "moe_aux_loss", 0.01 * aux)                 # the Trainer adds it to the loss
+        >>> float(aux) > 0      # in a model: self.sow("losses", "moe_aux_loss", 0.01 * aux); the Trainer adds it
+        True
     """
     e = router.shape[-1]
     capacity = x.shape[1] if capacity is None else int(capacity)

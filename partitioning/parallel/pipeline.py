@@ -21,9 +21,24 @@ unpipelined layouts unchanged.
 
 Example::
 
-    >>> x, _ = LayerStack(Block, length=8, block_kwargs={"dim": 64}, name="blocks")(x)
-    >>> with sharding_context(mesh, "pp"), microbatching(8):
-    ...     logits = model.apply(params, tokens)            # 4 stages x 8 micro-batches
+    >>> class Block(nn.Module):                      # nn.scan's convention: (x, *args) -> (x, y)
+    ...     dim: int
+    ...     @nn.compact
+    ...     def __call__(self, x):
+    ...         init = pt.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+    ...         return x + jnp.tanh(x @ self.param("w", init, (self.dim, self.dim))), None
+    >>> class Stack(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, x):
+    ...         return pt.LayerStack(Block, length=8, block_kwargs={"dim": 64}, name="blocks")(x)[0]
+    >>> x, mesh = jnp.ones((16, 64)), pt.make_mesh({"stage": 4, "data": 2})
+    >>> params = Stack().init(jax.random.key(0), x)
+    >>> pt.logical_names(params)["params"]["blocks"]["w"]         # the stack's leading axis is `layers`
+    ('layers', 'embed', 'mlp')
+    >>> with pt.sharding_context(mesh, "pp"), pt.microbatching(8):
+    ...     y = jax.jit(Stack().apply)(params, x)                   # 4 stages x 8 micro-batches
+    >>> y.shape
+    (16, 64)
 """
 
 from __future__ import annotations
@@ -47,7 +62,7 @@ from partitioning.train.model import SOWN_LOSSES
 from partitioning.train.task import sown_losses
 
 # Collections a scanned block may write: sown losses (MoE load balancing) are stacked per layer.
-SCANNED = {"params": 0, "losses": 0, "cache": 0}  # cache: each layer's keys and values when decoding
+SCANNED: dict[Any, Any] = {"params": 0, "losses": 0, "cache": 0}  # nn.scan's variable_axes; cache: decoding
 _local = threading.local()
 
 
@@ -65,8 +80,13 @@ def microbatching(microbatches: int | None) -> Iterator[None]:
 
     Example::
 
-        >>> with sharding_context(mesh, "pp"), microbatching(8):
-        ...     jax.jit(model.apply)(params, tokens)
+        >>> from partitioning.models import GPT
+        >>> model, tokens = GPT(embed=64, mlp=128, layers=4), jnp.zeros((8, 16), jnp.int32)
+        >>> params = model.init(jax.random.key(0), tokens)
+        >>> with pt.sharding_context(pt.make_mesh({"stage": 4, "data": 2}), "pp"), pt.microbatching(4):
+        ...     logits = jax.jit(model.apply)(params, tokens)
+        >>> logits.shape
+        (8, 16, 256)
     """
     old = getattr(_local, "microbatches", None)
     _local.microbatches = microbatches
@@ -102,8 +122,9 @@ def check_microbatches(
 
     Example::
 
-        >>> check_microbatches({"stage": 4, "data": 2}, Rules.preset("pp"), 8, 32)
-        (8, 4, 'pipeline micro-batch 4 (batch_size 32 / microbatches 8)')
+        >>> from partitioning.parallel.pipeline import check_microbatches
+        >>> check_microbatches({"stage": 4, "data": 2}, pt.Rules.preset("pp"), 8, 32)
+        (8, 4, 'pipeline micro-batch 4 (batch_size / microbatches 8)')
     """
     if microbatches is not None and (isinstance(microbatches, bool) or int(microbatches) < 1):
         raise PipelineError(f"microbatches must be a positive integer, got {microbatches!r}", arg="microbatches")
@@ -143,7 +164,15 @@ def check_layers(layers: Sequence[int], stages: int) -> None:
 
     Example::
 
-        >>> check_layers(layers_sizes(abstract_params), 4)
+        >>> import optax
+        >>> from partitioning.models import GPT
+        >>> from partitioning.parallel.pipeline import check_layers, layers_sizes
+        >>> params, _ = pt.abstract_train_state(GPT(layers=4), optax.sgd(0.1), batch_size=8, seq_len=16)
+        >>> check_layers(layers_sizes(params), 4)
+        >>> check_layers(layers_sizes(params), 3)
+        Traceback (most recent call last):
+        ...
+        partitioning.parallel.pipeline.PipelineError: 4 layers cannot be split into 3 pipeline stages: ...
     """
     if stages <= 1:
         return
@@ -168,7 +197,11 @@ def layers_sizes(params: Any) -> list[int]:
 
     Example::
 
-        >>> layers_sizes(trainer.abstract_state.params)
+        >>> import optax
+        >>> from partitioning.models import GPT
+        >>> from partitioning.parallel.pipeline import layers_sizes
+        >>> params, _ = pt.abstract_train_state(GPT(layers=4), optax.sgd(0.1), batch_size=8, seq_len=16)
+        >>> layers_sizes(params)   # every stacked leaf's `layers` dimension
         [4, 4, 4, 4, 4, 4, 4, 4, 4]
     """
     out = []
@@ -265,7 +298,18 @@ class LayerStack(nn.Module):
 
     Example::
 
-        >>> x, _ = LayerStack(Block, 24, {"heads": 8}, name="blocks")(x)
+        >>> class Block(nn.Module):                      # nn.scan's convention: (x, *args) -> (x, y)
+        ...     dim: int
+        ...     @nn.compact
+        ...     def __call__(self, x):
+        ...         init = pt.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+        ...         return x + jnp.tanh(x @ self.param("w", init, (self.dim, self.dim))), None
+        >>> class Stack(nn.Module):
+        ...     @nn.compact
+        ...     def __call__(self, x):
+        ...         return pt.LayerStack(Block, length=8, block_kwargs={"dim": 64}, name="blocks")(x)[0]
+        >>> Stack().init(jax.random.key(0), jnp.ones((16, 64)))["params"]["blocks"]["w"].names
+        ('layers', 'embed', 'mlp')
     """
 
     block: Any
@@ -314,7 +358,17 @@ def scan_layers(blocks: Any, x: jax.Array, *args: Any) -> jax.Array:
 
     Example::
 
-        >>> x = scan_layers(self.blocks, x)
+        >>> from flax import nnx
+        >>> class Stack(nnx.Module):
+        ...     def __init__(self, rngs):
+        ...         @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        ...         def blocks(key):
+        ...             return nnx.Linear(64, 64, rngs=nnx.Rngs(key))
+        ...         self.blocks = blocks(jax.random.split(rngs.params(), 4))
+        ...     def __call__(self, x):
+        ...         return pt.scan_layers(self.blocks, x)     # GPipe when the mesh has a `stage` axis
+        >>> Stack(nnx.Rngs(0))(jnp.ones((8, 64))).shape
+        (8, 64)
     """
 
     def layer_fn(block, h, layer_args, i, j):

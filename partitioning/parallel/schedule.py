@@ -23,9 +23,16 @@ end (one all-reduce over ``stage``); likewise the gradient of the inputs.
 
 Example::
 
-    >>> y, aux = gpipe(layer_fn, stacked_params, x, stages=4, microbatches=8)
-    >>> bubble_fraction(4, 8)
-    0.2727...
+    >>> from partitioning.parallel.schedule import gpipe
+    >>> def layer_fn(w, x, args, layer, micro):             # one layer on one micro-batch
+    ...     return jnp.tanh(x @ w), {}
+    >>> stacked, x = jnp.ones((8, 64, 64)) / 64, jnp.ones((16, 64))  # 8 layers, 16 rows
+    >>> mesh = pt.make_mesh({"stage": 4, "data": 2})
+    >>> with pt.sharding_context(mesh, "pp"):
+    ...     w = jax.device_put(stacked, jax.NamedSharding(mesh, jax.P("stage")))
+    ...     y, aux = jax.jit(lambda w, x: gpipe(layer_fn, w, x, stages=4, microbatches=8))(w, x)
+    >>> y.shape, pt.bubble_fraction(4, 8)
+    ((16, 64), 0.2727...)
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ def bubble_fraction(stages: int, microbatches: int, repeats: int = 1) -> float:
 
     Example::
 
-        >>> bubble_fraction(4, 4), bubble_fraction(4, 16), bubble_fraction(4, 4, repeats=2)
+        >>> pt.bubble_fraction(4, 4), pt.bubble_fraction(4, 16), pt.bubble_fraction(4, 4, repeats=2)
         (0.42857142857142855, 0.15789473684210525, 0.2727272727272727)
     """
     s, m, r = int(stages), int(microbatches), int(repeats)

@@ -9,10 +9,14 @@ dispatches. ``plan`` turns them into bytes per step
 
 Example::
 
-    >>> with recording() as seen, sharding_context(mesh, "pp"):
-    ...     jax.eval_shape(model.apply, params, tokens)
-    >>> seen[0]["kind"], seen[0]["stages"]
-    ('pipeline', 4)
+    >>> from partitioning.models import GPT
+    >>> from partitioning.parallel.trace import recording
+    >>> model, tokens = GPT(embed=64, mlp=128, layers=4), jnp.zeros((8, 16), jnp.int32)
+    >>> params = jax.eval_shape(model.init, jax.random.key(0), tokens)
+    >>> with recording() as seen, pt.sharding_context(pt.make_mesh({"stage": 4, "data": 2}), "pp"):
+    ...     _ = jax.eval_shape(model.apply, params, tokens)
+    >>> seen[0]["kind"], seen[0]["stages"], seen[0]["microbatches"]
+    ('pipeline', 4, 4)
 """
 
 from __future__ import annotations

@@ -15,9 +15,13 @@ Modules:
 
 Example::
 
-    >>> params, opt_state = pt.abstract_train_state(model, tx, batch_size=256, seq_len=2048)
-    >>> plan = build_plan(params, opt_state, {"data": 1, "fsdp": 256, "tensor": 8}, "fsdp_tp")
-    >>> plan.totals["total"]["per_device"], plan.warnings()
+    >>> import optax
+    >>> from partitioning.models import GPT
+    >>> model = GPT(embed=4096, heads=32, mlp=14336, layers=32, vocab_size=128_256)   # Llama-3-8B-shaped
+    >>> params, opt_state = pt.abstract_train_state(model, optax.adamw(1e-4), batch_size=256, seq_len=2048)
+    >>> plan = pt.build_plan(params, opt_state, {"data": 1, "fsdp": 256, "tensor": 8}, "fsdp_tp")
+    >>> round(plan.totals["total"]["per_device"] / 2**30, 2), plan.devices   # GiB of state per device
+    (0.06, 2048)
 """
 
 from partitioning.plan.compiled import compiled_view

@@ -10,11 +10,16 @@ dispatch all-to-all over ``expert``.
 
 Example::
 
-    >>> view = compiled_view(trainer.lower_train_step)
-    >>> collectives_by_axis(view["collective_ops"], {"stage": 4, "data": 2})["stage"]["collective-permute"]
-    {'count': 14, 'bytes': 114688}
-    >>> memory_by_axis(plan)["stage"]["splits"]
-    ['layers']
+    >>> import optax
+    >>> from partitioning.models import MLP
+    >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
+    ...                      batch_size=8, seq_len=16)
+    >>> from partitioning.plan.axes import collectives_by_axis, memory_by_axis
+    >>> view = pt.compiled_view(trainer.lower_train_step)
+    >>> sorted(collectives_by_axis(view["collective_ops"], {"data": 1, "fsdp": 8})["fsdp"])
+    ['all-gather', 'all-reduce', 'all-to-all', 'collective-permute', 'reduce-scatter']
+    >>> memory_by_axis(trainer.state_layouts(), {"data": 1, "fsdp": 8})["fsdp"]["splits"]
+    ['embed']
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ def device_groups(text: str, num_devices: int) -> list[list[int]]:
 
     Example::
 
+        >>> from partitioning.plan.axes import device_groups
         >>> device_groups("[2,4]<=[8]", 8)
         [[0, 1, 2, 3], [4, 5, 6, 7]]
         >>> device_groups("[4,2]<=[2,4]T(1,0)", 8)[0]
@@ -81,6 +87,7 @@ def group_axes(text: str, mesh: Mapping[str, int], permute: bool = False) -> tup
 
     Example::
 
+        >>> from partitioning.plan.axes import group_axes
         >>> group_axes("[2,4]<=[8]", {"data": 2, "fsdp": 4})
         ('fsdp',)
         >>> group_axes("{{0,2},{2,4},{4,6},{6,0}}", {"stage": 4, "data": 2}, permute=True)
@@ -127,8 +134,14 @@ def memory_by_axis(layouts: Sequence[Any], mesh: Mapping[str, int]) -> dict[str,
 
     Example::
 
-        >>> memory_by_axis(plan.params + plan.opt_state, plan.mesh)["fsdp"]["splits"]
-        ['embed', 'mlp', 'vocab']
+        >>> import optax
+        >>> from partitioning.models import GPT
+        >>> params, opt_state = pt.abstract_train_state(GPT(embed=64, mlp=128, layers=4), optax.adamw(1e-3),
+        ...                                             batch_size=8, seq_len=16)
+        >>> from partitioning.plan.axes import memory_by_axis
+        >>> plan = pt.build_plan(params, opt_state, {"data": 1, "fsdp": 2, "tensor": 4}, "fsdp_tp")
+        >>> memory_by_axis(plan.params + plan.opt_state, plan.mesh)["tensor"]["splits"]
+        ['heads', 'kv_heads', 'mlp', 'vocab']
     """
     out: dict[str, dict[str, Any]] = {}
     for axis, size in mesh.items():

@@ -9,8 +9,19 @@ TPUs; the CPU reports none).
 
 Example::
 
-    >>> fit = check_budget(plan, budget=80 * 2**30, compiled=view.get("memory"))
-    >>> fit.fits, fit.peak, fit.top
+    >>> import optax
+    >>> from partitioning.models import GPT
+    >>> params, opt_state = pt.abstract_train_state(GPT(embed=64, mlp=128, layers=4), optax.adamw(1e-3),
+    ...                                             batch_size=8, seq_len=16)
+    >>> from partitioning.plan.budget import check_budget
+    >>> plan = pt.build_plan(params, opt_state, {"data": 1, "fsdp": 8}, "fsdp")
+    >>> fit = check_budget(plan, budget=256 * 2**10)     # a 256 KiB device; compiled= XLA's figure if there is one
+    >>> fit.fits, fit.peak, fit.top[0]
+    (False, 394372, ('params/blocks/mlp/wi_0 (+grad, optimizer)', 65536))
+    >>> raise fit.error()
+    Traceback (most recent call last):
+    ...
+    partitioning.errors.ShardingError: mesh.device_memory: this layout needs 385.13 KiB per device ...
 """
 
 from __future__ import annotations

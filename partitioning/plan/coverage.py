@@ -8,10 +8,16 @@ toolkit's ``with_logical_constraint`` or Flax's own ``nn.with_logical_constraint
 
 Example::
 
-    >>> acts = activation_names(model, params, {"fsdp": 8}, "fsdp", batch_size=8, seq_len=64)
-    >>> cov = rule_coverage(tree_layouts(params, {"fsdp": 8}, "fsdp"), Rules.preset("fsdp"), acts)
+    >>> import optax
+    >>> from partitioning.models import GPT
+    >>> model = GPT(embed=64, mlp=128, layers=4)
+    >>> params, opt_state = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=8, seq_len=16)
+    >>> from partitioning.plan.coverage import rule_coverage
+    >>> mesh = {"data": 1, "fsdp": 8}
+    >>> acts = pt.activation_names(model, params, mesh, "fsdp", batch_size=8, seq_len=64)
+    >>> cov = rule_coverage(pt.tree_layouts(params, mesh, "fsdp"), pt.Rules.preset("fsdp"), acts)
     >>> cov.uncovered, [u.index for u in cov.unused]
-    (['heads', 'kv', 'layers', 'length'], [])
+    (['heads', 'kv', 'kv_heads', 'layers', 'length'], [2, 3])
 """
 
 from __future__ import annotations
@@ -63,7 +69,10 @@ def rule_coverage(
 
     Example::
 
-        >>> rule_coverage(layouts, rules).unused
+        >>> from partitioning.plan.coverage import rule_coverage
+        >>> rules = pt.Rules([("embed", "fsdp"), ("mlp", "fsdp")])
+        >>> w = pt.LogicallyPartitioned(jax.ShapeDtypeStruct((64, 256), jnp.float32), ("embed", "mlp"))
+        >>> rule_coverage(pt.tree_layouts({"w": w}, {"fsdp": 8}, rules), rules).unused   # fsdp is taken by embed
         [UnusedRule(index=1, rule=['mlp', 'fsdp'], origin='rules[1]')]
     """
     rules = as_rules(rules)
@@ -133,8 +142,12 @@ def activation_names(
 
     Example::
 
-        >>> ("batch", "length", "embed") in activation_names(model, params, {"fsdp": 8}, "fsdp",
-        ...                                                  batch_size=8, seq_len=64)
+        >>> import optax
+        >>> from partitioning.models import GPT
+        >>> model = GPT(embed=64, mlp=128, layers=4)
+        >>> params, opt_state = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=8, seq_len=16)
+        >>> acts = pt.activation_names(model, params, {"data": 1, "fsdp": 8}, "fsdp", batch_size=8, seq_len=64)
+        >>> ("batch", "length", "embed") in acts
         True
     """
     abstract = abstract_mesh(mesh, axis_types)

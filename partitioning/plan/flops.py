@@ -19,10 +19,15 @@ CPUs: pass one (``--peak-tflops``) to get an MFU there.
 
 Example::
 
-    >>> compiled = trainer.lower_train_step().compile()
-    >>> step_flops(compiled)                 # per device, per step
-    1.23e12
-    >>> mfu(1.23e12, step_time_s=0.01, peak=peak_tflops(jax.devices()[0]))
+    >>> import optax
+    >>> from partitioning.models import MLP
+    >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
+    ...                      batch_size=8, seq_len=16)
+    >>> from partitioning.plan.flops import mfu
+    >>> flops = pt.step_flops(trainer.lower_train_step().compile())   # per device, per step
+    >>> flops > 0, pt.peak_tflops(jax.devices()[0])                 # no peak for a CPU
+    (True, None)
+    >>> round(mfu(1.23e12, step_time_s=0.01, peak=197.0), 2)          # a TPU v5e's 197 TFLOP/s
     0.62
 """
 
@@ -74,7 +79,8 @@ def peak_tflops(device: Any) -> float | None:
 
     Example::
 
-        >>> peak_tflops(jax.devices()[0])     # 'TPU v5 lite' -> 197.0; a CPU -> None
+        >>> pt.peak_tflops(jax.devices()[0]) is None    # a CPU; 'TPU v5 lite' -> 197.0
+        True
     """
     if getattr(device, "platform", "") == "cpu":
         return None
@@ -134,8 +140,9 @@ def step_flops(compiled: Any) -> float | None:
 
     Example::
 
-        >>> step_flops(trainer.lower_train_step().compile())
-        1.23e12
+        >>> compiled = jax.jit(lambda a, b: a @ b).lower(jnp.ones((64, 128)), jnp.ones((128, 32))).compile()
+        >>> pt.step_flops(compiled)    # 2 * 64 * 128 * 32
+        524288.0
     """
     try:
         ca = compiled.cost_analysis()
@@ -159,7 +166,7 @@ def transformer_flops(num_params: int, tokens: int) -> float:
 
     Example::
 
-        >>> transformer_flops(124_000_000, 32 * 1024) / 1e12    # TFLOPs per step
+        >>> round(pt.transformer_flops(124_000_000, 32 * 1024) / 1e12, 1)    # TFLOPs per step
         24.4
     """
     return 6.0 * num_params * tokens
@@ -170,7 +177,8 @@ def mfu(flops_per_device: float, step_time_s: float, peak: float | None) -> floa
 
     Example::
 
-        >>> mfu(1e12, 0.01, 197.0)       # 100 TFLOP/s on a 197 TFLOP/s chip
+        >>> from partitioning.plan.flops import mfu
+        >>> round(mfu(1e12, 0.01, 197.0), 4)       # 100 TFLOP/s on a 197 TFLOP/s chip
         0.5076
     """
     if not peak or step_time_s <= 0:

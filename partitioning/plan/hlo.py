@@ -21,9 +21,13 @@ value is therefore reported as a reduce-scatter with
 
 Example::
 
-    >>> text = jax.jit(f).lower(x).compile().as_text()
-    >>> summarize(collectives(text))["all-gather"]
-    {'count': 2, 'bytes': 1048576}
+    >>> from partitioning.plan.hlo import collectives, summarize
+    >>> mesh = pt.make_mesh({"fsdp": -1})
+    >>> w = jax.device_put(jnp.ones((512, 256)), jax.NamedSharding(mesh, jax.P("fsdp")))  # split over 8 devices
+    >>> f = jax.jit(lambda w, x: x @ w, out_shardings=jax.NamedSharding(mesh, jax.P()))
+    >>> text = f.lower(w, jnp.ones((4, 512))).compile().as_text()
+    >>> summarize(collectives(text))
+    {...}
 """
 
 from __future__ import annotations

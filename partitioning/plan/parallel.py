@@ -19,10 +19,14 @@ layer stack and per expert layer). Per device and per train step:
 
 Example::
 
+    >>> import optax
+    >>> from partitioning.models import GPT
+    >>> model = GPT(embed=64, mlp=128, layers=4)
+    >>> params, opt_state = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=8, seq_len=16)
     >>> costs = pt.parallel_costs(model, params, {"stage": 4, "data": 2}, "pp", batch_size=32, seq_len=128,
     ...                           microbatches=8)
     >>> costs["pipeline"]["bubble"], costs["pipeline"]["collective_permute_bytes"]
-    (0.2727..., 114688)
+    (0.2727..., 1441792)
 """
 
 from __future__ import annotations
@@ -145,10 +149,13 @@ def parallel_costs(
 
     Example::
 
-        >>> params, _ = pt.abstract_train_state(model, tx, batch_size=32, seq_len=128)
+        >>> import optax
+        >>> from partitioning.models import GPT
+        >>> model = GPT(embed=64, mlp=128, layers=2, moe={"experts": 4, "top_k": 2})
+        >>> params, _ = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=32, seq_len=128)
         >>> pt.parallel_costs(model, params, {"data": 1, "fsdp": 2, "expert": 4}, "ep", batch_size=32,
         ...                   seq_len=128)["experts"]["all_to_all_bytes"]
-        10485760
+        2621440
     """
     sizes = mesh_axis_sizes(mesh)
     rules = as_rules(rules)

@@ -24,9 +24,13 @@ params cost.
 
 Example::
 
-    >>> params, opt_state = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=8, seq_len=64)
-    >>> plan = build_plan(params, opt_state, {"data": 1, "fsdp": 8}, "fsdp")
-    >>> plan.totals["params"]["per_device"], plan.totals["params"]["ideal"]
+    >>> import optax
+    >>> from partitioning.models import GPT
+    >>> params, opt_state = pt.abstract_train_state(GPT(embed=64, mlp=128, layers=4), optax.adamw(1e-3),
+    ...                                             batch_size=8, seq_len=16)
+    >>> plan = pt.build_plan(params, opt_state, {"data": 1, "fsdp": 8}, "fsdp")
+    >>> plan.totals["params"]["per_device"], plan.totals["params"]["ideal"]   # bytes per device
+    (98592, 98592.0)
 """
 
 from __future__ import annotations
@@ -89,9 +93,15 @@ class Plan:
 
     Example::
 
-        >>> plan = build_plan(params, opt_state, {"data": 1, "fsdp": 8}, "fsdp")
-        >>> plan.totals["total"]["per_device"] / plan.totals["total"]["ideal"], plan.warnings()
-        (1.0, [])
+        >>> import optax
+        >>> from partitioning.models import GPT
+        >>> params, opt_state = pt.abstract_train_state(GPT(embed=64, mlp=128, layers=4), optax.adamw(1e-3),
+        ...                                             batch_size=8, seq_len=16)
+        >>> plan = pt.build_plan(params, opt_state, {"data": 2, "fsdp": 4}, "fsdp")
+        >>> round(plan.totals["total"]["per_device"] / plan.totals["total"]["ideal"], 2)   # 2x the ideal
+        2.0
+        >>> plan.warnings()[0]
+        "mesh axis 'data' (size 2) shards no parameter: params, gradients and optimizer state are replicated 2x ..."
     """
 
     mesh: dict[str, int]
@@ -273,9 +283,13 @@ def build_plan(
 
     Example::
 
-        >>> plan = build_plan(params, opt_state, {"fsdp": 8}, "fsdp")
-        >>> plan.warnings()
-        []
+        >>> import optax
+        >>> from partitioning.models import GPT
+        >>> params, opt_state = pt.abstract_train_state(GPT(embed=64, mlp=128, layers=4), optax.adamw(1e-3),
+        ...                                             batch_size=8, seq_len=16)
+        >>> plan = pt.build_plan(params, opt_state, {"data": 1, "fsdp": 8}, "fsdp")
+        >>> plan.errors, len(plan.params), plan.num_params
+        ([], 12, 197184)
     """
     rules = as_rules(rules)
     opt_rules = as_rules(optimizer_rules) if optimizer_rules is not None else rules
@@ -354,6 +368,7 @@ def mesh_sizes(shape: Mapping[str, int], devices: int) -> dict[str, int]:
 
     Example::
 
+        >>> from partitioning.plan.plan import mesh_sizes
         >>> mesh_sizes({"data": 1, "fsdp": -1}, 2048)
         {'data': 1, 'fsdp': 2048}
     """

@@ -5,7 +5,14 @@ same dict), so a saved plan can be drawn later.
 
 Example::
 
-    >>> plot_plan(json.load(open("plan.json")), "plan.png")
+    >>> import optax
+    >>> from partitioning.models import GPT
+    >>> params, opt_state = pt.abstract_train_state(GPT(embed=64, mlp=128, layers=4), optax.adamw(1e-3),
+    ...                                             batch_size=8, seq_len=16)
+    >>> import pathlib, tempfile
+    >>> report = pt.build_plan(params, opt_state, {"data": 2, "fsdp": 4}, "fsdp").to_json()   # or `plan --json`
+    >>> pt.plot_plan(report, pathlib.Path(tempfile.mkdtemp()) / "plan.png").name
+    'plan.png'
 """
 
 from __future__ import annotations
@@ -150,7 +157,13 @@ def plot_plan(report: dict[str, Any], path: str | Path) -> Path:
 
     Example::
 
-        >>> plot_plan(json.load(open("plan.json")), "plan.png")   # what `plan --json` wrote
+        >>> import json, pathlib, subprocess, sys, tempfile
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (d / "run.yaml").write_text("{model: {name: mlp}, mesh: {shape: {data: 1, fsdp: -1}}, rules: fsdp}")
+        >>> _ = subprocess.run([sys.executable, "-m", "partitioning", "plan", "run.yaml", "--devices", "8",
+        ...                     "--no-compile", "--json", "plan.json"], cwd=d, capture_output=True, check=True)
+        >>> pt.plot_plan(json.loads((d / "plan.json").read_text()), d / "plan.png").exists()
+        True
     """
     # Imported here: matplotlib costs ~0.5 s and only --png needs it.
     from matplotlib.figure import Figure

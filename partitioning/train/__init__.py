@@ -24,9 +24,14 @@ Modules:
 
 Example::
 
-    >>> trainer = Trainer(model, make_optimizer("adamw", lr=3e-3, total_steps=200), mesh, "fsdp",
-    ...                   batch_size=32, seq_len=128)
-    >>> state = fit(trainer, trainer.init(jax.random.key(0)), batches, steps=200)
+    >>> from partitioning.models import MLP
+    >>> from partitioning.train import Trainer, fit, make_optimizer
+    >>> trainer = Trainer(MLP(), make_optimizer("adamw", lr=3e-3, total_steps=4), pt.make_mesh({"data": 1, "fsdp": -1}),
+    ...                   "fsdp", batch_size=8, seq_len=16)
+    >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+    >>> state = fit(trainer, trainer.init(jax.random.key(0)), batches, steps=4, progress=False)
+    >>> int(state.step)
+    4
 """
 
 from partitioning.train.batch import place

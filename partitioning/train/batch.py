@@ -8,9 +8,15 @@ table's :attr:`~partitioning.Rules.batch_axes` and the rest is unsharded.
 
 Example::
 
-    >>> abstract = lm_batch(32, 128)
-    >>> specs = batch_specs(abstract, rules, mesh)            # {"inputs": P(('data', 'fsdp'), None), ...}
-    >>> batch = place(host_batch, shardings)                  # numpy global batch -> sharded jax Arrays
+    >>> from partitioning.train.batch import batch_specs, lm_batch
+    >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
+    >>> specs = batch_specs(lm_batch(32, 128), pt.Rules.preset("fsdp"), mesh)
+    >>> specs["inputs"]
+    P(('data', 'fsdp'), None)
+    >>> host = {"inputs": np.zeros((32, 128), np.int32), "targets": np.zeros((32, 128), np.int32)}
+    >>> batch = pt.place(host, jax.tree.map(lambda s: jax.NamedSharding(mesh, s), specs))  # numpy -> sharded
+    >>> batch["inputs"].sharding.spec
+    P(('data', 'fsdp'), None)
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ def lm_batch(batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtypeStruct]:
 
     Example::
 
+        >>> from partitioning.train.batch import lm_batch
         >>> lm_batch(32, 128)["inputs"].shape
         (32, 128)
     """
@@ -59,6 +66,7 @@ def batch_shapes(batch: Any, batch_size: int | None, seq_len: int | None, who: s
 
     Example::
 
+        >>> from partitioning.train.batch import batch_shapes
         >>> batch_shapes(None, 8, 64, "plan")["targets"].shape
         (8, 64)
     """
@@ -146,7 +154,12 @@ def place(host_batch: Any, shardings: Any) -> Any:
 
     Example::
 
-        >>> batch = place({"inputs": images, "targets": labels}, trainer.batch_shardings)
+        >>> mesh = pt.make_mesh({"data": -1})
+        >>> shardings = {k: jax.NamedSharding(mesh, jax.P("data")) for k in ("inputs", "targets")}
+        >>> images, labels = np.zeros((16, 28, 28, 1), np.float32), np.zeros((16,), np.int32)
+        >>> batch = pt.place({"inputs": images, "targets": labels}, shardings)
+        >>> batch["inputs"].shape, batch["inputs"].sharding.spec
+        ((16, 28, 28, 1), P('data',))
     """
 
     def one(x, sharding):

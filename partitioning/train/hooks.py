@@ -5,9 +5,16 @@ state, metrics)`` and ``on_exit(state, reason)`` (see :func:`partitioning.fit`).
 
 Example::
 
-    >>> logger = JsonlLogger("runs/x/metrics.jsonl")
-    >>> fit(trainer, state, batches, steps=200, hooks=[logger])
-    >>> logger.records[-1]["loss"]
+    >>> import optax
+    >>> from partitioning.models import MLP
+    >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
+    ...                      batch_size=8, seq_len=16)
+    >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+    >>> import pathlib, tempfile
+    >>> logger = pt.JsonlLogger(pathlib.Path(tempfile.mkdtemp()) / "metrics.jsonl")
+    >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=4, hooks=[logger], progress=False)
+    >>> logger.records[-1]["step"], "loss" in logger.records[-1], logger.path.exists()
+    (4, True, True)
 """
 
 from __future__ import annotations
@@ -31,10 +38,16 @@ class JsonlLogger:
 
     Example::
 
-        >>> logger = JsonlLogger("runs/x/metrics.jsonl")
-        >>> fit(trainer, state, batches, steps=100, hooks=[logger])
-        >>> logger.records[-1]["step"], logger.reason
-        (100, 'done')
+        >>> import optax
+        >>> from partitioning.models import MLP
+        >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
+        ...                      batch_size=8, seq_len=16)
+        >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+        >>> logger = pt.JsonlLogger(None)   # in memory only; a path writes metrics.jsonl too
+        >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=3, log_every=1,
+        ...                hooks=[logger], progress=False)
+        >>> [r["step"] for r in logger.records], logger.reason
+        ([1, 2, 3], 'done')
     """
 
     def __init__(self, path: str | Path | None):

@@ -28,9 +28,15 @@ A hook raising a :class:`PartitioningError` stops the loop; the other hooks see
 
 Example::
 
-    >>> batches = corpus.batches("train", 32, 128, trainer.batch_sharding)
-    >>> state = fit(trainer, trainer.init(jax.random.key(0)), batches, steps=200,
-    ...             hooks=[JsonlLogger("runs/x/metrics.jsonl")])   # see partitioning.train.hooks
+    >>> import optax
+    >>> from partitioning.models import MLP
+    >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
+    ...                      batch_size=8, seq_len=16)
+    >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+    >>> logger = pt.JsonlLogger(None)   # see partitioning.train.hooks
+    >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=4, hooks=[logger], progress=False)
+    >>> int(state.step), logger.reason
+    (4, 'done')
 """
 
 from __future__ import annotations
@@ -91,8 +97,8 @@ class _StopFlag:
         try:
             yield self
         finally:
-            for sig, old in self._old.items():
-                signal.signal(sig, old)
+            for signum, old in self._old.items():
+                signal.signal(signum, old)
 
 
 _REASON_CODES = {None: 0, "interrupted": 1, "preempted": 2}
@@ -133,6 +139,7 @@ def format_line(metrics: dict[str, Any], steps: int) -> str:
 
     Example::
 
+        >>> from partitioning.train.loop import format_line
         >>> format_line({"step": 10, "loss": 3.21, "lr": 3e-3, "tokens_per_s": 12345.0,
         ...              "tflops_per_device": 0.52, "step_time_s": 0.08}, 200)
         'step 10/200  loss 3.21  lr 0.003  12,345 tok/s  0.52 TFLOP/s/device  0.08 s/step'
@@ -172,8 +179,14 @@ def evaluate(trainer: Any, state: Any, batches: Iterable[Any]) -> dict[str, floa
 
     Example::
 
-        >>> evaluate(trainer, state, [evals.batch_at(i) for i in range(4)])
-        {'eval_loss': 1.71, 'eval_accuracy': 0.52}
+        >>> import optax
+        >>> from partitioning.models import MLP
+        >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
+        ...                      batch_size=8, seq_len=16)
+        >>> evals = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding, split="eval")
+        >>> metrics = pt.evaluate(trainer, trainer.init(jax.random.key(0)), [evals.batch_at(i) for i in range(2)])
+        >>> sorted(metrics)
+        ['eval_accuracy', 'eval_loss']
     """
     sums: dict[str, Any] = {}
     n = 0
@@ -222,8 +235,17 @@ def fit(
 
     Example::
 
-        >>> state = fit(trainer, trainer.init(jax.random.key(0)), batches, steps=200, eval_every=50,
-        ...             eval_batches=lambda: [evals.batch_at(i) for i in range(4)])
+        >>> import optax
+        >>> from partitioning.models import MLP
+        >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
+        ...                      batch_size=8, seq_len=16)
+        >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+        >>> evals = pt.TokenBatches(np.arange(1024) % 256, 8, 16, trainer.batch_sharding, split="eval")
+        >>> logger = pt.JsonlLogger(None)
+        >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=4, eval_every=2,
+        ...                eval_batches=lambda: [evals.batch_at(i) for i in range(2)], hooks=[logger], progress=False)
+        >>> ["eval_loss" in r for r in logger.records]   # evaluated at the first, every 2nd and the last step
+        [True, True, True]
     """
     for h in hooks:
         if hasattr(h, "on_start"):

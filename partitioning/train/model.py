@@ -9,22 +9,23 @@ ask which kind they hold:
   is its ``jax.eval_shape``: nothing allocated;
 - ``init(rng, args, kwargs)``: the same tree, unboxed, traceable (the trainer
   jits it with ``out_shardings`` so every array is born in its shard);
-- ``apply(variables, args, kwargs, rngs=, train=)``: ``(outputs, updated
-  collections)`` — the collections other than ``params`` that the model
-  mutates in training (BatchNorm's ``batch_stats``, NNX's RNG counters).
+- ``apply(variables, args, kwargs, rngs=, train=)``: ``(outputs, updated collections)`` — the collections
+  other than ``params`` that the model mutates in training (BatchNorm's ``batch_stats``, NNX's RNG counters).
 
 Train vs eval mode is found, in this order, as a ``deterministic`` / ``train``
 / ``training`` argument of the model's ``__call__``; a field of the module of
 that name; a field of a config dataclass the module holds (Flax's lm1b:
 ``config.deterministic``); NNX's ``model.train()`` / ``model.eval()``.
-Where the mode is a field, training uses the model as configured and eval
-flips it to deterministic.
+Where the mode is a field, training uses the model as configured and eval flips it to deterministic.
 
 Example::
 
-    >>> model = as_model(nn.Dense(4))                       # Linen
-    >>> model = NNXModel(lambda rngs: MyNNXModel(8, rngs=rngs))   # NNX: a factory taking rngs
-    >>> model = FunctionModel(init_fn, apply_fn)            # plain functions
+    >>> from flax import nnx
+    >>> linen = pt.as_model(nn.Dense(4))
+    >>> nnx_model = pt.NNXModel(lambda rngs: nnx.Linear(8, 4, rngs=rngs))       # NNX: a factory taking rngs
+    >>> functions = pt.FunctionModel(lambda rng: {"w": jnp.ones((8, 4))}, lambda p, x: x @ p["w"])
+    >>> linen.kind, nnx_model.kind, functions.kind
+    ('linen', 'nnx', 'function')
 """
 
 from __future__ import annotations
@@ -109,8 +110,10 @@ class LinenModel:
 
     Example::
 
-        >>> model = LinenModel(TransformerLM(config))
-        >>> variables = model.abstract((tokens,), {})      # boxed ShapeDtypeStructs
+        >>> from partitioning.models import MLP
+        >>> model = pt.LinenModel(MLP())
+        >>> model.abstract((jnp.zeros((8, 16), jnp.int32),), {})["params"]["wi_0"]   # boxed ShapeDtypeStructs
+        LogicallyPartitioned(value=ShapeDtypeStruct(shape=(64, 256), dtype=float32), names=('embed', 'mlp'), ...)
     """
 
     kind = "linen"
@@ -221,7 +224,11 @@ class NNXModel:
 
     Example::
 
-        >>> model = NNXModel(lambda rngs: GPT(cfg, rngs=rngs))
+        >>> from flax import nnx
+        >>> init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))
+        >>> model = pt.NNXModel(lambda rngs: nnx.Linear(64, 256, kernel_init=init, rngs=rngs))
+        >>> pt.tree_layouts(model.abstract((jnp.zeros((8, 64)),), {}), {"data": 1, "fsdp": 8}, "fsdp")[-1].spec
+        P('fsdp', None)
     """
 
     kind = "nnx"
@@ -333,7 +340,8 @@ class FunctionModel:
 
         >>> def init(rng):
         ...     return {"w": pt.LogicallyPartitioned(jax.random.normal(rng, (64, 10)), ("embed", "vocab"))}
-        >>> model = FunctionModel(init, lambda p, x: x @ p["w"])
+        >>> pt.FunctionModel(init, lambda p, x: x @ p["w"]).abstract((), {})["params"]["w"].names
+        ('embed', 'vocab')
     """
 
     kind = "function"
@@ -378,7 +386,8 @@ def as_model(model: Any) -> Any:
 
     Example::
 
-        >>> as_model(GPT()).kind, as_model(nnx_module).kind
+        >>> from flax import nnx
+        >>> pt.as_model(nn.Dense(4)).kind, pt.as_model(nnx.Linear(4, 4, rngs=nnx.Rngs(0))).kind
         ('linen', 'nnx')
     """
     if isinstance(model, (LinenModel, NNXModel, FunctionModel)):

@@ -6,8 +6,9 @@ report it (:func:`current_lr`).
 
 Example::
 
-    >>> tx = make_optimizer("adamw", lr=3e-3, total_steps=200, warmup_steps=20,
-    ...                     weight_decay=0.1, clip_norm=1.0)
+    >>> tx = pt.make_optimizer("adamw", lr=3e-3, total_steps=200, warmup_steps=20,
+    ...                        weight_decay=0.1, clip_norm=1.0)
+    >>> state = tx.init({"w": jnp.ones((4, 4))})
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ def lr_schedule(
 
     Example::
 
-        >>> s = lr_schedule(1e-3, 100, warmup_steps=10)
-        >>> float(s(10)), round(float(s(100)), 6)
+        >>> s = pt.lr_schedule(1e-3, 100, warmup_steps=10)
+        >>> round(float(s(10)), 6), round(float(s(100)), 6)
         (0.001, 0.0001)
     """
     if schedule not in SCHEDULES:
@@ -88,7 +89,11 @@ def make_optimizer(
 
     Example::
 
-        >>> tx = make_optimizer("sgd", lr=0.1, total_steps=10, momentum=0.9)
+        >>> tx = pt.make_optimizer("sgd", lr=0.1, total_steps=10, momentum=0.9)
+        >>> pt.make_optimizer("adam", lr=0.1, total_steps=10)
+        Traceback (most recent call last):
+        ...
+        partitioning.errors.ConfigError: ...; did you mean 'adamw'?
     """
     if name not in OPTIMIZERS:
         raise ConfigError(
@@ -126,7 +131,9 @@ def current_lr(opt_state: Any) -> Any:
 
     Example::
 
-        >>> float(current_lr(state.opt_state))
+        >>> from partitioning.train.optimizer import current_lr
+        >>> tx = pt.make_optimizer("adamw", lr=3e-3, total_steps=100)
+        >>> round(float(current_lr(tx.init({"w": jnp.ones((4, 4))}))), 6)
         0.003
     """
     # inject_hyperparams keeps the value in `hyperparams` and the schedule's own

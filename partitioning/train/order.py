@@ -18,6 +18,8 @@ read is one vectorized gather per batch rather than one per example.
 
 Example::
 
+    >>> from partitioning.train.order import token_batches
+    >>> stream = np.arange(100_000) % 256
     >>> ds = token_batches(stream, seq_len=128, batch_size=32, seed=0, rows=slice(0, 16))
     >>> ds[7]["inputs"].shape          # this process's half of step 7's batch
     (16, 128)
@@ -191,7 +193,14 @@ class LoggedBatches:
 
     Example::
 
-        >>> train = LoggedBatches(train, "runs/x/batches.0.jsonl")
+        >>> import json, pathlib, tempfile
+        >>> from partitioning.train.order import LoggedBatches
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "batches.0.jsonl"
+        >>> train = LoggedBatches(pt.TokenBatches(np.arange(4096) % 256, 8, 16), path)
+        >>> _ = train.batch_at(3)
+        >>> record = json.loads(path.read_text())
+        >>> record["step"], record["process"], len(record["rows"])
+        (3, 0, 16)
     """
 
     def __init__(self, batches: Any, path: str | os.PathLike):

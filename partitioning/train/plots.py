@@ -2,8 +2,18 @@
 
 Example::
 
-    >>> plot_loss(logger.records, "runs/quickstart/loss.png", title="quickstart")
-    >>> fit(trainer, state, batches, steps=200, hooks=[logger, LossPlot(logger, "runs/x/loss.png")])
+    >>> import optax
+    >>> from partitioning.models import MLP
+    >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
+    ...                      batch_size=8, seq_len=16)
+    >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+    >>> import pathlib, tempfile
+    >>> run = pathlib.Path(tempfile.mkdtemp())
+    >>> logger = pt.JsonlLogger(None)
+    >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=4,
+    ...                hooks=[logger, pt.LossPlot(logger, run / "loss.png")], progress=False)   # redrawn as it goes
+    >>> pt.plot_loss(logger.records, run / "again.png", title="quickstart").exists()
+    True
 """
 
 from __future__ import annotations
@@ -22,7 +32,10 @@ def plot_loss(records: Sequence[dict[str, Any]], path: str | Path, *, title: str
 
     Example::
 
-        >>> plot_loss(logger.records, "runs/x/loss.png", title="x")
+        >>> import pathlib, tempfile
+        >>> records = [{"step": s, "loss": 5.5 / s} for s in range(1, 11)] + [{"step": 10, "eval_loss": 0.6}]
+        >>> pt.plot_loss(records, pathlib.Path(tempfile.mkdtemp()) / "loss.png", title="x").name
+        'loss.png'
     """
     # A bare Figure (no pyplot) renders PNGs with the Agg canvas: no display,
     # and it never switches the backend of a notebook or GUI session.
@@ -52,7 +65,13 @@ def save_figure(fig: Any, path: str | Path) -> Path:
 
     Example::
 
-        >>> save_figure(fig, "runs/x/plan.png")
+        >>> import pathlib, tempfile
+        >>> from matplotlib.figure import Figure
+        >>> from partitioning.train.plots import save_figure
+        >>> fig = Figure()
+        >>> _ = fig.subplots().plot([1, 2, 3])
+        >>> save_figure(fig, pathlib.Path(tempfile.mkdtemp()) / "new" / "plan.png").exists()   # folder created
+        True
     """
     path = Path(path)
     try:
@@ -70,7 +89,17 @@ class LossPlot:
 
     Example::
 
-        >>> fit(trainer, state, batches, steps=200, hooks=[logger, LossPlot(logger, "runs/x/loss.png", title="x")])
+        >>> import optax
+        >>> from partitioning.models import MLP
+        >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
+        ...                      batch_size=8, seq_len=16)
+        >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+        >>> import pathlib, tempfile
+        >>> logger, png = pt.JsonlLogger(None), pathlib.Path(tempfile.mkdtemp()) / "loss.png"
+        >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=2,
+        ...                hooks=[logger, pt.LossPlot(logger, png, title="x")], progress=False)
+        >>> png.exists()
+        True
     """
 
     def __init__(self, logger: Any, path: str | Path, *, title: str = ""):

@@ -19,9 +19,14 @@ with ``arg`` the argument at fault (``path``, ``eval_path``, ``dtype``).
 
 Example::
 
-    >>> train, ev, info = read_splits("data/tokens", dtype="uint16")
-    >>> len(train), info["kind"]
-    (9_000_000, 'tokens')
+    >>> import pathlib, tempfile
+    >>> from partitioning.train.sources import read_splits
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> for i in range(10):
+    ...     (np.arange(100_000) % 50_000).astype(np.uint16).tofile(folder / f"shard{i}.bin")
+    >>> train, ev, info = read_splits(str(folder), dtype="uint16")   # one of the ten files is eval
+    >>> len(train), len(ev), info["kind"]
+    (900000, 100000, 'tokens')
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class TokenStream:
 
     Example::
 
+        >>> from partitioning.train.sources import TokenStream
         >>> s = TokenStream([np.arange(10), np.arange(10, 20)], names=["a.npy", "b.npy"])
         >>> s.take(np.array([8]), 4)
         array([[ 8,  9, 10, 11]])

@@ -8,8 +8,13 @@ the plan, the trainer and checkpoints lay it out through one rule table.
 
 Example::
 
-    >>> params, opt_state = abstract_train_state(model, optax.adamw(1e-3), batch_size=8, seq_len=64)
-    >>> state_step(state)          # a Python int, read from a local shard
+    >>> import optax
+    >>> from partitioning.models import MLP
+    >>> from partitioning.train.state import state_step
+    >>> params, opt_state = pt.abstract_train_state(MLP(), optax.adamw(1e-3), batch_size=8, seq_len=64)
+    >>> params["wi_0"].names          # boxed: the plan and the trainer read the names
+    ('embed', 'mlp')
+    >>> state_step(pt.TrainState(step=jnp.array(200), params={}, opt_state={}))   # a Python int
     200
 """
 
@@ -37,8 +42,13 @@ class TrainState:
 
     Example::
 
+        >>> import optax
+        >>> from partitioning.models import MLP
+        >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
+        ...                      batch_size=8, seq_len=16)
         >>> state = trainer.init(jax.random.key(0))
-        >>> state.step, jax.tree.leaves(state.params)[0].sharding, list(state.collections)
+        >>> int(state.step), state.params["wi_0"].sharding.spec, list(state.collections)
+        (0, P('fsdp', None), [])
     """
 
     step: Any  # a scalar int32 array (its NamedSharding in Trainer.state_shardings)
@@ -52,8 +62,10 @@ def host_scalar(x: Any) -> float:
 
     Example::
 
-        >>> host_scalar(metrics["loss"])
-        2.345
+        >>> from partitioning.train.state import host_scalar
+        >>> mesh = pt.make_mesh({"data": -1})
+        >>> host_scalar(jax.device_put(jnp.float32(2.5), jax.NamedSharding(mesh, jax.P())))
+        2.5
     """
     if isinstance(x, jax.Array):
         x = x.addressable_data(0)
@@ -109,7 +121,11 @@ def abstract_train_state(
 
     Example::
 
-        >>> params, opt_state = abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=8, seq_len=64)
+        >>> import optax
+        >>> from partitioning.models import GPT
+        >>> params, opt_state = pt.abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=8, seq_len=64)
+        >>> opt_state[0].mu["blocks"]["mlp"]["wi_0"].names   # adam's moments keep the names
+        ('layers', 'embed', 'mlp')
     """
     adapter = as_model(model)
     batch = batch_shapes(batch, batch_size, seq_len, "abstract_train_state")

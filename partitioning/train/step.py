@@ -20,10 +20,15 @@ model asks for (``dropout``, ...) are derived from ``seed`` and the step.
 
 Example::
 
-    >>> trainer = Trainer(model, optax.adamw(1e-3), mesh, "fsdp", batch_size=32, seq_len=128)
+    >>> import optax
+    >>> from partitioning.models import MLP
+    >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
+    ...                      batch_size=8, seq_len=16)
     >>> state = trainer.init(jax.random.key(0))
+    >>> batch = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding).batch_at(0)
     >>> state, metrics = trainer.train_step(state, batch)     # metrics stay on device
-    >>> trainer.lower_train_step().compile().memory_analysis()
+    >>> int(state.step), sorted(metrics)[:3]
+    (1, ['accuracy', 'grad_norm', 'loss'])
 """
 
 from __future__ import annotations
@@ -65,10 +70,11 @@ class Trainer(Lowering):
       model: a Flax Linen module, a Flax NNX module (or ``NNXModel(factory)`` for a
         sharded init), or ``FunctionModel(init, apply)`` (see :func:`as_model`).
       tx: an optax transformation (``make_optimizer`` reports the learning rate).
-      mesh: the device mesh; rules: a rule table, preset name or list of pairs.
-      batch_size, seq_len: the language-model shorthand for the global batch
-        (``{"inputs", "targets"}``, int32 ``(batch_size, seq_len)``; a ``batch``
-        with integer 2-D ``inputs`` gives ``seq_len`` too); or
+      mesh: the device mesh.
+      rules: a rule table, preset name or list of pairs.
+      batch_size: with ``seq_len``, the language-model shorthand for the global batch
+        (``{"inputs", "targets"}``, int32 ``(batch_size, seq_len)``); or ``batch``.
+      seq_len: see ``batch_size`` (a ``batch`` with integer 2-D ``inputs`` gives it too).
       batch: any pytree of arrays / ``ShapeDtypeStruct`` s: one global batch.
       batch_names: optional logical names per batch leaf (default: dim 0 over
         the rules' batch axes).
@@ -92,10 +98,16 @@ class Trainer(Lowering):
 
     Example::
 
-        >>> trainer = Trainer(model, tx, make_mesh({"data": 1, "fsdp": -1}), "fsdp",
-        ...                   batch_size=32, seq_len=128, grad_accum=2)
-        >>> trainer = Trainer(resnet, tx, mesh, "fsdp", batch={"inputs": images, "targets": labels},
-        ...                   task="classification")
+        >>> import optax
+        >>> from partitioning.models import MLP
+        >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
+        >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), mesh, "fsdp", batch_size=32, seq_len=128, grad_accum=2)
+        >>> trainer.micro_batch
+        16
+        >>> images, labels = jnp.zeros((16, 8, 8, 1)), jnp.zeros((16,), jnp.int32)
+        >>> classifier = nn.Sequential([lambda x: x.reshape(x.shape[0], -1), nn.Dense(10)])
+        >>> trainer = pt.Trainer(classifier, optax.sgd(0.1), mesh, "fsdp",
+        ...                      batch={"inputs": images, "targets": labels}, task="classification")
         >>> state = trainer.init(jax.random.key(0))
     """
 

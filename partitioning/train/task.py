@@ -19,8 +19,10 @@ Built in (``train.loss:`` in YAML):
 
 Example::
 
+    >>> import optax
+    >>> from partitioning.train.task import as_task
     >>> task = as_task("same_token")
-    >>> task = Task(loss=lambda logits, batch: optax.l2_loss(logits, batch["targets"]).mean())
+    >>> task = pt.Task(loss=lambda outputs, batch: optax.l2_loss(outputs, batch["targets"]).mean())
 """
 
 from __future__ import annotations
@@ -42,7 +44,11 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, dict
 
     Example::
 
-        >>> loss, aux = cross_entropy(logits, batch["targets"])
+        >>> from partitioning.train.task import cross_entropy
+        >>> logits = jnp.array([[2.0, 0.0], [0.0, 2.0]])
+        >>> loss, aux = cross_entropy(logits, jnp.array([0, 0]))
+        >>> round(float(loss), 3), float(aux["accuracy"])
+        (1.127, 0.5)
     """
     logits = logits.astype(jnp.float32)
     spec = logical_spec(("batch",) + (None,) * (logits.ndim - 1))
@@ -61,7 +67,11 @@ def lm_loss(logits: jax.Array, batch: Mapping[str, jax.Array]) -> tuple[jax.Arra
 
     Example::
 
-        >>> loss, aux = lm_loss(model.apply(v, batch["inputs"]), batch)
+        >>> inputs = jnp.array([[1, 2, 3, 4]])
+        >>> logits = jax.nn.one_hot(inputs + 1, 8) * 10   # predicts the next token
+        >>> loss, aux = pt.lm_loss(logits, {"inputs": inputs})
+        >>> float(aux["accuracy"])
+        1.0
     """
     if "targets" in batch:
         return cross_entropy(logits, batch["targets"])
@@ -89,8 +99,14 @@ class Task:
 
     Example::
 
-        >>> Task(loss=my_loss, inputs=lambda b: (b["image"],))
-        >>> Task(step=lambda forward, batch: contrastive(forward(batch["a"]), forward(batch["b"])))
+        >>> import optax
+        >>> def my_loss(outputs, batch):
+        ...     return optax.softmax_cross_entropy_with_integer_labels(outputs, batch["label"]).mean()
+        >>> task = pt.Task(loss=my_loss, inputs=lambda b: (b["image"],))
+        >>> def contrastive(forward, batch):   # a whole custom step: the model called twice
+        ...     a, b = forward(batch["a"]), forward(batch["b"])
+        ...     return jnp.mean((a - b) ** 2), {}
+        >>> task = pt.Task(step=contrastive)
     """
 
     loss: Callable[..., Any] | None = None
@@ -121,6 +137,7 @@ def sown_losses(tree: Any) -> dict[str, jax.Array]:
 
     Example::
 
+        >>> from partitioning.train.task import sown_losses
         >>> sown_losses({"blocks": {"mlp": {"moe_aux_loss": (jnp.ones(4),)}}})
         {'moe_aux_loss': Array(4., dtype=float32)}
     """
@@ -144,8 +161,11 @@ def as_task(task: Any) -> Task:
 
     Example::
 
+        >>> from partitioning.train.task import as_task
+        >>> def my_loss(outputs, batch):
+        ...     return jnp.mean(outputs)
         >>> as_task("next_token").name, as_task(my_loss).name
-        ('next_token', 'custom')
+        ('next_token', 'my_loss')
     """
     if task is None:
         return BUILTIN["next_token"]

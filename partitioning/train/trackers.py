@@ -12,9 +12,20 @@ previous run wrote after the restored step, and W&B resumes the same run id
 
 Example::
 
-    >>> fit(trainer, state, batches, steps=200, hooks=[TensorBoardLogger("runs/x/tensorboard")])
-    $ pip install 'partitioning[tensorboard]'   # the viewer (writing the files needs only tensorboardX)
-    $ tensorboard --logdir runs/x/tensorboard
+    >>> import optax
+    >>> from partitioning.models import MLP
+    >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
+    ...                      batch_size=8, seq_len=16)
+    >>> import pathlib, tempfile
+    >>> run = pathlib.Path(tempfile.mkdtemp())
+    >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+    >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=2,
+    ...                hooks=[pt.TensorBoardLogger(run / "tensorboard")], progress=False)
+    >>> any((run / "tensorboard").iterdir())
+    True
+
+The viewer is an extra (writing the files needs only tensorboardX):
+``pip install 'partitioning[tensorboard]'``, then ``tensorboard --logdir RUN/tensorboard``.
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ def tag(name: str) -> str:
 
     Example::
 
+        >>> from partitioning.train.trackers import tag
         >>> tag("eval_loss"), tag("lr"), tag("tflops_per_device")
         ('eval/loss', 'train/lr', 'perf/tflops_per_device')
     """
@@ -78,7 +90,10 @@ class TensorBoardLogger:
 
     Example::
 
-        >>> fit(trainer, state, batches, steps=100, hooks=[TensorBoardLogger("runs/x/tensorboard")])
+        >>> import pathlib, tempfile
+        >>> logger = pt.TensorBoardLogger(pathlib.Path(tempfile.mkdtemp()) / "tensorboard")
+        >>> logger.on_step_end(1, None, {"loss": 2.5, "eval_loss": 2.7})   # what fit calls on logged steps
+        >>> logger.on_exit(None, "done")
     """
 
     def __init__(self, logdir: str | Path):
@@ -123,7 +138,11 @@ class WandbLogger:
 
     Example::
 
-        >>> fit(trainer, state, batches, steps=100, hooks=[WandbLogger("runs/x", config=cfg.resolved())])
+        ``pt.fit(trainer, state, batches, steps=100, hooks=[logger])`` logs to the run from the first step.
+
+        >>> logger = pt.WandbLogger("runs/x", project="my-project", config={"lr": 3e-3})   # nothing sent yet
+        >>> logger.project, logger.config
+        ('my-project', {'lr': 0.003})
     """
 
     def __init__(self, run_dir: str | Path, *, project: str | None = None, config: Mapping[str, Any] | None = None):

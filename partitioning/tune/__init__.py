@@ -21,9 +21,16 @@ Modules:
 
 Example::
 
-    >>> w = workload(plan.params, batch_size=256, seq_len=2048, compute_dtype="bfloat16")
-    >>> s = search(params, opt_state, {"fsdp_tp": Rules.preset("fsdp_tp")}, 2048, w, hardware("v5p"), 95 * 2**30)
-    >>> s.best.candidate.label, s.best.estimate.step_time, s.best.estimate.bottleneck
+    >>> import optax
+    >>> from partitioning.models import GPT
+    >>> llama70b = GPT(vocab_size=128_256, embed=8192, heads=64, kv_heads=8, mlp=28672, layers=80)
+    >>> params, opt_state = pt.abstract_train_state(llama70b, optax.adamw(1e-4), batch_size=256, seq_len=2048)
+    >>> plan = pt.build_plan(params, opt_state, {"data": 1, "fsdp": 256, "tensor": 8}, "fsdp_tp")
+    >>> w = pt.workload(plan.params, batch_size=256, seq_len=2048, compute_dtype="bfloat16")
+    >>> s = pt.search_layouts(params, opt_state, {"fsdp_tp": pt.Rules.preset("fsdp_tp")}, 2048, w,
+    ...                       pt.hardware("v5p"), 95 * 2**30)
+    >>> s.best.candidate.label, s.best.estimate.bottleneck
+    (...)
 """
 
 from partitioning.tune.compiled import compiled_estimate

@@ -49,8 +49,17 @@ plan's layouts; "token axes" split the batch (or the sequence):
 
 Example::
 
-    >>> est = analytic_estimate(plan, w, rules, hw, remat="full", grad_accum=1)
-    >>> est.step_time, est.per_axis(), est.bottleneck
+    >>> import optax
+    >>> from partitioning.models import GPT
+    >>> params, opt_state = pt.abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=32, seq_len=128)
+    >>> plan = pt.build_plan(params, opt_state, {"data": 8}, "dp")   # any layout: the workload reads shapes
+    >>> w = pt.workload(plan.params, batch_size=32, seq_len=128)
+    >>> from partitioning.tune.cost import analytic_estimate
+    >>> state = {k: plan.totals[k]["per_device"] for k in ("params", "gradients", "optimizer")}
+    >>> est = analytic_estimate(plan.params, state, {"data": 8}, pt.Rules.preset("dp"), w, pt.hardware("h100"),
+    ...                         remat="full", grad_accum=1)
+    >>> est.step_time > 0, sorted(est.per_axis()), est.bottleneck
+    (True, [...], '...')
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ the FLOPs still hide.
 
 Example::
 
-    >>> crossover(hardware("v5p"), {"data": 2048}, "dp", embed=8192, mlp=28672)["layout"]   # 2550 / 3 axes
+    >>> pt.crossover(pt.hardware("v5p"), {"data": 2048}, "dp", embed=8192, mlp=28672)["layout"]   # 2550 / 3 axes
     850.0...
 """
 

@@ -23,10 +23,10 @@ is a YAML file with the same keys (:func:`load_hardware`).
 
 Example::
 
-    >>> hw = hardware("v5p")
+    >>> hw = pt.hardware("v5p")
     >>> hw.bandwidth({"fsdp": 256, "tensor": 8}, ["tensor"])   # one torus axis (16x16x8 slice)
     180000000000.0
-    >>> hardware("h100").bandwidth({"data": 256, "tensor": 8}, ["data"])   # one GPU per node in each group
+    >>> pt.hardware("h100").bandwidth({"data": 256, "tensor": 8}, ["data"])   # one GPU per node in each group
     50000000000.0
 """
 
@@ -170,7 +170,8 @@ def collective_time(hw: Hardware, kind: str, nbytes: float, group: int, bandwidt
 
     Example::
 
-        >>> collective_time(hardware("v5p"), "all-reduce", 2 * 10**9, 2048, 5.4e11)   # ~7.4 ms
+        >>> from partitioning.tune.hardware import collective_time
+        >>> collective_time(pt.hardware("v5p"), "all-reduce", 2 * 10**9, 2048, 5.4e11)   # ~7.4 ms
         0.00741...
     """
     if group <= 1 or nbytes <= 0:
@@ -302,7 +303,7 @@ def hardware(name: str) -> Hardware:
 
     Example::
 
-        >>> hardware("h100").peak_flops
+        >>> pt.hardware("h100").peak_flops
         989000000000000.0
     """
     key = ALIASES.get(name.lower(), name.lower())

@@ -20,8 +20,15 @@ fits, :meth:`Search.nothing_fits` says which budget would and what takes the roo
 
 Example::
 
-    >>> s = search(params, opt_state, {"fsdp": fsdp}, 8, w, hardware("h100"), budget=80 * 2**30)
-    >>> s.ranked[0].candidate.label, s.ranked[0].estimate.step_time
+    >>> import optax
+    >>> from partitioning.models import GPT
+    >>> params, opt_state = pt.abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=32, seq_len=128)
+    >>> plan = pt.build_plan(params, opt_state, {"data": 8}, "dp")   # any layout: the workload reads shapes
+    >>> w = pt.workload(plan.params, batch_size=32, seq_len=128)
+    >>> from partitioning.tune.search import search
+    >>> s = search(params, opt_state, {"fsdp": pt.Rules.preset("fsdp")}, 8, w, pt.hardware("h100"), budget=80 * 2**30)
+    >>> s.ranked[0].candidate.label, s.ranked[0].estimate.step_time > 0
+    ('...', True)
 """
 
 from __future__ import annotations
@@ -229,9 +236,17 @@ def search(
 
     Example::
 
+        >>> import optax
+        >>> from partitioning.models import GPT
+        >>> params, opt_state = pt.abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=32, seq_len=128)
+        >>> plan = pt.build_plan(params, opt_state, {"data": 8}, "dp")   # any layout: the workload reads shapes
+        >>> w = pt.workload(plan.params, batch_size=32, seq_len=128)
         >>> s = pt.search_layouts(params, opt_state, {"fsdp": pt.Rules.preset("fsdp")}, 8, w, pt.hardware("h100"),
-        ...                       budget=80 * 2**30, remats=("none", "full"))
-        >>> [(r.candidate.label, r.step_time) for r in s.ranked[:3]], s.rejected[0].reason
+        ...                       budget=400 * 2**10, remats=("none", "full"))   # a 400 KiB device
+        >>> [r.candidate.label for r in s.ranked[:2]]
+        [...]
+        >>> s.rejected[0].reason
+        '...'
     """
     t0 = time.perf_counter()
     rejected: list[tuple[Candidate, str]] = []

@@ -12,7 +12,8 @@ priced by :mod:`partitioning.tune.search`.
 
 Example::
 
-    >>> cands = candidates(8, {"fsdp": Rules.preset("fsdp")}, batch_size=32, remats=("none", "full"))
+    >>> from partitioning.tune.space import candidates
+    >>> cands = candidates(8, {"fsdp": pt.Rules.preset("fsdp")}, batch_size=32, remats=("none", "full"))
     >>> len(cands), cands[0].label
     (..., 'fsdp {data: 1, fsdp: 8} remat none')
 """
