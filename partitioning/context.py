@@ -205,17 +205,20 @@ def _nnx_from_sharding_rules(sharding: Any, sharding_rules: Any) -> Any:
 
 
 def _linen_logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: Any = None) -> Any:
-    """Linen's walk (Flax's own code), recorded; then, with a toolkit table and a mesh, mesh-axis names.
+    """Linen's walk (Flax's own code), recorded; then, inside the toolkit's context (or for a toolkit table)
+    and under a mesh, mesh-axis names. A table passed explicitly is the one walked, as in Flax.
 
     Dims nothing claimed stay Flax's "unassigned" so its fallback modes apply unchanged.
     """
     record(array_dim_names)
-    table = rules if rules is not None else flax_spmd.get_logical_axis_rules()
+    context = flax_spmd.get_logical_axis_rules()
+    table = rules if rules is not None else context
     if isinstance(table, Rules) and table.follows and array_dim_names is not None:
         array_dim_names = canonical(array_dim_names, table.follows)  # activation_embed -> embed, ...
     result = _flax_logical_to_mesh_axes(array_dim_names, rules)
+    toolkit = isinstance(table, Rules) or isinstance(context, Rules)
     sizes = context_sizes()
-    if result is None or not isinstance(table, Rules) or not sizes or _UNASSIGNED is None:
+    if result is None or not toolkit or not sizes or _UNASSIGNED is None or not isinstance(table, (tuple, list)):
         return result
     owner = {a: i for i, entry in enumerate(result) if isinstance(entry, (str, tuple)) for a in axes_tuple(entry)}
     fill_mesh_axis_names(table, tuple(array_dim_names), result, _UNASSIGNED, owner, sizes)

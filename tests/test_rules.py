@@ -129,6 +129,7 @@ def test_agrees_with_flax_under_a_mesh_with_mesh_axis_names(with_mesh):
             assert pt.logical_to_mesh_axes(names) == want, where
             assert pt.logical_to_mesh_axes(names, rules) == want, where
             assert nn.logical_to_mesh_axes(names) == want, where  # Flax's own function, inside the toolkit's context
+            assert nn.logical_to_mesh_axes(names, rules) == want, where  # ...with the table passed as Flax takes it
             box = nn.LogicallyPartitioned(scalar, names)
             assert nn.logical_to_mesh(nn.get_partition_spec({"w": box}))["w"] == want, where
             if case % 4:
