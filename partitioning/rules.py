@@ -345,7 +345,7 @@ def table_mesh(source: str | Path) -> dict[str, int] | None:
 
     Example::
 
-        >>> table_mesh("fsdp_tp")
+        >>> pt.table_mesh("fsdp_tp")
         {'data': 1, 'fsdp': -1, 'tensor': 2}
     """
     path = PRESET_DIR / f"{source}.yaml" if str(source) in preset_names() else Path(source)
