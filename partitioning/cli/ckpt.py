@@ -2,7 +2,7 @@
 
     partitioning ckpt ls RUN_DIR
     partitioning ckpt inspect CKPT [--json]
-    partitioning ckpt reshard CKPT --config NEW.yaml --out DIR [--set k=v] [--step N]
+    partitioning ckpt reshard CKPT --config NEW.yaml --out DIR [--set k=v] [--step N]   (e.g. configs/tp.yaml)
 
 ``CKPT`` is a run dir or checkpoints dir (latest complete step), a step dir, or
 a directory written by plain orbax.
@@ -46,7 +46,7 @@ from partitioning.yamlfile import dump_yaml
 HELP = "checkpoints: ls RUN_DIR | inspect CKPT | reshard CKPT --config NEW.yaml --out DIR"
 EXAMPLES = """examples:
   partitioning ckpt ls runs/quickstart
-  partitioning ckpt reshard runs/quickstart --config tp.yaml --out runs/tp/checkpoints"""
+  partitioning ckpt reshard runs/quickstart --config configs/tp.yaml --out runs/tp/checkpoints"""
 
 
 def _mesh_str(mesh: dict[str, Any] | None) -> str:
