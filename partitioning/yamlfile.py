@@ -17,7 +17,7 @@ Example::
 
     >>> data, lines = read_yaml("configs/quickstart.yaml")
     >>> where("configs/quickstart.yaml", lines, ("train", "steps"))
-    'configs/quickstart.yaml:42: train.steps'
+    'configs/quickstart.yaml:39: train.steps'
 """
 
 from __future__ import annotations
