@@ -320,7 +320,7 @@ def table_mesh(source: str | Path) -> dict[str, int] | None:
 
     Example::
 
-        >>> table_mesh("fsdp_tp")
+        >>> pt.table_mesh("fsdp_tp")
         {'data': 1, 'fsdp': -1, 'tensor': 2}
     """
     if str(source) not in preset_names() and not str(source).endswith((".yaml", ".yml")):

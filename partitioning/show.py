@@ -37,7 +37,9 @@ def describe_sharding(x: Any) -> list[str]:
 
     Example::
 
-        >>> describe_sharding(jax.device_put(jnp.zeros((8, 4)), NamedSharding(mesh, P("data"))))[1]
+        >>> mesh = pt.make_mesh({"data": -1})
+        >>> x = jax.device_put(jnp.zeros((8, 4)), jax.NamedSharding(mesh, jax.P("data")))
+        >>> pt.describe_sharding(x)[1]
         '  rows: dim 0 (8) split 8 ways over data: 1 per device'
     """
     names: tuple[Any, ...] = ()
@@ -100,7 +102,13 @@ def show_sharding(x: Any) -> None:
 
     Example::
 
-        >>> pt.show_sharding(params["params"]["wi"])
+        >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
+        >>> w = jax.device_put(jnp.zeros((64, 256)), jax.NamedSharding(mesh, jax.P("fsdp")))
+        >>> pt.show_sharding(pt.LogicallyPartitioned(w, ("embed", "mlp")))  # doctest: +ELLIPSIS
+        (64, 256) float32 P('fsdp',) on mesh {data: 1, fsdp: 8}
+          rows: dim 0 (embed, 64) split 8 ways over fsdp: 8 per device
+          columns: dim 1 (mlp, 256) not split: 256 per device
+        ...
     """
     from rich.console import Console
 

@@ -2,7 +2,7 @@
 
     partitioning ckpt ls RUN_DIR
     partitioning ckpt inspect CKPT [--json]
-    partitioning ckpt reshard CKPT --config NEW.yaml --out DIR [--set k=v] [--step N]
+    partitioning ckpt reshard CKPT --config NEW.yaml --out DIR [--set k=v] [--step N]   (e.g. configs/tp.yaml)
     partitioning ckpt export-hf RUN_DIR OUT_DIR [--step N] [--force]   (see partitioning.cli.export_hf)
 
 ``CKPT`` is a run dir or checkpoints dir (latest complete step), a step dir, or
@@ -49,7 +49,7 @@ from partitioning.yamlfile import dump_yaml
 HELP = "checkpoints: ls RUN_DIR | inspect CKPT | reshard CKPT --config NEW.yaml --out DIR | export-hf RUN_DIR OUT_DIR"
 EXAMPLES = """examples:
   partitioning ckpt ls runs/quickstart
-  partitioning ckpt reshard runs/quickstart --config tp.yaml --out runs/tp/checkpoints
+  partitioning ckpt reshard runs/quickstart --config configs/tp.yaml --out runs/tp/checkpoints
   partitioning ckpt export-hf runs/hf_tiny exported/hf_tiny"""
 
 

@@ -76,10 +76,16 @@ def run(args: argparse.Namespace) -> int:
     cfg0 = load_config(args.config, sets)
     meshes = _meshes(args)
     devices, here = setup_devices(cfg0, args)
-    rows, layouts = [], []
+    rows, layouts, refused = [], [], []
     for name, mesh in zip(args.rules, meshes, strict=True):
         t0 = time.perf_counter()
-        t = table_layout(args.config, sets, name, devices, mesh)
+        try:
+            t = table_layout(args.config, sets, name, devices, mesh)
+        except ConfigError as e:
+            # A table no mesh of these devices can hold (e.g. fsdp alone with a batch smaller than the devices)
+            # is a finding of the comparison, not the end of it.
+            refused.append((name, str(e)))
+            continue
         layouts.append(t)
         plan = t.plan
         view = compiled(t.cfg, args, devices, here, plan, extra_set=t.overrides)
@@ -96,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
                 "wall_s": round(time.perf_counter() - t0, 3),
             }
         )
+    if not rows:
+        raise ConfigError(refused[0][1])
     out = console()
     t = Table(title=f"{cfg0.model_name} on {devices:,} devices: per device, each table on its mesh")
     t.add_column("rules")
@@ -131,9 +139,13 @@ def run(args: argparse.Namespace) -> int:
         else:
             cells += ["-"] * 6
         t.add_row(r["rules"], fmt_mesh(r["mesh"]), *cells)
+    for name, _ in refused:
+        t.add_row(name, "no mesh fits", *["-"] * 12)
     out.print(t)
     out.print("collective columns: bytes per step per device (buffer sizes; loop iterations counted)")
     out.print("meshes: " + "; ".join(describe(x) for x in layouts), highlight=False, markup=False)
+    for name, why in refused:
+        out.print(f"{name}: not laid out: {why}", highlight=False, markup=False)
     for r in rows:
         if r["compiled"]["status"] != "ok":
             out.print(
@@ -144,5 +156,8 @@ def run(args: argparse.Namespace) -> int:
         for w in r["warnings"]:
             out.print(f"{r['rules']}: {w}", highlight=False, markup=False)
     if args.json:
-        write_json(args.json, {"config": str(cfg0.path), "model": cfg0.model_name, "devices": devices, "tables": rows})
+        tables = rows + [{"rules": name, "mesh": None, "error": why} for name, why in refused]
+        write_json(
+            args.json, {"config": str(cfg0.path), "model": cfg0.model_name, "devices": devices, "tables": tables}
+        )
     return 0

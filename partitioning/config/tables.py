@@ -34,7 +34,7 @@ from partitioning.config.schema import Config
 from partitioning.errors import ConfigError, PartitioningError
 from partitioning.fmt import fmt_mesh
 from partitioning.plan.plan import Plan
-from partitioning.rules import table_mesh
+from partitioning.rules import Rules, table_mesh
 from partitioning.train.batch import batch_specs
 from partitioning.tune.space import factorizations
 
@@ -56,16 +56,16 @@ class TableLayout:
 def candidates(shape: Mapping[str, int], devices: int) -> list[dict[str, int]]:
     """Meshes over ``shape``'s axes for ``devices``, closest to ``shape`` first.
 
-    Closest: the most axes doing work (size > 1), then fixed sizes nearest the
-    asked ones, then the largest ``-1`` axis.
+    Closest: fixed sizes nearest the asked ones (by ratio), then the most axes
+    doing work (size > 1), then the largest ``-1`` axis.
     """
     axes = list(shape)
 
     def score(sizes: dict[str, int]) -> tuple[float, ...]:
-        working = sum(1 for s in sizes.values() if s > 1)
         off = sum(abs(math.log(sizes[a] / s)) for a, s in shape.items() if s != -1)
         rest = sum(sizes[a] for a, s in shape.items() if s == -1)
-        return (-working, off, -rest)
+        working = sum(1 for s in sizes.values() if s > 1)
+        return (round(off, 9), -working, -rest)
 
     out = [dict(zip(axes, f, strict=True)) for f in factorizations(devices, len(axes))]
     return sorted(out, key=score)
@@ -115,7 +115,12 @@ def table_layout(
         raise ConfigError(f"--rules {table}: {e}") from None
     if own is not None:
         first = None
-        for sizes in [own, *candidates(own, devices)][:MAX_TRIES]:
+        # The batch must divide over the batch axes: checked here for every mesh (cheap), planned for the first few.
+        batch_axes = Rules.parse(table, path).batch_axes
+        micro = base.train.batch_size // max(1, base.train.grad_accum)
+        sized = [own, *candidates(own, devices)]
+        fitting = [m for m in sized[1:] if micro % math.prod(m.get(a, 1) for a in batch_axes) == 0]
+        for sizes in [own, *fitting][:MAX_TRIES]:
             sets_t = [*sets, *rules, f"mesh.shape={fmt_mesh(sizes)}"]
             got = _fits(path, sets_t, devices)
             if not isinstance(got, str):

@@ -15,28 +15,32 @@ checkpoint: {async: false}
 """
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, run_cli_subprocess):
-    """A folder with run.yaml, trained once (2 steps): runs/run holds its history and a checkpoint at step 2."""
-    d = tmp_path_factory.mktemp("first_hour")
-    (d / "run.yaml").write_text(RUN)
-    r = run_cli_subprocess("train", "run.yaml", "--no-progress", cwd=d)
+@pytest.mark.slow  # ~40 s idle: a training run and the CLI calls a user makes after it
+def test_a_run_dir_keeps_one_experiment(tmp_path, run_cli_subprocess, one_line_error):
+    """One training run (2 steps), then what a user tries next, in order (one test: the run is built once)."""
+    (tmp_path / "run.yaml").write_text(RUN)
+    r = run_cli_subprocess("train", "run.yaml", "--no-progress", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    return d, r
+    trained = (tmp_path, r)
+    the_first_run_says_how_to_view_tensorboard(trained)
+    a_run_with_nothing_to_train_exits_2_and_says_what_to_do(trained, run_cli_subprocess, one_line_error)
+    another_optimizer_is_another_experiment(trained, run_cli_subprocess, one_line_error)
+    a_mesh_axis_no_rule_uses_is_refused(trained, run_cli_subprocess, one_line_error)
+    starting_over_keeps_the_old_run_together(trained, run_cli_subprocess)
 
 
 def snapshot(run_dir):
     return {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
 
-def test_the_first_run_says_how_to_view_tensorboard(trained):
+def the_first_run_says_how_to_view_tensorboard(trained):
     _, r = trained
     hint, last = r.stdout.strip().splitlines()[-2:]
     assert last.startswith("done: step 2")  # the summary stays the last line
     assert hint.startswith("view the curves: ") and "tensorboard --logdir runs/run/tensorboard" in hint
 
 
-def test_a_run_with_nothing_to_train_exits_2_and_says_what_to_do(trained, run_cli_subprocess, one_line_error):
+def a_run_with_nothing_to_train_exits_2_and_says_what_to_do(trained, run_cli_subprocess, one_line_error):
     d, _ = trained
     before = snapshot(d / "runs" / "run")
     line = one_line_error(run_cli_subprocess("train", "run.yaml", cwd=d))
@@ -46,7 +50,7 @@ def test_a_run_with_nothing_to_train_exits_2_and_says_what_to_do(trained, run_cl
     assert snapshot(d / "runs" / "run") == before  # nothing written, nothing moved
 
 
-def test_another_optimizer_is_another_experiment(trained, run_cli_subprocess, one_line_error):
+def another_optimizer_is_another_experiment(trained, run_cli_subprocess, one_line_error):
     d, _ = trained
     before = snapshot(d / "runs" / "run")
     lr = ["--set", "train.steps=4", "--set", "optimizer.lr=0.001"]
@@ -70,7 +74,7 @@ def test_another_optimizer_is_another_experiment(trained, run_cli_subprocess, on
     assert r.returncode == 0 and "resume: train would continue from the checkpoint at step 2" in r.stdout, r.stderr
 
 
-def test_a_mesh_axis_no_rule_uses_is_refused(trained, run_cli_subprocess, one_line_error):
+def a_mesh_axis_no_rule_uses_is_refused(trained, run_cli_subprocess, one_line_error):
     d, _ = trained
     typo = ["--set", "mesh.shape.tensr=2", "--set", "run_dir=runs/typo"]
     want = (
@@ -86,7 +90,7 @@ def test_a_mesh_axis_no_rule_uses_is_refused(trained, run_cli_subprocess, one_li
     assert r.returncode == 0 and "'tensr': 2" in r.stdout, r.stderr
 
 
-def test_starting_over_keeps_the_old_run_together(trained, run_cli_subprocess):
+def starting_over_keeps_the_old_run_together(trained, run_cli_subprocess):
     """--no-resume moves the whole previous run (history, curves, config, events, checkpoints) aside together."""
     d, _ = trained
     run_dir = d / "runs" / "run"
