@@ -48,6 +48,7 @@ AUTO = "auto"
 # PipelineError.arg -> the config key to point at.
 PIPELINE_KEYS = {
     "microbatches": ("train", "microbatches"),
+    "repeats": ("train", "pipeline_repeats"),
     "stage": ("mesh", "shape", "stage"),
     "axis_types": ("mesh", "axis_types"),
 }
@@ -241,6 +242,7 @@ def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh, dataset: Any = Non
             on_indivisible=cfg.on_indivisible,
             grad_accum=t.grad_accum,
             microbatches=t.microbatches,
+            pipeline_repeats=t.pipeline_repeats,
         )
     except (ShardingError, PipelineError) as e:
         raise at_key(

@@ -35,7 +35,7 @@ from partitioning.parallel.trace import recording
 from partitioning.plan.compiled import compiled_view
 from partitioning.plan.coverage import activation_names
 from partitioning.plan.flops import transformer_flops
-from partitioning.plan.parallel import costs_from_records
+from partitioning.plan.parallel import costs_from_records, stacked_bytes
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.rules import Rules
 from partitioning.train.state import abstract_train_state
@@ -60,11 +60,12 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
             cfg.train.microbatches,
             cfg.train.batch_size // g,
             f"batch_size {cfg.train.batch_size}",
+            cfg.train.pipeline_repeats,
         )
-        check_layers(layers_sizes(params), sizes.get(STAGE_AXIS, 1))
+        check_layers(layers_sizes(params), sizes.get(STAGE_AXIS, 1), cfg.train.pipeline_repeats)
     except PipelineError as e:
         raise at_key(cfg, e, PIPELINE_KEYS) from None
-    with microbatching(m), recording() as stacks:
+    with microbatching(m, cfg.train.pipeline_repeats), recording() as stacks:
         acts = activation_names(model, params, sizes, cfg.rules, batch=forward, task=task)
     plan = build_plan(
         params,
@@ -74,8 +75,8 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
         optimizer_rules=cfg.optimizer_rules,
         on_indivisible=cfg.on_indivisible,
         activations=acts,
-        parallel=costs_from_records(stacks, sizes, passes=g),
     )
+    plan.parallel = costs_from_records(stacks, sizes, passes=g, stage_weight_bytes=stacked_bytes(plan.params))
     return plan, model
 
 

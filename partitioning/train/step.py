@@ -89,6 +89,8 @@ class Trainer(Lowering):
       grad_accum: micro-batches per step; gradients are averaged over them.
       microbatches: pipeline micro-batches (per grad_accum micro-batch) when the mesh has a
         ``stage`` axis (default: its size); see :mod:`partitioning.parallel.pipeline`.
+      pipeline_repeats: chunks of layers each pipeline stage holds (1: GPipe; more: the circular
+        schedule, bubble ``(S-1)/(R M+S-1)``, needs ``microbatches >= S``).
 
     Scalars the model sows into its ``losses`` collection (an MoE load-balancing
     loss) are added to the objective and reported as metrics under their names;
@@ -122,6 +124,7 @@ class Trainer(Lowering):
         on_indivisible: str = "error",
         grad_accum: int = 1,
         microbatches: int | None = None,
+        pipeline_repeats: int = 1,
     ):
         self.model, self.tx, self.mesh = as_model(model), tx, mesh
         self.task = as_task(task if task is not None else loss_fn)
@@ -152,7 +155,10 @@ class Trainer(Lowering):
         )
         # Pipeline stages (a `stage` mesh axis) run micro-batches of these micro-batches.
         self.stages = pipeline_stages(mesh)
-        self.microbatches, rows, what = check_microbatches(mesh, self.rules, microbatches, self.micro_batch, what)
+        self.pipeline_repeats = int(pipeline_repeats) if self.stages > 1 else 1
+        self.microbatches, rows, what = check_microbatches(
+            mesh, self.rules, microbatches, self.micro_batch, what, pipeline_repeats
+        )
         self.batch_specs = batch_specs(self.abstract_batch, self.rules, mesh, batch_names, micro_batch=rows, what=what)
         self.batch_shardings = jax.tree.map(
             lambda s: NamedSharding(mesh, s), self.batch_specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
@@ -161,7 +167,7 @@ class Trainer(Lowering):
         self.batch_spec = self.rules.batch_spec(2)
         self.batch_sharding = NamedSharding(mesh, self.batch_spec)
         self.abstract_state = self._abstract_state()
-        check_layers(layers_sizes(self.abstract_state.params), self.stages)
+        check_layers(layers_sizes(self.abstract_state.params), self.stages, self.pipeline_repeats)
         replicated = NamedSharding(mesh, PartitionSpec())
         # Wrapped in {"params": ...} so error messages name `params/...` paths, as `check` does.
         a = self.abstract_state
@@ -228,7 +234,7 @@ class Trainer(Lowering):
         updated, sown = dict(collections), {}
 
         def forward(*args, **kwargs):
-            with microbatching(self.microbatches):
+            with microbatching(self.microbatches, self.pipeline_repeats):
                 out, updates = self.model.apply({"params": params, **updated}, args, kwargs, rngs=rngs, train=train)
             updates = dict(updates)
             for name, value in sown_losses(updates.pop(SOWN_LOSSES, {})).items():

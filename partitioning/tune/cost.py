@@ -42,9 +42,10 @@ plan's layouts; "token axes" split the batch (or the sequence):
   ``expert`` dimension is the device's own share of the work: it is never
   gathered; instead (:func:`parallel_comm`) the stages pass each micro-batch's
   activations on (a collective-permute per iteration, forward and backward, and
-  the last stage's outputs to all), idle a bubble of ``(S-1)/M`` of their
-  compute (:func:`bubble_time`) and, under FSDP, gather their weights once per
-  schedule iteration; expert layers send the dispatched tokens to their
+  the last stage's outputs to all), idle a bubble of ``(S-1)/(R M)`` of their
+  compute (:func:`bubble_time`; ``R`` repeats: the circular schedule, which also
+  regroups the stored layers into its chunks once per pass) and, under FSDP,
+  gather a chunk's weights once per schedule iteration; expert layers send the dispatched tokens to their
   experts' devices and back (an all-to-all each way, forward and backward).
 
 Example::
@@ -220,10 +221,12 @@ def analytic_estimate(
     }
     compute = {p: max(flops[p] / hw.peak_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
     pipe = (parallel or {}).get("pipeline") or {}
-    stages, m = int(pipe.get("stages", 1)), int(pipe.get("microbatches", 1))
-    comm = analytic_comm(params, mesh, rules, w, hw, micro_batch=micro, grad_accum=grad_accum, microbatches=m)
+    stages, m, r = int(pipe.get("stages", 1)), int(pipe.get("microbatches", 1)), int(pipe.get("repeats", 1))
+    comm = analytic_comm(
+        params, mesh, rules, w, hw, micro_batch=micro, grad_accum=grad_accum, microbatches=m, repeats=r
+    )
     comm += parallel_comm(parallel or {}, mesh, hw, _expert_axes(rules, mesh))
-    other = {**temporaries_time(hw, temp_bytes), **bubble_time(compute, stages, m)}
+    other = {**temporaries_time(hw, temp_bytes), **bubble_time(compute, stages, m, r)}
     return Estimate(
         "analytic",
         flops,
