@@ -21,11 +21,12 @@ the 8 devices (``dp``); each pipelined layout is ``pp`` with ``S`` stages x
    ``8 / S`` ways, not 8), the schedule's bookkeeping (one micro-batch read and
    written per iteration) and its collectives. ``excess`` is measured /
    predicted - 1 (target <= 0.10).
-2. Collective-permute bytes per step and device: from the compiled HLO
-   (``partitioning.plan.hlo``) against the analytic ``2 (R M+S-1)`` shifts of
-   one micro-batch's activations, plus the circular schedule's regrouping of the
-   stored layers (``partitioning.plan.parallel``); losses equal the unpipelined
-   ones (first step, relative difference).
+2. Bytes over ``stage`` per step and device: from the compiled HLO
+   (``partitioning.plan.hlo``: collective-permutes, and the circular schedule's
+   all-to-alls) against the analytic ``2 (R M+S-1)`` shifts of one micro-batch's
+   activations plus the regrouping of the stored layers
+   (``partitioning.plan.parallel``); losses equal the unpipelined ones (first
+   step, relative difference).
 
 Prints a table and a JSON object (also written to ``--json``): per layout
 ``measured_slowdown`` (wall), ``measured_slowdown_device_s`` and
@@ -110,7 +111,13 @@ def bench(rounds: int, repeats: list[int]) -> dict:
     out: dict = {"baseline_s": statistics.median(wall["dp"]), "layouts": [], "repeats": {}}
     for (s, m, r), side in sides.items():
         bubble = bubble_fraction(s, m, r)
-        shifted = sum(c.bytes * c.executions for c in collectives(side.text) if c.kind == "collective-permute")
+        # Over `stage`: the shifts (collective-permutes) and, circular, the regrouped layers (XLA moves them
+        # with collective-permutes or all-to-alls).
+        shifted = sum(
+            c.bytes * c.executions
+            for c in collectives(side.text)
+            if c.kind == "collective-permute" or (c.kind == "all-to-all" and r > 1)
+        )
         rec = {
             "stages": s,
             "microbatches": m,
@@ -139,8 +146,8 @@ def bench(rounds: int, repeats: list[int]) -> dict:
             "paired_slowdown": statistics.median([a / b for a, b in zip(wall[(s, m, r)], wall["dp"], strict=True)]),
             "excess": measured / predicted - 1,
             "excess_device_s": measured_cpu / predicted - 1,
-            "collective_permute_bytes_hlo": shifted,
-            "collective_permute_bytes_analytic": cost["collective_permute_bytes"] + cost["regroup_bytes"],
+            "stage_bytes_hlo": shifted,
+            "stage_bytes_analytic": cost["collective_permute_bytes"] + cost["regroup_bytes"],
             "first_loss_rel_diff": abs(side.first_loss - base.first_loss) / base.first_loss,
         }
         out["layouts"].append(row)
@@ -178,14 +185,14 @@ def main(argv=None) -> int:
     print(f"unpipelined (dp over 8): {res['baseline_s'] * 1e3:.1f} ms/step")
     print(
         f"{'S':>2} {'M':>3} {'R':>2} {'bubble':>7} {'predicted 1/(1-b)':>18} {'measured':>9} {'device-s':>9} "
-        f"{'excess':>7} {'permute B hlo':>14} {'analytic':>10} {'loss diff':>10}"
+        f"{'excess':>7} {'stage B hlo':>14} {'analytic':>10} {'loss diff':>10}"
     )
     for r in res["layouts"]:
         print(
             f"{r['stages']:>2} {r['microbatches']:>3} {r['repeats']:>2} {r['bubble']:>7.1%} "
             f"{r['predicted_slowdown']:>18.3f} {r['measured_slowdown']:>9.3f} {r['measured_slowdown_device_s']:>9.3f} "
-            f"{r['excess']:>7.1%} {r['collective_permute_bytes_hlo']:>14,} "
-            f"{r['collective_permute_bytes_analytic']:>10,.0f} {r['first_loss_rel_diff']:>10.1e}"
+            f"{r['excess']:>7.1%} {r['stage_bytes_hlo']:>14,} "
+            f"{r['stage_bytes_analytic']:>10,.0f} {r['first_loss_rel_diff']:>10.1e}"
         )
     report(res, args.json)
     return 0

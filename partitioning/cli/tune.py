@@ -35,7 +35,8 @@ from partitioning.config.schema import Config, parse_bytes
 from partitioning.devices import simulate_devices
 from partitioning.errors import ConfigError, MeshError, PartitioningError, ShardingError
 from partitioning.rules import Rules, preset_names
-from partitioning.tune.hardware import Hardware, hardware, load_hardware
+from partitioning.tune.hardware import Hardware, hardware
+from partitioning.tune.hardware_file import load_hardware
 from partitioning.tune.search import Search, search
 
 HELP = "the best layout for a device count and memory budget: every candidate priced, ranked, explained"

@@ -54,6 +54,7 @@ from jax.sharding import PartitionSpec
 from partitioning.boxes import constrain
 
 STAGE_AXIS = "stage"
+UNROLL_LAYERS = 8  # a stage's chunk of at most this many layers is unrolled (compile time grows with it)
 
 
 def bubble_fraction(stages: int, microbatches: int, repeats: int = 1) -> float:
@@ -162,13 +163,15 @@ def gpipe(
         def one(carry, kl):
             h, aux = carry
             layer, i = kl
-            if r > 1:  # this repeat's chunk: layers rep K … rep K + K - 1 of the stage's R K
+            if r > 1:  # this repeat's chunk: layers rep K … rep K + K - 1 of the stage's R K (a local gather)
                 layer = jax.tree.map(lambda w: jax.lax.dynamic_index_in_dim(w, rep * k + i, 0, False), stage_layers)
             h, new = layer_fn(layer, h, stage_args, (rep * s + stage) * k + i, micro)
             return (h, jax.tree.map(jnp.add, aux, dict(new))), None
 
+        # A stage's few layers unrolled: their saved activations go straight into the iteration loop's
+        # stacks (an inner loop's stacked residuals would be copied into the outer loop's once more).
         xs_k = (stage_layers if r == 1 else None, jnp.arange(k, dtype=jnp.int32))
-        (h, aux), _ = jax.lax.scan(one, (h, dict(aux_zero)), xs_k, length=k)
+        (h, aux), _ = jax.lax.scan(one, (h, dict(aux_zero)), xs_k, length=k, unroll=k <= UNROLL_LAYERS)
         return h, aux
 
     aux_zero = _aux_zeros(layer_fn, layers, xs[0], [a[0] for a in mb_args])

@@ -94,6 +94,7 @@ class Estimate:
     devices: int
     peak_flops: float
     other: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds outside the phases
+    matmul_flops: float = 0.0  # FLOP/s the compute terms assume (Hardware.matmul_flops); 0: peak_flops
 
     def comm_time(self, phase: str | None = None) -> float:
         return sum(c.seconds for c in self.comm if phase is None or c.phase == phase)
@@ -131,7 +132,8 @@ class Estimate:
         """
         score: dict[str, float] = defaultdict(float)
         for p in PHASES:
-            kind = "compute" if self.flops[p] / self.peak_flops >= self.compute[p] * 0.999 else "memory bandwidth"
+            rate = self.matmul_flops or self.peak_flops
+            kind = "compute" if self.flops[p] / rate >= self.compute[p] * 0.999 else "memory bandwidth"
             axes: dict[str, float] = defaultdict(float)
             for c in self.comm:
                 if c.phase == p:
@@ -219,7 +221,7 @@ def analytic_estimate(
         "bwd": grad_accum * (2 + (remat == "full")) * used + 2 * act,
         "update": 2 * state_bytes["params"] + 2 * state_bytes["optimizer"] + state_bytes["gradients"],
     }
-    compute = {p: max(flops[p] / hw.peak_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
+    compute = {p: max(flops[p] / hw.matmul_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
     pipe = (parallel or {}).get("pipeline") or {}
     stages, m, r = int(pipe.get("stages", 1)), int(pipe.get("microbatches", 1)), int(pipe.get("repeats", 1))
     comm = analytic_comm(
@@ -238,6 +240,7 @@ def analytic_estimate(
         devices,
         hw.peak_flops,
         other,
+        hw.matmul_flops,
     )
 
 
