@@ -86,8 +86,9 @@ RSS_SNIPPET = (
 def find_python(explicit: str | None) -> str | None:
     """A Python >= 3.12 of the machine (MaxText 0.2.5 needs it), or None."""
     candidates = [explicit] if explicit else []
-    candidates += [shutil.which(n) for n in ("python3.13", "python3.12")]
-    candidates += sorted(glob.glob(str(Path.home() / ".pyenv/versions/3.1[2-9]*/bin/python3")), reverse=True)
+    # 3.12 first: the oldest MaxText supports, the one its wheels' dependencies are surest to have.
+    candidates += [shutil.which(n) for n in ("python3.12", "python3.13")]
+    candidates += sorted(glob.glob(str(Path.home() / ".pyenv/versions/3.1[2-9]*/bin/python3")))
     for c in candidates:
         if not c or not Path(c).exists():
             continue

@@ -130,6 +130,7 @@ from partitioning.tune.compiled import compiled_estimate
 from partitioning.tune.crossover import crossover
 from partitioning.tune.measure import measure_cpu
 from partitioning.tune.plot import plot_search
+from partitioning.tune.price import price as price_layout
 
 __version__ = "0.1.0"
 
@@ -240,6 +241,7 @@ __all__ = [
     "Workload",
     "workload",
     "search_layouts",
+    "price_layout",
     "crossover",
     "compiled_estimate",
     "plot_search",
