@@ -147,6 +147,7 @@ from partitioning.tune.compiled import compiled_estimate
 from partitioning.tune.crossover import crossover
 from partitioning.tune.measure import measure_cpu
 from partitioning.tune.plot import plot_search
+from partitioning.tune.price import price as price_layout
 
 __version__ = "0.1.0"  # the one place the version is written: pyproject.toml reads it (see CHANGELOG.md)
 
@@ -272,6 +273,7 @@ __all__ = [
     "Workload",
     "workload",
     "search_layouts",
+    "price_layout",
     "crossover",
     "compiled_estimate",
     "plot_search",

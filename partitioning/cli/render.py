@@ -161,15 +161,7 @@ def render_axes(report: dict[str, Any], console: Any) -> None:
 
     p = (report.get("parallel") or {}).get("pipeline")
     if p and p["stages"] > 1:
-        console.print(
-            f"pipeline: {p['layers']} layers in {p['stages']} stages of {p['layers_per_stage']}, "
-            f"{p['microbatches']} micro-batches of {p['micro_batch_rows']} rows: bubble (S-1)/(M+S-1) = "
-            f"{p['bubble']:.1%} (interleaved, R=2: {p['bubble_interleaved_r2']:.1%}); shifts "
-            f"{p['collective_permute_count']}x collective-permute {fmt_bytes(p['collective_permute_bytes'])}, "
-            f"stage all-reduce {fmt_bytes(p['stage_all_reduce_bytes'])} per step and device (analytic)"
-            + compiled("collective-permute", "stage"),
-            highlight=False,
-        )
+        console.print(pipeline_line(p) + compiled("collective-permute", "stage"), highlight=False)
     e = (report.get("parallel") or {}).get("experts")
     if e:
         console.print(
@@ -179,6 +171,23 @@ def render_axes(report: dict[str, Any], console: Any) -> None:
             + (compiled("all-to-all", "expert") if e["expert_shards"] > 1 else ""),
             highlight=False,
         )
+
+
+def pipeline_line(p: dict[str, Any]) -> str:
+    """The pipeline's analytic costs in one line (:func:`partitioning.plan.parallel.pipeline_cost`)."""
+    r = p.get("repeats", 1)
+    if r > 1:
+        shape = f" ({r} chunks of {p['layers_per_chunk']} each, circular)"
+        bubble = f"(S-1)/(RM+S-1) = {p['bubble']:.1%} (GPipe: {p['bubble_gpipe']:.1%}); "
+        bubble += f"weights regrouped {fmt_bytes(p['regroup_bytes'])}"
+    else:
+        shape, bubble = "", f"(S-1)/(M+S-1) = {p['bubble']:.1%}"
+    return (
+        f"pipeline: {p['layers']} layers in {p['stages']} stages of {p['layers_per_stage']}{shape}, "
+        f"{p['microbatches']} micro-batches of {p['micro_batch_rows']} rows: bubble {bubble}; shifts "
+        f"{p['collective_permute_count']}x collective-permute {fmt_bytes(p['collective_permute_bytes'])}, "
+        f"stage all-reduce {fmt_bytes(p['stage_all_reduce_bytes'])} per step and device (analytic)"
+    )
 
 
 def render_compiled(view: dict[str, Any], console: Any) -> None:

@@ -41,7 +41,8 @@ from partitioning.errors import ConfigError, MeshError, PartitioningError, Shard
 from partitioning.layout import logical_names
 from partitioning.plan.plan import build_plan, mesh_sizes
 from partitioning.rules import Rules, preset_names
-from partitioning.tune.hardware import Hardware, hardware, load_hardware
+from partitioning.tune.hardware import Hardware, hardware
+from partitioning.tune.hardware_file import load_hardware
 from partitioning.tune.search import Search, search
 
 HELP = "the best layout for a device count and memory budget: every candidate priced, ranked, explained"

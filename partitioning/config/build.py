@@ -56,6 +56,7 @@ AUTO = "auto"
 # PipelineError.arg -> the config key to point at.
 PIPELINE_KEYS = {
     "microbatches": ("train", "microbatches"),
+    "repeats": ("train", "pipeline_repeats"),
     "stage": ("mesh", "shape", "stage"),
     "axis_types": ("mesh", "axis_types"),
 }
@@ -267,6 +268,7 @@ def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh, dataset: Any = Non
             grad_accum=t.grad_accum,
             microbatches=t.microbatches,
             on_nonfinite=t.on_nonfinite,
+            pipeline_repeats=t.pipeline_repeats,
         )
     except (ShardingError, PipelineError) as e:
         raise at_key(

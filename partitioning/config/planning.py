@@ -40,7 +40,7 @@ from partitioning.parallel.trace import recording
 from partitioning.plan.compiled import compiled_view
 from partitioning.plan.coverage import activation_names
 from partitioning.plan.flops import transformer_flops
-from partitioning.plan.parallel import costs_from_records
+from partitioning.plan.parallel import costs_from_records, stacked_bytes
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.rules import Rules
 from partitioning.train.state import abstract_train_state
@@ -60,12 +60,17 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
     abstract = abstract_mesh(sizes, cfg.mesh.axis_types)
     try:
         m, _, _ = check_microbatches(
-            abstract, cfg.rules, cfg.train.microbatches, cfg.train.batch_size // g, f"batch_size {cfg.train.batch_size}"
+            abstract,
+            cfg.rules,
+            cfg.train.microbatches,
+            cfg.train.batch_size // g,
+            f"batch_size {cfg.train.batch_size}",
+            cfg.train.pipeline_repeats,
         )
-        check_layers(layers_sizes(params), sizes.get(STAGE_AXIS, 1))
+        check_layers(layers_sizes(params), sizes.get(STAGE_AXIS, 1), cfg.train.pipeline_repeats)
     except PipelineError as e:
         raise at_key(cfg, e, PIPELINE_KEYS) from None
-    with microbatching(m), recording() as stacks:
+    with microbatching(m, cfg.train.pipeline_repeats), recording() as stacks:
         acts = activation_names(model, params, abstract, cfg.rules, batch=forward, task=task)
     plan = build_plan(
         params,
@@ -75,9 +80,9 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
         optimizer_rules=cfg.optimizer_rules,
         on_indivisible=cfg.on_indivisible,
         activations=acts,
-        parallel=costs_from_records(stacks, sizes, passes=g),
     )
     check_axes_used(cfg, sizes, plan.params + plan.opt_state)
+    plan.parallel = costs_from_records(stacks, sizes, passes=g, stage_weight_bytes=stacked_bytes(plan.params))
     return plan, model
 
 

@@ -85,7 +85,9 @@ def resolve_remat(cfg: Config, mesh: Any) -> tuple[Config, str | None]:
     budget = cfg.mesh.memory_bytes or device_memory() or hw.memory
     t = cfg.train
     try:
-        m, _, _ = check_microbatches(mesh, cfg.rules, t.microbatches, t.batch_size // max(1, t.grad_accum))
+        m, _, _ = check_microbatches(
+            mesh, cfg.rules, t.microbatches, t.batch_size // max(1, t.grad_accum), repeats=t.pipeline_repeats
+        )
         inputs = tune_inputs(cfg)
     except PartitioningError:
         # The layout itself is wrong: the model is built with the model's default and the checks that
@@ -103,6 +105,7 @@ def resolve_remat(cfg: Config, mesh: Any) -> tuple[Config, str | None]:
         optimizer_rules=cfg.optimizer_rules,
         grad_accum=t.grad_accum,
         microbatches=m,
+        repeats=t.pipeline_repeats,
         records=inputs.records,
         activations=inputs.names,
         on_indivisible=cfg.on_indivisible,

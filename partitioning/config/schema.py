@@ -165,6 +165,9 @@ class TrainConfig(Section):
     microbatches: StrictInt | None = Field(
         default=None, ge=1, description="pipeline micro-batches when the mesh has a `stage` axis (default: its size)"
     )
+    pipeline_repeats: StrictInt = Field(
+        default=1, ge=1, description="layer chunks per pipeline stage: 1 GPipe, more the circular schedule"
+    )
     log_every: StrictInt = Field(default=10, ge=1)
     eval_every: StrictInt = Field(default=50, ge=0)
     eval_batches: StrictInt = Field(default=4, ge=0, description="0: no eval")

@@ -3,8 +3,8 @@
 Both are chosen like every other layout — a mesh axis plus rules — and the
 model only marks where its layers stack and where its experts sit:
 
-- :mod:`~partitioning.parallel.schedule` — ``gpipe``: the GPipe schedule as a pure function (vmap over stages
-  with ``spmd_axis_name="stage"``, a collective-permute shift), and ``bubble_fraction``.
+- :mod:`~partitioning.parallel.schedule` — ``gpipe``: the GPipe / circular schedule as a pure function (vmap over
+  stages with ``spmd_axis_name="stage"``, a collective-permute shift), and ``bubble_fraction``.
 - :mod:`~partitioning.parallel.pipeline` — ``LayerStack`` (Linen) and ``scan_layers`` (NNX): a stack of layers
   that is a scan, or a pipeline when the mesh has a ``stage`` axis; ``microbatching``; up-front checks.
 - :mod:`~partitioning.parallel.experts` — mixture-of-experts routing (top-k, load-balancing loss), capacity,

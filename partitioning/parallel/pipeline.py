@@ -1,4 +1,4 @@
-"""Pipeline parallelism chosen by the mesh: a stack of layers that runs as a GPipe pipeline over ``stage``.
+"""Pipeline parallelism chosen by the mesh: a stack of layers that runs as a pipeline (GPipe, circular) over ``stage``.
 
 A model opts in once, where it stacks its repeated block:
 
@@ -12,12 +12,14 @@ A model opts in once, where it stacks its repeated block:
 
 Whether it pipelines is the layout's business, not the model's: when the
 mesh in context has a ``stage`` axis of size ``S > 1`` (and the rules put
-``layers`` on it, presets ``pp`` / ``pp_fsdp``), the stack runs the GPipe
-schedule of :mod:`partitioning.parallel.schedule` with ``M`` micro-batches
-(:func:`microbatching`; ``Trainer(microbatches=M)`` / ``train.microbatches``
-set it, default ``S``); otherwise it is a plain scan. Either way the layers
-axis is the same array, so a checkpoint moves between pipelined and
-unpipelined layouts unchanged.
+``layers`` on it, presets ``pp`` / ``pp_fsdp``), the stack runs the pipeline
+schedule of :mod:`partitioning.parallel.schedule` with ``M`` micro-batches and
+``R`` repeats (:func:`microbatching`; ``Trainer(microbatches=M,
+pipeline_repeats=R)`` / ``train.microbatches``, ``train.pipeline_repeats`` set
+them, default ``S`` and 1: GPipe; ``R > 1`` is the circular schedule, each
+stage holding ``R`` non-adjacent chunks of layers); otherwise it is a plain
+scan. Either way the layers axis is the same array, so a checkpoint moves
+between pipelined and unpipelined layouts unchanged.
 
 Example::
 
@@ -75,8 +77,8 @@ class PipelineError(PartitioningError, ValueError):
 
 
 @contextlib.contextmanager
-def microbatching(microbatches: int | None) -> Iterator[None]:
-    """Sets the number of pipeline micro-batches for stacks traced in this thread (None: ``S``).
+def microbatching(microbatches: int | None, repeats: int = 1) -> Iterator[None]:
+    """Sets the pipeline micro-batches (None: ``S``) and repeats (circular schedule) for stacks traced in this thread.
 
     Example::
 
@@ -87,13 +89,19 @@ def microbatching(microbatches: int | None) -> Iterator[None]:
         ...     logits = jax.jit(model.apply)(params, tokens)
         >>> logits.shape
         (8, 16, 256)
+        >>> model8 = GPT(embed=64, mlp=128, layers=8)        # circular: each stage holds 2 chunks of layers
+        >>> params8 = model8.init(jax.random.key(0), tokens)
+        >>> with pt.sharding_context(pt.make_mesh({"stage": 4, "data": 2}), "pp"), pt.microbatching(4, repeats=2):
+        ...     logits = jax.jit(model8.apply)(params8, tokens)
+        >>> logits.shape
+        (8, 16, 256)
     """
-    old = getattr(_local, "microbatches", None)
-    _local.microbatches = microbatches
+    old = getattr(_local, "microbatches", None), getattr(_local, "repeats", 1)
+    _local.microbatches, _local.repeats = microbatches, int(repeats or 1)
     try:
         yield
     finally:
-        _local.microbatches = old
+        _local.microbatches, _local.repeats = old
 
 
 def pipeline_stages(mesh: Any = None) -> int:
@@ -111,14 +119,20 @@ def current_microbatches(stages: int) -> int:
     return int(m) if m else int(stages)
 
 
+def current_repeats() -> int:
+    """``R`` for a stack traced now: the :func:`microbatching` value, else 1 (GPipe)."""
+    return int(getattr(_local, "repeats", 1) or 1)
+
+
 def check_microbatches(
-    mesh: Any, rules: Any, microbatches: int | None, rows: int, what: str = "batch_size"
+    mesh: Any, rules: Any, microbatches: int | None, rows: int, what: str = "batch_size", repeats: int = 1
 ) -> tuple[int, int, str]:
     """What can be checked before the model is traced: ``(M, rows per micro-batch, their description)``.
 
     ``rows`` is the batch one forward pass sees (``batch_size / grad_accum``).
     Without a ``stage`` axis (size > 1) nothing is pipelined: ``(1, rows, what)``.
-    Raises :class:`PipelineError` naming what to change.
+    ``repeats`` (the circular schedule) needs ``M >= S``. Raises :class:`PipelineError`
+    naming what to change.
 
     Example::
 
@@ -128,6 +142,8 @@ def check_microbatches(
     """
     if microbatches is not None and (isinstance(microbatches, bool) or int(microbatches) < 1):
         raise PipelineError(f"microbatches must be a positive integer, got {microbatches!r}", arg="microbatches")
+    if isinstance(repeats, bool) or int(repeats) < 1:
+        raise PipelineError(f"pipeline_repeats must be a positive integer, got {repeats!r}", arg="repeats")
     stages = pipeline_stages(mesh)
     if stages <= 1:
         return 1, rows, what
@@ -150,6 +166,12 @@ def check_microbatches(
             arg="stage",
         )
     m = int(microbatches or stages)
+    if repeats > 1 and m < stages:
+        raise PipelineError(
+            f"the circular schedule (pipeline_repeats {repeats}) needs at least as many micro-batches as "
+            f"stages: microbatches {m} < {stages} stages; use microbatches >= {stages}",
+            arg="microbatches",
+        )
     if rows % m:
         raise PipelineError(
             f"{what} cannot be split into {m} pipeline micro-batches; use a multiple of {m}"
@@ -159,8 +181,9 @@ def check_microbatches(
     return m, rows // m, f"pipeline micro-batch {rows // m} ({what} / microbatches {m})"
 
 
-def check_layers(layers: Sequence[int], stages: int) -> None:
-    """Every stacked ``layers`` dimension (sizes in ``layers``) splits into ``stages``; else :class:`PipelineError`.
+def check_layers(layers: Sequence[int], stages: int, repeats: int = 1) -> None:
+    """Every stacked ``layers`` dimension (sizes in ``layers``) splits into ``stages`` x ``repeats`` chunks;
+    else :class:`PipelineError`.
 
     Example::
 
@@ -169,6 +192,7 @@ def check_layers(layers: Sequence[int], stages: int) -> None:
         >>> from partitioning.parallel.pipeline import check_layers, layers_sizes
         >>> params, _ = pt.abstract_train_state(GPT(layers=4), optax.sgd(0.1), batch_size=8, seq_len=16)
         >>> check_layers(layers_sizes(params), 4)
+        >>> check_layers(layers_sizes(params), 2, repeats=2)   # 2 stages x 2 chunks each
         >>> check_layers(layers_sizes(params), 3)
         Traceback (most recent call last):
         ...
@@ -189,6 +213,12 @@ def check_layers(layers: Sequence[int], stages: int) -> None:
                 f"{n} layers cannot be split into {stages} pipeline stages: the number of layers "
                 f"must be a multiple of the stage axis size",
                 arg="stage",
+            )
+        if n % (stages * repeats):
+            raise PipelineError(
+                f"{n} layers cannot be split into {stages} stages x {repeats} repeats: the number of layers "
+                f"must be a multiple of {stages * repeats}",
+                arg="repeats",
             )
 
 
@@ -211,13 +241,17 @@ def layers_sizes(params: Any) -> list[int]:
     return out
 
 
-def _check_traced(stages: int, n_layers: int, batch: int, m: int) -> None:
+def _check_traced(stages: int, n_layers: int, batch: int, m: int, repeats: int) -> None:
     """The Trainer's checks, for a stack applied directly under a stage mesh."""
-    check_layers([n_layers], stages)
-    check_microbatches(jax.sharding.get_abstract_mesh(), get_logical_axis_rules(), m, batch, f"a batch of {batch}")
+    check_layers([n_layers], stages, repeats)
+    check_microbatches(
+        jax.sharding.get_abstract_mesh(), get_logical_axis_rules(), m, batch, f"a batch of {batch}", repeats
+    )
 
 
-def _record_stack(n_layers: int, stages: int, microbatches: int, x: jax.Array) -> None:
+def _record_stack(
+    n_layers: int, stages: int, microbatches: int, x: jax.Array, repeats: int = 1, layers: Any = None
+) -> None:
     """For plan's analytic costs (:mod:`partitioning.parallel.trace`): the stack's shape, once per trace."""
     rules = get_logical_axis_rules()
     record(
@@ -225,6 +259,8 @@ def _record_stack(n_layers: int, stages: int, microbatches: int, x: jax.Array) -
         layers=int(n_layers),
         stages=int(stages),
         microbatches=int(microbatches),
+        repeats=int(repeats),
+        param_bytes=sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(layers)) if layers is not None else 0,
         shape=tuple(x.shape),
         dtype=str(x.dtype),
         batch_axes=tuple(rules.batch_axes) if rules else (),
@@ -247,8 +283,9 @@ def run_stack(layer_fn: Any, layers: Any, x: jax.Array, args: tuple = ()) -> tup
     n_layers = jax.tree.leaves(layers)[0].shape[0]
     s = pipeline_stages()
     m = current_microbatches(s) if s > 1 else 1
+    r = current_repeats() if s > 1 else 1
     rules = get_logical_axis_rules()
-    _record_stack(n_layers, s, m, x)
+    _record_stack(n_layers, s, m, x, r, layers)
     if s <= 1:
 
         def body(carry, kl):
@@ -263,7 +300,7 @@ def run_stack(layer_fn: Any, layers: Any, x: jax.Array, args: tuple = ()) -> tup
         aux0 = {k: jnp.zeros((), v.dtype) for k, v in dict(shapes).items()}
         (x, aux), _ = jax.lax.scan(body, (x, aux0), (layers, jnp.arange(n_layers, dtype=jnp.int32)))
         return x, aux
-    _check_traced(s, n_layers, x.shape[0], m)
+    _check_traced(s, n_layers, x.shape[0], m, r)
     per_example, shared = _batched(args, x.shape[0])
 
     def staged_fn(layer, h, mb_args, i, j):
@@ -279,6 +316,7 @@ def run_stack(layer_fn: Any, layers: Any, x: jax.Array, args: tuple = ()) -> tup
         [args[i] for i in per_example],
         stages=s,
         microbatches=m,
+        repeats=r,
         batch_axes=rules.batch_axes if rules else None,
     )
 
@@ -291,7 +329,7 @@ class LayerStack(nn.Module):
     metadata_params={nn.PARTITION_NAME: "layers"})`` sharing this module's scope, so params sit at
     ``<name>/<block's own params>`` exactly as with ``nn.scan``. ``block`` follows ``nn.scan``'s
     convention: ``__call__(self, x, *args) -> (x, y)`` (``y`` is dropped). Under a mesh with a
-    ``stage`` axis (size > 1) it runs the GPipe schedule instead; per-example ``args`` (leading
+    ``stage`` axis (size > 1) it runs the pipeline schedule instead; per-example ``args`` (leading
     batch dim) are micro-batched, the rest broadcast; RNG streams (``rng_streams``) are folded
     per layer and micro-batch; scalars the block sows into ``losses`` are summed over layers and
     averaged over micro-batches. Other mutable collections are not supported while pipelined.
@@ -350,7 +388,7 @@ class LayerStack(nn.Module):
 
 
 def scan_layers(blocks: Any, x: jax.Array, *args: Any) -> jax.Array:
-    """Applies a stacked NNX module (``nnx.vmap``-built, leading ``layers`` axis) layer by layer; GPipe over ``stage``.
+    """Applies a stacked NNX module (``nnx.vmap``-built, leading ``layers`` axis) layer by layer; pipelined over stages.
 
     Replaces ``jax.lax.scan(lambda x, b: (b(x, *args), None), x, blocks)[0]``; a
     block returns ``x`` (or ``(x, y)``, ``y`` dropped). While pipelined, the
@@ -384,6 +422,7 @@ __all__ = [
     "microbatching",
     "pipeline_stages",
     "current_microbatches",
+    "current_repeats",
     "check_microbatches",
     "check_layers",
     "layers_sizes",

@@ -91,6 +91,8 @@ class Trainer(Lowering):
       on_nonfinite: ``"stop"`` (:func:`fit` stops at a NaN / infinite loss or gradient norm)
         or ``"skip_step"`` (such a step's update is dropped on device and counted);
         see :mod:`partitioning.train.nonfinite`. The metric ``nonfinite`` flags such steps.
+      pipeline_repeats: chunks of layers each pipeline stage holds (1: GPipe; more: the circular
+        schedule, bubble ``(S-1)/(R M+S-1)``, needs ``microbatches >= S``).
 
     Scalars the model sows into its ``losses`` collection (an MoE load-balancing
     loss) are added to the objective and reported as metrics under their names;
@@ -131,6 +133,7 @@ class Trainer(Lowering):
         grad_accum: int = 1,
         microbatches: int | None = None,
         on_nonfinite: str = "stop",
+        pipeline_repeats: int = 1,
     ):
         self.model, self.tx, self.mesh = as_model(model), tx, mesh
         self.on_nonfinite = check_policy(on_nonfinite)
@@ -158,7 +161,10 @@ class Trainer(Lowering):
         )
         # Pipeline stages (a `stage` mesh axis) run micro-batches of these micro-batches.
         self.stages = pipeline_stages(mesh)
-        self.microbatches, rows, what = check_microbatches(mesh, self.rules, microbatches, self.micro_batch, what)
+        self.pipeline_repeats = int(pipeline_repeats) if self.stages > 1 else 1
+        self.microbatches, rows, what = check_microbatches(
+            mesh, self.rules, microbatches, self.micro_batch, what, pipeline_repeats
+        )
         self.batch_specs = batch_specs(self.abstract_batch, self.rules, mesh, batch_names, micro_batch=rows, what=what)
         self.batch_shardings = jax.tree.map(
             lambda s: NamedSharding(mesh, s), self.batch_specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
@@ -167,7 +173,7 @@ class Trainer(Lowering):
         self.batch_spec = self.rules.batch_spec(2)
         self.batch_sharding = NamedSharding(mesh, self.batch_spec)
         self.abstract_state = self._abstract_state()
-        check_layers(layers_sizes(self.abstract_state.params), self.stages)
+        check_layers(layers_sizes(self.abstract_state.params), self.stages, self.pipeline_repeats)
         replicated = NamedSharding(mesh, PartitionSpec())
         # Wrapped in {"params": ...} so error messages name `params/...` paths, as `check` does.
         # The params warn when most of them would be replicated (ReplicationWarning; their optimizer
@@ -234,7 +240,7 @@ class Trainer(Lowering):
         updated, sown = dict(collections), dict[str, Any]()
 
         def forward(*args, **kwargs):
-            with microbatching(self.microbatches):
+            with microbatching(self.microbatches, self.pipeline_repeats):
                 out, updates = self.model.apply({"params": params, **updated}, args, kwargs, rngs=rngs, train=train)
             updates = dict(updates)
             for name, value in sown_losses(updates.pop(SOWN_LOSSES, {})).items():

@@ -2,8 +2,9 @@
 
 Modules:
 
-- :mod:`~partitioning.tune.hardware` — hardware profiles (H100, H200, A100, TPU v4 / v5e / v5p, YAML files) and
-  the bandwidth of a collective over mesh axes.
+- :mod:`~partitioning.tune.hardware` — hardware profiles (H100, H200, A100, TPU v4 / v5e / v5p) and the
+  bandwidth of a collective over mesh axes.
+- :mod:`~partitioning.tune.hardware_file` — a profile from a YAML file.
 - :mod:`~partitioning.tune.measure` — the ``cpu`` profile, measured on the spot in device-seconds (and cached);
   the profile of this process's devices.
 - :mod:`~partitioning.tune.workload` — the model's shape from its logical names; FLOPs; the activation estimate.
@@ -35,7 +36,8 @@ Example::
 
 from partitioning.tune.compiled import compiled_estimate
 from partitioning.tune.cost import Estimate, analytic_estimate
-from partitioning.tune.hardware import PROFILES, Hardware, hardware, load_hardware, profile_names
+from partitioning.tune.hardware import PROFILES, Hardware, hardware, profile_names
+from partitioning.tune.hardware_file import load_hardware
 from partitioning.tune.search import Result, Search, search
 from partitioning.tune.space import Candidate, candidates
 from partitioning.tune.workload import Workload, workload

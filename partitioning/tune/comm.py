@@ -118,12 +118,14 @@ def analytic_comm(
     micro_batch: int,
     grad_accum: int = 1,
     microbatches: int = 1,
+    repeats: int = 1,
 ) -> list[Comm]:
     """The collectives of one step, per device (see the module docstring).
 
-    ``microbatches``: the pipeline's ``M``. A device runs the ``L/S`` layers of its stage in each of the
-    schedule's ``M + S - 1`` iterations, on one micro-batch each: it gathers their FSDP weights once per
-    iteration, and its tensor-parallel activations add up to ``(M+S-1)/M`` of the batch's.
+    ``microbatches`` / ``repeats``: the pipeline's ``M`` / ``R``. A device runs one chunk of ``L/(S R)``
+    of its stage's layers in each of the schedule's ``R M + S - 1`` iterations, on one micro-batch each:
+    it gathers the chunk's FSDP weights once per iteration, and its tensor-parallel activations add up to
+    ``(R M+S-1)/(R M)`` of the batch's.
     """
     tokens = token_axes(rules, mesh, w)
     buckets: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])  # (axes, kind, phase, what) -> bytes, count
@@ -147,8 +149,8 @@ def analytic_comm(
         stages = _layer_shards(leaf)
         pipelined = max(pipelined, stages)
         reps = _repeats(leaf) // stages  # the layers this device runs
-        # Pipelined, the stage's layers run once per schedule iteration: M + S - 1 of them.
-        again = microbatches + stages - 1 if stages > 1 else 1
+        # Pipelined, each of the stage's layers runs (R M + S - 1) / R times: one chunk per iteration.
+        again = (repeats * microbatches + stages - 1) / repeats if stages > 1 else 1
         if fsdp:
             gathered = leaf.per_device_bytes * math.prod(mesh[a] for a in fsdp) * again
             add(fsdp, "all-gather", "fwd", gathered, reps * again, "FSDP weights (forward)")
@@ -194,11 +196,12 @@ def analytic_comm(
             rules, mesh, ("batch", "length", "kv_heads", "kv"), (micro_batch, w.seq_len, w.kv_heads, w.head_dim)
         )
         layers = w.layers // pipelined
-        kv_share = (microbatches + pipelined - 1) / microbatches if pipelined > 1 else 1.0
-        kv_bytes = 2 * kv * w.compute_bytes * math.prod(mesh[a] for a in seq) * layers * kv_share
-        runs = layers * (microbatches + pipelined - 1 if pipelined > 1 else 1)
-        add(seq, "all-gather", "fwd", kv_bytes, 2 * runs, "keys and values (sequence split)")
-        add(seq, "reduce-scatter", "bwd", kv_bytes, 2 * runs, "key and value gradients (sequence split)")
+        iters = repeats * microbatches + pipelined - 1
+        share = iters / (repeats * microbatches) if pipelined > 1 else 1.0
+        gathered = 2 * kv * w.compute_bytes * math.prod(mesh[a] for a in seq) * layers * share
+        runs = layers * (iters / repeats if pipelined > 1 else 1)
+        add(seq, "all-gather", "fwd", gathered, 2 * runs, "keys and values (sequence split)")
+        add(seq, "reduce-scatter", "bwd", gathered, 2 * runs, "key and value gradients (sequence split)")
     out = []
     for (axes, kind, phase, what), (nbytes, count) in buckets.items():
         group = math.prod(mesh[a] for a in axes)
@@ -246,6 +249,14 @@ def parallel_comm(
             "activations to the next stage",
         )
         add(("stage",), "all-reduce", pipe["stage_all_reduce_bytes"], 2, "last stage's outputs to every stage")
+        if pipe.get("regroup_bytes"):
+            add(
+                ("stage",),
+                "collective-permute",
+                pipe["regroup_bytes"],
+                2,
+                "stored layers to the stages of the circular schedule (gradients back)",
+            )
     if experts and experts["expert_shards"] > 1:
         add(
             expert_axes,
@@ -257,11 +268,13 @@ def parallel_comm(
     return out
 
 
-def bubble_time(compute: Mapping[str, float], stages: int, microbatches: int) -> dict[str, float]:
-    """``{"pipeline bubble": s}``: the stages' idle time, ``(S-1)/M`` of their forward and backward compute."""
+def bubble_time(
+    compute: Mapping[str, float], stages: int, microbatches: int, repeats: int = 1
+) -> dict[str, float]:
+    """``{"pipeline bubble": s}``: the stages' idle time, ``(S-1)/(R M)`` of their forward and backward compute."""
     if stages <= 1:
         return {}
-    return {"pipeline bubble": (stages - 1) / microbatches * (compute["fwd"] + compute["bwd"])}
+    return {"pipeline bubble": (stages - 1) / (repeats * microbatches) * (compute["fwd"] + compute["bwd"])}
 
 
 def _expert_axes(rules: Rules, mesh: Mapping[str, int]) -> list[str]:

@@ -85,10 +85,10 @@ def compiled_estimate(
     for _, _, phase, fl, nbytes, _ in ops:
         flops[phase] += fl
         hbm[phase] += nbytes
-        compute[phase] += max(fl / hw.peak_flops, nbytes / hw.memory_bandwidth)
+        compute[phase] += max(fl / hw.matmul_flops, nbytes / hw.memory_bandwidth)
     if not hw.measured and analytic is not None:
         hbm = dict(analytic.hbm_bytes)
-        compute = {p: max(flops[p] / hw.peak_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
+        compute = {p: max(flops[p] / hw.matmul_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
         # The compiled loop runs every stage in every iteration: its FLOPs hold the bubble already.
         other = {k: v for k, v in analytic.other.items() if k != "pipeline bubble"}
         return Estimate(
@@ -102,6 +102,7 @@ def compiled_estimate(
             math.prod(mesh.values()),
             hw.peak_flops,
             other,
+            hw.matmul_flops,
         )
     buckets: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for c in collective_ops:
@@ -129,6 +130,7 @@ def compiled_estimate(
         math.prod(mesh.values()),
         hw.peak_flops,
         temporaries_time(hw, temp_bytes),
+        hw.matmul_flops,
     )
 
 

@@ -42,9 +42,10 @@ plan's layouts; "token axes" split the batch (or the sequence):
   ``expert`` dimension is the device's own share of the work: it is never
   gathered; instead (:func:`parallel_comm`) the stages pass each micro-batch's
   activations on (a collective-permute per iteration, forward and backward, and
-  the last stage's outputs to all), idle a bubble of ``(S-1)/M`` of their
-  compute (:func:`bubble_time`) and, under FSDP, gather their weights once per
-  schedule iteration; expert layers send the dispatched tokens to their
+  the last stage's outputs to all), idle a bubble of ``(S-1)/(R M)`` of their
+  compute (:func:`bubble_time`; ``R`` repeats: the circular schedule, which also
+  regroups the stored layers into its chunks once per pass) and, under FSDP,
+  gather a chunk's weights once per schedule iteration; expert layers send the dispatched tokens to their
   experts' devices and back (an all-to-all each way, forward and backward).
 
 Example::
@@ -102,6 +103,7 @@ class Estimate:
     devices: int
     peak_flops: float
     other: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds outside the phases
+    matmul_flops: float = 0.0  # FLOP/s the compute terms assume (Hardware.matmul_flops); 0: peak_flops
 
     def comm_time(self, phase: str | None = None) -> float:
         return sum(c.seconds for c in self.comm if phase is None or c.phase == phase)
@@ -139,7 +141,8 @@ class Estimate:
         """
         score: dict[str, float] = defaultdict(float)
         for p in PHASES:
-            kind = "compute" if self.flops[p] / self.peak_flops >= self.compute[p] * 0.999 else "memory bandwidth"
+            rate = self.matmul_flops or self.peak_flops
+            kind = "compute" if self.flops[p] / rate >= self.compute[p] * 0.999 else "memory bandwidth"
             axes: dict[str, float] = defaultdict(float)
             for c in self.comm:
                 if c.phase == p:
@@ -229,12 +232,14 @@ def analytic_estimate(
         "bwd": grad_accum * (2 + (remat == "full")) * used + 2 * act,
         "update": 2 * state_bytes["params"] + 2 * state_bytes["optimizer"] + state_bytes["gradients"],
     }
-    compute = {p: max(flops[p] / hw.peak_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
+    compute = {p: max(flops[p] / hw.matmul_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
     pipe = (parallel or {}).get("pipeline") or {}
-    stages, m = int(pipe.get("stages", 1)), int(pipe.get("microbatches", 1))
-    comm = analytic_comm(params, mesh, rules, w, hw, micro_batch=micro, grad_accum=grad_accum, microbatches=m)
+    stages, m, r = int(pipe.get("stages", 1)), int(pipe.get("microbatches", 1)), int(pipe.get("repeats", 1))
+    comm = analytic_comm(
+        params, mesh, rules, w, hw, micro_batch=micro, grad_accum=grad_accum, microbatches=m, repeats=r
+    )
     comm += parallel_comm(parallel or {}, mesh, hw, _expert_axes(rules, mesh))
-    other = {**temporaries_time(hw, temp_bytes), **bubble_time(compute, stages, m)}
+    other = {**temporaries_time(hw, temp_bytes), **bubble_time(compute, stages, m, r)}
     return Estimate(
         "analytic",
         flops,
@@ -246,6 +251,7 @@ def analytic_estimate(
         devices,
         hw.peak_flops,
         other,
+        hw.matmul_flops,
     )
 
 

@@ -19,7 +19,7 @@ the one inside a node / on the first torus dimensions.
 
 Every number of :data:`PROFILES` cites its public source. The ``cpu`` profile
 is measured on the spot (:mod:`partitioning.tune.measure`). Any other machine
-is a YAML file with the same keys (:func:`load_hardware`).
+is a YAML file with the same keys (:func:`partitioning.tune.hardware_file.load_hardware`).
 
 Example::
 
@@ -35,12 +35,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from partitioning.errors import ConfigError, did_you_mean
 from partitioning.plan.flops import PEAK_TFLOPS
-from partitioning.yamlfile import read_yaml, where
 
 GB, GIB = 10**9, 2**30
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -75,8 +73,17 @@ class Hardware:
     # True for the profile of the machine that compiles (the measured cpu): its compiled ops' bytes and
     # collectives are its own. For any other hardware they are XLA:CPU's, which computes bf16 in f32.
     measured: bool = False
+    # The share of peak_flops a training step's matmuls reach (kernel efficiency, and the work between them
+    # they wait on). 1.0 is the bare roofline; the built-in profiles' values are calibrated on published
+    # measurements (docs/performance.md).
+    efficiency: float = 1.0
     description: str = ""
     sources: tuple[str, ...] = ()
+
+    @property
+    def matmul_flops(self) -> float:
+        """FLOP/s per device a step's matmuls run at: ``peak_flops x efficiency``."""
+        return self.peak_flops * self.efficiency
 
     def torus_shape(self, devices: int) -> tuple[int, ...]:
         """The physical torus of a ``devices``-chip slice, smallest dimension first (prime factors dealt out evenly)."""
@@ -186,6 +193,14 @@ def collective_time(hw: Hardware, kind: str, nbytes: float, group: int, bandwidt
 #   Part 12 (gpus): GPU tables, "GPU egress 450e9, node egress 400e9" for H100 / B200 DGX SuperPODs.
 
 
+# Efficiency (the share of peak FLOP/s a training step's matmuls reach), calibrated on published measurements
+# (tests/tune/published.py, docs/performance.md): MaxText's TPU tables (commit 632f65147) and Megatron-LM's
+# A100 weak-scaling table (Narayanan et al. 2021, Table 1), each on the rows at the extremes of its table,
+# checked on the others. GPUs without published rows of their own take the A100's.
+EFFICIENCY = {"v5p": 0.726, "v5e": 0.770, "v4": 0.777, "a100-80g": 0.488}
+GPU_EFFICIENCY = EFFICIENCY["a100-80g"]
+
+
 def _peak(kind: str) -> float:
     """FLOP/s from the one peak table (plan.flops, which MFU in training logs also reads)."""
     return dict(PEAK_TFLOPS)[kind] * 1e12
@@ -198,6 +213,7 @@ _SB_GPU = "https://jax-ml.github.io/scaling-book/gpus/"
 PROFILES: dict[str, Hardware] = {
     "h100": Hardware(
         name="h100",
+        efficiency=GPU_EFFICIENCY,
         description="NVIDIA H100 SXM 80GB, 8 per node (NVLink 4), 8x400 Gb/s InfiniBand per node",
         peak_flops=_peak("h100"),  # datasheet: 1,979 TFLOP/s bf16 with sparsity -> 989 dense
         memory=80 * GB,
@@ -215,6 +231,7 @@ PROFILES: dict[str, Hardware] = {
     ),
     "h200": Hardware(
         name="h200",
+        efficiency=GPU_EFFICIENCY,
         description="NVIDIA H200 SXM 141GB, 8 per node (NVLink 4), 8x400 Gb/s InfiniBand per node",
         peak_flops=_peak("h200"),  # datasheet: 1,979 TFLOP/s bf16 with sparsity (same Hopper die as H100)
         memory=141 * GB,
@@ -228,6 +245,7 @@ PROFILES: dict[str, Hardware] = {
     ),
     "a100-80g": Hardware(
         name="a100-80g",
+        efficiency=EFFICIENCY["a100-80g"],
         description="NVIDIA A100 SXM 80GB, 8 per node (NVLink 3), 8x200 Gb/s InfiniBand per node",
         peak_flops=_peak("a100"),  # datasheet: 312 TFLOP/s bf16 dense
         memory=80 * GB,
@@ -244,6 +262,7 @@ PROFILES: dict[str, Hardware] = {
     ),
     "v4": Hardware(
         name="v4",
+        efficiency=EFFICIENCY["v4"],
         description="Google TPU v4, 3D torus, 4096-chip pods",
         peak_flops=_peak("tpu v4"),
         memory=32 * GIB,
@@ -258,6 +277,7 @@ PROFILES: dict[str, Hardware] = {
     ),
     "v5e": Hardware(
         name="v5e",
+        efficiency=EFFICIENCY["v5e"],
         description="Google TPU v5e, 2D torus, 256-chip pods",
         peak_flops=_peak("tpu v5e"),
         memory=16 * GIB,
@@ -272,6 +292,7 @@ PROFILES: dict[str, Hardware] = {
     ),
     "v5p": Hardware(
         name="v5p",
+        efficiency=EFFICIENCY["v5p"],
         description="Google TPU v5p, 3D torus, 8960-chip pods",
         peak_flops=_peak("tpu v5p"),
         memory=95 * GIB,
@@ -289,8 +310,6 @@ PROFILES: dict[str, Hardware] = {
 }
 
 ALIASES = {"a100": "a100-80g", "v4p": "v4", "tpu-v4": "v4", "tpu-v5e": "v5e", "tpu-v5p": "v5p", "h100-sxm": "h100"}
-_FIELDS = {f.name: f for f in dataclasses.fields(Hardware)}
-_REQUIRED = ("peak_flops", "memory", "memory_bandwidth", "topology", "node_size", "link_bandwidth", "network_bandwidth")
 
 
 def profile_names() -> list[str]:
@@ -316,81 +335,4 @@ def hardware(name: str) -> Hardware:
     )
 
 
-def load_hardware(path: str | Path) -> Hardware:
-    """A profile from a YAML file with :class:`Hardware`'s keys (sizes may be written ``80GiB``).
-
-    Example (``my_gpu.yaml``)::
-
-        name: my-gpu
-        peak_flops: 4.0e14
-        memory: 48GiB
-        memory_bandwidth: 1.0e12
-        topology: nodes          # or torus (then torus_dims: 2 or 3)
-        node_size: 4
-        link_bandwidth: 2.0e11   # bytes/s per device inside a node (per torus axis for a torus)
-        network_bandwidth: 2.5e10
-    """
-    from partitioning.config.schema import parse_bytes  # the size parser the configs use
-
-    shown = str(path)
-    data, lines = read_yaml(Path(path), "hardware file")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{shown}: a hardware file is a mapping with keys {', '.join(_REQUIRED)}")
-    errors = []
-    for k in data:
-        if k not in _FIELDS:
-            errors.append(f"{where(shown, lines, (k,))}: unknown key{did_you_mean(k, list(_FIELDS))}")
-    for k in _REQUIRED:
-        if k not in data:
-            errors.append(f"{shown}: missing key {k!r}")
-    kw: dict[str, Any] = {"name": str(data.get("name", Path(path).stem))}
-    for k, v in data.items():
-        if k not in _FIELDS or k == "name":
-            continue
-        try:
-            kw[k] = _value(k, v, parse_bytes)
-        except (TypeError, ValueError) as e:
-            errors.append(f"{where(shown, lines, (k,))}: {e}")
-    if errors:
-        raise ConfigError("\n".join(errors))
-    return Hardware(**kw)
-
-
-def _value(key: str, v: Any, parse_bytes: Any) -> Any:
-    if key == "topology":
-        if v not in ("nodes", "torus"):
-            raise ValueError(f"expected 'nodes' or 'torus', got {v!r}")
-        return v
-    if key == "alloc_bandwidth":
-        return None if v is None else _positive(v)
-    if key in ("description",):
-        return str(v)
-    if key == "sources":
-        return tuple(str(x) for x in (v if isinstance(v, list) else [v]))
-    if key in ("overlap", "measured"):
-        if not isinstance(v, bool):
-            raise ValueError(f"expected true or false, got {v!r}")
-        return v
-    if key == "collective_bandwidth":
-        if not isinstance(v, dict) or any(k not in KINDS for k in v):
-            raise ValueError(f"expected a mapping of {', '.join(KINDS)} to bytes/s")
-        return {k: _positive(x) for k, x in v.items()}
-    if key in ("memory",):
-        n = parse_bytes(v)
-        if n < 1:
-            raise ValueError("must be at least 1 byte")
-        return n
-    if key in ("node_size", "torus_dims"):
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "torus_dims" else 1):
-            raise ValueError(f"expected a positive integer, got {v!r}")
-        return v
-    return _positive(v)
-
-
-def _positive(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise ValueError(f"expected a positive number, got {v!r}")
-    return float(v)
-
-
-__all__ = ["Hardware", "PROFILES", "hardware", "load_hardware", "profile_names", "collective_time", "KINDS"]
+__all__ = ["Hardware", "PROFILES", "hardware", "profile_names", "collective_time", "KINDS"]

@@ -21,7 +21,7 @@ from typing import Any
 from partitioning.errors import PartitioningError
 from partitioning.fmt import fmt_bytes
 from partitioning.parallel.experts import DISPATCHED, TOKENS
-from partitioning.plan.parallel import costs_from_records
+from partitioning.plan.parallel import costs_from_records, stacked_bytes
 from partitioning.plan.plan import Plan, build_plan
 from partitioning.resolve import axes_tuple
 from partitioning.rules import Rules
@@ -55,6 +55,7 @@ def _records_for(records: Sequence[Mapping[str, Any]], rules: Rules, c: Candidat
             rec.update(
                 stages=c.stages,
                 microbatches=c.microbatches if c.stages > 1 else 1,
+                repeats=c.repeats if c.stages > 1 else 1,
                 shape=(shape[0] // c.grad_accum, *shape[1:]),
                 batch_axes=tuple(rules.batch_axes),
             )
@@ -130,9 +131,16 @@ def price(
         grad_accum=c.grad_accum,
         stages=c.stages,
         microbatches=c.microbatches,
+        repeats=c.repeats,
     )
     r.peak = sum(r.state.values()) + r.activations["total"]
-    parallel = costs_from_records(_records_for(records, rules, c), c.sizes, passes=c.grad_accum) if records else None
+    parallel = (
+        costs_from_records(
+            _records_for(records, rules, c), c.sizes, passes=c.grad_accum, stage_weight_bytes=stacked_bytes(plan.params)
+        )
+        if records
+        else None
+    )
     r.analytic = analytic_estimate(
         plan.params,
         r.state,

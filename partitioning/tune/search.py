@@ -90,6 +90,7 @@ class Search:
                 round(r.step_time / best, 3),
                 c.grad_accum,
                 c.microbatches,
+                c.repeats,
                 c.zero1,
                 REMAT_ORDER.get(c.remat, 0),
                 r.peak,
@@ -195,7 +196,8 @@ def _layout_key(plan: Plan, rules: Rules, c: Candidate) -> tuple:
     specs = tuple((leaf.path, normalize_spec(leaf.spec, sizes)) for leaf in plan.params + plan.opt_state)
     acts = tuple(normalize_spec(rules.resolve(names), sizes) for names in _ACTIVATIONS)
     used = tuple(sorted((a, n) for a, n in sizes.items() if n > 1))
-    return (c.remat, c.grad_accum, c.microbatches if c.stages > 1 else 1, used, specs, acts)
+    piped = (c.microbatches, c.repeats) if c.stages > 1 else (1, 1)
+    return (c.remat, c.grad_accum, piped, used, specs, acts)
 
 
 _ACTIVATIONS = (

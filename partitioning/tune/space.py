@@ -6,7 +6,9 @@ its rule table uses), a rule table (the presets and the config's own), ZeRO-1
 batch), a remat policy (when the model has a ``remat`` option), a number of
 micro-batches (gradient accumulation) and, with a ``stage`` axis, the
 pipeline's micro-batches ``M`` (``S, 2S, 4S, 8S``: the bubble
-``(S-1)/(M+S-1)`` against smaller matmuls). Candidates whose batch or layers
+``(S-1)/(M+S-1)`` against smaller matmuls) and repeats ``R`` (1: GPipe; 2, 4:
+the circular schedule, bubble ``(S-1)/(R M+S-1)`` against more shifts and
+the weights regrouped). Candidates whose batch or layers
 cannot be split as asked are rejected here, with the reason; the rest are
 priced by :mod:`partitioning.tune.search`.
 
@@ -33,6 +35,7 @@ from partitioning.tune.cost import Estimate
 # Mesh order, outermost first: pipeline stages across hosts, tensor parallelism on the fastest links.
 AXES = ("stage", "data", "fsdp", "expert", "tensor")
 PIPELINE_MICROBATCHES = (1, 2, 4, 8)  # M / S
+PIPELINE_REPEATS = (1, 2, 4)  # R: chunks of layers per stage
 # Large dimensions only: a ZeRO-1 split that does not divide would make the train step refuse the layout.
 ZERO1_RULES = [["embed", "data"], ["mlp", "data"], ["vocab", "data"]]
 
@@ -47,6 +50,7 @@ class Candidate:
     grad_accum: int = 1
     zero1: bool = False
     microbatches: int = 1  # pipeline micro-batches (a `stage` axis of size > 1)
+    repeats: int = 1  # pipeline repeats: chunks of layers per stage (circular for > 1)
 
     @property
     def stages(self) -> int:
@@ -68,7 +72,7 @@ class Candidate:
         if self.grad_accum > 1:
             parts.append(f"x{self.grad_accum} micro-batches")
         if self.stages > 1:
-            parts.append(f"M={self.microbatches}")
+            parts.append(f"M={self.microbatches}" + (f" R={self.repeats}" if self.repeats > 1 else ""))
         return " ".join(parts)
 
     def overrides(self, rules: Rules, optimizer_rules: Rules | None) -> list[str]:
@@ -80,6 +84,7 @@ class Candidate:
             f"optimizer_rules={_flow(optimizer_rules.to_config()) if optimizer_rules is not None else 'null'}",
             f"train.grad_accum={self.grad_accum}",
             f"train.microbatches={self.microbatches if self.stages > 1 else 'null'}",
+            f"train.pipeline_repeats={self.repeats if self.stages > 1 else 1}",
         ]
         if self.remat is not None:
             sets.append(f"model.remat={self.remat}")
@@ -93,6 +98,7 @@ class Candidate:
             "remat": self.remat,
             "grad_accum": self.grad_accum,
             "microbatches": self.microbatches,
+            "repeats": self.repeats,
             "label": self.label,
         }
 
@@ -196,7 +202,8 @@ def candidates(
                                     )
                                 )
                             continue
-                        out += [Candidate(mesh, name, remat, g, zero1, m) for m in fits]
+                        rs = [r for r in PIPELINE_REPEATS if layers % (stages * r) == 0] if stages > 1 else [1]
+                        out += [Candidate(mesh, name, remat, g, zero1, m, r) for m in fits for r in rs]
                 g *= 2
     return out
 
@@ -272,4 +279,5 @@ __all__ = [
     "batch_shards",
     "AXES",
     "PIPELINE_MICROBATCHES",
+    "PIPELINE_REPEATS",
 ]

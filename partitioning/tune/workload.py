@@ -238,6 +238,13 @@ def activation_shapes(w: Workload, micro_batch: int) -> dict[str, tuple[tuple[st
     return out
 
 
+def pipeline_share(stages: int, microbatches: int, repeats: int = 1) -> float:
+    """The share of the batch's per-layer work one device does pipelined: ``R M + S - 1`` iterations, each of
+    ``L / (S R)`` layers on one of ``M`` micro-batches, over ``L`` layers on the whole batch."""
+    s, m, r = int(stages), int(microbatches), int(repeats)
+    return (r * m + s - 1) / (r * m * s)
+
+
 def saved_bytes(none: float, R: float, Q: float, KV: float, M: float, S: float, s: int) -> dict[str, float]:
     """Per policy, the bytes one layer keeps for the backward pass (see the module docstring)."""
     return {
@@ -260,11 +267,13 @@ def activation_bytes(
     grad_accum: int = 1,
     stages: int = 1,
     microbatches: int = 1,
+    repeats: int = 1,
 ) -> dict[str, float]:
     """Per-device activation memory of one step, by part (see the module docstring), and ``total``.
 
-    Pipelined (``stages`` > 1, ``microbatches`` M) a device keeps its ``layers / stages`` layers'
-    activations for all ``M + stages - 1`` iterations of the schedule, each of one micro-batch.
+    Pipelined (``stages`` S > 1, ``microbatches`` M, ``repeats`` R) a device keeps, for each of the
+    ``R M + S - 1`` iterations of the schedule, the activations of one chunk of ``layers / (S R)``
+    layers on one micro-batch.
     """
     loc = {
         k: local_elements(rules, mesh, names, shape) for k, (names, shape) in activation_shapes(w, micro_batch).items()
@@ -276,7 +285,7 @@ def activation_bytes(
     none = s * (6 * R + 2 * Q + 2 * KV + 4 * M) + (8 + s) * S + 8 * R
     saved = saved_bytes(none, R, Q, KV, M, S, s).get(remat, none)
     parts = {
-        "layers": w.layers * saved * (1 if stages <= 1 else (microbatches + stages - 1) / (microbatches * stages)),
+        "layers": w.layers * saved * (1 if stages <= 1 else pipeline_share(stages, microbatches, repeats)),
         "recompute": none if remat != "none" else 0.0,
         "logits": 3 * 4 * loc.get("V", 0.0),
         "gathered_weights": 3 * gathered_layer_bytes,
@@ -286,4 +295,12 @@ def activation_bytes(
     return parts
 
 
-__all__ = ["Workload", "workload", "activation_bytes", "activation_shapes", "local_elements", "REMATS"]
+__all__ = [
+    "Workload",
+    "workload",
+    "activation_bytes",
+    "activation_shapes",
+    "local_elements",
+    "pipeline_share",
+    "REMATS",
+]

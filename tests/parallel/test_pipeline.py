@@ -1,6 +1,7 @@
 """Pipeline parallelism (partitioning.parallel.pipeline) through the Trainer: the same losses as the unpipelined
-model for S = 2 and 4 stages, alone and with fsdp and tp; checkpoints move between pipelined and unpipelined
-layouts bit-exact; layouts that cannot run are refused up front with errors naming what to change."""
+model for S = 2 and 4 stages, alone and with fsdp and tp, GPipe and circular (R = 2); checkpoints move between
+pipelined and unpipelined layouts bit-exact; layouts that cannot run are refused up front with errors naming
+what to change."""
 
 import flax.linen as nn
 import jax
@@ -26,6 +27,9 @@ LAYOUTS = {
     "pp_fsdp-S4": ({"stage": 4, "data": 1, "fsdp": 2}, "pp_fsdp", 8),
     "pp_tp-S2": ({"stage": 2, "data": 2, "tensor": 2}, pt.Rules.preset("pp") + TP, 4),
     "pp_tp-S4": ({"stage": 4, "data": 1, "tensor": 2}, pt.Rules.preset("pp") + TP, 8),
+    # Circular: 2 stages x 2 chunks of 1 layer; M > S (outputs wait a repeat in stage 0's buffer), M = S.
+    "pp-S2-R2": ({"stage": 2, "data": 4}, "pp", 4, 2),
+    "pp_fsdp-S2-R2": ({"stage": 2, "data": 1, "fsdp": 4}, "pp_fsdp", 2, 2),
 }
 
 
@@ -36,8 +40,8 @@ def reference(runs):
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_losses_equal_the_unpipelined_model(name, runs, reference):
-    mesh, rules, m = LAYOUTS[name]
-    tr, state, losses, _ = runs.run(name, small_gpt(), mesh, rules, microbatches=m)
+    mesh, rules, m, *r = LAYOUTS[name]
+    tr, state, losses, _ = runs.run(name, small_gpt(), mesh, rules, microbatches=m, pipeline_repeats=r[0] if r else 1)
     _, _, ref_losses, _ = reference
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
     assert losses[-1] < losses[0] - 0.5
@@ -45,12 +49,12 @@ def test_losses_equal_the_unpipelined_model(name, runs, reference):
     wi = state.params["blocks"]["mlp"]["wi_0"]  # (layers, embed, mlp)
     assert wi.sharding.spec[0] == "stage"
     assert wi.addressable_shards[0].data.shape[0] == 4 // mesh["stage"]
-    assert (tr.stages, tr.microbatches) == (mesh["stage"], m)
+    assert (tr.stages, tr.microbatches, tr.pipeline_repeats) == (mesh["stage"], m, r[0] if r else 1)
 
 
 def test_the_compiled_step_shifts_activations_with_collective_permutes(runs):
     mesh, rules, m = LAYOUTS["pp-S4"]
-    tr = runs.run("pp-S4", small_gpt(), mesh, rules, microbatches=m)[0]
+    tr = runs.run("pp-S4", small_gpt(), mesh, rules, microbatches=m, pipeline_repeats=1)[0]
     text = tr.lower_train_step().compile().as_text()
     ops = collectives(text)
     # XLA drops the op names of the stage loop's matmuls; the loop that runs them still tells their pass,
@@ -79,7 +83,7 @@ def test_checkpoints_move_between_pipelined_and_unpipelined_layouts(
         return (name, small_gpt(), *FSDP) if name == "fsdp" else (name, small_gpt(), *LAYOUTS[name][:2])
 
     def kw(name):
-        return {} if name == "fsdp" else {"microbatches": LAYOUTS[name][2]}
+        return {} if name == "fsdp" else {"microbatches": LAYOUTS[name][2], "pipeline_repeats": 1}
 
     a_tr, a_state, _, _ = runs.run(*case(src), **kw(src))
     b_tr = runs.run(*case(dst), **kw(dst))[0]
@@ -132,6 +136,18 @@ def test_layers_must_split_into_stages(runs, mesh_of):
         ),
         (dict(model=small_gpt(scan_layers=False)), r"no stacked 'layers' axis to split into stages", "stage"),
         (dict(axis_types="explicit"), r"use axis_types 'auto'", "axis_types"),
+        (
+            dict(microbatches=1, pipeline_repeats=2),
+            r"the circular schedule \(pipeline_repeats 2\) needs at least as many micro-batches as stages: "
+            r"microbatches 1 < 2 stages; use microbatches >= 2",
+            "microbatches",
+        ),
+        (
+            dict(pipeline_repeats=4),
+            r"4 layers cannot be split into 2 stages x 4 repeats: the number of layers must be a multiple of 8",
+            "repeats",
+        ),
+        (dict(pipeline_repeats=0), r"pipeline_repeats must be a positive integer, got 0", "repeats"),
     ],
 )
 def test_pipeline_layouts_that_cannot_run_are_refused(kw, match, arg, runs):
@@ -173,6 +189,11 @@ def test_a_pipeline_micro_batch_must_split_over_the_batch_axes():
             "shape: {stage: 2, data: 4}\n  devices: 8\ntrain: {batch_size: 16, seq_len: 8, microbatches: 5}",
             "train.microbatches",
             "batch_size 16 cannot be split into 5 pipeline micro-batches",
+        ),
+        (
+            "shape: {stage: 2, data: 4}\n  devices: 8\ntrain: {batch_size: 16, seq_len: 8, pipeline_repeats: 4}",
+            "train.pipeline_repeats",
+            "4 layers cannot be split into 2 stages x 4 repeats",
         ),
     ],
 )

@@ -10,6 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
 from partitioning.parallel import bubble_fraction, gpipe
+from partitioning.parallel.schedule import stage_chunks
 from partitioning.plan.hlo import collectives
 
 L, B, D = 8, 16, 32
@@ -48,16 +49,21 @@ def test_bubble_fraction():
     assert bubble_fraction(1, 8) == 0.0
     # The interleaved (circular) form: R repeats divide the bubble.
     assert bubble_fraction(4, 4, repeats=2) == pytest.approx(3 / 11)
+    assert stage_chunks(4, 2) == [[0, 4], [1, 5], [2, 6], [3, 7]]
 
 
-@pytest.mark.parametrize("stages,micro", [(2, 1), (2, 4), (4, 4), (4, 8)])
-def test_gpipe_equals_the_layers_applied_in_order(data, stages, micro):
+@pytest.mark.parametrize(
+    "stages,micro,repeats", [(2, 1, 1), (2, 4, 1), (4, 4, 1), (4, 8, 1), (2, 2, 2), (2, 4, 4), (4, 8, 2)]
+)
+def test_gpipe_equals_the_layers_applied_in_order(data, stages, micro, repeats):
     ws, x, scale = data
     mesh = pt.make_mesh({"stage": stages, "data": -1})
     rules = pt.Rules([("layers", "stage"), ("batch", "data")])
 
     def piped(ws, x, scale):
-        return gpipe(layer_fn, ws, x, (scale,), stages=stages, microbatches=micro, batch_axes=("data",))
+        return gpipe(
+            layer_fn, ws, x, (scale,), stages=stages, microbatches=micro, repeats=repeats, batch_axes=("data",)
+        )
 
     with pt.sharding_context(mesh, rules):
         wsh = jax.device_put(ws, NamedSharding(mesh, P("stage")))

@@ -28,7 +28,7 @@ EXPERTS = {
 
 def test_pipeline_cost():
     c = pipeline_cost(STACK, {"stage": 4, "data": 2})
-    assert c["bubble"] == pytest.approx(3 / 11) and c["bubble_interleaved_r2"] == pytest.approx(3 / 19)
+    assert c["bubble"] == c["bubble_gpipe"] == pytest.approx(3 / 11) and c["regroup_bytes"] == 0
     assert (c["layers_per_stage"], c["iterations"], c["micro_batch_rows"]) == (2, 11, 4)
     micro = (32 // 8 // 2) * 128 * 64 * 2  # 2 rows of (128, 64) bf16 on each device
     assert c["activation_bytes"] == micro

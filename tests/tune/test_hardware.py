@@ -4,7 +4,8 @@ profiles from YAML files, and one-line errors."""
 import pytest
 
 from partitioning.errors import ConfigError
-from partitioning.tune.hardware import PROFILES, collective_time, hardware, load_hardware, profile_names
+from partitioning.tune.hardware import PROFILES, collective_time, hardware, profile_names
+from partitioning.tune.hardware_file import load_hardware
 
 
 def test_every_profile_cites_its_sources_and_has_positive_numbers():

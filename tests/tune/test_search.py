@@ -156,14 +156,15 @@ def test_stage_candidates_split_the_stacked_layers(moe_search):
 
 
 @pytest.mark.parametrize(
-    "rules,mesh,micro",
+    "rules,mesh,micro,repeats",
     [
-        ("pp", {"stage": 4, "data": 2}, 8),
-        ("pp_fsdp", {"stage": 2, "data": 1, "fsdp": 4}, 4),
-        ("ep", {"data": 1, "fsdp": 2, "expert": 4}, 1),
+        ("pp", {"stage": 4, "data": 2}, 8, 1),
+        ("pp_fsdp", {"stage": 2, "data": 1, "fsdp": 4}, 4, 1),
+        ("pp_fsdp", {"stage": 2, "data": 1, "fsdp": 4}, 4, 2),
+        ("ep", {"data": 1, "fsdp": 2, "expert": 4}, 1, 1),
     ],
 )
-def test_pipeline_and_expert_bytes_equal_what_plan_traces(moe_search, rules, mesh, micro):
+def test_pipeline_and_expert_bytes_equal_what_plan_traces(moe_search, rules, mesh, micro, repeats):
     """The tuner's collective-permute and all-to-all bytes are plan's (pt.parallel_costs traces that layout)."""
     model, params, s, _ = moe_search
     [r] = [
@@ -173,20 +174,35 @@ def test_pipeline_and_expert_bytes_equal_what_plan_traces(moe_search, rules, mes
         and r.candidate.sizes == mesh
         and r.fits
         and r.candidate.microbatches == micro
+        and r.candidate.repeats == repeats
         and r.candidate.grad_accum == 1
         and r.candidate.remat is None
         and not r.candidate.zero1
     ]
     costs = pt.parallel_costs(
-        model, params, mesh, rules, batch_size=16, seq_len=16, microbatches=micro if "stage" in mesh else None
+        model,
+        params,
+        mesh,
+        rules,
+        batch_size=16,
+        seq_len=16,
+        microbatches=micro if "stage" in mesh else None,
+        repeats=repeats,
     )
     comm = {}
     for c in r.analytic.comm:
         comm[(c.label, c.kind)] = comm.get((c.label, c.kind), 0) + c.bytes
     if "stage" in mesh:
-        assert comm[("stage", "collective-permute")] == costs["pipeline"]["collective_permute_bytes"]
-        bubble = (mesh["stage"] - 1) / micro * (r.analytic.compute["fwd"] + r.analytic.compute["bwd"])
+        shifts = sum(c.bytes for c in r.analytic.comm if c.what == "activations to the next stage")
+        assert shifts == costs["pipeline"]["collective_permute_bytes"]
+        bubble = (mesh["stage"] - 1) / (repeats * micro) * (r.analytic.compute["fwd"] + r.analytic.compute["bwd"])
         assert r.analytic.other["pipeline bubble"] == pytest.approx(bubble)
+        # The circular schedule regroups the stage's stored layers once per pass: half of them move here
+        # (2 stages x 2 repeats), the weights forward and their gradients back.
+        leaves = build_plan(params, None, mesh, rules).params
+        stacked = sum(leaf.per_device_bytes for leaf in leaves if "layers" in (leaf.names or ()))
+        regroup = sum(c.bytes for c in r.analytic.comm if "circular" in c.what)
+        assert regroup == (stacked if repeats == 2 else 0)
         assert not any(
             c.kind == "all-reduce" and "stage" in c.axes and c.phase == "fwd" and "matmul" in c.what
             for c in r.analytic.comm

@@ -1,0 +1,115 @@
+"""A hardware profile from a YAML file: :class:`~partitioning.tune.hardware.Hardware`'s keys, every error at
+``file:line``.
+
+Example (``my_gpu.yaml``)::
+
+    name: my-gpu
+    peak_flops: 4.0e14
+    memory: 48GiB
+    memory_bandwidth: 1.0e12
+    topology: nodes
+    node_size: 4
+    link_bandwidth: 2.0e11
+    network_bandwidth: 2.5e10
+
+    >>> load_hardware("my_gpu.yaml").peak_flops
+    400000000000000.0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from partitioning.errors import ConfigError, did_you_mean
+from partitioning.tune.hardware import KINDS, Hardware
+from partitioning.yamlfile import read_yaml, where
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Hardware)}
+_REQUIRED = ("peak_flops", "memory", "memory_bandwidth", "topology", "node_size", "link_bandwidth", "network_bandwidth")
+
+
+def load_hardware(path: str | Path) -> Hardware:
+    """A profile from a YAML file with :class:`Hardware`'s keys (sizes may be written ``80GiB``).
+
+    Example (``my_gpu.yaml``)::
+
+        name: my-gpu
+        peak_flops: 4.0e14
+        memory: 48GiB
+        memory_bandwidth: 1.0e12
+        topology: nodes          # or torus (then torus_dims: 2 or 3)
+        node_size: 4
+        link_bandwidth: 2.0e11   # bytes/s per device inside a node (per torus axis for a torus)
+        network_bandwidth: 2.5e10
+    """
+    from partitioning.config.schema import parse_bytes  # the size parser the configs use
+
+    shown = str(path)
+    data, lines = read_yaml(Path(path), "hardware file")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{shown}: a hardware file is a mapping with keys {', '.join(_REQUIRED)}")
+    errors = []
+    for k in data:
+        if k not in _FIELDS:
+            errors.append(f"{where(shown, lines, (k,))}: unknown key{did_you_mean(k, list(_FIELDS))}")
+    for k in _REQUIRED:
+        if k not in data:
+            errors.append(f"{shown}: missing key {k!r}")
+    kw: dict[str, Any] = {"name": str(data.get("name", Path(path).stem))}
+    for k, v in data.items():
+        if k not in _FIELDS or k == "name":
+            continue
+        try:
+            kw[k] = _value(k, v, parse_bytes)
+        except (TypeError, ValueError) as e:
+            errors.append(f"{where(shown, lines, (k,))}: {e}")
+    if errors:
+        raise ConfigError("\n".join(errors))
+    return Hardware(**kw)
+
+
+def _value(key: str, v: Any, parse_bytes: Any) -> Any:
+    if key == "topology":
+        if v not in ("nodes", "torus"):
+            raise ValueError(f"expected 'nodes' or 'torus', got {v!r}")
+        return v
+    if key == "alloc_bandwidth":
+        return None if v is None else _positive(v)
+    if key in ("description",):
+        return str(v)
+    if key == "sources":
+        return tuple(str(x) for x in (v if isinstance(v, list) else [v]))
+    if key in ("overlap", "measured"):
+        if not isinstance(v, bool):
+            raise ValueError(f"expected true or false, got {v!r}")
+        return v
+    if key == "collective_bandwidth":
+        if not isinstance(v, dict) or any(k not in KINDS for k in v):
+            raise ValueError(f"expected a mapping of {', '.join(KINDS)} to bytes/s")
+        return {k: _positive(x) for k, x in v.items()}
+    if key == "efficiency":
+        v = _positive(v)
+        if v > 1:
+            raise ValueError(f"expected a share of peak_flops in (0, 1], got {v!r}")
+        return v
+    if key in ("memory",):
+        n = parse_bytes(v)
+        if n < 1:
+            raise ValueError("must be at least 1 byte")
+        return n
+    if key in ("node_size", "torus_dims"):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "torus_dims" else 1):
+            raise ValueError(f"expected a positive integer, got {v!r}")
+        return v
+    return _positive(v)
+
+
+def _positive(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise ValueError(f"expected a positive number, got {v!r}")
+    return float(v)
+
+
+__all__ = ["load_hardware"]
