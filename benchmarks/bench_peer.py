@@ -270,6 +270,11 @@ def _rss(out: str) -> int | None:
 # -- the comparison -----------------------------------------------------------------------------------
 
 
+def _ratio(a: float, b: float) -> float | None:
+    """a / b; None when either is not a positive time (MaxText's log may time its first step after compiling it)."""
+    return a / b if a > 0 and b > 0 else None
+
+
 def _median_tail(xs: list[float]) -> float:
     tail = xs[10:] if len(xs) > 12 else xs[1:] or xs
     return statistics.median(tail)
@@ -299,8 +304,9 @@ def pairing(name, size_name, layout, ours_remat, mt_remat, runs, steps, venv, wo
         "step_time_ratio": o_step / m_step,
         "flops_ratio_6ND": (6 * n_ours * tokens / o_step) / (6 * n_mt * tokens / m_step),
         "params": {"ours": n_ours, "maxtext": n_mt},
-        "compile_time_ratio": statistics.median(r["compile_s"] for r in ours)
-        / statistics.median(r["compile_s"] for r in theirs),
+        "compile_time_ratio": _ratio(
+            statistics.median(r["compile_s"] for r in ours), statistics.median(r["compile_s"] for r in theirs)
+        ),
         "ours_first_step_s": statistics.median(r["first_step_s"] for r in ours),
         "maxtext_first_step_s": statistics.median(r["first_step_s"] for r in theirs),
         "first_step_ratio": statistics.median(r["first_step_s"] for r in ours)
@@ -340,10 +346,8 @@ def main(argv=None) -> int:
     print(f"{'pairing':<26} {'size':>4} {'layout':>8} {'step ours/MT':>13} {'rss ours/MT':>12} {'compile':>8}")
     for r in out:
         rss = f"{r['rss_ratio']:.2f}" if r["rss_ratio"] else "-"
-        print(
-            f"{r['name']:<26} {r['shape']:>4} {r['layout']:>8} {r['step_time_ratio']:>13.3f} {rss:>12} "
-            f"{r['compile_time_ratio']:>8.2f}"
-        )
+        comp = f"{r['compile_time_ratio']:.2f}" if r["compile_time_ratio"] else "-"
+        print(f"{r['name']:<26} {r['shape']:>4} {r['layout']:>8} {r['step_time_ratio']:>13.3f} {rss:>12} {comp:>8}")
     report({"pairings": out, "skipped": None}, args.json)
     return 0
 

@@ -91,6 +91,7 @@ def choose_remat(
     optimizer_rules: Rules | None = None,
     grad_accum: int = 1,
     microbatches: int = 1,
+    repeats: int = 1,
     records: Sequence[Mapping[str, Any]] = (),
     activations: Sequence[Any] = (),
     on_indivisible: str = "error",
@@ -98,7 +99,8 @@ def choose_remat(
     """The fastest of ``policies`` that fits ``budget`` for this layout (see the module docstring).
 
     ``params`` / ``opt_state``: the boxed abstract state; ``mesh``: ``{axis: size}``; ``records``: one
-    traced forward pass (pipeline and expert costs), as for :func:`partitioning.tune.search.search`.
+    traced forward pass (pipeline and expert costs), as for :func:`partitioning.tune.search.search`;
+    ``microbatches`` / ``repeats``: the pipeline's ``M`` / ``R``.
     """
     if not policies:
         raise ValueError("choose_remat: no policies to choose from")
@@ -119,7 +121,7 @@ def choose_remat(
         price(
             params,
             opt_state,
-            Candidate(tuple(sizes.items()), RUN, p, grad_accum, False, microbatches),
+            Candidate(tuple(sizes.items()), RUN, p, grad_accum, False, microbatches, repeats),
             rules,
             w,
             hw,
