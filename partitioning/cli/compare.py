@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from pydantic import ValidationError
 from rich.table import Table
@@ -20,8 +21,9 @@ from partitioning.cli.render import console
 from partitioning.config.load import load_config
 from partitioning.config.schema import MeshConfig
 from partitioning.config.tables import describe, table_layout
-from partitioning.errors import ConfigError
+from partitioning.errors import ConfigError, PartitioningError
 from partitioning.fmt import fmt_bytes, fmt_mesh
+from partitioning.rules import Rules
 from partitioning.yamlfile import load_value
 
 HELP = "side by side per-device memory, communication and replication of several rule tables, each on its mesh"
@@ -71,9 +73,19 @@ def _meshes(args: argparse.Namespace) -> list[dict[str, int] | None]:
     return out
 
 
+def _check_tables(names: list[str]) -> None:
+    """Every --rules table exists (a preset, or a rules file): a typo is bad input, not a layout that does not fit."""
+    for n in names:
+        try:
+            Rules.from_yaml(Path(n)) if n.endswith((".yaml", ".yml")) else Rules.preset(n)
+        except PartitioningError as e:
+            raise ConfigError(f"--rules {n}: {e}", arg="rules") from None
+
+
 def run(args: argparse.Namespace) -> int:
     sets = list(args.set or [])
     cfg0 = load_config(args.config, sets)
+    _check_tables(args.rules)
     meshes = _meshes(args)
     devices, here = setup_devices(cfg0, args)
     rows, layouts, refused = [], [], []
