@@ -268,9 +268,7 @@ def parallel_comm(
     return out
 
 
-def bubble_time(
-    compute: Mapping[str, float], stages: int, microbatches: int, repeats: int = 1
-) -> dict[str, float]:
+def bubble_time(compute: Mapping[str, float], stages: int, microbatches: int, repeats: int = 1) -> dict[str, float]:
     """``{"pipeline bubble": s}``: the stages' idle time, ``(S-1)/(R M)`` of their forward and backward compute."""
     if stages <= 1:
         return {}
