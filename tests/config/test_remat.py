@@ -5,6 +5,7 @@ import json
 import jax
 import pytest
 
+import partitioning.config.remat
 from partitioning.config.build import mesh_from_config, model_from_config, model_options_resolved
 from partitioning.config.load import load_config
 from partitioning.config.remat import is_auto, remat_policies, resolve_remat
@@ -88,3 +89,26 @@ def test_same_losses_and_gradients_as_without_remat(tmp_path, cached_cpu):
     assert float(loss) == pytest.approx(float(loss_none), rel=1e-6)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_none), strict=True):
         assert jax.numpy.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_circular_pipeline_is_priced_with_its_repeats(tmp_path, cached_cpu, monkeypatch):
+    """``train.pipeline_repeats`` reaches the pricing (it crashed the run's start with a TypeError once)."""
+    (tmp_path / "run.yaml").write_text(
+        "model: {name: gpt, vocab_size: 64, embed: 32, heads: 4, mlp: 64, layers: 4}\n"
+        "mesh: {shape: {stage: 2, data: 4}, devices: 8}\nrules: pp\n"
+        "train: {batch_size: 16, seq_len: 8, microbatches: 4, pipeline_repeats: 2}\n"
+    )
+    cfg = load_config(str(tmp_path / "run.yaml"))
+    choices = []
+    real = partitioning.config.remat.choose_remat
+    monkeypatch.setattr(
+        "partitioning.config.remat.choose_remat", lambda *a, **kw: choices.append(real(*a, **kw)) or choices[-1]
+    )
+    resolved, note = resolve_remat(cfg, mesh_from_config(cfg))
+    assert note.startswith(f"remat: auto -> {resolved.model_options['remat']}: the fastest of 4 policies, est. ")
+    [choice] = choices
+    for r in choice.results:
+        assert (r.candidate.stages, r.candidate.microbatches, r.candidate.repeats) == (2, 4, 2)
+        # The circular schedule's bubble: (S-1)/(R M) of the stages' compute, half of GPipe's.
+        compute = r.analytic.compute["fwd"] + r.analytic.compute["bwd"]
+        assert r.analytic.other["pipeline bubble"] == pytest.approx(compute / 8)
