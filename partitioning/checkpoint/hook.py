@@ -143,7 +143,7 @@ class CheckpointHook:
             alive = leaves and not any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves)
             # A diverged state ("nonfinite") or a run that failed is never saved.
             step = state_step(state) if alive else None
-            if self.save_on_exit and alive and reason not in ("nonfinite", "failed") and step != self._tried:
+            if self.save_on_exit and step is not None and reason not in ("nonfinite", "failed") and step != self._tried:
                 last = self._last_metrics
                 metrics = last[1] if last is not None and last[0] == step else None
                 with self._failures():

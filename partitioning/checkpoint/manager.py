@@ -286,9 +286,11 @@ class CheckpointManager:
         if step is not None:
             drop_unfinished(self.directory, step)
         if is_disk_full(error):
-            return disk_full_error(self.directory, step, self._needed.get(step), self._latest_complete())
+            needed = self._needed.get(step) if step is not None else None
+            return disk_full_error(self.directory, step, needed, self._latest_complete())
         what = getattr(error, "strerror", None) or error
-        return CheckpointError(f"{self.directory}/{step}: cannot write checkpoint: {what}")
+        where = self.directory if step is None else self.directory / str(step)
+        return CheckpointError(f"{where}: cannot write checkpoint: {what}")
 
     def _latest_complete(self) -> int | None:
         """The newest step complete on disk (orbax's own list also holds a save that failed)."""

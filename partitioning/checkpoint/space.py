@@ -19,6 +19,7 @@ import math
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,9 @@ _OS_CODE = re.compile(r"os_error_code='?(\d+)")
 OVERHEAD = 1.05
 
 
-def _causes(e: BaseException):
+def _causes(error: BaseException) -> Iterator[BaseException]:
     seen = set()
+    e: BaseException | None = error
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         yield e
@@ -81,8 +83,9 @@ def free_bytes(directory: str | os.PathLike) -> int | None:
         return None
 
 
-def disk_full_error(directory: Path, step: int, needed: int | None, latest: int | None) -> CheckpointError:
-    """``DIR/6: no space left on device: the checkpoint needs about 1.2 MiB (1,234,567 bytes), 0.4 MiB free``."""
+def disk_full_error(directory: Path, step: int | None, needed: int | None, latest: int | None) -> CheckpointError:
+    """``DIR/6: no space left on device: the checkpoint needs about 1.2 MiB (1,234,567 bytes), 0.4 MiB free``
+    (``DIR:`` when the failed save's step is unknown)."""
     free = free_bytes(directory)
     if needed and (free is None or needed > free):
         need = f"needs about {fmt_bytes(needed)} ({needed:,} bytes)"
@@ -91,9 +94,10 @@ def disk_full_error(directory: Path, step: int, needed: int | None, latest: int 
         need, have = f"needs more than the {fmt_bytes(free)} ({free:,} bytes) free", ""
     else:
         need, have = "does not fit", ""
+    where = directory if step is None else directory / str(step)
     kept = f"; the latest complete checkpoint is step {latest}" if latest is not None else ""
     return CheckpointError(
-        f"{directory}/{step}: no space left on device: this checkpoint {need}{have}{kept}; free space, "
+        f"{where}: no space left on device: this checkpoint {need}{have}{kept}; free space, "
         f"lower checkpoint.keep, or point checkpoint.dir at a larger disk"
     )
 

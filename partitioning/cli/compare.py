@@ -92,20 +92,20 @@ def run(args: argparse.Namespace) -> int:
     for name, mesh in zip(args.rules, meshes, strict=True):
         t0 = time.perf_counter()
         try:
-            t = table_layout(args.config, sets, name, devices, mesh)
+            layout = table_layout(args.config, sets, name, devices, mesh)
         except ConfigError as e:
             # A table no mesh of these devices can hold (e.g. fsdp alone with a batch smaller than the devices)
             # is a finding of the comparison, not the end of it.
             refused.append((name, str(e)))
             continue
-        layouts.append(t)
-        plan = t.plan
-        view = compiled(t.cfg, args, devices, here, plan, extra_set=t.overrides)
+        layouts.append(layout)
+        plan = layout.plan
+        view = compiled(layout.cfg, args, devices, here, plan, extra_set=layout.overrides)
         rows.append(
             {
                 "rules": name,
                 "mesh": plan.mesh,
-                "mesh_source": t.source,
+                "mesh_source": layout.source,
                 "totals": plan.totals,
                 "replicated_share": plan.replicated_share,
                 "warnings": plan.warnings(),
@@ -117,9 +117,9 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         raise ConfigError(refused[0][1])
     out = console()
-    t = Table(title=f"{cfg0.model_name} on {devices:,} devices: per device, each table on its mesh")
-    t.add_column("rules")
-    t.add_column("mesh")
+    table = Table(title=f"{cfg0.model_name} on {devices:,} devices: per device, each table on its mesh")
+    table.add_column("rules")
+    table.add_column("mesh")
     for col in (
         "params",
         "optimizer",
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         "coll. permute",
         "collectives",
     ):
-        t.add_column(col, justify="right")
+        table.add_column(col, justify="right")
     for r in rows:
         tot = r["totals"]
         cells = [fmt_bytes(tot[k]["per_device"]) for k in ("params", "optimizer", "gradients", "total")]
@@ -150,10 +150,10 @@ def run(args: argparse.Namespace) -> int:
             cells.append(fmt_bytes(sum(x["bytes"] for x in c.values())))
         else:
             cells += ["-"] * 6
-        t.add_row(r["rules"], fmt_mesh(r["mesh"]), *cells)
+        table.add_row(r["rules"], fmt_mesh(r["mesh"]), *cells)
     for name, _ in refused:
-        t.add_row(name, "no mesh fits", *["-"] * 12)
-    out.print(t)
+        table.add_row(name, "no mesh fits", *["-"] * 12)
+    out.print(table)
     out.print("collective columns: bytes per step per device (buffer sizes; loop iterations counted)")
     out.print("meshes: " + "; ".join(describe(x) for x in layouts), highlight=False, markup=False)
     for name, why in refused:

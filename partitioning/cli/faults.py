@@ -64,7 +64,12 @@ class RunLocks:
             if not _inside(ckpt, run_dir):
                 # Beside it, not inside: --no-resume moves the directory aside whole.
                 self.locks.append(RunLock(ckpt, "checkpoint directory", ckpt.with_name(ckpt.name + ".lock")))
-        self._agree(lambda: [lock.check() for lock in self.locks])
+
+        def look() -> None:
+            for lock in self.locks:
+                lock.check()
+
+        self._agree(look)
 
     def acquire(self) -> None:
         def take() -> None:

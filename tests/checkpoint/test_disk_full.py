@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from partitioning.checkpoint import CheckpointManager, restore_checkpoint
 from partitioning.checkpoint import manager as manager_module
 from partitioning.checkpoint.disk import list_steps
+from partitioning.checkpoint.space import disk_full_error
 from partitioning.errors import CheckpointError
 
 TINY = """\
@@ -122,3 +123,10 @@ def test_a_disk_that_fills_mid_write_is_one_error_and_leaves_nothing_unfinished(
         "w": jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=w.sharding),
     }
     assert np.array_equal(np.asarray(restore_checkpoint(d / "ck", target)["w"]), np.asarray(w))
+
+
+def test_a_full_disk_whose_step_is_unknown_names_the_directory(tmp_path):
+    """A failed asynchronous save reported when no step is pending names the directory, not ``DIR/None``."""
+    msg = str(disk_full_error(tmp_path, None, None, 3))
+    assert msg.startswith(f"{tmp_path}: no space left on device: this checkpoint ") and "None" not in msg
+    assert "the latest complete checkpoint is step 3" in msg

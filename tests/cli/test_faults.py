@@ -94,10 +94,12 @@ def test_a_diverging_run_stops_at_once_saves_nothing_and_names_the_last_good_che
     # A sane first stretch saves step 2; then a huge learning rate sends the loss to NaN.
     r = run_cli_in_process("train", "run.yaml", "--no-progress", "--set", "train.steps=2")
     assert r.returncode == 0, r.stderr
+    # --resume: a changed optimizer is another experiment unless the run says it continues the checkpoint.
     r = run_cli_in_process(
         "train",
         "run.yaml",
         "--no-progress",
+        "--resume",
         "--set",
         "optimizer.lr=1e4",
         "--set",
