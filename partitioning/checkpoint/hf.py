@@ -114,7 +114,7 @@ def load_hf(
     param_dtype: str | None = None,
     scan_layers: bool = True,
     remat: str = "none",
-    on_indivisible: str = "error",
+    on_indivisible: str = "replicate",
 ) -> tuple[Any, dict[str, Any]]:
     """``(model, {"params": ...})`` from a Hugging Face checkpoint, every array born in its shard.
 
@@ -122,7 +122,8 @@ def load_hf(
     else the ``fsdp`` preset. Without a ``mesh`` the arrays are on the first local device. Each
     process reads only the bytes of its devices' shards; ``.safetensors`` in float32, bfloat16 or
     float16 are cast to ``param_dtype`` (default float32). ``model.apply(variables, tokens)`` gives
-    the logits ``transformers`` gives.
+    the logits ``transformers`` gives. A dimension the mesh does not divide (a vocabulary of 32,001
+    on 8 devices) is replicated along that axis with a warning; ``on_indivisible="error"`` refuses it.
 
     Example::
 

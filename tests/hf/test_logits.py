@@ -17,7 +17,7 @@ def check_logits(name: str, preset: str, scan: bool) -> dict:
     # Gemma's and Mistral's single kv head cannot split over `tensor`: replicated, with a warning.
     if name in ("gemma", "mistral") and preset == "fsdp_tp":
         with pytest.warns(pt.IndivisibleWarning, match="kv_heads"):
-            model, variables = pt.load_hf(fixture(name), mesh, preset, scan_layers=scan, on_indivisible="replicate")
+            model, variables = pt.load_hf(fixture(name), mesh, preset, scan_layers=scan)
         assert variables["params"]["embedding"].sharding.spec == P("tensor", "fsdp")
     else:
         model, variables = pt.load_hf(fixture(name), mesh, preset, scan_layers=scan)
@@ -84,3 +84,13 @@ def test_without_a_mesh_on_one_device_and_the_context_rules_otherwise():
     assert variables["params"]["blocks"]["mlp"]["wo"].sharding.spec == P(None, None, "tensor")
     _, variables = pt.load_hf(fixture("qwen2"), mesh)  # no context: fsdp
     assert variables["params"]["blocks"]["mlp"]["wo"].sharding.spec == P(None, "fsdp", None)
+
+
+def test_an_indivisible_dimension_is_refused_when_asked():
+    # The default replicates (above); a user who wants every rule honoured gets the tensor and the axis.
+    with pytest.raises(pt.ShardingError) as e:
+        pt.load_hf(fixture("gemma"), mesh_for("fsdp_tp"), "fsdp_tp", on_indivisible="error")
+    assert str(e.value) == (
+        "blocks/attn/k: dim 1 ('kv_heads', size 1) is not divisible by mesh axes ('tensor',) of size 2; "
+        "change the rule or the size, or set on_indivisible: replicate"
+    )
