@@ -211,11 +211,14 @@ def _linen_logical_to_mesh_axes(array_dim_names: Sequence[Any] | None, rules: An
     Dims nothing claimed stay Flax's "unassigned" so its fallback modes apply unchanged.
     """
     record(array_dim_names)
+    flax_walk = _flax_logical_to_mesh_axes
+    if array_dim_names is None or flax_walk is None:  # as Flax: an unnamed array has no axes
+        return None
     context = flax_spmd.get_logical_axis_rules()
     table = rules if rules is not None else context
-    if isinstance(table, Rules) and table.follows and array_dim_names is not None:
+    if isinstance(table, Rules) and table.follows:
         array_dim_names = canonical(array_dim_names, table.follows)  # activation_embed -> embed, ...
-    result = _flax_logical_to_mesh_axes(array_dim_names, rules)
+    result = flax_walk(array_dim_names, rules)
     toolkit = isinstance(table, Rules) or isinstance(context, Rules)
     sizes = context_sizes()
     if result is None or not toolkit or not sizes or _UNASSIGNED is None or not isinstance(table, (tuple, list)):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import jax
 
@@ -124,7 +125,7 @@ def initialize_distributed(
                 raise MeshError(f"{global_devices} devices cannot be split evenly over {num_processes} processes")
             jax.config.update("jax_num_cpu_devices", global_devices // num_processes)
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    timeouts = jax_timeouts(peer_timeout) if peer_timeout else {}
+    timeouts: dict[str, Any] = jax_timeouts(peer_timeout) if peer_timeout else {}
     try:
         if all(given):
             jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id, **timeouts)

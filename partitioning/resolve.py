@@ -37,14 +37,14 @@ import dataclasses
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast, overload
 
 from jax.sharding import PartitionSpec
 
 from partitioning.errors import RuleError, ShardingError, did_you_mean
 from partitioning.follows import canonical
 
-MeshAxes = None | str | tuple[str, ...]
+MeshAxes = None | str | tuple[str, ...] | Any  # Any: PartitionSpec.UNCONSTRAINED
 Pair = tuple[str, MeshAxes]
 
 ON_INDIVISIBLE = ("error", "replicate")
@@ -241,6 +241,28 @@ class TableWalk:
     origins: tuple[str, ...]
     follows: dict[str, str]
 
+    @overload
+    def resolve(
+        self,
+        names: Sequence[Any],
+        shape: Sequence[int] | None = None,
+        mesh: Any = None,
+        *,
+        on_indivisible: str = "error",
+        path: str = "",
+    ) -> PartitionSpec: ...
+
+    @overload
+    def resolve(
+        self,
+        names: None,
+        shape: Sequence[int] | None = None,
+        mesh: Any = None,
+        *,
+        on_indivisible: str = "error",
+        path: str = "",
+    ) -> None: ...
+
     def resolve(
         self,
         names: Sequence[Any] | None,
@@ -289,8 +311,18 @@ class TableWalk:
         original = tuple(names)
         names = canonical(original, self.follows)
         inner: list | None = [] if log is not None and names != original else log
-        out = walk(self, self.origins, names, shape, mesh, on_indivisible, path, inner, unassigned_as=unassigned_as)
-        if inner is not log and log is not None:
+        out = walk(
+            cast(Sequence[Pair], self),
+            self.origins,
+            names,
+            shape,
+            mesh,
+            on_indivisible,
+            path,
+            inner,
+            unassigned_as=unassigned_as,
+        )
+        if inner is not None and inner is not log and log is not None:
             for d in inner:
                 if d.dim < len(original) and original[d.dim] != names[d.dim]:
                     note = f"{original[d.dim]!r} follows {names[d.dim]!r}"

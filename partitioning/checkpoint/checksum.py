@@ -66,7 +66,7 @@ def host_pieces(state: Any) -> list[tuple[str, list[list[int]], np.ndarray]]:
 
 
 def crc_of(arr: np.ndarray) -> int:
-    return int(crc32c.crc32c(np.ascontiguousarray(arr)))
+    return int(crc32c.crc32c(np.ascontiguousarray(arr).data))
 
 
 def records(pieces: list[tuple[str, list[list[int]], np.ndarray]]) -> dict[str, list[dict[str, Any]]]:

@@ -153,11 +153,11 @@ class Reader:
                 sub = boxed[0][1][_local(piece, boxed[0][0])]
                 if sub.dtype == s.dtype and sub.flags.c_contiguous and sub.nbytes == span:
                     # Already the shard's bytes in its order and dtype: read straight into it.
-                    self._pread(s, first, memoryview(sub.reshape(-1).view(np.uint8)))
+                    self._pread(s, first, sub.reshape(-1).view(np.uint8).data)
                     continue
             if self.scratch is None or self.scratch.nbytes < span:
                 self.scratch = np.empty(max(span, min(self.chunk, 2**20)), np.uint8)
-            self._pread(s, first, memoryview(self.scratch)[:span])
+            self._pread(s, first, self.scratch.data[:span])
             shape_p = tuple(b - a for a, b in piece)
             src = np.ndarray(shape_p, s.dtype, buffer=self.scratch, offset=0, strides=strides)
             for b, v in boxed:

@@ -24,7 +24,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jax
 import numpy as np
@@ -51,7 +51,7 @@ def host_value(x: Any, layer: int | None = None) -> np.ndarray:
         return np.asarray(multihost_utils.process_allgather(part, tiled=True))
     shape = x.shape if layer is None else x.shape[1:]
     out = np.empty(shape, x.dtype)
-    cpu = all(d.platform == "cpu" for d in x.sharding.device_set)
+    cpu = all(d.platform == "cpu" for d in cast(set[jax.Device], x.sharding.device_set))
     seen = set()
     for shard in x.addressable_shards:
         box = tuple(s.indices(n)[:2] for s, n in zip(shard.index, x.shape, strict=True))

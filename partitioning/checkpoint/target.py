@@ -57,12 +57,12 @@ def check_fits(ref: CheckpointRef, saved: dict[str, Any], target: Any, partial: 
             (p, f"{p}: only in the checkpoint ({fmt_shape(md.shape)})") for p, md in saved.items() if p not in want
         ]
     # Parameters first: they name the model change; optimizer moments only repeat it.
-    diffs = [d for _, d in sorted(diffs, key=lambda pd: not pd[0].startswith("params"))]
-    if diffs:
-        more = f"; … and {len(diffs) - 5} more" if len(diffs) > 5 else ""
+    lines = [d for _, d in sorted(diffs, key=lambda pd: not pd[0].startswith("params"))]
+    if lines:
+        more = f"; … and {len(lines) - 5} more" if len(lines) > 5 else ""
         raise CheckpointError(
-            f"checkpoint {ref} does not fit the model ({len(diffs)} of {len(want)} arrays differ): "
-            + "; ".join(diffs[:5])
+            f"checkpoint {ref} does not fit the model ({len(lines)} of {len(want)} arrays differ): "
+            + "; ".join(lines[:5])
             + more
         )
 

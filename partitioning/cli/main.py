@@ -77,7 +77,7 @@ def plain_warnings() -> None:
     if getattr(previous, "plain", False):  # installed by an earlier main() in this process
         return
 
-    def show(message: Any, category: type, *args: Any, **kwargs: Any) -> None:
+    def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
         if issubclass(category, (ReplicationWarning, IndivisibleWarning)):
             say(f"warning: {' '.join(str(message).split())}")
         else:

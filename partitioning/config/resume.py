@@ -29,7 +29,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from partitioning.config.build import model_options_resolved
@@ -48,7 +48,7 @@ def run_record(cfg: Config, sizes: Mapping[str, int]) -> dict[str, Any]:
     return json.loads(json.dumps(cfg.resolved(dict(sizes), model_options_resolved(cfg)), default=str))
 
 
-def _diff(saved: Any, now: Any, skip: set[str] = frozenset()) -> list[str]:
+def _diff(saved: Any, now: Any, skip: Collection[str] = frozenset()) -> list[str]:
     """``key old -> new`` for each differing key of two flat-ish mappings (nested values compared whole)."""
     if not isinstance(saved, Mapping) or not isinstance(now, Mapping):
         return [] if saved == now else [f"{saved!r} -> {now!r}"]

@@ -110,7 +110,7 @@ def _draw_mesh(mx: Any, report: dict[str, Any], unused: AbstractSet[int] = froze
                 continue
             index = r * cols + c
             text = str(index)
-            if show_blocks:
+            if show_blocks and big is not None:
                 block = _block(big, _coords(index, working), mesh)
                 # Narrow cells (many columns): one dimension per line.
                 text += "\n" + (block.replace(", ", ",\n") if c_show > 4 else block)
@@ -141,7 +141,7 @@ def _draw_mesh(mx: Any, report: dict[str, Any], unused: AbstractSet[int] = froze
     else:  # one row: a row axis would only label nothing
         mx.set_yticks([])
     lines = [f"{a} ({s}): {what(a)}" for a, s in mesh.items()]
-    if show_blocks:
+    if show_blocks and big is not None:
         lines.insert(0, f"in each device: its index and its slice of {big['path']} {tuple(big['shape'])}")
     elif big is not None:
         lines.insert(

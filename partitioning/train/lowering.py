@@ -48,7 +48,8 @@ class Lowering:
 
     def state_layouts(self) -> list[LeafLayout]:
         """One :class:`LeafLayout` per array of params, optimizer state and collections."""
-        a, kw = self.abstract_state, {"on_indivisible": self.on_indivisible, "warn_replicated": False}
+        a = self.abstract_state
+        kw: dict[str, Any] = {"on_indivisible": self.on_indivisible, "warn_replicated": False}
         return (
             tree_layouts({"params": a.params}, self.mesh, self.rules, **kw)
             + tree_layouts({"opt_state": a.opt_state}, self.mesh, self.optimizer_rules, **kw)

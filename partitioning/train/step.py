@@ -178,7 +178,8 @@ class Trainer(Lowering):
         # Wrapped in {"params": ...} so error messages name `params/...` paths, as `check` does.
         # The params warn when most of them would be replicated (ReplicationWarning; their optimizer
         # state follows them, so one warning says it all).
-        a, quiet = self.abstract_state, {"on_indivisible": on_indivisible, "warn_replicated": False}
+        a = self.abstract_state
+        quiet: dict[str, Any] = {"on_indivisible": on_indivisible, "warn_replicated": False}
         self.state_shardings = TrainState(
             step=replicated,
             params=tree_shardings({"params": a.params}, mesh, self.rules, on_indivisible=on_indivisible)["params"],
@@ -321,7 +322,8 @@ class Trainer(Lowering):
         """
         params = unbox(params)
         shardings, abstract = self.state_shardings.params, unbox(self.abstract_state.params)
-        want, got = jax.tree.structure(abstract), jax.tree.structure(params)
+        want: Any = jax.tree.structure(abstract)  # PyTreeDef compares, whatever its stubs say
+        got = jax.tree.structure(params)
         if want != got:
             raise ValueError(f"init_from: params do not have the model's structure: {got} vs the model's {want}")
 

@@ -61,9 +61,10 @@ def _where(e: BaseException) -> str:
     frames = [(f, line) for f, line in traceback.walk_tb(e.__traceback__)]
     own = [(f, line) for f, line in frames if not _is_library(f.f_code.co_filename)]
     outside_jax = [(f, line) for f, line in frames if os.sep + "jax" + os.sep not in f.f_code.co_filename]
-    picked = (own or outside_jax or frames or [None])[-1]
-    if picked is None:
+    candidates = own or outside_jax or frames
+    if not candidates:
         return ""
+    picked = candidates[-1]
     frame, line = picked
     name = frame.f_code.co_filename
     with contextlib.suppress(ValueError):  # another drive (Windows)
@@ -106,7 +107,7 @@ def _guarded(method: Callable[..., Any], what: str) -> Callable[..., Any]:
         except Exception as e:
             raise model_error(model_label(self), what, e) from e
 
-    wrapper.__wrapped_model_call__ = True
+    wrapper.__wrapped_model_call__ = True  # type: ignore[attr-defined]
     return wrapper
 
 
