@@ -38,7 +38,7 @@ MAX_SIMULATED = 2048
 
 def _on_cpu() -> bool:
     # jax defines its flags as attributes of jax.config at runtime (unknown to type checkers).
-    platforms = os.environ.get("JAX_PLATFORMS", "") or jax.config.jax_platforms or ""  # type: ignore[attr-defined]
+    platforms = os.environ.get("JAX_PLATFORMS", "") or jax.config.jax_platforms or ""  # type: ignore[attr-defined]  # a runtime flag attribute
     return platforms in ("", "cpu")
 
 

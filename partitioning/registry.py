@@ -100,7 +100,7 @@ def constructor_options(cls: Any) -> dict[str, Any]:
                 out[f.name] = REQUIRED
         return out
     # A class's own __init__ (not its metaclass's __call__, e.g. NNX's) names its options.
-    target = cls.__init__ if isinstance(cls, type) else cls  # type: ignore[misc]
+    target = cls.__init__ if isinstance(cls, type) else cls  # type: ignore[misc]  # a class is inspected through its __init__
     out = {}
     for p in list(inspect.signature(target).parameters.values()):
         if p.name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):

@@ -22,7 +22,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 import partitioning
 from partitioning import peers
@@ -83,14 +83,14 @@ def plain_warnings() -> None:
         else:
             previous(message, category, *args, **kwargs)
 
-    show.plain = True  # type: ignore[attr-defined]
+    show.plain = True  # type: ignore[attr-defined]  # a marker on the function object
     warnings.showwarning = show
 
 
 class Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors: ``error: MESSAGE; see 'partitioning train --help'`` and exit 2."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         for action in self._actions:
             # A missing subcommand: name the choices, not argparse's internal dest (`ckpt_cmd`).
             if isinstance(action, argparse._SubParsersAction) and action.required and action.choices:

@@ -93,7 +93,7 @@ def _forget_shadowed(module_name: str, folder: Path) -> None:
 def _hints(fn: Any) -> dict[str, Any]:
     """Annotations of a dataclass's fields, a class's ``__init__`` or a function ({} if unresolvable)."""
     # A class's own __init__ (not its metaclass's __call__) names its options.
-    target = fn.__init__ if isinstance(fn, type) and not dataclasses.is_dataclass(fn) else fn  # type: ignore[misc]
+    target = fn.__init__ if isinstance(fn, type) and not dataclasses.is_dataclass(fn) else fn  # type: ignore[misc]  # a class is inspected through its __init__
     try:
         return typing.get_type_hints(target)
     except Exception:  # forward references we cannot resolve: no type checks, names still checked

@@ -103,7 +103,7 @@ def batch_specs(
     sizes = mesh_axis_sizes(mesh)
     leaves, treedef = jax.tree_util.tree_flatten(abstract)
     # flatten_up_to: a PyTreeDef method that jaxlib ships without type information.
-    name_leaves = [None] * len(leaves) if names is None else treedef.flatten_up_to(names)  # type: ignore[attr-defined]
+    name_leaves = [None] * len(leaves) if names is None else treedef.flatten_up_to(names)  # type: ignore[attr-defined]  # PyTreeDef's stubs omit it
     specs = []
     for leaf, n in zip(leaves, name_leaves, strict=True):
         ndim = len(leaf.shape)

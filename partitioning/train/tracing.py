@@ -107,7 +107,7 @@ def _guarded(method: Callable[..., Any], what: str) -> Callable[..., Any]:
         except Exception as e:
             raise model_error(model_label(self), what, e) from e
 
-    wrapper.__wrapped_model_call__ = True  # type: ignore[attr-defined]
+    wrapper.__wrapped_model_call__ = True  # type: ignore[attr-defined]  # a marker on the function object
     return wrapper
 
 
