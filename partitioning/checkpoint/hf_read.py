@@ -6,7 +6,11 @@ pattern to boxes of the file tensor's atoms (:mod:`~partitioning.checkpoint.hf_p
 layer by layer for a stacked parameter (so a pipeline stage reads only its
 layers). The union of those boxes is read in pieces of at most ``chunk``
 bytes with ``os.preadv`` into one reused scratch buffer (not ``mmap``: mapped
-pages count toward the process's RSS), and each piece is copied, transposed
+pages count toward the process's RSS): a piece whose rows are only partly this
+process's (FSDP over the contiguous ``embed`` dimension) is read run by run,
+skipping the other processes' bytes, when its runs are long enough
+(``MIN_RUN``) for a read call each to cost less than the bytes skipped. Each
+piece is copied, transposed
 and cast by NumPy into the shard buffers. A piece that is already a shard's
 bytes in the shard's order and dtype is read straight into the shard. The
 shard buffers are 64-byte aligned, so the CPU client adopts them without a
@@ -15,12 +19,20 @@ process's own shards is the scratch buffer.
 
 Example::
 
-    >>> with Reader() as r:
-    ...     q = r.param(pmap, [stored[n] for n in pmap.hf], (2, 64, 4, 16), np.float32, sharding)
+    >>> from partitioning.checkpoint.hf_files import discover
+    >>> from partitioning.checkpoint.hf_pattern import Pattern
+    >>> from partitioning.checkpoint.hf_read import Reader
+    >>> s = discover("tests/fixtures/hf/llama")["model.layers.0.self_attn.q_proj.weight"]
+    >>> shard = np.empty((4, 4, 8), np.float32)  # d 0:4 of 32 (one device's FSDP shard), every head
+    >>> with Reader() as r:  # (h k, d) on disk, (d, h, k) in the model
+    ...     r.tensor(s, Pattern.parse("(h k) d -> d h k"), None, (32, 4, 8), [(((0, 4), (0, 4), (0, 8)), shard)])
+    ...     r.bytes_read  # 16-byte runs: read with the gaps between them, rows 0..30 and 16 bytes of row 31
+    3984
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -37,6 +49,7 @@ from partitioning.errors import CheckpointError
 
 CHUNK = 32 * 2**20
 TILE = 128
+MIN_RUN = 4096  # bytes: shorter runs are read with the gaps between them (one call beats many)
 
 
 def _strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
@@ -67,6 +80,26 @@ def pieces(box: Box, strides: tuple[int, ...], itemsize: int, limit: int) -> Ite
     mid = (a + b) // 2
     yield from pieces(box[:dim] + ((a, mid),) + box[dim + 1 :], strides, itemsize, limit)
     yield from pieces(box[:dim] + ((mid, b),) + box[dim + 1 :], strides, itemsize, limit)
+
+
+def runs(box: Box, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> list[tuple[int, int]]:
+    """``(first byte, byte count)`` of each contiguous run of ``box`` in a C-ordered tensor of ``shape``.
+
+    Example::
+
+        >>> from partitioning.checkpoint.hf_read import runs
+        >>> runs(((0, 2), (0, 2)), (2, 4), (16, 4), 4)  # the left half of each row
+        [(0, 8), (16, 8)]
+    """
+    k = len(shape)
+    while k > 0 and box[k - 1] == (0, shape[k - 1]):
+        k -= 1
+    if k <= 1:  # whole rows from some dimension on: one run
+        return [_span(box, strides, itemsize)]
+    length = (box[k - 1][1] - box[k - 1][0]) * strides[k - 1]
+    inner = box[k - 1][0] * strides[k - 1]
+    outer = itertools.product(*(range(a, b) for a, b in box[: k - 1]))
+    return [(sum(i * s for i, s in zip(idx, strides, strict=False)) + inner, length) for idx in outer]
 
 
 def _union(boxes: Sequence[Box]) -> Box:
@@ -157,7 +190,12 @@ class Reader:
                     continue
             if self.scratch is None or self.scratch.nbytes < span:
                 self.scratch = np.empty(max(span, min(self.chunk, 2**20)), np.uint8)
-            self._pread(s, first, self.scratch.data[:span])
+            exact = runs(piece, atom_shape, strides, itemsize)
+            if len(exact) > 1 and exact[0][1] >= MIN_RUN:
+                for start, n in exact:  # the gaps are other processes' shards: never read
+                    self._pread(s, start, self.scratch.data[start - first : start - first + n])
+            else:
+                self._pread(s, first, self.scratch.data[:span])
             shape_p = tuple(b - a for a, b in piece)
             src = np.ndarray(shape_p, s.dtype, buffer=self.scratch, offset=0, strides=strides)
             for b, v in boxed:

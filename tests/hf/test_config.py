@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import partitioning as pt
+from partitioning.checkpoint import hf_read
 from partitioning.checkpoint.hf_files import discover, parse_size, plan_shards
 from partitioning.checkpoint.hf_pattern import Pattern
 from partitioning.checkpoint.hf_read import Reader, pieces
@@ -124,3 +125,17 @@ def test_shard_sizes_as_transformers_counts_them():
     with pytest.raises(pt.CheckpointError, match="max_shard_size '5 parsecs'"):
         parse_size("5 parsecs")
     assert plan_shards([("a", 4), ("b", 4), ("c", 9), ("d", 2), ("e", 7)], 8) == [["c"], ["a", "b"], ["d"], ["e"]]
+
+
+def test_long_runs_are_read_without_the_gaps_between_them(monkeypatch):
+    # A multi-process FSDP shard holds part of every row: with runs long enough, only they are read.
+    monkeypatch.setattr(hf_read, "MIN_RUN", 64)
+    s = discover(fixture("llama"))["model.layers.0.self_attn.q_proj.weight"]  # (h k, d) = (32, 32) float32
+    full = tensors_of(fixture("llama"))[s.name].reshape(4, 8, 32).transpose(2, 0, 1)  # (d, h, k)
+    box = ((0, 16), (0, 2), (0, 8))
+    buf = np.empty((16, 2, 8), np.float32)
+    with Reader() as reader:
+        reader.tensor(s, Pattern.parse("(h k) d -> d h k"), None, (32, 4, 8), [(box, buf)])
+    assert np.array_equal(buf, full[:16, :2])
+    assert reader.bytes_read == 16 * 64  # 16 rows x the first 16 of their 32 floats
+    assert hf_read.runs(((0, 2), (0, 8), (0, 16)), (4, 8, 32), (1024, 128, 4), 4)[:2] == [(0, 64), (128, 64)]
