@@ -1,11 +1,9 @@
 """The rule walk: logical dimension names -> mesh axes, exactly as Flax does it.
 
-For an array whose dimensions carry logical names ``(n_1, ..., n_k)`` the rules
-are walked in order; a rule claims dimension ``i`` when its logical name is
-``n_i``, the dimension is still unassigned and none of its mesh axes is used by
-another dimension of the array. Later rules with the same logical name are
-fallbacks; unclaimed dimensions are unsharded. This is
-:func:`flax.linen.logical_to_mesh_axes` (a differential test keeps it so),
+For an array whose dimensions carry logical names ``(n_1, ..., n_k)`` the rules are walked in order; a rule
+claims dimension ``i`` when its logical name is ``n_i``, the dimension is still unassigned and none of its mesh
+axes is used by another dimension of the array. Later rules with the same logical name are fallbacks; unclaimed
+dimensions are unsharded. This is :func:`flax.linen.logical_to_mesh_axes` (a differential test keeps it so),
 plus divisibility against a mesh and a per-dimension explanation.
 
 Two more cases, both as Flax itself treats them:

@@ -124,6 +124,9 @@ def run_cli_in_process(capsys):
     def _run(*args) -> CliResult:
         from partitioning.cli import main
 
+        # The backend is up (8 devices from XLA_FLAGS): the CLI's one-time "simulating 8 CPU devices" line
+        # belongs to a fresh process, not to whichever in-process test happens to run first.
+        jax.devices()
         code = main([str(a) for a in args])
         out, err = capsys.readouterr()
         return CliResult(code, out, err)

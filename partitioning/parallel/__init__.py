@@ -6,7 +6,9 @@ model only marks where its layers stack and where its experts sit:
 - :mod:`~partitioning.parallel.schedule` — ``gpipe``: the GPipe / circular schedule as a pure function (vmap over
   stages with ``spmd_axis_name="stage"``, a collective-permute shift), and ``bubble_fraction``.
 - :mod:`~partitioning.parallel.pipeline` — ``LayerStack`` (Linen) and ``scan_layers`` (NNX): a stack of layers
-  that is a scan, or a pipeline when the mesh has a ``stage`` axis; ``microbatching``; up-front checks.
+  that is a scan, or a pipeline when the mesh has a ``stage`` axis; ``microbatching``.
+- :mod:`~partitioning.parallel.checks` — the up-front checks of a pipeline layout (stages, layers, micro-batches,
+  rules), shared by the Trainer, ``check`` and ``plan``; ``PipelineError``.
 - :mod:`~partitioning.parallel.experts` — mixture-of-experts routing (top-k, load-balancing loss), capacity,
   dispatch / combine; the dispatched tokens' layout is the rules' (``expert`` axis: all-to-all).
 - :mod:`~partitioning.parallel.trace` — records of the stacks (and expert layers) a forward pass traced,

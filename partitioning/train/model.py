@@ -1,21 +1,18 @@
 """Models the trainer can drive: Flax Linen modules, Flax NNX modules and plain functions.
 
-One interface for the three, so the train step, the plan and checkpoints never
-ask which kind they hold:
+One interface for the three, so the train step, the plan and checkpoints never ask which kind they hold:
 
-- ``boxed(rng, args, kwargs)``: the initial variables, boxed
-  (``{"params": ..., "batch_stats": ..., ...}``; each box carries the logical
-  or mesh-axis names the model gave it), traceable; ``abstract(args, kwargs)``
+- ``boxed(rng, args, kwargs)``: the initial variables, boxed (``{"params": ..., "batch_stats": ..., ...}``;
+  each box carries the logical or mesh-axis names the model gave it), traceable; ``abstract(args, kwargs)``
   is its ``jax.eval_shape``: nothing allocated;
-- ``init(rng, args, kwargs)``: the same tree, unboxed, traceable (the trainer
-  jits it with ``out_shardings`` so every array is born in its shard);
+- ``init(rng, args, kwargs)``: the same tree, unboxed, traceable (the trainer jits it with ``out_shardings``
+  so every array is born in its shard);
 - ``apply(variables, args, kwargs, rngs=, train=)``: ``(outputs, updated collections)`` — the collections
   other than ``params`` that the model mutates in training (BatchNorm's ``batch_stats``, NNX's RNG counters).
 
-Train vs eval mode is found, in this order, as a ``deterministic`` / ``train``
-/ ``training`` argument of the model's ``__call__``; a field of the module of
-that name; a field of a config dataclass the module holds (Flax's lm1b:
-``config.deterministic``); NNX's ``model.train()`` / ``model.eval()``.
+Train vs eval mode is found, in this order, as a ``deterministic`` / ``train`` / ``training`` argument of the
+model's ``__call__``; a field of the module of that name; a field of a config dataclass the module holds
+(Flax's lm1b: ``config.deterministic``); NNX's ``model.train()`` / ``model.eval()``.
 Where the mode is a field, training uses the model as configured and eval flips it to deterministic.
 
 Example::
@@ -31,9 +28,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -44,6 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from partitioning.boxes import LogicallyPartitioned, unbox
+from partitioning.train.axis_names import bind_named_axes
 from partitioning.train.tracing import guard
 
 MODE_ARGS = ("deterministic", "train", "training", "is_training")
@@ -54,41 +50,6 @@ TRANSIENT = ("intermediates", "losses")
 SOWN_LOSSES = "losses"
 # NNX variable types grouped into collections (the rest, except intermediates, go to "state").
 NNX_GROUPS = (("params", nnx.Param), ("batch_stats", nnx.BatchStat), ("rngs", nnx.RngState))
-
-
-_UNBOUND = re.compile(r"unbound axis name: (\S+?)\.")
-
-
-def bind_named_axes(fn: Callable[[], Any], names: list[str]) -> Any:
-    """Runs ``fn()`` with pmap-era collective axis names bound (size 1), learning missing ones.
-
-    Models written for ``pmap`` reduce over a named axis (``BatchNorm(axis_name='batch')``,
-    ``lax.pmean(x, 'batch')``). Under GSPMD a reduction over the batch dimension
-    already spans the global batch, so binding the name to a size-1 ``vmap``
-    axis computes the same statistics. ``names`` grows with every unbound name
-    a trace reports, so later traces bind them at once.
-    """
-
-    def run(bound: list[str]) -> Any:
-        g = fn
-        for name in bound:
-            g = functools.partial(_size_one_axis, g, name)
-        return g()
-
-    for _ in range(8):
-        try:
-            return run(list(names))
-        except NameError as e:
-            m = _UNBOUND.search(str(e))
-            if m is None or m.group(1) in names:
-                raise
-            names.append(m.group(1))
-    return run(list(names))
-
-
-def _size_one_axis(fn: Callable[[], Any], name: str) -> Any:
-    out = jax.vmap(lambda _: fn(), axis_name=name)(jnp.zeros((1,)))
-    return jax.tree.map(lambda x: x[0], out)
 
 
 def _call_params(fn: Callable[..., Any]) -> set[str]:

@@ -149,8 +149,9 @@ def test_a_dataset_and_loss_from_yaml(workdir, run_cli_in_process, monkeypatch):
         ),
         (
             lambda t: t.replace("  _target_: lm_linen.TransformerLM\n", ""),
-            "lm.yaml:1: model: expected a mapping with a 'name' key (a registered model, e.g. {name: gpt}) or a "
-            "'_target_' key (module.Class, e.g. {_target_: my_models.Transformer})",
+            "lm.yaml:1: model: expected a mapping with a 'name' key (a registered model, e.g. {name: gpt}), a "
+            "'_target_' key (module.Class, e.g. {_target_: my_models.Transformer}) or an 'hf' key (a Hugging Face "
+            "checkpoint folder)",
         ),
     ],
 )

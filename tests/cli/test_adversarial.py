@@ -97,11 +97,8 @@ def test_bad_fault_settings(here, run_cli_in_process, extra, error):
 
 # -- the command line -------------------------------------------------------------------------------------
 
+# A bare `partitioning` (or `partitioning ckpt`) lists its commands and exits 0: tests/cli/test_first_hour.py.
 ARGV_CASES = [
-    ([], "missing command: choose one of check, rules, train, plan, compare, tune, ckpt, config"),
-    (["ckpt"], "missing command: choose one of ls, inspect, reshard; see 'partitioning ckpt --help'"),
-    (["rules"], "missing command: choose one of explain; see 'partitioning rules --help'"),
-    (["config"], "missing command: choose one of schema, show; see 'partitioning config --help'"),
     (["ckpt", "inspcet", "x"], "did you mean 'inspect'?"),
     (["ckpt", "inspect", "x", "--step", "abc"], "argument --step: invalid int value: 'abc'"),
     (["check", "run.yaml", "--set", "train..steps=3"], "--set train..steps=3: 'train..steps' is not a key"),

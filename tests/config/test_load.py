@@ -67,8 +67,8 @@ def test_overrides(write, base_config):
             lambda base: base + "train:\n  stpes: 3\n",
             [],
             "{f}:12: train.stpes: unknown key (valid: steps, batch_size, seq_len, grad_accum, microbatches, "
-            "log_every, eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs, on_nonfinite); "
-            "did you mean 'steps'?",
+            "pipeline_repeats, log_every, eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs, "
+            "on_nonfinite); did you mean 'steps'?",
         ),
         (lambda base: base + "train:\n  steps: many\n", [], "{f}:12: train.steps: expected int, got str 'many'"),
         (
