@@ -126,7 +126,9 @@ def test_killed_and_resumed_run_sees_the_batches_of_an_uninterrupted_run(
         for p in procs:
             p.send_signal(signal.SIGKILL)
             p.wait(timeout=60)
-    assert [p.returncode for p in procs] == [-signal.SIGKILL] * 2
+    # The second may see its peer die first: the dead-peer watch stops it with exit status 75 (a SIGKILL
+    # of one process of a job is the case it exists for).
+    assert procs[0].returncode == -signal.SIGKILL and procs[1].returncode in (-signal.SIGKILL, 75)
     assert max(s.step for s in list_steps(run / "checkpoints") if s.complete) == SAVED
     assert max(_digests(run)) == KILL_AFTER - 1  # it had taken the batch of step 7 (index 6)
 

@@ -58,7 +58,7 @@ def _leftovers(d: Path) -> list[str]:
 
 
 def test_train_on_a_full_disk_stops_with_one_line_and_keeps_the_last_step(tmp_path, small_disk, repo):
-    small_disk("2000k")  # one checkpoint of this model (~1.2 MiB on disk, more while written) fits, two do not
+    small_disk("1400k")  # one checkpoint of this model (860 KiB on disk, more while written) fits, two do not
     (tmp_path / "run.yaml").write_text(TINY)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env["PYTHONPATH"] = str(repo)

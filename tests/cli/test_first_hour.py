@@ -30,7 +30,9 @@ def test_a_run_dir_keeps_one_experiment(tmp_path, run_cli_subprocess, one_line_e
 
 
 def snapshot(run_dir):
-    return {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    """Every file of a run, byte for byte, but its lock (the directory's, held by whichever job runs there now)."""
+    files = (p for p in sorted(run_dir.rglob("*")) if p.is_file() and p.name != ".lock")
+    return {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in files}
 
 
 def the_first_run_says_how_to_view_tensorboard(trained):
