@@ -2,8 +2,9 @@
 
 The pages are walked in order (the README, then the docs in the order of
 mkdocs.yml's nav, then any others) in one folder holding a copy of the
-shipped files (configs/, examples/), so a page can use what an earlier one
-made (runs/quickstart). Markers in the Markdown say what each block must do
+shipped files (configs/, examples/, and the tiny Hugging Face checkpoints of
+tests/fixtures/hf that configs/hf_tiny.yaml names), so a page can use what an
+earlier one made (runs/quickstart). Markers in the Markdown say what each block must do
 and which blocks are not run (and why): see tests/docswalk.py.
 
 To keep the walk short, what it runs is shortened where the text allows, and
@@ -11,7 +12,9 @@ only there: step counts are divided by STEP_SCALE (in the copied configs, in
 ``train.steps=N``, ``steps: N`` and Python's ``steps=N``: the order of every
 two step counts is kept, so "already at step 200" stays true as "already at
 step 8"); plans and searches of the Llama configs (2,048 devices) skip the
-XLA compile. The text shown is never changed.
+XLA compile; the README's "make a virtualenv and install" prefix of its
+first command is dropped (the walk runs in the test suite's environment,
+where this checkout is installed). The text shown is never changed.
 """
 
 import re
@@ -24,6 +27,8 @@ from tests.docswalk import parse, user_env, walk
 
 STEP_SCALE = 25
 SHORTEN = [
+    # The install before the quickstart: done already (the suite runs in that environment).
+    (re.compile(r"python3 -m venv \.venv && \. \.venv/bin/activate && pip install -e \. && "), ""),
     # Step counts, divided (at least 2): train.steps=N, a YAML `steps: N`, Python's steps=N.
     (
         re.compile(r"(?<![\w.])((?:train\.)?steps(?:=|: ))(\d+)"),
@@ -57,8 +62,9 @@ def pages(repo: Path) -> list[Path]:
 
 
 def shipped_copy(repo: Path, folder: Path) -> None:
-    """configs/ and examples/ as a user's checkout has them (symlinks followed), with step counts shortened."""
-    for name in ("configs", "examples"):
+    """configs/, examples/ and tests/fixtures/hf as a user's checkout has them (symlinks followed), with step counts
+    shortened."""
+    for name in ("configs", "examples", "tests/fixtures/hf"):
         if (repo / name).is_dir():
             shutil.copytree(repo / name, folder / name, symlinks=False, ignore=shutil.ignore_patterns("__pycache__"))
     for f in folder.glob("**/*.yaml"):
@@ -75,6 +81,9 @@ def test_shortening_keeps_the_text_true():
     assert shorten("partitioning plan configs/llama3_70b.yaml --devices 2048") == (
         "partitioning plan configs/llama3_70b.yaml --no-compile --devices 2048"
     )
+    install = "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && "
+    quickstart = "partitioning train configs/quickstart.yaml"
+    assert shorten(install + quickstart) == quickstart
 
 
 PAGE = """\
