@@ -3,7 +3,7 @@
     model:
       hf: hf/llama-3.1-8b        # a folder with config.json (+ *.safetensors to train), or a config.json
       scan_layers: true
-      remat: none
+      remat: auto               # the default: the fastest policy that fits (config/remat.py)
       dtype: bfloat16
 
 The path is looked for beside the file that names it, then in the current
@@ -93,7 +93,11 @@ def hf_path(cfg: Config) -> Path:
 
 def hf_options(cfg: Config) -> dict[str, Any]:
     """The model options of an ``hf`` config with their defaults (``scan_layers``, ``remat``, dtypes)."""
-    return HfModelConfig.model_validate({"hf": cfg.model_name, **cfg.model_options}).model_dump(exclude={"hf"})
+    out = HfModelConfig.model_validate({"hf": cfg.model_name, **cfg.model_options}).model_dump(exclude={"hf"})
+    # `auto` is resolved per run (config/remat.py); a model built without that step runs without remat.
+    if out["remat"] == "auto":
+        out["remat"] = "none"
+    return out
 
 
 def _at_hf(cfg: Config, e: PartitioningError) -> PartitioningError:

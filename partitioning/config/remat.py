@@ -40,6 +40,8 @@ def is_auto(cfg: Config) -> bool:
     value = cfg.model_options.get("remat")
     if value is not None:
         return value == AUTO
+    if cfg.model_hf is not None:
+        return True  # a checkpoint's model: auto by default
     if cfg.model_target:
         return False
     try:

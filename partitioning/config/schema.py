@@ -131,7 +131,9 @@ class HfModelConfig(Section):
 
     hf: StrictStr = Field(description="a checkpoint folder (config.json, safetensors) or a config.json file")
     scan_layers: StrictBool = Field(default=True, description="stack the layers and scan over them")
-    remat: Literal["none", "full", "dots", "dots_no_batch"] = "none"
+    remat: Literal["auto", "none", "full", "dots", "dots_no_batch"] = Field(
+        default="auto", description="auto: the fastest policy that fits, as for the reference GPT"
+    )
     dtype: StrictStr | None = Field(default=None, description="compute dtype; null: float32")
     param_dtype: StrictStr | None = Field(default=None, description="parameter dtype; null: float32")
 

@@ -73,7 +73,10 @@ def check_train(work, trained):
     meta = json.loads((work / "runs/hf_tiny/checkpoints/20/meta/metadata").read_text())
     assert meta["hf"]["source"] == str((work / FIXTURE).resolve())
     assert meta["hf"]["config"]["architectures"] == ["LlamaForCausalLM"]
-    assert meta["hf"]["options"] == {"scan_layers": True, "remat": "none", "dtype": None, "param_dtype": None}
+    options = meta["hf"]["options"]
+    # remat: auto is resolved by the run (which policy is fastest depends on the machine); export rebuilds with it.
+    assert options.pop("remat") in ("none", "full", "dots", "dots_no_batch")
+    assert options == {"scan_layers": True, "dtype": None, "param_dtype": None}
     assert meta["data"]["tokenizer"]  # the digest of the tokenizer the text was cut with
 
 

@@ -69,7 +69,7 @@ def test_a_relative_path_is_looked_for_beside_the_config_then_in_the_cwd(tmp_pat
         (
             "ckpt",
             "  remat: some\n",
-            "a.yaml:3: model.remat: must be one of none, full, dots, dots_no_batch, got 'some'",
+            "a.yaml:3: model.remat: must be one of auto, none, full, dots, dots_no_batch, got 'some'",
         ),
         ("ckpt", "  scan_layers: 1\n", "a.yaml:3: model.scan_layers: expected true or false, got int 1"),
         ("ckpt", "  name: gpt\n", "a.yaml:1: model: expected a mapping with a 'name' key"),
