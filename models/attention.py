@@ -8,7 +8,18 @@ with the softmax in float32.
 
 Example::
 
-    >>> y = Attention(8, 2, 64, 500000.0, jnp.float32, jnp.float32, window=4096, name="attn")(x)
+    >>> from partitioning.models.attention import Attention
+    >>> attn = Attention(8, 2, 16, 500000.0, jnp.float32, jnp.float32, window=4)   # 8 heads, 2 kv heads
+    >>> x = jax.random.normal(jax.random.key(1), (2, 10, 64))                    # (batch, length, embed)
+    >>> variables = jax.jit(attn.init)(jax.random.key(0), x)
+    >>> jax.tree.map(jnp.shape, pt.unbox(variables))["params"]
+    {'k': (64, 2, 16), 'o': (8, 16, 64), 'q': (64, 8, 16), 'v': (64, 2, 16)}
+    >>> pt.logical_names(variables)["params"]["k"]
+    ('embed', 'kv_heads', 'kv')
+    >>> apply = jax.jit(attn.apply)
+    >>> y, y2 = apply(variables, x), apply(variables, x.at[:, 0].set(5.0))    # another first token
+    >>> bool(jnp.allclose(y[:, :4], y2[:, :4])), bool(jnp.allclose(y[:, 4:], y2[:, 4:]))  # seen by positions 0-3 only
+    (False, True)
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ def parse_rope_scaling(value: Any) -> tuple | None:
 
     Example::
 
+        >>> from partitioning.models.attention import parse_rope_scaling
         >>> parse_rope_scaling({"rope_type": "linear", "factor": 2.0})
         (('rope_type', 'linear'), ('factor', 2.0))
     """

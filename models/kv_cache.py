@@ -11,8 +11,23 @@ stack the cache along ``layers`` like their params.
 
 Example::
 
-    >>> positions = cache_positions(self, t)            # None while initialising
-    >>> keys, values, mask = cached_kv(self, k, v, positions, window=None)
+    >>> from partitioning.models.kv_cache import cache_positions, cached_kv
+    >>> class Keys(nn.Module):            # what an attention layer's __call__ does with its keys
+    ...     @nn.compact
+    ...     def __call__(self, k):
+    ...         positions = cache_positions(self, k.shape[1])            # None while initialising
+    ...         keys, values, mask = cached_kv(self, k, k, positions, window=None)
+    ...         return keys, mask
+    >>> layer = Keys()
+    >>> cache = pt.unbox(layer.init(jax.random.key(0), jnp.zeros((1, 4, 1, 2)))["cache"])   # max_len 4
+    >>> jax.tree.map(jnp.shape, cache)
+    {'cache_index': (), 'cached_key': (1, 4, 1, 2), 'cached_value': (1, 4, 1, 2)}
+    >>> (keys, mask), upd = layer.apply({"cache": cache}, jnp.ones((1, 3, 1, 2)), mutable=["cache"])  # prefill 3
+    >>> mask.astype(int).tolist(), int(upd["cache"]["cache_index"])
+    ([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]], 3)
+    >>> (keys, mask), upd = layer.apply(upd, jnp.full((1, 1, 1, 2), 2.0), mutable=["cache"])  # one more token
+    >>> keys[0, :, 0, 0].tolist(), mask.astype(int).tolist()
+    ([1.0, 1.0, 1.0, 2.0], [[1, 1, 1, 1]])
 """
 
 from __future__ import annotations

@@ -10,7 +10,13 @@ with silu / gelu activations and optional biases.
 
 Example::
 
-    >>> y = MlpBlock(512, jnp.float32, jnp.float32, act="gelu_tanh", glu=False, bias=True)  # GPT-2's MLP
+    >>> from partitioning.models.layers import MlpBlock
+    >>> mlp = MlpBlock(512, jnp.float32, jnp.float32, act="gelu_tanh", glu=False, bias=True)  # GPT-2's MLP
+    >>> abstract = jax.eval_shape(mlp.init, jax.random.key(0), jnp.zeros((2, 8, 128)))
+    >>> jax.tree.map(jnp.shape, pt.unbox(abstract))["params"]
+    {'wi': (128, 512), 'wi_bias': (512,), 'wo': (512, 128), 'wo_bias': (128,)}
+    >>> pt.logical_names(abstract)["params"]["wi"]      # true shapes, named: the rules can split them
+    ('embed', 'mlp')
 """
 
 from __future__ import annotations

@@ -101,15 +101,19 @@ def initialize_distributed(
     process that dies or goes silent that long stops every other one with one
     line (jax's own heartbeat timeout is set above it).
 
-    Example::
+    Example (not run: it waits for the other processes) — on every host, here process 0 of two on one
+    machine, 4 CPU devices each::
 
-        On every host (here: process 0 of two on one machine, 4 CPU devices each); it waits for the
-        other process, so it does not run as a lone example::
+        import partitioning as pt
 
-        >>> from partitioning import initialize_distributed
-        >>> initialize_distributed(  # doctest: +SKIP
-        ...     "127.0.0.1:1234", num_processes=2, process_id=0, global_devices=8
-        ... )
+        pt.initialize_distributed("127.0.0.1:1234", num_processes=2, process_id=0, global_devices=8)
+
+    An incomplete set of arguments is refused before anything starts::
+
+        >>> pt.initialize_distributed("127.0.0.1:1234", num_processes=2)
+        Traceback (most recent call last):
+        partitioning.errors.MeshError: multi-host needs all of --coordinator HOST:PORT, --num-processes N and \
+--process-id I (or only --distributed on a cluster jax detects by itself)
     """
     given = [coordinator is not None, num_processes is not None, process_id is not None]
     if any(given) and not all(given):

@@ -22,8 +22,11 @@ declares ``follows: activations``. In YAML::
 
 Example::
 
+    >>> from partitioning.follows import ACTIVATIONS, canonical
     >>> canonical(("activation_batch", "activation_length", "activation_embed"), ACTIVATIONS)
     ('batch', 'length', 'embed')
+    >>> pt.Rules.preset("fsdp").resolve(("activation_batch", "activation_length", "activation_embed"))
+    P(('data', 'fsdp'), None, None)
 """
 
 from __future__ import annotations

@@ -134,6 +134,7 @@ def abstract_mesh(mesh: Any, axis_types: str | Sequence[AxisType] | None = None)
 
     Example::
 
+        >>> from partitioning.mesh import abstract_mesh
         >>> abstract_mesh({"fsdp": 4, "tensor": 2}, "explicit").axis_types
         (Explicit, Explicit)
     """

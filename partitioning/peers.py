@@ -12,11 +12,20 @@ names that process; every survivor prints one line and exits with
 ``--resume``). jax's own heartbeat timeout is set above ``timeout`` (see
 :func:`jax_timeouts`), so this watchdog speaks first.
 
-Example::
+Example (not run: it needs every process of a multi-host run)::
 
-    >>> initialize_distributed("10.0.0.1:1234", 2, 0, global_devices=8, peer_timeout=30)  # starts the watch
-    >>> ...
-    >>> goodbye(0)     # at the end: peers do not mistake this exit for a death
+    import partitioning as pt
+    from partitioning.peers import goodbye
+
+    pt.initialize_distributed("10.0.0.1:1234", 2, 0, global_devices=8, peer_timeout=30)  # starts the watch
+    ...                # train
+    goodbye(0)         # at the end: peers do not mistake this exit for a death
+
+jax's own heartbeat gives up later than the watch::
+
+    >>> from partitioning.peers import jax_timeouts
+    >>> jax_timeouts(30)
+    {'heartbeat_timeout_seconds': 70, 'shutdown_timeout_seconds': 70}
 """
 
 from __future__ import annotations
@@ -77,9 +86,15 @@ class _Conn:
 class PeerWatch:
     """The watch of one process: process 0 serves, the others connect to it.
 
-    Example::
+    Example (not run: process 0 waits for the other process to connect)::
 
-        >>> PeerWatch(process_id=0, num_processes=2, host="127.0.0.1", timeout=30).start()
+        from partitioning.peers import PeerWatch
+
+        watch = PeerWatch(process_id=0, num_processes=2, host="10.0.0.1", timeout=30)
+        port = watch.listen()        # process 0; the port reaches the others by a broadcast (start_watch)
+        watch.start(port)            # a daemon thread accepts process 1, then pings and watches
+        ...
+        watch.goodbye(0)
     """
 
     def __init__(self, process_id: int, num_processes: int, host: str, timeout: float = DEFAULT_TIMEOUT):

@@ -36,9 +36,15 @@ class ReplicationWarning(UserWarning):
 
     Example::
 
+        >>> import warnings
+        >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
+        >>> abstract = jax.eval_shape(nn.Dense(64).init, jax.random.key(0), jnp.zeros((8, 64)))  # no logical names
         >>> with warnings.catch_warnings():
         ...     warnings.simplefilter("error", pt.ReplicationWarning)   # make it fatal in CI
         ...     pt.tree_shardings(abstract, mesh, "fsdp")
+        Traceback (most recent call last):
+        partitioning.replication.ReplicationWarning: 100% of the state (16.25 KiB of 16.25 KiB) is replicated on \
+every device of mesh {data: 1, fsdp: 8}: 2 arrays have no logical names (params/bias, params/kernel). ...
     """
 
 

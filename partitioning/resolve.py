@@ -232,7 +232,7 @@ class TableWalk:
 
     Example::
 
-        >>> Rules([("embed", "fsdp")], follows={"activation_embed": "embed"}).resolve(("activation_embed",))
+        >>> pt.Rules([("embed", "fsdp")], follows={"activation_embed": "embed"}).resolve(("activation_embed",))
         P('fsdp',)
     """
 
@@ -294,7 +294,7 @@ class TableWalk:
 
         Example::
 
-            >>> for d in Rules([("embed", "fsdp"), ("mlp", "fsdp")]).explain(("embed", "mlp")):
+            >>> for d in pt.Rules([("embed", "fsdp"), ("mlp", "fsdp")]).explain(("embed", "mlp")):
             ...     print(d)
             dim 0 'embed' -> 'fsdp' by rule 0 ('embed', 'fsdp')
             dim 1 'mlp' -> unsharded; skipped rule 1 ('mlp', 'fsdp'): mesh axis 'fsdp' already used by dim 0 ('embed')
@@ -333,7 +333,7 @@ class TableWalk:
 
         Example::
 
-            >>> Rules([("batch", "data")]).axes(("batch", "other"), unassigned_as="?")
+            >>> pt.Rules([("batch", "data")]).axes(("batch", "other"), unassigned_as="?")
             ['data', '?']
         """
         return self._walk(names, None, mesh, "error", "", None, unassigned_as)

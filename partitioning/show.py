@@ -6,11 +6,23 @@ logical names when the array is still in its box.
 
 Example::
 
-    >>> show_sharding(params["params"]["wi"])
+    >>> mesh = pt.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+    >>> wi = jax.device_put(jnp.zeros((64, 256)), jax.NamedSharding(mesh, jax.P("fsdp", "tensor")))
+    >>> pt.show_sharding(pt.LogicallyPartitioned(wi, ("embed", "mlp")))
     (64, 256) float32 P('fsdp', 'tensor') on mesh {data: 1, fsdp: 4, tensor: 2}
       rows: dim 0 (embed, 64) split 4 ways over fsdp: 16 per device
       columns: dim 1 (mlp, 256) split 2 ways over tensor: 128 per device
-    ... (JAX's grid: each box is one block, labelled with the devices holding it)
+    ┌───────────────┬─────────────┬───────────────┐
+    │               │ mlp [0:128] │ mlp [128:256] │
+    ├───────────────┼─────────────┼───────────────┤
+    │  embed [0:16] │    CPU 0    │     CPU 1     │
+    ├───────────────┼─────────────┼───────────────┤
+    │ embed [16:32] │    CPU 2    │     CPU 3     │
+    ├───────────────┼─────────────┼───────────────┤
+    │ embed [32:48] │    CPU 4    │     CPU 5     │
+    ├───────────────┼─────────────┼───────────────┤
+    │ embed [48:64] │    CPU 6    │     CPU 7     │
+    └───────────────┴─────────────┴───────────────┘
 """
 
 from __future__ import annotations

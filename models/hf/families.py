@@ -12,6 +12,7 @@ the file); fields that do not change the logits (dropout, cache, token ids,
 
 Example::
 
+    >>> from partitioning.models.hf.families import FAMILIES
     >>> FAMILIES["llama"].options({"hidden_size": 64, "num_attention_heads": 4})["head_dim"]
     16
 """
@@ -234,8 +235,13 @@ def family_of(cfg: Mapping[str, Any]) -> Family:
 
     Example::
 
+        >>> from partitioning.models.hf.families import family_of
         >>> family_of({"architectures": ["Qwen2ForCausalLM"]}).name
         'qwen2'
+        >>> family_of({"architectures": ["BertModel"]})
+        Traceback (most recent call last):
+        partitioning.errors.ConfigError: architecture 'BertModel' is not supported; supported: GPT2LMHeadModel, \
+GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
     """
     archs = cfg.get("architectures") or []
     if not archs:

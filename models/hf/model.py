@@ -9,10 +9,14 @@ shape, so a model trained from scratch can be exported too.
 
 Example::
 
+    >>> from partitioning.models import GPT
+    >>> from partitioning.models.hf.model import build, export_config
     >>> model = build({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_attention_heads": 4,
     ...                "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 256})
     >>> model.family, model.heads
     ('llama', 4)
+    >>> export_config(GPT(layers=2))["architectures"], export_config(GPT(layers=2))["num_hidden_layers"]
+    (['LlamaForCausalLM'], 2)
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ A row is ``Tensor(hf, param, axes, part=None, when=None)``:
 
 Example::
 
+    >>> from partitioning.models.hf.tables import LLAMA
     >>> LLAMA[2][:3]
     ('model.layers.{i}.self_attn.q_proj.weight', '{layer}/attn/q', '(heads kv) embed')
 """

@@ -18,10 +18,25 @@ inspect`` runs it; a resume runs it with ``checkpoint.verify: true``.
 
 Example::
 
-    >>> verify_checksums(resolve_checkpoint("runs/a"))
+    >>> import json, pathlib, tempfile
+    >>> from partitioning.checkpoint.checksum import crc_of, verify_checksums
+    >>> from partitioning.checkpoint.disk import resolve_checkpoint
+    >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
+    >>> w = jax.device_put(np.arange(64, dtype=np.float32), jax.NamedSharding(mesh, jax.P("fsdp")))
+    >>> run = pathlib.Path(tempfile.mkdtemp())
+    >>> step_dir = pt.save_checkpoint(run / "checkpoints", 6, {"w": w})
+    >>> sums = step_dir / "meta" / "checksums.0.json"
+    >>> recorded = json.loads(sums.read_text())
+    >>> recorded["arrays"]["w"][1]                        # one record per device's slice
+    {'index': [[8, 16]], 'crc32c': ...}
+    >>> recorded["arrays"]["w"][1]["crc32c"] == crc_of(np.arange(8, 16, dtype=np.float32))
+    True
+    >>> verify_checksums(resolve_checkpoint(run))
     []
-    >>> # after a byte of the data files flipped:
-    ['array params/embedding: checksum mismatch in slice [0:8, 0:32] (file runs/a/checkpoints/6/state/d/3f…)']
+    >>> recorded["arrays"]["w"][1]["crc32c"] ^= 1        # the slice's bytes no longer match its record
+    >>> _ = sums.write_text(json.dumps(recorded))
+    >>> verify_checksums(resolve_checkpoint(run))
+    ['array w: checksum mismatch in slice [8:16] (file .../checkpoints/6/state/d/...)']
 """
 
 from __future__ import annotations

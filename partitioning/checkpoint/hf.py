@@ -11,9 +11,17 @@ reference model.
 
 Example::
 
-    >>> model, variables = load_hf("tests/fixtures/hf/llama", mesh, "fsdp_tp")
-    >>> save_hf(model, variables, "out/llama")
-    PosixPath('out/llama')
+    >>> import pathlib, tempfile
+    >>> mesh = pt.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+    >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp_tp")
+    >>> pt.hf_family("tests/fixtures/hf/llama"), variables["params"]["blocks"]["mlp"]["wi_0"].sharding.spec
+    ('llama', P(None, 'tensor', 'fsdp'))
+    >>> out = pt.save_hf(model, variables, pathlib.Path(tempfile.mkdtemp()) / "llama")
+    >>> sorted(f.name for f in out.iterdir())
+    ['config.json', 'model.safetensors']
+    >>> _, again = pt.load_hf(out)             # the same numbers back, on one device this time
+    >>> jax.tree.all(jax.tree.map(lambda a, b: bool((np.asarray(a) == np.asarray(b)).all()), variables, again))
+    True
 """
 
 from __future__ import annotations

@@ -10,9 +10,19 @@ the tensor before any read. Pickled PyTorch weights (``pytorch_model.bin``,
 
 Example::
 
-    >>> tensors = discover("tests/fixtures/hf/llama_sharded")
-    >>> tensors["model.norm.weight"].shape
-    (32,)
+    >>> import pathlib, shutil, tempfile
+    >>> from partitioning.checkpoint.hf_files import discover
+    >>> tensors = discover("tests/fixtures/hf/llama_sharded")   # 4 files and model.safetensors.index.json
+    >>> len(tensors), tensors["model.norm.weight"].file.name, tensors["model.norm.weight"].shape
+    (21, 'model-00004-of-00004.safetensors', (32,))
+    >>> copy = pathlib.Path(tempfile.mkdtemp()) / "llama"
+    >>> _ = shutil.copytree("tests/fixtures/hf/llama", copy)
+    >>> f = copy / "model.safetensors"
+    >>> _ = f.write_bytes(f.read_bytes()[:-100])       # a download cut short
+    >>> discover(copy)
+    Traceback (most recent call last):
+    partitioning.errors.CheckpointError: .../llama/model.safetensors: truncated: tensor 'model.norm.weight' ends at \
+byte 158424 but the file has 158324 bytes
 """
 
 from __future__ import annotations
@@ -140,6 +150,7 @@ def parse_size(size: int | str) -> int:
 
     Example::
 
+        >>> from partitioning.checkpoint.hf_files import parse_size
         >>> parse_size("500MB"), parse_size("1GiB"), parse_size(1000)
         (500000000, 1073741824, 1000)
     """

@@ -11,9 +11,27 @@ implies.
 
 Example::
 
+    >>> from flax import traverse_util
+    >>> from partitioning.checkpoint.hf_files import discover
+    >>> from partitioning.checkpoint.hf_map import expand, match
+    >>> from partitioning.models.hf.families import FAMILIES
+    >>> model = pt.hf_model("tests/fixtures/hf/llama")      # 2 layers, scan_layers
+    >>> abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
+    >>> names = traverse_util.flatten_dict(pt.logical_names(abstract))
     >>> maps, order = expand(FAMILIES["llama"].tensors, lambda opt: getattr(model, opt), 2, True, names)
     >>> maps[2].path, maps[2].hf
     (('blocks', 'attn', 'q'), ('model.layers.0.self_attn.q_proj.weight', 'model.layers.1.self_attn.q_proj.weight'))
+    >>> order[:3]
+    ['model.embed_tokens.weight', 'model.layers.0.input_layernorm.weight', 'model.layers.0.self_attn.q_proj.weight']
+    >>> shapes = {k: v.shape for k, v in traverse_util.flatten_dict(pt.unbox(abstract)).items()}
+    >>> stored = discover("tests/fixtures/hf/llama")
+    >>> len(match(maps, shapes, stored))
+    21
+    >>> del stored["model.layers.1.mlp.up_proj.weight"]
+    >>> match(maps, shapes, stored, where="tests/fixtures/hf/llama")
+    Traceback (most recent call last):
+    partitioning.errors.CheckpointError: tests/fixtures/hf/llama: tensor 'model.layers.1.mlp.up_proj.weight' is \
+missing (expected shape [64, 32] from config.json)
 """
 
 from __future__ import annotations

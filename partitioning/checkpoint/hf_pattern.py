@@ -11,6 +11,7 @@ a transpose: a box of the parameter is a box of the atoms, which is how
 
 Example::
 
+    >>> from partitioning.checkpoint.hf_pattern import Pattern
     >>> p = Pattern.parse("(h k) d -> d h k")
     >>> p.file_shape((32, 4, 8)), p.atom_box(((0, 16), (0, 2), (0, 8)))
     ((32, 32), ((0, 2), (0, 8), (0, 16)))

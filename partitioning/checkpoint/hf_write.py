@@ -11,7 +11,26 @@ complete, so a failed save leaves the directory as it was.
 
 Example::
 
-    >>> save_tensors(maps, order, flat_params, Path("out"), max_shard_size=5 * 10**9)
+    >>> import pathlib, tempfile
+    >>> from flax import traverse_util
+    >>> from partitioning.checkpoint.hf_map import expand
+    >>> from partitioning.checkpoint.hf_write import save_tensors
+    >>> from partitioning.models.hf.families import FAMILIES
+    >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
+    >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")
+    >>> abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
+    >>> names = traverse_util.flatten_dict(pt.logical_names(abstract))
+    >>> maps, order = expand(FAMILIES["llama"].tensors, lambda opt: getattr(model, opt), 2, True, names)
+    >>> out = pathlib.Path(tempfile.mkdtemp())
+    >>> config = pathlib.Path("tests/fixtures/hf/llama/config.json").read_text()
+    >>> flat = traverse_util.flatten_dict(variables["params"])
+    >>> save_tensors(maps, order, flat, out, max_shard_size=60_000, extra_files={"config.json": config})
+    ['model-00001-of-00003.safetensors', 'model-00002-of-00003.safetensors', 'model-00003-of-00003.safetensors']
+    >>> sorted(f.name for f in out.iterdir())[-2:]
+    ['model-00003-of-00003.safetensors', 'model.safetensors.index.json']
+    >>> _, again = pt.load_hf(out)
+    >>> bool((np.asarray(again["params"]["blocks"]["attn"]["q"]) == variables["params"]["blocks"]["attn"]["q"]).all())
+    True
 """
 
 from __future__ import annotations

@@ -9,7 +9,25 @@ so nothing half-written is ever listed, and the previous step stays the latest.
 
 Example::
 
-    >>> check_space("runs/a/checkpoints", 6, state_nbytes(state))   # CheckpointError if it cannot fit
+    >>> import errno, pathlib, tempfile
+    >>> from partitioning.checkpoint.space import check_space, drop_unfinished, is_disk_full, state_nbytes
+    >>> state = {"w": jax.ShapeDtypeStruct((1024, 256), jnp.float32), "step": jax.ShapeDtypeStruct((), jnp.int32)}
+    >>> state_nbytes(state)
+    1048580
+    >>> ckpts = pathlib.Path(tempfile.mkdtemp())
+    >>> check_space(ckpts, 6, state_nbytes(state))             # fits: nothing happens
+    >>> check_space(ckpts, 6, 2**70, latest=4)                 # a state bigger than any disk
+    Traceback (most recent call last):
+    partitioning.errors.CheckpointError: .../6: no space left on device: this checkpoint needs about ... free; the \
+latest complete checkpoint is step 4; free space, lower checkpoint.keep, or point checkpoint.dir at a larger disk
+    >>> is_disk_full(RuntimeError("RESOURCE_EXHAUSTED: writing d/3f: [OSError os_error_code=28]"))
+    True
+    >>> is_disk_full(OSError(errno.EACCES, "Permission denied"))
+    False
+    >>> (ckpts / "6.orbax-checkpoint-tmp-1").mkdir()          # what a failed save of step 6 leaves
+    >>> drop_unfinished(ckpts, 6)
+    >>> list(ckpts.iterdir())
+    []
 """
 
 from __future__ import annotations

@@ -11,8 +11,25 @@ tree before anything is read.
 
 Example::
 
-    >>> ref = resolve_checkpoint("runs/a")
-    >>> target, names = layout_target(ref, make_mesh({"tensor": -1}), "tp")
+    >>> import pathlib, tempfile
+    >>> from partitioning.checkpoint.disk import flat_saved, resolve_checkpoint, saved_tree
+    >>> from partitioning.checkpoint.target import check_fits, layout_target
+    >>> from partitioning.models import MLP
+    >>> x, mesh = jnp.zeros((8, 16), jnp.int32), pt.make_mesh({"data": 1, "fsdp": -1})
+    >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), x)
+    >>> shardings = pt.tree_shardings(abstract, mesh, "fsdp")
+    >>> params = pt.unbox(jax.jit(MLP().init, out_shardings=shardings)(jax.random.key(0), x))
+    >>> run = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = pt.save_checkpoint(run / "checkpoints", 10, params, rules="fsdp", abstract=abstract)
+    >>> ref = resolve_checkpoint(run)
+    >>> target, names = layout_target(ref, pt.make_mesh({"data": 1, "tensor": -1}), "tp")
+    >>> names["params/wi_0"], target["params"]["wi_0"].sharding.spec    # names recorded at save, laid out by "tp"
+    (['embed', 'mlp'], P(None, 'tensor'))
+    >>> wider = pt.unbox(jax.eval_shape(MLP(mlp=512).init, jax.random.key(0), x))
+    >>> check_fits(ref, flat_saved(saved_tree(ref)), wider, partial=False)
+    Traceback (most recent call last):
+    partitioning.errors.CheckpointError: checkpoint .../10 does not fit the model (4 of 6 arrays differ): \
+params/wi_0: checkpoint (64, 256) vs model (64, 512); ...
 """
 
 from __future__ import annotations

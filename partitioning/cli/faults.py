@@ -2,8 +2,11 @@
 
 Example::
 
+    >>> from partitioning.cli.faults import closing_summary
     >>> closing_summary("done", [{"step": 10, "loss": 2.5, "eval_loss": None}])
     'done: step 10, loss 2.500, eval_loss nan'
+    >>> closing_summary("interrupted", [{"step": 50, "eval_loss": 1.75}, {"step": 60, "loss": 1.5, "skipped_steps": 2}])
+    'interrupted: step 60, loss 1.500, eval_loss 1.750 (step 50), 2 non-finite steps skipped'
 """
 
 from __future__ import annotations
@@ -29,10 +32,22 @@ class RunLocks:
 
     Example::
 
+        >>> import pathlib, tempfile
+        >>> from partitioning.cli.faults import RunLocks
+        >>> run_dir = pathlib.Path(tempfile.mkdtemp()) / "run"
+        >>> cfg = pt.load_config("configs/quickstart.yaml", [f"run_dir={run_dir}", f"checkpoint.dir={run_dir}-ckpt"])
         >>> locks = RunLocks()
         >>> locks.check(cfg)      # before the pre-flight: reads only
-        >>> locks.acquire()       # after it: creates RUN_DIR/.lock
+        >>> run_dir.exists()
+        False
+        >>> locks.acquire()       # after it: creates RUN_DIR/.lock, and one beside a checkpoint.dir outside it
+        >>> sorted(str(lock.path.relative_to(run_dir.parent)) for lock in locks.locks)
+        ['run-ckpt.lock', 'run/.lock']
+        >>> RunLocks().check(cfg)  # a second job on the same run
+        Traceback (most recent call last):
+        partitioning.train.lock.RunLockedError: .../run: run directory in use by pid ... on host ...
         >>> locks.release()
+        >>> RunLocks().check(cfg)
     """
 
     def __init__(self) -> None:

@@ -10,9 +10,13 @@ or listed in ``mesh.unused_axes``.
 
 Example::
 
-    >>> check_axes_used(load_config("run.yaml", ["mesh.shape.tensr=2"]), {"data": 1, "fsdp": 4, "tensr": 2})
+    >>> from partitioning.config.axes import check_axes_used
+    >>> cfg = pt.load_config("configs/quickstart.yaml", ["mesh.shape.tensr=2"])
+    >>> check_axes_used(cfg, {"data": 1, "fsdp": 4, "tensor": 1, "tensr": 2})
     Traceback (most recent call last):
-    partitioning.errors.MeshError: run.yaml (--set mesh.shape.tensr=2): mesh.shape.tensr: no rule uses ...
+    partitioning.errors.MeshError: configs/quickstart.yaml (--set mesh.shape.tensr=2): mesh.shape.tensr: no rule uses \
+mesh axis 'tensr' (size 2): its 2 devices would repeat the same work (rules fsdp use ...); did you mean 'tensor'? ...
+    >>> check_axes_used(pt.load_config("configs/quickstart.yaml"), {"data": 1, "fsdp": 8, "tensor": 1})  # size 1: kept
 """
 
 from __future__ import annotations

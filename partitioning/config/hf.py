@@ -15,7 +15,8 @@ directory (a ``--set`` value: the other way round). ``check``, ``plan``,
 
 Example::
 
-    >>> cfg = load_config("configs/llama3_70b_hf.yaml")
+    >>> from partitioning.config.hf import hf_options
+    >>> cfg = pt.load_config("configs/llama3_70b_hf.yaml")
     >>> cfg.model_hf, hf_options(cfg)["scan_layers"]
     (PosixPath('configs/hf/llama-3.1-70b'), True)
 """

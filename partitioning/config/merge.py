@@ -12,6 +12,7 @@ keys are found so the error can say that YAML needs a space after the colon.
 
 Example::
 
+    >>> from partitioning.config.merge import glued_keys, replaces
     >>> replaces(("mesh", "shape"), {"data": 1, "fsdp": -1}, {"data": -1})
     True
     >>> replaces(("train",), {"steps": 5}, {"batch_size": 8})

@@ -12,9 +12,16 @@ which policy and why in one line; a policy written in the config (or
 
 Example::
 
-    >>> cfg, note = resolve_remat(load_config("configs/quickstart.yaml"), mesh)
-    >>> cfg.model_options["remat"], note
-    ('dots_no_batch', 'remat: auto -> dots_no_batch: the fastest of 4 policies, ...')
+    >>> from partitioning.config.remat import is_auto, remat_policies, resolve_remat
+    >>> cfg = pt.load_config("configs/quickstart.yaml")       # its model names no remat policy
+    >>> is_auto(cfg), remat_policies(cfg)
+    (True, ('none', 'dots', 'dots_no_batch', 'full'))
+    >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
+    >>> resolved, note = resolve_remat(cfg, mesh)            # the first time on a machine: the CPU is measured
+    >>> resolved.model_options["remat"] in remat_policies(cfg), note
+    (True, 'remat: auto -> ...: the fastest of 4 policies, est. ... per step on cpu (...); peak ...; cpu profile ...')
+    >>> resolve_remat(pt.load_config("configs/quickstart.yaml", ["model.remat=full"]), mesh)[1] is None   # as written
+    True
 """
 
 from __future__ import annotations

@@ -22,9 +22,19 @@ Each checkpoint records the resolved config it was trained with
 
 Example::
 
-    >>> problem, note = compare_run(cfg, meta, step=200, resume=None, sizes={"data": 1, "fsdp": 8})
+    >>> from partitioning.config.resume import RECORD_KEY, compare_run, run_record
+    >>> sizes = {"data": 1, "fsdp": 8, "tensor": 1}
+    >>> meta = {RECORD_KEY: run_record(pt.load_config("configs/quickstart.yaml"), sizes)}   # saved at step 200
+    >>> compare_run(pt.load_config("configs/quickstart.yaml"), meta, step=200, resume=None, sizes=sizes)[0]
+    'configs/quickstart.yaml:39: train.steps: the checkpoint in runs/quickstart is already at step 200 (train.steps \
+is 200): nothing to train. To continue it raise train.steps (--set train.steps=400); otherwise give this ...'
+    >>> cfg = pt.load_config("configs/quickstart.yaml", ["optimizer.lr=0.001", "train.steps=400"])
+    >>> problem, note = compare_run(cfg, meta, step=200, resume=None, sizes=sizes)
     >>> problem
-    'runs/quickstart: the checkpoint at step 200 was trained with another optimizer (lr 0.003 -> 0.001); ...'
+    'runs/quickstart: the checkpoint at step 200 was trained with another optimizer (lr 0.003 -> 0.001), so this run \
+is another experiment: give this run its own run_dir (--set run_dir=runs/NAME), or start over with --no-resume ...'
+    >>> compare_run(cfg, meta, step=200, resume=True, sizes=sizes)   # --resume: continue it with the new lr
+    (None, 'resume: step 200 continues with another config: optimizer: lr 0.003 -> 0.001')
 """
 
 from __future__ import annotations

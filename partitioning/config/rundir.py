@@ -11,8 +11,19 @@ writes move (anything else in the folder stays where it is).
 
 Example::
 
-    >>> move_previous_run(Path("runs/quickstart"), Path("runs/quickstart/checkpoints"), log=print)
-    run_dir: starting over: moved the previous run (config.yaml, metrics.jsonl, ...) to runs/quickstart/previous/...
+    >>> import pathlib, tempfile
+    >>> from partitioning.config.rundir import move_previous_run
+    >>> run_dir = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (run_dir / "config.yaml").write_text("rules: fsdp")
+    >>> _ = (run_dir / "metrics.jsonl").write_text('{"step": 10, "loss": 2.5}')
+    >>> (run_dir / "checkpoints" / "10").mkdir(parents=True)
+    >>> _ = (run_dir / "notes.txt").write_text("not a run's output: it stays")
+    >>> aside = move_previous_run(run_dir, run_dir / "checkpoints", log=print)
+    run_dir: starting over: moved the previous run (config.yaml, metrics.jsonl, checkpoints) to /.../previous/...
+    >>> sorted(p.name for p in aside.iterdir()), sorted(p.name for p in run_dir.iterdir())
+    (['checkpoints', 'config.yaml', 'metrics.jsonl'], ['notes.txt', 'previous'])
+    >>> move_previous_run(run_dir, run_dir / "checkpoints") is None     # nothing left to move
+    True
 """
 
 from __future__ import annotations

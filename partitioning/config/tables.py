@@ -16,6 +16,7 @@ else one error asking for a mesh.
 
 Example::
 
+    >>> from partitioning.config.tables import table_layout
     >>> t = table_layout("configs/quickstart.yaml", [], "tp", devices=8)
     >>> t.plan.mesh, t.source
     ({'data': 2, 'tensor': 4}, 'the mesh of rules tp')

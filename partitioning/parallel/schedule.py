@@ -91,6 +91,7 @@ def stage_chunks(stages: int, repeats: int) -> list[list[int]]:
 
     Example::
 
+        >>> from partitioning.parallel.schedule import stage_chunks
         >>> stage_chunks(2, 2)     # stored: stage 0 holds chunks 0, 1 and stage 1 chunks 2, 3
         [[0, 2], [1, 3]]
     """

@@ -104,6 +104,7 @@ def unused_mesh_axes(
 
     Example::
 
+        >>> from partitioning.plan.coverage import unused_mesh_axes
         >>> unused_mesh_axes({"data": 1, "fsdp": 4, "tensr": 2}, "fsdp")
         ['tensr']
     """

@@ -59,6 +59,7 @@ def regrouped_fraction(stages: int, repeats: int) -> float:
 
     Example::
 
+        >>> from partitioning.plan.parallel import regrouped_fraction
         >>> regrouped_fraction(4, 1), regrouped_fraction(2, 2), regrouped_fraction(4, 2)
         (0.0, 0.5, 1.0)
     """

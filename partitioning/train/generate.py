@@ -15,8 +15,10 @@ so every layout applies as it does in training; all rows are identical.
 
 Example::
 
-    >>> model, variables = pt.load_hf("checkpoints/llama", mesh, "fsdp")
-    >>> new = pt.generate(model, variables["params"], [1, 450, 4996], mesh=mesh, rules="fsdp", max_tokens=20)
+    >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
+    >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")   # a tiny random-weight Llama
+    >>> pt.generate(model, variables["params"], [1, 272, 203], mesh=mesh, rules="fsdp", max_tokens=4)
+    [174, 174, 174, 174]
 """
 
 from __future__ import annotations
@@ -74,8 +76,16 @@ class Decoder:
 
     Example::
 
-        >>> dec = Decoder(model, mesh, "fsdp_tp", max_len=128)
-        >>> dec.greedy(params, prompt_ids, max_tokens=32)
+        >>> from partitioning.train.generate import Decoder
+        >>> mesh = pt.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+        >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp_tp")
+        >>> dec = Decoder(model, mesh, "fsdp_tp", max_len=16)
+        >>> dec.rows, dec.cache_shardings["blocks"]["attn"]["cached_key"].spec   # (layers, batch, length, kv_heads, kv)
+        (4, P(None, ('data', 'fsdp'), None, 'tensor', None))
+        >>> dec.greedy(variables["params"], [1, 272, 203], max_tokens=4, stop_id=2)
+        [174, 174, 174, 174]
+        >>> dec.greedy(variables["params"], [1, 272, 203], max_tokens=4, stop_id=174)    # ends at the stop token
+        [174]
     """
 
     def __init__(self, model: Any, mesh: jax.sharding.Mesh, rules: Any, *, max_len: int, on_indivisible: str = "error"):

@@ -12,9 +12,16 @@ next job opening it). Readers (``ckpt ls``, ``ckpt inspect``) never take it.
 
 Example::
 
-    >>> with RunLock("runs/a") as lock:       # RunLockedError if another job holds it
-    ...     train(...)
-    >>> RunLock("runs/a").holder()             # who holds it now, or None
+    >>> import os, tempfile
+    >>> from partitioning.train.lock import RunLock
+    >>> run_dir = tempfile.mkdtemp()
+    >>> with RunLock(run_dir):                 # held while the job runs
+    ...     RunLock(run_dir).check()           # another job is refused before it writes anything
+    Traceback (most recent call last):
+    partitioning.train.lock.RunLockedError: /...: run directory in use by pid ... on host ... since ...
+    >>> RunLock(run_dir).holder()["pid"] == os.getpid()    # the file stays, naming its last holder
+    True
+    >>> RunLock(run_dir).check()               # the holder has released it (or died): free
 """
 
 from __future__ import annotations
@@ -56,7 +63,12 @@ class RunLock:
 
     Example::
 
-        >>> lock = RunLock("runs/a").acquire()
+        >>> import pathlib, tempfile
+        >>> from partitioning.train.lock import RunLock
+        >>> run_dir = pathlib.Path(tempfile.mkdtemp()) / "run"
+        >>> lock = RunLock(run_dir).acquire()    # creates the directory and RUN_DIR/.lock
+        >>> lock.path.relative_to(run_dir.parent), sorted(lock.holder())
+        (PosixPath('run/.lock'), ['command', 'host', 'pid', 'started'])
         >>> lock.release()
     """
 

@@ -15,12 +15,16 @@ first bad step costs no extra wait for the device.
 
 Example::
 
+    >>> from partitioning.train.nonfinite import Tally, keep_if_finite, nonfinite_flag
+    >>> losses = [2.5, 2.4, float("nan"), 2.3, float("inf")]    # steps 1 to 5, as their train steps return them
     >>> tally = Tally(start=0)
-    >>> for step in range(10):
-    ...     state, metrics = trainer.train_step(state, batches.batch_at(step))
-    ...     tally.add(metrics["nonfinite"])
+    >>> for loss in losses:
+    ...     tally.add(nonfinite_flag(jnp.float32(loss), jnp.float32(0.5)))   # the step's metrics["nonfinite"]
     >>> tally.read()          # (non-finite steps, first of them or None)
-    (0, None)
+    (2, 3)
+    >>> new, old = {"w": jnp.full(2, jnp.nan)}, {"w": jnp.ones(2)}
+    >>> keep_if_finite(nonfinite_flag(jnp.float32(jnp.nan), jnp.float32(0.5)), new, old)   # skip_step keeps the old
+    {'w': Array([1., 1.], dtype=float32)}
 """
 
 from __future__ import annotations
@@ -85,9 +89,12 @@ class Tally:
 
     Example::
 
+        >>> from partitioning.train.nonfinite import Tally
         >>> tally = Tally(start=100)
-        >>> tally.add(metrics["nonfinite"])          # after each step; never waits
-        >>> count, first = tally.read()              # host ints; waits for the steps
+        >>> for flag in [0.0, 0.0, 1.0, 0.0]:            # steps 101 to 104: each step's metrics["nonfinite"]
+        ...     tally.add(jnp.float32(flag))             # after each step; never waits
+        >>> tally.read()                                 # host ints; waits for the steps
+        (1, 103)
     """
 
     def __init__(self, start: int):

@@ -317,8 +317,15 @@ class Trainer(Lowering):
 
         Example::
 
-            >>> model, variables = pt.load_hf("checkpoints/llama", mesh, "fsdp")
-            >>> state = Trainer(model, tx, mesh, "fsdp", batch_size=8, seq_len=128).init_from(variables["params"])
+            >>> import optax
+            >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
+            >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")
+            >>> trainer = pt.Trainer(model, optax.adamw(1e-3), mesh, "fsdp", batch_size=8, seq_len=16)
+            >>> state = trainer.init_from(variables["params"])
+            >>> int(state.step), state.params["embedding"] is variables["params"]["embedding"]   # in place: used as is
+            (0, True)
+            >>> state.opt_state[0].mu["embedding"].sharding.spec          # Adam's moments laid out like their params
+            P(None, 'fsdp')
         """
         params = unbox(params)
         shardings, abstract = self.state_shardings.params, unbox(self.abstract_state.params)

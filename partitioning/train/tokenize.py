@@ -18,9 +18,22 @@ pieces tokenized in parallel.
 
 Example::
 
-    >>> tok = load_tokenizer("checkpoints/llama/tokenizer.json")   # or the checkpoint folder
-    >>> tok.encode("Hello")            # [bos, ...] as the tokenizer config says
-    >>> tokens = tokenize_files(files, tok, cache_dir)             # memory-mapped uint16 / uint32
+    >>> import pathlib, tempfile
+    >>> from partitioning.train.tokenize import tokenize_files
+    >>> tok = pt.load_tokenizer("tests/fixtures/hf/llama/tokenizer.json")   # or the checkpoint folder
+    >>> tok.encode("def f(x):")         # [bos, ...] as the tokenizer config says
+    [1, 279, 72, 287, 10, 90, 11, 28]
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> files = [folder / "a.py", folder / "b.py"]
+    >>> _ = files[0].write_text("def f(x):")
+    >>> _ = files[1].write_text("x = 1")
+    >>> tokens = tokenize_files(files, tok, folder / "cache")             # memory-mapped uint16 / uint32
+    >>> tokens.dtype, tokens.tolist()    # one BOS per document
+    (dtype('uint16'), [1, 279, 72, 287, 10, 90, 11, 28, 1, 90, 286, 223, 19])
+    >>> tokens.tolist() == tok.encode("def f(x):") + tok.encode("x = 1")
+    True
+    >>> [f.suffix for f in (folder / "cache").iterdir()]     # the next run reads it back
+    ['.npy']
 """
 
 from __future__ import annotations
@@ -65,9 +78,13 @@ class TextTokenizer:
 
     Example::
 
-        >>> tok = load_tokenizer("tests/fixtures/hf/llama")
+        >>> tok = pt.load_tokenizer("tests/fixtures/hf/llama")
+        >>> tok.bos_id, tok.eos_id, tok.stop_id, tok.vocab_size, tok.dtype
+        (1, None, 2, 320, dtype('uint16'))
         >>> tok.decode(tok.encode("def f(x):", document=False))
         'def f(x):'
+        >>> pt.load_tokenizer("tests/fixtures/hf/gpt2").describe()     # GPT-2: EOS between documents
+        'tests/fixtures/hf/gpt2/tokenizer.json (320 tokens; per document: eos 0)'
     """
 
     path: Path

@@ -10,10 +10,26 @@ the original exception is the :class:`ModelError`'s ``__cause__``.
 
 Example::
 
-    >>> guard(MyAdapter)   # wraps its abstract / boxed / init / apply
-    >>> MyAdapter(model).apply(variables, args, {}, rngs={}, train=True)
-    ModelError: gemma_nnx.Gemma: the forward pass fails to trace on mesh {fsdp: 4, tensor: 2} (auto axes)
-    at gemma_nnx.py:63 in Attention.__call__: ValueError: PartitionSpec passed to einsum cannot contain ...
+    >>> from partitioning.train.tracing import guard
+    >>> class Broken(nn.Module):
+    ...     @nn.compact
+    ...     def __call__(self, x):
+    ...         return nn.Dense(4)(x) @ jnp.ones((5, 2))       # (8, 4) @ (5, 2)
+    >>> pt.as_model(Broken()).abstract((jnp.zeros((8, 16)),), {})   # the adapters are guarded
+    Traceback (most recent call last):
+    partitioning.errors.ModelError: ...Broken: the init fails to trace at ...: TypeError: dot_general requires \
+contracting dimensions to have the same shape, got (4,) and (5,)...
+    >>> @guard                    # wraps a class's abstract / boxed / init / apply
+    ... class MyAdapter:
+    ...     def __init__(self, fn):
+    ...         self.apply_fn = fn
+    ...     def apply(self, variables, x):
+    ...         return self.apply_fn(variables, x)
+    >>> with jax.set_mesh(pt.make_mesh({"data": 2, "tensor": 4})):
+    ...     MyAdapter(lambda v, x: x @ v["w"]).apply({"w": jnp.ones((3, 2))}, jnp.ones((4, 5)))
+    Traceback (most recent call last):
+    partitioning.errors.ModelError: ...<lambda>: the forward pass fails to trace on mesh {data: 2, tensor: 4} \
+(auto axes) at ...: TypeError: ...
 """
 
 from __future__ import annotations

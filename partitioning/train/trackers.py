@@ -74,8 +74,9 @@ def tensorboard_hint(logdir: str | Path) -> str:
 
     Example::
 
-        >>> tensorboard_hint("runs/x/tensorboard")
-        'view the curves: tensorboard --logdir runs/x/tensorboard'
+        >>> from partitioning.train.trackers import tensorboard_hint
+        >>> tensorboard_hint("runs/x/tensorboard")     # without tensorboard installed: how to install it first
+        'view the curves: ...tensorboard --logdir runs/x/tensorboard'
     """
     cmd = f"tensorboard --logdir {logdir}"
     if shutil.which("tensorboard") is None:

@@ -32,9 +32,17 @@ machine, device count and jax version; delete the file to measure again).
 
 Example::
 
-    >>> hw = pt.measure_cpu()            # a few seconds on 8 simulated devices
-    >>> hw.name, hw.peak_flops > 0, hw.collective_bandwidth["all-gather"] > 0
-    ('cpu', True, True)
+    >>> import time
+    >>> from partitioning.tune.measure import device_seconds
+    >>> mesh = pt.make_mesh({"data": -1})
+    >>> x = jax.device_put(jnp.ones((8 * 256, 256)), jax.NamedSharding(mesh, jax.P("data")))
+    >>> f = jax.jit(lambda x: x * 1.5 + 1.0)
+    >>> cpu = time.process_time()
+    >>> t = device_seconds(lambda: f(x), devices=8)     # CPU seconds of one call, per device
+    >>> 0 < t < time.process_time() - cpu
+    True
+
+:func:`measure_cpu` runs such timings for each quantity (see its example).
 """
 
 from __future__ import annotations
@@ -195,7 +203,12 @@ def device_profile(device: Any) -> Hardware | None:
 
     Example::
 
-        >>> device_profile(jax.devices()[0])      # 'TPU v5 lite' -> the v5e profile; a CPU -> None
+        >>> import types
+        >>> from partitioning.tune.measure import device_profile
+        >>> device_profile(jax.devices()[0]) is None          # a CPU: measured, not built in
+        True
+        >>> device_profile(types.SimpleNamespace(platform="tpu", device_kind="TPU v5 lite")).name
+        'v5e'
     """
     if getattr(device, "platform", "") == "cpu":
         return None
@@ -229,9 +242,12 @@ def cpu_profile(devices: int, directory: str | Path | None = None) -> tuple[Hard
 
     Example::
 
-        >>> hw, source = cpu_profile(8)
-        >>> source
-        'cpu profile measured now, cached in /root/.cache/partitioning/cpu-8.json'
+        >>> from partitioning.tune.measure import cache_dir, cpu_profile
+        >>> hw, source = cpu_profile(8)           # the first time on this machine: measured (a few seconds)
+        >>> hw.name, hw.measured, source.replace(str(cache_dir()), "CACHE")
+        ('cpu', True, 'cpu profile ...cached in CACHE/cpu-8.json')
+        >>> cpu_profile(8)[1].replace(str(cache_dir()), "CACHE")    # from then on: read back
+        'cpu profile cached in CACHE/cpu-8.json'
     """
     path = Path(directory) if directory is not None else cache_dir()
     path = path / f"cpu-{devices}.json"
@@ -265,7 +281,10 @@ def local_profile(devices: int | None = None) -> tuple[Hardware | None, str]:
 
     Example::
 
-        >>> hw, source = local_profile(8)
+        >>> from partitioning.tune.measure import local_profile
+        >>> hw, source = local_profile(8)        # on a CPU: the cpu profile, measured once per machine
+        >>> hw.name, source
+        ('cpu', 'cpu profile ...cached in .../cpu-8.json')
     """
     device = jax.devices()[0]
     n = int(devices or jax.device_count())

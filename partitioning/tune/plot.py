@@ -49,6 +49,7 @@ def table_styles(tables: list[str]) -> dict[str, tuple[str, str]]:
 
     Example::
 
+        >>> from partitioning.tune.plot import table_styles
         >>> table_styles(["dp", "fsdp"])
         {'dp': ('#1f77b4', 'o'), 'fsdp': ('#ff7f0e', 'o')}
     """
