@@ -82,10 +82,10 @@ class Decoder:
         >>> dec = Decoder(model, mesh, "fsdp_tp", max_len=16)
         >>> dec.rows, dec.cache_shardings["blocks"]["attn"]["cached_key"].spec   # (layers, batch, length, kv_heads, kv)
         (4, P(None, ('data', 'fsdp'), None, 'tensor', None))
-        >>> dec.greedy(variables["params"], [1, 272, 203], max_tokens=4, stop_id=2)
+        >>> dec.greedy(variables["params"], [1, 272, 203], max_tokens=4)
         [174, 174, 174, 174]
-        >>> dec.greedy(variables["params"], [1, 272, 203], max_tokens=4, stop_id=174)    # ends at the stop token
-        [174]
+        >>> dec.greedy(variables["params"], [1, 90, 3], max_tokens=8)    # same prompt length: no new compile
+        [253, 141, 314, 149, 32, 89, 212, 130]
     """
 
     def __init__(self, model: Any, mesh: jax.sharding.Mesh, rules: Any, *, max_len: int, on_indivisible: str = "error"):
@@ -156,12 +156,10 @@ def generate(
 
     Example::
 
-        >>> from partitioning.models import GPT
         >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
-        >>> model = GPT(vocab_size=256, embed=32, heads=2, mlp=64, layers=2)
-        >>> params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
-        >>> len(pt.generate(model, pt.unbox(params), list(b"def "), mesh=mesh, rules="fsdp", max_tokens=4))
-        4
+        >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")
+        >>> pt.generate(model, variables["params"], [1, 90, 3], mesh=mesh, rules="fsdp", max_tokens=6, stop_id=314)
+        [253, 141, 314]
     """
     if max_tokens < 1:
         raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}", arg="max_tokens")
