@@ -67,6 +67,9 @@ def _diff(saved: Any, now: Any, skip: Collection[str] = frozenset()) -> list[str
 
 
 def _fmt_rules(value: Any) -> str:
+    # A table is recorded as its pairs, or {extra: pairs, batch_axes, follows} (Rules.to_config).
+    if isinstance(value, Mapping) and isinstance(value.get("extra"), list):
+        return f"{len(value['extra'])} rules"
     return f"{len(value)} rules" if isinstance(value, list) else str(value)
 
 
