@@ -43,14 +43,15 @@ class InstalledModelsModule(DoctestModule):
     """
 
     def _getobj(self):
-        stem = self.path.stem
-        return importlib.import_module("partitioning.models" + ("" if stem == "__init__" else f".{stem}"))
+        parts = self.path.relative_to(MODELS).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        return importlib.import_module(".".join(("partitioning", "models", *parts)))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     collected = yield
-    if file_path.parent == MODELS:
+    if MODELS in file_path.parents:
         return [
             InstalledModelsModule.from_parent(parent, path=file_path) if isinstance(c, DoctestModule) else c
             for c in collected
