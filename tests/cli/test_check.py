@@ -1,8 +1,10 @@
 """`partitioning check` (partitioning.cli.check), in real subprocesses."""
 
 
-def test_check_ok_simulates_devices(repo, run_cli_subprocess):
-    r = run_cli_subprocess("check", "configs/quickstart.yaml", cwd=repo)
+def test_check_ok_simulates_devices(repo, tmp_path, run_cli_subprocess):
+    # Its own run_dir: the README's first command leaves runs/quickstart at its last step in the checkout,
+    # and check refuses a run with nothing left to train, as train would.
+    r = run_cli_subprocess("check", "configs/quickstart.yaml", "--set", f"run_dir={tmp_path}/run", cwd=repo)
     assert r.returncode == 0, r.stderr
     assert "simulating 8 CPU devices" in r.stderr
     assert r.stdout.startswith("OK: configs/quickstart.yaml: model gpt (")
