@@ -141,6 +141,7 @@ from partitioning.train import (
 from partitioning.train.data import ArrayDataset
 from partitioning.train.generate import generate
 from partitioning.train.tokenize import TextTokenizer, load_tokenizer
+from partitioning.train.trainable import trainable_paths
 from partitioning.tune import Hardware, Workload, hardware, load_hardware, workload
 from partitioning.tune import search as search_layouts
 from partitioning.tune.compiled import compiled_estimate
@@ -211,6 +212,7 @@ __all__ = [
     "Trainer",
     "TrainState",
     "abstract_train_state",
+    "trainable_paths",
     "lm_loss",
     "Task",
     "LinenModel",

@@ -85,6 +85,8 @@ class CheckpointHook:
     def initial_state(self, trainer: Any, rng: Any, init: Any = None) -> Any:
         """Restores the latest checkpoint onto the trainer's layout if resuming, else ``trainer.init(rng)``
         (or ``init()``: e.g. ``lambda: trainer.init_from(pretrained_params)``, never called on a resume)."""
+        if self.manager.frozen is None:  # the trainer's frozen params are written once per run
+            self.manager.frozen = getattr(trainer, "frozen", None)
         if self.resume and self.manager.latest_step() is not None:
             target = self.target or abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
             return self._restore(target)

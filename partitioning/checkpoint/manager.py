@@ -35,7 +35,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from importlib import metadata as md
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,18 @@ from orbax.checkpoint import checkpoint_managers as ocp_policies
 
 from partitioning.boxes import is_box
 from partitioning.checkpoint.checksum import MetaHandler, MetaSave
-from partitioning.checkpoint.disk import FORMAT, META_ITEM, PRUNED, STATE_ITEM, TMP_SUFFIX, dir_bytes, list_steps
+from partitioning.checkpoint.disk import (
+    FORMAT,
+    META_ITEM,
+    PRUNED,
+    STATE_ITEM,
+    TMP_SUFFIX,
+    dir_bytes,
+    list_steps,
+    resolve_checkpoint,
+)
+from partitioning.checkpoint.frozen import META_KEY as FROZEN_KEY
+from partitioning.checkpoint.frozen import drop_unreferenced, frozen_ref, save_frozen, split_state
 from partitioning.checkpoint.restore import checkpoint_metadata, restore_checkpoint
 from partitioning.checkpoint.space import check_space, disk_full_error, drop_unfinished, is_disk_full, state_nbytes
 from partitioning.errors import CheckpointError
@@ -107,7 +118,9 @@ class CheckpointManager:
     ``compress`` writes arrays zstd-compressed (orbax's default; ~8% smaller
     for float states, restores several times slower on a CPU-bound host).
     ``keep <= 0`` keeps every checkpoint; ``every == 0`` (no schedule) saves
-    whenever :meth:`save` is called. With ``keep_best``, the checkpoint with the lowest
+    whenever :meth:`save` is called. ``frozen`` (``trainer.frozen``: paths of
+    params that never change) are written once, at the first save, and each
+    step refers to them (:mod:`partitioning.checkpoint.frozen`). With ``keep_best``, the checkpoint with the lowest
     ``best_metric`` (among those saved with that metric) is kept too.
 
     Example::
@@ -143,8 +156,11 @@ class CheckpointManager:
         names: Mapping[str, Any] | None = None,
         extra: Mapping[str, Any] | None = None,
         compress: bool = False,
+        frozen: Collection[str] | None = None,
     ):
         self.directory = Path(directory).absolute()
+        self.frozen = frozenset(frozen) if frozen is not None else None
+        self._frozen: dict[str, Any] | None = None  # the frozen params this run's steps refer to
         if ".." in self.directory.parts:
             self.directory = self.directory.resolve()  # orbax and tensorstore take no `..`
         self.every, self.keep, self.keep_best, self.best_metric = int(every), int(keep), keep_best, best_metric
@@ -260,12 +276,17 @@ class CheckpointManager:
         latest = self._latest_complete()
         # The last step's size on disk counts too: chunk and file overheads outweigh small states.
         last_size = dir_bytes(self.directory / str(latest)) if latest is not None else 0
+        drop_unreferenced(self.directory, self._frozen["step"] if self._frozen else None)
+        state, split = self._split(step, state)
         self._needed[step] = max(state_nbytes(state), last_size)
         check_space(self.directory, step, self._needed[step], latest)
+        meta = self._step_meta(step, state, metrics)
+        if split is not None:
+            meta[FROZEN_KEY] = split
         args = ocp.args.Composite(
             **{
                 STATE_ITEM: ocp.args.PyTreeSave(state, ocdbt_target_data_file_size=DATA_FILE_BYTES),
-                META_ITEM: MetaSave(self._step_meta(step, state, metrics), state),
+                META_ITEM: MetaSave(meta, state),
             }
         )
         try:
@@ -274,6 +295,20 @@ class CheckpointManager:
             raise self._failed(e, step) from None
         self._pending = step
         return saved
+
+    def _split(self, step: int, state: Any) -> tuple[Any, dict[str, Any] | None]:
+        """The state to write at ``step`` (without frozen params) and the frozen params it refers to."""
+        if not self.frozen:
+            return state, None
+        own, fixed = split_state(state, self.frozen)
+        if fixed is None:
+            return state, None
+        if self._frozen is None or self._frozen["paths"] != sorted(self.frozen):
+            # Once per run, synchronously (they never change): every later step refers to this copy.
+            self._frozen = save_frozen(
+                self.directory, step, fixed, self.frozen, rules=self._base_meta.get("rules"), names=self._names
+            )
+        return own, self._frozen
 
     def _failed(self, error: Exception, step: int | None) -> Exception:
         """A failed save as one CheckpointError (its unfinished directory removed); other errors unchanged."""
@@ -340,7 +375,11 @@ class CheckpointManager:
     def restore(self, target: Any, step: int | None = None, *, params_only: bool = False, verify: bool = False) -> Any:
         """:func:`restore_checkpoint` of this directory's latest (or ``step``) checkpoint."""
         self.wait()
-        return restore_checkpoint(self.directory, target, step=step, params_only=params_only, verify=verify)
+        out = restore_checkpoint(self.directory, target, step=step, params_only=params_only, verify=verify)
+        split = frozen_ref(resolve_checkpoint(self.directory, step))
+        if self.frozen and split is not None and split.get("paths") == sorted(self.frozen):
+            self._frozen = dict(split)  # the frozen params just read: later steps refer to them, not a new copy
+        return out
 
     def metadata(self, step: int | None = None) -> dict[str, Any]:
         self.wait()

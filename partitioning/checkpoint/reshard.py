@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from partitioning.boxes import unbox
-from partitioning.checkpoint.disk import flat_saved, read_metadata, resolve_checkpoint, saved_mesh_str, saved_tree
+from partitioning.checkpoint.disk import read_metadata, resolve_checkpoint, saved_mesh_str
+from partitioning.checkpoint.frozen import saved_arrays
 from partitioning.checkpoint.manager import CheckpointManager, names_by_path
 from partitioning.checkpoint.restore import restore_checkpoint
 from partitioning.checkpoint.target import check_fits, layout_target, names_for_moments, reshard_target
@@ -94,7 +95,7 @@ def reshard_checkpoint(
     rules = as_rules(rules)
     ref = resolve_checkpoint(ckpt, step)
     meta = read_metadata(ref)
-    saved = flat_saved(saved_tree(ref))
+    saved = saved_arrays(ref)  # with the frozen params a step refers to: the resharded step holds them all
     rules.validate(mesh)
     model_names = None
     if abstract_params is not None and any(p.startswith("params/") for p in saved):

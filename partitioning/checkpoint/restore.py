@@ -41,6 +41,7 @@ from partitioning.boxes import is_box
 from partitioning.checkpoint.checksum import verify_checksums
 from partitioning.checkpoint.diagnose import diagnose
 from partitioning.checkpoint.disk import CheckpointRef, flat_saved, read_metadata, resolve_checkpoint, saved_tree
+from partitioning.checkpoint.frozen import frozen_ref, restore_split
 from partitioning.checkpoint.reader import fast_registry
 from partitioning.checkpoint.target import check_fits, layout_target
 from partitioning.errors import CheckpointError
@@ -132,6 +133,7 @@ def restore_checkpoint(
     params_only: bool = False,
     max_inflight_bytes: int | None = None,
     verify: bool = False,
+    frozen: bool = True,
 ) -> Any:
     """Restores a checkpoint onto the shardings (and dtypes) of ``target``, or onto ``mesh`` and ``rules``.
 
@@ -151,6 +153,9 @@ def restore_checkpoint(
     ``verify`` first reads every saved slice back and checks its recorded
     checksum (:mod:`partitioning.checkpoint.checksum`): a CheckpointError names
     the array and the file of a mismatch.
+    A step of a run with frozen params refers to them (written once per run,
+    :mod:`partitioning.checkpoint.frozen`): they are read from there and merged, so
+    the params come back whole; ``frozen=False`` reads only the step's own arrays.
 
     Example::
 
@@ -170,6 +175,11 @@ def restore_checkpoint(
         P('tensor', None)
     """
     ref = resolve_checkpoint(path, step)
+    split = frozen_ref(ref) if frozen else None
+    if split is not None:
+        kw = {"mesh": mesh, "rules": rules, "optimizer_rules": optimizer_rules, "on_indivisible": on_indivisible}
+        kw.update(params_only=params_only, max_inflight_bytes=max_inflight_bytes, verify=verify)
+        return restore_split(ref, split, target, restore_checkpoint, **kw)
     saved = flat_saved(saved_tree(ref))
     if verify:
         problems = verify_checksums(ref)

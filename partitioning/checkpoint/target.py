@@ -41,12 +41,20 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from partitioning.checkpoint.disk import CheckpointRef, flat_saved, is_saved_leaf, read_metadata, saved_tree
+from partitioning.checkpoint.disk import (
+    CheckpointRef,
+    flat_saved,
+    is_saved_leaf,
+    read_metadata,
+    resolve_checkpoint,
+    saved_tree,
+)
 from partitioning.errors import CheckpointError, ShardingError
 from partitioning.fmt import fmt_shape
 from partitioning.layout import path_str
 from partitioning.resolve import axes_tuple, mesh_axis_sizes
 from partitioning.rules import as_rules
+from partitioning.train.trainable import merge_trees
 
 UNNAMED = ("replicate", "saved")
 
@@ -190,7 +198,20 @@ def layout_target(
         found.setdefault(p, n)
     names_for_moments(saved, found)
     target = reshard_target(saved, found, mesh, rules, optimizer_rules, on_indivisible, tree, unnamed)
-    return target, found
+    return with_frozen_target(ref, target, found, mesh, rules, on_indivisible=on_indivisible, unnamed=unnamed)
+
+
+def with_frozen_target(
+    ref: CheckpointRef, target: Any, names: dict[str, Any], mesh: Any, rules: Any, **kw: Any
+) -> tuple[Any, dict[str, Any]]:
+    """A step's target with the frozen params it refers to laid out too (:mod:`partitioning.checkpoint.frozen`)."""
+    from partitioning.checkpoint.frozen import frozen_path, frozen_ref
+
+    split = frozen_ref(ref)
+    if split is None or not isinstance(target, Mapping) or not isinstance(target.get("params"), Mapping):
+        return target, names
+    fixed, fixed_names = layout_target(resolve_checkpoint(frozen_path(ref, split)), mesh, rules, names=names, **kw)
+    return {**target, "params": merge_trees(target["params"], fixed["params"])}, {**fixed_names, **names}
 
 
 __all__ = ["check_fits", "reshard_target", "names_for_moments", "layout_target", "UNNAMED"]

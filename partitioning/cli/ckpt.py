@@ -36,6 +36,7 @@ from partitioning.checkpoint.disk import (
     saved_tree,
     sharding_str,
 )
+from partitioning.checkpoint.frozen import frozen_path, frozen_ref
 from partitioning.checkpoint.reshard import reshard_checkpoint
 from partitioning.cli import export_hf
 from partitioning.cli.args import leaf, load_with_devices
@@ -94,6 +95,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     problems = verify(ref)
     if not problems and not args.no_verify:
         problems = verify_checksums(ref)  # reads every array back
+    split = frozen_ref(ref)
+    if split is not None:  # the frozen params this step refers to are checked too
+        fixed = frozen_path(ref, split)
+        try:
+            fref = resolve_checkpoint(fixed)
+            found = verify(fref) or ([] if args.no_verify else verify_checksums(fref))
+        except CheckpointError as e:
+            found = [str(e)]
+        problems = problems + [f"frozen params {fixed}: {p}" for p in found]
     arrays_meta = meta.get("arrays") or {}
     size = dir_bytes(ref.path)
     if args.json:
@@ -139,6 +149,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             print("metrics: " + ", ".join(f"{k} {v:.6g}" for k, v in sorted(meta["metrics"].items())))
         if meta.get("resharded_from"):
             print(f"resharded from: {meta['resharded_from']}")
+        if split is not None:
+            print(
+                f"frozen params: {len(split.get('paths', []))} arrays in {frozen_path(ref, split)} (written once "
+                f"per run; this step holds the trainable params and their optimizer state)"
+            )
     else:
         print("no toolkit metadata: written by plain orbax (layout only)")
     table = Table(title="arrays")

@@ -117,6 +117,14 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
         ratio = v["per_device"] / v["ideal"] if v["ideal"] else 1.0
         tt.add_row(k, fmt_bytes(v["per_device"]), fmt_bytes(v["ideal"]), f"{ratio:.2f}x", fmt_bytes(v["total"]))
     console.print(tt)
+    tr, fr = report["totals"].get("trainable"), report["totals"].get("frozen")
+    if fr and fr["total"]:
+        console.print(
+            f"trainable: {report.get('trainable_parameters', 0):,} parameters, {fmt_bytes(tr['per_device'])} per "
+            f"device (with gradients and optimizer state); frozen: {fmt_bytes(fr['per_device'])} per device "
+            f"(stored dtype, no gradient, no optimizer state)",
+            highlight=False,
+        )
     console.print(f"replicated share of per-device memory: {report['replicated_share']:.1%}")
 
     render_axes(report, console)

@@ -238,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
         on_indivisible=cfg.on_indivisible,
         records=records,
         model_axes=_model_axes(cfg, params, names),
+        frozen=inputs.frozen,
     )
     compiles = args.compiles if args.compiles is not None else (8 if here else 2)
     t1 = time.perf_counter()

@@ -247,6 +247,13 @@ def abstract_model(cfg: Config, dataset: Any = None) -> tuple[Any, Any]:
 # -- training ----------------------------------------------------------------------------------
 
 
+def trainable_keys(cfg: Config) -> dict[str, tuple[Any, ...]]:
+    """A trainable-subset error's ``arg`` (``trainable/<i>``) -> its config key, for ``file:line``."""
+    keys: dict[str, tuple[Any, ...]] = {"trainable": ("train", "trainable")}
+    keys.update({f"trainable/{i}": ("train", "trainable", i) for i in range(len(cfg.train.trainable or ()))})
+    return keys
+
+
 def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh, dataset: Any = None) -> Trainer:
     """The :class:`Trainer` for a config on ``mesh`` (its model, optimizer, rules, task, batch shape)."""
     model = model_from_config(cfg)
@@ -269,7 +276,10 @@ def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh, dataset: Any = Non
             microbatches=t.microbatches,
             on_nonfinite=t.on_nonfinite,
             pipeline_repeats=t.pipeline_repeats,
+            trainable=t.trainable,
         )
+    except ConfigError as e:
+        raise at_key(cfg, e, trainable_keys(cfg)) from None
     except (ShardingError, PipelineError) as e:
         raise at_key(
             cfg, e, {"batch_size": ("train", "batch_size"), "grad_accum": ("train", "grad_accum"), **PIPELINE_KEYS}
@@ -289,5 +299,6 @@ __all__ = [
     "batch_from_config",
     "task_from_config",
     "trainer_from_config",
+    "trainable_keys",
     "PIPELINE_KEYS",
 ]

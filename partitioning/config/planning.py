@@ -30,9 +30,11 @@ from partitioning.config.build import (
     model_options_resolved,
     optimizer_from_config,
     task_from_config,
+    trainable_keys,
     trainer_from_config,
 )
 from partitioning.config.schema import Config
+from partitioning.errors import ConfigError
 from partitioning.mesh import abstract_mesh, make_mesh
 from partitioning.parallel.pipeline import PipelineError, check_layers, check_microbatches, layers_sizes, microbatching
 from partitioning.parallel.schedule import STAGE_AXIS
@@ -44,8 +46,19 @@ from partitioning.plan.parallel import costs_from_records, stacked_bytes
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.rules import Rules
 from partitioning.train.state import abstract_train_state
+from partitioning.train.trainable import subset_of
 from partitioning.tune.space import table_axes
 from partitioning.tune.workload import Workload, workload
+
+
+def _abstract_state(cfg: Config, model: Any, batch: Any, task: Any) -> tuple[Any, Any, frozenset[str]]:
+    """(boxed params, boxed optimizer state over the trainable params, the frozen paths) of a config."""
+    t = cfg.train.trainable
+    try:
+        params, opt_state = abstract_train_state(model, optimizer_from_config(cfg), batch=batch, task=task, trainable=t)
+        return params, opt_state, subset_of(params, t).frozen
+    except ConfigError as e:
+        raise at_key(cfg, e, trainable_keys(cfg)) from None
 
 
 def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
@@ -53,7 +66,7 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
     sizes = mesh_sizes(cfg.mesh.shape, devices)
     model = model_from_config(cfg)
     batch, task = batch_from_config(cfg), task_from_config(cfg)
-    params, opt_state = abstract_train_state(model, optimizer_from_config(cfg), batch=batch, task=task)
+    params, opt_state, frozen = _abstract_state(cfg, model, batch, task)
     # What one forward pass sees (grad_accum splits the batch), pipelined as the Trainer would.
     g = max(1, cfg.train.grad_accum)
     forward = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // g, *x.shape[1:]), x.dtype), batch)
@@ -80,6 +93,7 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
         optimizer_rules=cfg.optimizer_rules,
         on_indivisible=cfg.on_indivisible,
         activations=acts,
+        frozen=frozen,
     )
     check_axes_used(cfg, sizes, plan.params + plan.opt_state)
     plan.parallel = costs_from_records(stacks, sizes, passes=g, stage_weight_bytes=stacked_bytes(plan.params))
@@ -112,13 +126,14 @@ class TuneInputs:
     records: list[dict[str, Any]]
     names: Any
     workload: Workload
+    frozen: frozenset[str] = frozenset()  # paths of the params that do not train (train.trainable)
 
 
 def tune_inputs(cfg: Config) -> TuneInputs:
     """What the tuner needs of a config: ``jax.eval_shape`` of the state and one forward pass, unpipelined,
     at the full batch (the layer stacks and expert layers that add pipeline / expert costs)."""
     model, batch, task = model_from_config(cfg), batch_from_config(cfg), task_from_config(cfg)
-    params, opt_state = abstract_train_state(model, optimizer_from_config(cfg), batch=batch, task=task)
+    params, opt_state, frozen = _abstract_state(cfg, model, batch, task)
     with microbatching(1), recording() as records:
         # Size-1 axes: the config's (a model may name them directly) and the rules'; traced with the config's
         # axis types (a model using Explicit-only ops traces only so).
@@ -132,7 +147,7 @@ def tune_inputs(cfg: Config) -> TuneInputs:
         compute_dtype=model_options_resolved(cfg).get("dtype"),
         expert_layer=next((r for r in records if r["kind"] == "experts"), None),
     )
-    return TuneInputs(params, opt_state, list(records), names, w)
+    return TuneInputs(params, opt_state, list(records), names, w, frozen)
 
 
 __all__ = ["plan_from_config", "compiled_from_config", "tune_inputs", "TuneInputs"]

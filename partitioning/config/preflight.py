@@ -40,7 +40,8 @@ from typing import Any
 import jax
 
 from partitioning.checkpoint.checksum import verify_checksums
-from partitioning.checkpoint.disk import flat_saved, list_steps, resolve_checkpoint, saved_tree
+from partitioning.checkpoint.disk import list_steps, resolve_checkpoint
+from partitioning.checkpoint.frozen import saved_arrays
 from partitioning.checkpoint.restore import abstract_target, check_fits, checkpoint_metadata
 from partitioning.config.axes import check_axes_used
 from partitioning.config.build import (
@@ -131,7 +132,7 @@ def check_resume(directory: Path, target: Any, resume: bool | None, partial: boo
         return None
     ref = resolve_checkpoint(directory)
     try:
-        check_fits(ref, flat_saved(saved_tree(ref)), target, partial)
+        check_fits(ref, saved_arrays(ref), target, partial)  # with the frozen params the step refers to
     except CheckpointError as e:
         raise CheckpointError(
             f"{e}; to start over with this model use --no-resume (the old run is moved to RUN_DIR/previous/) "

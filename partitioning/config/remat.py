@@ -118,6 +118,7 @@ def resolve_remat(cfg: Config, mesh: Any) -> tuple[Config, str | None]:
         records=inputs.records,
         activations=inputs.names,
         on_indivisible=cfg.on_indivisible,
+        frozen=inputs.frozen,
     )
     note = f"remat: auto -> {choice.describe()}; {source}"
     return with_remat(cfg, choice.policy), note

@@ -196,6 +196,7 @@ def checkpoint_hook_from_config(
         model_name=cfg.model_name,
         abstract=trainer.abstract_state,
         extra=extra,
+        frozen=trainer.frozen,
     )
     target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
     # checkpoint.verify is checked by the pre-flight, before the run writes anything.

@@ -188,6 +188,11 @@ class TrainConfig(Section):
         default="stop",
         description="a NaN / inf loss or gradient norm: stop (exit 2, nothing saved) | skip_step (drop that update)",
     )
+    trainable: list[StrictStr] | None = Field(
+        default=None,
+        description="regexes (re.search) over the param paths `plan` prints: only those params train; the others "
+        "are frozen (no gradient, no optimizer state, saved once per run). Default: all, or the LoRA adapters",
+    )
 
 
 class CheckpointConfig(Section):

@@ -79,7 +79,8 @@ def consumers(plan: Plan, compiled: dict[str, int] | None = None, top: int = 3) 
     """The largest per-device consumers: each parameter with its gradient and optimizer state, and temporaries."""
     by_param: dict[str, int] = {}
     for leaf in plan.params:
-        by_param[leaf.path] = 2 * leaf.per_device_bytes  # the param and its gradient
+        # The param and its gradient (a frozen param has none).
+        by_param[leaf.path] = (2 if plan.trains(leaf) else 1) * leaf.per_device_bytes
     for leaf in plan.opt_state:
         owner = next((p for p in by_param if leaf.path.endswith("/" + p[len("params/") :])), None)
         if owner is not None:

@@ -20,7 +20,10 @@ ideal ``total / devices``, and warnings:
 
 Gradients are laid out like the params they differentiate (the train step's
 reduction produces them in the params' shardings), so they cost what the
-params cost.
+params cost — the trainable ones only: ``frozen`` params (see
+:mod:`partitioning.train.trainable`) cost their stored bytes and nothing more
+(no gradient; their optimizer state is absent from ``opt_state``). The totals
+split ``params`` into ``trainable`` and ``frozen``.
 
 Example::
 
@@ -117,6 +120,16 @@ class Plan:
     idle_axes: list[IdleAxis] = dataclasses.field(default_factory=list)
     # Analytic pipeline / expert costs (partitioning.plan.parallel), when the model has them.
     parallel: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Paths (without `params/`) of the frozen params: no gradient, no optimizer state.
+    frozen: frozenset[str] = frozenset()
+
+    def trains(self, leaf: LeafLayout) -> bool:
+        """Whether a param layout trains (has a gradient)."""
+        return leaf.path[len("params/") :] not in self.frozen
+
+    @property
+    def trainable_params(self) -> list[LeafLayout]:
+        return [leaf for leaf in self.params if self.trains(leaf)]
 
     @property
     def devices(self) -> int:
@@ -138,8 +151,12 @@ class Plan:
                 "ideal": total / self.devices,
             }
 
-        out = {"params": cat(self.params), "optimizer": cat(self.opt_state), "gradients": cat(self.params)}
+        trainable = self.trainable_params
+        out = {"params": cat(self.params), "optimizer": cat(self.opt_state), "gradients": cat(trainable)}
         out["total"] = {k: sum(out[c][k] for c in CATEGORIES) for k in ("per_device", "total", "ideal")}
+        # The params again, split: not part of the total.
+        out["trainable"] = cat(trainable)
+        out["frozen"] = cat([leaf for leaf in self.params if not self.trains(leaf)])
         return out
 
     @property
@@ -147,7 +164,11 @@ class Plan:
         """Share of a device's state bytes (params + grads + optimizer) in fully replicated arrays."""
         if self.devices == 1:
             return 0.0
-        rep = 2 * sum(leaf.per_device_bytes for leaf in self.params if leaf.replicated and leaf.size > 1)
+        rep = sum(
+            (2 if self.trains(leaf) else 1) * leaf.per_device_bytes
+            for leaf in self.params
+            if leaf.replicated and leaf.size > 1
+        )
         rep += sum(leaf.per_device_bytes for leaf in self.opt_state if leaf.replicated and leaf.size > 1)
         total = self.totals["total"]["per_device"]
         return rep / total if total else 0.0
@@ -214,6 +235,7 @@ class Plan:
             "optimizer_rules": self.optimizer_rules.to_list(),
             "on_indivisible": self.on_indivisible,
             "parameters": self.num_params,
+            "trainable_parameters": sum(leaf.size for leaf in self.trainable_params),
             "leaves": self.rows("params"),
             "optimizer_leaves": self.rows("optimizer"),
             "totals": self.totals,
@@ -273,6 +295,7 @@ def build_plan(
     activations: Iterable[tuple[Any, ...]] = (),
     top: int = TOP_REPLICATED,
     parallel: dict[str, Any] | None = None,
+    frozen: Iterable[str] = (),
 ) -> Plan:
     """The plan for abstract (boxed) ``params`` and ``opt_state`` on ``mesh`` under ``rules``.
 
@@ -280,6 +303,8 @@ def build_plan(
     the model constrains activations with (see :func:`activation_names`), so a
     ``batch`` rule is not reported as unused. ``parallel`` are the pipeline /
     expert costs (:func:`partitioning.plan.parallel.costs_from_records`).
+    ``frozen`` are the paths (without ``params/``) of params that do not train
+    (``trainer.frozen``): no gradient is priced for them.
 
     Example::
 
@@ -313,6 +338,7 @@ def build_plan(
         unused_rules=cov.unused,
         replicated=[],
         parallel=dict(parallel or {}),
+        frozen=frozenset(frozen),
     )
     plan.replicated = _replicated(plan, top)
     plan.idle_axes = _idle_axes(plan)
@@ -347,7 +373,7 @@ def _replicated(plan: Plan, top: int) -> list[Replicated]:
         # The optimizer state of a param sits at .../<param path without 'params/'>.
         suffix = leaf.path[len("params/") :]
         opt = [o for o in plan.opt_state if o.path.endswith("/" + suffix) and o.shape == leaf.shape and o.replicated]
-        cost = 2 * leaf.per_device_bytes + sum(o.per_device_bytes for o in opt)
+        cost = (2 if plan.trains(leaf) else 1) * leaf.per_device_bytes + sum(o.per_device_bytes for o in opt)
         out.append(
             Replicated(
                 leaf.path,

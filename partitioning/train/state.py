@@ -31,6 +31,7 @@ from partitioning.boxes import is_box, is_logical_box
 from partitioning.train.batch import batch_shapes
 from partitioning.train.model import as_model
 from partitioning.train.task import as_task
+from partitioning.train.trainable import subset_of
 
 
 @flax.struct.dataclass
@@ -111,13 +112,16 @@ def abstract_train_state(
     seq_len: int | None = None,
     batch: Any = None,
     task: Any = None,
+    trainable: Any = None,
 ) -> tuple[Any, Any]:
     """(boxed params, boxed optimizer state) as ShapeDtypeStructs, nothing allocated.
 
     ``model`` is anything :func:`~partitioning.train.model.as_model` takes; the
     batch is the language-model shorthand (``batch_size``, ``seq_len``) or any
     ``batch`` pytree. Built the way :class:`partitioning.Trainer` builds its
-    state, so the plan's paths and layouts are the trainer's.
+    state, so the plan's paths and layouts are the trainer's: with ``trainable``
+    (regexes, see :mod:`partitioning.train.trainable`; LoRA adapters by default when
+    the model has some) the optimizer state covers only the trainable params.
 
     Example::
 
@@ -133,7 +137,8 @@ def abstract_train_state(
 
     def init(rng):
         params = adapter.boxed(rng, args, kwargs)["params"]
-        return params, strip_foreign_boxes(tx.init(params), params)
+        train = subset_of(params, trainable).trainable(params)
+        return params, strip_foreign_boxes(tx.init(train), train)
 
     return jax.eval_shape(init, jax.random.key(0))
 

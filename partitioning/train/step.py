@@ -61,6 +61,7 @@ from partitioning.train.nonfinite import FLAG, check_policy, keep_if_finite, non
 from partitioning.train.optimizer import current_lr
 from partitioning.train.state import TrainState, model_inputs, strip_foreign_boxes
 from partitioning.train.task import as_task, sown_losses
+from partitioning.train.trainable import subset_of
 
 
 class Trainer(Lowering):
@@ -93,6 +94,10 @@ class Trainer(Lowering):
         see :mod:`partitioning.train.nonfinite`. The metric ``nonfinite`` flags such steps.
       pipeline_repeats: chunks of layers each pipeline stage holds (1: GPipe; more: the circular
         schedule, bubble ``(S-1)/(R M+S-1)``, needs ``microbatches >= S``).
+      trainable: regexes over the ``/``-joined param paths (``re.search``); only the params they
+        match train, the others are frozen: no gradient, no optimizer state
+        (:mod:`partitioning.train.trainable`). Default: everything, or only the LoRA adapters
+        (``_lora_[ab]$``) when the model has some. ``trainer.frozen`` lists the frozen paths.
 
     Scalars the model sows into its ``losses`` collection (an MoE load-balancing
     loss) are added to the objective and reported as metrics under their names;
@@ -134,8 +139,10 @@ class Trainer(Lowering):
         microbatches: int | None = None,
         on_nonfinite: str = "stop",
         pipeline_repeats: int = 1,
+        trainable: Sequence[str] | str | None = None,
     ):
         self.model, self.tx, self.mesh = as_model(model), tx, mesh
+        self._trainable_arg = trainable
         self.on_nonfinite = check_policy(on_nonfinite)
         self.task = as_task(task if task is not None else loss_fn)
         self.rules = as_rules(rules).validate(mesh)
@@ -217,11 +224,19 @@ class Trainer(Lowering):
         def boxed(rng):
             variables = dict(self.model.boxed(rng, args, kwargs))
             params = variables.pop("params")
-            opt_state = strip_foreign_boxes(self.tx.init(params), params)
+            # The params' paths (static while tracing) pick the trainable subset; the optimizer sees only it.
+            self.subset = subset_of(params, self._trainable_arg)
+            trainable = self.subset.trainable(params)
+            opt_state = strip_foreign_boxes(self.tx.init(trainable), trainable)
             return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state, collections=variables)
 
         with sharding_context(self.mesh, self.rules):
             return jax.eval_shape(boxed, jax.random.key(0))
+
+    @property
+    def frozen(self) -> frozenset[str]:
+        """The paths of the frozen params (no gradient, no optimizer state); empty when all train."""
+        return self.subset.frozen
 
     def place(self, host_batch: Any) -> Any:
         """A global batch of numpy arrays (the same on every process) as sharded jax Arrays."""
@@ -235,7 +250,7 @@ class Trainer(Lowering):
 
     def _init_opt_fn(self, params):
         # Unboxed params give the unboxed optimizer state: the structure of state_shardings.opt_state.
-        return jnp.zeros((), jnp.int32), self.tx.init(params)
+        return jnp.zeros((), jnp.int32), self.tx.init(self.subset.trainable(params))
 
     def _loss(self, params, collections, batch, rngs, train: bool):
         updated, sown = dict(collections), dict[str, Any]()
@@ -256,8 +271,13 @@ class Trainer(Lowering):
             loss = loss + sum(sown.values())
         return loss, (aux, updated)
 
-    def _grads(self, params, collections, batch, step):
-        grad_fn = jax.value_and_grad(functools.partial(self._loss, train=True), has_aux=True)
+    def _grads(self, params, frozen, collections, batch, step):
+        """Loss and gradients with respect to ``params`` (the trainable part; ``frozen`` is the rest, or None)."""
+
+        def loss_fn(trainable, colls, b, rngs):
+            return self._loss(self.subset.merge(trainable, frozen), colls, b, rngs, train=True)
+
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         if self.grad_accum == 1:
             return grad_fn(params, collections, batch, stream_keys(self.seed, step, self.rng_streams))
         micro = micro_batches(batch, self.grad_accum, self.batch_specs)
@@ -277,9 +297,11 @@ class Trainer(Lowering):
         return (loss, (aux, colls)), grads
 
     def _step_fn(self, state: TrainState, batch):
-        (loss, (aux, collections)), grads = self._grads(state.params, state.collections, batch, state.step)
-        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        # Only the trainable part is differentiated and updated; frozen params pass through untouched.
+        trainable, frozen = self.subset.split(state.params)
+        (loss, (aux, collections)), grads = self._grads(trainable, frozen, state.collections, batch, state.step)
+        updates, opt_state = self.tx.update(grads, state.opt_state, trainable)
+        params = self.subset.merge(optax.apply_updates(trainable, updates), frozen)
         grad_norm = optax.tree.norm(grads)
         flag = nonfinite_flag(loss, grad_norm)
         if self.on_nonfinite == "skip_step":

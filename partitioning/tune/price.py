@@ -95,12 +95,13 @@ def price(
     on_indivisible: str = "error",
     flops: Mapping[str, Mapping[str, float]] | None = None,
     records: Sequence[Mapping[str, Any]] = (),
+    frozen: Sequence[str] = (),
 ) -> Result:
     """One layout priced, no search: ``c``'s mesh, remat, micro-batches with ``rules`` (and ``optimizer_rules``).
 
     The steps of the module docstring for one candidate: its plan (or ``plan``, already built), memory,
     fit against ``budget`` and the analytic estimate. A layout the rules cannot split comes back with
-    its ``reason``. Arguments as for :func:`search`.
+    its ``reason``. Arguments as for :func:`search` (``frozen``: paths of params that do not train).
 
     Example::
 
@@ -128,6 +129,7 @@ def price(
                 optimizer_rules=optimizer_rules,
                 on_indivisible=on_indivisible,
                 activations=activations,
+                frozen=frozen,
             )
         except PartitioningError as e:
             plan = e

@@ -106,12 +106,13 @@ def choose_remat(
     records: Sequence[Mapping[str, Any]] = (),
     activations: Sequence[Any] = (),
     on_indivisible: str = "error",
+    frozen: Sequence[str] = (),
 ) -> RematChoice:
     """The fastest of ``policies`` that fits ``budget`` for this layout (see the module docstring).
 
     ``params`` / ``opt_state``: the boxed abstract state; ``mesh``: ``{axis: size}``; ``records``: one
     traced forward pass (pipeline and expert costs), as for :func:`partitioning.tune.search.search`;
-    ``microbatches`` / ``repeats``: the pipeline's ``M`` / ``R``.
+    ``microbatches`` / ``repeats``: the pipeline's ``M`` / ``R``; ``frozen``: paths of params that do not train.
     """
     if not policies:
         raise ValueError("choose_remat: no policies to choose from")
@@ -125,6 +126,7 @@ def choose_remat(
             optimizer_rules=optimizer_rules,
             on_indivisible=on_indivisible,
             activations=activations,
+            frozen=frozen,
         )
     except PartitioningError as e:
         plan = e

@@ -225,6 +225,7 @@ def search(
     flops: Mapping[str, Mapping[str, float]] | None = None,
     records: Sequence[Mapping[str, Any]] = (),
     model_axes: Sequence[str] = (),
+    frozen: Sequence[str] = (),
 ) -> Search:
     """Prices every candidate (see the module docstring). ``params`` / ``opt_state``: the boxed abstract state.
 
@@ -234,7 +235,8 @@ def search(
     pass's layer stacks and expert layers at the full batch, unpipelined
     (:func:`partitioning.parallel.trace.recording`), which adds ``stage``
     candidates (split of the stacked layers) and the pipeline / expert costs;
-    ``model_axes``: mesh axes the model names directly, present in every candidate mesh.
+    ``model_axes``: mesh axes the model names directly, present in every candidate mesh;
+    ``frozen``: paths (without ``params/``) of params that do not train (no gradient priced).
 
     Example::
 
@@ -281,6 +283,7 @@ def search(
                     optimizer_rules=opt_rules,
                     on_indivisible=on_indivisible,
                     activations=(activations or {}).get(c.rules_name, ()),
+                    frozen=frozen,
                 )
             except PartitioningError as e:
                 plans[key] = e
