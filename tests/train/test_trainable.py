@@ -200,3 +200,42 @@ def test_plan_prices_frozen_params_without_gradients_or_moments():
     assert t["optimizer"]["total"] == 2 * t["trainable"]["total"] + 4  # mu, nu and the count
     assert t["total"]["total"] == t["params"]["total"] + 3 * t["trainable"]["total"] + 4
     assert plan.to_json()["trainable_parameters"] == (16384 + 128) // 4
+
+
+YAML = """\
+model:
+  name: gpt
+  vocab_size: 64
+  embed: 32
+  heads: 2
+  mlp: 64
+  layers: 2
+mesh:
+  shape: {data: 1, fsdp: -1}
+rules: fsdp
+train:
+  steps: 2
+  batch_size: 8
+  seq_len: 16
+  trainable:
+    - blocks/mlp/wo
+    - BAD
+"""
+
+
+def test_config_errors_point_at_the_regex_and_plan_prices_the_subset(tmp_path, run_cli_in_process):
+    from partitioning.config.planning import plan_from_config
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(YAML.replace("BAD", "'lora_[ab]$'"))
+    with pytest.raises(ConfigError) as e:
+        plan_from_config(pt.load_config(bad), devices=8)
+    assert str(e.value).startswith(f"{bad}:17: train.trainable[1]: trainable: 'lora_[ab]$' matches no parameter (12 ")
+    result = run_cli_in_process("plan", bad, "--no-compile")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: {e.value}"]
+    good = tmp_path / "good.yaml"
+    good.write_text(YAML.replace("BAD", "final_norm"))
+    plan, _ = plan_from_config(pt.load_config(good), devices=8)
+    assert plan.frozen == FROZEN
+    assert plan.totals["gradients"]["total"] == plan.totals["trainable"]["total"] == 16384 + 128
