@@ -71,9 +71,7 @@ def side(lora: dict | None) -> dict:
     dev0 = jax.devices()[0]
 
     def resident(tree) -> int:
-        return sum(
-            s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards if s.device == dev0
-        )
+        return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards if s.device == dev0)
 
     totals = plan.totals
     return {
@@ -136,7 +134,8 @@ def main(argv=None) -> int:
         s = res[name]
         print(
             f"{name:>6} {s['state_bytes'] / mib:>10.2f} {s['plan_state_bytes'] / mib:>9.2f} "
-            f"{(s['step_peak_bytes'] or 0) / mib:>14.2f} {s['step_s'] * 1e3:>8.1f} {(s['step_flops'] or 0) / 1e9:>10.3f}"
+            f"{(s['step_peak_bytes'] or 0) / mib:>14.2f} {s['step_s'] * 1e3:>8.1f} "
+            f"{(s['step_flops'] or 0) / 1e9:>10.3f}"
         )
     r = res["ratios"]
     print(

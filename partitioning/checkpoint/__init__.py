@@ -7,6 +7,7 @@ Modules:
 - :mod:`~partitioning.checkpoint.checksum` — a crc32c of every saved slice, recorded at save, verified on demand.
 - :mod:`~partitioning.checkpoint.space` — a full disk: refused before writing, or one error after; nothing half-written.
 - :mod:`~partitioning.checkpoint.manager` — ``CheckpointManager``: save every N, keep K (and the best), async.
+- :mod:`~partitioning.checkpoint.frozen` — frozen params written once per run; each step refers to them.
 - :mod:`~partitioning.checkpoint.restore` — ``abstract_target`` and ``restore_checkpoint`` (a target, or mesh + rules).
 - :mod:`~partitioning.checkpoint.reader` — fast restore reads: each device slice from tensorstore to its device.
 - :mod:`~partitioning.checkpoint.target` — restore targets read off a checkpoint: its arrays on a new mesh and rules.

@@ -18,12 +18,11 @@ more (after ``keep:`` rotation, or a run whose trainable subset changed) is dele
 Example::
 
     >>> import optax, pathlib, tempfile
-    >>> from partitioning.models import GPT
+    >>> from partitioning.models import MLP
     >>> from partitioning.checkpoint.frozen import frozen_ref
     >>> from partitioning.checkpoint.disk import resolve_checkpoint
     >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
-    >>> trainer = pt.Trainer(GPT(vocab_size=64, embed=32, heads=2, mlp=64, layers=2), optax.adamw(1e-3), mesh,
-    ...                      "fsdp", batch_size=8, seq_len=16, trainable=["blocks/mlp"])
+    >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), mesh, "fsdp", batch_size=8, seq_len=16, trainable=["wo"])
     >>> state = trainer.init(jax.random.key(0))
     >>> run = pathlib.Path(tempfile.mkdtemp())
     >>> with pt.CheckpointManager(run / "checkpoints", rules="fsdp", frozen=trainer.frozen) as mngr:
@@ -47,7 +46,14 @@ from typing import Any
 
 import jax
 
-from partitioning.checkpoint.disk import CheckpointRef, flat_saved, list_steps, read_metadata, saved_tree
+from partitioning.checkpoint.disk import (
+    CheckpointRef,
+    flat_saved,
+    list_steps,
+    read_metadata,
+    resolve_checkpoint,
+    saved_tree,
+)
 from partitioning.errors import CheckpointError
 from partitioning.train.trainable import merge_trees, split_tree
 
@@ -94,12 +100,34 @@ def split_state(state: Any, frozen: Collection[str]) -> tuple[Any, Any]:
 # -- saving ---------------------------------------------------------------------------
 
 
-def save_frozen(directory: Path, step: int, params: Any, frozen: Collection[str], **manager_kwargs: Any) -> dict:
-    """Writes the frozen ``params`` once (synchronously) as ``directory/frozen/<step>``; returns the reference."""
-    from partitioning.checkpoint.manager import save_checkpoint  # the manager imports this module
+def split_for_save(
+    directory: Path,
+    step: int,
+    state: Any,
+    frozen: Collection[str] | None,
+    current: dict[str, Any] | None,
+    save: Callable[..., Any],
+    manager_kwargs: Mapping[str, Any],
+) -> tuple[Any, dict[str, Any] | None]:
+    """(the state to write at ``step``, the frozen params it refers to: ``current``, or written now).
 
-    save_checkpoint(directory / FROZEN_DIR, step, {"params": params}, **manager_kwargs)
-    return {"dir": FROZEN_DIR, "step": int(step), "paths": sorted(frozen)}
+    The frozen params are written once per run, synchronously, with ``save``
+    (``save_checkpoint``) as ``directory/frozen/<step>``: they never change, so every
+    later step refers to that copy.
+    """
+    own, fixed = split_state(state, frozen or ())
+    if fixed is None or not frozen:
+        return state, current
+    if current is None or current["paths"] != sorted(frozen):
+        save(directory / FROZEN_DIR, step, {"params": fixed}, **manager_kwargs)
+        current = {"dir": FROZEN_DIR, "step": int(step), "paths": sorted(frozen)}
+    return own, current
+
+
+def reused(directory: Path, step: int | None, frozen: Collection[str] | None) -> dict[str, Any] | None:
+    """The frozen params a restored step refers to, when they are this run's ``frozen`` set (written no more)."""
+    split = frozen_ref(resolve_checkpoint(directory, step)) if frozen else None
+    return dict(split) if split is not None and split.get("paths") == sorted(frozen or ()) else None
 
 
 def referenced(directory: Path) -> set[int]:
@@ -134,8 +162,6 @@ def saved_arrays(ref: CheckpointRef) -> dict[str, Any]:
     split = frozen_ref(ref)
     if split is None:
         return saved
-    from partitioning.checkpoint.disk import resolve_checkpoint
-
     fixed = resolve_checkpoint(_frozen_dir(ref, split), int(split["step"]))
     return {**saved, **flat_saved(saved_tree(fixed))}
 
@@ -150,9 +176,16 @@ def _frozen_dir(ref: CheckpointRef, split: Mapping[str, Any]) -> Path:
 
 
 def restore_split(
-    ref: CheckpointRef, split: Mapping[str, Any], target: Any, restore: Callable[..., Any], **kw: Any
+    ref: CheckpointRef,
+    split: Mapping[str, Any],
+    target: Any,
+    restore: Callable[..., Any],
+    layout: Callable[..., Any],
+    **kw: Any,
 ) -> Any:
     """A step's own arrays and its frozen params, restored with ``restore`` (``restore_checkpoint``) and merged.
+
+    Without a ``target``, ``layout`` (``layout_target``) lays the step out on ``kw["mesh"]``.
 
     ``kw`` are ``restore_checkpoint``'s arguments; ``target`` as there: a whole state (a TrainState
     or a mapping with ``params``), the params alone with ``params_only``, or None (mesh + rules).
@@ -166,11 +199,9 @@ def restore_split(
         return restore(directory, params_target, step=fstep, params_only=True, frozen=False, **kw)
 
     if target is None:
-        from partitioning.checkpoint.target import layout_target  # target.py imports this module
-
         if kw.get("mesh") is None:
             raise TypeError("restore_checkpoint needs a target, or a mesh (and rules) to lay the checkpoint out on")
-        target, _ = layout_target(
+        target, _ = layout(
             ref,
             kw["mesh"],
             kw.get("rules"),
@@ -197,7 +228,8 @@ __all__ = [
     "frozen_ref",
     "frozen_path",
     "split_state",
-    "save_frozen",
+    "split_for_save",
+    "reused",
     "drop_unreferenced",
     "referenced",
     "saved_arrays",

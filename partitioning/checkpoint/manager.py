@@ -47,18 +47,9 @@ from orbax.checkpoint import checkpoint_managers as ocp_policies
 
 from partitioning.boxes import is_box
 from partitioning.checkpoint.checksum import MetaHandler, MetaSave
-from partitioning.checkpoint.disk import (
-    FORMAT,
-    META_ITEM,
-    PRUNED,
-    STATE_ITEM,
-    TMP_SUFFIX,
-    dir_bytes,
-    list_steps,
-    resolve_checkpoint,
-)
+from partitioning.checkpoint.disk import FORMAT, META_ITEM, PRUNED, STATE_ITEM, TMP_SUFFIX, dir_bytes, list_steps
 from partitioning.checkpoint.frozen import META_KEY as FROZEN_KEY
-from partitioning.checkpoint.frozen import drop_unreferenced, frozen_ref, save_frozen, split_state
+from partitioning.checkpoint.frozen import drop_unreferenced, reused, split_for_save
 from partitioning.checkpoint.restore import checkpoint_metadata, restore_checkpoint
 from partitioning.checkpoint.space import check_space, disk_full_error, drop_unfinished, is_disk_full, state_nbytes
 from partitioning.errors import CheckpointError
@@ -298,17 +289,11 @@ class CheckpointManager:
 
     def _split(self, step: int, state: Any) -> tuple[Any, dict[str, Any] | None]:
         """The state to write at ``step`` (without frozen params) and the frozen params it refers to."""
-        if not self.frozen:
-            return state, None
-        own, fixed = split_state(state, self.frozen)
-        if fixed is None:
-            return state, None
-        if self._frozen is None or self._frozen["paths"] != sorted(self.frozen):
-            # Once per run, synchronously (they never change): every later step refers to this copy.
-            self._frozen = save_frozen(
-                self.directory, step, fixed, self.frozen, rules=self._base_meta.get("rules"), names=self._names
-            )
-        return own, self._frozen
+        kw = {"rules": self._base_meta.get("rules"), "names": self._names}
+        state, self._frozen = split_for_save(
+            self.directory, step, state, self.frozen, self._frozen, save_checkpoint, kw
+        )
+        return state, self._frozen
 
     def _failed(self, error: Exception, step: int | None) -> Exception:
         """A failed save as one CheckpointError (its unfinished directory removed); other errors unchanged."""
@@ -376,9 +361,7 @@ class CheckpointManager:
         """:func:`restore_checkpoint` of this directory's latest (or ``step``) checkpoint."""
         self.wait()
         out = restore_checkpoint(self.directory, target, step=step, params_only=params_only, verify=verify)
-        split = frozen_ref(resolve_checkpoint(self.directory, step))
-        if self.frozen and split is not None and split.get("paths") == sorted(self.frozen):
-            self._frozen = dict(split)  # the frozen params just read: later steps refer to them, not a new copy
+        self._frozen = reused(self.directory, step, self.frozen) or self._frozen  # later steps refer to them
         return out
 
     def metadata(self, step: int | None = None) -> dict[str, Any]:

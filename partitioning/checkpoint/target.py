@@ -49,6 +49,7 @@ from partitioning.checkpoint.disk import (
     resolve_checkpoint,
     saved_tree,
 )
+from partitioning.checkpoint.frozen import frozen_path, frozen_ref
 from partitioning.errors import CheckpointError, ShardingError
 from partitioning.fmt import fmt_shape
 from partitioning.layout import path_str
@@ -205,8 +206,6 @@ def with_frozen_target(
     ref: CheckpointRef, target: Any, names: dict[str, Any], mesh: Any, rules: Any, **kw: Any
 ) -> tuple[Any, dict[str, Any]]:
     """A step's target with the frozen params it refers to laid out too (:mod:`partitioning.checkpoint.frozen`)."""
-    from partitioning.checkpoint.frozen import frozen_path, frozen_ref
-
     split = frozen_ref(ref)
     if split is None or not isinstance(target, Mapping) or not isinstance(target.get("params"), Mapping):
         return target, names

@@ -20,10 +20,8 @@ ideal ``total / devices``, and warnings:
 
 Gradients are laid out like the params they differentiate (the train step's
 reduction produces them in the params' shardings), so they cost what the
-params cost — the trainable ones only: ``frozen`` params (see
-:mod:`partitioning.train.trainable`) cost their stored bytes and nothing more
-(no gradient; their optimizer state is absent from ``opt_state``). The totals
-split ``params`` into ``trainable`` and ``frozen``.
+params cost — trainable ones only: a ``frozen`` param (:mod:`partitioning.train.trainable`) costs its stored
+bytes, no gradient, no optimizer state. The totals split ``params`` into ``trainable`` and ``frozen``.
 
 Example::
 
@@ -165,9 +163,7 @@ class Plan:
         if self.devices == 1:
             return 0.0
         rep = sum(
-            (2 if self.trains(leaf) else 1) * leaf.per_device_bytes
-            for leaf in self.params
-            if leaf.replicated and leaf.size > 1
+            (1 + self.trains(leaf)) * leaf.per_device_bytes for leaf in self.params if leaf.replicated and leaf.size > 1
         )
         rep += sum(leaf.per_device_bytes for leaf in self.opt_state if leaf.replicated and leaf.size > 1)
         total = self.totals["total"]["per_device"]

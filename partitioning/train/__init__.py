@@ -10,6 +10,7 @@ Modules:
 - :mod:`~partitioning.train.state` — ``TrainState``, the abstract (``eval_shape``) state, host-side step.
 - :mod:`~partitioning.train.step` — ``Trainer``: the sharded init and the jitted train / eval steps.
 - :mod:`~partitioning.train.lowering` — what a Trainer shows without running: layouts, lowered steps, init peak, FLOPs.
+- :mod:`~partitioning.train.trainable` — ``trainable`` regexes: the params that train; the params tree split.
 - :mod:`~partitioning.train.optimizer` — optax optimizers and learning-rate schedules.
 - :mod:`~partitioning.train.sources` — where tokens come from: text files (bytes), ``.npy`` / ``.bin`` token arrays.
 - :mod:`~partitioning.train.tokenize` — text -> tokens with a ``tokenizer.json``: BOS / EOS per document, cached.

@@ -45,6 +45,7 @@ class Lowering:
     _init_opt_jit: Any
     _step_jit: Any
     _eval_jit: Any
+    subset: Any
 
     def state_layouts(self) -> list[LeafLayout]:
         """One :class:`LeafLayout` per array of params, optimizer state and collections."""
@@ -130,6 +131,11 @@ class Lowering:
         state, batch = self.abstract_inputs()
         with sharding_context(self.mesh, self.rules):
             return self._eval_jit.lower(state.params, state.collections, batch)
+
+    @property
+    def frozen(self) -> frozenset[str]:
+        """The paths of the frozen params (no gradient, no optimizer state); empty when all train."""
+        return self.subset.frozen
 
     @functools.cached_property
     def num_params(self) -> int:

@@ -94,10 +94,9 @@ class Trainer(Lowering):
         see :mod:`partitioning.train.nonfinite`. The metric ``nonfinite`` flags such steps.
       pipeline_repeats: chunks of layers each pipeline stage holds (1: GPipe; more: the circular
         schedule, bubble ``(S-1)/(R M+S-1)``, needs ``microbatches >= S``).
-      trainable: regexes over the ``/``-joined param paths (``re.search``); only the params they
-        match train, the others are frozen: no gradient, no optimizer state
-        (:mod:`partitioning.train.trainable`). Default: everything, or only the LoRA adapters
-        (``_lora_[ab]$``) when the model has some. ``trainer.frozen`` lists the frozen paths.
+      trainable: regexes (``re.search``) over the param paths; the others are frozen: no gradient, no
+        optimizer state (``trainer.frozen``, :mod:`partitioning.train.trainable`). Default: all, or the
+        LoRA adapters (``_lora_[ab]$``) when the model has some.
 
     Scalars the model sows into its ``losses`` collection (an MoE load-balancing
     loss) are added to the objective and reported as metrics under their names;
@@ -141,8 +140,7 @@ class Trainer(Lowering):
         pipeline_repeats: int = 1,
         trainable: Sequence[str] | str | None = None,
     ):
-        self.model, self.tx, self.mesh = as_model(model), tx, mesh
-        self._trainable_arg = trainable
+        self.model, self.tx, self.mesh, self._trainable_arg = as_model(model), tx, mesh, trainable
         self.on_nonfinite = check_policy(on_nonfinite)
         self.task = as_task(task if task is not None else loss_fn)
         self.rules = as_rules(rules).validate(mesh)
@@ -233,11 +231,6 @@ class Trainer(Lowering):
         with sharding_context(self.mesh, self.rules):
             return jax.eval_shape(boxed, jax.random.key(0))
 
-    @property
-    def frozen(self) -> frozenset[str]:
-        """The paths of the frozen params (no gradient, no optimizer state); empty when all train."""
-        return self.subset.frozen
-
     def place(self, host_batch: Any) -> Any:
         """A global batch of numpy arrays (the same on every process) as sharded jax Arrays."""
         return place(host_batch, self.batch_shardings)
@@ -272,8 +265,6 @@ class Trainer(Lowering):
         return loss, (aux, updated)
 
     def _grads(self, params, frozen, collections, batch, step):
-        """Loss and gradients with respect to ``params`` (the trainable part; ``frozen`` is the rest, or None)."""
-
         def loss_fn(trainable, colls, b, rngs):
             return self._loss(self.subset.merge(trainable, frozen), colls, b, rngs, train=True)
 
