@@ -140,6 +140,8 @@ from partitioning.train import (
 )
 from partitioning.train.data import ArrayDataset
 from partitioning.train.generate import generate
+from partitioning.train.lora import LoRA
+from partitioning.train.lora_model import LoRAModel
 from partitioning.train.tokenize import TextTokenizer, load_tokenizer
 from partitioning.train.trainable import trainable_paths
 from partitioning.tune import Hardware, Workload, hardware, load_hardware, workload
@@ -217,6 +219,8 @@ __all__ = [
     "Task",
     "LinenModel",
     "NNXModel",
+    "LoRA",
+    "LoRAModel",
     "FunctionModel",
     "as_model",
     "place",

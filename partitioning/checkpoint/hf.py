@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -44,6 +45,8 @@ from partitioning.checkpoint.hf_write import save_tensors
 from partitioning.context import get_logical_axis_rules
 from partitioning.errors import CheckpointError, ConfigError
 from partitioning.layout import tree_shardings
+from partitioning.mesh import sharding_context
+from partitioning.train.lora import LoRA, is_adapter
 
 # Errors about the caller's own arguments, not about config.json.
 _ARGS = {"dtype", "param_dtype", "remat", "scan_layers"}
@@ -83,11 +86,13 @@ def hf_model(
     param_dtype: str | None = None,
     scan_layers: bool = True,
     remat: str = "none",
+    lora: Any = None,
 ) -> Any:
     """The Flax module a checkpoint's ``config.json`` describes, without reading any weights.
 
     Enough for ``plan`` / ``tune``: plan Llama-3.1-70B from its ``config.json`` alone.
-    ``dtype`` / ``param_dtype`` default to float32.
+    ``dtype`` / ``param_dtype`` default to float32; ``lora`` (a :class:`~partitioning.LoRA` or its
+    mapping) adds LoRA adapters (:mod:`partitioning.models.lora`).
 
     Example::
 
@@ -96,8 +101,11 @@ def hf_model(
         (12, 'rms_offset', True)
     """
     directory, cfg, _ = _config(path_or_dir)
+    lora = LoRA.parse(lora)  # a bad option is the caller's, not config.json's
     try:
-        return _families().build(cfg, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat)
+        return _families().build(
+            cfg, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat, lora=lora
+        )
     except ConfigError as e:
         if e.arg in _ARGS:
             raise
@@ -123,6 +131,7 @@ def load_hf(
     scan_layers: bool = True,
     remat: str = "none",
     on_indivisible: str = "replicate",
+    lora: Any = None,
 ) -> tuple[Any, dict[str, Any]]:
     """``(model, {"params": ...})`` from a Hugging Face checkpoint, every array born in its shard.
 
@@ -132,6 +141,8 @@ def load_hf(
     float16 are cast to ``param_dtype`` (default float32). ``model.apply(variables, tokens)`` gives
     the logits ``transformers`` gives. A dimension the mesh does not divide (a vocabulary of 32,001
     on 8 devices) is replicated along that axis with a warning; ``on_indivisible="error"`` refuses it.
+    ``lora`` adds fresh LoRA adapters (``lora_b`` zero: the logits stay the checkpoint's), each born in
+    its shard too.
 
     Example::
 
@@ -140,7 +151,7 @@ def load_hf(
         >>> variables["params"]["blocks"]["attn"]["q"].sharding.spec  # (layers, heads, kv, embed)
         P(None, None, None, 'fsdp')
     """
-    model = hf_model(path, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat)
+    model = hf_model(path, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat, lora=lora)
     directory, _, family = _config(path)
     stored = discover(directory)
     abstract = _abstract(model)
@@ -154,8 +165,10 @@ def load_hf(
         shardings = tree_shardings(abstract, mesh, rules, on_indivisible=on_indivisible)
     flat = traverse_util.flatten_dict(unbox(abstract))
     flat_shardings = traverse_util.flatten_dict(shardings)
-    shapes = {k: tuple(v.shape) for k, v in flat.items()}
-    maps, _ = expand(family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, _names(abstract))
+    adapters = {k: flat_shardings[k] for k in flat if is_adapter("/".join(k))}
+    shapes = {k: tuple(v.shape) for k, v in flat.items() if k not in adapters}
+    names = {k: v for k, v in _names(abstract).items() if k not in adapters}
+    maps, _ = expand(family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, names)
     check_params(maps, shapes, family.name)
     extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     found = match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
@@ -164,7 +177,22 @@ def load_hf(
         for m in maps:
             sources = [found[n] for n in m.hf]
             params[m.path] = reader.param(m, sources, shapes[m.path], flat[m.path].dtype, flat_shardings[m.path])
+    if adapters:
+        params.update(_fresh_adapters(model, adapters, mesh, rules))
     return model, {"params": traverse_util.unflatten_dict(params)}
+
+
+def _fresh_adapters(model: Any, shardings: dict[tuple[str, ...], Any], mesh: Any, rules: Any) -> dict[tuple, Any]:
+    """The model's initial LoRA adapters, each born in its shard (the rest of the init is dead code to XLA)."""
+
+    def init(rng):
+        flat = traverse_util.flatten_dict(unbox(model.init(rng, jnp.zeros((1, 1), jnp.int32))["params"]))
+        return {"/".join(k): flat[k] for k in shardings}
+
+    out = {"/".join(k): s for k, s in shardings.items()}
+    with sharding_context(mesh, rules) if mesh is not None else contextlib.nullcontext():
+        made = jax.jit(init, out_shardings=out)(jax.random.key(0))
+    return {k: made["/".join(k)] for k in shardings}
 
 
 def save_hf(
