@@ -85,7 +85,8 @@ def consumers(plan: Plan, compiled: dict[str, int] | None = None, top: int = 3) 
         owner = next((p for p in by_param if leaf.path.endswith("/" + p[len("params/") :])), None)
         if owner is not None:
             by_param[owner] += leaf.per_device_bytes
-    items = [(f"{p} (+grad, optimizer)", n) for p, n in by_param.items()]
+    frozen = {f"params/{p}" for p in plan.frozen}
+    items = [(f"{p} ({'frozen' if p in frozen else '+grad, optimizer'})", n) for p, n in by_param.items()]
     if compiled:
         items.append(("temporaries (activations, XLA scratch)", int(compiled["temp"])))
     return tuple(sorted(items, key=lambda x: -x[1])[:top])

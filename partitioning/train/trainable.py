@@ -35,9 +35,10 @@ import jax
 from partitioning.boxes import is_box
 from partitioning.errors import ConfigError
 from partitioning.layout import path_str
+from partitioning.train.lora import ADAPTER_PATTERN
 
 # What trains by default when the model carries LoRA adapters (`<name>_lora_a`, `<name>_lora_b`).
-LORA_TRAINABLE = ("_lora_[ab]$",)
+LORA_TRAINABLE = (ADAPTER_PATTERN,)
 
 
 def param_paths(params: Any) -> list[str]:
