@@ -118,6 +118,7 @@ def load_hf(
     mesh: jax.sharding.Mesh | None = None,
     rules: Any = None,
     *,
+    adapter: str | os.PathLike | None = None,
     dtype: str | None = None,
     param_dtype: str | None = None,
     scan_layers: bool = True,
@@ -132,6 +133,9 @@ def load_hf(
     float16 are cast to ``param_dtype`` (default float32). ``model.apply(variables, tokens)`` gives
     the logits ``transformers`` gives. A dimension the mesh does not divide (a vocabulary of 32,001
     on 8 devices) is replicated along that axis with a warning; ``on_indivisible="error"`` refuses it.
+    ``adapter``: a PEFT LoRA adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``)
+    for this base; the model gets ``lora`` from its config and the params its ``lora_A`` / ``lora_B``
+    (read per shard too), so the logits are ``PeftModel``'s (:mod:`~partitioning.checkpoint.peft`).
 
     Example::
 
@@ -142,6 +146,11 @@ def load_hf(
     """
     model = hf_model(path, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat)
     directory, _, family = _config(path)
+    rows: list[Any] = []
+    if adapter is not None:
+        from partitioning.checkpoint.peft import adapter_maps, match_adapter, with_adapter
+
+        peft_adapter, rows, model = with_adapter(adapter, family, model)
     stored = discover(directory)
     abstract = _abstract(model)
     if mesh is None:
@@ -155,10 +164,15 @@ def load_hf(
     flat = traverse_util.flatten_dict(unbox(abstract))
     flat_shardings = traverse_util.flatten_dict(shardings)
     shapes = {k: tuple(v.shape) for k, v in flat.items()}
-    maps, _ = expand(family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, _names(abstract))
-    check_params(maps, shapes, family.name)
+    names = _names(abstract)
+    maps, _ = expand(family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, names)
     extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     found = match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
+    if adapter is not None:
+        lora_maps = adapter_maps(rows, model, names)
+        found.update(match_adapter(peft_adapter, lora_maps, shapes, directory))
+        maps += lora_maps
+    check_params(maps, shapes, family.name)
     params = {}
     with Reader() as reader:
         for m in maps:
@@ -168,7 +182,13 @@ def load_hf(
 
 
 def save_hf(
-    model: Any, variables: Any, out_dir: str | os.PathLike, *, max_shard_size: int | str = "5GB", dtype: Any = None
+    model: Any,
+    variables: Any,
+    out_dir: str | os.PathLike,
+    *,
+    max_shard_size: int | str = "5GB",
+    dtype: Any = None,
+    merge: bool = False,
 ) -> Path:
     """Writes ``model``'s parameters as a Hugging Face checkpoint ``transformers`` loads; returns ``out_dir``.
 
@@ -177,7 +197,9 @@ def save_hf(
     ``model-0000k-of-0000n.safetensors`` + an index past ``max_shard_size`` (``"5GB"``, ``"500MB"``,
     or bytes), in ``dtype`` (default: the parameters'). Tied output weights are not written. Each
     tensor is gathered alone (multi-process: process 0 writes); the directory changes only when
-    every file is complete.
+    every file is complete. A model with LoRA adapters is written with ``merge=True`` only: each
+    adapted weight as ``W + scale * B A`` (:func:`partitioning.merge_lora`); :func:`partitioning.save_peft`
+    writes the adapters themselves.
 
     Example::
 
@@ -187,6 +209,16 @@ def save_hf(
         >>> sorted(f.name for f in out.iterdir())
         ['config.json', 'model.safetensors']
     """
+    if getattr(model, "lora", None) is not None:
+        if not merge:
+            raise ConfigError(
+                "the model has LoRA adapters: save_peft(model, variables, out) writes them in PEFT's format, "
+                "save_hf(..., merge=True) writes the merged weights (W + scale * B A)",
+                arg="merge",
+            )
+        from partitioning.checkpoint.peft import merge_lora
+
+        model, variables = merge_lora(model, variables)
     families = _families()
     cfg = families.export_config(model)
     family = families.family_of(cfg)

@@ -109,3 +109,22 @@ def test_a_byte_level_run_generates_utf8_text(tmp_path, monkeypatch, run_cli_in_
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("é") and r.stdout.endswith("\n")  # the prompt's two bytes, then 6 decoded bytes
     assert "generate: 6 tokens from step 2 of runs/bytes/checkpoints, greedy with a KV cache" in r.stderr
+
+
+def test_a_batch_of_prompts_of_any_length_decodes_as_each_alone(repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    mesh = pt.make_mesh(MESHES["fsdp_tp"])
+    model, variables = load_hf(f"{FIXTURES}/llama", mesh, "fsdp_tp")
+    params = variables["params"]
+    dec = Decoder(model, mesh, "fsdp_tp", max_len=14, batch=5)
+    assert dec.rows == 8  # 5 prompts rounded up to the 4 batch shards
+    prompts = [[1, 90, 3], [1, 272], [1, 272, 203], [1, 5], [1, 7, 9]]  # two lengths: two prefill compiles
+    together = dec.decode(params, prompts, 6)
+    alone = [dec.decode(params, [p], 6)[0] for p in prompts]
+    assert together == alone and [len(t) for t in together] == [6] * 5
+    assert together[0] == dec.greedy(params, [1, 90, 3], 6) == [253, 141, 314, 149, 32, 89]
+    # Stop tokens end each row on its own, included.
+    stops = {314, together[1][1]}
+    cut = [t[: next((i + 1 for i, x in enumerate(t) if x in stops), len(t))] for t in together]
+    assert dec.decode(params, prompts, 6, stop_ids=stops) == cut
+    assert cut[0] == [253, 141, 314] and len(cut[1]) == 2 and sum(map(len, cut)) < 30
