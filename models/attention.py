@@ -35,6 +35,7 @@ from partitioning.boxes import logical_spec, with_logical_constraint
 from partitioning.errors import ConfigError
 from partitioning.models.kv_cache import cache_positions, cached_kv
 from partitioning.models.layers import bias_param, kernel, order, row_parallel
+from partitioning.models.lora import adapt, project
 
 # rope_type -> the keys it needs besides rope_type.
 ROPE_SCALINGS = {
@@ -138,6 +139,7 @@ class Attention(nn.Module):
     scale: float | None = None
     decode: bool = False  # keep keys and values in the `cache` collection (models/kv_cache.py)
     out_in: bool = False  # weights stored (out, in), as torch's Linear
+    lora: Any = None  # LoRA adapters on q / k / v / o (partitioning.models.lora)
 
     @nn.compact
     def __call__(self, x):
@@ -149,9 +151,9 @@ class Attention(nn.Module):
         wk = kernel(self, "k", embed, groups, pd, d, oi)
         wv = kernel(self, "v", embed, groups, pd, d, oi)
         wo = kernel(self, "o", heads, embed, pd, h * k, oi)
-        q = jnp.einsum(f"btd,{order(oi, 'd', 'hk')}->bthk", x, wq.astype(dt))
-        kk = jnp.einsum(f"btd,{order(oi, 'd', 'gk')}->btgk", x, wk.astype(dt))
-        v = jnp.einsum(f"btd,{order(oi, 'd', 'gk')}->btgk", x, wv.astype(dt))
+        q = project(self, "q", f"btd,{order(oi, 'd', 'hk')}->bthk", x, wq, dt, self.lora, embed, heads, oi)
+        kk = project(self, "k", f"btd,{order(oi, 'd', 'gk')}->btgk", x, wk, dt, self.lora, embed, groups, oi)
+        v = project(self, "v", f"btd,{order(oi, 'd', 'gk')}->btgk", x, wv, dt, self.lora, embed, groups, oi)
         if self.qkv_bias:
             q = q + bias_param(self, "q_bias", ("heads", "kv"), (h, k), pd).astype(dt)
             kk = kk + bias_param(self, "k_bias", ("kv_heads", "kv"), (g, k), pd).astype(dt)
@@ -181,7 +183,8 @@ class Attention(nn.Module):
             "bgrts,bsgk->btgrk", probs, v, out_sharding=logical_spec(("batch", "length", "kv_heads", None, None))
         ).reshape(b, t, h, k)
         out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
-        y = row_parallel(f"bthk,{order(oi, 'hk', 'd')}->btd", out, wo.astype(dt))
+        eq = f"bthk,{order(oi, 'hk', 'd')}->btd"
+        y = adapt(self, "o", row_parallel(eq, out, wo.astype(dt)), out, eq, self.lora, heads, embed, oi)
         if self.out_bias:
             y = y + bias_param(self, "o_bias", ("embed",), (d,), pd).astype(dt)
         return y

@@ -39,6 +39,7 @@ from partitioning.models.attention import Attention, parse_rope_scaling, rope
 from partitioning.models.checks import choice, divides, float_dtype, positive
 from partitioning.models.kv_cache import position_offset
 from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
+from partitioning.models.lora import LoRA, adapt, checks_targets, for_call
 from partitioning.models.moe import MoE, MoeMlp
 from partitioning.parallel.pipeline import LayerStack
 from partitioning.registry import register_model
@@ -73,6 +74,7 @@ class Block(nn.Module):
     attn_scale: float | None = None
     decode: bool = False
     out_in: bool = False
+    lora: LoRA | None = None
 
     @nn.compact
     def __call__(self, x, _=None):
@@ -92,6 +94,7 @@ class Block(nn.Module):
             scale=self.attn_scale,
             decode=self.decode,
             out_in=self.out_in,
+            lora=self.lora,
             name="attn",
         )(y)
         y = make_norm(self.norm, self.dtype, self.param_dtype, "mlp_norm", self.norm_eps)(x)
@@ -106,6 +109,7 @@ class Block(nn.Module):
                 glu=self.mlp_glu,
                 bias=self.mlp_bias,
                 out_in=self.out_in,
+                lora=self.lora,
                 name="mlp",
             )(y)
         x = with_logical_constraint(x, ("batch", "length", "embed"))
@@ -145,6 +149,7 @@ class GPT(nn.Module):
     attn_scale: float | None = None  # None: head_dim ** -0.5
     decode: bool = False  # KV cache in the `cache` collection, for generation (partitioning.generate)
     kernel_order: str = "in_out"  # in_out | out_in: projection weights stored outputs first (torch's Linear)
+    lora: Any = None  # {rank, alpha, targets, dropout, rslora, dtype}: LoRA adapters (partitioning.models.lora)
 
     def __post_init__(self):
         positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
@@ -176,9 +181,11 @@ class GPT(nn.Module):
         float_dtype(self, "dtype", "param_dtype")
         MoE.parse(self.moe)  # a bad `moe:` option fails at construction, naming `moe`
         parse_rope_scaling(self.rope_scaling)
+        LoRA.parse(self.lora)
         super().__post_init__()
 
     @nn.compact
+    @checks_targets
     def __call__(self, tokens, deterministic: bool = True):
         dt, pd = jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)
         kv_heads = self.kv_heads or self.heads
@@ -234,6 +241,7 @@ class GPT(nn.Module):
             attn_scale=self.attn_scale,
             decode=self.decode,
             out_in=self.kernel_order == "out_in",
+            lora=for_call(self.lora, deterministic),
         )
         if self.scan_layers:
             # nn.scan over a `layers` axis; a GPipe pipeline when the mesh has a `stage` axis.
@@ -247,7 +255,9 @@ class GPT(nn.Module):
         else:
             oi = self.kernel_order == "out_in"
             w = kernel(self, "unembed", (("embed", self.embed),), (("vocab", self.vocab_size),), pd, self.embed, oi)
-            logits = jnp.einsum(f"btd,{order(oi, 'd', 'v')}->btv", x, w.astype(dt)).astype(jnp.float32)
+            eq, ins, outs = f"btd,{order(oi, 'd', 'v')}->btv", (("embed", self.embed),), (("vocab", self.vocab_size),)
+            logits = adapt(self, "unembed", jnp.einsum(eq, x, w.astype(dt)), x, eq, kw["lora"], ins, outs, oi)
+            logits = logits.astype(jnp.float32)
         return with_logical_constraint(logits, ("batch", "length", "vocab"))
 
 

@@ -35,6 +35,7 @@ from partitioning.boxes import (
     with_logical_partitioning,
 )
 from partitioning.context import get_logical_axis_rules
+from partitioning.models.lora import adapt, project
 
 NORMS = ("rms", "layer", "rms_offset")
 # The activations of the families' MLPs, by HF name too: gelu_new / gelu_pytorch_tanh are the tanh approximation.
@@ -140,6 +141,7 @@ class MlpBlock(nn.Module):
     glu: bool = True
     bias: bool = False
     out_in: bool = False  # weights stored (out, in), as torch's Linear
+    lora: Any = None  # LoRA adapters on wi / wi_0 / wi_1 / wo (partitioning.models.lora)
 
     @nn.compact
     def __call__(self, x):
@@ -148,7 +150,7 @@ class MlpBlock(nn.Module):
         w_in, w_out = f"btd,{order(oi, 'd', 'm')}->btm", f"btm,{order(oi, 'm', 'd')}->btd"
 
         def project_in(name):
-            y = jnp.einsum(w_in, x, kernel(self, name, embed, mlp, pd, d, oi).astype(dt))
+            y = project(self, name, w_in, x, kernel(self, name, embed, mlp, pd, d, oi), dt, self.lora, embed, mlp, oi)
             return y + bias_param(self, f"{name}_bias", ("mlp",), (m,), pd).astype(dt) if self.bias else y
 
         act = ACTIVATIONS[self.act]
@@ -157,8 +159,8 @@ class MlpBlock(nn.Module):
             w0 = kernel(self, "wi_0", embed, mlp, pd, d, oi)
             w1 = kernel(self, "wi_1", embed, mlp, pd, d, oi)
             wo = kernel(self, "wo", mlp, embed, pd, m, oi)
-            gate = jnp.einsum(w_in, x, w0.astype(dt))
-            up = jnp.einsum(w_in, x, w1.astype(dt))
+            gate = project(self, "wi_0", w_in, x, w0, dt, self.lora, embed, mlp, oi)
+            up = project(self, "wi_1", w_in, x, w1, dt, self.lora, embed, mlp, oi)
             if self.bias:
                 gate = gate + bias_param(self, "wi_0_bias", ("mlp",), (m,), pd).astype(dt)
                 up = up + bias_param(self, "wi_1_bias", ("mlp",), (m,), pd).astype(dt)
@@ -167,7 +169,7 @@ class MlpBlock(nn.Module):
             hdn = act(project_in("wi"))
             wo = kernel(self, "wo", mlp, embed, pd, m, oi)
         hdn = with_logical_constraint(hdn, ("batch", "length", "mlp"))
-        y = row_parallel(w_out, hdn, wo.astype(dt))
+        y = adapt(self, "wo", row_parallel(w_out, hdn, wo.astype(dt)), hdn, w_out, self.lora, mlp, embed, oi)
         if self.bias:
             y = y + bias_param(self, "wo_bias", ("embed",), (d,), pd).astype(dt)
         return y

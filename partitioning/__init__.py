@@ -141,6 +141,8 @@ from partitioning.train import (
 )
 from partitioning.train.data import ArrayDataset
 from partitioning.train.generate import generate
+from partitioning.train.lora import LoRA
+from partitioning.train.lora_model import LoRAModel
 from partitioning.train.tokenize import TextTokenizer, load_tokenizer
 from partitioning.tune import Hardware, Workload, hardware, load_hardware, workload
 from partitioning.tune import search as search_layouts
@@ -216,6 +218,8 @@ __all__ = [
     "Task",
     "LinenModel",
     "NNXModel",
+    "LoRA",
+    "LoRAModel",
     "FunctionModel",
     "as_model",
     "place",

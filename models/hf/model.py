@@ -52,13 +52,16 @@ def build(
     param_dtype: str | None = None,
     scan_layers: bool = True,
     remat: str = "none",
+    lora: Any = None,
 ) -> HFDecoder:
-    """The decoder a ``config.json`` describes (float32 unless ``dtype`` / ``param_dtype`` say otherwise)."""
+    """The decoder a ``config.json`` describes (float32 unless ``dtype`` / ``param_dtype`` say otherwise);
+    ``lora``: LoRA adapters (:mod:`partitioning.models.lora`)."""
     opts = family_of(cfg).options(cfg)
     return HFDecoder(
         **opts,
         scan_layers=scan_layers,
         remat=remat,
+        lora=lora,
         dtype=dtype or "float32",
         param_dtype=param_dtype or "float32",
         hf_config=json.dumps(dict(cfg)),

@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -44,6 +45,8 @@ from partitioning.checkpoint.hf_write import save_tensors
 from partitioning.context import get_logical_axis_rules
 from partitioning.errors import CheckpointError, ConfigError
 from partitioning.layout import tree_shardings
+from partitioning.mesh import sharding_context
+from partitioning.train.lora import LoRA, is_adapter
 
 # Errors about the caller's own arguments, not about config.json.
 _ARGS = {"dtype", "param_dtype", "remat", "scan_layers"}
@@ -83,11 +86,13 @@ def hf_model(
     param_dtype: str | None = None,
     scan_layers: bool = True,
     remat: str = "none",
+    lora: Any = None,
 ) -> Any:
     """The Flax module a checkpoint's ``config.json`` describes, without reading any weights.
 
     Enough for ``plan`` / ``tune``: plan Llama-3.1-70B from its ``config.json`` alone.
-    ``dtype`` / ``param_dtype`` default to float32.
+    ``dtype`` / ``param_dtype`` default to float32; ``lora`` (a :class:`~partitioning.LoRA` or its
+    mapping) adds LoRA adapters (:mod:`partitioning.models.lora`).
 
     Example::
 
@@ -96,8 +101,11 @@ def hf_model(
         (12, 'rms_offset', True)
     """
     directory, cfg, _ = _config(path_or_dir)
+    lora = LoRA.parse(lora)  # a bad option is the caller's, not config.json's
     try:
-        return _families().build(cfg, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat)
+        return _families().build(
+            cfg, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat, lora=lora
+        )
     except ConfigError as e:
         if e.arg in _ARGS:
             raise
@@ -124,6 +132,7 @@ def load_hf(
     scan_layers: bool = True,
     remat: str = "none",
     on_indivisible: str = "replicate",
+    lora: Any = None,
 ) -> tuple[Any, dict[str, Any]]:
     """``(model, {"params": ...})`` from a Hugging Face checkpoint, every array born in its shard.
 
@@ -133,9 +142,11 @@ def load_hf(
     float16 are cast to ``param_dtype`` (default float32). ``model.apply(variables, tokens)`` gives
     the logits ``transformers`` gives. A dimension the mesh does not divide (a vocabulary of 32,001
     on 8 devices) is replicated along that axis with a warning; ``on_indivisible="error"`` refuses it.
-    ``adapter``: a PEFT LoRA adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``)
-    for this base; the model gets ``lora`` from its config and the params its ``lora_A`` / ``lora_B``
-    (read per shard too), so the logits are ``PeftModel``'s (:mod:`~partitioning.checkpoint.peft`).
+    ``lora`` adds fresh LoRA adapters (``lora_b`` zero: the logits stay the checkpoint's), each born in
+    its shard too. ``adapter``: a PEFT LoRA adapter folder (``adapter_config.json`` +
+    ``adapter_model.safetensors``) for this base; the model gets its ``lora`` from the adapter's
+    config and the params its ``lora_A`` / ``lora_B`` (read per shard too), so the logits are
+    ``PeftModel``'s (:mod:`~partitioning.checkpoint.peft`).
 
     Example::
 
@@ -144,7 +155,7 @@ def load_hf(
         >>> variables["params"]["blocks"]["attn"]["q"].sharding.spec  # (layers, heads, kv, embed)
         P(None, None, None, 'fsdp')
     """
-    model = hf_model(path, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat)
+    model = hf_model(path, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat, lora=lora)
     directory, _, family = _config(path)
     rows: list[Any] = []
     if adapter is not None:
@@ -163,22 +174,40 @@ def load_hf(
         shardings = tree_shardings(abstract, mesh, rules, on_indivisible=on_indivisible)
     flat = traverse_util.flatten_dict(unbox(abstract))
     flat_shardings = traverse_util.flatten_dict(shardings)
-    shapes = {k: tuple(v.shape) for k, v in flat.items()}
-    names = _names(abstract)
+    adapters = {k: flat_shardings[k] for k in flat if is_adapter("/".join(k))}
+    all_shapes = {k: tuple(v.shape) for k, v in flat.items()}
+    all_names = _names(abstract)
+    shapes = {k: v for k, v in all_shapes.items() if k not in adapters}
+    names = {k: v for k, v in all_names.items() if k not in adapters}
     maps, _ = expand(family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, names)
     extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     found = match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
-    if adapter is not None:
-        lora_maps = adapter_maps(rows, model, names)
-        found.update(match_adapter(peft_adapter, lora_maps, shapes, directory))
-        maps += lora_maps
+    if adapter is not None:  # the adapters come from the PEFT file, not a fresh init
+        lora_maps = adapter_maps(rows, model, all_names)
+        found.update(match_adapter(peft_adapter, lora_maps, all_shapes, directory))
+        maps, shapes, adapters = maps + lora_maps, all_shapes, {}
     check_params(maps, shapes, family.name)
     params = {}
     with Reader() as reader:
         for m in maps:
             sources = [found[n] for n in m.hf]
             params[m.path] = reader.param(m, sources, shapes[m.path], flat[m.path].dtype, flat_shardings[m.path])
+    if adapters:
+        params.update(_fresh_adapters(model, adapters, mesh, rules))
     return model, {"params": traverse_util.unflatten_dict(params)}
+
+
+def _fresh_adapters(model: Any, shardings: dict[tuple[str, ...], Any], mesh: Any, rules: Any) -> dict[tuple, Any]:
+    """The model's initial LoRA adapters, each born in its shard (the rest of the init is dead code to XLA)."""
+
+    def init(rng):
+        flat = traverse_util.flatten_dict(unbox(model.init(rng, jnp.zeros((1, 1), jnp.int32))["params"]))
+        return {"/".join(k): flat[k] for k in shardings}
+
+    out = {"/".join(k): s for k, s in shardings.items()}
+    with sharding_context(mesh, rules) if mesh is not None else contextlib.nullcontext():
+        made = jax.jit(init, out_shardings=out)(jax.random.key(0))
+    return {k: made["/".join(k)] for k in shardings}
 
 
 def save_hf(

@@ -52,21 +52,15 @@ from partitioning.checkpoint.peft_config import (
     target_regexes,
 )
 from partitioning.errors import CheckpointError, ConfigError
+from partitioning.train.lora import A_SUFFIX, B_SUFFIX, RANK_AXIS, LoRA
 
-A_SUFFIX, B_SUFFIX, RANK_AXIS = "_lora_a", "_lora_b", "lora"
-
-
-def _lora_class() -> Any:
-    from partitioning.train.lora import LoRA
-
-    return LoRA
 
 
 def lora_of(adapter: Adapter, family: Any, model: Any) -> Any:
     """The :class:`~partitioning.LoRA` a model needs to hold ``adapter`` (targets from its target_modules)."""
     rows = adapter_rows(adapter, family, layers=model.layers, tie_embeddings=model.tie_embeddings)
-    dtype = getattr(_lora_class().parse(getattr(model, "lora", None)), "dtype", "float32")
-    return _lora_class()(
+    dtype = getattr(LoRA.parse(getattr(model, "lora", None)), "dtype", "float32")
+    return LoRA(
         rank=adapter.rank,
         alpha=adapter.alpha,
         targets=target_regexes(rows),
@@ -200,7 +194,7 @@ def save_peft(model: Any, variables: Any, out_dir: str | os.PathLike, *, base: s
     from partitioning.checkpoint.hf import _abstract, _names
     from partitioning.checkpoint.hf_write import save_tensors
 
-    lora = _lora_class().parse(getattr(model, "lora", None))
+    lora = LoRA.parse(getattr(model, "lora", None))
     if lora is None:
         raise ConfigError(f"{type(model).__name__} has no LoRA adapters (lora is not set); save_hf writes its weights")
     params = variables.get("params", variables) if hasattr(variables, "get") else variables
@@ -244,7 +238,7 @@ def merge_lora(model: Any, variables: Any) -> tuple[Any, dict[str, Any]]:
     """
     from partitioning.checkpoint.hf import _abstract, _names
 
-    lora = _lora_class().parse(getattr(model, "lora", None))
+    lora = LoRA.parse(getattr(model, "lora", None))
     if lora is None:
         raise ConfigError(f"{type(model).__name__} has no LoRA adapters (lora is not set): nothing to merge")
     params = variables.get("params", variables) if hasattr(variables, "get") else variables

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -35,8 +36,9 @@ import jax
 
 import partitioning.models  # noqa: F401  (registers the reference models: gpt, mlp)
 from partitioning.config.hf import hf_model_from_config, hf_options, tokenizer_from_config
+from partitioning.config.lora import check_model_lora, parse_lora, takes_lora, without_lora, wrap_lora
 from partitioning.config.schema import Config
-from partitioning.config.targets import TARGET, Factory, build_target, check_kwargs, takes_rngs
+from partitioning.config.targets import TARGET, Factory, build_target, check_kwargs, import_target, takes_rngs
 from partitioning.errors import ConfigError, DataError, PartitioningError, ShardingError
 from partitioning.mesh import make_mesh
 from partitioning.parallel.pipeline import PipelineError
@@ -80,11 +82,16 @@ def model_from_config(cfg: Config) -> Any:
     with a did-you-mean); NNX models come back as :class:`NNXModel` factories,
     so the trainer builds them sharded.
     """
+    lora = parse_lora(cfg)
     if cfg.model_hf is not None:
-        return hf_model_from_config(cfg)
+        return check_model_lora(cfg, hf_model_from_config(cfg))
+    own_lora = lora is None or takes_lora(_target_class(cfg))  # else: the weight path (LoRAModel)
     if cfg.model_target:
         obj = build_target(
-            {TARGET: cfg.model_name, **_concrete(cfg.model_options, "none")},
+            {
+                TARGET: cfg.model_name,
+                **_concrete(cfg.model_options if own_lora else without_lora(cfg.model_options), "none"),
+            },
             path=cfg.path,
             lines=cfg.lines,
             key=("model",),
@@ -96,15 +103,29 @@ def model_from_config(cfg: Config) -> Any:
             raise at_key(cfg, e, {"name": ("model", "name")}) from None
         default = constructor_options(cls).get("remat")
         fallback = default if isinstance(default, str) and default != AUTO else "none"
-        options = build_target(_concrete(cfg.model_options, fallback), path=cfg.path, lines=cfg.lines, key=("model",))
+        options = _concrete(cfg.model_options if own_lora else without_lora(cfg.model_options), fallback)
+        options = build_target(options, path=cfg.path, lines=cfg.lines, key=("model",))
         check_kwargs(cls, options, f"model {cfg.model_name!r}", lambda k: cfg.where("model", *([k] if k else [])))
         obj = Factory(cls, options) if takes_rngs(cls) else _construct(cfg, cls, options)
     if isinstance(obj, Factory):
-        return NNXModel(obj)
+        obj = NNXModel(obj)
     try:
-        return as_model(obj) if not isinstance(obj, nn.Module) else obj
+        model = as_model(obj) if not isinstance(obj, nn.Module) else obj
     except TypeError as e:
         raise ConfigError(f"{cfg.where('model')}: {e}") from None
+    if lora is None:
+        return model
+    return check_model_lora(cfg, model) if own_lora else wrap_lora(cfg, model, lora)
+
+
+def _target_class(cfg: Config) -> Any:
+    """The class (or builder) the config's model names, for its options (None: the build step reports it)."""
+    try:
+        if cfg.model_target:
+            return import_target(cfg.model_name, Path(cfg.path).parent, cfg.where("model", TARGET))
+        return model_class(cfg.model_name)
+    except ConfigError:
+        return None
 
 
 def _concrete(options: dict[str, Any], fallback: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from partitioning.config.lora import lora_error
 from partitioning.config.schema import Config, HfModelConfig
 from partitioning.errors import ConfigError, DataError, PartitioningError
 from partitioning.yamlfile import Key, Lines, where
@@ -104,6 +105,8 @@ def hf_options(cfg: Config) -> dict[str, Any]:
 def _at_hf(cfg: Config, e: PartitioningError) -> PartitioningError:
     """An error of the checkpoint, at the config key naming it (options at their own keys)."""
     arg = getattr(e, "arg", None)
+    if isinstance(arg, str) and arg.split(".")[0] == "lora":
+        return lora_error(cfg, e)
     key = ("model", arg) if arg in cfg.model_options else ("model", "hf")
     return type(e)(f"{cfg.where(*key)}: {e}", arg=arg)
 

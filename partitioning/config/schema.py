@@ -136,6 +136,11 @@ class HfModelConfig(Section):
     )
     dtype: StrictStr | None = Field(default=None, description="compute dtype; null: float32")
     param_dtype: StrictStr | None = Field(default=None, description="parameter dtype; null: float32")
+    lora: dict[str, Any] | None = Field(
+        default=None,
+        description="LoRA adapters: {rank, alpha (default: rank), targets: [regex over parameter paths, ...], "
+        "dropout, rslora, dtype (default: float32)}; the same key works for name: gpt and _target_ models",
+    )
 
 
 class OptimizerConfig(Section):

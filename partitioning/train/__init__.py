@@ -4,6 +4,8 @@ Modules:
 
 - :mod:`~partitioning.train.model` — Flax Linen, Flax NNX and plain-function models behind one interface.
 - :mod:`~partitioning.train.axis_names` — models written for ``pmap``: their collective axis names bound (size 1).
+- :mod:`~partitioning.train.lora` — ``LoRA`` options: rank, alpha, targets (regexes over parameter paths), checks.
+- :mod:`~partitioning.train.lora_model` — ``LoRAModel``: LoRA on any model, adapters merged into the weights.
 - :mod:`~partitioning.train.tracing` — a model's own failure while traced -> one ``ModelError`` line.
 - :mod:`~partitioning.train.task` — what the model is trained to do: built-in losses, custom losses and steps.
 - :mod:`~partitioning.train.batch` — a step's batch: names, shardings, micro-batches, host -> devices, RNG keys.

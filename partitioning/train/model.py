@@ -342,6 +342,11 @@ for _adapter in (LinenModel, NNXModel, FunctionModel):
     guard(_adapter)
 
 
+def _is_adapter(model: Any) -> bool:
+    # An object with the adapters' interface (LoRAModel wraps one): used as it is.
+    return not isinstance(model, type) and all(hasattr(model, a) for a in ("kind", "abstract", "boxed", "apply"))
+
+
 def as_model(model: Any) -> Any:
     """The adapter for ``model``: a Linen module, an NNX module, an adapter, or ``(init, apply)``.
 
@@ -351,7 +356,7 @@ def as_model(model: Any) -> Any:
         >>> pt.as_model(nn.Dense(4)).kind, pt.as_model(nnx.Linear(4, 4, rngs=nnx.Rngs(0))).kind
         ('linen', 'nnx')
     """
-    if isinstance(model, (LinenModel, NNXModel, FunctionModel)):
+    if isinstance(model, (LinenModel, NNXModel, FunctionModel)) or _is_adapter(model):
         return model
     if isinstance(model, nn.Module):
         return LinenModel(model)
