@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         tokens = np.load(base / "tokens.npy")
     if args.check:
         model = peft.PeftModel.from_pretrained(base_model(base), args.check).eval()
-        return compare(f"peft {args.check} on {base}", logits(model, tokens), np.load(args.expect / "logits.npy"), args.atol)
+        return compare(
+            f"peft {args.check} on {base}", logits(model, tokens), np.load(args.expect / "logits.npy"), args.atol
+        )
     if args.check_merged:
         got = logits(base_model(args.check_merged), tokens)
         return compare(f"merged {args.check_merged}", got, np.load(args.expect / "merged_logits.npy"), args.atol)

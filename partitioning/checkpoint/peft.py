@@ -14,7 +14,8 @@ Example::
     >>> import tempfile
     >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
     >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp", adapter="tests/fixtures/peft/llama")
-    >>> model.lora.rank, model.lora.scale, variables["params"]["blocks"]["attn"]["q_lora_b"].shape  # (layers, heads, kv, lora)
+    >>> q_lora_b = variables["params"]["blocks"]["attn"]["q_lora_b"]  # (layers, heads, kv, lora)
+    >>> model.lora.rank, model.lora.scale, q_lora_b.shape
     (4, 2.0, (2, 4, 8, 4))
     >>> out = pt.save_peft(model, variables, tempfile.mkdtemp() + "/adapter", base="tests/fixtures/hf/llama")
     >>> sorted(f.name for f in out.iterdir())
@@ -53,7 +54,6 @@ from partitioning.checkpoint.peft_config import (
 )
 from partitioning.errors import CheckpointError, ConfigError
 from partitioning.train.lora import A_SUFFIX, B_SUFFIX, RANK_AXIS, LoRA
-
 
 
 def lora_of(adapter: Adapter, family: Any, model: Any) -> Any:
@@ -209,13 +209,7 @@ def save_peft(model: Any, variables: Any, out_dir: str | os.PathLike, *, base: s
     out = Path(out_dir)
     text = json.dumps(peft_config(lora, rows, base), indent=2, sort_keys=True) + "\n"
     save_tensors(
-        maps,
-        order,
-        flat,
-        out,
-        max_shard_size=1 << 62,
-        extra_files={ADAPTER_CONFIG: text},
-        file_name=ADAPTER_WEIGHTS,
+        maps, order, flat, out, max_shard_size=1 << 62, extra_files={ADAPTER_CONFIG: text}, file_name=ADAPTER_WEIGHTS
     )
     return out
 
@@ -252,11 +246,10 @@ def merge_lora(model: Any, variables: Any) -> tuple[Any, dict[str, Any]]:
         w_path = path[:-1] + (path[-1][: -len(A_SUFFIX)],)
         b_path = path[:-1] + (w_path[-1] + B_SUFFIX,)
         w, a, b = flat[w_path], flat[path], flat[b_path]
-        stacked = names[path][0] == "layers"
         sharding = w.sharding if isinstance(w, jax.Array) else None
 
         def merged(w: jax.Array, a: jax.Array, b: jax.Array, a_names: Sequence[str] = names[path]) -> jax.Array:
-            d = _delta(a.astype(jnp.float32), b.astype(jnp.float32), a_names, stacked)
+            d = _delta(a.astype(jnp.float32), b.astype(jnp.float32), a_names, a_names[0] == "layers")
             return (w.astype(jnp.float32) + scale * d).astype(w.dtype)
 
         shape = jax.eval_shape(merged, w, a, b).shape

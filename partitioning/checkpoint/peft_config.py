@@ -121,7 +121,7 @@ def read_adapter(path: str | os.PathLike) -> Adapter:
     if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not math.isfinite(alpha):
         raise CheckpointError(f"{file}: lora_alpha must be a number, got {alpha!r}")
     if cfg.get("bias", "none") != "none":
-        raise CheckpointError(f"{file}: bias {cfg['bias']!r} is not supported; only \"none\" (no trained biases)")
+        raise CheckpointError(f'{file}: bias {cfg["bias"]!r} is not supported; only "none" (no trained biases)')
     if cfg.get("fan_in_fan_out"):
         raise CheckpointError(f"{file}: fan_in_fan_out true (GPT-2's Conv1D layers) is not supported")
     for key, why in REFUSED.items():
@@ -181,7 +181,8 @@ def adapter_rows(adapter: Adapter, family: Any, *, layers: int, tie_embeddings: 
     target = adapter.target_modules
     if target == "all-linear":  # PEFT: every linear layer but the output layer
         return [r for r in rows if linear(r) and r.param not in EMBEDDINGS and r.param != "unembed"]
-    picked, used = [], set()
+    picked: list[Any] = []
+    used: set[str] = set()
     for r in rows:
         names = [module_of(r.hf.format(i=i)) for i in range(layers)] if "{i}" in r.hf else [module_of(r.hf)]
         hits = [n for n in names if _matches(target, n)]

@@ -96,7 +96,7 @@ def _sampling(args: argparse.Namespace) -> Any:
     try:
         return Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     except ConfigError as e:
-        raise ConfigError(f"--{e.arg.replace('_', '-')}: {e}", arg=e.arg) from None
+        raise ConfigError(f"--{str(e.arg).replace('_', '-')}: {e}", arg=e.arg) from None
 
 
 def _template_dir(cfg: Config, tokenizer_path: Any) -> Any:
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     template = _chat_template(folder) if args.chat else None
     texts = read_prompts(args.prompts) if args.prompts is not None else [args.prompt]
     wheres = [f"{args.prompts}: prompt {i + 1}" if args.prompts else "--prompt" for i in range(len(texts))]
-    prompts = [_encode(p, tok, template, w) for p, w in zip(texts, wheres)]
+    prompts = [_encode(p, tok, template, w) for p, w in zip(texts, wheres, strict=True)]
     vocab = getattr(model, "vocab_size", None)
     if tok is None and vocab is not None and vocab < 256:
         raise ConfigError(f"{cfg.where('model')}: a byte-level prompt needs vocab_size >= 256, got {vocab}")
@@ -199,9 +199,9 @@ def run(args: argparse.Namespace) -> int:
         f"{sampling.describe()} with a KV cache on mesh {dict(mesh.shape)} ({took:.1f} s)"
     )
     if args.prompts is not None:
-        for p, ids, n in zip(texts, prompts, new):
-            key = "messages" if isinstance(p, list) else "prompt"
-            print(json.dumps({key: p, "completion": text(n), "tokens": len(n)}, ensure_ascii=False))
+        for p, n in zip(texts, new, strict=True):
+            field = "messages" if isinstance(p, list) else "prompt"
+            print(json.dumps({field: p, "completion": text(n), "tokens": len(n)}, ensure_ascii=False))
     else:
         print(text(new[0]) if template is not None else text(prompts[0] + new[0]))
     return 0

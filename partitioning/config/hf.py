@@ -96,7 +96,9 @@ def hf_path(cfg: Config) -> Path:
 
 def hf_options(cfg: Config) -> dict[str, Any]:
     """The model options of an ``hf`` config with their defaults (``scan_layers``, ``remat``, dtypes)."""
-    out = HfModelConfig.model_validate({"hf": cfg.model_name, **cfg.model_options}).model_dump(exclude={"hf", "adapter"})
+    out = HfModelConfig.model_validate({"hf": cfg.model_name, **cfg.model_options}).model_dump(
+        exclude={"hf", "adapter"}
+    )
     out["lora"] = adapter_lora(cfg, hf_path(cfg), out)  # model.adapter: its adapter_config.json's LoRA
     # `auto` is resolved per run (config/remat.py); a model built without that step runs without remat.
     if out["remat"] == "auto":

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -144,12 +144,7 @@ class Decoder:
         return choose(logits[:, -1], sampling, key), updated[CACHE]
 
     def step(
-        self,
-        params: Any,
-        cache: Any,
-        tokens: np.ndarray,
-        key: jax.Array | None = None,
-        sampling: Sampling = GREEDY,
+        self, params: Any, cache: Any, tokens: np.ndarray, key: jax.Array | None = None, sampling: Sampling = GREEDY
     ) -> tuple[jax.Array, Any]:
         """(the next token of each row, the cache with ``tokens`` appended); ``tokens`` is ``(rows, t)``."""
         placed = place(np.asarray(tokens, np.int32), self.token_sharding)
@@ -173,18 +168,18 @@ class Decoder:
     ) -> list[list[int]]:
         """The continuation of each prompt: up to ``max_tokens`` tokens, ending early at (and with) a ``stop_ids``
         token; chosen by ``sampling`` (greedy by default) with the random key of ``seed``."""
-        prompts = [[int(t) for t in p] for p in prompts]
-        if not prompts or not all(prompts):
-            raise ConfigError("a prompt has no tokens" if prompts else "no prompts")
-        longest = max(len(p) for p in prompts)
+        rows = [[int(t) for t in p] for p in prompts]
+        if not rows or not all(rows):
+            raise ConfigError("a prompt has no tokens" if rows else "no prompts")
+        longest = max(len(p) for p in rows)
         if longest + max_tokens > self.max_len:
             raise ConfigError(
                 f"{longest} prompt tokens + {max_tokens} new ones exceed this decoder's {self.max_len} positions"
             )
         key = jax.random.key(seed)
         out: list[list[int]] = []
-        for first in range(0, len(prompts), self.rows):
-            group = prompts[first : first + self.rows]
+        for first in range(0, len(rows), self.rows):
+            group = rows[first : first + self.rows]
             out += self._decode_rows(params, group, max_tokens, set(stop_ids), sampling, key)
         return out
 
@@ -267,7 +262,7 @@ def generate(
         raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}", arg="max_tokens")
     sampling = Sampling(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
     batched = len(prompt) > 0 and not isinstance(prompt[0], (int, np.integer))
-    prompts: list[Sequence[int]] = list(prompt) if batched else [prompt]  # type: ignore[list-item]
+    prompts = cast(list[Sequence[int]], list(prompt) if batched else [prompt])
     stops = () if stop_id is None else (stop_id,) if isinstance(stop_id, (int, np.integer)) else tuple(stop_id)
     longest = max((len(p) for p in prompts), default=0)
     decoder = Decoder(

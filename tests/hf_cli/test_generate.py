@@ -166,10 +166,13 @@ def test_chat_prompts_from_a_file_sampled(chat_checkpoint, run_cli_in_process):
 
     tok = load_tokenizer("chatllama")
     assert stop_ids("chatllama", tok) == [2, 3]  # the tokenizer's EOS, then generation_config's list
-    assert ChatTemplate.from_dir("chatllama").render([{"role": "user", "content": "hi"}], add_generation_prompt=True) == (
-        "<s>[user] hi</s>[assistant] "
-    )
-    rows = [{"prompt": "def f("}, {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}]}]
+    assert ChatTemplate.from_dir("chatllama").render(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True
+    ) == ("<s>[user] hi</s>[assistant] ")
+    rows = [
+        {"prompt": "def f("},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}]},
+    ]
     Path("prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     args = ["generate", "chat.yaml", "--prompts", "prompts.jsonl", "--chat", "--max-tokens", "5"]
     r = run_cli_in_process(*args, "--temperature", "0.7", "--top-p", "0.9", "--seed", "3")
@@ -186,11 +189,11 @@ def test_chat_prompts_from_a_file_sampled(chat_checkpoint, run_cli_in_process):
 @pytest.mark.parametrize(
     "args,line",
     [
-        (["--prompt", "x", "--temperature", "-1"], "error: --temperature: temperature must be >= 0 (0: greedy), got -1.0"),
+        (["--prompt", "x", "--temperature", "-1"], "error: --temperature: temperature must be >= 0 (0: greedy)"),
         (["--prompt", "x", "--top-p", "0"], "error: --top-p: top_p must be in (0, 1], got 0.0"),
         (["--prompt", "x", "--top-k", "-2"], "error: --top-k: top_k must be >= 0 (0: off), got -2"),
-        (["--prompts", "bad.jsonl"], "error: bad.jsonl:2: expected an object with `prompt` (text) or `messages` (a chat)"),
-        (["--prompts", "chat.jsonl"], "error: chat.jsonl: prompt 1: a `messages` prompt needs --chat (the checkpoint's chat template)"),
+        (["--prompts", "bad.jsonl"], "error: bad.jsonl:2: expected an object with `prompt` (text) or `messages`"),
+        (["--prompts", "chat.jsonl"], "error: chat.jsonl: prompt 1: a `messages` prompt needs --chat (the"),
         (["--prompts", "missing.txt"], "error: missing.txt: cannot read the prompts (FileNotFoundError"),
     ],
 )  # fmt: skip

@@ -49,10 +49,14 @@ def test_adapter_from_yaml_sets_the_lora_and_exports_back_bit_exact(lora_run, ru
     lora = hf_options(cfg)["lora"]
     assert (lora["rank"], lora["alpha"], lora["rslora"]) == (4, 8.0, True)
     assert model_from_config(cfg).lora.targets == tuple(lora["targets"])
-    assert sorted(params["blocks"]["attn"]) == ["k", "o", "o_lora_a", "o_lora_b", "q", "q_lora_a", "q_lora_b", "v", "v_lora_a", "v_lora_b"]  # fmt: skip
+    attn = sorted(params["blocks"]["attn"])
+    assert attn == ["k", "o", "o_lora_a", "o_lora_b", "q", "q_lora_a", "q_lora_b", "v", "v_lora_a", "v_lora_b"]
     r = run_cli_in_process("ckpt", "export-hf", "runs/lora", "out")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "exported step 3 of runs/lora to out (PEFT adapter): adapter_config.json, adapter_model.safetensors"
+    assert (
+        r.stdout.strip()
+        == "exported step 3 of runs/lora to out (PEFT adapter): adapter_config.json, adapter_model.safetensors"
+    )
     got, want = tensors("out/adapter_model.safetensors"), tensors("adapter/adapter_model.safetensors")
     assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in want)
     exported = json.loads(Path("out/adapter_config.json").read_text())
@@ -67,7 +71,9 @@ def test_adapter_from_yaml_sets_the_lora_and_exports_back_bit_exact(lora_run, ru
     name = "model.layers.0.self_attn.q_proj.weight"
     a, b = want[PREFIX + "self_attn.q_proj.lora_A.weight"], want[PREFIX + "self_attn.q_proj.lora_B.weight"]
     np.testing.assert_allclose(merged[name], base[name] + 8 / 2 * b @ a, rtol=1e-6, atol=1e-6)
-    assert np.array_equal(merged["model.layers.0.self_attn.k_proj.weight"], base["model.layers.0.self_attn.k_proj.weight"])
+    assert np.array_equal(
+        merged["model.layers.0.self_attn.k_proj.weight"], base["model.layers.0.self_attn.k_proj.weight"]
+    )
     assert sorted(merged) == sorted(base)
 
 
@@ -89,7 +95,9 @@ def test_bad_adapter_keys_are_one_line_at_the_key(repo, tmp_path, monkeypatch, r
     assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith(
         "error: lora.yaml:1: model.adapter: no such adapter folder 'nowhere' (looked in"
     )
-    Path("lora.yaml").write_text(CONFIG.replace("adapter: adapter}", "adapter: adapter, lora: {rank: 2, targets: [attn]}}"))
+    Path("lora.yaml").write_text(
+        CONFIG.replace("adapter: adapter}", "adapter: adapter, lora: {rank: 2, targets: [attn]}}")
+    )
     r = run_cli_in_process("plan", "lora.yaml")
     assert r.returncode == 2 and r.stderr.splitlines()[-1] == (
         "error: lora.yaml:1: model.lora: model.adapter sets the LoRA (its adapter_config.json); drop model.lora"

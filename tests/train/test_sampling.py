@@ -1,4 +1,4 @@
-"""Sampling filters equal transformers' warpers (golden scores from tools/make_sampling_fixture.py); draws are seeded."""
+"""Sampling filters equal transformers' warpers (golden scores: tools/make_sampling_fixture.py); draws are seeded."""
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +30,7 @@ def test_filtered_logits_equal_transformers_temperature_top_k_top_p(repo, monkey
         untied = [0, 2, 3, 4]  # row 1's six equal logits: which ties top-p cuts is the sort's choice
         assert (np.isfinite(got[untied]) == kept[untied]).all(), key
         np.testing.assert_allclose(got[kept], want[kept], rtol=1e-6, err_msg=key) if key != "t1.3_k10_p0.8" else None
-        for g, w in zip(got, want):  # every row keeps the same values (the same distribution, ties aside)
+        for g, w in zip(got, want, strict=True):  # every row keeps the same values (the same distribution, ties aside)
             np.testing.assert_allclose(np.sort(g[np.isfinite(g)]), np.sort(w[np.isfinite(w)]), rtol=1e-6, err_msg=key)
         checked += 1
     assert checked == 6
