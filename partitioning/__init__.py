@@ -65,6 +65,7 @@ from partitioning.checkpoint import (
     save_checkpoint,
     save_hf,
 )
+from partitioning.checkpoint.peft import merge_lora, save_peft
 from partitioning.config import Config, load_config
 from partitioning.context import axis_rules, get_logical_axis_rules, logical_to_mesh_axes, set_logical_axis_rules
 from partitioning.devices import initialize_distributed, simulate_devices
@@ -261,6 +262,8 @@ __all__ = [
     "save_hf",
     "hf_model",
     "hf_family",
+    "save_peft",
+    "merge_lora",
     # plan
     "Plan",
     "build_plan",

@@ -126,6 +126,7 @@ def load_hf(
     mesh: jax.sharding.Mesh | None = None,
     rules: Any = None,
     *,
+    adapter: str | os.PathLike | None = None,
     dtype: str | None = None,
     param_dtype: str | None = None,
     scan_layers: bool = True,
@@ -142,7 +143,10 @@ def load_hf(
     the logits ``transformers`` gives. A dimension the mesh does not divide (a vocabulary of 32,001
     on 8 devices) is replicated along that axis with a warning; ``on_indivisible="error"`` refuses it.
     ``lora`` adds fresh LoRA adapters (``lora_b`` zero: the logits stay the checkpoint's), each born in
-    its shard too.
+    its shard too. ``adapter``: a PEFT LoRA adapter folder (``adapter_config.json`` +
+    ``adapter_model.safetensors``) for this base; the model gets its ``lora`` from the adapter's
+    config and the params its ``lora_A`` / ``lora_B`` (read per shard too), so the logits are
+    ``PeftModel``'s (:mod:`~partitioning.checkpoint.peft`).
 
     Example::
 
@@ -153,6 +157,11 @@ def load_hf(
     """
     model = hf_model(path, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat, lora=lora)
     directory, _, family = _config(path)
+    rows: list[Any] = []
+    if adapter is not None:
+        from partitioning.checkpoint.peft import adapter_maps, match_adapter, with_adapter
+
+        peft_adapter, rows, model = with_adapter(adapter, family, model)
     stored = discover(directory)
     abstract = _abstract(model)
     if mesh is None:
@@ -166,12 +175,18 @@ def load_hf(
     flat = traverse_util.flatten_dict(unbox(abstract))
     flat_shardings = traverse_util.flatten_dict(shardings)
     adapters = {k: flat_shardings[k] for k in flat if is_adapter("/".join(k))}
-    shapes = {k: tuple(v.shape) for k, v in flat.items() if k not in adapters}
-    names = {k: v for k, v in _names(abstract).items() if k not in adapters}
+    all_shapes = {k: tuple(v.shape) for k, v in flat.items()}
+    all_names = _names(abstract)
+    shapes = {k: v for k, v in all_shapes.items() if k not in adapters}
+    names = {k: v for k, v in all_names.items() if k not in adapters}
     maps, _ = expand(family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, names)
-    check_params(maps, shapes, family.name)
     extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     found = match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
+    if adapter is not None:  # the adapters come from the PEFT file, not a fresh init
+        lora_maps = adapter_maps(rows, model, all_names)
+        found.update(match_adapter(peft_adapter, lora_maps, all_shapes, directory))
+        maps, shapes, adapters = maps + lora_maps, all_shapes, {}
+    check_params(maps, shapes, family.name)
     params = {}
     with Reader() as reader:
         for m in maps:
@@ -196,7 +211,13 @@ def _fresh_adapters(model: Any, shardings: dict[tuple[str, ...], Any], mesh: Any
 
 
 def save_hf(
-    model: Any, variables: Any, out_dir: str | os.PathLike, *, max_shard_size: int | str = "5GB", dtype: Any = None
+    model: Any,
+    variables: Any,
+    out_dir: str | os.PathLike,
+    *,
+    max_shard_size: int | str = "5GB",
+    dtype: Any = None,
+    merge: bool = False,
 ) -> Path:
     """Writes ``model``'s parameters as a Hugging Face checkpoint ``transformers`` loads; returns ``out_dir``.
 
@@ -205,7 +226,9 @@ def save_hf(
     ``model-0000k-of-0000n.safetensors`` + an index past ``max_shard_size`` (``"5GB"``, ``"500MB"``,
     or bytes), in ``dtype`` (default: the parameters'). Tied output weights are not written. Each
     tensor is gathered alone (multi-process: process 0 writes); the directory changes only when
-    every file is complete.
+    every file is complete. A model with LoRA adapters is written with ``merge=True`` only: each
+    adapted weight as ``W + scale * B A`` (:func:`partitioning.merge_lora`); :func:`partitioning.save_peft`
+    writes the adapters themselves.
 
     Example::
 
@@ -215,6 +238,16 @@ def save_hf(
         >>> sorted(f.name for f in out.iterdir())
         ['config.json', 'model.safetensors']
     """
+    if getattr(model, "lora", None) is not None:
+        if not merge:
+            raise ConfigError(
+                "the model has LoRA adapters: save_peft(model, variables, out) writes them in PEFT's format, "
+                "save_hf(..., merge=True) writes the merged weights (W + scale * B A)",
+                arg="merge",
+            )
+        from partitioning.checkpoint.peft import merge_lora
+
+        model, variables = merge_lora(model, variables)
     families = _families()
     cfg = families.export_config(model)
     family = families.family_of(cfg)

@@ -106,10 +106,12 @@ def save_tensors(
     max_shard_size: int,
     dtype: Any = None,
     extra_files: Mapping[str, str] | None = None,
+    file_name: str | None = None,
 ) -> list[str]:
     """Writes the file tensors (``order``) of ``params`` (flat: path -> array) to ``out_dir``; the file names.
 
-    ``extra_files`` (name -> text, e.g. ``config.json``) are written with the same all-or-nothing rename.
+    ``extra_files`` (name -> text, e.g. ``config.json``) are written with the same all-or-nothing rename;
+    ``file_name`` names a single file (``adapter_model.safetensors``) instead of ``model.safetensors``.
     """
     parts = contributions(maps)
     entries = {}
@@ -119,7 +121,7 @@ def save_tensors(
         entries[name] = (name, np.dtype(dtype or params[m.path].dtype), m.pattern.file_shape(shape))
     sizes = [(n, int(np.prod(e[2])) * e[1].itemsize) for n, e in entries.items()]
     shards = plan_shards(sizes, max_shard_size)
-    names = file_names(len(shards))
+    names = [file_name] if file_name is not None and len(shards) == 1 else file_names(len(shards))
 
     def arrays(tensors: list[str]) -> Iterator[np.ndarray]:
         for t in tensors:

@@ -14,7 +14,7 @@ Modules:
 - :mod:`~partitioning.cli.tune_report` — ``tune``'s ranked table, recommendation, rejections and best YAML.
 - :mod:`~partitioning.cli.ckpt` — ``ckpt ls|inspect|reshard|export-hf``.
 - :mod:`~partitioning.cli.export_hf` — ``ckpt export-hf``: a run that started from Hugging Face weights, back out.
-- :mod:`~partitioning.cli.generate` — ``generate``: greedy decoding with a KV cache from a run or its HF weights.
+- :mod:`~partitioning.cli.generate` — ``generate``: greedy or sampled decoding with a KV cache (a run, HF weights).
 - :mod:`~partitioning.cli.config` — ``config show|schema``: the resolved config, the JSON Schema.
 - :mod:`~partitioning.cli.compiling` — where the compiled view is computed (here or a child process).
 - :mod:`~partitioning.cli.render` — rich tables for the terminal.

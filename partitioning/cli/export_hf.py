@@ -9,6 +9,12 @@ gathered at a time); the tokenizer files of the run's tokenizer are copied
 beside them when they are still there. Everything is written into a
 temporary folder next to ``OUT_DIR`` and renamed at the end, so a failed
 export leaves nothing behind.
+
+A LoRA run (``model.lora``, or ``model.adapter``) is written as a PEFT
+adapter (``adapter_config.json`` + ``adapter_model.safetensors``, loadable by
+``PeftModel.from_pretrained`` on the base; :func:`partitioning.save_peft`);
+``--merge`` writes the merged full weights (``W + scale * B A``) as a plain
+Hugging Face checkpoint instead, with the tokenizer files.
 """
 
 from __future__ import annotations
@@ -68,15 +74,19 @@ def _restore_params(ref: Any, meta: dict[str, Any], model: Any) -> Any:
     return restore_checkpoint(ref.path, target, params_only=True)
 
 
-def export_hf(run_dir: str, out_dir: str, *, step: int | None = None, force: bool = False) -> tuple[int, Path, list]:
+def export_hf(
+    run_dir: str, out_dir: str, *, step: int | None = None, force: bool = False, merge: bool = False
+) -> tuple[int, Path, list]:
     """Writes step ``step`` (default: the latest) of a run as a Hugging Face checkpoint into ``out_dir``.
 
+    A LoRA run is written as a PEFT adapter, or with ``merge`` as merged full weights.
     Returns (step, out_dir, the files written). Raises :class:`CheckpointError`
     for a run that did not start from a Hugging Face checkpoint, a missing run
     or step, or an ``out_dir`` that exists and is not empty (unless ``force``).
     """
     from partitioning.checkpoint.disk import read_metadata, resolve_checkpoint
     from partitioning.checkpoint.hf import hf_model, save_hf
+    from partitioning.checkpoint.peft import save_peft
 
     out = Path(out_dir)
     if not Path(run_dir).exists():
@@ -89,6 +99,12 @@ def export_hf(run_dir: str, out_dir: str, *, step: int | None = None, force: boo
             f"{run_dir}: this run did not start from a Hugging Face checkpoint (model: {{hf: DIR}}); "
             f"export-hf writes only those back out"
         )
+    lora = (hf.get("options") or {}).get("lora")
+    if merge and not lora:
+        raise CheckpointError(
+            f"--merge: {run_dir} has no LoRA adapters (model.lora or model.adapter); export-hf writes its full "
+            f"weights without --merge"
+        )
     _check_out(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".export", dir=out.parent))
@@ -98,10 +114,13 @@ def export_hf(run_dir: str, out_dir: str, *, step: int | None = None, force: boo
         model = hf_model(tmp / "source", **hf.get("options", {}))
         shutil.rmtree(tmp / "source")
         params = _restore_params(ref, meta, model)
-        save_hf(model, {"params": params}, tmp / "out")
+        if lora and not merge:
+            save_peft(model, {"params": params}, tmp / "out", base=hf.get("source"))
+        else:
+            save_hf(model, {"params": params}, tmp / "out", merge=merge)
         tokenizer = hf.get("tokenizer")
         source = Path(tokenizer).parent if tokenizer else Path(hf.get("source", ""))
-        for name in TOKENIZER_FILES:
+        for name in TOKENIZER_FILES if not lora or merge else ():  # an adapter is used with its base's tokenizer
             if (source / name).is_file() and not (tmp / "out" / name).exists():
                 shutil.copy2(source / name, tmp / "out" / name)
         if out.exists():
@@ -113,8 +132,9 @@ def export_hf(run_dir: str, out_dir: str, *, step: int | None = None, force: boo
 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
-    step, out, files = export_hf(args.run_dir, args.out_dir, step=args.step, force=args.force)
-    print(f"exported step {step} of {args.run_dir} to {out}: {', '.join(files)}")
+    step, out, files = export_hf(args.run_dir, args.out_dir, step=args.step, force=args.force, merge=args.merge)
+    kind = " (LoRA merged)" if args.merge else " (PEFT adapter)" if "adapter_config.json" in files else ""
+    print(f"exported step {step} of {args.run_dir} to {out}{kind}: {', '.join(files)}")
     return 0
 
 
@@ -126,6 +146,11 @@ def add_parser(sub: Any) -> None:
     ex.add_argument("out_dir", help="the folder to write: config.json, *.safetensors, tokenizer files")
     ex.add_argument("--step", type=int, default=None, help="a step other than the latest")
     ex.add_argument("--force", action="store_true", help="replace OUT_DIR when it exists and is not empty")
+    ex.add_argument(
+        "--merge",
+        action="store_true",
+        help="a LoRA run: write the merged full weights (W + scale * B A), not a PEFT adapter",
+    )
 
 
 __all__ = ["export_hf", "cmd_export_hf", "add_parser", "TOKENIZER_FILES"]

@@ -1,4 +1,4 @@
-"""``partitioning generate CONFIG --prompt TEXT``: let the model talk, greedy with a KV cache, on the config's mesh.
+"""``partitioning generate CONFIG --prompt TEXT``: let the model talk, with a KV cache, on the config's mesh.
 
 The weights are the run's latest checkpoint when it has one (``--step N``
 another), else the config's Hugging Face checkpoint (``model: {hf: DIR}``;
@@ -6,6 +6,14 @@ another), else the config's Hugging Face checkpoint (``model: {hf: DIR}``;
 (``data.tokenizer``, else the checkpoint's ``tokenizer.json``) with its BOS,
 or taken as UTF-8 bytes for a byte-level model; the decoded text (the prompt
 and its continuation) goes to stdout, where the weights came from to stderr.
+
+Greedy unless ``--temperature`` > 0 (then ``--top-k`` / ``--top-p`` filter as
+transformers does, ``--seed`` fixes the draws). Decoding stops at the
+tokenizer's EOS and every ``eos_token_id`` of the checkpoint's
+``generation_config.json``. ``--chat`` renders the prompt as a user turn with
+the checkpoint's chat template (and prints only the reply); ``--prompts FILE``
+decodes a batch (one prompt a line, or JSONL rows with ``prompt`` or
+``messages``) and prints one JSON line per prompt.
 """
 
 from __future__ import annotations
@@ -18,19 +26,34 @@ from partitioning.cli.args import config_args, load_with_devices, say
 from partitioning.config.build import abstract_model, mesh_from_config, model_from_config
 from partitioning.config.hf import hf_params_from_config, run_checkpoints, tokenizer_from_config
 from partitioning.config.schema import Config
-from partitioning.errors import CheckpointError, ConfigError
+from partitioning.errors import CheckpointError, ConfigError, DataError
 
-HELP = "greedy decoding with a KV cache from the run's latest checkpoint (or its Hugging Face weights)"
+HELP = "decoding (greedy or sampled) with a KV cache from the run's latest checkpoint (or its Hugging Face weights)"
 EXAMPLES = """examples:
   partitioning generate configs/hf_tiny.yaml --prompt "def main(" --max-tokens 24
   partitioning generate configs/hf_tiny.yaml --prompt "import " --from-hf
-  partitioning generate configs/quickstart.yaml --prompt "class " --step 200"""
+  partitioning generate configs/quickstart.yaml --prompt "class " --step 200
+  partitioning generate configs/hf_tiny.yaml --prompt "def " --temperature 0.7 --top-p 0.9 --seed 1
+  partitioning generate configs/hf_tiny.yaml --prompts prompts.jsonl --chat"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     config_args(p)
-    p.add_argument("--prompt", required=True, help="the text to continue")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the text to continue")
+    src.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="a batch of prompts: one a line, or JSONL rows {prompt: TEXT} / {messages: [...]}; prints JSON lines",
+    )
     p.add_argument("--max-tokens", type=int, default=32, metavar="N", help="tokens to generate (default 32)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0: greedy (default); > 0: sample")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K likeliest tokens (0: all)")
+    p.add_argument(
+        "--top-p", type=float, default=1.0, metavar="P", help="sample among the likeliest tokens of mass P (0 < P <= 1)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="the random seed of sampling (same seed, same text)")
+    p.add_argument("--chat", action="store_true", help="render the prompt with the checkpoint's chat template")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--step", type=int, default=None, metavar="N", help="the run's checkpoint at step N")
     g.add_argument("--from-hf", action="store_true", help="the config's Hugging Face weights, not the run's")
@@ -65,12 +88,63 @@ def _params(cfg: Config, args: argparse.Namespace, mesh: Any) -> tuple[Any, str]
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    from partitioning.train.generate import decoder_of, generate
-    from partitioning.train.tokenize import load_tokenizer
+def _sampling(args: argparse.Namespace) -> Any:
+    from partitioning.train.sampling import Sampling
 
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}", arg="max_tokens")
+    try:
+        return Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    except ConfigError as e:
+        raise ConfigError(f"--{str(e.arg).replace('_', '-')}: {e}", arg=e.arg) from None
+
+
+def _template_dir(cfg: Config, tokenizer_path: Any) -> Any:
+    """Where the chat template and generation_config.json live: the checkpoint, else the tokenizer's folder."""
+    if cfg.model_hf is not None:
+        return cfg.model_hf if cfg.model_hf.is_dir() else cfg.model_hf.parent
+    return tokenizer_path.parent if tokenizer_path is not None else None
+
+
+def _chat_template(folder: Any) -> Any:
+    from partitioning.train.chat import ChatTemplate
+
+    if folder is None:
+        raise ConfigError("--chat: the run has no tokenizer, so no chat template; drop --chat", arg="chat")
+    try:
+        return ChatTemplate.from_dir(folder)
+    except DataError as e:
+        if "no chat template" in str(e):
+            raise ConfigError(
+                f"--chat: {folder} has no chat template (tokenizer_config.json chat_template or "
+                f"chat_template.jinja); drop --chat for a base model",
+                arg="chat",
+            ) from None
+        raise
+
+
+def _encode(prompt: Any, tok: Any, template: Any, where: str) -> list[int]:
+    """A prompt's token ids: a chat (or --chat text) through the template, without the tokenizer's BOS, as
+    transformers' apply_chat_template tokenizes; plain text with the tokenizer's BOS; bytes without a tokenizer."""
+    if isinstance(prompt, list) or template is not None:
+        if template is None:
+            raise ConfigError(f"{where}: a `messages` prompt needs --chat (the checkpoint's chat template)")
+        if tok is None:
+            raise ConfigError(f"{where}: a chat prompt needs a tokenizer")
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        text = template.render(messages, add_generation_prompt=True, where=where)
+        return list(tok.tokenizer.encode(text, add_special_tokens=False).ids)
+    return tok.encode(prompt, document=False) if tok is not None else list(prompt.encode("utf-8"))
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from partitioning.train.generate import decoder_of, generate
+    from partitioning.train.prompts import read_prompts, stop_ids
+    from partitioning.train.tokenize import load_tokenizer
+
+    sampling = _sampling(args)
     cfg = load_with_devices(args)
     model = model_from_config(cfg)
     mesh = mesh_from_config(cfg, args.devices)
@@ -81,33 +155,53 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{cfg.where(*key)}: {e}", arg=e.arg) from None
     path = tokenizer_from_config(cfg)
     tok = load_tokenizer(path) if path is not None else None
-    prompt = tok.encode(args.prompt, document=False) if tok is not None else list(args.prompt.encode("utf-8"))
+    folder = _template_dir(cfg, path)
+    template = _chat_template(folder) if args.chat else None
+    texts = read_prompts(args.prompts) if args.prompts is not None else [args.prompt]
+    wheres = [f"{args.prompts}: prompt {i + 1}" if args.prompts else "--prompt" for i in range(len(texts))]
+    prompts = [_encode(p, tok, template, w) for p, w in zip(texts, wheres, strict=True)]
     vocab = getattr(model, "vocab_size", None)
     if tok is None and vocab is not None and vocab < 256:
         raise ConfigError(f"{cfg.where('model')}: a byte-level prompt needs vocab_size >= 256, got {vocab}")
+    stops = stop_ids(folder if cfg.model_hf is not None else None, tok)
     params, source = _params(cfg, args, mesh)
     start = time.perf_counter()
     try:
         new = generate(
             model,
             params,
-            prompt,
+            prompts,
             mesh=mesh,
             rules=cfg.rules,
             max_tokens=args.max_tokens,
-            stop_id=tok.stop_id if tok is not None else None,
+            stop_id=stops,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            seed=args.seed,
             on_indivisible=cfg.on_indivisible,
         )
     except ConfigError as e:
         if e.arg != "max_positions":
             raise
-        raise ConfigError(f"--max-tokens {args.max_tokens} + {len(prompt)} prompt tokens: {e}", arg=e.arg) from None
+        longest = max(len(p) for p in prompts)
+        raise ConfigError(f"--max-tokens {args.max_tokens} + {longest} prompt tokens: {e}", arg=e.arg) from None
     took = time.perf_counter() - start
-    text = (
-        tok.decode(prompt + new)
-        if tok is not None
-        else bytes(t for t in prompt + new if t < 256).decode("utf-8", errors="replace")
+
+    def text(ids: list[int]) -> str:
+        if tok is not None:
+            return tok.decode(ids)
+        return bytes(t for t in ids if t < 256).decode("utf-8", errors="replace")
+
+    count = sum(len(n) for n in new)
+    say(
+        f"generate: {count} tokens{f' for {len(prompts)} prompts' if len(prompts) > 1 else ''} from {source}, "
+        f"{sampling.describe()} with a KV cache on mesh {dict(mesh.shape)} ({took:.1f} s)"
     )
-    say(f"generate: {len(new)} tokens from {source}, greedy with a KV cache on mesh {dict(mesh.shape)} ({took:.1f} s)")
-    print(text)
+    if args.prompts is not None:
+        for p, n in zip(texts, new, strict=True):
+            field = "messages" if isinstance(p, list) else "prompt"
+            print(json.dumps({field: p, "completion": text(n), "tokens": len(n)}, ensure_ascii=False))
+    else:
+        print(text(new[0]) if template is not None else text(prompts[0] + new[0]))
     return 0

@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from partitioning.config.adapter import adapter_lora, at_adapter, hf_adapter
 from partitioning.config.lora import lora_error
 from partitioning.config.schema import Config, HfModelConfig
 from partitioning.errors import ConfigError, DataError, PartitioningError
@@ -95,7 +96,10 @@ def hf_path(cfg: Config) -> Path:
 
 def hf_options(cfg: Config) -> dict[str, Any]:
     """The model options of an ``hf`` config with their defaults (``scan_layers``, ``remat``, dtypes)."""
-    out = HfModelConfig.model_validate({"hf": cfg.model_name, **cfg.model_options}).model_dump(exclude={"hf"})
+    out = HfModelConfig.model_validate({"hf": cfg.model_name, **cfg.model_options}).model_dump(
+        exclude={"hf", "adapter"}
+    )
+    out["lora"] = adapter_lora(cfg, hf_path(cfg), out)  # model.adapter: its adapter_config.json's LoRA
     # `auto` is resolved per run (config/remat.py); a model built without that step runs without remat.
     if out["remat"] == "auto":
         out["remat"] = "none"
@@ -105,6 +109,8 @@ def hf_options(cfg: Config) -> dict[str, Any]:
 def _at_hf(cfg: Config, e: PartitioningError) -> PartitioningError:
     """An error of the checkpoint, at the config key naming it (options at their own keys)."""
     arg = getattr(e, "arg", None)
+    if arg == "adapter":  # config/adapter.py put it at model.adapter already
+        return e
     if isinstance(arg, str) and arg.split(".")[0] == "lora":
         return lora_error(cfg, e)
     key = ("model", arg) if arg in cfg.model_options else ("model", "hf")
@@ -125,9 +131,14 @@ def hf_params_from_config(cfg: Config, mesh: Any) -> Any:
     """The checkpoint's weights, each array born in its shard of ``mesh`` under the config's rules."""
     from partitioning.checkpoint.hf import load_hf
 
+    adapter = hf_adapter(cfg)
     try:
-        _, variables = load_hf(hf_path(cfg), mesh, cfg.rules, on_indivisible=cfg.on_indivisible, **hf_options(cfg))
+        _, variables = load_hf(
+            hf_path(cfg), mesh, cfg.rules, on_indivisible=cfg.on_indivisible, adapter=adapter, **hf_options(cfg)
+        )
     except PartitioningError as e:
+        if adapter is not None and str(e).startswith(str(adapter)):
+            raise at_adapter(cfg, e) from None
         raise _at_hf(cfg, e) from None
     return variables["params"]
 

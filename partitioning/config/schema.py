@@ -141,6 +141,11 @@ class HfModelConfig(Section):
         description="LoRA adapters: {rank, alpha (default: rank), targets: [regex over parameter paths, ...], "
         "dropout, rslora, dtype (default: float32)}; the same key works for name: gpt and _target_ models",
     )
+    adapter: StrictStr | None = Field(
+        default=None,
+        description="a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) for this base: "
+        "its config sets the LoRA, training and generate start from its weights",
+    )
 
 
 class OptimizerConfig(Section):

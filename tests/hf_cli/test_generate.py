@@ -109,3 +109,112 @@ def test_a_byte_level_run_generates_utf8_text(tmp_path, monkeypatch, run_cli_in_
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("é") and r.stdout.endswith("\n")  # the prompt's two bytes, then 6 decoded bytes
     assert "generate: 6 tokens from step 2 of runs/bytes/checkpoints, greedy with a KV cache" in r.stderr
+
+
+def test_a_batch_of_prompts_of_any_length_decodes_as_each_alone(repo, monkeypatch):
+    monkeypatch.chdir(repo)
+    mesh = pt.make_mesh(MESHES["fsdp_tp"])
+    model, variables = load_hf(f"{FIXTURES}/llama", mesh, "fsdp_tp")
+    params = variables["params"]
+    dec = Decoder(model, mesh, "fsdp_tp", max_len=14, batch=5)
+    assert dec.rows == 8  # 5 prompts rounded up to the 4 batch shards
+    prompts = [[1, 90, 3], [1, 272], [1, 272, 203], [1, 5], [1, 7, 9]]  # two lengths: two prefill compiles
+    together = dec.decode(params, prompts, 6)
+    alone = [dec.decode(params, [p], 6)[0] for p in prompts]
+    assert together == alone and [len(t) for t in together] == [6] * 5
+    assert together[0] == dec.greedy(params, [1, 90, 3], 6) == [253, 141, 314, 149, 32, 89]
+    # Stop tokens end each row on its own, included.
+    stops = {314, together[1][1]}
+    cut = [t[: next((i + 1 for i, x in enumerate(t) if x in stops), len(t))] for t in together]
+    assert dec.decode(params, prompts, 6, stop_ids=stops) == cut
+    assert cut[0] == [253, 141, 314] and len(cut[1]) == 2 and sum(map(len, cut)) < 30
+
+
+CHAT_CONFIG = """\
+model: {hf: chatllama}
+mesh: {shape: {data: 1, fsdp: -1}, devices: 8}
+rules: fsdp
+run_dir: runs/chat
+"""
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+
+
+@pytest.fixture
+def chat_checkpoint(repo, tmp_path, monkeypatch):
+    """The llama fixture with a chat template and an end-of-turn id in generation_config.json, beside chat.yaml."""
+    import json
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(repo / FIXTURES / "llama", "chatllama", ignore=shutil.ignore_patterns("v4"))
+    Path("chatllama/chat_template.jinja").write_text(TEMPLATE)
+    gen = json.loads(Path("chatllama/generation_config.json").read_text())
+    Path("chatllama/generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [2, 3]}))
+    Path("chat.yaml").write_text(CHAT_CONFIG)
+    return repo
+
+
+def test_chat_prompts_from_a_file_sampled(chat_checkpoint, run_cli_in_process):
+    import json
+
+    from partitioning.train.chat import ChatTemplate
+    from partitioning.train.prompts import stop_ids
+    from partitioning.train.tokenize import load_tokenizer
+
+    tok = load_tokenizer("chatllama")
+    assert stop_ids("chatllama", tok) == [2, 3]  # the tokenizer's EOS, then generation_config's list
+    assert ChatTemplate.from_dir("chatllama").render(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True
+    ) == ("<s>[user] hi</s>[assistant] ")
+    rows = [
+        {"prompt": "def f("},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}]},
+    ]
+    Path("prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["generate", "chat.yaml", "--prompts", "prompts.jsonl", "--chat", "--max-tokens", "5"]
+    r = run_cli_in_process(*args, "--temperature", "0.7", "--top-p", "0.9", "--seed", "3")
+    assert r.returncode == 0, r.stderr
+    out = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [sorted(o) for o in out] == [["completion", "prompt", "tokens"], ["completion", "messages", "tokens"]]
+    assert out[0]["prompt"] == "def f(" and out[1]["messages"] == rows[1]["messages"]
+    assert all(1 <= o["tokens"] <= 5 and isinstance(o["completion"], str) for o in out)
+    assert "tokens for 2 prompts from the Hugging Face weights in chatllama, sampled (temperature 0.7, top-p 0.9)" in (
+        r.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (["--prompt", "x", "--temperature", "-1"], "error: --temperature: temperature must be >= 0 (0: greedy)"),
+        (["--prompt", "x", "--top-p", "0"], "error: --top-p: top_p must be in (0, 1], got 0.0"),
+        (["--prompt", "x", "--top-k", "-2"], "error: --top-k: top_k must be >= 0 (0: off), got -2"),
+        (["--prompts", "bad.jsonl"], "error: bad.jsonl:2: expected an object with `prompt` (text) or `messages`"),
+        (["--prompts", "chat.jsonl"], "error: chat.jsonl: prompt 1: a `messages` prompt needs --chat (the"),
+        (["--prompts", "missing.txt"], "error: missing.txt: cannot read the prompts (FileNotFoundError"),
+    ],
+)  # fmt: skip
+def test_bad_generate_flags_are_one_line(chat_checkpoint, run_cli_in_process, args, line):
+    Path("bad.jsonl").write_text('{"prompt": "a"}\n{"text": "b"}\n')
+    Path("chat.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    r = run_cli_in_process("generate", "chat.yaml", *args)
+    lines = [x for x in r.stderr.splitlines() if not x.startswith("simulating")]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(line), r.stderr
+    assert r.stdout == ""
+
+
+def test_chat_on_a_base_model_without_a_template_is_one_line(repo, tmp_path, monkeypatch, run_cli_in_process):
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(repo / FIXTURES / "llama", "chatllama", ignore=shutil.ignore_patterns("v4"))
+    Path("chat.yaml").write_text(CHAT_CONFIG)
+    r = run_cli_in_process("generate", "chat.yaml", "--prompt", "hi", "--chat")
+    assert r.returncode == 2
+    assert r.stderr.endswith(
+        "error: --chat: chatllama has no chat template (tokenizer_config.json chat_template or chat_template.jinja); "
+        "drop --chat for a base model\n"
+    )
