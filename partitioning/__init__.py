@@ -138,8 +138,10 @@ from partitioning.train import (
     place,
     plot_loss,
 )
+from partitioning.train.chat import ChatTemplate
 from partitioning.train.data import ArrayDataset
 from partitioning.train.generate import generate
+from partitioning.train.instruct import load_instructions
 from partitioning.train.tokenize import TextTokenizer, load_tokenizer
 from partitioning.tune import Hardware, Workload, hardware, load_hardware, workload
 from partitioning.tune import search as search_layouts
@@ -224,6 +226,8 @@ __all__ = [
     "TokenBatches",
     "ArrayDataset",
     "load_corpus",
+    "load_instructions",
+    "ChatTemplate",
     "load_tokenizer",
     "TextTokenizer",
     "generate",

@@ -34,7 +34,7 @@ import flax.linen as nn
 import jax
 
 import partitioning.models  # noqa: F401  (registers the reference models: gpt, mlp)
-from partitioning.config.hf import hf_model_from_config, hf_options, tokenizer_from_config
+from partitioning.config.hf import find_beside, hf_model_from_config, hf_options, tokenizer_from_config
 from partitioning.config.schema import Config
 from partitioning.config.targets import TARGET, Factory, build_target, check_kwargs, takes_rngs
 from partitioning.errors import ConfigError, DataError, PartitioningError, ShardingError
@@ -43,8 +43,10 @@ from partitioning.parallel.pipeline import PipelineError
 from partitioning.registry import REQUIRED, constructor_options, model_class
 from partitioning.train.batch import lm_batch
 from partitioning.train.data import Corpus, load_corpus
+from partitioning.train.instruct import load_instructions
 from partitioning.train.model import NNXModel, as_model
 from partitioning.train.optimizer import make_optimizer
+from partitioning.train.packing import instruction_batch
 from partitioning.train.state import model_inputs
 from partitioning.train.step import Trainer
 from partitioning.train.task import Task, as_task
@@ -177,7 +179,8 @@ def optimizer_from_config(cfg: Config) -> Any:
 
 
 _DATA_KEYS = {
-    k: ("data", k) for k in ("path", "eval_path", "dtype", "source", "eval_fraction", "tokenizer", "cache_dir")
+    k: ("data", k)
+    for k in ("path", "eval_path", "dtype", "source", "eval_fraction", "tokenizer", "cache_dir", "chat_template")
 }
 
 
@@ -187,6 +190,8 @@ def dataset_from_config(cfg: Config) -> Any:
     if d.target is not None:
         return build_target(d.target, path=cfg.path, lines=cfg.lines, key=("data",))
     tokenizer = tokenizer_from_config(cfg)
+    if d.format != "text":
+        return instructions_from_config(cfg, tokenizer)
     try:
         return load_corpus(
             d.path,
@@ -203,8 +208,46 @@ def dataset_from_config(cfg: Config) -> Any:
         raise at_key(cfg, e, _DATA_KEYS) from None
 
 
+def instructions_from_config(cfg: Config, tokenizer: Any) -> Any:
+    """``data.format: chat | prompt_completion``: JSONL rows tokenized with the checkpoint's tokenizer."""
+    d = cfg.data
+    if d.path is None:
+        raise ConfigError(f"{cfg.where('data', 'format')}: format {d.format} needs data.path (a .jsonl file or folder)")
+    if tokenizer is None:
+        raise ConfigError(
+            f"{cfg.where('data', 'format')}: format {d.format} needs a tokenizer: data.tokenizer, or model.hf "
+            "(the checkpoint's tokenizer.json)"
+        )
+    template = None
+    if d.chat_template is not None:
+        found, looked = find_beside(d.chat_template, cfg.path, cfg.lines, ("data", "chat_template"))
+        if found is None:
+            raise DataError(
+                f"{cfg.where('data', 'chat_template')}: no such chat template {d.chat_template!r} "
+                f"(looked in {', '.join(looked)})"
+            )
+        template = str(found)
+    try:
+        return load_instructions(
+            d.path,
+            d.format,
+            str(tokenizer),
+            chat_template=template,
+            eval_path=d.eval_path,
+            eval_fraction=d.eval_fraction,
+            train_on_prompt=d.train_on_prompt,
+            packing=True if d.packing is None else d.packing,
+        )
+    except DataError as e:
+        if e.arg in ("tokenizer", "chat_template") and d.tokenizer is None and d.chat_template is None:
+            raise DataError(f"{cfg.where('model', 'hf')}: {e}", arg=e.arg) from None
+        raise at_key(cfg, e, _DATA_KEYS) from None
+
+
 def batch_from_config(cfg: Config, dataset: Any = None) -> Any:
     """One global batch's shapes: ``(batch_size, seq_len)`` tokens for text, else ``dataset.example(batch_size)``."""
+    if cfg.data.target is None and cfg.data.format != "text":
+        return instruction_batch(cfg.train.batch_size, cfg.train.seq_len)
     if cfg.data.target is None:
         return lm_batch(cfg.train.batch_size, cfg.train.seq_len)
     dataset = dataset if dataset is not None else dataset_from_config(cfg)
