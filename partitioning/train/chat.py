@@ -25,7 +25,7 @@ import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ..errors import DataError
+from partitioning.errors import DataError
 
 __all__ = ["ChatTemplate", "special_tokens"]
 
