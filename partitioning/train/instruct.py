@@ -247,7 +247,7 @@ def template_for(tokenizer_dir: Path, chat_template: str | None = None) -> Any:
             text = p.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise DataError(f"{p}: cannot read the chat template ({e})", arg="chat_template") from None
-        return ChatTemplate(text, source=str(p), **special_tokens(tokenizer_dir))  # type: ignore[arg-type]
+        return ChatTemplate(text, source=str(p), **special_tokens(tokenizer_dir))
     raise DataError(f"{chat_template!r}: no such chat template (a folder or a .jinja file)", arg="chat_template")
 
 
