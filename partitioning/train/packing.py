@@ -7,8 +7,8 @@ and ``targets`` (int32), ``loss_mask`` (float32), ``segment_ids`` (int32: 1..n f
 row, 0 for padding) and ``positions`` (int32, restarting at 0 for each example), so a model that honours
 them never attends across examples and sees each at the positions it would alone.
 
-Packing is next-fit over the examples in an order shuffled by ``(seed, split)`` (each row is closed when
-the next example does not fit), done once; the rows are then visited in grain's seeded per-epoch order
+Packing is best-fit decreasing (:func:`pack`), ties broken by an order shuffled by ``(seed, split)``,
+done once; the rows are then visited in grain's seeded per-epoch order
 (:func:`~partitioning.train.order.example_order`), so the batch of step ``k`` is a pure function of
 ``(seed, k)`` and each process builds only the rows (and columns) its devices hold.
 
@@ -21,15 +21,16 @@ Example::
     >>> b = PackedBatches(ex, 1, 8, seed=0)
     >>> row = b.batch_at(0)
     >>> row["inputs"].tolist()                                    # two examples, then padding
-    [[1, 2, 8, 9, 10, 11, 0, 0]]
+    [[8, 9, 10, 11, 4, 5, 6, 0]]
     >>> row["segment_ids"].tolist(), row["positions"].tolist()
-    ([[1, 1, 2, 2, 2, 2, 0, 0]], [[0, 1, 0, 1, 2, 3, 0, 0]])
+    ([[1, 1, 1, 1, 2, 2, 2, 0]], [[0, 1, 2, 3, 0, 1, 2, 0]])
     >>> b.note
     'data: 3 examples packed into 2 rows of 8 tokens: 56.2% of the slots hold tokens'
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import jax
@@ -60,25 +61,37 @@ def instruction_batch(batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtype
 def pack(lengths: np.ndarray, seq_len: int, order: np.ndarray, packing: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(members, row_offsets): row ``r`` holds examples ``members[row_offsets[r]:row_offsets[r+1]]``.
 
-    Next-fit over ``order``; an example takes ``min(length, seq_len + 1) - 1`` slots; examples of fewer
-    than 2 tokens (no target) are left out. Without ``packing`` each example is a row of its own.
+    Best-fit decreasing (TRL's default): the longest example first, each into the fullest row it still
+    fits; ``order`` breaks ties between examples of one length, so it decides which share a row. An example
+    takes ``min(length, seq_len + 1) - 1`` slots; examples of fewer than 2 tokens (no target) are left out.
+    Without ``packing`` each example is a row of its own, in ``order``.
+
+    Example::
+
+        >>> from partitioning.train.packing import pack
+        >>> members, offsets = pack(np.array([5, 4, 3, 9]), 8, np.arange(4))   # slots 4, 3, 2, 8
+        >>> [members[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+        [[3], [0, 1], [2]]
     """
     slots = np.minimum(np.asarray(lengths, np.int64), seq_len + 1) - 1
-    members: list[int] = []
-    offsets = [0]
-    fill = 0
-    for i in np.asarray(order, np.int64):
+    kept = [int(i) for i in np.asarray(order, np.int64) if slots[i] >= 1]
+    if not packing:
+        return np.asarray(kept, np.int64), np.arange(len(kept) + 1, dtype=np.int64)
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (slots left, row), sorted: the fullest row that fits is the first >= s
+    for i in sorted(kept, key=lambda i: -int(slots[i])):  # stable: ties keep `order`
         s = int(slots[i])
-        if s < 1:
-            continue
-        if members and (not packing or fill + s > seq_len):
-            offsets.append(len(members))
-            fill = 0
-        members.append(int(i))
-        fill += s
-    if members:
-        offsets.append(len(members))
-    return np.asarray(members, np.int64), np.asarray(offsets, np.int64)
+        k = bisect.bisect_left(free, (s, -1))
+        if k < len(free):
+            left, r = free.pop(k)
+            rows[r].append(i)
+        else:
+            r, left = len(rows), seq_len
+            rows.append([i])
+        if left - s > 0:
+            bisect.insort(free, (left - s, r))
+    members = [i for row in rows for i in row]
+    return np.asarray(members, np.int64), np.cumsum([0] + [len(r) for r in rows], dtype=np.int64)
 
 
 def _examples(n: int) -> str:
@@ -117,7 +130,7 @@ class PackedRows:
 class PackedBatches:
     """Batches of instruction rows (:data:`KEYS`) where the batch of step ``k`` is a pure function of ``(seed, k)``.
 
-    ``packing`` puts several examples in a row (next-fit, see the module docstring); without it each example
+    ``packing`` puts several examples in a row (best-fit decreasing, :func:`pack`); without it each example
     is a row, padded. :attr:`efficiency` is the share of slots that hold tokens; :attr:`note` says it in a line.
     """
 

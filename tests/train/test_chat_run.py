@@ -27,7 +27,7 @@ data:
   path: chat.jsonl
   chat_template: {MISTRAL}
 optimizer: {{name: adamw, lr: 0.01, warmup_steps: 2, weight_decay: 0.0}}
-train: {{steps: 12, batch_size: 8, seq_len: 64, log_every: 1, eval_batches: 0, tracker: [jsonl]}}
+train: {{steps: 12, batch_size: 8, seq_len: 128, log_every: 1, eval_batches: 0, tracker: [jsonl]}}
 run_dir: runs/chat
 """
 
@@ -84,7 +84,7 @@ def test_loss_falls_on_assistant_tokens(trained):
     corpus = load_instructions(
         str(folder / "chat.jsonl"), "chat", str(LLAMA / "tokenizer.json"), chat_template=str(MISTRAL)
     )
-    first = corpus.batches("train", 8, 64, seed=0).batch_at(0)
+    first = corpus.batches("train", 8, 128, seed=0).batch_at(0)
     assert records[0]["loss_tokens"] == float(first["loss_mask"].sum())
     assert first["loss_mask"].sum() < 0.5 * (first["segment_ids"] > 0).sum()
 

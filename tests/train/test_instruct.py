@@ -123,8 +123,8 @@ def small_examples(lengths) -> Examples:
 
 def test_pack_next_fit_and_truncation():
     members, offsets = pack(np.array([5, 4, 30, 1, 3]), 8, np.arange(5))
-    # slots: 4, 3, 8 (30 cut to 9 tokens), the 1-token example left out, 2
-    assert [members[offsets[r] : offsets[r + 1]].tolist() for r in range(len(offsets) - 1)] == [[0, 1], [2], [4]]
+    # slots: 4, 3, 8 (30 cut to 9 tokens), the 1-token example left out, 2: best fit, longest first
+    assert [members[offsets[r] : offsets[r + 1]].tolist() for r in range(len(offsets) - 1)] == [[2], [0, 1], [4]]
     b = PackedBatches(small_examples([5, 4, 30, 1, 3]), 2, 8, seed=0)
     assert b.truncated == 1 and b.dropped == 1 and b.n_rows == 3
     assert b.note == (
