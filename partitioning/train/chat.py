@@ -276,7 +276,7 @@ class ChatTemplate:
             )
         raise DataError(
             f"{directory}: no chat template (tokenizer_config.json has no chat_template and there is no "
-            "chat_template.jinja); set data.format: text or prompt_completion, or use a chat checkpoint",
+            "chat_template.jinja); name one with data.chat_template, or use data.format: prompt_completion",
             arg="chat_template",
         )
 

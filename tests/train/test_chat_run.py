@@ -115,3 +115,16 @@ def test_bad_rows_one_line_nothing_written(tmp_path, monkeypatch, run_cli_in_pro
     lines = [x for x in r.stderr.splitlines() if x.strip() and not x.startswith("simulating")]
     assert lines == [f"error: {error}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.jsonl", "run.yaml"]
+
+
+def test_a_checkpoint_without_a_template_is_one_line(tmp_path, monkeypatch, run_cli_in_process):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, rows(4))
+    (tmp_path / "run.yaml").write_text(CONFIG.replace(f"  chat_template: {MISTRAL}\n", ""))
+    load_instructions.cache_clear()
+    r = run_cli_in_process("check", "run.yaml")
+    lines = [x for x in r.stderr.splitlines() if x.strip() and not x.startswith("simulating")]
+    assert r.returncode == 2 and lines == [
+        f"error: run.yaml:2: model.hf: {LLAMA}: no chat template (tokenizer_config.json has no chat_template and "
+        "there is no chat_template.jinja); name one with data.chat_template, or use data.format: prompt_completion"
+    ]
