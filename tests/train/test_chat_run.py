@@ -18,6 +18,7 @@ WORDS = ["red", "blue", "green", "cat", "dog", "sun", "moon", "tree"]
 CONFIG = f"""\
 model:
   hf: {LLAMA}
+  remat: none
 mesh:
   shape: {{data: 1, fsdp: -1}}
   devices: 8
@@ -94,12 +95,12 @@ def test_loss_falls_on_assistant_tokens(trained):
     [
         (
             '{"text": "x"}',
-            'run.yaml:9: data.path: chat.jsonl:3: a chat row needs "messages": a non-empty list of {"role", '
+            'run.yaml:10: data.path: chat.jsonl:3: a chat row needs "messages": a non-empty list of {"role", '
             '"content"} (no messages key)',
         ),
         (
             {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]},
-            f"run.yaml:10: data.chat_template: chat.jsonl:3: the chat template of "
+            f"run.yaml:11: data.chat_template: chat.jsonl:3: the chat template of "
             f"{MISTRAL / 'tokenizer_config.json'} raised: Conversation roles must alternate "
             "user/assistant/user/assistant/...",
         ),
