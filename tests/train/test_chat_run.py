@@ -88,6 +88,16 @@ def test_loss_falls_on_assistant_tokens(trained):
     first = corpus.batches("train", 8, 128, seed=0).batch_at(0)
     assert records[0]["loss_tokens"] == float(first["loss_mask"].sum())
     assert first["loss_mask"].sum() < 0.5 * (first["segment_ids"] > 0).sum()
+    # The checkpoint records how the rows were cut: a resume with other settings says its batches differ.
+    from partitioning.checkpoint import checkpoint_metadata
+
+    data = checkpoint_metadata(str(folder / "runs/chat/checkpoints"))["data"]
+    assert (data["format"], data["packing"], data["train_on_prompt"], data["chat_template"]) == (
+        "chat",
+        True,
+        False,
+        str(MISTRAL),
+    )
 
 
 @pytest.mark.parametrize(
