@@ -179,11 +179,13 @@ def assistant_spans(template: Any, messages: list[dict[str, Any]], full: str) ->
 
 
 def _span_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> np.ndarray:
-    mask = np.zeros(len(offsets), np.uint8)
-    for j, (a, b) in enumerate(offsets):
-        if any(b > s and a < e for s, e in spans):
-            mask[j] = 1
-    return mask
+    if not offsets:
+        return np.zeros(0, np.uint8)
+    where = np.asarray(offsets, np.int64)
+    mask = np.zeros(len(where), bool)
+    for s, e in spans:  # a token counts when its characters overlap a span
+        mask |= (where[:, 1] > s) & (where[:, 0] < e)
+    return mask.astype(np.uint8)
 
 
 def chat_example(
