@@ -100,3 +100,19 @@ def test_decode_mode_refuses_packed_rows():
     model = GPT(vocab_size=64, embed=32, heads=4, mlp=64, layers=1, decode=True)
     with pytest.raises(pt.ConfigError, match=r"packed rows\) are for training, not decode mode"):
         model.init(jax.random.key(0), np.zeros((1, 4), np.int32), segment_ids=np.ones((1, 4), np.int32))
+
+
+def test_packed_rows_pipeline_over_stages():
+    """segment_ids / positions are per-example block arguments: the GPipe schedule micro-batches them."""
+    from partitioning.parallel.pipeline import microbatching
+
+    model = GPT(vocab_size=64, embed=32, heads=4, mlp=64, layers=2)
+    batch = PackedBatches(examples(64), 8, SEQ, seed=0).batch_at(0)
+    shapes = pt.unbox(jax.eval_shape(model.init, jax.random.key(0), batch["inputs"]))
+    rng = np.random.default_rng(2)
+    variables = jax.tree.map(lambda s: rng.normal(0, 0.3, s.shape).astype(s.dtype), shapes)
+    kw = {"segment_ids": batch["segment_ids"], "positions": batch["positions"]}
+    ref = np.asarray(jax.jit(model.apply)(variables, batch["inputs"], **kw))
+    with pt.sharding_context(pt.make_mesh({"stage": 2, "data": 4}), "pp"), microbatching(2):
+        piped = np.asarray(jax.jit(model.apply)(variables, batch["inputs"], **kw))
+    np.testing.assert_allclose(piped, ref, atol=2e-5, rtol=0)
