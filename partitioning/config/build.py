@@ -189,6 +189,7 @@ def dataset_from_config(cfg: Config) -> Any:
     d = cfg.data
     if d.target is not None:
         return build_target(d.target, path=cfg.path, lines=cfg.lines, key=("data",))
+    _check_format_keys(cfg)
     tokenizer = tokenizer_from_config(cfg)
     if d.format != "text":
         return instructions_from_config(cfg, tokenizer)
@@ -206,6 +207,24 @@ def dataset_from_config(cfg: Config) -> Any:
         if e.arg == "tokenizer" and d.tokenizer is None:  # the checkpoint's own tokenizer
             raise DataError(f"{cfg.where('model', 'hf')}: {e}", arg=e.arg) from None
         raise at_key(cfg, e, _DATA_KEYS) from None
+
+
+def _check_format_keys(cfg: Config) -> None:
+    """Keys of one data format set with another: an error at the key, not silently ignored."""
+    d = cfg.data
+    if d.target is not None:
+        return
+    if d.format == "text":
+        wrong = [k for k in ("packing", "chat_template") if getattr(d, k) is not None]
+        wrong = (["train_on_prompt"] if d.train_on_prompt else []) + wrong
+        why = "is for data.format: chat or prompt_completion"
+    else:
+        wrong = [k for k in ("source", "dtype", "cache_dir") if getattr(d, k) is not None]
+        if d.format == "prompt_completion" and d.chat_template is not None:
+            wrong.append("chat_template")
+        why = f"does not apply to data.format: {d.format} (JSONL rows)"
+    if wrong:
+        raise ConfigError(f"{cfg.where('data', wrong[0])}: data.{wrong[0]} {why}")
 
 
 def instructions_from_config(cfg: Config, tokenizer: Any) -> Any:

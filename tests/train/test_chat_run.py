@@ -139,3 +139,26 @@ def test_a_checkpoint_without_a_template_is_one_line(tmp_path, monkeypatch, run_
         f"error: run.yaml:2: model.hf: {LLAMA}: no chat template (tokenizer_config.json has no chat_template and "
         "there is no chat_template.jinja); name one with data.chat_template, or use data.format: prompt_completion"
     ]
+
+
+@pytest.mark.parametrize(
+    "edit, error",
+    [
+        (
+            ("format: chat", "format: text"),
+            "run.yaml:11: data.chat_template: data.chat_template is for data.format: chat or prompt_completion",
+        ),
+        (
+            ("format: chat", "format: chat\n  dtype: uint16"),
+            "run.yaml:10: data.dtype: data.dtype does not apply to data.format: chat (JSONL rows)",
+        ),
+    ],
+    ids=["template-with-text", "dtype-with-chat"],
+)
+def test_keys_of_another_format_are_refused(tmp_path, monkeypatch, run_cli_in_process, edit, error):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, rows(4))
+    (tmp_path / "run.yaml").write_text(CONFIG.replace(*edit))
+    r = run_cli_in_process("check", "run.yaml")
+    lines = [x for x in r.stderr.splitlines() if x.strip() and not x.startswith("simulating")]
+    assert r.returncode == 2 and lines == [f"error: {error}"]
