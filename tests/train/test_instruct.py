@@ -182,3 +182,23 @@ def test_load_instructions_splits_and_describes(tmp_path):
     assert f"chat template {MISTRAL / 'tokenizer_config.json'})" in corpus.describe()
     with pytest.raises(pt.DataError, match="no chat template"):
         load_instructions(str(f), "chat", str(LLAMA))  # the llama fixture ships no template
+
+
+def test_turns_a_template_rewrites_later_are_skipped_and_counted(tmp_path, tok):
+    # Qwen3 renders the last assistant turn with an (empty) <think> block and earlier ones without:
+    # the first turn fails the prefix test (not trained on, counted), the last is found.
+    row = {
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"},
+            {"role": "assistant", "content": "d"},
+        ]
+    }
+    template = ChatTemplate.from_dir(REPO / "tests" / "fixtures" / "chat" / "qwen3")
+    ex = load_examples([write_jsonl(tmp_path / "c.jsonl", [row])], "chat", tok, template)
+    tokens, mask = ex.example(0)
+    assert ex.skipped_turns == 1
+    assert tok.tokenizer.decode(tokens[mask == 1].tolist(), skip_special_tokens=False) == (
+        "<think>\n\n</think>\n\nd<|im_end|>\n"
+    )
