@@ -119,6 +119,52 @@ def causal_mask(t: int, window: int | None = None) -> jax.Array:
     return ok if window is None else ok & (j > i - window)
 
 
+def segment_mask(segment_ids: jax.Array, window: int | None = None) -> jax.Array:
+    """``(batch, 1, 1, t, t)`` booleans for packed rows: :func:`causal_mask` and the same segment.
+
+    Query ``i`` sees key ``j`` only inside its own example (``segment_ids[i] == segment_ids[j]``; padding,
+    segment 0, sees only padding), so no example attends to another packed into the same row.
+
+    Example::
+
+        >>> from partitioning.models.attention import segment_mask
+        >>> segment_mask(jnp.array([[1, 1, 2, 0]]))[0, 0, 0].astype(int).tolist()
+        [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+    """
+    t = segment_ids.shape[-1]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return (causal_mask(t, window)[None] & same)[:, None, None]
+
+
+def packed_args(module: Any, segment_ids: Any, positions: Any) -> tuple:
+    """A decoder block's extra arguments for packed rows: ``()`` without them, else ``(segment_ids, positions)``.
+
+    Missing ``positions`` restart at 0 where the segment id changes; missing ``segment_ids`` are all 1.
+    Packed rows are for training: a model in decode mode (KV cache) refuses them.
+
+    Example::
+
+        >>> from partitioning.models.attention import packed_args
+        >>> packed_args(None, jnp.array([[1, 1, 1, 2, 2, 0]]), None)[1].tolist()
+        [[0, 1, 2, 0, 1, 0]]
+    """
+    if segment_ids is None and positions is None:
+        return ()
+    if getattr(module, "decode", False):
+        raise ConfigError("segment_ids / positions (packed rows) are for training, not decode mode", arg="decode")
+    if segment_ids is None:
+        segment_ids = jnp.ones(jnp.shape(positions), jnp.int32)
+    segment_ids = jnp.asarray(segment_ids, jnp.int32)
+    if positions is None:
+        t = segment_ids.shape[-1]
+        idx = jnp.broadcast_to(jnp.arange(t), segment_ids.shape)
+        starts = jnp.concatenate(
+            [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], 1
+        )
+        positions = idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+    return segment_ids, jnp.asarray(positions, jnp.int32)
+
+
 class Attention(nn.Module):
     """Grouped-query causal attention; ``q (embed, heads, kv)``, ``k``/``v (embed, kv_heads, kv)``,
     ``o (heads, kv, embed)`` (``out_in``: outputs first, ``q (heads, kv, embed)``, ...); biases
@@ -142,7 +188,7 @@ class Attention(nn.Module):
     lora: Any = None  # LoRA adapters on q / k / v / o (partitioning.models.lora)
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, segment_ids=None, positions=None):
         b, t, d = x.shape
         h, g, k = self.heads, self.kv_heads, self.head_dim
         pd, dt, oi = self.param_dtype, self.dtype, self.out_in
@@ -160,12 +206,13 @@ class Attention(nn.Module):
             v = v + bias_param(self, "v_bias", ("kv_heads", "kv"), (g, k), pd).astype(dt)
         q = with_logical_constraint(q, ("batch", "length", "heads", "kv"))
         kk = with_logical_constraint(kk, ("batch", "length", "kv_heads", "kv"))
-        positions = cache_positions(self, t) if self.decode else None
+        if self.decode:
+            positions = cache_positions(self, t)
         if self.rope:
             q = rope(q, self.rope_theta, self.rope_scaling, positions)
             kk = rope(kk, self.rope_theta, self.rope_scaling, positions)
         v = with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
-        mask = causal_mask(t, self.window)
+        mask = causal_mask(t, self.window) if segment_ids is None else segment_mask(segment_ids, self.window)
         if self.decode:  # attend to every cached position so far, this call's included
             kk, v, mask = cached_kv(self, kk, v, positions, self.window)
         # Grouped-query: each kv head serves heads // kv_heads query heads.

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from partitioning.boxes import param_for_compute, with_logical_constraint, with_logical_partitioning
 from partitioning.errors import ConfigError
-from partitioning.models.attention import Attention, parse_rope_scaling, rope
+from partitioning.models.attention import Attention, packed_args, parse_rope_scaling, rope
 from partitioning.models.checks import choice, divides, float_dtype, positive
 from partitioning.models.kv_cache import position_offset
 from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
@@ -77,7 +77,7 @@ class Block(nn.Module):
     lora: LoRA | None = None
 
     @nn.compact
-    def __call__(self, x, _=None):
+    def __call__(self, x, segment_ids=None, positions=None):
         y = make_norm(self.norm, self.dtype, self.param_dtype, "attn_norm", self.norm_eps)(x)
         x = x + Attention(
             self.heads,
@@ -96,7 +96,7 @@ class Block(nn.Module):
             out_in=self.out_in,
             lora=self.lora,
             name="attn",
-        )(y)
+        )(y, segment_ids, positions)
         y = make_norm(self.norm, self.dtype, self.param_dtype, "mlp_norm", self.norm_eps)(x)
         if self.moe is not None:
             x = x + MoeMlp(self.moe, self.mlp, self.dtype, self.param_dtype, name="mlp")(y)
@@ -186,7 +186,7 @@ class GPT(nn.Module):
 
     @nn.compact
     @checks_targets
-    def __call__(self, tokens, deterministic: bool = True):
+    def __call__(self, tokens, deterministic: bool = True, segment_ids=None, positions=None):
         dt, pd = jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)
         kv_heads = self.kv_heads or self.heads
         head_dim = self.head_dim or self.embed // self.heads
@@ -199,6 +199,7 @@ class GPT(nn.Module):
             ),
             ("vocab", "embed"),
         )
+        packed = packed_args(self, segment_ids, positions)  # () unless packed rows: (segment_ids, positions)
         x = embed_lookup(emb, tokens).astype(dt)
         if self.embed_scale:
             x = x * jnp.asarray(self.embed**0.5, dt)  # rounded to the compute dtype first, as transformers does
@@ -213,7 +214,10 @@ class GPT(nn.Module):
             init = with_logical_partitioning(nn.initializers.normal(0.02), names)
             pos = param_for_compute(self.param("pos_embedding", init, (self.max_positions, self.embed), pd), names)
             start = position_offset(self, t) if self.decode else 0
-            x = x + jax.lax.dynamic_slice_in_dim(pos, start, t).astype(dt)[None]
+            if not packed:
+                x = x + jax.lax.dynamic_slice_in_dim(pos, start, t).astype(dt)[None]
+            else:  # packed rows: each example's positions restart at 0
+                x = x + jnp.take(pos, packed[1], axis=0).astype(dt)
         x = with_logical_constraint(x, ("batch", "length", "embed"))
 
         block = Block
@@ -245,10 +249,10 @@ class GPT(nn.Module):
         )
         if self.scan_layers:
             # nn.scan over a `layers` axis; a GPipe pipeline when the mesh has a `stage` axis.
-            x, _ = LayerStack(block, self.layers, kw, name="blocks")(x)
+            x, _ = LayerStack(block, self.layers, kw, name="blocks")(x, *packed)
         else:
             for i in range(self.layers):
-                x, _ = block(**kw, name=f"block_{i}")(x, None)
+                x, _ = block(**kw, name=f"block_{i}")(x, *packed)
         x = make_norm(self.norm, dt, pd, "final_norm", self.norm_eps)(x)
         if self.tie_embeddings:
             logits = jnp.einsum("btd,vd->btv", x, emb.astype(dt)).astype(jnp.float32)

@@ -139,10 +139,12 @@ from partitioning.train import (
     place,
     plot_loss,
 )
+from partitioning.train.chat import ChatTemplate
 from partitioning.train.data import ArrayDataset
 from partitioning.train.generate import generate
 from partitioning.train.lora import LoRA
 from partitioning.train.lora_model import LoRAModel
+from partitioning.train.instruct import load_instructions
 from partitioning.train.tokenize import TextTokenizer, load_tokenizer
 from partitioning.train.trainable import trainable_paths
 from partitioning.tune import Hardware, Workload, hardware, load_hardware, workload
@@ -231,6 +233,8 @@ __all__ = [
     "TokenBatches",
     "ArrayDataset",
     "load_corpus",
+    "load_instructions",
+    "ChatTemplate",
     "load_tokenizer",
     "TextTokenizer",
     "generate",

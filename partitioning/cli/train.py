@@ -147,7 +147,7 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
             print(ready.remat_note, flush=True)
         if ready.budget is not None and ready.budget.budget is not None:
             print(f"memory: {ready.budget.describe()}", flush=True)
-        for note in (ready.resume_note, ready.data_note):
+        for note in (ready.resume_note, ready.data_note, getattr(train_batches, "note", None)):
             if note:
                 print(note, flush=True)
     logger, trackers = trackers_from_config(cfg, run_dir, resolved)

@@ -35,7 +35,7 @@ import flax.linen as nn
 import jax
 
 import partitioning.models  # noqa: F401  (registers the reference models: gpt, mlp)
-from partitioning.config.hf import hf_model_from_config, hf_options, tokenizer_from_config
+from partitioning.config.hf import find_beside, hf_model_from_config, hf_options, tokenizer_from_config
 from partitioning.config.lora import check_model_lora, parse_lora, takes_lora, without_lora, wrap_lora
 from partitioning.config.schema import Config
 from partitioning.config.targets import TARGET, Factory, build_target, check_kwargs, import_target, takes_rngs
@@ -45,8 +45,10 @@ from partitioning.parallel.pipeline import PipelineError
 from partitioning.registry import REQUIRED, constructor_options, model_class
 from partitioning.train.batch import lm_batch
 from partitioning.train.data import Corpus, load_corpus
+from partitioning.train.instruct import load_instructions
 from partitioning.train.model import NNXModel, as_model
 from partitioning.train.optimizer import make_optimizer
+from partitioning.train.packing import instruction_batch
 from partitioning.train.state import model_inputs
 from partitioning.train.step import Trainer
 from partitioning.train.task import Task, as_task
@@ -192,7 +194,8 @@ def optimizer_from_config(cfg: Config) -> Any:
 
 
 _DATA_KEYS = {
-    k: ("data", k) for k in ("path", "eval_path", "dtype", "source", "eval_fraction", "tokenizer", "cache_dir")
+    k: ("data", k)
+    for k in ("path", "eval_path", "dtype", "source", "eval_fraction", "tokenizer", "cache_dir", "chat_template")
 }
 
 
@@ -201,7 +204,10 @@ def dataset_from_config(cfg: Config) -> Any:
     d = cfg.data
     if d.target is not None:
         return build_target(d.target, path=cfg.path, lines=cfg.lines, key=("data",))
+    _check_format_keys(cfg)
     tokenizer = tokenizer_from_config(cfg)
+    if d.format != "text":
+        return instructions_from_config(cfg, tokenizer)
     try:
         return load_corpus(
             d.path,
@@ -218,8 +224,64 @@ def dataset_from_config(cfg: Config) -> Any:
         raise at_key(cfg, e, _DATA_KEYS) from None
 
 
+def _check_format_keys(cfg: Config) -> None:
+    """Keys of one data format set with another: an error at the key, not silently ignored."""
+    d = cfg.data
+    if d.target is not None:
+        return
+    if d.format == "text":
+        wrong = [k for k in ("packing", "chat_template") if getattr(d, k) is not None]
+        wrong = (["train_on_prompt"] if d.train_on_prompt else []) + wrong
+        why = "is for data.format: chat or prompt_completion"
+    else:
+        wrong = [k for k in ("source", "dtype", "cache_dir") if getattr(d, k) is not None]
+        if d.format == "prompt_completion" and d.chat_template is not None:
+            wrong.append("chat_template")
+        why = f"does not apply to data.format: {d.format} (JSONL rows)"
+    if wrong:
+        raise ConfigError(f"{cfg.where('data', wrong[0])}: data.{wrong[0]} {why}")
+
+
+def instructions_from_config(cfg: Config, tokenizer: Any) -> Any:
+    """``data.format: chat | prompt_completion``: JSONL rows tokenized with the checkpoint's tokenizer."""
+    d = cfg.data
+    if d.path is None:
+        raise ConfigError(f"{cfg.where('data', 'format')}: format {d.format} needs data.path (a .jsonl file or folder)")
+    if tokenizer is None:
+        raise ConfigError(
+            f"{cfg.where('data', 'format')}: format {d.format} needs a tokenizer: data.tokenizer, or model.hf "
+            "(the checkpoint's tokenizer.json)"
+        )
+    template = None
+    if d.chat_template is not None:
+        found, looked = find_beside(d.chat_template, cfg.path, cfg.lines, ("data", "chat_template"))
+        if found is None:
+            raise DataError(
+                f"{cfg.where('data', 'chat_template')}: no such chat template {d.chat_template!r} "
+                f"(looked in {', '.join(looked)})"
+            )
+        template = str(found)
+    try:
+        return load_instructions(
+            d.path,
+            d.format,
+            str(tokenizer),
+            chat_template=template,
+            eval_path=d.eval_path,
+            eval_fraction=d.eval_fraction,
+            train_on_prompt=d.train_on_prompt,
+            packing=True if d.packing is None else d.packing,
+        )
+    except DataError as e:
+        if e.arg in ("tokenizer", "chat_template") and d.tokenizer is None and d.chat_template is None:
+            raise DataError(f"{cfg.where('model', 'hf')}: {e}", arg=e.arg) from None
+        raise at_key(cfg, e, _DATA_KEYS) from None
+
+
 def batch_from_config(cfg: Config, dataset: Any = None) -> Any:
     """One global batch's shapes: ``(batch_size, seq_len)`` tokens for text, else ``dataset.example(batch_size)``."""
+    if cfg.data.target is None and cfg.data.format != "text":
+        return instruction_batch(cfg.train.batch_size, cfg.train.seq_len)
     if cfg.data.target is None:
         return lm_batch(cfg.train.batch_size, cfg.train.seq_len)
     dataset = dataset if dataset is not None else dataset_from_config(cfg)

@@ -143,6 +143,9 @@ def data_position(cfg: Config) -> dict[str, Any]:
         else {"source": d.source, "path": d.path, "eval_path": d.eval_path, "dtype": d.dtype}
     )
     out = {"position": "step", **where, "seed": d.seed, "batch_size": t.batch_size, "seq_len": t.seq_len}
+    if d.target is None and d.format != "text":  # instruction rows: how they are cut and packed
+        packing = True if d.packing is None else d.packing
+        out.update(format=d.format, train_on_prompt=d.train_on_prompt, packing=packing, chat_template=d.chat_template)
     tokenizer = tokenizer_from_config(cfg)
     if tokenizer is not None:  # text is these tokens: another tokenizer, other batches
         out["tokenizer"] = load_tokenizer(tokenizer).digest[:16]

@@ -123,6 +123,22 @@ class DataConfig(Section):
     log_batches: StrictBool = Field(
         default=False, description="debug: a digest of each step's batch in RUN_DIR/batches.N.jsonl"
     )
+    format: Literal["text", "chat", "prompt_completion"] = Field(
+        default="text",
+        description="text | chat (JSONL rows {messages: [{role, content}, ...]}, the checkpoint's chat template) | "
+        "prompt_completion (JSONL rows {prompt, completion})",
+    )
+    train_on_prompt: StrictBool = Field(
+        default=False, description="chat / prompt_completion: the loss counts every token, not only the answers"
+    )
+    packing: StrictBool | None = Field(
+        default=None, description="several examples per row, with segment ids; null: true for chat / prompt_completion"
+    )
+    chat_template: StrictStr | None = Field(
+        default=None,
+        description="chat: a folder with tokenizer_config.json / chat_template.jinja, or a .jinja file; "
+        "null: the tokenizer's folder",
+    )
     target: dict[str, Any] | None = Field(default=None, exclude=True)  # {_target_: module.fn, ...}
 
 

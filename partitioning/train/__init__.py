@@ -18,6 +18,9 @@ Modules:
 - :mod:`~partitioning.train.tokenize` — text -> tokens with a ``tokenizer.json``: BOS / EOS per document, cached.
 - :mod:`~partitioning.train.order` — the grain ``MapDataset`` s: seeded example order, each process's rows.
 - :mod:`~partitioning.train.data` — corpora and resumable, per-process global batches (the public API).
+- :mod:`~partitioning.train.chat` — a checkpoint's Jinja chat template, rendered as ``transformers`` renders it.
+- :mod:`~partitioning.train.instruct` — chat / prompt_completion JSONL rows -> tokens and assistant loss masks.
+- :mod:`~partitioning.train.packing` — instruction rows: several examples per row with segment ids and positions.
 - :mod:`~partitioning.train.generate` — greedy decoding with a KV cache (``generate``), on a mesh under rules.
 - :mod:`~partitioning.train.loop` — ``fit``: steps, evals, hooks, progress, clean stops.
 - :mod:`~partitioning.train.nonfinite` — divergence: the non-finite flag tallied on device; stop or skip_step.

@@ -25,7 +25,7 @@ import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ..errors import DataError
+from partitioning.errors import DataError
 
 __all__ = ["ChatTemplate", "special_tokens"]
 
@@ -276,7 +276,7 @@ class ChatTemplate:
             )
         raise DataError(
             f"{directory}: no chat template (tokenizer_config.json has no chat_template and there is no "
-            "chat_template.jinja); set data.format: text or prompt_completion, or use a chat checkpoint",
+            "chat_template.jinja); name one with data.chat_template, or use data.format: prompt_completion",
             arg="chat_template",
         )
 

@@ -12,7 +12,9 @@ Built in (``train.loss:`` in YAML):
 
 - ``next_token`` — language modelling: logits at position ``t`` predict token
   ``t + 1``; targets are ``batch["targets"]`` (the data shifts them), or the
-  inputs shifted by one when the batch has no targets;
+  inputs shifted by one when the batch has no targets; a batch with a
+  ``loss_mask`` (instruction data) averages over the tokens it marks, and one
+  with ``segment_ids`` / ``positions`` (packed rows) passes them to the model;
 - ``same_token`` — for models that shift their inputs inside (Flax's lm1b):
   logits at ``t`` predict ``batch["inputs"][t]``;
 - ``classification`` — logits ``(batch, classes)`` and integer ``batch["targets"]``.
@@ -73,9 +75,47 @@ def lm_loss(logits: jax.Array, batch: Mapping[str, jax.Array]) -> tuple[jax.Arra
         >>> float(aux["accuracy"])
         1.0
     """
+    if "loss_mask" in batch:
+        return masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
     if "targets" in batch:
         return cross_entropy(logits, batch["targets"])
     return cross_entropy(logits[:, :-1], batch["inputs"][:, 1:])
+
+
+def masked_cross_entropy(
+    logits: jax.Array, labels: jax.Array, mask: jax.Array
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Cross entropy and accuracy averaged over the tokens where ``mask`` is 1 (instruction data).
+
+    Example::
+
+        >>> from partitioning.train.task import masked_cross_entropy
+        >>> logits = jnp.array([[[2.0, 0.0], [0.0, 2.0]]])
+        >>> loss, aux = masked_cross_entropy(logits, jnp.array([[0, 0]]), jnp.array([[1.0, 0.0]]))
+        >>> round(float(loss), 3), float(aux["accuracy"]), float(aux["loss_tokens"])
+        (0.127, 1.0, 1.0)
+    """
+    logits = logits.astype(jnp.float32)
+    spec = logical_spec(("batch",) + (None,) * (logits.ndim - 1))
+    if spec is not None:
+        logits = jax.sharding.reshard(logits, spec)
+    mask = mask.astype(jnp.float32)
+    count = mask.sum()
+    per_token = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    denom = jnp.maximum(count, 1.0)  # a batch with no counted token has loss 0, not NaN
+    accuracy = ((jnp.argmax(logits, -1) == labels) * mask).sum() / denom
+    return (per_token * mask).sum() / denom, {"accuracy": accuracy, "loss_tokens": count}
+
+
+def lm_inputs(batch: Mapping[str, Any]) -> Any:
+    """The model's arguments: ``batch["inputs"]``, and for packed rows its ``segment_ids`` and ``positions``.
+
+    Packed rows call the model with keywords (``tokens=``, ``segment_ids=``, ``positions=``), as the
+    reference GPT and the Hugging Face decoders take them.
+    """
+    if "segment_ids" in batch:
+        return {"tokens": batch["inputs"], "segment_ids": batch["segment_ids"], "positions": batch["positions"]}
+    return (batch["inputs"],)
 
 
 def same_token_loss(logits: jax.Array, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -150,7 +190,7 @@ def sown_losses(tree: Any) -> dict[str, jax.Array]:
 
 
 BUILTIN = {
-    "next_token": Task(loss=lm_loss, name="next_token"),
+    "next_token": Task(loss=lm_loss, inputs=lm_inputs, name="next_token"),
     "same_token": Task(loss=same_token_loss, name="same_token"),
     "classification": Task(loss=classification_loss, name="classification"),
 }
@@ -193,6 +233,8 @@ __all__ = [
     "sown_losses",
     "cross_entropy",
     "lm_loss",
+    "lm_inputs",
+    "masked_cross_entropy",
     "same_token_loss",
     "classification_loss",
     "BUILTIN",
