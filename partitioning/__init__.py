@@ -39,6 +39,7 @@ Training (state born sharded, jitted step with donation)::
     4
 """
 
+from partitioning.annotations import AnnotationError, Annotations, AnnotationWarning
 from partitioning.boxes import (
     Fallback,
     LogicallyPartitioned,
@@ -166,6 +167,9 @@ __all__ = [
     "DimExplanation",
     "IndivisibleWarning",
     "ReplicationWarning",
+    "Annotations",
+    "AnnotationError",
+    "AnnotationWarning",
     "axis_rules",
     "get_logical_axis_rules",
     "set_logical_axis_rules",

@@ -34,6 +34,7 @@ import flax.linen as nn
 import jax
 
 import partitioning.models  # noqa: F401  (registers the reference models: gpt, mlp)
+from partitioning.annotations import annotated_model
 from partitioning.config.hf import hf_model_from_config, hf_options, tokenizer_from_config
 from partitioning.config.schema import Config
 from partitioning.config.targets import TARGET, Factory, build_target, check_kwargs, takes_rngs
@@ -100,11 +101,13 @@ def model_from_config(cfg: Config) -> Any:
         check_kwargs(cls, options, f"model {cfg.model_name!r}", lambda k: cfg.where("model", *([k] if k else [])))
         obj = Factory(cls, options) if takes_rngs(cls) else _construct(cfg, cls, options)
     if isinstance(obj, Factory):
-        return NNXModel(obj)
+        return annotated_model(NNXModel(obj), cfg.annotations)
     try:
-        return as_model(obj) if not isinstance(obj, nn.Module) else obj
+        model = as_model(obj) if not isinstance(obj, nn.Module) else obj
     except TypeError as e:
         raise ConfigError(f"{cfg.where('model')}: {e}") from None
+    # `annotations:` name the variables by path: every command sees the model through them.
+    return annotated_model(model, cfg.annotations) if cfg.annotations else model
 
 
 def _concrete(options: dict[str, Any], fallback: str) -> dict[str, Any]:

@@ -27,9 +27,9 @@ import flax
 import jax
 import numpy as np
 
+from partitioning.annotations import annotated_model
 from partitioning.boxes import is_box, is_logical_box
 from partitioning.train.batch import batch_shapes
-from partitioning.train.model import as_model
 from partitioning.train.task import as_task
 
 
@@ -111,13 +111,15 @@ def abstract_train_state(
     seq_len: int | None = None,
     batch: Any = None,
     task: Any = None,
+    annotations: Any = None,
 ) -> tuple[Any, Any]:
     """(boxed params, boxed optimizer state) as ShapeDtypeStructs, nothing allocated.
 
     ``model`` is anything :func:`~partitioning.train.model.as_model` takes; the
     batch is the language-model shorthand (``batch_size``, ``seq_len``) or any
     ``batch`` pytree. Built the way :class:`partitioning.Trainer` builds its
-    state, so the plan's paths and layouts are the trainer's.
+    state, so the plan's paths and layouts are the trainer's. ``annotations``
+    name the model's variables by path, as in the trainer.
 
     Example::
 
@@ -127,7 +129,7 @@ def abstract_train_state(
         >>> opt_state[0].mu["blocks"]["mlp"]["wi_0"].names   # adam's moments keep the names
         ('layers', 'embed', 'mlp')
     """
-    adapter = as_model(model)
+    adapter = annotated_model(model, annotations)
     batch = batch_shapes(batch, batch_size, seq_len, "abstract_train_state")
     args, kwargs = model_inputs(as_task(task), batch)
 

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from partitioning.annotations import annotated_model
 from partitioning.boxes import unbox
 from partitioning.errors import ShardingError
 from partitioning.layout import tree_shardings
@@ -93,6 +94,8 @@ class Trainer(Lowering):
         see :mod:`partitioning.train.nonfinite`. The metric ``nonfinite`` flags such steps.
       pipeline_repeats: chunks of layers each pipeline stage holds (1: GPipe; more: the circular
         schedule, bubble ``(S-1)/(R M+S-1)``, needs ``microbatches >= S``).
+      annotations: an :class:`~partitioning.Annotations` (or its rows) naming the model's
+        variables by path; the optimizer state mirrors the names (:mod:`partitioning.annotations`).
 
     Scalars the model sows into its ``losses`` collection (an MoE load-balancing
     loss) are added to the objective and reported as metrics under their names;
@@ -134,8 +137,9 @@ class Trainer(Lowering):
         microbatches: int | None = None,
         on_nonfinite: str = "stop",
         pipeline_repeats: int = 1,
+        annotations: Any = None,
     ):
-        self.model, self.tx, self.mesh = as_model(model), tx, mesh
+        self.model, self.tx, self.mesh = annotated_model(model, annotations), tx, mesh
         self.on_nonfinite = check_policy(on_nonfinite)
         self.task = as_task(task if task is not None else loss_fn)
         self.rules = as_rules(rules).validate(mesh)
