@@ -184,9 +184,10 @@ class Annotations:
         for row in self.rows:
             for n in row.names:
                 if n is not None and n not in known:
+                    shown = sorted(k for k in known if not k.startswith("activation_"))
                     raise AnnotationError(
-                        f"{row.origin}: no rule table knows the logical name {n!r}{did_you_mean(n, known)} "
-                        f"(names: {', '.join(sorted(known))})"
+                        f"{row.origin}: no rule table knows the logical name {n!r} (names: {', '.join(shown)})"
+                        f"{did_you_mean(n, known)}"
                     )
 
     def apply(self, tree: Any) -> Any:
@@ -288,8 +289,12 @@ def annotated_model(model: Any, annotations: Any) -> Any:
 
 
 def named_by(leaf: Any) -> str | None:
-    """The annotation row that named a (boxed) leaf, or ``None``."""
-    return getattr(leaf, "named_by", None)
+    """The annotation row that named a (boxed) leaf (and the model's own names it replaced), or ``None``."""
+    origin = getattr(leaf, "named_by", None)
+    replaced = getattr(leaf, "replaced", None)
+    if origin is None or replaced is None or tuple(replaced) == tuple(leaf.names):
+        return origin
+    return f"{origin} (over the model's {tuple(replaced)!r})"
 
 
 __all__ = [

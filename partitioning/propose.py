@@ -182,9 +182,12 @@ def propose_annotations(tree: Any, *, input_channels: int | None = None) -> Prop
     matrices = [cores[leaf.path] for leaf in leaves if leaf.path not in convs and len(cores[leaf.path]) >= 2]
     vectors = collections.Counter(c[0] for leaf in leaves if len(c := cores[leaf.path]) == 1)
     votes = collections.Counter(s for core in matrices for s in set(core))
+    conv_out = {cores[p][-1] for p in convs}
     sizes: dict[str, int] = {}
     if votes:
-        sizes["embed"] = max(votes, key=lambda s: (votes[s], vectors[s], s))
+        # A CNN's head reads the last (widest) convolution's channels: that is its width.
+        widest = max(conv_out, default=None)
+        sizes["embed"] = max(votes, key=lambda s: (votes[s], s == widest, vectors[s], s))
     d = sizes.get("embed")
     for leaf in leaves:
         core, last = cores[leaf.path], leaf.path.split("/")[-2:]
@@ -197,7 +200,6 @@ def propose_annotations(tree: Any, *, input_channels: int | None = None) -> Prop
     if wide:
         sizes["mlp"] = max(wide)
     heads_kv = {core[1:] if core[0] == d else core[:2] for core in matrices if len(core) == 3 and d in (core[0], core[2])}
-    conv_out = {cores[p][-1] for p in convs}
     layers = sorted(set(stacked.values()))
     if layers:
         sizes["layers"] = layers[0]

@@ -1,7 +1,7 @@
 """``annotations:`` in a run config: the table parsed with each row's ``file:line``, its names checked.
 
 A name in a row must be one some rule table knows — the config's rules (and
-their ``follows``), any preset's, or a mesh axis — so a typo (``emebd``) is an
+their ``follows``), any preset's, a mesh axis, or Flax's ``kv`` — so a typo (``emebd``) is an
 error at the row's line under every table, while a name this table does not
 shard (``heads`` under ``fsdp``) is fine: annotations serve every layout.
 
@@ -24,6 +24,10 @@ from partitioning.rules import Rules, preset_names
 from partitioning.yamlfile import Lines
 
 
+# Flax's names for dimensions the presets leave whole on purpose (a head's size, heads x head size).
+CONVENTIONAL = ("kv", "joined_kv")
+
+
 @functools.cache
 def _preset_names() -> frozenset[str]:
     out: set[str] = set()
@@ -35,7 +39,7 @@ def _preset_names() -> frozenset[str]:
 
 def known_names(rules: Rules | None, mesh_shape: Mapping[str, Any]) -> set[str]:
     """Logical names a row may use: the rules' (with ``follows``), every preset's, and the mesh axes."""
-    out = set(_preset_names()) | set(mesh_shape)
+    out = set(_preset_names()) | set(mesh_shape) | set(CONVENTIONAL)
     if rules is not None:
         out |= set(rules.logical_names) | set(rules.follows)
     return out
