@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -181,7 +182,13 @@ def propose_annotations(tree: Any, *, input_channels: int | None = None) -> Prop
     convs = {leaf.path for leaf in leaves if _is_conv(leaf, cores[leaf.path])}
     matrices = [cores[leaf.path] for leaf in leaves if leaf.path not in convs and len(cores[leaf.path]) >= 2]
     vectors = collections.Counter(c[0] for leaf in leaves if len(c := cores[leaf.path]) == 1)
-    votes = collections.Counter(s for core in matrices for s in set(core))
+    # Each weight votes for its sizes with its element count: the residual width is in the most weight.
+    votes: collections.Counter[int] = collections.Counter()
+    for leaf in leaves:
+        core = cores[leaf.path]
+        if leaf.path not in convs and len(core) >= 2 and leaf.path.rsplit("/", 1)[-1] not in VECTOR_LEAVES:
+            for s in set(core):
+                votes[s] += math.prod(core)
     conv_out = {cores[p][-1] for p in convs}
     sizes: dict[str, int] = {}
     if votes:
@@ -196,7 +203,7 @@ def propose_annotations(tree: Any, *, input_channels: int | None = None) -> Prop
             if other:
                 sizes["vocab"] = max(other + [sizes.get("vocab", 0)])
     wide = [s for core in matrices if d in core and len(core) == 2 for s in core if d is not None and s > d]
-    wide = [s for s in wide if s != sizes.get("vocab")] or [s for s in wide if votes[s] > 2]
+    wide = [s for s in wide if s != sizes.get("vocab")] or [s for s in wide if wide.count(s) > 2]
     if wide:
         sizes["mlp"] = max(wide)
     heads_kv = {core[1:] if core[0] == d else core[:2] for core in matrices if len(core) == 3 and d in (core[0], core[2])}
