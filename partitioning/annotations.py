@@ -102,7 +102,9 @@ def _row(value: Any, origin: str) -> Row:
     if not isinstance(pattern, str) or not pattern:
         raise AnnotationError(f"{origin}: the path regex must be a non-empty string, got {pattern!r}")
     if not isinstance(names, (list, tuple)) or not all(n is None or (isinstance(n, str) and n) for n in names):
-        raise AnnotationError(f"{origin}: names must be a list of logical names or null, one per dimension; got {names!r}")
+        raise AnnotationError(
+            f"{origin}: names must be a list of logical names or null, one per dimension; got {names!r}"
+        )
     dups = sorted({n for n in names if n is not None and list(names).count(n) > 1})
     if dups:
         raise AnnotationError(f"{origin}: {dups[0]!r} names more than one dimension of {list(names)!r}")

@@ -33,10 +33,10 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from partitioning.annotations import apply_annotations, named_by
-from partitioning.paths import path_str
 from partitioning.boxes import is_box, is_logical_box
 from partitioning.context import context_sizes
 from partitioning.errors import ShardingError
+from partitioning.paths import path_str
 from partitioning.replication import check_replication
 from partitioning.resolve import DimExplanation, axes_tuple, mesh_axis_sizes
 from partitioning.rules import Rules, as_rules

@@ -21,9 +21,19 @@ differ only by a layer index (``Block_0``, ``layers/3``) share a row.
 Example::
 
     >>> from partitioning.propose import propose_annotations
-    >>> abstract = jax.eval_shape(nn.Dense(256).init, jax.random.key(0), jnp.zeros((8, 64)))
-    >>> [(r.pattern, r.names) for r in propose_annotations(abstract).rows]
-    [('^params/bias$', (None,)), ('^params/kernel$', ('embed', None))]
+    >>> def array(*shape):
+    ...     return jax.ShapeDtypeStruct(shape, jnp.float32)
+    >>> params = {"wte": array(1000, 64), "ln": array(64),
+    ...           "layers": [{"w_in": array(64, 256), "w_out": array(256, 64)} for _ in range(4)]}
+    >>> proposal = propose_annotations({"params": params})
+    >>> proposal.sizes
+    {'embed': 64, 'vocab': 1000, 'mlp': 256}
+    >>> for row in proposal.rows:
+    ...     print(row.pattern, row.names, len(row.paths))
+    ^params/layers/\\d+/w_in$ ('embed', 'mlp') 4
+    ^params/layers/\\d+/w_out$ ('mlp', 'embed') 4
+    ^params/ln$ ('embed',) 1
+    ^params/wte$ ('vocab', 'embed') 1
 """
 
 from __future__ import annotations
@@ -206,7 +216,9 @@ def propose_annotations(tree: Any, *, input_channels: int | None = None) -> Prop
     wide = [s for s in wide if s != sizes.get("vocab")] or [s for s in wide if wide.count(s) > 2]
     if wide:
         sizes["mlp"] = max(wide)
-    heads_kv = {core[1:] if core[0] == d else core[:2] for core in matrices if len(core) == 3 and d in (core[0], core[2])}
+    heads_kv: set[tuple[int, ...]] = {
+        core[1:] if core[0] == d else core[:2] for core in matrices if len(core) == 3 and d in (core[0], core[2])
+    }
     layers = sorted(set(stacked.values()))
     if layers:
         sizes["layers"] = layers[0]
@@ -278,16 +290,17 @@ def _name(
             else f"? {core[side]}: the other side of a square ({d}, {d}) weight"
         )
     seen: set[str] = set()
-    for i, n in enumerate(names):  # one dimension per name: a repeat is ambiguous
-        if n is not None and n in seen:
-            names[i], why[i] = None, f"? {core[i]}: {n} already names dim {names.index(n)}"
-        elif n is not None:
-            seen.add(n)
+    for i, given in enumerate(names):  # one dimension per name: a repeat is ambiguous
+        if given is not None and given in seen:
+            names[i], why[i] = None, f"? {core[i]}: {given} already names dim {names.index(given)}"
+        elif given is not None:
+            seen.add(given)
     return tuple(names), tuple(why)
 
 
 def _template(path: str) -> tuple[list[tuple[str, str | None]], tuple[int, ...]]:
-    parts, values = [], []
+    parts: list[tuple[str, str | None]] = []
+    values: list[int] = []
     for c in path.split("/"):
         m = SLOT.match(c)
         if m is None:

@@ -243,7 +243,7 @@ def annotated_names(saved: Mapping[str, Any], annotations: Any) -> dict[str, Any
     """Logical names by saved path from an annotation table (paths its rows match, with the right rank)."""
     table = as_annotations(annotations)
     out: dict[str, Any] = {}
-    for p, md in (saved.items() if table else ()):
+    for p, md in saved.items() if table else ():
         names = table.names_for(p) if table is not None else None
         if names is not None and len(names) == len(md.shape):
             out[p] = list(names)

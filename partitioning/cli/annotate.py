@@ -39,7 +39,8 @@ def _input_channels(cfg: Config) -> int | None:
     """The channels of an image input (a float array of rank >= 3): a first convolution's input."""
     args, kwargs = model_inputs(task_from_config(cfg), batch_from_config(cfg))
     first = args[0] if args else next(iter(kwargs.values()), None)
-    shape, dtype = getattr(first, "shape", ()), getattr(first, "dtype", None)
+    shape: tuple[int, ...] = tuple(getattr(first, "shape", ()))
+    dtype = getattr(first, "dtype", None)
     if len(shape) >= 3 and dtype is not None and jnp.issubdtype(dtype, jnp.floating):
         return int(shape[-1])
     return None

@@ -23,7 +23,6 @@ from partitioning.errors import PartitioningError
 from partitioning.rules import Rules, preset_names
 from partitioning.yamlfile import Lines
 
-
 # Flax's names for dimensions the presets leave whole on purpose (a head's size, heads x head size).
 CONVENTIONAL = ("kv", "joined_kv")
 

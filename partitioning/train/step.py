@@ -57,7 +57,7 @@ from partitioning.parallel.pipeline import (
 from partitioning.rules import as_rules
 from partitioning.train.batch import batch_shapes, batch_size_of, batch_specs, micro_batches, place, stream_keys
 from partitioning.train.lowering import Lowering
-from partitioning.train.model import SOWN_LOSSES, as_model
+from partitioning.train.model import SOWN_LOSSES
 from partitioning.train.nonfinite import FLAG, check_policy, keep_if_finite, nonfinite_flag
 from partitioning.train.optimizer import current_lr
 from partitioning.train.state import TrainState, model_inputs, strip_foreign_boxes

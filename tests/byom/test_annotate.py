@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -21,6 +22,7 @@ from ruamel.yaml import YAML
 
 import partitioning as pt
 from partitioning.cli import main
+from partitioning.config.build import mesh_from_config, trainer_from_config
 
 MODELS = Path(__file__).parent / "models"
 FILES = ("flax_resnet.py", "plain_linen_lm.py", "plain_nnx_mlp.py", "pytree_lm.py", "image_linen.py")
@@ -156,18 +158,25 @@ def test_rules_explain_names_the_row_that_named_each_dimension(project):
 
 
 @pytest.fixture(scope="module")
-def runs(project):
-    """The Linen transformer trained 20 steps from YAML under dp, fsdp and fsdp_tp (one compile each)."""
+def runs(project, corpus):
+    """The plain-function model's config trained 20 steps under dp, fsdp and fsdp_tp (one compile each); the fsdp
+    state saved as the trainer would (its names recorded)."""
     root, _ = project
-    layouts = {"dp": ["--set", "rules=dp", "--set", "mesh.shape={data: -1}"], "fsdp": [], "fsdp_tp": FSDP_TP}
-    out = {}
+    layouts = {"dp": ["rules=dp", "mesh.shape={data: -1}"], "fsdp": [], "fsdp_tp": FSDP_TP[1::2]}
+    losses = {}
     with inside(root):
-        for layout, extra in layouts.items():
-            code, _, err = cli("train", "linen.yaml", "--no-progress", "--set", f"run_dir=runs/{layout}", *extra)
-            assert code == 0, err
-            lines = Path(f"runs/{layout}/metrics.jsonl").read_text().splitlines()
-            out[layout] = [json.loads(x)["loss"] for x in lines if "loss" in json.loads(x)]
-    return root, out
+        for layout, overrides in layouts.items():
+            cfg = pt.load_config("pytree.yaml", overrides)
+            trainer = trainer_from_config(cfg, mesh_from_config(cfg))
+            state = trainer.init(jax.random.key(0))
+            batches = corpus.batches("train", trainer.batch_size, trainer.seq_len, trainer.batch_sharding)
+            losses[layout] = []
+            for i in range(20):
+                state, metrics = trainer.train_step(state, batches.batch_at(i))
+                losses[layout].append(float(metrics["loss"]))
+            if layout == "fsdp":
+                pt.save_checkpoint("runs/fsdp", 20, state, rules=trainer.rules, abstract=trainer.abstract_state)
+    return root, losses
 
 
 def test_train_gives_the_same_losses_under_dp_fsdp_and_fsdp_tp(runs):
@@ -179,20 +188,18 @@ def test_train_gives_the_same_losses_under_dp_fsdp_and_fsdp_tp(runs):
 
 def test_the_checkpoint_records_the_names_and_restores_onto_another_layout(runs):
     root, _ = runs
-    meta = pt.checkpoint_metadata(root / "runs/fsdp")
-    mlp = "params/Block_0/Dense_0/kernel"
-    assert meta["arrays"][mlp]["names"] == ["embed", "mlp"] and meta["arrays"][mlp]["spec"] == ["fsdp", None]
-    [moment] = [p for p in meta["arrays"] if p.endswith("/mu/Block_0/Dense_0/kernel")]
+    meta = pt.checkpoint_metadata(root / "runs/fsdp", 20)
+    w_in = "params/layers/0/w_in"
+    assert meta["arrays"][w_in]["names"] == ["embed", "mlp"] and meta["arrays"][w_in]["spec"] == ["fsdp", None]
+    [moment] = [p for p in meta["arrays"] if p.endswith("/mu/layers/0/w_in")]
     assert meta["arrays"][moment]["names"] == ["embed", "mlp"]
     mesh = pt.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
     restored = pt.restore_checkpoint(root / "runs/fsdp", mesh=mesh, rules="fsdp_tp", params_only=True)
-    assert restored["Block_0"]["Dense_0"]["kernel"].sharding.spec == P("fsdp", "tensor")
-    query = restored["Block_0"]["MultiHeadDotProductAttention_0"]["query"]["kernel"]
-    assert query.sharding.spec == P("fsdp", "tensor", None)
-    same = pt.restore_checkpoint(root / "runs/fsdp_tp", mesh=mesh, rules="fsdp_tp", params_only=True)
-    np.testing.assert_allclose(
-        np.asarray(restored["Dense_0"]["kernel"]), np.asarray(same["Dense_0"]["kernel"]), atol=1e-5
-    )
+    assert restored["layers"][0]["w_in"].sharding.spec == P("fsdp", "tensor")
+    assert restored["lm_head"].sharding.spec == P("fsdp", "tensor")
+    saved = pt.restore_checkpoint(root / "runs/fsdp", mesh=pt.make_mesh({"data": 8}), rules="dp", params_only=True)
+    np.testing.assert_array_equal(np.asarray(restored["lm_head"]), np.asarray(saved["lm_head"]))
+    assert saved["lm_head"].sharding.spec == P(None, None)
 
 
 @pytest.mark.parametrize(
