@@ -35,6 +35,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import flax.struct
@@ -44,7 +45,7 @@ from flax import nnx
 from partitioning.boxes import LogicallyPartitioned, is_box, is_logical_box
 from partitioning.errors import ConfigError, did_you_mean
 from partitioning.paths import path_str
-from partitioning.yamlfile import Key, Lines
+from partitioning.yamlfile import Key, Lines, read_yaml
 from partitioning.yamlfile import where as _where
 
 
@@ -142,9 +143,13 @@ class Annotations:
     # -- YAML ---------------------------------------------------------------------------------
     @classmethod
     def parse(cls, value: Any, path: str = "", lines: Lines | None = None, key: Key = ("annotations",)) -> Annotations:
-        """From YAML: a list of rows, or ``{rows: [...], strict: true}``; errors name ``file:line: key``."""
+        """From YAML: a list of rows, ``{rows: [...], strict: true}``, or a file holding ``annotations:``
+        (what ``partitioning annotate --out`` writes; relative to ``path``'s folder or the current one).
+        Errors name ``file:line: key``."""
         lines = lines if lines is not None else {}
         strict = False
+        if isinstance(value, str) and value.endswith((".yaml", ".yml")):
+            return cls._from_file(value, path, _where(path, lines, key))
         if isinstance(value, Mapping):
             for k in value:
                 if k not in ("rows", "strict"):
@@ -161,6 +166,18 @@ class Annotations:
                 f"{_where(path, lines, key)}: expected a list of [path_regex, names] rows, got {type(value).__name__}"
             )
         return cls(value, [_where(path, lines, key + (i,)) for i in range(len(value))], strict=strict)
+
+    @classmethod
+    def _from_file(cls, name: str, path: str, here: str) -> Annotations:
+        f = Path(name)
+        if not f.is_absolute() and not f.exists() and path:
+            f = Path(path).parent / f
+        if not f.exists():
+            raise AnnotationError(f"{here}: no such annotations file {name!r}")
+        data, lines = read_yaml(f, "annotations file")
+        if not isinstance(data, Mapping) or "annotations" not in data:
+            raise AnnotationError(f"{f}: an annotations file has an `annotations:` key (partitioning annotate --out)")
+        return cls.parse(data["annotations"], str(f), lines)
 
     def to_config(self) -> Any:
         """The YAML form (what ``config show`` prints)."""

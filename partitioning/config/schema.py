@@ -219,7 +219,8 @@ class RunConfig(Section):
         default=None,
         description="logical names by parameter path for models without them: an ordered list of "
         "[path_regex, names] rows (first match wins; names: a logical name or null per dimension), or "
-        "{rows: [...], strict: true} (a row matching nothing is an error, not a warning)",
+        "{rows: [...], strict: true} (a row matching nothing is an error, not a warning), or a file holding "
+        "`annotations:` (what `partitioning annotate --out` writes)",
     )
     on_indivisible: Literal["error", "replicate"] = "error"
     data: DataConfig = Field(default_factory=DataConfig)
