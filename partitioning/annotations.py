@@ -130,6 +130,7 @@ class Annotations:
         origins = list(origins) if origins is not None else [f"annotations[{i}]" for i in range(len(rows))]
         self.rows = tuple(_row(r, o) for r, o in zip(rows, origins, strict=True))
         self.strict = bool(strict)
+        self._warned: set[int] = set()
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -257,7 +258,9 @@ class Annotations:
             msg = f"{row.origin}: {row.pattern!r} matches none of the {leaves} arrays of the model"
             if self.strict:
                 raise AnnotationError(msg + " (strict)")
-            warnings.warn(msg + "; check the path against `partitioning plan`", AnnotationWarning, stacklevel=4)
+            if i not in self._warned:  # a table is applied to each abstract tree a command builds: say it once
+                self._warned.add(i)
+                warnings.warn(msg + "; check the path against `partitioning plan`", AnnotationWarning, stacklevel=4)
 
 
 def as_annotations(value: Any) -> Annotations | None:

@@ -251,7 +251,8 @@ def test_a_row_matching_nothing_is_a_warning_line_by_default(project):
         )
         code, out, err = cli("plan", "loose.yaml", "--no-compile")
     assert code == 0
-    assert (
+    line = (
         "warning: loose.yaml:3: annotations[1]: 'Dense_9/kernel$' matches none of the 38 arrays of the model; "
         "check the path against `partitioning plan`"
-    ) in err.splitlines()
+    )
+    assert err.splitlines().count(line) == 1  # once, though plan builds the abstract state twice
