@@ -139,3 +139,39 @@ def test_a_row_matching_nothing_warns_or_with_strict_fails():
 def test_names_no_rule_knows_are_refused_with_a_suggestion():
     with pytest.raises(pt.AnnotationError, match=r"knows the logical name 'emebd' .*did you mean 'embed'"):
         pt.Annotations([["kernel", ["emebd", "mlp"]]]).check_names({"embed", "mlp"})
+
+
+class ScanBlock(nn.Module):  # nn.scan names it ScanScanBlock_0
+    @nn.compact
+    def __call__(self, x, _):
+        h = nn.Dense(4 * x.shape[-1])(nn.LayerNorm()(x))
+        return x + nn.Dense(x.shape[-1])(nn.gelu(h)), None
+
+
+class ScannedLM(nn.Module):
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(512, 32)(tokens)
+        x, _ = nn.scan(ScanBlock, variable_axes={"params": 0}, split_rngs={"params": True}, length=6)()(x, None)
+        return nn.Dense(512)(x)
+
+
+def test_the_proposal_names_a_scanned_stack_layers_and_reads_the_widths():
+    from partitioning.propose import propose_annotations
+
+    abstract = jax.eval_shape(ScannedLM().init, jax.random.key(0), jnp.zeros((2, 8), jnp.int32))
+    proposal = propose_annotations(abstract)
+    assert proposal.sizes == {"embed": 32, "vocab": 512, "mlp": 128, "layers": 6}
+    rows = {r.pattern: r.names for r in proposal.rows}
+    assert rows[r"^params/ScanScanBlock_0/Dense_0/kernel$"] == ("layers", "embed", "mlp")
+    assert rows[r"^params/ScanScanBlock_0/LayerNorm_0/scale$"] == ("layers", "embed")
+    assert rows[r"^params/Embed_0/embedding$"] == ("vocab", "embed")
+    first = next(r for r in proposal.rows if r.names[0] == "layers")
+    assert first.reasons[0] == "layers: leading 6 shared by every array under params/ScanScanBlock_0"
+    specs = pt.tree_specs(
+        abstract,
+        {"data": 1, "fsdp": 4, "tensor": 2},
+        "fsdp_tp",
+        annotations=[[r.pattern, list(r.names)] for r in proposal.rows],
+    )
+    assert specs["params"]["ScanScanBlock_0"]["Dense_1"]["kernel"] == P(None, "tensor", "fsdp")
