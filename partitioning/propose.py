@@ -98,8 +98,11 @@ class Proposal:
             for i in r.ambiguous
         ]
 
-    def to_yaml(self, title: str) -> str:
-        """The table as a YAML file a run config extends with ``base:``, each row's reasons as a comment."""
+    def to_yaml(self, title: str, kept: Sequence[Any] = ()) -> str:
+        """The table as a YAML file a run config extends with ``base:``, each row's reasons as a comment.
+
+        ``kept``: rows that named arrays already (the config's own ``annotations:``), written first.
+        """
         read = ", ".join(f"{k} {v}" for k, v in self.sizes.items()) or "none"
         out = [
             f"# Annotations proposed by `partitioning annotate` for {title}.",
@@ -114,6 +117,10 @@ class Proposal:
                 out.append(f"# {what}:")
                 out += [f"#   {x}" for x in items]
         out.append("annotations:")
+        for r in kept:
+            out.append(f"  # kept: {r.origin}")
+            names = ", ".join("null" if n is None else n for n in r.names)
+            out.append(f"  - ['{r.pattern.replace(chr(39), chr(39) * 2)}', [{names}]]")
         for r in self.rows:
             many = f", {len(r.paths)} arrays" if len(r.paths) > 1 else ""
             out.append(f"  # {r.paths[0]} {fmt_shape(r.shape)}{many}: {'; '.join(r.reasons)}")

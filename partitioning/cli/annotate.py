@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {args.out}: is a folder; give a file name, e.g. annotations.yaml")
     _, abstract = abstract_model(cfg)
     proposal = propose_annotations(abstract, input_channels=_input_channels(cfg))
-    text = proposal.to_yaml(f"{cfg.model_name} ({cfg.path})")
+    # The config's own rows stay first: the file replaces them when it becomes the config's annotations.
+    text = proposal.to_yaml(f"{cfg.model_name} ({cfg.path})", kept=list(cfg.annotations or ()))
     arrays = sum(len(r.paths) for r in proposal.rows)
     summary = (
         f"{len(proposal.rows)} rows name {arrays} arrays; {len(proposal.ambiguous)} dimensions left null "

@@ -140,7 +140,9 @@ def test_a_partly_annotated_model_keeps_its_names_and_gets_the_rest(project):
         code, stdout, err = cli("annotate", "partial.yaml")
     assert code == 0, err
     assert "3 already named" in err  # both blocks' Dense_0 kernels and the head's (the row's regex is unanchored)
-    assert "Dense_0/kernel" not in stdout.split("annotations:")[1]
+    table = stdout.split("annotations:\n")[1].splitlines()
+    assert table[:2] == ["  # kept: partial.yaml:1: annotations[0]", "  - ['Dense_0/kernel$', [null, mlp]]"]
+    assert "Dense_0/kernel" not in "\n".join(table[2:])
     assert "  - ['^params/Block_\\d+/Dense_1/kernel$', [mlp, embed]]\n" in stdout
 
 
