@@ -7,6 +7,7 @@ checkpoint under it.
 The package is a pipeline, one folder per stage::
 
     rules, boxes, mesh, layout      names -> PartitionSpec -> NamedSharding (the core; replication warns)
+    annotations, propose            names by parameter path for models without them; a proposed table
     train/                          sharded state, jitted step, data, loop
     checkpoint/                     orbax save / restore onto any mesh and rules; Hugging Face safetensors in / out
     plan/                           memory, collectives and warnings before running
@@ -39,6 +40,7 @@ Training (state born sharded, jitted step with donation)::
     4
 """
 
+from partitioning.annotations import AnnotationError, Annotations, AnnotationWarning
 from partitioning.boxes import (
     Fallback,
     LogicallyPartitioned,
@@ -172,6 +174,9 @@ __all__ = [
     "DimExplanation",
     "IndivisibleWarning",
     "ReplicationWarning",
+    "Annotations",
+    "AnnotationError",
+    "AnnotationWarning",
     "axis_rules",
     "get_logical_axis_rules",
     "set_logical_axis_rules",

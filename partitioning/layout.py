@@ -32,30 +32,14 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from partitioning.annotations import apply_annotations, named_by
 from partitioning.boxes import is_box, is_logical_box
 from partitioning.context import context_sizes
 from partitioning.errors import ShardingError
+from partitioning.paths import path_str
 from partitioning.replication import check_replication
 from partitioning.resolve import DimExplanation, axes_tuple, mesh_axis_sizes
 from partitioning.rules import Rules, as_rules
-
-
-def path_str(keypath: tuple[Any, ...]) -> str:
-    """``params/decoder/mlp/wi/kernel`` for a jax key path (boxes' ``.value`` dropped)."""
-    parts = []
-    for k in keypath:
-        if isinstance(k, jax.tree_util.DictKey):
-            parts.append(str(k.key))
-        elif isinstance(k, jax.tree_util.SequenceKey):
-            parts.append(str(k.idx))
-        elif isinstance(k, jax.tree_util.GetAttrKey):
-            if k.name != "value":
-                parts.append(k.name)
-        elif isinstance(k, jax.tree_util.FlattenedIndexKey):
-            parts.append(str(k.key))
-        else:
-            parts.append(str(k))
-    return "/".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +62,7 @@ class LeafLayout:
     spec: PartitionSpec
     dims: tuple[DimExplanation, ...]  # empty for unboxed / mesh-named leaves
     shards_per_dim: tuple[int, ...]
+    named_by: str | None = None  # the annotation row that named it (partitioning.annotations)
 
     @property
     def size(self) -> int:
@@ -139,7 +124,8 @@ def _layout_one(path: str, leaf: Any, mesh: Any, rules: Rules, on_indivisible: s
         names = tuple(leaf.names)
         box_rules = as_rules(leaf.rules) if leaf.rules is not None else rules
         spec, dims = box_rules.resolve_explained(names, shape, mesh, on_indivisible=on_indivisible, path=path)
-        return LeafLayout(path, shape, dtype, names, spec, tuple(dims), _shards(spec, len(shape), sizes))
+        shards = _shards(spec, len(shape), sizes)
+        return LeafLayout(path, shape, dtype, names, spec, tuple(dims), shards, named_by(leaf))
     if is_box(leaf):  # nn.Partitioned: names are mesh axes already
         spec = PartitionSpec(*leaf.names)
         shards = _shards(spec, len(shape), sizes)
@@ -154,13 +140,20 @@ def _layout_one(path: str, leaf: Any, mesh: Any, rules: Rules, on_indivisible: s
 
 
 def tree_layouts(
-    tree: Any, mesh: Any, rules: Any = None, *, on_indivisible: str = "error", warn_replicated: bool = True
+    tree: Any,
+    mesh: Any,
+    rules: Any = None,
+    *,
+    on_indivisible: str = "error",
+    warn_replicated: bool = True,
+    annotations: Any = None,
 ) -> list[LeafLayout]:
     """One :class:`LeafLayout` per leaf, in flattening order.
 
     Warns (:class:`~partitioning.ReplicationWarning`) when most of the tree
     would be replicated because nothing matched its names
-    (``warn_replicated=False``: never).
+    (``warn_replicated=False``: never). ``annotations`` (an
+    :class:`~partitioning.Annotations` or its rows) name leaves by path first.
 
     Example::
 
@@ -172,7 +165,7 @@ def tree_layouts(
         params/unembed ('embed', 'vocab') P('fsdp', None) 8192
         params/wi_0 ('embed', 'mlp') P('fsdp', None) 8192
     """
-    return _tree_layouts(tree, mesh, rules, on_indivisible, warn_replicated, 4)
+    return _tree_layouts(apply_annotations(tree, annotations), mesh, rules, on_indivisible, warn_replicated, 4)
 
 
 def _tree_layouts(tree: Any, mesh: Any, rules: Any, on_indivisible: str, warn: bool, depth: int) -> list[LeafLayout]:
@@ -185,7 +178,13 @@ def _tree_layouts(tree: Any, mesh: Any, rules: Any, on_indivisible: str, warn: b
 
 
 def tree_specs(
-    tree: Any, mesh: Any, rules: Any = None, *, on_indivisible: str = "error", warn_replicated: bool = True
+    tree: Any,
+    mesh: Any,
+    rules: Any = None,
+    *,
+    on_indivisible: str = "error",
+    warn_replicated: bool = True,
+    annotations: Any = None,
 ) -> Any:
     """A PartitionSpec per leaf of ``tree``, in its unboxed structure.
 
@@ -199,7 +198,7 @@ def tree_specs(
         >>> pt.tree_specs(abstract, {"data": 1, "fsdp": 8}, "fsdp")["params"]["embedding"]
         P(None, 'fsdp')
     """
-    return _tree_specs(tree, mesh, rules, on_indivisible, warn_replicated, 5)
+    return _tree_specs(apply_annotations(tree, annotations), mesh, rules, on_indivisible, warn_replicated, 5)
 
 
 def _tree_specs(tree: Any, mesh: Any, rules: Any, on_indivisible: str, warn: bool, depth: int) -> Any:
@@ -215,10 +214,11 @@ def tree_shardings(
     *,
     on_indivisible: str = "error",
     warn_replicated: bool = True,
+    annotations: Any = None,
 ) -> Any:
     """A NamedSharding per leaf of ``tree`` (boxed or not), in its unboxed structure.
 
-    Warns like :func:`tree_layouts` (``warn_replicated``).
+    Warns like :func:`tree_layouts` (``warn_replicated``); ``annotations`` as there.
 
     Example::
 
@@ -228,7 +228,7 @@ def tree_shardings(
         >>> shardings["params"]["wi_0"]
         NamedSharding(mesh=Mesh('data': 1, 'fsdp': 8, ...), spec=P('fsdp', None), ...)
     """
-    specs = _tree_specs(tree, mesh, rules, on_indivisible, warn_replicated, 5)
+    specs = _tree_specs(apply_annotations(tree, annotations), mesh, rules, on_indivisible, warn_replicated, 5)
     return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 

@@ -89,7 +89,8 @@ def check_replication(layouts: Sequence[Any], sizes: Mapping[str, int], rules: A
     warnings.warn(
         f"{share:.0%} of the state ({fmt_bytes(sum(leaf.nbytes for leaf in lost))} of {fmt_bytes(total)}) "
         f"is replicated on every device of mesh {fmt_mesh(sizes)}: {'; '.join(parts)}. Name the dimensions "
-        f"(pt.with_logical_partitioning, nnx.with_partitioning) or add rules for their names",
+        f"(pt.with_logical_partitioning, nnx.with_partitioning) or add rules for their names; a model you cannot "
+        f"edit is named by path (`annotations:`, which `partitioning annotate` proposes)",
         ReplicationWarning,
         stacklevel=stacklevel,
     )

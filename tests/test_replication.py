@@ -38,7 +38,8 @@ def test_a_plain_model_under_a_sharding_table_warns_with_share_and_arrays(plain,
         "100% of the state (9.27 KiB of 9.27 KiB) is replicated on every device of mesh {data: 1, fsdp: 8}: "
         "4 arrays have no logical names (params/Dense_0/bias, params/Dense_0/kernel, params/Dense_1/bias "
         "and 1 more). Name the dimensions (pt.with_logical_partitioning, nnx.with_partitioning) or add rules "
-        "for their names"
+        "for their names; a model you cannot edit is named by path (`annotations:`, which `partitioning annotate` "
+        "proposes)"
     )
     assert w.filename == __file__  # points at the caller's line
 

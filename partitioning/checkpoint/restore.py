@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from partitioning.annotations import as_annotations
 from partitioning.boxes import is_box
 from partitioning.checkpoint.checksum import verify_checksums
 from partitioning.checkpoint.diagnose import diagnose
@@ -56,6 +57,7 @@ def abstract_target(
     shardings: Any = None,
     dtype: Any = None,
     on_indivisible: str = "error",
+    annotations: Any = None,
 ) -> Any:
     """``jax.ShapeDtypeStruct`` leaves carrying the shardings the current mesh + rules give.
 
@@ -64,6 +66,7 @@ def abstract_target(
     and ``rules``, or ``shardings`` you already have (e.g. ``trainer.state_shardings``).
     ``dtype`` casts every floating-point leaf on restore (e.g. ``jnp.bfloat16``).
     An indivisible dimension raises the same :class:`ShardingError` as at init.
+    ``annotations`` name the leaves of ``abstract`` by path first (:class:`~partitioning.Annotations`).
 
     Example::
 
@@ -76,7 +79,9 @@ def abstract_target(
     if shardings is None:
         if mesh is None:
             raise TypeError("abstract_target needs a mesh (and rules) or shardings")
-        shardings = tree_shardings(abstract, mesh, rules, on_indivisible=on_indivisible, warn_replicated=False)
+        shardings = tree_shardings(
+            abstract, mesh, rules, on_indivisible=on_indivisible, warn_replicated=False, annotations=annotations
+        )
 
     def sds(value: Any, s: Any) -> jax.ShapeDtypeStruct:
         dt = jnp.dtype(value.dtype)
@@ -134,6 +139,7 @@ def restore_checkpoint(
     max_inflight_bytes: int | None = None,
     verify: bool = False,
     frozen: bool = True,
+    annotations: Any = None,
 ) -> Any:
     """Restores a checkpoint onto the shardings (and dtypes) of ``target``, or onto ``mesh`` and ``rules``.
 
@@ -145,7 +151,9 @@ def restore_checkpoint(
     checkpoint's own arrays are laid out there — by their logical names
     (recorded in its metadata) under ``rules``, and an array without names
     keeps the spec it was saved with, on the axes ``mesh`` has
-    (:mod:`partitioning.checkpoint.target`). Orbax reads only the slices each
+    (:mod:`partitioning.checkpoint.target`); ``annotations`` name arrays whose
+    metadata records no names (optimizer moments follow their parameter's
+    row). Orbax reads only the slices each
     device needs. With ``params_only``, ``target`` is the params tree (or
     ``{"params": ...}``) and only the checkpoint's ``params`` are read.
     ``max_inflight_bytes`` bounds the host buffers being read at once (default:
@@ -190,7 +198,13 @@ def restore_checkpoint(
         if mesh is None:
             raise TypeError("restore_checkpoint needs a target, or a mesh (and rules) to lay the checkpoint out on")
         target, _ = layout_target(
-            ref, mesh, rules, optimizer_rules=optimizer_rules, on_indivisible=on_indivisible, unnamed="saved"
+            ref,
+            mesh,
+            rules,
+            optimizer_rules=optimizer_rules,
+            on_indivisible=on_indivisible,
+            unnamed="saved",
+            names=annotated_names(saved, annotations),
         )
         if params_only and isinstance(target, Mapping) and "params" in target:
             target = target["params"]
@@ -233,6 +247,17 @@ def restore_checkpoint(
         if gc_was_enabled:
             gc.enable()
     return refill(out["params"] if unwrap else out)
+
+
+def annotated_names(saved: Mapping[str, Any], annotations: Any) -> dict[str, Any]:
+    """Logical names by saved path from an annotation table (paths its rows match, with the right rank)."""
+    table = as_annotations(annotations)
+    out: dict[str, Any] = {}
+    for p, md in saved.items() if table else ():
+        names = table.names_for(p) if table is not None else None
+        if names is not None and len(names) == len(md.shape):
+            out[p] = list(names)
+    return out
 
 
 def _has_params(saved: Mapping[str, Any]) -> bool:

@@ -6,6 +6,7 @@ Modules:
 - :mod:`~partitioning.cli.args` — the arguments config commands share; loading a config with its devices.
 - :mod:`~partitioning.cli.check` — ``check``: validate a config, mesh and rules against N devices.
 - :mod:`~partitioning.cli.explain` — ``rules explain``: which rule claimed each dimension, and why.
+- :mod:`~partitioning.cli.annotate` — ``annotate``: a proposed annotation table for a model without names.
 - :mod:`~partitioning.cli.train` — ``train``: the main job.
 - :mod:`~partitioning.cli.faults` — ``train`` meeting a fault: the run's locks, divergence, the closing summary.
 - :mod:`~partitioning.cli.plan` — ``plan``: every parameter's layout, memory and communication.

@@ -2,6 +2,7 @@
 
     partitioning check CONFIG [--devices N] [--set k=v ...]
     partitioning rules explain CONFIG [--devices N] [--set k=v ...]
+    partitioning annotate CONFIG [--out annotations.yaml] [--set k=v ...]
     partitioning train CONFIG [--set k=v ...]
     partitioning plan CONFIG [--devices N] [--json F] [--png F]
     partitioning compare CONFIG --rules A B ...
@@ -26,8 +27,9 @@ from typing import Any, NoReturn
 
 import partitioning
 from partitioning import peers
+from partitioning.annotations import AnnotationWarning
 from partitioning.checkpoint.space import FULL_ERRNOS
-from partitioning.cli import check, ckpt, compare, config, explain, generate, plan, train, tune
+from partitioning.cli import annotate, check, ckpt, compare, config, explain, generate, plan, train, tune
 from partitioning.cli.args import say
 from partitioning.errors import PartitioningError, did_you_mean
 from partitioning.replication import ReplicationWarning
@@ -39,6 +41,7 @@ EXIT_USAGE = 2
 COMMANDS: dict[str, ModuleType] = {
     "check": check,
     "rules": explain,
+    "annotate": annotate,
     "train": train,
     "plan": plan,
     "compare": compare,
@@ -78,7 +81,7 @@ def plain_warnings() -> None:
         return
 
     def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
-        if issubclass(category, (ReplicationWarning, IndivisibleWarning)):
+        if issubclass(category, (ReplicationWarning, IndivisibleWarning, AnnotationWarning)):
             say(f"warning: {' '.join(str(message).split())}")
         else:
             previous(message, category, *args, **kwargs)

@@ -12,6 +12,7 @@ Example::
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -56,6 +57,8 @@ def explain_table(layouts: Sequence[LeafLayout], computes: Mapping[str, str], *,
             why = f"rule {d.rule_index} {list(d.rule)}" if d.rule is not None else "-"
             if d.notes:
                 why += "; " + "; ".join(d.notes)
+            if leaf.named_by is not None:
+                why += f"; name from {leaf.named_by}"
             first = d.dim == 0
             table.add_row(
                 leaf.path if first else "",
@@ -93,8 +96,11 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
     )
     for col, just in columns:
         t.add_column(col, justify=just, overflow="fold")
+    rows = annotation_labels(report["leaves"])
     for r in report["leaves"]:
         logical = "(" + ", ".join(str(n) for n in r["logical"]) + ")" if r["logical"] is not None else "-"
+        if r.get("named_by"):
+            logical += f" {rows[r['named_by']]}"
         per = fmt_bytes(r["per_device_bytes"])
         t.add_row(
             r["path"],
@@ -108,6 +114,8 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
         )
     console.print(t)
     console.print("rules: " + "  ".join(f"r{i}={tuple(p)}" for i, p in enumerate(report["rules"])))
+    if rows:
+        console.print("names from annotations: " + "  ".join(f"{a}={o}" for o, a in rows.items()), highlight=False)
 
     tt = Table(title=f"per device ({report['devices']:,} devices)")
     for col in ("", "per device", "ideal (total / devices)", "per device / ideal", "total"):
@@ -136,6 +144,17 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
     render_compiled(report["compiled"], console)
     tm = report["timing"]
     console.print(f"timing: table {tm['table_s']:.1f} s, compiled view {tm['compiled_s']:.1f} s")
+
+
+def annotation_labels(leaves: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """``{row origin: "a3"}`` for the annotation rows that named the plan's arrays (``a`` + the row's index)."""
+    out: dict[str, str] = {}
+    for r in leaves:
+        origin = r.get("named_by")
+        if origin and origin not in out:
+            m = re.search(r"\[(\d+)\]", origin.rsplit(": ", 1)[-1])
+            out[origin] = f"a{m.group(1)}" if m else f"a?{len(out)}"
+    return out
 
 
 def render_axes(report: dict[str, Any], console: Any) -> None:

@@ -35,6 +35,7 @@ import flax.linen as nn
 import jax
 
 import partitioning.models  # noqa: F401  (registers the reference models: gpt, mlp)
+from partitioning.annotations import annotated_model
 from partitioning.config.hf import find_beside, hf_model_from_config, hf_options, tokenizer_from_config
 from partitioning.config.lora import check_model_lora, parse_lora, takes_lora, without_lora, wrap_lora
 from partitioning.config.schema import Config
@@ -109,6 +110,9 @@ def model_from_config(cfg: Config) -> Any:
         model = as_model(obj) if not isinstance(obj, nn.Module) else obj
     except TypeError as e:
         raise ConfigError(f"{cfg.where('model')}: {e}") from None
+    if cfg.annotations:
+        # `annotations:` name the variables by path (before LoRA derives its adapters' names from them).
+        model = annotated_model(model, cfg.annotations)
     if lora is None:
         return model
     return check_model_lora(cfg, model) if own_lora else wrap_lora(cfg, model, lora)

@@ -41,6 +41,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from partitioning.config.annotations import parse_annotations
 from partitioning.config.hf import hf_source
 from partitioning.config.merge import GLUED, glued_keys, merge, paths, unglue
 from partitioning.config.schema import REQUIRED, SECTIONS, TOP_KEYS, Config, DataConfig, HfModelConfig
@@ -329,6 +330,9 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
                 table.validate(sections["mesh"].shape)
             except RuleError as e:
                 errors.append(str(e))
+    annotations = None
+    if data.get("annotations") is not None:
+        annotations = parse_annotations(data["annotations"], path_s, lines, rules, sections["mesh"].shape, errors)
     on_ind = data.get("on_indivisible", "error")
     if on_ind not in ("error", "replicate"):
         errors.append(
@@ -358,6 +362,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
         checkpoint=sections["checkpoint"],
         run_dir=run_dir,
         model_hf=hf,
+        annotations=annotations,
     )
 
 

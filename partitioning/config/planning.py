@@ -47,6 +47,8 @@ from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.rules import Rules
 from partitioning.train.state import abstract_train_state
 from partitioning.train.trainable import subset_of
+from partitioning.train.model import as_model
+from partitioning.train.state import abstract_train_state, model_inputs
 from partitioning.tune.space import table_axes
 from partitioning.tune.workload import Workload, workload
 
@@ -59,6 +61,12 @@ def _abstract_state(cfg: Config, model: Any, batch: Any, task: Any) -> tuple[Any
         return params, opt_state, subset_of(params, t).frozen
     except ConfigError as e:
         raise at_key(cfg, e, trainable_keys(cfg)) from None
+
+
+def _collections(model: Any, batch: Any, task: Any) -> dict[str, Any]:
+    """The model's variables other than params (BatchNorm's ``batch_stats``): its forward pass reads them."""
+    variables = as_model(model).abstract(*model_inputs(task, batch))
+    return {k: v for k, v in variables.items() if k != "params"}
 
 
 def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
@@ -84,7 +92,9 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
     except PipelineError as e:
         raise at_key(cfg, e, PIPELINE_KEYS) from None
     with microbatching(m, cfg.train.pipeline_repeats), recording() as stacks:
-        acts = activation_names(model, params, abstract, cfg.rules, batch=forward, task=task)
+        acts = activation_names(
+            model, params, abstract, cfg.rules, batch=forward, task=task, collections=_collections(model, forward, task)
+        )
     plan = build_plan(
         params,
         opt_state,
@@ -138,7 +148,16 @@ def tune_inputs(cfg: Config) -> TuneInputs:
         # Size-1 axes: the config's (a model may name them directly) and the rules'; traced with the config's
         # axis types (a model using Explicit-only ops traces only so).
         axes = dict.fromkeys([*cfg.mesh.shape, "data", *table_axes(cfg.rules)], 1)
-        names = activation_names(model, params, axes, cfg.rules, batch=batch, task=task, axis_types=cfg.mesh.axis_types)
+        names = activation_names(
+            model,
+            params,
+            axes,
+            cfg.rules,
+            batch=batch,
+            task=task,
+            axis_types=cfg.mesh.axis_types,
+            collections=_collections(model, batch, task),
+        )
     p0 = build_plan(params, opt_state, {"data": 1}, Rules([]), on_indivisible="replicate")
     w = workload(
         p0.params,

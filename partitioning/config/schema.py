@@ -246,6 +246,13 @@ class RunConfig(Section):
         description="a preset, a rules file, a list of [logical, mesh_axes] or {preset, extra, batch_axes}"
     )
     optimizer_rules: Any = None
+    annotations: Any = Field(
+        default=None,
+        description="logical names by parameter path for models without them: an ordered list of "
+        "[path_regex, names] rows (first match wins; names: a logical name or null per dimension), or "
+        "{rows: [...], strict: true} (a row matching nothing is an error, not a warning), or a file holding "
+        "`annotations:` (what `partitioning annotate --out` writes)",
+    )
     on_indivisible: Literal["error", "replicate"] = "error"
     data: DataConfig = Field(default_factory=DataConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
@@ -306,10 +313,12 @@ class Config:
         checkpoint: CheckpointConfig,
         run_dir: str,
         model_hf: Path | None = None,
+        annotations: Any = None,
     ):
         self.path, self.raw, self.lines = path, raw, lines
         # ``model: {hf: ...}``: the checkpoint folder (or config.json), found beside the config or in the cwd.
         self.model_hf = model_hf
+        self.annotations = annotations  # partitioning.Annotations (rows with their file:line), or None
         self.model_name, self.model_options, self.model_target = model_name, model_options, model_target
         self.mesh, self.rules, self.optimizer_rules, self.on_indivisible = mesh, rules, optimizer_rules, on_indivisible
         self.data, self.optimizer, self.train, self.checkpoint, self.run_dir = (
@@ -349,6 +358,8 @@ class Config:
             "rules": self.rules.to_config(),  # with its batch_axes and follows, if any
         }
         out["optimizer_rules"] = self.optimizer_rules.to_list() if self.optimizer_rules is not None else None
+        if self.annotations is not None:
+            out["annotations"] = self.annotations.to_config()
         out["on_indivisible"] = self.on_indivisible
         data = self.data.model_dump(by_alias=True)
         if self.data.target is not None:

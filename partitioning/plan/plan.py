@@ -268,6 +268,7 @@ def _row(leaf: LeafLayout) -> dict[str, Any]:
         "per_device_bytes": leaf.per_device_bytes,
         "total_bytes": leaf.nbytes,
         "replicated": leaf.replicated,
+        "named_by": leaf.named_by,  # the annotation row that named it, or None
     }
 
 

@@ -27,9 +27,9 @@ import flax
 import jax
 import numpy as np
 
+from partitioning.annotations import annotated_model
 from partitioning.boxes import is_box, is_logical_box
 from partitioning.train.batch import batch_shapes
-from partitioning.train.model import as_model
 from partitioning.train.task import as_task
 from partitioning.train.trainable import subset_of
 
@@ -113,6 +113,7 @@ def abstract_train_state(
     batch: Any = None,
     task: Any = None,
     trainable: Any = None,
+    annotations: Any = None,
 ) -> tuple[Any, Any]:
     """(boxed params, boxed optimizer state) as ShapeDtypeStructs, nothing allocated.
 
@@ -121,7 +122,8 @@ def abstract_train_state(
     ``batch`` pytree. Built the way :class:`partitioning.Trainer` builds its
     state, so the plan's paths and layouts are the trainer's: with ``trainable``
     (regexes, see :mod:`partitioning.train.trainable`; LoRA adapters by default when
-    the model has some) the optimizer state covers only the trainable params.
+    the model has some) the optimizer state covers only the trainable params. ``annotations``
+    name the model's variables by path, as in the trainer.
 
     Example::
 
@@ -131,7 +133,7 @@ def abstract_train_state(
         >>> opt_state[0].mu["blocks"]["mlp"]["wi_0"].names   # adam's moments keep the names
         ('layers', 'embed', 'mlp')
     """
-    adapter = as_model(model)
+    adapter = annotated_model(model, annotations)
     batch = batch_shapes(batch, batch_size, seq_len, "abstract_train_state")
     args, kwargs = model_inputs(as_task(task), batch)
 

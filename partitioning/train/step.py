@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from partitioning.annotations import annotated_model
 from partitioning.boxes import unbox
 from partitioning.errors import ShardingError
 from partitioning.layout import tree_shardings
@@ -56,7 +57,7 @@ from partitioning.parallel.pipeline import (
 from partitioning.rules import as_rules
 from partitioning.train.batch import batch_shapes, batch_size_of, batch_specs, micro_batches, place, stream_keys
 from partitioning.train.lowering import Lowering
-from partitioning.train.model import SOWN_LOSSES, as_model
+from partitioning.train.model import SOWN_LOSSES
 from partitioning.train.nonfinite import FLAG, check_policy, keep_if_finite, nonfinite_flag
 from partitioning.train.optimizer import current_lr
 from partitioning.train.state import TrainState, model_inputs, strip_foreign_boxes
@@ -97,6 +98,8 @@ class Trainer(Lowering):
       trainable: regexes (``re.search``) over the param paths; the others are frozen: no gradient, no
         optimizer state (``trainer.frozen``, :mod:`partitioning.train.trainable`). Default: all, or the
         LoRA adapters (``_lora_[ab]$``) when the model has some.
+      annotations: an :class:`~partitioning.Annotations` (or its rows) naming the model's
+        variables by path; the optimizer state mirrors the names (:mod:`partitioning.annotations`).
 
     Scalars the model sows into its ``losses`` collection (an MoE load-balancing
     loss) are added to the objective and reported as metrics under their names;
@@ -139,8 +142,9 @@ class Trainer(Lowering):
         on_nonfinite: str = "stop",
         pipeline_repeats: int = 1,
         trainable: Sequence[str] | str | None = None,
+        annotations: Any = None,
     ):
-        self.model, self.tx, self.mesh, self._trainable_arg = as_model(model), tx, mesh, trainable
+        self.model, self.tx, self.mesh, self._trainable_arg = annotated_model(model, annotations), tx, mesh, trainable
         self.on_nonfinite = check_policy(on_nonfinite)
         self.task = as_task(task if task is not None else loss_fn)
         self.rules = as_rules(rules).validate(mesh)

@@ -60,8 +60,8 @@ def test_overrides(write, base_config):
         (
             lambda base: base + "trian:\n  steps: 3\n",
             [],
-            "{f}:11: trian: unknown key (valid: model, mesh, rules, optimizer_rules, on_indivisible, data, "
-            "optimizer, train, checkpoint, run_dir, base); did you mean 'train'?",
+            "{f}:11: trian: unknown key (valid: model, mesh, rules, optimizer_rules, annotations, on_indivisible, "
+            "data, optimizer, train, checkpoint, run_dir, base); did you mean 'train'?",
         ),
         (
             lambda base: base + "train:\n  stpes: 3\n",

@@ -195,6 +195,7 @@ def test_plan_json_keys(make_plan, make_mlp):
         "per_device_bytes": 4 * 256 * 4,
         "total_bytes": 32 * 256 * 4,
         "replicated": False,
+        "named_by": None,
     }
 
 
