@@ -144,9 +144,9 @@ from partitioning.train import (
 from partitioning.train.chat import ChatTemplate
 from partitioning.train.data import ArrayDataset
 from partitioning.train.generate import generate
+from partitioning.train.instruct import load_instructions
 from partitioning.train.lora import LoRA
 from partitioning.train.lora_model import LoRAModel
-from partitioning.train.instruct import load_instructions
 from partitioning.train.tokenize import TextTokenizer, load_tokenizer
 from partitioning.train.trainable import trainable_paths
 from partitioning.tune import Hardware, Workload, hardware, load_hardware, workload

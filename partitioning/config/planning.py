@@ -45,10 +45,9 @@ from partitioning.plan.flops import transformer_flops
 from partitioning.plan.parallel import costs_from_records, stacked_bytes
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.rules import Rules
-from partitioning.train.state import abstract_train_state
-from partitioning.train.trainable import subset_of
 from partitioning.train.model import as_model
 from partitioning.train.state import abstract_train_state, model_inputs
+from partitioning.train.trainable import subset_of
 from partitioning.tune.space import table_axes
 from partitioning.tune.workload import Workload, workload
 
