@@ -29,13 +29,21 @@ START, END = "<!-- families:start -->", "<!-- families:end -->"
 _SIZES = {"vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers", "norm_eps", "rope_theta"}
 
 
-def decoder_options(family: str) -> list[str]:
-    """``option: value`` for each GPT option the family's reader sets away from the GPT default."""
+def _defaults() -> dict:
     from partitioning.models.gpt import GPT
 
+    return {x.name: x.default for x in dataclasses.fields(GPT)}
+
+
+def _options(family: str) -> dict:
+    """The GPT options of a ``config.json`` holding only the family's architecture."""
     f = FAMILIES[family]
-    defaults = {x.name: x.default for x in dataclasses.fields(GPT)}
-    opts = f.options({"architectures": [f.architectures[0]]})
+    return f.options({"architectures": [f.architectures[0]]})
+
+
+def decoder_options(family: str) -> list[str]:
+    """``option: value`` for each GPT option the family's reader sets away from the GPT default."""
+    defaults, opts = _defaults(), _options(family)
     out = []
     for k, v in sorted(opts.items()):
         if k in _SIZES or v == defaults.get(k):
@@ -51,12 +59,14 @@ def decoder_options(family: str) -> list[str]:
 
 
 def _tensors(family: str) -> str:
-    names = sorted({t.hf.replace("model.layers.{i}.", "").replace("transformer.h.{i}.", "") for t in _layer_rows(family)})
+    """A layer's weight names (those the default options ask for)."""
+    from partitioning.checkpoint.hf_map import _wanted
+
+    opts = {**_defaults(), **_options(family)}
+    prefixes = ("model.layers.{i}.", "transformer.h.{i}.")
+    rows = [t for t in FAMILIES[family].tensors if "{i}" in t.hf and _wanted(t.when, opts.get)]
+    names = sorted({t.hf.removeprefix(prefixes[0]).removeprefix(prefixes[1]) for t in rows})
     return ", ".join(f"`{n.removesuffix('.weight')}`" for n in names if n.endswith(".weight"))
-
-
-def _layer_rows(family: str):
-    return [t for t in FAMILIES[family].tensors if "{i}" in t.hf]
 
 
 def families_markdown() -> str:
@@ -66,7 +76,7 @@ def families_markdown() -> str:
         "| --- | --- | --- | --- | --- |",
     ]
     for name, f in FAMILIES.items():
-        doc = " ".join((f.options.__doc__ or "").split())
+        doc = " ".join((f.options.__doc__ or "").split()).replace("``", "`")
         summary = doc.split(": ", 1)[1] if ": " in doc else doc
         archs = ", ".join(f"`{a}`" for a in f.architectures)
         opts = ", ".join(f"`{o}`" for o in decoder_options(name))
