@@ -10,7 +10,8 @@ dependencies; a separate venv)::
 Each fixture directory holds what `save_pretrained` wrote (config.json, model.safetensors or
 shards + index), a tiny byte-level BPE `tokenizer.json` + `tokenizer_config.json` with the
 family's BOS/EOS, `tokens.npy` (fixed int32 tokens, longer than every sliding window) and
-`logits.npy` (transformers' float32 logits on them, eager attention). Weights are random with a
+`logits.npy` (transformers' float32 logits on them, eager attention) and, for the newer families,
+`greedy.npy` (transformers' greedy continuation of the first tokens). Weights are random with a
 larger spread than `initializer_range` so the logits are far from uniform and a wrong transpose,
 norm or scale shows. `--check` loads a directory (e.g. one `save_hf` wrote) with `transformers`
 and compares its logits on the expected fixture's tokens; exit 1 on a mismatch.
@@ -296,6 +297,11 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
     ),
 }
 
+# Fixtures that also get `greedy.npy`: transformers' greedy continuation of their first GREEDY_PROMPT tokens
+# (past the 5-token windows), the reference for cached decoding (`generate`).
+GREEDY = ("qwen3", "gemma2", "gemma3", "gemma3_mm", "phi3", "olmo2")
+GREEDY_PROMPT, GREEDY_TOKENS = 5, 12
+
 # Tokenizer family -> (special tokens in id order, bos, eos, add_bos)
 SPECIALS = {
     "llama": (["<unk>", "<s>", "</s>"], "<s>", "</s>", True),
@@ -372,6 +378,18 @@ def logits_of(model_dir: Path, tokens: np.ndarray) -> np.ndarray:
         return model(torch.from_numpy(tokens.astype(np.int64))).logits.float().numpy()
 
 
+def greedy_of(model_dir: Path, prompt: np.ndarray, n: int) -> np.ndarray:
+    """transformers' greedy continuation of ``prompt`` (``n`` tokens, recomputing the sequence, no stop token)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    ids = torch.from_numpy(prompt.astype(np.int64))[None]
+    with torch.no_grad():
+        for _ in range(n):
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids[0, len(prompt) :].numpy().astype(np.int32)
+
+
 def v4_dialect(cfg: dict) -> dict:
     """The same config as transformers 4.x wrote it: rope_theta + rope_scaling, torch_dtype, no layer_types."""
     cfg = dict(cfg)
@@ -410,6 +428,8 @@ def make(name: str, seed: int) -> None:
     np.save(out / "tokens.npy", tokens)
     logits = logits_of(out, tokens)
     np.save(out / "logits.npy", logits.astype(np.float32))
+    if name in GREEDY:
+        np.save(out / "greedy.npy", greedy_of(out, tokens[0, :GREEDY_PROMPT], GREEDY_TOKENS))
     if name == "llama":
         # transformers 4.x's dialect of the same config: transformers 5 reads it to the same model.
         v4 = out / "v4"
