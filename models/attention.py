@@ -172,8 +172,8 @@ class Attention(nn.Module):
         if self.rope:
             q = rope(q, self.rope_theta, self.rope_scaling, positions)
             kk = rope(kk, self.rope_theta, self.rope_scaling, positions)
-            q = local_rope(q0, q, local, self.local_rope, positions)
-            kk = local_rope(k0, kk, local, self.local_rope, positions)
+            q = local_rope(q0, q, local, self.local_rope, positions, rope)
+            kk = local_rope(k0, kk, local, self.local_rope, positions, rope)
         # `local` given (mixed local/global layers): the window applies on local layers only.
         window = self.window if local is None else None
         v = with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))

@@ -269,7 +269,7 @@ class GPT(nn.Module):
             attn_scale=self.attn_scale,
             decode=self.decode,
             out_in=self.kernel_order == "out_in",
-            **variant_options(self),
+            **variant_options(self, parse_rope_scaling),
         )
         local = local_layers(self.layer_types, self.layers)
         if self.scan_layers:

@@ -28,8 +28,8 @@ Example::
     ('heads', 'kv')
     >>> float(jnp.mean(norm.apply(v, x)[0, 0] ** 2).round(3))           # unit RMS over every head at once
     1.0
-    >>> float(softcap(jnp.array(100.0), 30.0).round(2))
-    29.85
+    >>> round(float(softcap(jnp.array(100.0), 30.0)), 2)               # 30 * tanh(100 / 30)
+    29.92
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from partitioning.boxes import param_for_compute, with_logical_partitioning
+from partitioning.errors import ConfigError
 
 QK_NORMS = ("head", "all")
 NORM_PLACEMENTS = ("pre", "pre_post", "post")
@@ -84,12 +85,11 @@ def softcap(x: jax.Array, cap: float | None) -> jax.Array:
     return x if not cap else jnp.tanh(x / cap) * cap
 
 
-def local_rope(x: jax.Array, rotated: jax.Array, local: Any, spec: tuple | None, positions: Any) -> jax.Array:
-    """``rotated`` (the global RoPE) on global layers, ``x`` rotated by ``spec = (theta, scaling)`` on local ones."""
+def local_rope(x: jax.Array, rotated: jax.Array, local: Any, spec: tuple | None, positions: Any, rope: Any) -> Any:
+    """``rotated`` (the global RoPE) on global layers, ``x`` rotated by ``rope`` with ``spec = (theta, scaling)``
+    (the local RoPE) on local ones (``rope``: attention's, which imports this module)."""
     if local is None or spec is None or local is False:
         return rotated
-    from partitioning.models.attention import rope  # attention imports this module
-
     other = rope(x, spec[0], spec[1], positions)
     return other if local is True else jnp.where(local, other, rotated)
 
@@ -127,8 +127,6 @@ def local_layers(layer_types: Any, layers: int) -> tuple[bool, ...] | None:
 
 def check_layer_types(model: Any) -> None:
     """``layer_types``: one of :data:`LAYER_TYPES` per layer (ConfigError naming the field otherwise)."""
-    from partitioning.errors import ConfigError
-
     types = model.layer_types
     if types is None:
         if model.local_rope_theta is not None:
@@ -141,18 +139,14 @@ def check_layer_types(model: Any) -> None:
         )
 
 
-def variant_options(model: Any) -> dict[str, Any]:
-    """The :class:`~partitioning.models.gpt.Block` options of these variants, from the GPT's fields."""
-    from partitioning.models.attention import parse_rope_scaling
-
+def variant_options(model: Any, parse_rope_scaling: Any) -> dict[str, Any]:
+    """The :class:`~partitioning.models.gpt.Block` options of these variants, from the GPT's fields
+    (``parse_rope_scaling``: attention's, which imports this module)."""
     spec = None
     if model.local_rope_theta is not None:
         spec = (float(model.local_rope_theta), parse_rope_scaling(model.local_rope_scaling))
     return dict(
-        norm_placement=model.norm_placement,
-        qk_norm=model.qk_norm,
-        attn_softcap=model.attn_softcap,
-        local_rope=spec,
+        norm_placement=model.norm_placement, qk_norm=model.qk_norm, attn_softcap=model.attn_softcap, local_rope=spec
     )
 
 

@@ -62,7 +62,6 @@ LLAMA = (
 )
 
 
-
 def _replace(rows: tuple[Tensor, ...], changes: dict[str, tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
     """``rows`` with each row whose ``hf`` name ends with a key of ``changes`` replaced by its rows (in place)."""
     out: list[Tensor] = []

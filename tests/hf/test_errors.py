@@ -182,7 +182,14 @@ def test_no_weights_at_all(tmp_path):
         ),
         (
             "phi3",
-            {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0], "long_factor": [1.0]}},
+            {
+                "rope_parameters": {
+                    "rope_type": "longrope",
+                    "rope_theta": 1e4,
+                    "short_factor": [1.0],
+                    "long_factor": [1.0],
+                }
+            },
             "rope_parameters: rope_type 'longrope' is not supported; supported: default, llama3, linear",
         ),
         (

@@ -40,7 +40,12 @@ def test_gemma3_reads_its_layer_kinds_and_their_ropes():
     assert model.layer_types == ("sliding_attention", "sliding_attention", "full_attention", "sliding_attention")
     assert (model.sliding_window, model.local_rope_theta, model.local_rope_scaling) == (5, 100.0, None)
     assert (model.rope_theta, model.rope_scaling) == (1e6, {"rope_type": "linear", "factor": 4.0})
-    assert (model.qk_norm, model.norm_placement, model.norm, model.attn_scale) == ("head", "pre_post", "rms_offset", 0.25)
+    assert (model.qk_norm, model.norm_placement, model.norm, model.attn_scale) == (
+        "head",
+        "pre_post",
+        "rms_offset",
+        0.25,
+    )
     # The 4.x dialect of the same model: rope_theta + rope_scaling global, rope_local_base_freq local.
     cfg = json.loads((fixture("gemma3") / "config.json").read_text())
     del cfg["rope_parameters"], cfg["layer_types"]
@@ -78,7 +83,9 @@ def test_phi3_fused_projections_split_per_shard():
 def test_the_text_tower_of_a_multimodal_checkpoint(tmp_path):
     model, variables = pt.load_hf(fixture("gemma3_mm"), mesh_for("fsdp_tp"), "fsdp_tp")
     tokens, want = expected("gemma3_mm")
-    np.testing.assert_allclose(logits(model, variables, tokens, mesh_for("fsdp_tp"), "fsdp_tp"), want, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        logits(model, variables, tokens, mesh_for("fsdp_tp"), "fsdp_tp"), want, atol=1e-4, rtol=0
+    )
     # Saved as the text model it is (the vision tower was never loaded): Gemma3ForCausalLM, model.* names.
     out = pt.save_hf(model, variables, tmp_path / "text")
     cfg = json.loads((out / "config.json").read_text())
@@ -119,7 +126,9 @@ def test_plan_prints_them_from_the_run_configs(repo, monkeypatch, run_cli_in_pro
     assert r.stdout.startswith("hf/qwen3-8b (8,190,735,360 parameters) on mesh {'data': 1, 'fsdp': 16, 'tensor': 4}")
     r = run_cli_in_process("plan", "configs/gemma3_27b_hf.yaml", "--no-compile")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.startswith("hf/gemma-3-27b (27,009,346,304 parameters) on mesh {'data': 1, 'fsdp': 32, 'tensor': 8}")
+    assert r.stdout.startswith(
+        "hf/gemma-3-27b (27,009,346,304 parameters) on mesh {'data': 1, 'fsdp': 32, 'tensor': 8}"
+    )
 
 
 def test_the_docs_list_the_families_the_tables_define(repo):
@@ -128,3 +137,23 @@ def test_the_docs_list_the_families_the_tables_define(repo):
     # Regenerate with: python -m partitioning.models.hf.catalog docs/pretrained.md
     assert text[start:end].strip() == families_markdown().strip()
     assert "| `Gemma3ForCausalLM`, `Gemma3ForConditionalGeneration` | gemma3 |" in text
+
+
+def test_the_new_options_are_checked_and_never_exported_as_llama():
+    from partitioning.models import GPT
+    from partitioning.models.hf import export_config
+
+    with pytest.raises(pt.ConfigError) as e:
+        GPT(layers=2, layer_types=["sliding_attention"], sliding_window=4)
+    assert e.value.arg == "layer_types"
+    assert "one of full_attention, sliding_attention per layer (2)" in str(e.value)
+    with pytest.raises(pt.ConfigError) as e:
+        GPT(layers=2, qk_norm="heads")
+    assert e.value.arg == "qk_norm"
+    with pytest.raises(pt.ConfigError) as e:
+        GPT(layers=2, local_rope_theta=10.0)
+    assert e.value.arg == "local_rope_theta"
+    for option in ({"qk_norm": "head"}, {"norm_placement": "post"}, {"final_softcap": 30.0}):
+        with pytest.raises(pt.ConfigError) as e:
+            export_config(GPT(layers=2, **option))
+        assert e.value.arg == next(iter(option))
