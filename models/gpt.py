@@ -22,7 +22,11 @@ dtype), ``mlp_act`` / ``mlp_glu`` (SwiGLU, GeGLU or GPT-2's plain gelu MLP), ``p
 rows), ``rope_scaling`` (``llama3`` / ``linear``), ``sliding_window``, ``attn_scale``,
 ``kernel_order`` (``out_in``: projection weights stored outputs first, ``q (heads, kv, embed)``,
 ``wo (embed, mlp)``, ``unembed (vocab, embed)``, as torch's ``Linear`` stores them, so a Hugging
-Face checkpoint loads without transposes).
+Face checkpoint loads without transposes). The newer families' options (:mod:`partitioning.models.variants`):
+``qk_norm`` (``head``: ``q_norm`` / ``k_norm`` scales ``(kv,)``; ``all``: ``(heads, kv)`` / ``(kv_heads, kv)``),
+``norm_placement`` (``pre`` | ``pre_post`` | ``post``: ``attn_post_norm`` / ``mlp_post_norm``),
+``attn_softcap`` / ``final_softcap``, ``layer_types`` (local sliding-window layers beside global ones,
+carried through the layer scan as data) with ``local_rope_theta`` / ``local_rope_scaling``.
 """
 
 from __future__ import annotations
