@@ -36,6 +36,7 @@ from partitioning.errors import ConfigError
 from partitioning.models.kv_cache import cache_positions, cached_kv
 from partitioning.models.layers import bias_param, kernel, order, row_parallel
 from partitioning.models.lora import adapt, project
+from partitioning.models.variants import local_mask, local_rope, qk_norms, softcap
 
 # rope_type -> the keys it needs besides rope_type.
 ROPE_SCALINGS = {
@@ -187,8 +188,16 @@ class Attention(nn.Module):
     out_in: bool = False  # weights stored (out, in), as torch's Linear
     lora: Any = None  # LoRA adapters on q / k / v / o (partitioning.models.lora)
 
+    # The newer families' options (models/variants.py): q/k norm (`head` | `all`) of the model's
+    # `norm` flavour, score soft-capping, and the (theta, scaling) RoPE of local layers.
+    qk_norm: str | None = None
+    norm: str = "rms"
+    norm_eps: float = 1e-6
+    softcap: float | None = None
+    local_rope: tuple | None = None
+
     @nn.compact
-    def __call__(self, x, segment_ids=None, positions=None):
+    def __call__(self, x, segment_ids=None, positions=None, local=None):
         b, t, d = x.shape
         h, g, k = self.heads, self.kv_heads, self.head_dim
         pd, dt, oi = self.param_dtype, self.dtype, self.out_in
@@ -204,17 +213,25 @@ class Attention(nn.Module):
             q = q + bias_param(self, "q_bias", ("heads", "kv"), (h, k), pd).astype(dt)
             kk = kk + bias_param(self, "k_bias", ("kv_heads", "kv"), (g, k), pd).astype(dt)
             v = v + bias_param(self, "v_bias", ("kv_heads", "kv"), (g, k), pd).astype(dt)
+        q, kk = qk_norms(self, q, kk)
         q = with_logical_constraint(q, ("batch", "length", "heads", "kv"))
         kk = with_logical_constraint(kk, ("batch", "length", "kv_heads", "kv"))
         if self.decode:
             positions = cache_positions(self, t)
+        q0, k0 = q, kk
         if self.rope:
             q = rope(q, self.rope_theta, self.rope_scaling, positions)
             kk = rope(kk, self.rope_theta, self.rope_scaling, positions)
+            q = local_rope(q0, q, local, self.local_rope, positions, rope)
+            kk = local_rope(k0, kk, local, self.local_rope, positions, rope)
+        # `local` given (mixed local/global layers): the window applies on local layers only.
+        window = self.window if local is None else None
         v = with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
-        mask = causal_mask(t, self.window) if segment_ids is None else segment_mask(segment_ids, self.window)
+        mask = causal_mask(t, window) if segment_ids is None else segment_mask(segment_ids, window)
         if self.decode:  # attend to every cached position so far, this call's included
-            kk, v, mask = cached_kv(self, kk, v, positions, self.window)
+            kk, v, mask = cached_kv(self, kk, v, positions, window)
+        # Packed rows restart `positions` per example: the window is over row indices, as the mask's.
+        mask = local_mask(mask, local, self.window, positions if self.decode else None)
         # Grouped-query: each kv head serves heads // kv_heads query heads.
         q = q.reshape(b, t, g, h // g, k)
         # Explicit axes with `length` sharded (seq): name the layouts of the two
@@ -223,7 +240,7 @@ class Attention(nn.Module):
             "btgrk,bsgk->bgrts", q, kk, out_sharding=logical_spec(("batch", "kv_heads", None, "length", None))
         )
         scale = k**-0.5 if self.scale is None else self.scale
-        scores = scores.astype(jnp.float32) * scale
+        scores = softcap(scores.astype(jnp.float32) * scale, self.softcap)
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
         out = jnp.einsum(

@@ -22,7 +22,11 @@ dtype), ``mlp_act`` / ``mlp_glu`` (SwiGLU, GeGLU or GPT-2's plain gelu MLP), ``p
 rows), ``rope_scaling`` (``llama3`` / ``linear``), ``sliding_window``, ``attn_scale``,
 ``kernel_order`` (``out_in``: projection weights stored outputs first, ``q (heads, kv, embed)``,
 ``wo (embed, mlp)``, ``unembed (vocab, embed)``, as torch's ``Linear`` stores them, so a Hugging
-Face checkpoint loads without transposes).
+Face checkpoint loads without transposes). The newer families' options (:mod:`partitioning.models.variants`):
+``qk_norm`` (``head``: ``q_norm`` / ``k_norm`` scales ``(kv,)``; ``all``: ``(heads, kv)`` / ``(kv_heads, kv)``),
+``norm_placement`` (``pre`` | ``pre_post`` | ``post``: ``attn_post_norm`` / ``mlp_post_norm``),
+``attn_softcap`` / ``final_softcap``, ``layer_types`` (local sliding-window layers beside global ones,
+carried through the layer scan as data) with ``local_rope_theta`` / ``local_rope_scaling``.
 """
 
 from __future__ import annotations
@@ -41,6 +45,16 @@ from partitioning.models.kv_cache import position_offset
 from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
 from partitioning.models.lora import LoRA, adapt, checks_targets, for_call
 from partitioning.models.moe import MoE, MoeMlp
+from partitioning.models.variants import (
+    NORM_PLACEMENTS,
+    QK_NORMS,
+    check_layer_types,
+    local_layers,
+    post_norm,
+    pre_norm,
+    softcap,
+    variant_options,
+)
 from partitioning.parallel.pipeline import LayerStack
 from partitioning.registry import register_model
 
@@ -75,11 +89,16 @@ class Block(nn.Module):
     decode: bool = False
     out_in: bool = False
     lora: LoRA | None = None
+    norm_placement: str = "pre"
+    qk_norm: str | None = None
+    attn_softcap: float | None = None
+    local_rope: tuple | None = None
 
     @nn.compact
-    def __call__(self, x, segment_ids=None, positions=None):
-        y = make_norm(self.norm, self.dtype, self.param_dtype, "attn_norm", self.norm_eps)(x)
-        x = x + Attention(
+    def __call__(self, x, segment_ids=None, positions=None, layer=None):
+        # `layer`: True on a local (sliding-window) layer of a mixed stack (LayerStack's layer_data).
+        y = pre_norm(self, x, "attn", make_norm)
+        y = Attention(
             self.heads,
             self.kv_heads,
             self.head_dim,
@@ -95,13 +114,19 @@ class Block(nn.Module):
             decode=self.decode,
             out_in=self.out_in,
             lora=self.lora,
+            qk_norm=self.qk_norm,
+            norm=self.norm,
+            norm_eps=self.norm_eps,
+            softcap=self.attn_softcap,
+            local_rope=self.local_rope,
             name="attn",
-        )(y, segment_ids, positions)
-        y = make_norm(self.norm, self.dtype, self.param_dtype, "mlp_norm", self.norm_eps)(x)
+        )(y, segment_ids, positions, local=layer)
+        x = x + post_norm(self, y, "attn", make_norm)
+        y = pre_norm(self, x, "mlp", make_norm)
         if self.moe is not None:
-            x = x + MoeMlp(self.moe, self.mlp, self.dtype, self.param_dtype, name="mlp")(y)
+            y = MoeMlp(self.moe, self.mlp, self.dtype, self.param_dtype, name="mlp")(y)
         else:
-            x = x + MlpBlock(
+            y = MlpBlock(
                 self.mlp,
                 self.dtype,
                 self.param_dtype,
@@ -112,6 +137,7 @@ class Block(nn.Module):
                 lora=self.lora,
                 name="mlp",
             )(y)
+        x = x + post_norm(self, y, "mlp", make_norm)
         x = with_logical_constraint(x, ("batch", "length", "embed"))
         return x, None
 
@@ -150,6 +176,14 @@ class GPT(nn.Module):
     decode: bool = False  # KV cache in the `cache` collection, for generation (partitioning.generate)
     kernel_order: str = "in_out"  # in_out | out_in: projection weights stored outputs first (torch's Linear)
     lora: Any = None  # {rank, alpha, targets, dropout, rslora, dtype}: LoRA adapters (partitioning.models.lora)
+    # The newer families (models/variants.py):
+    qk_norm: str | None = None  # head (Qwen3, Gemma 3) | all (OLMo-2): RMSNorm of q and k before RoPE
+    norm_placement: str = "pre"  # pre | pre_post (Gemma 2/3) | post (OLMo-2)
+    attn_softcap: float | None = None  # cap * tanh(scores / cap) (Gemma 2)
+    final_softcap: float | None = None  # the same on the logits
+    layer_types: Any = None  # per layer full_attention | sliding_attention: sliding_window on the sliding ones
+    local_rope_theta: float | None = None  # RoPE base of the sliding layers (default: rope_theta)
+    local_rope_scaling: Any = None  # their rope_scaling (with local_rope_theta; default: none)
 
     def __post_init__(self):
         positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
@@ -178,6 +212,11 @@ class GPT(nn.Module):
         choice(self, "mlp_act", ACTIVATIONS)
         choice(self, "remat", REMAT_POLICIES)
         choice(self, "kernel_order", ("in_out", "out_in"))
+        choice(self, "norm_placement", NORM_PLACEMENTS)
+        if self.qk_norm is not None:
+            choice(self, "qk_norm", QK_NORMS)
+        check_layer_types(self)
+        parse_rope_scaling(self.local_rope_scaling)
         float_dtype(self, "dtype", "param_dtype")
         MoE.parse(self.moe)  # a bad `moe:` option fails at construction, naming `moe`
         parse_rope_scaling(self.rope_scaling)
@@ -246,13 +285,15 @@ class GPT(nn.Module):
             decode=self.decode,
             out_in=self.kernel_order == "out_in",
             lora=for_call(self.lora, deterministic),
+            **variant_options(self, parse_rope_scaling),
         )
+        local = local_layers(self.layer_types, self.layers)
         if self.scan_layers:
             # nn.scan over a `layers` axis; a GPipe pipeline when the mesh has a `stage` axis.
-            x, _ = LayerStack(block, self.layers, kw, name="blocks")(x, *packed)
+            x, _ = LayerStack(block, self.layers, kw, name="blocks", layer_data=local)(x, *packed)
         else:
             for i in range(self.layers):
-                x, _ = block(**kw, name=f"block_{i}")(x, *packed)
+                x, _ = block(**kw, name=f"block_{i}")(x, *packed, **({"layer": local[i]} if local else {}))
         x = make_norm(self.norm, dt, pd, "final_norm", self.norm_eps)(x)
         if self.tie_embeddings:
             logits = jnp.einsum("btd,vd->btv", x, emb.astype(dt)).astype(jnp.float32)
@@ -262,6 +303,7 @@ class GPT(nn.Module):
             eq, ins, outs = f"btd,{order(oi, 'd', 'v')}->btv", (("embed", self.embed),), (("vocab", self.vocab_size),)
             logits = adapt(self, "unembed", jnp.einsum(eq, x, w.astype(dt)), x, eq, kw["lora"], ins, outs, oi)
             logits = logits.astype(jnp.float32)
+        logits = softcap(logits, self.final_softcap)
         return with_logical_constraint(logits, ("batch", "length", "vocab"))
 
 

@@ -10,7 +10,8 @@ dependencies; a separate venv)::
 Each fixture directory holds what `save_pretrained` wrote (config.json, model.safetensors or
 shards + index), a tiny byte-level BPE `tokenizer.json` + `tokenizer_config.json` with the
 family's BOS/EOS, `tokens.npy` (fixed int32 tokens, longer than every sliding window) and
-`logits.npy` (transformers' float32 logits on them, eager attention). Weights are random with a
+`logits.npy` (transformers' float32 logits on them, eager attention) and, for the newer families,
+`greedy.npy` (transformers' greedy continuation of the first tokens). Weights are random with a
 larger spread than `initializer_range` so the logits are far from uniform and a wrong transpose,
 norm or scale shows. `--check` loads a directory (e.g. one `save_hf` wrote) with `transformers`
 and compares its logits on the expected fixture's tokens; exit 1 on a mismatch.
@@ -170,7 +171,136 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "llama",
         {"max_shard_size": "40KB"},
     ),
+    # Issue 27's dense families.
+    # Per-head q/k norms, head_dim (16) != hidden / heads (8), GQA, untied.
+    "qwen3": (
+        "Qwen3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        ),
+        "qwen2",
+        {},
+    ),
+    # Soft-capped scores and logits (caps small enough to bite), local/global layers with a window (5)
+    # shorter than the sequence, four norms a block, query_pre_attn_scalar != head_dim.
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=64,
+            sliding_window=5,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=3.0,
+            final_logit_softcapping=2.5,
+        ),
+        "gemma",
+        {},
+    ),
+    # A 3-layer pattern over 4 layers (sliding, sliding, full, sliding: no whole number of groups),
+    # per-head (1 + w) q/k norms, linear-scaled global RoPE and a local RoPE of its own base.
+    "gemma3": (
+        "Gemma3TextConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=64,
+            sliding_window=5,
+            sliding_window_pattern=3,
+            query_pre_attn_scalar=16,
+            rope_parameters=dict(
+                full_attention=dict(rope_type="linear", factor=4.0, rope_theta=1000000.0),
+                sliding_attention=dict(rope_type="default", rope_theta=100.0),
+            ),
+        ),
+        "gemma",
+        {},
+    ),
+    # The text tower of a multimodal checkpoint (model.language_model.* beside a tiny vision tower).
+    "gemma3_mm": (
+        "Gemma3Config",
+        dict(
+            text_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                max_position_embeddings=64,
+                sliding_window=5,
+                sliding_window_pattern=2,
+            ),
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=32,
+                patch_size=16,
+            ),
+            mm_tokens_per_image=4,
+            boi_token_index=VOCAB - 3,
+            eoi_token_index=VOCAB - 2,
+            image_token_index=VOCAB - 1,
+        ),
+        "gemma",
+        {},
+    ),
+    # Fused qkv_proj and gate_up_proj, a sliding window on every layer.
+    "phi3": (
+        "Phi3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=64,
+            original_max_position_embeddings=64,
+            sliding_window=5,
+            tie_word_embeddings=False,
+            pad_token_id=0,
+        ),
+        "llama",
+        {},
+    ),
+    # Norms after attention and MLP only, q/k norms over the whole projection, GQA.
+    "olmo2": (
+        "Olmo2Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        ),
+        "gpt2",
+        {},
+    ),
 }
+
+# Fixtures that also get `greedy.npy`: transformers' greedy continuation of their first GREEDY_PROMPT tokens
+# (past the 5-token windows), the reference for cached decoding (`generate`).
+GREEDY = ("qwen3", "gemma2", "gemma3", "gemma3_mm", "phi3", "olmo2")
+GREEDY_PROMPT, GREEDY_TOKENS = 5, 12
 
 # Tokenizer family -> (special tokens in id order, bos, eos, add_bos)
 SPECIALS = {
@@ -248,6 +378,18 @@ def logits_of(model_dir: Path, tokens: np.ndarray) -> np.ndarray:
         return model(torch.from_numpy(tokens.astype(np.int64))).logits.float().numpy()
 
 
+def greedy_of(model_dir: Path, prompt: np.ndarray, n: int) -> np.ndarray:
+    """transformers' greedy continuation of ``prompt`` (``n`` tokens, recomputing the sequence, no stop token)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    ids = torch.from_numpy(prompt.astype(np.int64))[None]
+    with torch.no_grad():
+        for _ in range(n):
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids[0, len(prompt) :].numpy().astype(np.int32)
+
+
 def v4_dialect(cfg: dict) -> dict:
     """The same config as transformers 4.x wrote it: rope_theta + rope_scaling, torch_dtype, no layer_types."""
     cfg = dict(cfg)
@@ -270,7 +412,11 @@ def make(name: str, seed: int) -> None:
     ids = make_tokenizer(family, out)
     assert ids["size"] <= VOCAB, ids
     special = {k: v for k, v in ids.items() if k != "size"}
-    config = getattr(transformers, cls_name)(vocab_size=VOCAB, **kwargs, **special)
+    if "text_config" in kwargs:  # multimodal: the vocabulary and special tokens are the text model's
+        kwargs = {**kwargs, "text_config": {**kwargs["text_config"], "vocab_size": VOCAB, **special}}
+        config = getattr(transformers, cls_name)(**kwargs)
+    else:
+        config = getattr(transformers, cls_name)(vocab_size=VOCAB, **kwargs, **special)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     randomize(model, family, seed)
@@ -282,6 +428,8 @@ def make(name: str, seed: int) -> None:
     np.save(out / "tokens.npy", tokens)
     logits = logits_of(out, tokens)
     np.save(out / "logits.npy", logits.astype(np.float32))
+    if name in GREEDY:
+        np.save(out / "greedy.npy", greedy_of(out, tokens[0, :GREEDY_PROMPT], GREEDY_TOKENS))
     if name == "llama":
         # transformers 4.x's dialect of the same config: transformers 5 reads it to the same model.
         v4 = out / "v4"
@@ -316,8 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         return check(args.check, args.expect, args.atol)
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
-    for i, name in enumerate(args.names or FIXTURES):
-        make(name, seed=i)
+    for name in args.names or FIXTURES:
+        make(name, seed=list(FIXTURES).index(name))  # the same seed whichever fixtures are made
     return 0
 
 

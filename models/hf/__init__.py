@@ -7,7 +7,11 @@ paths. The loading engine (:mod:`partitioning.checkpoint.hf`) reads these
 tables; it knows patterns and shapes, not model classes.
 
 - :mod:`partitioning.models.hf.tables` — the name maps: HF tensor name -> parameter path + einops-like pattern.
-- :mod:`partitioning.models.hf.families` — ``config.json`` -> GPT options for Llama, Mistral, Qwen2, Gemma, GPT-2.
+- :mod:`partitioning.models.hf.families` — the ``Family`` rows: ``config.json`` -> GPT options for Llama, Mistral,
+  Qwen2, Qwen3, Phi-3, OLMo-2, GPT-2 (and the Gemmas').
+- :mod:`partitioning.models.hf.gemmas` — the readers of Gemma, Gemma 2 and Gemma 3 (text and multimodal).
+- :mod:`partitioning.models.hf.fields` — what every reader shares: activations, RoPE in both dialects, sizes.
+- :mod:`partitioning.models.hf.catalog` — the docs' table of families, generated from the rows.
 - :mod:`partitioning.models.hf.model` — ``HFDecoder`` (a GPT carrying its ``config.json``), ``build``,
   ``export_config``.
 

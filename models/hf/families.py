@@ -24,19 +24,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from partitioning.errors import ConfigError
-from partitioning.models.attention import parse_rope_scaling
-from partitioning.models.hf.tables import GPT2, GPT2_EXTRA, LLAMA, LLAMA_EXTRA, Tensor
-
-# transformers' ACT2FN names -> the decoder's activations.
-ACTS = {
-    "silu": "silu",
-    "swish": "silu",
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "gelu": "gelu",
-    "relu": "relu",
-}
+from partitioning.models.hf.fields import _LLAMA_DEFAULTS, ACTS, _act, _decoder, _rope  # noqa: F401 (re-exported)
+from partitioning.models.hf.gemmas import gemma, gemma2, gemma3, text_config
+from partitioning.models.hf.tables import (
+    GEMMA2,
+    GEMMA3_EXTRA,
+    GPT2,
+    GPT2_EXTRA,
+    LLAMA,
+    LLAMA_EXTRA,
+    OLMO2,
+    PHI3,
+    QWEN3,
+    Tensor,
+)
 
 
 @dataclass(frozen=True)
@@ -55,73 +56,6 @@ class Family:
     aliases: tuple[tuple[str, str], ...] = ()
 
 
-def _act(cfg: Mapping[str, Any], key: str, default: str) -> str:
-    name = cfg.get(key) or default
-    if name not in ACTS:
-        raise ConfigError(f"{key} {name!r} is not supported; supported: {', '.join(ACTS)}", arg=key)
-    return ACTS[name]
-
-
-def _rope(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """``rope_theta`` and ``rope_scaling`` from either dialect."""
-    key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
-    rp = dict(cfg.get(key) or {})
-    layer_types = set(cfg.get("layer_types") or ())
-    if layer_types & set(rp):
-        raise ConfigError(
-            f"{key} per layer type ({', '.join(sorted(layer_types & set(rp)))}) is not supported", arg=key
-        )
-    partial = rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    if partial not in (None, 1, 1.0):
-        raise ConfigError(f"partial_rotary_factor {partial} is not supported (only 1.0: rotate every feature)", arg=key)
-    theta = float(rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    kind = rp.get("rope_type", rp.get("type", "default"))
-    if kind == "llama3":
-        rp.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings"))
-    try:
-        scaling = parse_rope_scaling(None if kind == "default" else {**rp, "rope_type": kind})
-    except ConfigError as e:
-        raise ConfigError(f"{key}: {e}", arg=key) from e
-    return {"rope_theta": theta, "rope_scaling": dict(scaling) if scaling else None}
-
-
-def _decoder(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """The options every Llama-shaped family shares."""
-
-    def get(key):
-        v = cfg.get(key)
-        return defaults.get(key) if v is None else v
-
-    d, heads = int(get("hidden_size")), int(get("num_attention_heads"))
-    return dict(
-        vocab_size=int(get("vocab_size")),
-        embed=d,
-        heads=heads,
-        kv_heads=int(get("num_key_value_heads") or heads),
-        head_dim=int(get("head_dim") or d // heads),
-        mlp=int(get("intermediate_size")),
-        layers=int(get("num_hidden_layers")),
-        norm_eps=float(get("rms_norm_eps")),
-        tie_embeddings=bool(get("tie_word_embeddings")),
-        mlp_act=_act(cfg, "hidden_act", defaults["hidden_act"]),
-        # torch's Linear stores weights (out, in): the same order here makes loading a reshape.
-        kernel_order="out_in",
-        **_rope(cfg),
-    )
-
-
-_LLAMA_DEFAULTS = dict(
-    vocab_size=32000,
-    hidden_size=4096,
-    intermediate_size=11008,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=False,
-    hidden_act="silu",
-)
-
-
 def llama(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Llama 2/3/3.1/3.2: GQA, ``attention_bias`` (q, k, v and o), ``mlp_bias``, ``llama3`` / ``linear`` RoPE."""
     bias = bool(cfg.get("attention_bias", False))
@@ -138,7 +72,24 @@ def mistral(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def qwen2(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Qwen2: q/k/v biases; a sliding window when ``use_sliding_window`` and every layer is a sliding one."""
     defaults = {**_LLAMA_DEFAULTS, "vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32}
-    out = {**_decoder(cfg, defaults), "qkv_bias": True}
+    return _qwen_window(cfg, {**_decoder(cfg, defaults), "qkv_bias": True})
+
+
+def qwen3(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Qwen3: per-head q/k RMSNorm, explicit ``head_dim`` (128), ``attention_bias`` (q, k, v and o), Qwen2's windows."""
+    defaults = {
+        **_LLAMA_DEFAULTS,
+        "vocab_size": 151936,
+        "intermediate_size": 22016,
+        "num_key_value_heads": 32,
+        "head_dim": 128,
+    }
+    bias = bool(cfg.get("attention_bias", False))
+    return _qwen_window(cfg, {**_decoder(cfg, defaults), "qkv_bias": bias, "out_bias": bias, "qk_norm": "head"})
+
+
+def _qwen_window(cfg: Mapping[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """Qwen's ``use_sliding_window`` / ``max_window_layers``: honoured when every layer (or none) slides."""
     window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window") else None
     if window:
         n, first = out["layers"], int(cfg.get("max_window_layers", 28))
@@ -154,36 +105,33 @@ def qwen2(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def gemma(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Gemma: GeGLU, ``(1 + w)`` RMSNorm, embeddings scaled by ``sqrt(hidden_size)``, tied, own ``head_dim``."""
+def phi3(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Phi-3: fused ``qkv_proj`` / ``gate_up_proj`` (split on load, fused on export), ``sliding_window`` on every
+    layer; q, k and v of equal size only (``num_key_value_heads == num_attention_heads``)."""
     defaults = {
         **_LLAMA_DEFAULTS,
-        "vocab_size": 256000,
+        "vocab_size": 32064,
         "hidden_size": 3072,
-        "intermediate_size": 24576,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 16,
-        "head_dim": 256,
-        "tie_word_embeddings": True,
-        "hidden_act": "gelu_pytorch_tanh",
+        "intermediate_size": 8192,
+        "rms_norm_eps": 1e-5,
     }
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if cfg.get(key) is not None:
-            raise ConfigError(f"{key} is not supported (a Gemma 2 option)", arg=key)
-    if cfg.get("use_bidirectional_attention"):
+    out = _decoder(cfg, defaults)
+    if out["kv_heads"] != out["heads"]:
         raise ConfigError(
-            "use_bidirectional_attention is not supported (the decoder is causal)", arg="use_bidirectional_attention"
+            f"num_key_value_heads {out['kv_heads']} != num_attention_heads {out['heads']} is not supported for Phi-3 "
+            "(its fused qkv_proj is split in three equal parts)",
+            arg="num_key_value_heads",
         )
-    # Gemma's legacy `hidden_act: gelu` means the tanh approximation (transformers converts it too);
-    # transformers 4.x configs name it `hidden_activation`.
-    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or defaults["hidden_act"]
-    cfg = {**cfg, "hidden_act": "gelu_pytorch_tanh" if act == "gelu" else act}
+    window = cfg.get("sliding_window")
+    return {**out, "sliding_window": int(window) if window else None}
+
+
+def olmo2(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """OLMo-2: norms after the attention and the MLP (none before), q/k RMSNorm over the whole projection."""
+    defaults = {**_LLAMA_DEFAULTS, "vocab_size": 50304, "rms_norm_eps": 1e-5}
     bias = bool(cfg.get("attention_bias", False))
-    out = {**_decoder(cfg, defaults), "norm": "rms_offset", "embed_scale": True, "qkv_bias": bias, "out_bias": bias}
-    if cfg.get("query_pre_attn_scalar") is not None:
-        out["attn_scale"] = float(cfg["query_pre_attn_scalar"]) ** -0.5
-    return out
+    out = _decoder(cfg, defaults)
+    return {**out, "qkv_bias": bias, "out_bias": bias, "qk_norm": "all", "norm_placement": "post"}
 
 
 def gpt2(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -223,8 +171,21 @@ FAMILIES = {
         Family("llama", ("LlamaForCausalLM",), llama, LLAMA, LLAMA_EXTRA),
         Family("mistral", ("MistralForCausalLM",), mistral, LLAMA, LLAMA_EXTRA),
         Family("qwen2", ("Qwen2ForCausalLM",), qwen2, LLAMA, LLAMA_EXTRA),
+        Family("qwen3", ("Qwen3ForCausalLM",), qwen3, QWEN3, LLAMA_EXTRA),
         Family("gemma", ("GemmaForCausalLM",), gemma, LLAMA, LLAMA_EXTRA),
         Family("gpt2", ("GPT2LMHeadModel",), gpt2, GPT2, GPT2_EXTRA, aliases=(("transformer.", ""),)),
+        Family("gemma2", ("Gemma2ForCausalLM",), gemma2, GEMMA2, LLAMA_EXTRA),
+        Family(
+            "gemma3",
+            ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
+            gemma3,
+            GEMMA2,
+            GEMMA3_EXTRA,
+            # The text tower of a multimodal checkpoint: transformers 5's names, then the published 4.x ones.
+            aliases=(("model.", "model.language_model."), ("model.", "language_model.model.")),
+        ),
+        Family("phi3", ("Phi3ForCausalLM",), phi3, PHI3, LLAMA_EXTRA),
+        Family("olmo2", ("Olmo2ForCausalLM",), olmo2, OLMO2, LLAMA_EXTRA),
     )
 }
 ARCHITECTURES = {a: f for f in FAMILIES.values() for a in f.architectures}
@@ -241,7 +202,8 @@ def family_of(cfg: Mapping[str, Any]) -> Family:
         >>> family_of({"architectures": ["BertModel"]})
         Traceback (most recent call last):
         partitioning.errors.ConfigError: architecture 'BertModel' is not supported; supported: GPT2LMHeadModel, \
-GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, LlamaForCausalLM, \
+MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
     """
     archs = cfg.get("architectures") or []
     if not archs:
@@ -258,4 +220,21 @@ GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
     return ARCHITECTURES[arch]
 
 
-__all__ = ["Family", "FAMILIES", "ARCHITECTURES", "ACTS", "family_of", "llama", "mistral", "qwen2", "gemma", "gpt2"]
+__all__ = [
+    "Family",
+    "FAMILIES",
+    "ARCHITECTURES",
+    "ACTS",
+    "family_of",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "olmo2",
+    "gpt2",
+    "text_config",
+]

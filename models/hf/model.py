@@ -28,7 +28,7 @@ from typing import Any
 from partitioning.errors import ConfigError
 from partitioning.models.attention import parse_rope_scaling
 from partitioning.models.gpt import GPT
-from partitioning.models.hf.families import Family, family_of
+from partitioning.models.hf.families import Family, family_of, text_config
 
 
 class HFDecoder(GPT):
@@ -76,7 +76,11 @@ def family_for(model: Any) -> Family:
 def export_config(model: Any) -> dict[str, Any]:
     """The ``config.json`` dict to save ``model`` with (see the module docstring); ConfigError if none fits."""
     if isinstance(model, HFDecoder):
-        return model.config
+        own = model.config
+        if own.get("text_config") is not None and family_of(own).name == "gemma3":
+            # A multimodal checkpoint's text tower (the only part loaded) is saved as the text model it is.
+            return {**text_config(own), "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}
+        return own
     if not isinstance(model, GPT):
         raise ConfigError(f"save_hf needs a model built by hf_model / load_hf or a GPT, got {type(model).__name__}")
     unsupported = {
@@ -88,6 +92,11 @@ def export_config(model: Any) -> dict[str, Any]:
         "embed_scale": model.embed_scale,
         "attn_scale": model.attn_scale is not None,
         "out_bias": model.out_bias != model.qkv_bias,
+        "qk_norm": model.qk_norm is not None,
+        "norm_placement": model.norm_placement != "pre",
+        "attn_softcap": model.attn_softcap is not None,
+        "final_softcap": model.final_softcap is not None,
+        "layer_types": model.layer_types is not None,
     }
     bad = [k for k, v in unsupported.items() if v]
     if bad or (model.sliding_window and (model.qkv_bias or model.mlp_bias)):

@@ -21,7 +21,11 @@ def options(model, names=OPTIONS + ("rope_theta", "rope_scaling", "sliding_windo
 
 
 def test_family_names_and_relative_paths(monkeypatch):
-    assert [pt.hf_family(fixture(n)) for n in FAMILIES] == ["llama", "llama", "mistral", "qwen2", "gemma", "gpt2"]
+    assert [pt.hf_family(fixture(n)) for n in FAMILIES] == [
+        *("llama", "llama", "mistral", "qwen2", "gemma", "gpt2"),
+        *("qwen3", "gemma2", "gemma3", "phi3", "olmo2"),
+    ]
+    assert pt.hf_family(fixture("gemma3_mm")) == "gemma3"
     monkeypatch.chdir(fixture("gpt2").parent)
     assert pt.hf_family("qwen2/config.json") == "qwen2"
     _, variables = pt.load_hf("gpt2/config.json")

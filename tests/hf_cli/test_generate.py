@@ -40,8 +40,26 @@ def full_recompute(model, params, prompt, n, mesh, rules):
 
 @pytest.mark.parametrize(
     "family,rules",
-    [("mistral", "fsdp"), ("llama", "fsdp_tp"), ("gpt2", "fsdp_tp")],
-    ids=["mistral-sliding-window-fsdp", "llama-fsdp_tp", "gpt2-learned-positions-fsdp_tp"],
+    [
+        ("mistral", "fsdp"),
+        ("llama", "fsdp_tp"),
+        ("gpt2", "fsdp_tp"),
+        ("gemma3", "fsdp_tp"),
+        ("gemma2", "fsdp"),
+        ("qwen3", "fsdp"),
+        ("phi3", "fsdp_tp"),
+        ("olmo2", "fsdp_tp"),
+    ],
+    ids=[
+        "mistral-sliding-window-fsdp",
+        "llama-fsdp_tp",
+        "gpt2-learned-positions-fsdp_tp",
+        "gemma3-local-global-layers-fsdp_tp",
+        "gemma2-soft-caps-fsdp",
+        "qwen3-fsdp",
+        "phi3-fsdp_tp",
+        "olmo2-fsdp_tp",
+    ],
 )
 def test_cached_greedy_decoding_equals_recomputing_the_sequence(repo, monkeypatch, family, rules):
     monkeypatch.chdir(repo)
@@ -52,6 +70,22 @@ def test_cached_greedy_decoding_equals_recomputing_the_sequence(repo, monkeypatc
     cached = generate(model, variables["params"], prompt, mesh=mesh, rules=rules, max_tokens=n)
     assert len(cached) == n
     assert cached == full_recompute(model, variables["params"], prompt, n, mesh, rules)
+
+
+@pytest.mark.parametrize(
+    "family,rules",
+    [("gemma3", "fsdp_tp"), ("gemma2", "fsdp"), ("qwen3", "fsdp"), ("phi3", "fsdp_tp"), ("olmo2", "fsdp_tp")],
+)
+def test_cached_greedy_decoding_gives_transformers_greedy_tokens(repo, monkeypatch, family, rules):
+    # The newer families against transformers' own greedy continuation (tools/make_hf_fixtures.py's
+    # greedy.npy): 12 tokens past a 5-token prompt, beyond the 5-token windows of Gemma 2/3's local layers
+    # and Phi-3's, so the cache's per-layer window masks and Gemma 3's local RoPE are exercised.
+    monkeypatch.chdir(repo)
+    mesh = pt.make_mesh(MESHES[rules])
+    model, variables = load_hf(f"{FIXTURES}/{family}", mesh, rules)
+    prompt = [int(t) for t in np.load(f"{FIXTURES}/{family}/tokens.npy")[0, :5]]
+    want = np.load(f"{FIXTURES}/{family}/greedy.npy").tolist()
+    assert generate(model, variables["params"], prompt, mesh=mesh, rules=rules, max_tokens=len(want)) == want
 
 
 def test_the_cache_is_laid_out_by_the_rules_and_stacked_with_the_layers():
