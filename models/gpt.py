@@ -39,7 +39,7 @@ from partitioning.models.attention import Attention, parse_rope_scaling, rope
 from partitioning.models.checks import choice, divides, float_dtype, positive
 from partitioning.models.kv_cache import position_offset
 from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
-from partitioning.models.moe import MoE, MoeMlp
+from partitioning.models.moe import MoE, MoeMlp, check_moe_layers
 from partitioning.parallel.pipeline import LayerStack
 from partitioning.registry import register_model
 
@@ -145,6 +145,7 @@ class GPT(nn.Module):
     attn_scale: float | None = None  # None: head_dim ** -0.5
     decode: bool = False  # KV cache in the `cache` collection, for generation (partitioning.generate)
     kernel_order: str = "in_out"  # in_out | out_in: projection weights stored outputs first (torch's Linear)
+    moe_layers: tuple[int, ...] | None = None  # with moe: the layers whose MLP is MoE (None: all); see models/moe.py
 
     def __post_init__(self):
         positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
@@ -175,6 +176,7 @@ class GPT(nn.Module):
         choice(self, "kernel_order", ("in_out", "out_in"))
         float_dtype(self, "dtype", "param_dtype")
         MoE.parse(self.moe)  # a bad `moe:` option fails at construction, naming `moe`
+        check_moe_layers(self.moe_layers, self.layers, self.scan_layers)
         parse_rope_scaling(self.rope_scaling)
         super().__post_init__()
 
@@ -240,7 +242,8 @@ class GPT(nn.Module):
             x, _ = LayerStack(block, self.layers, kw, name="blocks")(x)
         else:
             for i in range(self.layers):
-                x, _ = block(**kw, name=f"block_{i}")(x, None)
+                moe = kw["moe"] if self.moe_layers is None or i in self.moe_layers else None
+                x, _ = block(**{**kw, "moe": moe}, name=f"block_{i}")(x, None)
         x = make_norm(self.norm, dt, pd, "final_norm", self.norm_eps)(x)
         if self.tie_embeddings:
             logits = jnp.einsum("btd,vd->btv", x, emb.astype(dt)).astype(jnp.float32)

@@ -170,6 +170,65 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "llama",
         {"max_shard_size": "40KB"},
     ),
+    # --- mixture-of-experts families (helper moe): 4 experts, top-2, per-expert tensors on disk ---
+    # Mixtral: softmax router, top-2, gates renormalised; GQA.
+    "mixtral": (
+        "MixtralConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        "llama",
+        {},
+    ),
+    # Qwen3-MoE, every layer sparse (scans): q/k norm, head_dim 16 != 32 / 4, experts 24 wide, norm_topk_prob.
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            moe_intermediate_size=24,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        "qwen2",
+        {},
+    ),
+    # Qwen3-MoE with a dense layer (1, intermediate_size 64) between sparse ones, gates not renormalised.
+    "qwen3_moe_mixed": (
+        "Qwen3MoeConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            moe_intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+        ),
+        "qwen2",
+        {},
+    ),
 }
 
 # Tokenizer family -> (special tokens in id order, bos, eos, add_bos)

@@ -61,6 +61,29 @@ LLAMA = (
     Tensor("lm_head.weight", "unembed", "vocab embed", when="!tie_embeddings"),
 )
 
+# Mixtral and Qwen3-MoE: Llama's attention; in sparse layers a router and one tensor per expert ({e}),
+# stacked on the parameters' `expert` axis. `moe_layer` holds per layer (Qwen3-MoE's dense layers keep
+# Llama's MLP rows). transformers 5 fuses the experts in memory but save_pretrained writes these names.
+_ATTN = tuple(r for r in LLAMA if ".mlp." not in r.hf)
+_DENSE = tuple(r._replace(when="!moe_layer") for r in LLAMA if ".mlp." in r.hf and r.when is None)
+_MOE = _L + "block_sparse_moe."
+MIXTRAL = _ATTN[:-2] + (
+    Tensor(_MOE + "gate.weight", "{layer}/mlp/router", "expert embed"),
+    Tensor(_MOE + "experts.{e}.w1.weight", "{layer}/mlp/wi_0", "mlp embed"),
+    Tensor(_MOE + "experts.{e}.w2.weight", "{layer}/mlp/wo", "embed mlp"),
+    Tensor(_MOE + "experts.{e}.w3.weight", "{layer}/mlp/wi_1", "mlp embed"),
+) + _ATTN[-2:]
+_QK_NORM = (
+    Tensor(_L + "self_attn.q_norm.weight", "{layer}/attn/q_norm/scale", "kv", when="qk_norm"),
+    Tensor(_L + "self_attn.k_norm.weight", "{layer}/attn/k_norm/scale", "kv", when="qk_norm"),
+)
+QWEN3_MOE = _ATTN[:10] + _QK_NORM + _ATTN[10:-2] + _DENSE + (
+    Tensor(_L + "mlp.gate.weight", "{layer}/mlp/router", "expert embed", when="moe_layer"),
+    Tensor(_L + "mlp.experts.{e}.gate_proj.weight", "{layer}/mlp/wi_0", "mlp embed", when="moe_layer"),
+    Tensor(_L + "mlp.experts.{e}.up_proj.weight", "{layer}/mlp/wi_1", "mlp embed", when="moe_layer"),
+    Tensor(_L + "mlp.experts.{e}.down_proj.weight", "{layer}/mlp/wo", "embed mlp", when="moe_layer"),
+) + _ATTN[-2:]
+
 _H = "transformer.h.{i}."
 
 # GPT-2's Conv1D stores weights (in, out), and q, k and v fused in c_attn.
@@ -92,4 +115,4 @@ GPT2 = (
 LLAMA_EXTRA = (r"(^|\.)rotary_emb\.inv_freq$",)
 GPT2_EXTRA = (r"(^|\.)attn\.(bias|masked_bias)$",)
 
-__all__ = ["Tensor", "LLAMA", "GPT2", "LLAMA_EXTRA", "GPT2_EXTRA"]
+__all__ = ["Tensor", "LLAMA", "GPT2", "MIXTRAL", "QWEN3_MOE", "LLAMA_EXTRA", "GPT2_EXTRA"]

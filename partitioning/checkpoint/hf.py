@@ -46,7 +46,7 @@ from partitioning.errors import CheckpointError, ConfigError
 from partitioning.layout import tree_shardings
 
 # Errors about the caller's own arguments, not about config.json.
-_ARGS = {"dtype", "param_dtype", "remat", "scan_layers"}
+_ARGS = {"dtype", "param_dtype", "remat", "scan_layers", "capacity_factor"}
 
 
 def _families() -> Any:
@@ -83,11 +83,13 @@ def hf_model(
     param_dtype: str | None = None,
     scan_layers: bool = True,
     remat: str = "none",
+    capacity_factor: float | None = None,
 ) -> Any:
     """The Flax module a checkpoint's ``config.json`` describes, without reading any weights.
 
     Enough for ``plan`` / ``tune``: plan Llama-3.1-70B from its ``config.json`` alone.
-    ``dtype`` / ``param_dtype`` default to float32.
+    ``dtype`` / ``param_dtype`` default to float32. A mixture of experts (Mixtral, Qwen3-MoE)
+    routes dropless unless ``capacity_factor`` caps each expert's tokens per sequence.
 
     Example::
 
@@ -97,7 +99,14 @@ def hf_model(
     """
     directory, cfg, _ = _config(path_or_dir)
     try:
-        return _families().build(cfg, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat)
+        return _families().build(
+            cfg,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            scan_layers=scan_layers,
+            remat=remat,
+            capacity_factor=capacity_factor,
+        )
     except ConfigError as e:
         if e.arg in _ARGS:
             raise
@@ -113,6 +122,11 @@ def _names(abstract: Any) -> dict[tuple[str, ...], tuple[str, ...]]:
     return {k: tuple(box.names) for k, box in traverse_util.flatten_dict(abstract).items()}
 
 
+def _experts(model: Any) -> int:
+    """Experts per MoE layer (a name map's ``{e}``); 0 for a dense model."""
+    return int(getattr(model, "experts", 0))
+
+
 def load_hf(
     path: str | os.PathLike,
     mesh: jax.sharding.Mesh | None = None,
@@ -123,6 +137,7 @@ def load_hf(
     scan_layers: bool = True,
     remat: str = "none",
     on_indivisible: str = "replicate",
+    capacity_factor: float | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """``(model, {"params": ...})`` from a Hugging Face checkpoint, every array born in its shard.
 
@@ -140,7 +155,14 @@ def load_hf(
         >>> variables["params"]["blocks"]["attn"]["q"].sharding.spec  # (layers, heads, kv, embed)
         P(None, None, None, 'fsdp')
     """
-    model = hf_model(path, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat)
+    model = hf_model(
+        path,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        scan_layers=scan_layers,
+        remat=remat,
+        capacity_factor=capacity_factor,
+    )
     directory, _, family = _config(path)
     stored = discover(directory)
     abstract = _abstract(model)
@@ -155,7 +177,9 @@ def load_hf(
     flat = traverse_util.flatten_dict(unbox(abstract))
     flat_shardings = traverse_util.flatten_dict(shardings)
     shapes = {k: tuple(v.shape) for k, v in flat.items()}
-    maps, _ = expand(family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, _names(abstract))
+    maps, _ = expand(
+        family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, _names(abstract), _experts(model)
+    )
     check_params(maps, shapes, family.name)
     extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     found = match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
@@ -199,7 +223,7 @@ def save_hf(
     shapes = {k: tuple(v.shape) for k, v in flat.items()}
     abstract = _abstract(model)
     maps, order = expand(
-        family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, _names(abstract)
+        family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, _names(abstract), _experts(model)
     )
     check_params(maps, shapes, family.name)
     want = traverse_util.flatten_dict(unbox(abstract))

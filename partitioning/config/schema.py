@@ -136,6 +136,13 @@ class HfModelConfig(Section):
     )
     dtype: StrictStr | None = Field(default=None, description="compute dtype; null: float32")
     param_dtype: StrictStr | None = Field(default=None, description="parameter dtype; null: float32")
+    capacity_factor: float | None = Field(
+        default=None,
+        gt=0,
+        description="mixture-of-experts checkpoints (Mixtral, Qwen3-MoE): each expert takes at most "
+        "ceil(capacity_factor * tokens * top_k / experts) tokens of a sequence, the rest skip it; "
+        "null: dropless (no token dropped, logits as transformers')",
+    )
 
 
 class OptimizerConfig(Section):

@@ -127,6 +127,24 @@ class Plan:
         return sum(leaf.size for leaf in self.params)
 
     @property
+    def active_params(self) -> int | None:
+        """Parameters one token uses: each expert weight counts ``top_k / experts`` of itself (None without experts).
+
+        An expert weight is a leaf named ``expert`` and ``mlp`` (``(expert, embed, mlp)``); the router
+        ``(embed, expert)`` is used whole by every token.
+        """
+        experts = (self.parallel or {}).get("experts")
+        if not experts:
+            return None
+        e, k = int(experts["experts"]), int(experts["top_k"])
+
+        def used(leaf: LeafLayout) -> int:
+            names = leaf.names or ()
+            return leaf.size // e * k if "expert" in names and "mlp" in names else leaf.size
+
+        return sum(used(leaf) for leaf in self.params)
+
+    @property
     def totals(self) -> dict[str, dict[str, float]]:
         """Per category: ``per_device`` bytes, ``total`` bytes and ``ideal`` = total / devices."""
 
@@ -214,6 +232,7 @@ class Plan:
             "optimizer_rules": self.optimizer_rules.to_list(),
             "on_indivisible": self.on_indivisible,
             "parameters": self.num_params,
+            "active_parameters": self.active_params,
             "leaves": self.rows("params"),
             "optimizer_leaves": self.rows("optimizer"),
             "totals": self.totals,

@@ -1,0 +1,144 @@
+"""Mixture-of-experts checkpoints (Mixtral, Qwen3-MoE) made by transformers: logits on fsdp, fsdp_tp and
+expert-parallel meshes, experts stacked on `expert`, the round trip bit-exact, dropless routing."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import partitioning as pt
+from partitioning.checkpoint import hf as hf_module
+from tests.hf.conftest import expected, fixture, logits, tensors_of
+
+MESHES = {
+    "fsdp": {"data": 1, "fsdp": 8},
+    "fsdp_tp": {"data": 1, "fsdp": 4, "tensor": 2},
+    "ep": {"data": 1, "fsdp": 2, "expert": 4},
+}
+CASES = [
+    ("mixtral", "fsdp"),
+    ("mixtral", "fsdp_tp"),
+    ("mixtral", "ep"),
+    ("qwen3_moe", "fsdp_tp"),
+    ("qwen3_moe", "ep"),
+    ("qwen3_moe_mixed", "fsdp"),
+    ("qwen3_moe_mixed", "ep"),
+]
+
+
+@pytest.mark.parametrize("name,preset", CASES, ids=[f"{n}-{p}" for n, p in CASES])
+def test_logits_match_transformers(name, preset):
+    mesh = pt.make_mesh(MESHES[preset])
+    model, variables = pt.load_hf(fixture(name), mesh, preset)
+    tokens, want = expected(name)
+    got = logits(model, variables, tokens, mesh, preset)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    mlp = variables["params"]["blocks" if model.scan_layers else "block_0"]["mlp"]
+    if preset == "ep":  # experts split over `expert` (4 experts, 1 per device), tokens all-to-all'd to them
+        spec = mlp["wi_0"].sharding.spec
+        assert spec[-3] == "expert" and {s.data.shape[-3] for s in mlp["wi_0"].addressable_shards} == {1}
+
+
+def test_experts_are_stacked_and_layers_are_dense_or_sparse():
+    model, variables = pt.load_hf(fixture("mixtral"))
+    p = variables["params"]["blocks"]["mlp"]
+    assert {k: v.shape for k, v in p.items()} == {
+        "router": (2, 32, 4),
+        "wi_0": (2, 4, 32, 48),
+        "wi_1": (2, 4, 32, 48),
+        "wo": (2, 4, 48, 32),
+    }
+    file = tensors_of(fixture("mixtral"))
+    w1 = file["model.layers.1.block_sparse_moe.experts.2.w1.weight"]  # (mlp, embed), torch's Linear
+    assert np.array_equal(np.asarray(p["wi_0"][1, 2]), w1.T)
+    assert model.moe == {
+        "experts": 4,
+        "top_k": 2,
+        "dropless": True,
+        "capacity_factor": None,
+        "aux_loss_weight": 0.0,
+        "norm_topk_prob": True,
+    }
+    # Qwen3-MoE with layer 1 dense (mlp_only_layers): built per block, each layer its own kind and width.
+    model, variables = pt.load_hf(fixture("qwen3_moe_mixed"))
+    assert not model.scan_layers and model.moe_layers == (0, 2)
+    p = variables["params"]
+    assert p["block_1"]["mlp"]["wi_0"].shape == (64, 32)  # intermediate_size, (mlp, embed)
+    assert p["block_2"]["mlp"]["wi_0"].shape == (4, 32, 24)  # moe_intermediate_size
+    assert model.moe["norm_topk_prob"] is False and model.moe["mlp"] == 24
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe_mixed"])
+def test_round_trip_is_bit_exact(name, tmp_path):
+    mesh = pt.make_mesh(MESHES["ep"])
+    model, variables = pt.load_hf(fixture(name), mesh, "ep")
+    out = pt.save_hf(model, variables, tmp_path / name)
+    want, got = tensors_of(fixture(name)), tensors_of(out)
+    assert sorted(got) == sorted(want)  # one tensor per expert, as transformers' save_pretrained writes
+    for k in want:
+        assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]), k
+
+
+def test_a_process_reads_only_its_experts(monkeypatch):
+    """Each expert is its own file tensor: a device holding experts 2 and 3 reads their tensors only."""
+    read: list[str] = []
+    original = hf_module.Reader.tensor
+
+    def tensor(self, s, *args):
+        read.append(s.name)
+        return original(self, s, *args)
+
+    monkeypatch.setattr(hf_module.Reader, "tensor", tensor)
+    # Experts split 2 ways over the two devices of this mesh: each device's box is one half of them.
+    mesh = pt.make_mesh({"data": 1, "fsdp": 1, "expert": 2}, devices=jax.devices()[:2])
+    pt.load_hf(fixture("mixtral"), mesh, "ep")
+    w1 = sorted(n for n in read if n.endswith(".w1.weight"))
+    assert w1 == [f"model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight" for i in range(2) for e in range(4)]
+    # What one device holds: its box's experts, read from their own tensors and no other.
+    from partitioning.checkpoint.hf_read import _boxes
+
+    sharding = jax.sharding.NamedSharding(mesh, P(None, "expert", None, None))
+    boxes = _boxes(sharding, (2, 4, 32, 48))
+    assert sorted(box[1] for box in boxes) == [(0, 2), (2, 4)]
+
+
+def test_dropless_inference_and_a_capacity_for_training():
+    """Dropless: no token is ever dropped, whatever the routing; a capacity factor caps each expert."""
+    from partitioning.models.moe import MoE
+
+    dropless = MoE.parse({"experts": 4, "top_k": 2, "dropless": True, "capacity_factor": None})
+    assert dropless.capacity(16) == 16  # every expert can take every token of a sequence
+    # All 16 tokens routed to the same two experts: nothing is dropped.
+    x = jnp.ones((1, 16, 8))
+    router = jnp.zeros((8, 4)).at[:, 0].set(1.0).at[:, 1].set(0.5)
+    w = (jnp.ones((4, 8, 4)), jnp.ones((4, 8, 4)), jnp.ones((4, 4, 8)))
+    y, _ = pt.moe_ffn(x, router, w, top_k=2, capacity=dropless.capacity(16), norm_topk_prob=True)
+    assert bool((jnp.abs(y) > 0).all())
+    y, _ = pt.moe_ffn(x, router, w, top_k=2, capacity=pt.expert_capacity(16, 4, 2, 1.0), norm_topk_prob=True)
+    assert int((jnp.abs(y[0]).sum(-1) > 0).sum()) == 8  # capacity 8: the second half of the tokens skip both
+    model = pt.hf_model(fixture("qwen3_moe"), capacity_factor=1.25)
+    assert model.moe["capacity_factor"] == 1.25 and model.moe["dropless"] is False
+    with pytest.raises(pt.ConfigError, match="capacity_factor applies to mixture-of-experts checkpoints"):
+        pt.hf_model(fixture("llama"), capacity_factor=1.25)
+
+
+def test_generate_on_the_fixture():
+    """Greedy decoding with a KV cache on an expert-parallel mesh: each token the argmax of the full forward."""
+    mesh = pt.make_mesh(MESHES["ep"])
+    model, variables = pt.load_hf(fixture("qwen3_moe"), mesh, "ep")
+    prompt = [int(t) for t in expected("qwen3_moe")[0][0, :6]]
+    new = pt.generate(model, variables["params"], prompt, mesh=mesh, rules="ep", max_tokens=4)
+    assert len(new) == 4
+    full = np.asarray([prompt + new], np.int32)
+    want = logits(model, variables, full, mesh, "ep")
+    assert new == [int(t) for t in np.argmax(want[0, 5:9], axis=-1)]
+
+
+def test_unsupported_router_options_are_one_line():
+    from partitioning.models.hf.families import mixtral
+
+    with pytest.raises(pt.ConfigError, match="router_jitter_noise 0.1 is not supported") as e:
+        mixtral({"architectures": ["MixtralForCausalLM"], "router_jitter_noise": 0.1})
+    assert e.value.arg == "router_jitter_noise"
