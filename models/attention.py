@@ -35,6 +35,7 @@ from partitioning.boxes import logical_spec, with_logical_constraint
 from partitioning.errors import ConfigError
 from partitioning.models.kv_cache import cache_positions, cached_kv
 from partitioning.models.layers import bias_param, kernel, order, row_parallel
+from partitioning.models.variants import local_mask, local_rope, qk_norms, softcap
 
 # rope_type -> the keys it needs besides rope_type.
 ROPE_SCALINGS = {
@@ -138,9 +139,16 @@ class Attention(nn.Module):
     scale: float | None = None
     decode: bool = False  # keep keys and values in the `cache` collection (models/kv_cache.py)
     out_in: bool = False  # weights stored (out, in), as torch's Linear
+    # The newer families' options (models/variants.py): q/k norm (`head` | `all`) of the model's
+    # `norm` flavour, score soft-capping, and the (theta, scaling) RoPE of local layers.
+    qk_norm: str | None = None
+    norm: str = "rms"
+    norm_eps: float = 1e-6
+    softcap: float | None = None
+    local_rope: tuple | None = None
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, local=None):
         b, t, d = x.shape
         h, g, k = self.heads, self.kv_heads, self.head_dim
         pd, dt, oi = self.param_dtype, self.dtype, self.out_in
@@ -156,16 +164,23 @@ class Attention(nn.Module):
             q = q + bias_param(self, "q_bias", ("heads", "kv"), (h, k), pd).astype(dt)
             kk = kk + bias_param(self, "k_bias", ("kv_heads", "kv"), (g, k), pd).astype(dt)
             v = v + bias_param(self, "v_bias", ("kv_heads", "kv"), (g, k), pd).astype(dt)
+        q, kk = qk_norms(self, q, kk)
         q = with_logical_constraint(q, ("batch", "length", "heads", "kv"))
         kk = with_logical_constraint(kk, ("batch", "length", "kv_heads", "kv"))
         positions = cache_positions(self, t) if self.decode else None
+        q0, k0 = q, kk
         if self.rope:
             q = rope(q, self.rope_theta, self.rope_scaling, positions)
             kk = rope(kk, self.rope_theta, self.rope_scaling, positions)
+            q = local_rope(q0, q, local, self.local_rope, positions)
+            kk = local_rope(k0, kk, local, self.local_rope, positions)
+        # `local` given (mixed local/global layers): the window applies on local layers only.
+        window = self.window if local is None else None
         v = with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
-        mask = causal_mask(t, self.window)
+        mask = causal_mask(t, window)
         if self.decode:  # attend to every cached position so far, this call's included
-            kk, v, mask = cached_kv(self, kk, v, positions, self.window)
+            kk, v, mask = cached_kv(self, kk, v, positions, window)
+        mask = local_mask(mask, local, self.window, positions)
         # Grouped-query: each kv head serves heads // kv_heads query heads.
         q = q.reshape(b, t, g, h // g, k)
         # Explicit axes with `length` sharded (seq): name the layouts of the two
@@ -174,7 +189,7 @@ class Attention(nn.Module):
             "btgrk,bsgk->bgrts", q, kk, out_sharding=logical_spec(("batch", "kv_heads", None, "length", None))
         )
         scale = k**-0.5 if self.scale is None else self.scale
-        scores = scores.astype(jnp.float32) * scale
+        scores = softcap(scores.astype(jnp.float32) * scale, self.softcap)
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
         out = jnp.einsum(

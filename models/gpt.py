@@ -40,6 +40,16 @@ from partitioning.models.checks import choice, divides, float_dtype, positive
 from partitioning.models.kv_cache import position_offset
 from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
 from partitioning.models.moe import MoE, MoeMlp, check_moe_layers
+from partitioning.models.variants import (
+    NORM_PLACEMENTS,
+    QK_NORMS,
+    check_layer_types,
+    local_layers,
+    post_norm,
+    pre_norm,
+    softcap,
+    variant_options,
+)
 from partitioning.parallel.pipeline import LayerStack
 from partitioning.registry import register_model
 
@@ -73,11 +83,16 @@ class Block(nn.Module):
     attn_scale: float | None = None
     decode: bool = False
     out_in: bool = False
+    norm_placement: str = "pre"
+    qk_norm: str | None = None
+    attn_softcap: float | None = None
+    local_rope: tuple | None = None
 
     @nn.compact
-    def __call__(self, x, _=None):
-        y = make_norm(self.norm, self.dtype, self.param_dtype, "attn_norm", self.norm_eps)(x)
-        x = x + Attention(
+    def __call__(self, x, _=None, layer=None):
+        # `layer`: True on a local (sliding-window) layer of a mixed stack (LayerStack's layer_data).
+        y = pre_norm(self, x, "attn", make_norm)
+        y = Attention(
             self.heads,
             self.kv_heads,
             self.head_dim,
@@ -92,13 +107,19 @@ class Block(nn.Module):
             scale=self.attn_scale,
             decode=self.decode,
             out_in=self.out_in,
+            qk_norm=self.qk_norm,
+            norm=self.norm,
+            norm_eps=self.norm_eps,
+            softcap=self.attn_softcap,
+            local_rope=self.local_rope,
             name="attn",
-        )(y)
-        y = make_norm(self.norm, self.dtype, self.param_dtype, "mlp_norm", self.norm_eps)(x)
+        )(y, local=layer)
+        x = x + post_norm(self, y, "attn", make_norm)
+        y = pre_norm(self, x, "mlp", make_norm)
         if self.moe is not None:
-            x = x + MoeMlp(self.moe, self.mlp, self.dtype, self.param_dtype, name="mlp")(y)
+            y = MoeMlp(self.moe, self.mlp, self.dtype, self.param_dtype, name="mlp")(y)
         else:
-            x = x + MlpBlock(
+            y = MlpBlock(
                 self.mlp,
                 self.dtype,
                 self.param_dtype,
@@ -108,6 +129,7 @@ class Block(nn.Module):
                 out_in=self.out_in,
                 name="mlp",
             )(y)
+        x = x + post_norm(self, y, "mlp", make_norm)
         x = with_logical_constraint(x, ("batch", "length", "embed"))
         return x, None
 
@@ -146,6 +168,14 @@ class GPT(nn.Module):
     decode: bool = False  # KV cache in the `cache` collection, for generation (partitioning.generate)
     kernel_order: str = "in_out"  # in_out | out_in: projection weights stored outputs first (torch's Linear)
     moe_layers: tuple[int, ...] | None = None  # with moe: the layers whose MLP is MoE (None: all); see models/moe.py
+    # The newer families (models/variants.py):
+    qk_norm: str | None = None  # head (Qwen3, Gemma 3) | all (OLMo-2): RMSNorm of q and k before RoPE
+    norm_placement: str = "pre"  # pre | pre_post (Gemma 2/3) | post (OLMo-2)
+    attn_softcap: float | None = None  # cap * tanh(scores / cap) (Gemma 2)
+    final_softcap: float | None = None  # the same on the logits
+    layer_types: Any = None  # per layer full_attention | sliding_attention: sliding_window on the sliding ones
+    local_rope_theta: float | None = None  # RoPE base of the sliding layers (default: rope_theta)
+    local_rope_scaling: Any = None  # their rope_scaling (with local_rope_theta; default: none)
 
     def __post_init__(self):
         positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
@@ -174,6 +204,11 @@ class GPT(nn.Module):
         choice(self, "mlp_act", ACTIVATIONS)
         choice(self, "remat", REMAT_POLICIES)
         choice(self, "kernel_order", ("in_out", "out_in"))
+        choice(self, "norm_placement", NORM_PLACEMENTS)
+        if self.qk_norm is not None:
+            choice(self, "qk_norm", QK_NORMS)
+        check_layer_types(self)
+        parse_rope_scaling(self.local_rope_scaling)
         float_dtype(self, "dtype", "param_dtype")
         MoE.parse(self.moe)  # a bad `moe:` option fails at construction, naming `moe`
         check_moe_layers(self.moe_layers, self.layers, self.scan_layers)
@@ -236,14 +271,16 @@ class GPT(nn.Module):
             attn_scale=self.attn_scale,
             decode=self.decode,
             out_in=self.kernel_order == "out_in",
+            **variant_options(self),
         )
+        local = local_layers(self.layer_types, self.layers)
         if self.scan_layers:
             # nn.scan over a `layers` axis; a GPipe pipeline when the mesh has a `stage` axis.
-            x, _ = LayerStack(block, self.layers, kw, name="blocks")(x)
+            x, _ = LayerStack(block, self.layers, kw, name="blocks", layer_data=local)(x)
         else:
             for i in range(self.layers):
                 moe = kw["moe"] if self.moe_layers is None or i in self.moe_layers else None
-                x, _ = block(**{**kw, "moe": moe}, name=f"block_{i}")(x, None)
+                x, _ = block(**{**kw, "moe": moe}, name=f"block_{i}")(x, None, **({"layer": local[i]} if local else {}))
         x = make_norm(self.norm, dt, pd, "final_norm", self.norm_eps)(x)
         if self.tie_embeddings:
             logits = jnp.einsum("btd,vd->btv", x, emb.astype(dt)).astype(jnp.float32)
@@ -251,6 +288,7 @@ class GPT(nn.Module):
             oi = self.kernel_order == "out_in"
             w = kernel(self, "unembed", (("embed", self.embed),), (("vocab", self.vocab_size),), pd, self.embed, oi)
             logits = jnp.einsum(f"btd,{order(oi, 'd', 'v')}->btv", x, w.astype(dt)).astype(jnp.float32)
+        logits = softcap(logits, self.final_softcap)
         return with_logical_constraint(logits, ("batch", "length", "vocab"))
 
 

@@ -170,6 +170,130 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "llama",
         {"max_shard_size": "40KB"},
     ),
+    # Issue 27's dense families.
+    # Per-head q/k norms, head_dim (16) != hidden / heads (8), GQA, untied.
+    "qwen3": (
+        "Qwen3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+        ),
+        "qwen2",
+        {},
+    ),
+    # Soft-capped scores and logits (caps small enough to bite), local/global layers with a window (5)
+    # shorter than the sequence, four norms a block, query_pre_attn_scalar != head_dim.
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=64,
+            sliding_window=5,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=3.0,
+            final_logit_softcapping=2.5,
+        ),
+        "gemma",
+        {},
+    ),
+    # A 3-layer pattern over 4 layers (sliding, sliding, full, sliding: no whole number of groups),
+    # per-head (1 + w) q/k norms, linear-scaled global RoPE and a local RoPE of its own base.
+    "gemma3": (
+        "Gemma3TextConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=64,
+            sliding_window=5,
+            sliding_window_pattern=3,
+            query_pre_attn_scalar=16,
+            rope_parameters=dict(
+                full_attention=dict(rope_type="linear", factor=4.0, rope_theta=1000000.0),
+                sliding_attention=dict(rope_type="default", rope_theta=100.0),
+            ),
+        ),
+        "gemma",
+        {},
+    ),
+    # The text tower of a multimodal checkpoint (model.language_model.* beside a tiny vision tower).
+    "gemma3_mm": (
+        "Gemma3Config",
+        dict(
+            text_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                max_position_embeddings=64,
+                sliding_window=5,
+                sliding_window_pattern=2,
+            ),
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=32,
+                patch_size=16,
+            ),
+            mm_tokens_per_image=4,
+            boi_token_index=VOCAB - 3,
+            eoi_token_index=VOCAB - 2,
+            image_token_index=VOCAB - 1,
+        ),
+        "gemma",
+        {},
+    ),
+    # Fused qkv_proj and gate_up_proj, a sliding window on every layer.
+    "phi3": (
+        "Phi3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=64,
+            original_max_position_embeddings=64,
+            sliding_window=5,
+            tie_word_embeddings=False,
+            pad_token_id=0,
+        ),
+        "llama",
+        {},
+    ),
+    # Norms after attention and MLP only, q/k norms over the whole projection, GQA.
+    "olmo2": (
+        "Olmo2Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+        ),
+        "gpt2",
+        {},
+    ),
     # --- mixture-of-experts families (helper moe): 4 experts, top-2, per-expert tensors on disk ---
     # Mixtral: softmax router, top-2, gates renormalised; GQA.
     "mixtral": (
@@ -329,7 +453,11 @@ def make(name: str, seed: int) -> None:
     ids = make_tokenizer(family, out)
     assert ids["size"] <= VOCAB, ids
     special = {k: v for k, v in ids.items() if k != "size"}
-    config = getattr(transformers, cls_name)(vocab_size=VOCAB, **kwargs, **special)
+    if "text_config" in kwargs:  # multimodal: the vocabulary and special tokens are the text model's
+        kwargs = {**kwargs, "text_config": {**kwargs["text_config"], "vocab_size": VOCAB, **special}}
+        config = getattr(transformers, cls_name)(**kwargs)
+    else:
+        config = getattr(transformers, cls_name)(vocab_size=VOCAB, **kwargs, **special)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     randomize(model, family, seed)
@@ -375,8 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         return check(args.check, args.expect, args.atol)
     print(f"transformers {transformers.__version__}, torch {torch.__version__}")
-    for i, name in enumerate(args.names or FIXTURES):
-        make(name, seed=i)
+    for name in args.names or FIXTURES:
+        make(name, seed=list(FIXTURES).index(name))  # the same seed whichever fixtures are made
     return 0
 
 

@@ -25,7 +25,20 @@ from typing import Any
 
 from partitioning.errors import ConfigError
 from partitioning.models.attention import parse_rope_scaling
-from partitioning.models.hf.tables import GPT2, GPT2_EXTRA, LLAMA, LLAMA_EXTRA, MIXTRAL, QWEN3_MOE, Tensor
+from partitioning.models.hf.tables import (
+    GEMMA2,
+    GEMMA3_EXTRA,
+    GPT2,
+    GPT2_EXTRA,
+    LLAMA,
+    LLAMA_EXTRA,
+    MIXTRAL,
+    OLMO2,
+    PHI3,
+    QWEN3,
+    QWEN3_MOE,
+    Tensor,
+)
 
 # transformers' ACT2FN names -> the decoder's activations.
 ACTS = {
@@ -138,7 +151,24 @@ def mistral(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def qwen2(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """Qwen2: q/k/v biases; a sliding window when ``use_sliding_window`` and every layer is a sliding one."""
     defaults = {**_LLAMA_DEFAULTS, "vocab_size": 151936, "intermediate_size": 22016, "num_key_value_heads": 32}
-    out = {**_decoder(cfg, defaults), "qkv_bias": True}
+    return _qwen_window(cfg, {**_decoder(cfg, defaults), "qkv_bias": True})
+
+
+def qwen3(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Qwen3: per-head q/k RMSNorm, explicit ``head_dim`` (128), ``attention_bias`` (q, k, v and o), Qwen2's windows."""
+    defaults = {
+        **_LLAMA_DEFAULTS,
+        "vocab_size": 151936,
+        "intermediate_size": 22016,
+        "num_key_value_heads": 32,
+        "head_dim": 128,
+    }
+    bias = bool(cfg.get("attention_bias", False))
+    return _qwen_window(cfg, {**_decoder(cfg, defaults), "qkv_bias": bias, "out_bias": bias, "qk_norm": "head"})
+
+
+def _qwen_window(cfg: Mapping[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+    """Qwen's ``use_sliding_window`` / ``max_window_layers``: honoured when every layer (or none) slides."""
     window = cfg.get("sliding_window", 4096) if cfg.get("use_sliding_window") else None
     if window:
         n, first = out["layers"], int(cfg.get("max_window_layers", 28))
@@ -154,23 +184,22 @@ def qwen2(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def gemma(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Gemma: GeGLU, ``(1 + w)`` RMSNorm, embeddings scaled by ``sqrt(hidden_size)``, tied, own ``head_dim``."""
-    defaults = {
-        **_LLAMA_DEFAULTS,
-        "vocab_size": 256000,
-        "hidden_size": 3072,
-        "intermediate_size": 24576,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 16,
-        "head_dim": 256,
-        "tie_word_embeddings": True,
-        "hidden_act": "gelu_pytorch_tanh",
-    }
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if cfg.get(key) is not None:
-            raise ConfigError(f"{key} is not supported (a Gemma 2 option)", arg=key)
+_GEMMA_DEFAULTS = {
+    **_LLAMA_DEFAULTS,
+    "vocab_size": 256000,
+    "hidden_size": 3072,
+    "intermediate_size": 24576,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "head_dim": 256,
+    "tie_word_embeddings": True,
+    "hidden_act": "gelu_pytorch_tanh",
+}
+
+
+def _gemma(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """What Gemma 1, 2 and 3 share: GeGLU, ``(1 + w)`` norms, the ``sqrt(d)`` embedding scale, the attention scale."""
     if cfg.get("use_bidirectional_attention"):
         raise ConfigError(
             "use_bidirectional_attention is not supported (the decoder is causal)", arg="use_bidirectional_attention"
@@ -181,9 +210,137 @@ def gemma(cfg: Mapping[str, Any]) -> dict[str, Any]:
     cfg = {**cfg, "hidden_act": "gelu_pytorch_tanh" if act == "gelu" else act}
     bias = bool(cfg.get("attention_bias", False))
     out = {**_decoder(cfg, defaults), "norm": "rms_offset", "embed_scale": True, "qkv_bias": bias, "out_bias": bias}
-    if cfg.get("query_pre_attn_scalar") is not None:
-        out["attn_scale"] = float(cfg["query_pre_attn_scalar"]) ** -0.5
+    scalar = cfg.get("query_pre_attn_scalar", defaults.get("query_pre_attn_scalar"))
+    if scalar is not None:
+        out["attn_scale"] = float(scalar) ** -0.5
     return out
+
+
+def gemma(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Gemma: GeGLU, ``(1 + w)`` RMSNorm, embeddings scaled by ``sqrt(hidden_size)``, tied, own ``head_dim``."""
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if cfg.get(key) is not None:
+            raise ConfigError(f"{key} is not supported (a Gemma 2 option)", arg=key)
+    return _gemma(cfg, _GEMMA_DEFAULTS)
+
+
+def _softcaps(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Soft-caps: an absent key takes the class default, ``null`` is none."""
+    caps = {k: cfg.get(k, defaults.get(k)) for k in ("attn_logit_softcapping", "final_logit_softcapping")}
+    return {
+        "attn_softcap": float(caps["attn_logit_softcapping"]) if caps["attn_logit_softcapping"] else None,
+        "final_softcap": float(caps["final_logit_softcapping"]) if caps["final_logit_softcapping"] else None,
+    }
+
+
+def _layer_types(cfg: Mapping[str, Any], n: int, pattern: int) -> tuple[str, ...]:
+    """``layer_types``, else every ``pattern``-th layer global (transformers' default for Gemma 2 and 3)."""
+    types = cfg.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)
+    ]
+    if len(types) != n or any(t not in ("full_attention", "sliding_attention") for t in types):
+        raise ConfigError(
+            f"layer_types must list full_attention or sliding_attention for each of the {n} layers", arg="layer_types"
+        )
+    return tuple(types)
+
+
+def _local_global(cfg: Mapping[str, Any], out: dict[str, Any], pattern: int) -> dict[str, Any]:
+    types = _layer_types(cfg, out["layers"], pattern)
+    window = cfg.get("sliding_window", 4096)
+    if window and "sliding_attention" in types:
+        out.update(sliding_window=int(window), layer_types=types)
+    return out
+
+
+_GEMMA2_DEFAULTS = {
+    **_GEMMA_DEFAULTS,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "query_pre_attn_scalar": 256,
+    "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0,
+}
+
+
+def gemma2(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Gemma 2: Gemma's options, soft-capped attention scores and logits, four norms a block, local/global layers."""
+    out = {**_gemma(cfg, _GEMMA2_DEFAULTS), **_softcaps(cfg, _GEMMA2_DEFAULTS), "norm_placement": "pre_post"}
+    return _local_global(cfg, out, 2)
+
+
+_GEMMA3_DEFAULTS = {
+    **_GEMMA2_DEFAULTS,
+    "vocab_size": 262208,
+    "attn_logit_softcapping": None,
+    "final_logit_softcapping": None,
+}
+
+
+def text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's config: a multimodal checkpoint's ``text_config`` (its ``tie_word_embeddings`` is the
+    outer one, as transformers ties the outer model), else ``cfg`` itself."""
+    inner = cfg.get("text_config")
+    if inner is None:
+        return cfg
+    tie = cfg.get("tie_word_embeddings", inner.get("tie_word_embeddings", True))
+    return {**inner, "tie_word_embeddings": tie}
+
+
+def gemma3(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Gemma 3 (text, or the text tower of a ``Gemma3ForConditionalGeneration``): Gemma 2's block with per-head q/k
+    norms, no soft-caps by default, local layers by ``layer_types`` / ``sliding_window_pattern`` (6) with their own
+    RoPE (``rope_local_base_freq``, or ``rope_parameters.sliding_attention``)."""
+    cfg = text_config(cfg)
+    rp = cfg.get("rope_parameters") or {}
+    if "full_attention" in rp or "sliding_attention" in rp:  # transformers 5: one RoPE per layer kind
+        full = {**cfg, "rope_parameters": {"rope_theta": 1e6, **(rp.get("full_attention") or {})}}
+        local = {"rope_parameters": {"rope_theta": 10000.0, **(rp.get("sliding_attention") or {})}}
+    else:  # transformers 4: rope_theta + rope_scaling global, rope_local_base_freq local (default RoPE)
+        full = {**cfg, "rope_theta": cfg.get("rope_theta", 1e6)}
+        local = {"rope_theta": cfg.get("rope_local_base_freq", 10000.0)}
+    out = {**_gemma(full, _GEMMA3_DEFAULTS), **_softcaps(cfg, _GEMMA3_DEFAULTS)}
+    out.update(norm_placement="pre_post", qk_norm="head")
+    out = _local_global(cfg, out, int(cfg.get("sliding_window_pattern") or 6))
+    if out.get("layer_types"):
+        try:
+            loc = _rope({**local, "max_position_embeddings": cfg.get("max_position_embeddings")})
+        except ConfigError as e:
+            raise ConfigError(f"sliding_attention {e}", arg=e.arg) from e
+        out.update(local_rope_theta=loc["rope_theta"], local_rope_scaling=loc["rope_scaling"])
+    return out
+
+
+def phi3(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Phi-3: fused ``qkv_proj`` / ``gate_up_proj`` (split on load, fused on export), ``sliding_window`` on every
+    layer; q, k and v of equal size only (``num_key_value_heads == num_attention_heads``)."""
+    defaults = {
+        **_LLAMA_DEFAULTS,
+        "vocab_size": 32064,
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "rms_norm_eps": 1e-5,
+    }
+    out = _decoder(cfg, defaults)
+    if out["kv_heads"] != out["heads"]:
+        raise ConfigError(
+            f"num_key_value_heads {out['kv_heads']} != num_attention_heads {out['heads']} is not supported for Phi-3 "
+            "(its fused qkv_proj is split in three equal parts)",
+            arg="num_key_value_heads",
+        )
+    window = cfg.get("sliding_window")
+    return {**out, "sliding_window": int(window) if window else None}
+
+
+def olmo2(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """OLMo-2: norms after the attention and the MLP (none before), q/k RMSNorm over the whole projection."""
+    defaults = {**_LLAMA_DEFAULTS, "vocab_size": 50304, "rms_norm_eps": 1e-5}
+    bias = bool(cfg.get("attention_bias", False))
+    out = _decoder(cfg, defaults)
+    return {**out, "qkv_bias": bias, "out_bias": bias, "qk_norm": "all", "norm_placement": "post"}
 
 
 def _experts(cfg: Mapping[str, Any], default: int) -> int:
@@ -254,13 +411,11 @@ _QWEN3_MOE_DEFAULTS = {
 
 
 def qwen3_moe(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Qwen3-MoE: Qwen3's attention (q/k RMSNorm per head), MoE layers by ``decoder_sparse_step`` / ``mlp_only_layers``.
-
-    Experts are ``moe_intermediate_size`` wide, dense layers ``intermediate_size``; ``norm_topk_prob``
-    renormalises the top-k gates. Dense layers between sparse ones build the layers unscanned.
-    """
+    """Qwen3-MoE: Qwen3's attention, MoE layers by `decoder_sparse_step` / `mlp_only_layers`, `norm_topk_prob`."""
+    # Experts are moe_intermediate_size wide, dense layers intermediate_size; dense layers between
+    # sparse ones build the layers unscanned (a scanned stack repeats one block).
     d = _QWEN3_MOE_DEFAULTS
-    out = {**_decoder(cfg, d), "qk_norm": True}
+    out = {**_decoder(cfg, d), "qk_norm": "head"}
     if cfg.get("attention_bias"):
         out.update(qkv_bias=True, out_bias=True)
     if cfg.get("use_sliding_window"):
@@ -315,8 +470,21 @@ FAMILIES = {
         Family("llama", ("LlamaForCausalLM",), llama, LLAMA, LLAMA_EXTRA),
         Family("mistral", ("MistralForCausalLM",), mistral, LLAMA, LLAMA_EXTRA),
         Family("qwen2", ("Qwen2ForCausalLM",), qwen2, LLAMA, LLAMA_EXTRA),
+        Family("qwen3", ("Qwen3ForCausalLM",), qwen3, QWEN3, LLAMA_EXTRA),
         Family("gemma", ("GemmaForCausalLM",), gemma, LLAMA, LLAMA_EXTRA),
         Family("gpt2", ("GPT2LMHeadModel",), gpt2, GPT2, GPT2_EXTRA, aliases=(("transformer.", ""),)),
+        Family("gemma2", ("Gemma2ForCausalLM",), gemma2, GEMMA2, LLAMA_EXTRA),
+        Family(
+            "gemma3",
+            ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"),
+            gemma3,
+            GEMMA2,
+            GEMMA3_EXTRA,
+            # The text tower of a multimodal checkpoint: transformers 5's names, then the published 4.x ones.
+            aliases=(("model.", "model.language_model."), ("model.", "language_model.model.")),
+        ),
+        Family("phi3", ("Phi3ForCausalLM",), phi3, PHI3, LLAMA_EXTRA),
+        Family("olmo2", ("Olmo2ForCausalLM",), olmo2, OLMO2, LLAMA_EXTRA),
         Family("mixtral", ("MixtralForCausalLM",), mixtral, MIXTRAL, LLAMA_EXTRA),
         Family("qwen3_moe", ("Qwen3MoeForCausalLM",), qwen3_moe, QWEN3_MOE, LLAMA_EXTRA),
     )
@@ -335,7 +503,8 @@ def family_of(cfg: Mapping[str, Any]) -> Family:
         >>> family_of({"architectures": ["BertModel"]})
         Traceback (most recent call last):
         partitioning.errors.ConfigError: architecture 'BertModel' is not supported; supported: GPT2LMHeadModel, \
-GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, LlamaForCausalLM, \
+MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
     """
     archs = cfg.get("architectures") or []
     if not archs:
@@ -361,8 +530,14 @@ __all__ = [
     "llama",
     "mistral",
     "qwen2",
+    "qwen3",
     "gemma",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "olmo2",
     "gpt2",
+    "text_config",
     "mixtral",
     "qwen3_moe",
 ]

@@ -28,7 +28,7 @@ from typing import Any
 from partitioning.errors import ConfigError
 from partitioning.models.attention import parse_rope_scaling
 from partitioning.models.gpt import GPT
-from partitioning.models.hf.families import Family, family_of
+from partitioning.models.hf.families import Family, family_of, text_config
 
 
 class HFDecoder(GPT):
@@ -97,7 +97,11 @@ def family_for(model: Any) -> Family:
 def export_config(model: Any) -> dict[str, Any]:
     """The ``config.json`` dict to save ``model`` with (see the module docstring); ConfigError if none fits."""
     if isinstance(model, HFDecoder):
-        return model.config
+        cfg = model.config
+        if cfg.get("text_config") is not None and family_of(cfg).name == "gemma3":
+            # A multimodal checkpoint's text tower (the only part loaded) is saved as the text model it is.
+            return {**text_config(cfg), "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}
+        return cfg
     if not isinstance(model, GPT):
         raise ConfigError(f"save_hf needs a model built by hf_model / load_hf or a GPT, got {type(model).__name__}")
     unsupported = {

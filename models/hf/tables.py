@@ -61,6 +61,95 @@ LLAMA = (
     Tensor("lm_head.weight", "unembed", "vocab embed", when="!tie_embeddings"),
 )
 
+
+
+def _replace(rows: tuple[Tensor, ...], changes: dict[str, tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+    """``rows`` with each row whose ``hf`` name ends with a key of ``changes`` replaced by its rows (in place)."""
+    out: list[Tensor] = []
+    for r in rows:
+        key = next((k for k in changes if r.hf.endswith(k)), None)
+        out.extend(changes[key] if key is not None else (r,))
+    return tuple(out)
+
+
+# Qwen3: per-head q/k RMSNorm scales (kv,) after o_proj, as Qwen3Attention registers them.
+QWEN3 = _replace(
+    LLAMA,
+    {
+        "self_attn.o_proj.bias": (
+            Tensor(_L + "self_attn.o_proj.bias", "{layer}/attn/o_bias", "embed", when="out_bias"),
+            Tensor(_L + "self_attn.q_norm.weight", "{layer}/attn/q_norm/scale", "kv"),
+            Tensor(_L + "self_attn.k_norm.weight", "{layer}/attn/k_norm/scale", "kv"),
+        )
+    },
+)
+
+_QK_NORMS = (
+    Tensor(_L + "self_attn.q_norm.weight", "{layer}/attn/q_norm/scale", "kv", when="qk_norm"),
+    Tensor(_L + "self_attn.k_norm.weight", "{layer}/attn/k_norm/scale", "kv", when="qk_norm"),
+)
+
+# Gemma 2 and 3: four norms a block (post_attention_layernorm is the attention's *post* norm here);
+# Gemma 3 adds per-head q/k norms.
+GEMMA2 = _replace(
+    LLAMA,
+    {
+        "self_attn.o_proj.bias": (
+            Tensor(_L + "self_attn.o_proj.bias", "{layer}/attn/o_bias", "embed", when="out_bias"),
+            *_QK_NORMS,
+        ),
+        "post_attention_layernorm.weight": (
+            Tensor(_L + "post_attention_layernorm.weight", "{layer}/attn_post_norm/scale", "embed"),
+            Tensor(_L + "pre_feedforward_layernorm.weight", "{layer}/mlp_norm/scale", "embed"),
+            Tensor(_L + "post_feedforward_layernorm.weight", "{layer}/mlp_post_norm/scale", "embed"),
+        ),
+    },
+)
+
+# Phi-3: q, k and v fused in qkv_proj (parts 0, 1, 2 of equal size: heads == kv_heads), gate and up in
+# gate_up_proj (parts 0 and 1); each shard reads its slice of a part, export fuses them again.
+PHI3 = _replace(
+    LLAMA,
+    {
+        "self_attn.q_proj.weight": (
+            Tensor(_L + "self_attn.qkv_proj.weight", "{layer}/attn/q", "(3 heads kv) embed", part=0),
+            Tensor(_L + "self_attn.qkv_proj.weight", "{layer}/attn/k", "(3 kv_heads kv) embed", part=1),
+            Tensor(_L + "self_attn.qkv_proj.weight", "{layer}/attn/v", "(3 kv_heads kv) embed", part=2),
+        ),
+        "self_attn.q_proj.bias": (),
+        "self_attn.k_proj.weight": (),
+        "self_attn.k_proj.bias": (),
+        "self_attn.v_proj.weight": (),
+        "self_attn.v_proj.bias": (),
+        "self_attn.o_proj.bias": (),
+        "mlp.gate_proj.weight": (
+            Tensor(_L + "mlp.gate_up_proj.weight", "{layer}/mlp/wi_0", "(2 mlp) embed", part=0),
+            Tensor(_L + "mlp.gate_up_proj.weight", "{layer}/mlp/wi_1", "(2 mlp) embed", part=1),
+        ),
+        "mlp.gate_proj.bias": (),
+        "mlp.up_proj.weight": (),
+        "mlp.up_proj.bias": (),
+        "mlp.down_proj.bias": (),
+    },
+)
+
+# OLMo-2: norms after the attention and the MLP only; q/k norms over the whole projection.
+OLMO2 = _replace(
+    LLAMA,
+    {
+        "input_layernorm.weight": (),
+        "self_attn.o_proj.bias": (
+            Tensor(_L + "self_attn.o_proj.bias", "{layer}/attn/o_bias", "embed", when="out_bias"),
+            Tensor(_L + "self_attn.q_norm.weight", "{layer}/attn/q_norm/scale", "(heads kv)"),
+            Tensor(_L + "self_attn.k_norm.weight", "{layer}/attn/k_norm/scale", "(kv_heads kv)"),
+        ),
+        "post_attention_layernorm.weight": (
+            Tensor(_L + "post_attention_layernorm.weight", "{layer}/attn_post_norm/scale", "embed"),
+            Tensor(_L + "post_feedforward_layernorm.weight", "{layer}/mlp_post_norm/scale", "embed"),
+        ),
+    },
+)
+
 # Mixtral and Qwen3-MoE: Llama's attention; in sparse layers a router and one tensor per expert ({e}),
 # stacked on the parameters' `expert` axis. `moe_layer` holds per layer (Qwen3-MoE's dense layers keep
 # Llama's MLP rows). transformers 5 fuses the experts in memory but save_pretrained writes these names.
@@ -73,11 +162,7 @@ MIXTRAL = _ATTN[:-2] + (
     Tensor(_MOE + "experts.{e}.w2.weight", "{layer}/mlp/wo", "embed mlp"),
     Tensor(_MOE + "experts.{e}.w3.weight", "{layer}/mlp/wi_1", "mlp embed"),
 ) + _ATTN[-2:]
-_QK_NORM = (
-    Tensor(_L + "self_attn.q_norm.weight", "{layer}/attn/q_norm/scale", "kv", when="qk_norm"),
-    Tensor(_L + "self_attn.k_norm.weight", "{layer}/attn/k_norm/scale", "kv", when="qk_norm"),
-)
-QWEN3_MOE = _ATTN[:10] + _QK_NORM + _ATTN[10:-2] + _DENSE + (
+QWEN3_MOE = _ATTN[:10] + _QK_NORMS + _ATTN[10:-2] + _DENSE + (
     Tensor(_L + "mlp.gate.weight", "{layer}/mlp/router", "expert embed", when="moe_layer"),
     Tensor(_L + "mlp.experts.{e}.gate_proj.weight", "{layer}/mlp/wi_0", "mlp embed", when="moe_layer"),
     Tensor(_L + "mlp.experts.{e}.up_proj.weight", "{layer}/mlp/wi_1", "mlp embed", when="moe_layer"),
@@ -113,6 +198,21 @@ GPT2 = (
 
 # Tensors a checkpoint may hold that are not weights of the model: skipped on load, never written.
 LLAMA_EXTRA = (r"(^|\.)rotary_emb\.inv_freq$",)
+# A Gemma3ForConditionalGeneration checkpoint: the vision tower and its projector (not loaded).
+GEMMA3_EXTRA = LLAMA_EXTRA + (r"^(model\.)?(vision_tower|multi_modal_projector)\.",)
 GPT2_EXTRA = (r"(^|\.)attn\.(bias|masked_bias)$",)
 
-__all__ = ["Tensor", "LLAMA", "GPT2", "MIXTRAL", "QWEN3_MOE", "LLAMA_EXTRA", "GPT2_EXTRA"]
+__all__ = [
+    "Tensor",
+    "LLAMA",
+    "QWEN3",
+    "GEMMA2",
+    "PHI3",
+    "OLMO2",
+    "GPT2",
+    "MIXTRAL",
+    "QWEN3_MOE",
+    "LLAMA_EXTRA",
+    "GEMMA3_EXTRA",
+    "GPT2_EXTRA",
+]

@@ -219,13 +219,16 @@ class LayerStack(nn.Module):
     length: int
     block_kwargs: Mapping[str, Any] | None = None
     rng_streams: Sequence[str] = ("dropout",)
+    # Per-layer data (a tuple of `length` scalars, e.g. which layers are local): each block is
+    # called with its own entry as the keyword `layer`, carried through the scan as data.
+    layer_data: tuple | None = None
 
     def setup(self):
         scanned = nn.scan(
-            self.block,
+            self.block if self.layer_data is None else _with_layer_data(self.block),
             variable_axes=dict(SCANNED),
             split_rngs={"params": True, **{r: True for r in self.rng_streams}},
-            in_axes=nn.broadcast,
+            in_axes=nn.broadcast if self.layer_data is None else (0, nn.broadcast),
             length=self.length,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )
@@ -236,20 +239,35 @@ class LayerStack(nn.Module):
         if pipeline_stages() <= 1 or self.is_initializing():
             if not self.is_initializing():
                 _record_stack(self.length, 1, 1, x)
+            if self.layer_data is not None:
+                return self.scanned(x, jnp.asarray(self.layer_data), args)
             return self.scanned(x, *args)
         params = unbox(self.variables["params"])
         base = {r: self.make_rng(r) for r in self.rng_streams if self.has_rng(r)}
         block = self.block(**dict(self.block_kwargs or {}), parent=None)
 
+        data = {} if self.layer_data is None else {"layer": jnp.asarray(self.layer_data)}
+
         def layer_fn(layer, h, layer_args, i, j):
             rngs = {r: jax.random.fold_in(jax.random.fold_in(k, i), j) for r, k in base.items()}
-            (h, _), sown = block.apply({"params": layer}, h, *layer_args, rngs=rngs, mutable=["losses"])
+            kw = {k: v[i] for k, v in data.items()}
+            (h, _), sown = block.apply({"params": layer}, h, *layer_args, **kw, rngs=rngs, mutable=["losses"])
             return h, sown_losses(sown.get(SOWN_LOSSES, {}))
 
         y, aux = run_stack(layer_fn, params, x, args)
         for name, value in aux.items():
             self.sow("losses", name, value)
         return y, None
+
+
+def _with_layer_data(block: Any) -> Any:
+    """``block`` called as ``(x, layer, args)`` (scan's per-layer input, then the broadcast ones)."""
+
+    class WithLayerData(block):
+        def __call__(self, x, layer, args):
+            return super().__call__(x, *args, layer=layer)
+
+    return WithLayerData
 
 
 def scan_layers(blocks: Any, x: jax.Array, *args: Any) -> jax.Array:

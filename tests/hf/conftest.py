@@ -11,8 +11,15 @@ import partitioning as pt
 from partitioning.checkpoint.hf_files import discover, write_safetensors
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "hf"
-FAMILIES = ["llama", "llama_tied", "mistral", "qwen2", "gemma", "gpt2"]
-MESHES = {"fsdp": {"data": 1, "fsdp": 8}, "fsdp_tp": {"data": 1, "fsdp": 4, "tensor": 2}, "pp": {"stage": 2, "data": 4}}
+# Issue 27's dense families (gemma3_mm, the text tower of a multimodal checkpoint, is tested on its own).
+NEW_FAMILIES = ["qwen3", "gemma2", "gemma3", "phi3", "olmo2"]
+FAMILIES = ["llama", "llama_tied", "mistral", "qwen2", "gemma", "gpt2", *NEW_FAMILIES]
+MESHES = {
+    "fsdp": {"data": 1, "fsdp": 8},
+    "fsdp_tp": {"data": 1, "fsdp": 4, "tensor": 2},
+    "tp": {"data": 4, "tensor": 2},
+    "pp": {"stage": 2, "data": 4},
+}
 
 
 def fixture(name: str) -> Path:

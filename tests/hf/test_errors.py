@@ -76,7 +76,8 @@ def test_unknown_architecture(tmp_path):
         pt.load_hf(path)
     assert one_line(e) == (
         f"{path / 'config.json'}: architecture 'FalconForCausalLM' is not supported; supported: GPT2LMHeadModel, "
-        "GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"
+        "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, LlamaForCausalLM, "
+        "MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
     )
     with pytest.raises(pt.CheckpointError, match="architecture 'FalconForCausalLM'"):
         pt.hf_model(path)
@@ -173,6 +174,38 @@ def test_no_weights_at_all(tmp_path):
         ),
         ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx is not supported"),
         ("gemma", {"final_logit_softcapping": 30.0}, "final_logit_softcapping is not supported (a Gemma 2 option)"),
+        (
+            "phi3",
+            {"num_key_value_heads": 2},
+            "num_key_value_heads 2 != num_attention_heads 4 is not supported for Phi-3 (its fused qkv_proj is split "
+            "in three equal parts)",
+        ),
+        (
+            "phi3",
+            {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0], "long_factor": [1.0]}},
+            "rope_parameters: rope_type 'longrope' is not supported; supported: default, llama3, linear",
+        ),
+        (
+            "phi3",
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.75}},
+            "partial_rotary_factor 0.75 is not supported (only 1.0: rotate every feature)",
+        ),
+        (
+            "gemma3",
+            {"rope_parameters": {"full_attention": {"rope_theta": 1e6}, "sliding_attention": {"rope_type": "yarn"}}},
+            "sliding_attention rope_parameters: rope_type 'yarn' is not supported; supported: default, llama3, linear",
+        ),
+        (
+            "gemma3",
+            {"use_bidirectional_attention": True},
+            "use_bidirectional_attention is not supported (the decoder is causal)",
+        ),
+        (
+            "gemma2",
+            {"layer_types": ["sliding_attention", "chunked_attention"]},
+            "layer_types must list full_attention or sliding_attention for each of the 2 layers",
+        ),
+        ("olmo2", {"hidden_act": "gelu_python"}, "hidden_act 'gelu_python' is not supported; supported: silu"),
     ],
 )
 def test_unsupported_config_fields(tmp_path, name, changes, message):

@@ -40,8 +40,26 @@ def full_recompute(model, params, prompt, n, mesh, rules):
 
 @pytest.mark.parametrize(
     "family,rules",
-    [("mistral", "fsdp"), ("llama", "fsdp_tp"), ("gpt2", "fsdp_tp")],
-    ids=["mistral-sliding-window-fsdp", "llama-fsdp_tp", "gpt2-learned-positions-fsdp_tp"],
+    [
+        ("mistral", "fsdp"),
+        ("llama", "fsdp_tp"),
+        ("gpt2", "fsdp_tp"),
+        ("gemma3", "fsdp_tp"),
+        ("gemma2", "fsdp"),
+        ("qwen3", "fsdp"),
+        ("phi3", "fsdp_tp"),
+        ("olmo2", "fsdp_tp"),
+    ],
+    ids=[
+        "mistral-sliding-window-fsdp",
+        "llama-fsdp_tp",
+        "gpt2-learned-positions-fsdp_tp",
+        "gemma3-local-global-layers-fsdp_tp",
+        "gemma2-soft-caps-fsdp",
+        "qwen3-fsdp",
+        "phi3-fsdp_tp",
+        "olmo2-fsdp_tp",
+    ],
 )
 def test_cached_greedy_decoding_equals_recomputing_the_sequence(repo, monkeypatch, family, rules):
     monkeypatch.chdir(repo)
