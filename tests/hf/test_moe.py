@@ -139,3 +139,22 @@ def test_unsupported_router_options_are_one_line():
     with pytest.raises(pt.ConfigError, match="router_jitter_noise 0.1 is not supported") as e:
         mixtral({"architectures": ["MixtralForCausalLM"], "router_jitter_noise": 0.1})
     assert e.value.arg == "router_jitter_noise"
+
+
+def test_plan_prints_the_published_parameter_counts(capsys):
+    """Mixtral-8x7B 46.7B / 12.9B active, Qwen3-30B-A3B 30.5B / 3.3B active, from config.json alone.
+
+    Mixtral: 32 layers x (attention 41,943,040 + norms 8,192 + router 32,768 + 8 experts x 176,160,768)
+    + embedding and lm_head 2 x 131,072,000 + final norm 4,096; active: 2 experts of 8.
+    Qwen3-30B-A3B: 48 layers x (attention 18,874,368 + q/k norms 256 + norms 4,096 + router 262,144
+    + 128 experts x 4,718,592) + 2 x 311,164,928 + 2,048; active: 8 experts of 128.
+    """
+    from partitioning.cli import main
+
+    for config, total, active in (
+        ("configs/mixtral_8x7b_hf.yaml", 46_702_792_704, 12_879_925_248),
+        ("configs/qwen3_30b_a3b_hf.yaml", 30_532_122_624, 3_353_032_704),
+    ):
+        assert main(["plan", config, "--no-compile"]) == 0
+        first = capsys.readouterr().out.splitlines()[0]
+        assert f"({total:,} parameters, {active:,} active per token)" in first, first
