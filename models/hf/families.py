@@ -504,7 +504,8 @@ def family_of(cfg: Mapping[str, Any]) -> Family:
         Traceback (most recent call last):
         partitioning.errors.ConfigError: architecture 'BertModel' is not supported; supported: GPT2LMHeadModel, \
 Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, LlamaForCausalLM, \
-MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
+Qwen3MoeForCausalLM
     """
     archs = cfg.get("architectures") or []
     if not archs:
