@@ -377,7 +377,7 @@ def _moe(cfg: Mapping[str, Any], experts: int, defaults: Mapping[str, Any], **ex
     )
 
 
-_MIXTRAL_DEFAULTS = {
+_MIXTRAL_DEFAULTS: dict[str, Any] = {
     **_LLAMA_DEFAULTS,
     "intermediate_size": 14336,
     "num_key_value_heads": 8,
@@ -395,7 +395,7 @@ def mixtral(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-_QWEN3_MOE_DEFAULTS = {
+_QWEN3_MOE_DEFAULTS: dict[str, Any] = {
     **_LLAMA_DEFAULTS,
     "vocab_size": 151936,
     "hidden_size": 2048,

@@ -62,7 +62,6 @@ LLAMA = (
 )
 
 
-
 def _replace(rows: tuple[Tensor, ...], changes: dict[str, tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
     """``rows`` with each row whose ``hf`` name ends with a key of ``changes`` replaced by its rows (in place)."""
     out: list[Tensor] = []
@@ -156,18 +155,29 @@ OLMO2 = _replace(
 _ATTN = tuple(r for r in LLAMA if ".mlp." not in r.hf)
 _DENSE = tuple(r._replace(when="!moe_layer") for r in LLAMA if ".mlp." in r.hf and r.when is None)
 _MOE = _L + "block_sparse_moe."
-MIXTRAL = _ATTN[:-2] + (
-    Tensor(_MOE + "gate.weight", "{layer}/mlp/router", "expert embed"),
-    Tensor(_MOE + "experts.{e}.w1.weight", "{layer}/mlp/wi_0", "mlp embed"),
-    Tensor(_MOE + "experts.{e}.w2.weight", "{layer}/mlp/wo", "embed mlp"),
-    Tensor(_MOE + "experts.{e}.w3.weight", "{layer}/mlp/wi_1", "mlp embed"),
-) + _ATTN[-2:]
-QWEN3_MOE = _ATTN[:10] + _QK_NORMS + _ATTN[10:-2] + _DENSE + (
-    Tensor(_L + "mlp.gate.weight", "{layer}/mlp/router", "expert embed", when="moe_layer"),
-    Tensor(_L + "mlp.experts.{e}.gate_proj.weight", "{layer}/mlp/wi_0", "mlp embed", when="moe_layer"),
-    Tensor(_L + "mlp.experts.{e}.up_proj.weight", "{layer}/mlp/wi_1", "mlp embed", when="moe_layer"),
-    Tensor(_L + "mlp.experts.{e}.down_proj.weight", "{layer}/mlp/wo", "embed mlp", when="moe_layer"),
-) + _ATTN[-2:]
+MIXTRAL = (
+    _ATTN[:-2]
+    + (
+        Tensor(_MOE + "gate.weight", "{layer}/mlp/router", "expert embed"),
+        Tensor(_MOE + "experts.{e}.w1.weight", "{layer}/mlp/wi_0", "mlp embed"),
+        Tensor(_MOE + "experts.{e}.w2.weight", "{layer}/mlp/wo", "embed mlp"),
+        Tensor(_MOE + "experts.{e}.w3.weight", "{layer}/mlp/wi_1", "mlp embed"),
+    )
+    + _ATTN[-2:]
+)
+QWEN3_MOE = (
+    _ATTN[:10]
+    + _QK_NORMS
+    + _ATTN[10:-2]
+    + _DENSE
+    + (
+        Tensor(_L + "mlp.gate.weight", "{layer}/mlp/router", "expert embed", when="moe_layer"),
+        Tensor(_L + "mlp.experts.{e}.gate_proj.weight", "{layer}/mlp/wi_0", "mlp embed", when="moe_layer"),
+        Tensor(_L + "mlp.experts.{e}.up_proj.weight", "{layer}/mlp/wi_1", "mlp embed", when="moe_layer"),
+        Tensor(_L + "mlp.experts.{e}.down_proj.weight", "{layer}/mlp/wo", "embed mlp", when="moe_layer"),
+    )
+    + _ATTN[-2:]
+)
 
 _H = "transformer.h.{i}."
 

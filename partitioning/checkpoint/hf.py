@@ -178,7 +178,12 @@ def load_hf(
     flat_shardings = traverse_util.flatten_dict(shardings)
     shapes = {k: tuple(v.shape) for k, v in flat.items()}
     maps, _ = expand(
-        family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, _names(abstract), _experts(model)
+        family.tensors,
+        lambda opt: getattr(model, opt),
+        model.layers,
+        model.scan_layers,
+        _names(abstract),
+        _experts(model),
     )
     check_params(maps, shapes, family.name)
     extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
@@ -223,7 +228,12 @@ def save_hf(
     shapes = {k: tuple(v.shape) for k, v in flat.items()}
     abstract = _abstract(model)
     maps, order = expand(
-        family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, _names(abstract), _experts(model)
+        family.tensors,
+        lambda opt: getattr(model, opt),
+        model.layers,
+        model.scan_layers,
+        _names(abstract),
+        _experts(model),
     )
     check_params(maps, shapes, family.name)
     want = traverse_util.flatten_dict(unbox(abstract))

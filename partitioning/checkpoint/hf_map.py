@@ -117,9 +117,7 @@ def expand(
             raise CheckpointError(f"the name map has one tensor per expert for {param}, which has no expert axis")
         axis = names[path].index("expert") if "{e}" in r.hf else None
         dst = tuple(n for j, n in enumerate(names[path]) if j != axis and not (stacked and j == 0))
-        maps.append(
-            ParamMap(path, Pattern.parse(f"{r.axes} -> {' '.join(dst)}"), r.part, hf, stacked, axis, experts)
-        )
+        maps.append(ParamMap(path, Pattern.parse(f"{r.axes} -> {' '.join(dst)}"), r.part, hf, stacked, axis, experts))
 
     def kept(r: Any, i: int) -> bool:
         return _wanted(r.when, option, i)
@@ -141,8 +139,12 @@ def expand(
         here = [r for r in rows[first : last + 1] if kept(r, i)]
         fixed = [r for r in here if "{e}" not in r.hf]
         split = next((j for j, r in enumerate(here) if "{e}" in r.hf), len(here))
-        per_expert = [r.hf.replace("{i}", str(i)).replace("{e}", str(e)) for e in range(experts) for r in here if "{e}" in r.hf]
-        order += [n for r in fixed[:split] for n in each(r, i)] + per_expert + [n for r in fixed[split:] for n in each(r, i)]
+        per_expert = [
+            r.hf.replace("{i}", str(i)).replace("{e}", str(e)) for e in range(experts) for r in here if "{e}" in r.hf
+        ]
+        order += (
+            [n for r in fixed[:split] for n in each(r, i)] + per_expert + [n for r in fixed[split:] for n in each(r, i)]
+        )
     order += [n for r in rows[last + 1 :] for n in each(r)]
     return maps, list(dict.fromkeys(order))
 

@@ -67,9 +67,7 @@ def expert_capacity(tokens: int, experts: int, top_k: int, capacity_factor: floa
     return max(1, min(int(tokens), math.ceil(capacity_factor * tokens * top_k / experts)))
 
 
-def route(
-    logits: jax.Array, top_k: int, norm_topk_prob: bool | None = None
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+def route(logits: jax.Array, top_k: int, norm_topk_prob: bool | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(gates (G, S, k), experts (G, S, k), load-balancing loss)`` from router logits ``(G, S, E)``.
 
     Softmax over all experts in float32, then the top ``k``; their probabilities are renormalised to
