@@ -353,6 +353,24 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "qwen2",
         {},
     ),
+    # The same Mixtral as transformers 5 holds it in memory (save_original_format=False): experts fused
+    # in one gate_up_proj (experts, 2 mlp, embed) and one down_proj per layer, router `mlp.gate`.
+    "mixtral_fused": (
+        "MixtralConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        "llama",
+        {"save_original_format": False},
+    ),
 }
 
 # Tokenizer family -> (special tokens in id order, bos, eos, add_bos)
@@ -464,7 +482,8 @@ def make(name: str, seed: int) -> None:
     model.tie_weights()
     if "dtype" in save:
         model = model.to(save["dtype"])
-    model.save_pretrained(out, max_shard_size=save.get("max_shard_size", "5GB"))
+    fmt = {"save_original_format": save["save_original_format"]} if "save_original_format" in save else {}
+    model.save_pretrained(out, max_shard_size=save.get("max_shard_size", "5GB"), **fmt)
     tokens = np.random.default_rng(seed).integers(0, VOCAB, TOKENS_SHAPE).astype(np.int32)
     np.save(out / "tokens.npy", tokens)
     logits = logits_of(out, tokens)

@@ -33,10 +33,12 @@ from partitioning.models.hf.tables import (
     LLAMA,
     LLAMA_EXTRA,
     MIXTRAL,
+    MIXTRAL_FUSED,
     OLMO2,
     PHI3,
     QWEN3,
     QWEN3_MOE,
+    QWEN3_MOE_FUSED,
     Tensor,
 )
 
@@ -66,6 +68,9 @@ class Family:
     tensors: tuple[Tensor, ...]
     extra: tuple[str, ...] = ()
     aliases: tuple[tuple[str, str], ...] = ()
+    # Another name map the files may follow instead (transformers 5's fused experts): read when they
+    # hold its first per-layer tensor; saving always writes ``tensors``.
+    fused: tuple[Tensor, ...] = ()
 
 
 def _act(cfg: Mapping[str, Any], key: str, default: str) -> str:
@@ -235,9 +240,7 @@ def _softcaps(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, 
 
 def _layer_types(cfg: Mapping[str, Any], n: int, pattern: int) -> tuple[str, ...]:
     """``layer_types``, else every ``pattern``-th layer global (transformers' default for Gemma 2 and 3)."""
-    types = cfg.get("layer_types") or [
-        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)
-    ]
+    types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
     if len(types) != n or any(t not in ("full_attention", "sliding_attention") for t in types):
         raise ConfigError(
             f"layer_types must list full_attention or sliding_attention for each of the {n} layers", arg="layer_types"
@@ -485,8 +488,8 @@ FAMILIES = {
         ),
         Family("phi3", ("Phi3ForCausalLM",), phi3, PHI3, LLAMA_EXTRA),
         Family("olmo2", ("Olmo2ForCausalLM",), olmo2, OLMO2, LLAMA_EXTRA),
-        Family("mixtral", ("MixtralForCausalLM",), mixtral, MIXTRAL, LLAMA_EXTRA),
-        Family("qwen3_moe", ("Qwen3MoeForCausalLM",), qwen3_moe, QWEN3_MOE, LLAMA_EXTRA),
+        Family("mixtral", ("MixtralForCausalLM",), mixtral, MIXTRAL, LLAMA_EXTRA, fused=MIXTRAL_FUSED),
+        Family("qwen3_moe", ("Qwen3MoeForCausalLM",), qwen3_moe, QWEN3_MOE, LLAMA_EXTRA, fused=QWEN3_MOE_FUSED),
     )
 }
 ARCHITECTURES = {a: f for f in FAMILIES.values() for a in f.architectures}

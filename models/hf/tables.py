@@ -179,6 +179,18 @@ QWEN3_MOE = (
     + _ATTN[-2:]
 )
 
+# transformers 5's in-memory layout, which save_pretrained(save_original_format=False) writes: each
+# layer's experts fused in one (experts, 2 mlp, embed) gate_up_proj and one down_proj, router `mlp.gate`.
+_FUSED = (
+    Tensor(_L + "mlp.gate.weight", "{layer}/mlp/router", "expert embed", when="moe_layer"),
+    Tensor(_L + "mlp.experts.gate_up_proj", "{layer}/mlp/wi_0", "expert (2 mlp) embed", part=0, when="moe_layer"),
+    Tensor(_L + "mlp.experts.gate_up_proj", "{layer}/mlp/wi_1", "expert (2 mlp) embed", part=1, when="moe_layer"),
+    Tensor(_L + "mlp.experts.down_proj", "{layer}/mlp/wo", "expert embed mlp", when="moe_layer"),
+)
+MIXTRAL_FUSED = tuple(r for r in MIXTRAL if "block_sparse_moe" not in r.hf)[:-2] + _FUSED + _ATTN[-2:]
+QWEN3_MOE_FUSED = tuple(r for r in QWEN3_MOE if ".experts." not in r.hf and ".mlp.gate." not in r.hf)[:-2]
+QWEN3_MOE_FUSED += _FUSED + _ATTN[-2:]
+
 _H = "transformer.h.{i}."
 
 # GPT-2's Conv1D stores weights (in, out), and q, k and v fused in c_attn.
@@ -222,6 +234,8 @@ __all__ = [
     "GPT2",
     "MIXTRAL",
     "QWEN3_MOE",
+    "MIXTRAL_FUSED",
+    "QWEN3_MOE_FUSED",
     "LLAMA_EXTRA",
     "GEMMA3_EXTRA",
     "GPT2_EXTRA",

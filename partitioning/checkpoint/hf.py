@@ -177,13 +177,11 @@ def load_hf(
     flat = traverse_util.flatten_dict(unbox(abstract))
     flat_shardings = traverse_util.flatten_dict(shardings)
     shapes = {k: tuple(v.shape) for k, v in flat.items()}
+    tensors = family.tensors
+    if getattr(family, "fused", ()) and any(n.endswith(".mlp.experts.gate_up_proj") for n in stored):
+        tensors = family.fused  # transformers 5's fused experts (save_original_format=False)
     maps, _ = expand(
-        family.tensors,
-        lambda opt: getattr(model, opt),
-        model.layers,
-        model.scan_layers,
-        _names(abstract),
-        _experts(model),
+        tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, _names(abstract), _experts(model)
     )
     check_params(maps, shapes, family.name)
     extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())

@@ -157,3 +157,19 @@ def test_plan_prints_the_published_parameter_counts(capsys):
         assert main(["plan", config, "--no-compile"]) == 0
         first = capsys.readouterr().out.splitlines()[0]
         assert f"({total:,} parameters, {active:,} active per token)" in first, first
+
+
+def test_fused_experts_as_transformers_5_holds_them(tmp_path):
+    """save_pretrained(save_original_format=False) fuses each layer's experts: read too, saved per expert."""
+    mesh = pt.make_mesh(MESHES["ep"])
+    model, variables = pt.load_hf(fixture("mixtral_fused"), mesh, "ep")
+    tokens, want = expected("mixtral_fused")
+    np.testing.assert_allclose(logits(model, variables, tokens, mesh, "ep"), want, atol=1e-4, rtol=0)
+    fused = tensors_of(fixture("mixtral_fused"))
+    out = tensors_of(pt.save_hf(model, variables, tmp_path / "per_expert"))
+    gate_up = fused["model.layers.1.mlp.experts.gate_up_proj"]  # (experts, 2 mlp, embed): gate, then up
+    assert np.array_equal(out["model.layers.1.block_sparse_moe.experts.2.w1.weight"], gate_up[2, :48])
+    assert np.array_equal(out["model.layers.1.block_sparse_moe.experts.2.w3.weight"], gate_up[2, 48:])
+    assert np.array_equal(
+        out["model.layers.1.block_sparse_moe.experts.2.w2.weight"], fused["model.layers.1.mlp.experts.down_proj"][2]
+    )
