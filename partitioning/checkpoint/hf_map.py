@@ -4,7 +4,8 @@
 one :class:`ParamMap` per parameter: per-layer rows become either one stacked
 parameter (``scan_layers``: ``blocks/...`` with a leading ``layers`` axis,
 layer ``i`` from file tensor ``...{i}...``) or one parameter per
-``block_{i}``. :func:`match` pairs them with the tensors found on disk and
+``block_{i}``; a row with ``{e}`` (one file tensor per expert) stacks its
+tensors on the parameter's ``expert`` axis too. :func:`match` pairs them with the tensors found on disk and
 turns a missing, extra or wrongly shaped tensor into one
 :class:`~partitioning.CheckpointError` naming it and what ``config.json``
 implies.
