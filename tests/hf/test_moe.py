@@ -16,8 +16,7 @@ MESHES = {
     "ep": {"data": 1, "fsdp": 2, "expert": 4},
 }
 CASES = [
-    ("mixtral", "fsdp"),
-    ("mixtral", "ep"),
+    ("mixtral", "fsdp"),  # on ep: test_fused_experts_as_transformers_5_holds_them
     ("qwen3_moe", "fsdp_tp"),
     ("qwen3_moe", "ep"),
     ("qwen3_moe_mixed", "ep"),
