@@ -44,7 +44,7 @@ from partitioning.models.checks import choice, divides, float_dtype, positive
 from partitioning.models.kv_cache import position_offset
 from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
 from partitioning.models.lora import LoRA, adapt, checks_targets, for_call
-from partitioning.models.moe import MoE, MoeMlp
+from partitioning.models.moe import MoE, MoeMlp, check_moe_layers
 from partitioning.models.variants import (
     NORM_PLACEMENTS,
     QK_NORMS,
@@ -176,6 +176,7 @@ class GPT(nn.Module):
     decode: bool = False  # KV cache in the `cache` collection, for generation (partitioning.generate)
     kernel_order: str = "in_out"  # in_out | out_in: projection weights stored outputs first (torch's Linear)
     lora: Any = None  # {rank, alpha, targets, dropout, rslora, dtype}: LoRA adapters (partitioning.models.lora)
+    moe_layers: tuple[int, ...] | None = None  # with moe: the layers whose MLP is MoE (None: all); see models/moe.py
     # The newer families (models/variants.py):
     qk_norm: str | None = None  # head (Qwen3, Gemma 3) | all (OLMo-2): RMSNorm of q and k before RoPE
     norm_placement: str = "pre"  # pre | pre_post (Gemma 2/3) | post (OLMo-2)
@@ -219,6 +220,7 @@ class GPT(nn.Module):
         parse_rope_scaling(self.local_rope_scaling)
         float_dtype(self, "dtype", "param_dtype")
         MoE.parse(self.moe)  # a bad `moe:` option fails at construction, naming `moe`
+        check_moe_layers(self.moe_layers, self.layers, self.scan_layers)
         parse_rope_scaling(self.rope_scaling)
         LoRA.parse(self.lora)
         super().__post_init__()
@@ -293,7 +295,9 @@ class GPT(nn.Module):
             x, _ = LayerStack(block, self.layers, kw, name="blocks", layer_data=local)(x, *packed)
         else:
             for i in range(self.layers):
-                x, _ = block(**kw, name=f"block_{i}")(x, *packed, **({"layer": local[i]} if local else {}))
+                moe = kw["moe"] if self.moe_layers is None or i in self.moe_layers else None
+                layer = {"layer": local[i]} if local else {}
+                x, _ = block(**{**kw, "moe": moe}, name=f"block_{i}")(x, *packed, **layer)
         x = make_norm(self.norm, dt, pd, "final_norm", self.norm_eps)(x)
         if self.tie_embeddings:
             logits = jnp.einsum("btd,vd->btv", x, emb.astype(dt)).astype(jnp.float32)

@@ -36,6 +36,9 @@ class MoE:
     ``capacity_factor``: each expert takes ``ceil(cf · tokens · top_k / experts)``
     tokens of a sequence, the rest of its tokens skip it; ``dropless: true``
     lets every expert take every token (no token is ever dropped).
+    ``norm_topk_prob``: renormalise the top-``k`` gates to sum to 1 (null: when ``top_k > 1``);
+    ``mlp``: each expert's hidden width (null: the model's ``mlp``), as Qwen3-MoE's
+    ``moe_intermediate_size`` beside the dense layers' ``intermediate_size``.
 
     Example::
 
@@ -49,6 +52,8 @@ class MoE:
     capacity_factor: float | None = 1.25
     dropless: bool = False
     aux_loss_weight: float = 0.01
+    norm_topk_prob: bool | None = None
+    mlp: int | None = None
 
     @classmethod
     def parse(cls, options: Any) -> MoE | None:
@@ -67,11 +72,15 @@ class MoE:
                     f"unknown moe option {k!r} (options: {', '.join(names)}){did_you_mean(str(k), names)}", arg="moe"
                 )
         for k, v in options.items():
-            kinds: tuple[type, ...] = {"experts": (int,), "top_k": (int,), "dropless": (bool,)}.get(
-                k, (int, float, type(None))
-            )
-            if isinstance(v, bool) != (kinds == (bool,)) or not isinstance(v, kinds):
-                want = "an integer" if kinds == (int,) else "true or false" if kinds == (bool,) else "a number"
+            kinds: tuple[type, ...] = {
+                "experts": (int,),
+                "top_k": (int,),
+                "dropless": (bool,),
+                "norm_topk_prob": (bool, type(None)),
+                "mlp": (int, type(None)),
+            }.get(k, (int, float, type(None)))
+            if isinstance(v, bool) != (bool in kinds) or not isinstance(v, kinds):
+                want = "a number" if float in kinds else "true or false" if bool in kinds else "an integer"
                 raise ConfigError(f"moe.{k} must be {want}, got {v!r}", arg="moe")
         moe = cls(**dict(options))
         if moe.aux_loss_weight is None or moe.aux_loss_weight < 0:
@@ -81,12 +90,43 @@ class MoE:
                 f"moe needs experts >= 1 and 1 <= top_k <= experts, got experts {moe.experts}, top_k {moe.top_k}",
                 arg="moe",
             )
+        if moe.mlp is not None and moe.mlp < 1:
+            raise ConfigError(f"moe.mlp must be >= 1 (or null: the model's mlp), got {moe.mlp}", arg="moe")
         if not moe.dropless and (moe.capacity_factor is None or moe.capacity_factor <= 0):
             raise ConfigError("moe.capacity_factor must be > 0 (or set dropless: true)", arg="moe")
         return moe
 
     def capacity(self, tokens: int) -> int:
         return expert_capacity(tokens, self.experts, self.top_k, None if self.dropless else self.capacity_factor)
+
+
+def check_moe_layers(moe_layers: Any, layers: int, scan_layers: bool) -> None:
+    """``moe_layers`` (the layers whose MLP is MoE) are distinct layer numbers; a mix needs ``scan_layers: false``.
+
+    A scanned stack repeats one block, so dense layers between sparse ones are built unscanned
+    (``block_{i}``); compile time then grows with depth (docs/pipeline-experts.md).
+
+    Example::
+
+        >>> from partitioning.models.moe import check_moe_layers
+        >>> check_moe_layers((1, 3), 4, True)
+        Traceback (most recent call last):
+        partitioning.errors.ConfigError: moe_layers (1, 3) puts experts on some layers only: that needs \
+scan_layers: false (a scanned stack repeats one block)
+    """
+    if moe_layers is None:
+        return
+    bad = [i for i in moe_layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers]
+    if bad or len(set(moe_layers)) != len(moe_layers):
+        raise ConfigError(
+            f"moe_layers must be distinct layer numbers 0..{layers - 1}, got {list(moe_layers)}", arg="moe_layers"
+        )
+    if scan_layers and set(moe_layers) != set(range(layers)):
+        raise ConfigError(
+            f"moe_layers {tuple(moe_layers)} puts experts on some layers only: that needs scan_layers: false "
+            "(a scanned stack repeats one block)",
+            arg="moe_layers",
+        )
 
 
 class MoeMlp(nn.Module):
@@ -99,7 +139,7 @@ class MoeMlp(nn.Module):
 
     @nn.compact
     def __call__(self, x):
-        d, e, m, pd = x.shape[-1], self.moe.experts, self.mlp, self.param_dtype
+        d, e, m, pd = x.shape[-1], self.moe.experts, self.moe.mlp or self.mlp, self.param_dtype
 
         def param(name, names, shape, fan_in):
             init = nn.initializers.normal(stddev=fan_in**-0.5)
@@ -111,9 +151,16 @@ class MoeMlp(nn.Module):
             param("wi_1", ("expert", "embed", "mlp"), (e, d, m), d),
             param("wo", ("expert", "mlp", "embed"), (e, m, d), m),
         )
-        y, aux = moe_ffn(x, router, experts, top_k=self.moe.top_k, capacity=self.moe.capacity(x.shape[1]))
+        y, aux = moe_ffn(
+            x,
+            router,
+            experts,
+            top_k=self.moe.top_k,
+            capacity=self.moe.capacity(x.shape[1]),
+            norm_topk_prob=self.moe.norm_topk_prob,
+        )
         self.sow("losses", "moe_aux_loss", self.moe.aux_loss_weight * aux)
         return y.astype(self.dtype)
 
 
-__all__ = ["MoE", "MoeMlp"]
+__all__ = ["MoE", "MoeMlp", "check_moe_layers"]

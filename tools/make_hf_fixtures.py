@@ -295,6 +295,83 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "gpt2",
         {},
     ),
+    # --- mixture-of-experts families (helper moe): 4 experts, top-2, per-expert tensors on disk ---
+    # Mixtral: softmax router, top-2, gates renormalised; GQA.
+    "mixtral": (
+        "MixtralConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        "llama",
+        {},
+    ),
+    # Qwen3-MoE, every layer sparse (scans): q/k norm, head_dim 16 != 32 / 4, experts 24 wide, norm_topk_prob.
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            moe_intermediate_size=24,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        "qwen2",
+        {},
+    ),
+    # Qwen3-MoE with a dense layer (1, intermediate_size 64) between sparse ones, gates not renormalised.
+    "qwen3_moe_mixed": (
+        "Qwen3MoeConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            moe_intermediate_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            mlp_only_layers=[1],
+            max_position_embeddings=64,
+            tie_word_embeddings=True,
+        ),
+        "qwen2",
+        {},
+    ),
+    # The same Mixtral as transformers 5 holds it in memory (save_original_format=False): experts fused
+    # in one gate_up_proj (experts, 2 mlp, embed) and one down_proj per layer, router `mlp.gate`.
+    "mixtral_fused": (
+        "MixtralConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        "llama",
+        {"save_original_format": False},
+    ),
 }
 
 # Fixtures that also get `greedy.npy`: transformers' greedy continuation of their first GREEDY_PROMPT tokens
@@ -423,7 +500,8 @@ def make(name: str, seed: int) -> None:
     model.tie_weights()
     if "dtype" in save:
         model = model.to(save["dtype"])
-    model.save_pretrained(out, max_shard_size=save.get("max_shard_size", "5GB"))
+    fmt = {"save_original_format": save["save_original_format"]} if "save_original_format" in save else {}
+    model.save_pretrained(out, max_shard_size=save.get("max_shard_size", "5GB"), **fmt)
     tokens = np.random.default_rng(seed).integers(0, VOCAB, TOKENS_SHAPE).astype(np.int32)
     np.save(out / "tokens.npy", tokens)
     logits = logits_of(out, tokens)

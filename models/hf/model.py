@@ -44,6 +44,15 @@ class HFDecoder(GPT):
     def family(self) -> str:
         return family_of(self.config).name
 
+    @property
+    def experts(self) -> int:
+        """Experts per MoE layer (0: a dense model): the name map's ``{e}``."""
+        return int(self.moe["experts"]) if self.moe else 0
+
+    def moe_layer(self, i: int) -> bool:
+        """Whether layer ``i``'s MLP is a mixture of experts (the name map's ``when="moe_layer"``)."""
+        return self.moe is not None and (self.moe_layers is None or i in self.moe_layers)
+
 
 def build(
     cfg: Mapping[str, Any],
@@ -53,10 +62,25 @@ def build(
     scan_layers: bool = True,
     remat: str = "none",
     lora: Any = None,
+    capacity_factor: float | None = None,
 ) -> HFDecoder:
     """The decoder a ``config.json`` describes (float32 unless ``dtype`` / ``param_dtype`` say otherwise);
-    ``lora``: LoRA adapters (:mod:`partitioning.models.lora`)."""
+    ``lora``: LoRA adapters (:mod:`partitioning.models.lora`).
+
+    A mixture of experts routes dropless; ``capacity_factor`` caps each expert's tokens per sequence.
+    """
     opts = family_of(cfg).options(cfg)
+    if capacity_factor is not None:
+        if not opts.get("moe"):
+            raise ConfigError(
+                "capacity_factor applies to mixture-of-experts checkpoints (Mixtral, Qwen3-MoE) only; "
+                f"this one is a dense {family_of(cfg).name}",
+                arg="capacity_factor",
+            )
+        opts["moe"] = {**opts["moe"], "dropless": False, "capacity_factor": float(capacity_factor)}
+    if opts.get("moe_layers") is not None:
+        # Dense layers between sparse ones: a scanned stack repeats one block (docs/pipeline-experts.md).
+        scan_layers = False
     return HFDecoder(
         **opts,
         scan_layers=scan_layers,

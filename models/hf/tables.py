@@ -149,6 +149,48 @@ OLMO2 = _replace(
     },
 )
 
+# Mixtral and Qwen3-MoE: Llama's attention; in sparse layers a router and one tensor per expert ({e}),
+# stacked on the parameters' `expert` axis. `moe_layer` holds per layer (Qwen3-MoE's dense layers keep
+# Llama's MLP rows). transformers 5 fuses the experts in memory but save_pretrained writes these names.
+_ATTN = tuple(r for r in LLAMA if ".mlp." not in r.hf)
+_DENSE = tuple(r._replace(when="!moe_layer") for r in LLAMA if ".mlp." in r.hf and r.when is None)
+_MOE = _L + "block_sparse_moe."
+MIXTRAL = (
+    _ATTN[:-2]
+    + (
+        Tensor(_MOE + "gate.weight", "{layer}/mlp/router", "expert embed"),
+        Tensor(_MOE + "experts.{e}.w1.weight", "{layer}/mlp/wi_0", "mlp embed"),
+        Tensor(_MOE + "experts.{e}.w2.weight", "{layer}/mlp/wo", "embed mlp"),
+        Tensor(_MOE + "experts.{e}.w3.weight", "{layer}/mlp/wi_1", "mlp embed"),
+    )
+    + _ATTN[-2:]
+)
+QWEN3_MOE = (
+    _ATTN[:10]
+    + _QK_NORMS
+    + _ATTN[10:-2]
+    + _DENSE
+    + (
+        Tensor(_L + "mlp.gate.weight", "{layer}/mlp/router", "expert embed", when="moe_layer"),
+        Tensor(_L + "mlp.experts.{e}.gate_proj.weight", "{layer}/mlp/wi_0", "mlp embed", when="moe_layer"),
+        Tensor(_L + "mlp.experts.{e}.up_proj.weight", "{layer}/mlp/wi_1", "mlp embed", when="moe_layer"),
+        Tensor(_L + "mlp.experts.{e}.down_proj.weight", "{layer}/mlp/wo", "embed mlp", when="moe_layer"),
+    )
+    + _ATTN[-2:]
+)
+
+# transformers 5's in-memory layout, which save_pretrained(save_original_format=False) writes: each
+# layer's experts fused in one (experts, 2 mlp, embed) gate_up_proj and one down_proj, router `mlp.gate`.
+_FUSED = (
+    Tensor(_L + "mlp.gate.weight", "{layer}/mlp/router", "expert embed", when="moe_layer"),
+    Tensor(_L + "mlp.experts.gate_up_proj", "{layer}/mlp/wi_0", "expert (2 mlp) embed", part=0, when="moe_layer"),
+    Tensor(_L + "mlp.experts.gate_up_proj", "{layer}/mlp/wi_1", "expert (2 mlp) embed", part=1, when="moe_layer"),
+    Tensor(_L + "mlp.experts.down_proj", "{layer}/mlp/wo", "expert embed mlp", when="moe_layer"),
+)
+MIXTRAL_FUSED = tuple(r for r in MIXTRAL if "block_sparse_moe" not in r.hf)[:-2] + _FUSED + _ATTN[-2:]
+QWEN3_MOE_FUSED = tuple(r for r in QWEN3_MOE if ".experts." not in r.hf and ".mlp.gate." not in r.hf)[:-2]
+QWEN3_MOE_FUSED += _FUSED + _ATTN[-2:]
+
 _H = "transformer.h.{i}."
 
 # GPT-2's Conv1D stores weights (in, out), and q, k and v fused in c_attn.
@@ -182,4 +224,19 @@ LLAMA_EXTRA = (r"(^|\.)rotary_emb\.inv_freq$",)
 GEMMA3_EXTRA = LLAMA_EXTRA + (r"^(model\.)?(vision_tower|multi_modal_projector)\.",)
 GPT2_EXTRA = (r"(^|\.)attn\.(bias|masked_bias)$",)
 
-__all__ = ["Tensor", "LLAMA", "QWEN3", "GEMMA2", "PHI3", "OLMO2", "GPT2", "LLAMA_EXTRA", "GEMMA3_EXTRA", "GPT2_EXTRA"]
+__all__ = [
+    "Tensor",
+    "LLAMA",
+    "QWEN3",
+    "GEMMA2",
+    "PHI3",
+    "OLMO2",
+    "GPT2",
+    "MIXTRAL",
+    "QWEN3_MOE",
+    "MIXTRAL_FUSED",
+    "QWEN3_MOE_FUSED",
+    "LLAMA_EXTRA",
+    "GEMMA3_EXTRA",
+    "GPT2_EXTRA",
+]

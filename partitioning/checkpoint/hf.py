@@ -49,7 +49,7 @@ from partitioning.mesh import sharding_context
 from partitioning.train.lora import LoRA, is_adapter
 
 # Errors about the caller's own arguments, not about config.json.
-_ARGS = {"dtype", "param_dtype", "remat", "scan_layers"}
+_ARGS = {"dtype", "param_dtype", "remat", "scan_layers", "capacity_factor"}
 
 
 def _families() -> Any:
@@ -87,12 +87,15 @@ def hf_model(
     scan_layers: bool = True,
     remat: str = "none",
     lora: Any = None,
+    capacity_factor: float | None = None,
 ) -> Any:
     """The Flax module a checkpoint's ``config.json`` describes, without reading any weights.
 
     Enough for ``plan`` / ``tune``: plan Llama-3.1-70B from its ``config.json`` alone.
     ``dtype`` / ``param_dtype`` default to float32; ``lora`` (a :class:`~partitioning.LoRA` or its
     mapping) adds LoRA adapters (:mod:`partitioning.models.lora`).
+    A mixture of experts (Mixtral, Qwen3-MoE) routes dropless unless ``capacity_factor`` caps each expert's
+    tokens per sequence.
 
     Example::
 
@@ -104,7 +107,13 @@ def hf_model(
     lora = LoRA.parse(lora)  # a bad option is the caller's, not config.json's
     try:
         return _families().build(
-            cfg, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat, lora=lora
+            cfg,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            scan_layers=scan_layers,
+            remat=remat,
+            capacity_factor=capacity_factor,
+            lora=lora,
         )
     except ConfigError as e:
         if e.arg in _ARGS:
@@ -121,6 +130,11 @@ def _names(abstract: Any) -> dict[tuple[str, ...], tuple[str, ...]]:
     return {k: tuple(box.names) for k, box in traverse_util.flatten_dict(abstract).items()}
 
 
+def _experts(model: Any) -> int:
+    """Experts per MoE layer (a name map's ``{e}``); 0 for a dense model."""
+    return int(getattr(model, "experts", 0))
+
+
 def load_hf(
     path: str | os.PathLike,
     mesh: jax.sharding.Mesh | None = None,
@@ -133,6 +147,7 @@ def load_hf(
     remat: str = "none",
     on_indivisible: str = "replicate",
     lora: Any = None,
+    capacity_factor: float | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """``(model, {"params": ...})`` from a Hugging Face checkpoint, every array born in its shard.
 
@@ -155,7 +170,15 @@ def load_hf(
         >>> variables["params"]["blocks"]["attn"]["q"].sharding.spec  # (layers, heads, kv, embed)
         P(None, None, None, 'fsdp')
     """
-    model = hf_model(path, dtype=dtype, param_dtype=param_dtype, scan_layers=scan_layers, remat=remat, lora=lora)
+    model = hf_model(
+        path,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        scan_layers=scan_layers,
+        remat=remat,
+        capacity_factor=capacity_factor,
+        lora=lora,
+    )
     directory, _, family = _config(path)
     rows: list[Any] = []
     if adapter is not None:
@@ -179,7 +202,10 @@ def load_hf(
     all_names = _names(abstract)
     shapes = {k: v for k, v in all_shapes.items() if k not in adapters}
     names = {k: v for k, v in all_names.items() if k not in adapters}
-    maps, _ = expand(family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, names)
+    tensors = family.tensors
+    if getattr(family, "fused", ()) and any(n.endswith(".mlp.experts.gate_up_proj") for n in stored):
+        tensors = family.fused  # transformers 5's fused experts (save_original_format=False)
+    maps, _ = expand(tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, names, _experts(model))
     extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     found = match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
     if adapter is not None:  # the adapters come from the PEFT file, not a fresh init
@@ -260,7 +286,12 @@ def save_hf(
     shapes = {k: tuple(v.shape) for k, v in flat.items()}
     abstract = _abstract(model)
     maps, order = expand(
-        family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, _names(abstract)
+        family.tensors,
+        lambda opt: getattr(model, opt),
+        model.layers,
+        model.scan_layers,
+        _names(abstract),
+        _experts(model),
     )
     check_params(maps, shapes, family.name)
     want = traverse_util.flatten_dict(unbox(abstract))

@@ -4,7 +4,8 @@
 one :class:`ParamMap` per parameter: per-layer rows become either one stacked
 parameter (``scan_layers``: ``blocks/...`` with a leading ``layers`` axis,
 layer ``i`` from file tensor ``...{i}...``) or one parameter per
-``block_{i}``. :func:`match` pairs them with the tensors found on disk and
+``block_{i}``; a row with ``{e}`` (one file tensor per expert) stacks its
+tensors on the parameter's ``expert`` axis too. :func:`match` pairs them with the tensors found on disk and
 turns a missing, extra or wrongly shaped tensor into one
 :class:`~partitioning.CheckpointError` naming it and what ``config.json``
 implies.
@@ -57,12 +58,33 @@ class ParamMap:
     part: int | None
     hf: tuple[str, ...]
     stacked: bool
+    expert_axis: int | None = None  # the parameter's `expert` axis when each expert is its own file tensor ({e})
+    experts: int = 0
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """The sizes of :attr:`index_axes`: ``hf`` is their row-major product."""
+        if self.expert_axis is None:
+            return (len(self.hf),) if self.stacked else ()
+        return (len(self.hf) // self.experts, self.experts) if self.stacked else (self.experts,)
+
+    @property
+    def index_axes(self) -> tuple[int, ...]:
+        """The parameter axes indexed by file tensor: ``layers`` (stacked), ``expert`` (per-expert tensors).
+
+        ``hf`` lists the file tensors over these axes in row-major order (layer by layer, then expert).
+        """
+        return ((0,) if self.stacked else ()) + (() if self.expert_axis is None else (self.expert_axis,))
 
 
-def _wanted(when: str | None, option: Callable[[str], Any]) -> bool:
+def _wanted(when: str | None, option: Callable[[str], Any], layer: int = 0) -> bool:
+    """Whether a row's ``when`` holds; an option that is a function (``moe_layer``) is asked per layer."""
     if when is None:
         return True
-    return not option(when[1:]) if when.startswith("!") else bool(option(when))
+    value = option(when.lstrip("!"))
+    if callable(value):
+        value = value(layer)
+    return not value if when.startswith("!") else bool(value)
 
 
 def expand(
@@ -71,36 +93,60 @@ def expand(
     layers: int,
     scan_layers: bool,
     names: Mapping[tuple[str, ...], tuple[str, ...]],
+    experts: int = 0,
 ) -> tuple[list[ParamMap], list[str]]:
     """``(one ParamMap per parameter, every file tensor name in file order)`` for a model with these options.
 
     ``names`` are each parameter's logical axis names (its layout): a row's file axes are matched
     to them, so the pattern is a reshape when the orders agree and a transpose when they do not.
-    File order is transformers': the rows before the first per-layer row, layer 0's rows, layer 1's, ..., the rest.
+    A row whose name holds ``{e}`` is one file tensor per expert (``experts`` of them), stacked on
+    the parameter's ``expert`` axis. File order is transformers': the rows before the first
+    per-layer row, layer 0's rows (per-expert rows expert by expert), layer 1's, ..., the rest.
     """
-    rows = [r for r in rows if _wanted(r.when, option)]
+    rows = [r for r in rows if "{i}" in r.hf or _wanted(r.when, option)]
     maps: list[ParamMap] = []
+
+    def each(r: Any, i: int | None = None) -> tuple[str, ...]:
+        name = r.hf if i is None else r.hf.replace("{i}", str(i))
+        return tuple(name.replace("{e}", str(e)) for e in range(experts)) if "{e}" in name else (name,)
 
     def add(r: Any, param: str, hf: tuple[str, ...], stacked: bool) -> None:
         path = tuple(param.split("/"))
         if path not in names:
             raise CheckpointError(f"the name map names {param}, which the model does not have")
-        dst = tuple(names[path][1:] if stacked else names[path])
-        maps.append(ParamMap(path, Pattern.parse(f"{r.axes} -> {' '.join(dst)}"), r.part, hf, stacked))
+        if "{e}" in r.hf and "expert" not in names[path]:
+            raise CheckpointError(f"the name map has one tensor per expert for {param}, which has no expert axis")
+        axis = names[path].index("expert") if "{e}" in r.hf else None
+        dst = tuple(n for j, n in enumerate(names[path]) if j != axis and not (stacked and j == 0))
+        maps.append(ParamMap(path, Pattern.parse(f"{r.axes} -> {' '.join(dst)}"), r.part, hf, stacked, axis, experts))
+
+    def kept(r: Any, i: int) -> bool:
+        return _wanted(r.when, option, i)
 
     for r in rows:
         if "{layer}" not in r.param:
-            add(r, r.param, (r.hf,), False)
+            add(r, r.param, each(r), False)
         elif scan_layers:
-            add(r, r.param.format(layer=STACK), tuple(r.hf.format(i=i) for i in range(layers)), True)
+            if all(kept(r, i) for i in range(layers)):  # a scanned stack's layers are all alike
+                add(r, r.param.format(layer=STACK), sum((each(r, i) for i in range(layers)), ()), True)
         else:
             for i in range(layers):
-                add(r, r.param.format(layer=BLOCK.format(i=i)), (r.hf.format(i=i),), False)
+                if kept(r, i):
+                    add(r, r.param.format(layer=BLOCK.format(i=i)), each(r, i), False)
     per_layer = [i for i, r in enumerate(rows) if "{i}" in r.hf]
     first, last = (per_layer[0], per_layer[-1]) if per_layer else (len(rows), len(rows) - 1)
-    order = [r.hf for r in rows[:first]]
-    order += [r.hf.format(i=i) for i in range(layers) for r in rows[first : last + 1]]
-    order += [r.hf for r in rows[last + 1 :]]
+    order = [n for r in rows[:first] for n in each(r)]
+    for i in range(layers):
+        here = [r for r in rows[first : last + 1] if kept(r, i)]
+        fixed = [r for r in here if "{e}" not in r.hf]
+        split = next((j for j, r in enumerate(here) if "{e}" in r.hf), len(here))
+        per_expert = [
+            r.hf.replace("{i}", str(i)).replace("{e}", str(e)) for e in range(experts) for r in here if "{e}" in r.hf
+        ]
+        order += (
+            [n for r in fixed[:split] for n in each(r, i)] + per_expert + [n for r in fixed[split:] for n in each(r, i)]
+        )
+    order += [n for r in rows[last + 1 :] for n in each(r)]
     return maps, list(dict.fromkeys(order))
 
 
@@ -126,7 +172,8 @@ def check_params(maps: Sequence[ParamMap], shapes: Mapping[tuple[str, ...], tupl
 
 
 def layer_shape(m: ParamMap, shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(shape[1:]) if m.stacked else tuple(shape)
+    """The shape of one file tensor of ``m``: the parameter's less its indexed axes (layers, expert)."""
+    return tuple(n for j, n in enumerate(shape) if j not in m.index_axes)
 
 
 def match(

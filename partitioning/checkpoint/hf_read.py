@@ -211,11 +211,25 @@ class Reader:
         dtype = np.dtype(dtype)
         boxes = _boxes(sharding, tuple(shape))
         bufs = {box: _aligned_empty(tuple(b - a for a, b in box), dtype) for box in boxes}
-        if m.stacked:
-            layers = sorted({i for box in boxes for i in range(*box[0])})
-            for i in layers:
-                targets = [(box[1:], bufs[box][i - box[0][0]]) for box in boxes if box[0][0] <= i < box[0][1]]
-                self.tensor(stored[i], m.pattern, m.part, tuple(shape[1:]), targets)
+        axes = m.index_axes
+        if axes:
+            # One file tensor per layer (stacked) and per expert ({e}): each is read into the
+            # boxes holding its index, so a process reads only its layers' and experts' tensors.
+            counts = tuple(shape[a] for a in axes)
+            held = sorted({ix for box in boxes for ix in itertools.product(*(range(*box[a]) for a in axes))})
+            sub_shape = tuple(n for j, n in enumerate(shape) if j not in axes)
+            for ix in held:
+                at = dict(zip(axes, ix, strict=True))
+                targets = [
+                    (
+                        tuple(r for j, r in enumerate(box) if j not in axes),
+                        bufs[box][tuple(at[j] - box[j][0] if j in at else slice(None) for j in range(len(box)))],
+                    )
+                    for box in boxes
+                    if all(box[a][0] <= i < box[a][1] for a, i in at.items())
+                ]
+                flat = int(np.ravel_multi_index(ix, counts))
+                self.tensor(stored[flat], m.pattern, m.part, sub_shape, targets)
         else:
             self.tensor(stored[0], m.pattern, m.part, tuple(shape), [(box, bufs[box]) for box in boxes])
         host, places = [], []

@@ -56,42 +56,59 @@ _OURS = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?$")
 
 
 @functools.cache
-def _take_layer():
-    return jax.jit(lambda a, i: jax.lax.dynamic_index_in_dim(a, i, keepdims=False))
+def _take(axes: tuple[int, ...]):
+    def take(a, ix):
+        index = [slice(None)] * a.ndim
+        for axis, i in zip(axes, ix, strict=True):
+            index[axis] = i
+        return a[tuple(index)]
+
+    return jax.jit(take)
 
 
-def host_value(x: Any, layer: int | None = None) -> np.ndarray:
-    """``x`` (or ``x[layer]``) as one host array, holding no more than that on the host."""
+Index = tuple[tuple[int, int], ...]  # (axis, index) pairs: one layer / one expert of a parameter
+
+
+def _index(layer: int | Index | None) -> Index:
+    return () if layer is None else ((0, layer),) if isinstance(layer, int) else tuple(layer)
+
+
+def host_value(x: Any, layer: int | Index | None = None) -> np.ndarray:
+    """``x`` (or ``x[layer]``, or ``x`` at ``((axis, index), ...)``) as one host array, holding no more than that."""
+    at = dict(_index(layer))
+    pick = tuple(at.get(j, slice(None)) for j in range(np.ndim(x)))
     if not isinstance(x, jax.Array):
-        x = np.asarray(x)
-        return x if layer is None else x[layer]
+        return np.asarray(x)[pick]
     if not x.is_fully_addressable:
-        part = x if layer is None else _take_layer()(x, layer)
+        part = _take(tuple(at))(x, tuple(at.values())) if at else x
         return np.asarray(multihost_utils.process_allgather(part, tiled=True))
-    shape = x.shape if layer is None else x.shape[1:]
+    shape = tuple(n for j, n in enumerate(x.shape) if j not in at)
     out = np.empty(shape, x.dtype)
     cpu = all(d.platform == "cpu" for d in cast(set[jax.Device], x.sharding.device_set))
     seen = set()
     for shard in x.addressable_shards:
         box = tuple(s.indices(n)[:2] for s, n in zip(shard.index, x.shape, strict=True))
-        if box in seen or (layer is not None and not box[0][0] <= layer < box[0][1]):
+        if box in seen or not all(box[a][0] <= i < box[a][1] for a, i in at.items()):
             continue
         seen.add(box)
-        if layer is None:
-            out[tuple(slice(*r) for r in box)] = np.asarray(shard.data)
+        dst = tuple(slice(*r) for j, r in enumerate(box) if j not in at)
+        local = tuple(at[j] - box[j][0] if j in at else slice(None) for j in range(len(box)))
+        if not at:
+            out[dst] = np.asarray(shard.data)
         elif cpu:
-            out[tuple(slice(*r) for r in box[1:])] = np.asarray(shard.data)[layer - box[0][0]]  # a view, no copy
+            out[dst] = np.asarray(shard.data)[local]  # a view, no copy
         else:
-            out[tuple(slice(*r) for r in box[1:])] = np.asarray(shard.data[layer - box[0][0]])
+            out[dst] = np.asarray(shard.data[local])
     return out
 
 
-def contributions(maps: Sequence[ParamMap]) -> dict[str, list[tuple[ParamMap, int | None]]]:
-    """File tensor name -> the (parameter, layer) pairs it is made of, by part."""
-    out: dict[str, list[tuple[ParamMap, int | None]]] = defaultdict(list)
+def contributions(maps: Sequence[ParamMap]) -> dict[str, list[tuple[ParamMap, Index | None]]]:
+    """File tensor name -> the (parameter, (axis, index) pairs: layer / expert) it is made of, by part."""
+    out: dict[str, list[tuple[ParamMap, Index | None]]] = defaultdict(list)
     for m in maps:
         for i, name in enumerate(m.hf):
-            out[name].append((m, i if m.stacked else None))
+            ix = np.unravel_index(i, m.counts) if m.index_axes else ()
+            out[name].append((m, tuple(zip(m.index_axes, map(int, ix), strict=True)) or None))
     for parts in out.values():
         parts.sort(key=lambda mp: mp[0].part or 0)
     return out
@@ -126,7 +143,7 @@ def save_tensors(
     def arrays(tensors: list[str]) -> Iterator[np.ndarray]:
         for t in tensors:
             (m, _), *_ = parts[t]
-            yield m.pattern.to_file([host_value(params[p.path], layer) for p, layer in parts[t]])
+            yield m.pattern.to_file([host_value(params[p.path], at) for p, at in parts[t]])
 
     writer = jax.process_index() == 0
     files = dict(extra_files or {})

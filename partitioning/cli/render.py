@@ -79,8 +79,10 @@ def _claimed(row: dict[str, Any]) -> str:
 def render_plan(report: dict[str, Any], console: Any) -> None:
     """The plan: parameter table, per-device totals, warnings, compiled view, timing."""
     mesh = report["mesh"]
+    active = report.get("active_parameters")
+    active = f", {active:,} active per token" if active is not None else ""
     console.print(
-        f"[bold]{report['model']['name']}[/bold] ({report['parameters']:,} parameters) on mesh "
+        f"[bold]{report['model']['name']}[/bold] ({report['parameters']:,} parameters{active}) on mesh "
         f"{mesh} ({report['devices']:,} devices), {report.get('rules_source') or 'rules from ' + report['config']}"
     )
     t = Table(title="parameters", show_lines=False)

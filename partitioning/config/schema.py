@@ -162,6 +162,13 @@ class HfModelConfig(Section):
         description="a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) for this base: "
         "its config sets the LoRA, training and generate start from its weights",
     )
+    capacity_factor: float | None = Field(
+        default=None,
+        gt=0,
+        description="mixture-of-experts checkpoints (Mixtral, Qwen3-MoE): each expert takes at most "
+        "ceil(capacity_factor * tokens * top_k / experts) tokens of a sequence, the rest skip it; "
+        "null: dropless (no token dropped, logits as transformers')",
+    )
 
 
 class OptimizerConfig(Section):

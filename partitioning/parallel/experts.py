@@ -67,12 +67,18 @@ def expert_capacity(tokens: int, experts: int, top_k: int, capacity_factor: floa
     return max(1, min(int(tokens), math.ceil(capacity_factor * tokens * top_k / experts)))
 
 
-def route(logits: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``(gates (G, S, k), experts (G, S, k), load-balancing loss)`` from router logits ``(G, S, E)``."""
+def route(logits: jax.Array, top_k: int, norm_topk_prob: bool | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(gates (G, S, k), experts (G, S, k), load-balancing loss)`` from router logits ``(G, S, E)``.
+
+    Softmax over all experts in float32, then the top ``k``; their probabilities are renormalised to
+    sum to 1 when ``norm_topk_prob`` (None: when ``k > 1``), as Mixtral and Qwen3-MoE's
+    ``norm_topk_prob: true`` do; else the gates are the raw probabilities.
+    """
     e = logits.shape[-1]
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     top, idx = _top_k(probs, top_k)
-    gates = top / jnp.sum(top, axis=-1, keepdims=True) if top_k > 1 else top
+    norm = top_k > 1 if norm_topk_prob is None else norm_topk_prob
+    gates = top / jnp.sum(top, axis=-1, keepdims=True) if norm else top
     share = jnp.mean(jax.nn.one_hot(idx, e, dtype=jnp.float32), axis=(0, 1, 2))  # f_e (sums to 1)
     aux = e * jnp.sum(share * jnp.mean(probs, axis=(0, 1)))
     return gates, idx, aux
@@ -134,6 +140,7 @@ def moe_ffn(
     top_k: int,
     capacity: int | None = None,
     expert_fn: Callable[..., jax.Array] | None = None,
+    norm_topk_prob: bool | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """A mixture-of-experts FFN over ``x`` ``(G, S, D)``: ``(y (G, S, D), load-balancing loss)``.
 
@@ -141,7 +148,7 @@ def moe_ffn(
     ``E`` axis, for ``expert_fn(buffer (G, E, C, D), *weights) -> (G, E, C, D)``
     (default: SwiGLU with ``wi_0, wi_1 (E, D, M)``, ``wo (E, M, D)``).
     ``capacity``: tokens per expert and group (:func:`expert_capacity`); None: dropless
-    (``S``). Name the weights' expert dimension ``expert`` and the rules decide
+    (``S``). ``norm_topk_prob``: see :func:`route`. Name the weights' expert dimension ``expert`` and the rules decide
     where the experts live; the tokens follow (module docstring).
 
     Example::
@@ -161,7 +168,7 @@ def moe_ffn(
     # Every token's scores for all experts where the token is: top-k needs the whole row, so a router
     # split over `expert` is gathered (D x E), not the tokens' logits (tokens x E).
     logits = with_logical_constraint(logits, ("batch", "length", None))
-    gates, idx, aux = route(logits, top_k)
+    gates, idx, aux = route(logits, top_k, norm_topk_prob)
     buf, slots, keep = dispatch(x, idx, e, capacity)
     _record(x, e, top_k, capacity)
     # To the devices holding each expert (an all-to-all over `expert` when the rules split it) ...

@@ -138,6 +138,24 @@ class Plan:
         return sum(leaf.size for leaf in self.params)
 
     @property
+    def active_params(self) -> int | None:
+        """Parameters one token uses: each expert weight counts ``top_k / experts`` of itself (None without experts).
+
+        An expert weight is a leaf named ``expert`` and ``mlp`` (``(expert, embed, mlp)``); the router
+        ``(embed, expert)`` is used whole by every token.
+        """
+        experts = (self.parallel or {}).get("experts")
+        if not experts:
+            return None
+        e, k = int(experts["experts"]), int(experts["top_k"])
+
+        def used(leaf: LeafLayout) -> int:
+            names = leaf.names or ()
+            return leaf.size // e * k if "expert" in names and "mlp" in names else leaf.size
+
+        return sum(used(leaf) for leaf in self.params)
+
+    @property
     def totals(self) -> dict[str, dict[str, float]]:
         """Per category: ``per_device`` bytes, ``total`` bytes and ``ideal`` = total / devices."""
 
@@ -232,6 +250,7 @@ class Plan:
             "on_indivisible": self.on_indivisible,
             "parameters": self.num_params,
             "trainable_parameters": sum(leaf.size for leaf in self.trainable_params),
+            "active_parameters": self.active_params,
             "leaves": self.rows("params"),
             "optimizer_leaves": self.rows("optimizer"),
             "totals": self.totals,

@@ -29,7 +29,12 @@ readers = []
 class CountingReader(hf_module.Reader):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
+        self.names = []
         readers.append(self)
+
+    def tensor(self, s, *args):
+        self.names.append(s.name)
+        return super().tensor(s, *args)
 
 
 hf_module.Reader = CountingReader
@@ -48,7 +53,11 @@ pt.save_hf(model, variables, os.path.join(out, "saved"), max_shard_size="60KB")
 fsdp_tp_bytes = readers[-1].bytes_read
 # Pipeline stages over the processes: each reads the layers of its own stage only.
 pt.load_hf(fixture, pt.make_mesh({"stage": 2, "data": 4}), "pp")
+pp_bytes = readers[-1].bytes_read
+# Experts over the processes (expert: 2 across them, fsdp inside each): each reads its experts' tensors only.
+pt.load_hf(os.path.join(os.path.dirname(fixture), "mixtral"), pt.make_mesh({"data": 1, "expert": 2, "fsdp": 4}), "ep")
+experts = sorted({int(n.split(".experts.")[1].split(".")[0]) for n in readers[-1].names if ".experts." in n})
 multihost_utils.sync_global_devices("done")
 with open(os.path.join(out, f"p{pid}.json"), "w") as f:
-    json.dump({"diff": diff, "bytes_read": fsdp_tp_bytes, "pp_bytes_read": readers[-1].bytes_read}, f)
+    json.dump({"diff": diff, "bytes_read": fsdp_tp_bytes, "pp_bytes_read": pp_bytes, "experts_read": experts}, f)
 jax.distributed.shutdown()

@@ -77,7 +77,8 @@ def test_unknown_architecture(tmp_path):
     assert one_line(e) == (
         f"{path / 'config.json'}: architecture 'FalconForCausalLM' is not supported; supported: GPT2LMHeadModel, "
         "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, LlamaForCausalLM, "
-        "MistralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
+        "MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
+        "Qwen3ForCausalLM, Qwen3MoeForCausalLM"
     )
     with pytest.raises(pt.CheckpointError, match="architecture 'FalconForCausalLM'"):
         pt.hf_model(path)

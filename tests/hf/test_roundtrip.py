@@ -188,6 +188,8 @@ def test_two_processes_load_their_halves_and_save_through_process_0(repo, tmp_pa
     for i, r in enumerate(results):
         other_layer = sum(v.nbytes for k, v in tensors.items() if k.startswith(f"model.layers.{1 - i}."))
         assert r["bytes_read"] < total and r["pp_bytes_read"] == total - other_layer, (results, total)
+    # Mixtral's 4 experts split over the 2 processes: each read the tensors of its 2 experts, no other.
+    assert [r["experts_read"] for r in results] == [[0, 1], [2, 3]], results
     saved, want = tensors_of(tmp_path / "saved"), tensors_of(fixture("llama"))
     assert sorted(saved) == sorted(want) and all(np.array_equal(saved[k], want[k]) for k in want)
     assert (tmp_path / "saved" / "model.safetensors.index.json").exists()
