@@ -107,8 +107,8 @@ class LoRAModel:
             raise ConfigError("LoRAModel needs lora options, got None", arg="lora")
         if parsed.dropout:
             raise ConfigError(
-                f"lora.dropout {parsed.dropout:g}: dropout on the adapters' input needs the activation path, which "
-                "the reference models have (model.lora of gpt / hf); on another model set dropout: 0",
+                f"lora.dropout must be 0 for this model, got {parsed.dropout:g}: dropout on the adapters' input "
+                "needs the activation path, which only the reference models have (gpt and the Hugging Face families)",
                 arg="lora.dropout",
             )
         self.lora, self.origin = parsed, origin

@@ -247,7 +247,10 @@ def test_the_weight_path_on_a_users_linen_model_starts_at_the_base_and_lays_out_
 
 
 def test_lora_model_refuses_dropout_and_names_what_a_target_could_match():
-    with pytest.raises(pt.ConfigError, match=r"lora.dropout 0.1: dropout on the adapters' input needs the activation"):
+    with pytest.raises(
+        pt.ConfigError,
+        match=r"lora.dropout must be 0 for this model, got 0.1: dropout on the adapters' input needs the activation",
+    ):
         pt.LoRAModel(nn.Dense(4), {"rank": 2, "targets": ["kernel"], "dropout": 0.1})
     model = pt.LoRAModel(nn.Dense(4), {"rank": 2, "targets": ["kernal"]})
     with pytest.raises(pt.ConfigError) as e:
