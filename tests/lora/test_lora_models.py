@@ -84,16 +84,17 @@ def merged_by_hand(params, scale, out_in=False):
 
 @pytest.fixture(scope="module")
 def gpts():
-    """{(scan, preset): (mesh, lora model, base model, params)}: the reference GPT with LoRA and its base.
+    """{(scan, preset): (mesh, lora model, base model, params, scale)}: the reference GPT with LoRA and its base.
 
     The params are random numbers in the model's layout (no init compiled: the fresh
     adapters' values are checked through load_hf, which inits them), ``lora_b`` zero as at step 0.
+    The unscanned model has ``rslora`` (scale 8 / sqrt(4) = 4, not 8 / 4).
     """
     out = {}
     rng = np.random.default_rng(0)
     for scan, preset in [(True, "fsdp"), (True, "fsdp_tp"), (False, "fsdp_tp")]:
         mesh = pt.make_mesh(MESHES[preset])
-        model = GPT(**KW, scan_layers=scan, lora=LORA)
+        model = GPT(**KW, scan_layers=scan, lora={**LORA, "rslora": not scan})
         abstract = jax.eval_shape(model.init, jax.random.key(0), TOKENS)["params"]
         shardings = pt.unbox(pt.tree_shardings(abstract, mesh, preset))
 
@@ -102,18 +103,19 @@ def gpts():
             return np.zeros(a.shape, a.dtype) if zero else rng.normal(0, 0.3, a.shape).astype(a.dtype)
 
         values = jax.tree_util.tree_map_with_path(value, pt.unbox(abstract))
-        out[scan, preset] = mesh, model, GPT(**KW, scan_layers=scan), jax.device_put(values, shardings)
+        scale = 2.0 if scan else 4.0
+        out[scan, preset] = mesh, model, GPT(**KW, scan_layers=scan), jax.device_put(values, shardings), scale
     return out
 
 
 @pytest.mark.parametrize("scan, preset", [(True, "fsdp"), (True, "fsdp_tp"), (False, "fsdp_tp")])
 def test_step_0_of_a_lora_gpt_is_the_base_gpt_exactly(gpts, scan, preset):
-    mesh, model, base, params = gpts[scan, preset]
+    mesh, model, base, params, scale = gpts[scan, preset]
     assert np.array_equal(logits(model, params, mesh, preset), logits(base, base_of(params), mesh, preset))
 
 
 def test_adapters_sit_beside_their_weights_with_the_lora_axis_and_lay_out_by_the_rules(gpts):
-    mesh, model, base, params = gpts[True, "fsdp_tp"]
+    mesh, model, base, params, scale = gpts[True, "fsdp_tp"]
     f = flat(params)
     assert f["blocks/attn/q_lora_a"].shape == (2, 32, 4) and f["blocks/attn/q_lora_b"].shape == (2, 4, 4, 8)
     assert f["blocks/attn/q_lora_b"].sharding.spec == P(None, None, "tensor", None)  # (layers, lora, heads, kv)
@@ -130,31 +132,28 @@ def test_adapters_sit_beside_their_weights_with_the_lora_axis_and_lay_out_by_the
 
 @pytest.mark.parametrize("scan, preset", [(True, "fsdp"), (False, "fsdp_tp")])
 def test_non_zero_adapters_compute_the_merged_weight(gpts, scan, preset):
-    mesh, model, base, params = gpts[scan, preset]
+    mesh, model, base, params, scale = gpts[scan, preset]
     params = random_adapters(params)
     got = logits(model, params, mesh, preset)
-    want = logits(base, merged_by_hand(params, scale=2.0), mesh, preset)
+    want = logits(base, merged_by_hand(params, scale=scale), mesh, preset)
     assert not np.allclose(got, logits(base, base_of(params), mesh, preset), atol=1e-2)  # the adapters count
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
 
 
-def test_rslora_scales_by_alpha_over_sqrt_rank(gpts):
-    mesh, model, base, params = gpts[True, "fsdp"]
-    params = random_adapters(params)
-    model = GPT(**KW, lora={**LORA, "rslora": True})  # 8 / sqrt(4) = 4
-    want = logits(base, merged_by_hand(params, scale=4.0), mesh, "fsdp")
-    np.testing.assert_allclose(logits(model, params, mesh, "fsdp"), want, rtol=2e-4, atol=2e-4)
-
-
 def test_dropout_applies_in_training_only(gpts):
-    mesh, model, base, params = gpts[True, "fsdp"]
+    mesh, model, base, params, scale = gpts[True, "fsdp"]
     params = random_adapters(params)
-    model, plain = GPT(**KW, lora={**LORA, "dropout": 0.5}), model
-    evals = logits(model, params, mesh, "fsdp")
-    assert np.array_equal(evals, logits(plain, params, mesh, "fsdp"))  # deterministic: no dropout
-    rngs = [{"dropout": jax.random.key(i)} for i in (1, 2)]
-    train = [logits(model, params, mesh, "fsdp", deterministic=False, rngs=r) for r in rngs]
-    assert not np.allclose(train[0], evals, atol=1e-3) and not np.allclose(train[0], train[1], atol=1e-3)
+    dropout = GPT(**KW, lora={**LORA, "dropout": 0.5})
+
+    @jax.jit
+    def both(p, key):  # eval and training, one compile
+        v = {"params": p}
+        return dropout.apply(v, TOKENS), dropout.apply(v, TOKENS, deterministic=False, rngs={"dropout": key})
+
+    with pt.sharding_context(mesh, "fsdp"):
+        (evals, train1), (_, train2) = both(params, jax.random.key(1)), both(params, jax.random.key(2))
+    assert np.array_equal(evals, logits(model, params, mesh, "fsdp"))  # deterministic: no dropout
+    assert not np.allclose(train1, evals, atol=1e-3) and not np.allclose(train1, train2, atol=1e-3)
 
 
 def test_adapters_in_bfloat16_params_stay_float32():
@@ -188,20 +187,22 @@ def test_load_hf_with_lora_gives_the_checkpoints_logits_then_the_merged_weights(
     q_a = params["blocks"]["attn"]["q_lora_a"]
     assert q_a.sharding.spec == P(None, None, "fsdp")  # (layers, lora, embed)
     assert q_a.dtype == jnp.float32 and 0 < float(jnp.abs(q_a).max()) <= 32**-0.5  # U(+-1/sqrt(in)), as PEFT
-    jitted = {id(m): jax.jit(m.apply) for m in (model, base)}
 
-    def run(m, p):
+    @jax.jit
+    def both(lora_params, base_params):  # the LoRA model and its base, one compile
+        return model.apply({"params": lora_params}, tokens), base.apply({"params": base_params}, tokens)
+
+    def run(p, q):
         with pt.sharding_context(mesh, preset):
-            return np.asarray(jitted[id(m)]({"params": p}, tokens))
+            return tuple(np.asarray(x) for x in both(p, q))
 
-    step0 = run(model, params)
-    assert np.array_equal(step0, run(base, base_of(params)))
+    step0, base0 = run(params, base_of(params))
+    assert np.array_equal(step0, base0)
     np.testing.assert_allclose(step0, want, atol=1e-4)  # transformers' logits
     if preset == "fsdp_tp":  # the merged weight, by hand, on the outputs-first layout
         params = random_adapters(params)
-        np.testing.assert_allclose(
-            run(model, params), run(base, merged_by_hand(params, scale=2.0, out_in=True)), rtol=2e-4, atol=2e-4
-        )
+        got, want = run(params, merged_by_hand(params, scale=2.0, out_in=True))
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
 
 
 # -- any other model: LoRAModel (the weight path) ---------------------------------------------------
@@ -210,7 +211,7 @@ def test_load_hf_with_lora_gives_the_checkpoints_logits_then_the_merged_weights(
 def test_the_weight_path_on_an_nnx_model_equals_the_activation_path_of_the_linen_gpt(gpts):
     """The NNX twin of the GPT (same paths and names) wrapped in LoRAModel gets the very adapters the Linen
     GPT makes (q: A (layers, embed, lora), B (layers, lora, heads, kv)); with the same params, the same logits."""
-    mesh, model, base, params = gpts[True, "fsdp"]
+    mesh, model, base, params, scale = gpts[True, "fsdp"]
     params = random_adapters(params)
     twin = pt.LoRAModel(pt.NNXModel(lambda rngs: NNXGPT(**KW, rngs=rngs)), LORA)
     abstract = twin.abstract((TOKENS,), {})["params"]
@@ -228,13 +229,17 @@ def test_the_weight_path_on_a_users_linen_model_starts_at_the_base_and_lays_out_
     lm = MaxTextStyleLM(vocab=64, embed=32, mlp=64)
     model = pt.LoRAModel(lm, pt.LoRA(rank=2, targets=["^w[io]$"]))
     tokens = (TOKENS,)
+    shardings = pt.unbox(pt.tree_shardings(model.abstract(tokens, {}), mesh, "fsdp_tp"))
+    variables = jax.device_put(model.init(jax.random.key(0), tokens, {}), shardings)
+
+    @jax.jit
+    def both(v, w):  # the wrapped model and the model itself, one compile
+        return model.apply(v, tokens, {}, rngs={}, train=False)[0], pt.as_model(lm).apply(
+            w, tokens, {}, rngs={}, train=False
+        )[0]
+
     with pt.sharding_context(mesh, "fsdp_tp"):
-        shardings = pt.tree_shardings(model.abstract(tokens, {}), mesh, "fsdp_tp")
-        variables = jax.jit(lambda k: model.init(k, tokens, {}), out_shardings=shardings)(jax.random.key(0))
-        out = jax.jit(lambda v: model.apply(v, tokens, {}, rngs={}, train=False)[0])(variables)
-        base = jax.jit(lambda v: pt.as_model(lm).apply(v, tokens, {}, rngs={}, train=False)[0])(
-            {"params": base_of(variables["params"])}
-        )
+        out, base = both(variables, {"params": base_of(variables["params"])})
     p = variables["params"]
     assert sorted(p) == ["embedding", "wi", "wi_lora_a", "wi_lora_b", "wo", "wo_lora_a", "wo_lora_b"]
     assert p["wi_lora_a"].sharding.spec == P("fsdp", None) and p["wi_lora_b"].sharding.spec == P(None, "tensor")
