@@ -155,7 +155,8 @@ def main(argv=None) -> int:
     r = res["ratios"]
     print(
         f"LoRA / full: state {r['state_bytes']:.3f} (plan {r['plan_state_bytes']:.3f}; target <= 0.25), "
-        f"step peak {r['step_peak_bytes']:.3f} (plan, no activations: {r['plan_with_grads_bytes']:.3f}), step time {r['step_s']:.3f} (compiled FLOPs {r['step_flops']:.3f})"
+        f"step peak {r['step_peak_bytes']:.3f} (plan, no activations: {r['plan_with_grads_bytes']:.3f}), "
+        f"step time {r['step_s']:.3f} (compiled FLOPs {r['step_flops']:.3f})"
     )
     report(res, args.json)
     return 0
