@@ -15,16 +15,17 @@ Reported, for each side and as LoRA / full ratios:
 
 1. ``state_bytes``: the train state resident on one device after a step (the
    sum of device 0's shards of params and optimizer state), measured; target
-   LoRA <= 0.25x of full with adapters < 1% of the params;
+   LoRA <= 0.25x of full with adapters < 1% of the params; beside it ``plan``'s
+   params + optimizer state per device (``plan_state_bytes``);
 2. ``step_peak_bytes``: the compiled step's peak on one device (XLA's memory
    analysis: arguments + outputs + temporaries - aliased; gradients and
-   activations included);
+   activations included); beside it ``plan``'s analytic figure, params +
+   gradients + optimizer state (``plan_with_grads_bytes``: no activations);
 3. ``step_s``: median step time (the sides alternate, reversed every other
    round, so both see the same machine load);
 
-each beside ``plan``'s prediction: the per-device state (params + gradients +
-optimizer state, :func:`partitioning.build_plan` with the trainer's frozen
-paths) and the compiled step's FLOPs (``plan``'s compiled view) for the time.
+``plan``'s figures come from :func:`partitioning.build_plan` with the trainer's
+frozen paths; for the time, the compiled step's FLOPs (``plan``'s compiled view).
 Prints a table and a JSON object (also written to ``--json``).
 """
 
@@ -82,7 +83,8 @@ def side(lora: dict | None) -> dict:
         "params": plan.num_params,
         "trainable_params": sum(leaf.size for leaf in plan.trainable_params),
         "state_bytes": resident(state.params) + resident(state.opt_state),
-        "plan_state_bytes": int(totals["total"]["per_device"]),
+        "plan_state_bytes": int(totals["params"]["per_device"] + totals["optimizer"]["per_device"]),
+        "plan_with_grads_bytes": int(totals["total"]["per_device"]),
         "step_peak_bytes": int(peak["peak_estimate"]) if peak else None,
         "step_flops": flops,
     }
@@ -101,7 +103,15 @@ def bench(rounds: int, rank: int) -> dict:
             jax.block_until_ready(m)
             s["wall"].append(time.perf_counter() - t)
     out: dict = {"model": MODEL, "batch": [BATCH, SEQ], "devices": DEVICES, "rank": rank, "targets": TARGETS}
-    keys = ("params", "trainable_params", "state_bytes", "plan_state_bytes", "step_peak_bytes", "step_flops")
+    keys = (
+        "params",
+        "trainable_params",
+        "state_bytes",
+        "plan_state_bytes",
+        "plan_with_grads_bytes",
+        "step_peak_bytes",
+        "step_flops",
+    )
     for name, s in sides.items():
         out[name] = {k: s[k] for k in keys} | {"step_s": statistics.median(s["wall"])}
     full, lora = out["full"], out["lora"]
@@ -109,6 +119,7 @@ def bench(rounds: int, rank: int) -> dict:
     out["ratios"] = {
         "state_bytes": lora["state_bytes"] / full["state_bytes"],
         "plan_state_bytes": lora["plan_state_bytes"] / full["plan_state_bytes"],
+        "plan_with_grads_bytes": lora["plan_with_grads_bytes"] / full["plan_with_grads_bytes"],
         "step_peak_bytes": (lora["step_peak_bytes"] or 0) / (full["step_peak_bytes"] or 1),
         "step_s": lora["step_s"] / full["step_s"],
         "step_flops": (lora["step_flops"] or 0) / (full["step_flops"] or 1),
@@ -129,18 +140,23 @@ def main(argv=None) -> int:
         f"{res['full']['params']:,} params; LoRA rank {res['rank']} on {', '.join(TARGETS)}: "
         f"{res['lora']['trainable_params']:,} trainable ({res['adapter_share']:.2%})"
     )
-    print(f"{'':>6} {'state MiB':>10} {'plan MiB':>9} {'step peak MiB':>14} {'step ms':>8} {'GFLOP/dev':>10}")
+    print(
+        f"{'':>6} {'state MiB':>10} {'plan MiB':>9} {'step peak MiB':>14} {'plan+grads MiB':>15} {'step ms':>8} "
+        f"{'GFLOP/dev':>10}"
+    )
     for name in ("full", "lora"):
         s = res[name]
         print(
             f"{name:>6} {s['state_bytes'] / mib:>10.2f} {s['plan_state_bytes'] / mib:>9.2f} "
-            f"{(s['step_peak_bytes'] or 0) / mib:>14.2f} {s['step_s'] * 1e3:>8.1f} "
+            f"{(s['step_peak_bytes'] or 0) / mib:>14.2f} {s['plan_with_grads_bytes'] / mib:>15.2f} "
+            f"{s['step_s'] * 1e3:>8.1f} "
             f"{(s['step_flops'] or 0) / 1e9:>10.3f}"
         )
     r = res["ratios"]
     print(
         f"LoRA / full: state {r['state_bytes']:.3f} (plan {r['plan_state_bytes']:.3f}; target <= 0.25), "
-        f"step peak {r['step_peak_bytes']:.3f}, step time {r['step_s']:.3f} (compiled FLOPs {r['step_flops']:.3f})"
+        f"step peak {r['step_peak_bytes']:.3f} (plan, no activations: {r['plan_with_grads_bytes']:.3f}), "
+        f"step time {r['step_s']:.3f} (compiled FLOPs {r['step_flops']:.3f})"
     )
     report(res, args.json)
     return 0

@@ -66,7 +66,7 @@ def frozen_ref(ref: CheckpointRef) -> dict[str, Any] | None:
     if ref.path == ref.item:  # a bare orbax pytree: no metadata of ours
         return None
     found = read_metadata(ref).get(META_KEY)
-    return found if isinstance(found, Mapping) else None
+    return dict(found) if isinstance(found, Mapping) else None
 
 
 def frozen_path(ref: CheckpointRef, split: Mapping[str, Any]) -> Path:

@@ -26,7 +26,7 @@ Example (shapes only: nothing is allocated)::
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from partitioning.errors import PartitioningError
@@ -95,7 +95,7 @@ def price(
     on_indivisible: str = "error",
     flops: Mapping[str, Mapping[str, float]] | None = None,
     records: Sequence[Mapping[str, Any]] = (),
-    frozen: Sequence[str] = (),
+    frozen: Collection[str] = (),
 ) -> Result:
     """One layout priced, no search: ``c``'s mesh, remat, micro-batches with ``rules`` (and ``optimizer_rules``).
 

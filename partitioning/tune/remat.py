@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from partitioning.errors import PartitioningError
@@ -106,7 +106,7 @@ def choose_remat(
     records: Sequence[Mapping[str, Any]] = (),
     activations: Sequence[Any] = (),
     on_indivisible: str = "error",
-    frozen: Sequence[str] = (),
+    frozen: Collection[str] = (),
 ) -> RematChoice:
     """The fastest of ``policies`` that fits ``budget`` for this layout (see the module docstring).
 

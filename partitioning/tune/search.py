@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from partitioning.errors import PartitioningError
@@ -225,7 +225,7 @@ def search(
     flops: Mapping[str, Mapping[str, float]] | None = None,
     records: Sequence[Mapping[str, Any]] = (),
     model_axes: Sequence[str] = (),
-    frozen: Sequence[str] = (),
+    frozen: Collection[str] = (),
 ) -> Search:
     """Prices every candidate (see the module docstring). ``params`` / ``opt_state``: the boxed abstract state.
 

@@ -174,7 +174,8 @@ def test_plan_json_keys(make_plan, make_mlp):
         "warnings",
         "errors",
     }
-    assert set(j["totals"]) == {"params", "optimizer", "gradients", "total"}
+    assert set(j["totals"]) == {"params", "optimizer", "gradients", "total", "trainable", "frozen"}
+    assert j["totals"]["trainable"] == j["totals"]["params"] and j["totals"]["frozen"]["total"] == 0
     assert set(j["totals"]["params"]) == {"per_device", "total", "ideal"}
     assert set(j["warnings"]) == {
         "replicated",

@@ -86,6 +86,12 @@ def test_frozen_paths_and_the_error_for_a_regex_matching_nothing():
         pt.trainable_paths(["("], ["embedding"])
     with pytest.raises(ConfigError, match="an empty list trains nothing"):
         pt.trainable_paths([], ["embedding"])
+    # a model with LoRA adapters: only they train unless told otherwise
+    lora = GPT(vocab_size=64, embed=32, heads=2, mlp=64, layers=2, lora={"rank": 2, "targets": ["mlp/wo"]})
+    trainer = pt.Trainer(lora, optimizer(), mesh, "fsdp", batch_size=8, seq_len=16)
+    assert trainer.frozen == FROZEN | {"blocks/mlp/wo", "final_norm/scale"}
+    trainer = pt.Trainer(lora, optimizer(), mesh, "fsdp", batch_size=8, seq_len=16, trainable=["lora_b", "norm"])
+    assert "blocks/mlp/wo_lora_a" in trainer.frozen and "blocks/mlp/wo_lora_b" not in trainer.frozen
 
 
 def test_frozen_params_bit_identical_while_trainable_ones_move(run):
@@ -170,6 +176,22 @@ def test_resumed_run_continues_with_identical_losses(run):
     assert losses == run["losses"][4:]
     for a, b in zip(jax.tree.leaves(host(state.params)), jax.tree.leaves(host(run["state"].params)), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_missing_frozen_params_are_one_line(run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "checkpoints"
+    shutil.copytree(run["dir"], copy)
+    shutil.rmtree(copy / FROZEN_DIR)
+    trainer = run["trainer"]
+    target = pt.abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
+    with pytest.raises(pt.CheckpointError) as e:
+        pt.restore_checkpoint(copy, target)
+    assert str(e.value) == (
+        f"checkpoint {copy / '6'}: its frozen params are missing: {copy / FROZEN_DIR / '2'} "
+        "(written once per run, every step refers to it)"
+    )
 
 
 def test_restore_onto_another_mesh_yields_the_full_params(run):
