@@ -86,15 +86,10 @@ def model_from_config(cfg: Config) -> Any:
     if cfg.model_hf is not None:
         return check_model_lora(cfg, hf_model_from_config(cfg))
     own_lora = lora is None or takes_lora(_target_class(cfg))  # else: the weight path (LoRAModel)
+    model_options = cfg.model_options if own_lora else without_lora(cfg.model_options)
     if cfg.model_target:
         obj = build_target(
-            {
-                TARGET: cfg.model_name,
-                **_concrete(cfg.model_options if own_lora else without_lora(cfg.model_options), "none"),
-            },
-            path=cfg.path,
-            lines=cfg.lines,
-            key=("model",),
+            {TARGET: cfg.model_name, **_concrete(model_options, "none")}, path=cfg.path, lines=cfg.lines, key=("model",)
         )
     else:
         try:
@@ -103,8 +98,7 @@ def model_from_config(cfg: Config) -> Any:
             raise at_key(cfg, e, {"name": ("model", "name")}) from None
         default = constructor_options(cls).get("remat")
         fallback = default if isinstance(default, str) and default != AUTO else "none"
-        options = _concrete(cfg.model_options if own_lora else without_lora(cfg.model_options), fallback)
-        options = build_target(options, path=cfg.path, lines=cfg.lines, key=("model",))
+        options = build_target(_concrete(model_options, fallback), path=cfg.path, lines=cfg.lines, key=("model",))
         check_kwargs(cls, options, f"model {cfg.model_name!r}", lambda k: cfg.where("model", *([k] if k else [])))
         obj = Factory(cls, options) if takes_rngs(cls) else _construct(cfg, cls, options)
     if isinstance(obj, Factory):

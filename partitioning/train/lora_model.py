@@ -5,10 +5,14 @@ for each parameter leaf of at least two dimensions whose ``/``-joined path a
 target matches it adds ``<leaf>_lora_a`` and ``<leaf>_lora_b`` beside it, and
 every forward pass runs the wrapped model on ``W + scale * A @ B`` (the weight
 path). A weight is read as Flax's ``Dense`` / ``Conv`` kernels store it:
-inputs are all dimensions but the last, the output is the last; leading
-dimensions named ``layers`` (a scanned stack) are kept as a batch of weights.
-So ``A`` is ``(layers..., in..., lora)`` and ``B`` ``(layers..., lora, out)``,
-named with the weight's own logical names (or mesh-axis names) and ``lora``.
+inputs are all dimensions but the last, the output is the last -- except a
+weight whose first dimension is named ``embed``, which reads from the model
+dimension alone (attention's ``q (embed, heads, kv)``: in ``embed``, out
+``heads, kv``). Leading dimensions named ``layers`` (a scanned stack) are kept
+as a batch of weights. So ``A`` is ``(layers..., in..., lora)`` and ``B``
+``(layers..., lora, out...)``, named with the weight's own logical names (or
+mesh-axis names) and ``lora``: the same adapters the reference models make
+on the activation path for weights stored inputs first.
 
 The reference models do better with the activation path
 (:mod:`partitioning.models.lora`): ``x W + scale * (x A) B`` never forms a
@@ -45,6 +49,8 @@ from partitioning.train.tracing import guard
 
 # The leading dimension of a stacked (scanned) weight: nn.scan's / nnx.vmap's PARTITION_NAME, by convention.
 STACKED = "layers"
+# The model dimension: a weight whose first dimension it is reads from it (its only input).
+EMBED = "embed"
 # Adapters draw their random values from this stream of the init key, so the base init is unchanged.
 _ADAPTER_STREAM = 0x10FA
 
@@ -62,6 +68,14 @@ def _stacked(names: tuple[Any, ...] | None, ndim: int) -> int:
     while names is not None and n < ndim - 2 and names[n] == STACKED:
         n += 1
     return n
+
+
+def _inputs(names: tuple[Any, ...] | None, ndim: int, stacked: int) -> int:
+    """How many dimensions (after the stacked ones) are inputs: all but the last, or only the first when
+    it is named ``embed`` (a projection out of the model dimension, e.g. attention's ``q (embed, heads, kv)``)."""
+    if names is not None and names[stacked] == EMBED:
+        return 1
+    return ndim - stacked - 1
 
 
 class LoRAModel:
@@ -93,8 +107,8 @@ class LoRAModel:
             raise ConfigError("LoRAModel needs lora options, got None", arg="lora")
         if parsed.dropout:
             raise ConfigError(
-                f"lora.dropout {parsed.dropout:g}: dropout on the adapters' input needs the activation path, which "
-                "the reference models have (model.lora of gpt / hf); on another model set dropout: 0",
+                f"lora.dropout must be 0 for this model, got {parsed.dropout:g}: dropout on the adapters' input "
+                "needs the activation path, which only the reference models have (gpt and the Hugging Face families)",
                 arg="lora.dropout",
             )
         self.lora, self.origin = parsed, origin
@@ -150,13 +164,14 @@ class LoRAModel:
             shape = tuple(jnp.shape(leaf.value if is_box(leaf) else leaf))
             names = _names_of(leaf, len(shape))
             s = _stacked(names, len(shape))
-            stack, ins, out = shape[:s], shape[s:-1], shape[-1]
+            n = s + _inputs(names, len(shape), s)
+            stack, ins, out = shape[:s], shape[s:n], shape[n:]
             bound = 1.0 / math.sqrt(math.prod(ins))
             a = jax.random.uniform(jax.random.fold_in(key, i), (*stack, *ins, rank), dtype, -bound, bound)
-            b = jnp.zeros((*stack, rank, out), dtype)
+            b = jnp.zeros((*stack, rank, *out), dtype)
             if names is not None:
-                a_box: Any = LogicallyPartitioned(a, (*names[:-1], RANK_AXIS))
-                b_box: Any = LogicallyPartitioned(b, (*names[:s], RANK_AXIS, names[-1]))
+                a_box: Any = LogicallyPartitioned(a, (*names[:n], RANK_AXIS))
+                b_box: Any = LogicallyPartitioned(b, (*names[:s], RANK_AXIS, *names[n:]))
             else:
                 a_box, b_box = a, b
             flat[(*path[:-1], path[-1] + A_SUFFIX)] = a_box
@@ -175,9 +190,10 @@ class LoRAModel:
             if a_key not in flat:
                 continue
             w, a, b = out[path], flat[a_key], flat[b_key]
-            s = b.ndim - 2  # stacked leading dimensions
+            s = a.ndim + b.ndim - 2 - w.ndim  # stacked leading dimensions
             a2 = a.reshape((*a.shape[:s], -1, a.shape[-1]))
-            delta = jnp.einsum("...ir,...ro->...io", a2, b, preferred_element_type=jnp.float32)
+            b2 = b.reshape((*b.shape[: s + 1], -1))
+            delta = jnp.einsum("...ir,...ro->...io", a2, b2, preferred_element_type=jnp.float32)
             w32 = w.astype(jnp.float32) + self.lora.scale * delta.reshape(w.shape)
             out[path] = w32.astype(w.dtype)
         return traverse_util.unflatten_dict(out)
