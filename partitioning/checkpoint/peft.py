@@ -228,7 +228,16 @@ def merge_lora(model: Any, variables: Any) -> tuple[Any, dict[str, Any]]:
     """``(the model without lora, {"params": ...})`` with each adapted weight ``W + scale * B A``, adapters dropped.
 
     The merged weights keep ``W``'s dtype and sharding; the logits equal the LoRA model's up to
-    float rounding (PEFT's ``merge_and_unload``). See the module's example.
+    float rounding (PEFT's ``merge_and_unload``).
+
+    Example::
+
+        >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", adapter="tests/fixtures/peft/llama_rslora")
+        >>> merged_model, merged = pt.merge_lora(model, variables)
+        >>> p = variables["params"]["blocks"]["attn"]   # q: (layers, heads, kv, embed), out_in like torch
+        >>> want = p["q"] + model.lora.scale * jnp.einsum("lhkr,lre->lhke", p["q_lora_b"], p["q_lora_a"])
+        >>> merged_model.lora, bool(jnp.allclose(merged["params"]["blocks"]["attn"]["q"], want, atol=1e-6))
+        (None, True)
     """
     from partitioning.checkpoint.hf import _abstract, _names
 

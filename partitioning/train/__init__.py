@@ -17,7 +17,9 @@ Modules:
 - :mod:`~partitioning.train.tokenize` — text -> tokens with a ``tokenizer.json``: BOS / EOS per document, cached.
 - :mod:`~partitioning.train.order` — the grain ``MapDataset`` s: seeded example order, each process's rows.
 - :mod:`~partitioning.train.data` — corpora and resumable, per-process global batches (the public API).
-- :mod:`~partitioning.train.generate` — greedy decoding with a KV cache (``generate``), on a mesh under rules.
+- :mod:`~partitioning.train.generate` — decoding with a KV cache (``generate``), on a mesh under rules; batches.
+- :mod:`~partitioning.train.sampling` — next-token choice as transformers does it: temperature, top-k, top-p.
+- :mod:`~partitioning.train.prompts` — ``generate``'s prompt files and stop tokens (``generation_config.json``).
 - :mod:`~partitioning.train.loop` — ``fit``: steps, evals, hooks, progress, clean stops.
 - :mod:`~partitioning.train.nonfinite` — divergence: the non-finite flag tallied on device; stop or skip_step.
 - :mod:`~partitioning.train.lock` — ``RunLock``: one writer per run directory (an ``flock`` naming its holder).
