@@ -9,6 +9,7 @@
 - :mod:`partitioning.models.checks` — option checks on construction: bad values are errors at their config key.
 - :mod:`partitioning.models.moe` — ``MoE`` options and the GPT's mixture-of-experts MLP (``moe:``).
 - :mod:`partitioning.models.kv_cache` — decode mode's KV cache (the ``cache`` collection) for ``generate``.
+- :mod:`partitioning.models.lora` — LoRA adapters on the decoder's projections (``lora:``), the activation path.
 
 Importing this package registers them as ``mlp`` and ``gpt``. The library
 never imports it; the config build step (:mod:`partitioning.config.build`)

@@ -190,7 +190,8 @@ def check_lora_targets(model: nn.Module, tokens: Any = None) -> None:
     if LoRA.parse(getattr(model, "lora", None)) is None:
         return
     tokens = jnp.zeros((1, 1), jnp.int32) if tokens is None else tokens
-    jax.eval_shape(model.init, jax.random.key(0), tokens)
+    # A fresh function: a cached trace of an equal model would skip the check.
+    jax.eval_shape(lambda key, x: model.init(key, x), jax.random.key(0), tokens)
 
 
 __all__ = ["LoRA", "adapt", "project", "for_call", "checks_targets", "check_lora_targets", "LEAD_NAMES"]

@@ -36,11 +36,13 @@ import jax
 
 import partitioning.models  # noqa: F401  (registers the reference models: gpt, mlp)
 from partitioning.config.hf import hf_model_from_config, hf_options, tokenizer_from_config
-from partitioning.config.lora import check_model_lora, parse_lora, takes_lora, without_lora, wrap_lora
+from partitioning.config.lora import lora_error, parse_lora, takes_lora, without_lora, wrap_lora
 from partitioning.config.schema import Config
 from partitioning.config.targets import TARGET, Factory, build_target, check_kwargs, import_target, takes_rngs
 from partitioning.errors import ConfigError, DataError, PartitioningError, ShardingError
 from partitioning.mesh import make_mesh
+from partitioning.models import GPT
+from partitioning.models.lora import check_lora_targets
 from partitioning.parallel.pipeline import PipelineError
 from partitioning.registry import REQUIRED, constructor_options, model_class
 from partitioning.train.batch import lm_batch
@@ -110,6 +112,16 @@ def model_from_config(cfg: Config) -> Any:
     if lora is None:
         return model
     return check_model_lora(cfg, model) if own_lora else wrap_lora(cfg, model, lora)
+
+
+def check_model_lora(cfg: Config, model: Any) -> Any:
+    """A reference model built with ``lora``: its targets checked against its weights (ConfigError at the key)."""
+    if isinstance(model, GPT):
+        try:
+            check_lora_targets(model)
+        except PartitioningError as e:
+            raise lora_error(cfg, e) from None
+    return model
 
 
 def _target_class(cfg: Config) -> Any:

@@ -63,19 +63,6 @@ def without_lora(options: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k != KEY}
 
 
-def check_model_lora(cfg: Config, model: Any) -> Any:
-    """A reference model built with ``lora``: its targets checked against its weights (ConfigError at the key)."""
-    from partitioning.models import GPT
-    from partitioning.models.lora import check_lora_targets
-
-    if isinstance(model, GPT):
-        try:
-            check_lora_targets(model)
-        except PartitioningError as e:
-            raise lora_error(cfg, e) from None
-    return model
-
-
 def wrap_lora(cfg: Config, model: Any, lora: LoRA) -> LoRAModel:
     """A model without a ``lora`` option of its own, with adapters merged into its weights (the weight path)."""
     try:
@@ -84,4 +71,4 @@ def wrap_lora(cfg: Config, model: Any, lora: LoRA) -> LoRAModel:
         raise lora_error(cfg, e) from None
 
 
-__all__ = ["parse_lora", "takes_lora", "without_lora", "check_model_lora", "wrap_lora", "lora_error"]
+__all__ = ["parse_lora", "takes_lora", "without_lora", "wrap_lora", "lora_error"]
