@@ -62,9 +62,9 @@ def pages(repo: Path) -> list[Path]:
 
 
 def shipped_copy(repo: Path, folder: Path) -> None:
-    """configs/, examples/ and tests/fixtures/hf as a user's checkout has them (symlinks followed), with step counts
-    shortened."""
-    for name in ("configs", "examples", "tests/fixtures/hf"):
+    """configs/, examples/, tests/fixtures/hf and tests/fixtures/peft as a user's checkout has them (symlinks
+    followed), with step counts shortened."""
+    for name in ("configs", "examples", "tests/fixtures/hf", "tests/fixtures/peft"):
         if (repo / name).is_dir():
             shutil.copytree(repo / name, folder / name, symlinks=False, ignore=shutil.ignore_patterns("__pycache__"))
     for f in folder.glob("**/*.yaml"):

@@ -19,6 +19,8 @@ Modules:
 - :mod:`~partitioning.checkpoint.hf_map` — a family's name map applied to a model; missing / extra / misshaped tensors.
 - :mod:`~partitioning.checkpoint.hf_read` — per-shard reads: each process reads only its devices' bytes.
 - :mod:`~partitioning.checkpoint.hf_write` — safetensors out, one tensor gathered at a time.
+- :mod:`~partitioning.checkpoint.peft_config` — PEFT's ``adapter_config.json`` checked; adapter rows of a name map.
+- :mod:`~partitioning.checkpoint.peft` — PEFT LoRA adapters in (per shard) and out; LoRA merged into the weights.
 
 Example::
 

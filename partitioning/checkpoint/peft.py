@@ -228,7 +228,16 @@ def merge_lora(model: Any, variables: Any) -> tuple[Any, dict[str, Any]]:
     """``(the model without lora, {"params": ...})`` with each adapted weight ``W + scale * B A``, adapters dropped.
 
     The merged weights keep ``W``'s dtype and sharding; the logits equal the LoRA model's up to
-    float rounding (PEFT's ``merge_and_unload``). See the module's example.
+    float rounding (PEFT's ``merge_and_unload``).
+
+    Example::
+
+        >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", adapter="tests/fixtures/peft/llama_rslora")
+        >>> merged_model, merged = pt.merge_lora(model, variables)
+        >>> p = variables["params"]["blocks"]["attn"]   # q: (layers, heads, kv, embed), out_in like torch
+        >>> want = p["q"] + model.lora.scale * jnp.einsum("lhkr,lre->lhke", p["q_lora_b"], p["q_lora_a"])
+        >>> merged_model.lora, bool(jnp.allclose(merged["params"]["blocks"]["attn"]["q"], want, atol=1e-6))
+        (None, True)
     """
     from partitioning.checkpoint.hf import _abstract, _names
 
@@ -240,22 +249,30 @@ def merge_lora(model: Any, variables: Any) -> tuple[Any, dict[str, Any]]:
     names = _names(_abstract(model))
     out = {k: v for k, v in flat.items() if not k[-1].endswith((A_SUFFIX, B_SUFFIX))}
     scale = float(lora.scale)
-    for path in flat:
-        if not path[-1].endswith(A_SUFFIX):
-            continue
-        w_path = path[:-1] + (path[-1][: -len(A_SUFFIX)],)
-        b_path = path[:-1] + (w_path[-1] + B_SUFFIX,)
-        w, a, b = flat[w_path], flat[path], flat[b_path]
-        sharding = w.sharding if isinstance(w, jax.Array) else None
+    # weight path -> (its A's path, its B's path, A's logical names)
+    sites = {
+        p[:-1] + (p[-1][: -len(A_SUFFIX)],): (p, p[:-1] + (p[-1][: -len(A_SUFFIX)] + B_SUFFIX,), tuple(names[p]))
+        for p in flat
+        if p[-1].endswith(A_SUFFIX)
+    }
+    keys = sorted(sites)
 
-        def merged(w: jax.Array, a: jax.Array, b: jax.Array, a_names: Sequence[str] = names[path]) -> jax.Array:
+    def merged(ws: list, abs_: list) -> list:
+        res = []
+        for key, w, (a, b) in zip(keys, ws, abs_, strict=True):
+            a_names = sites[key][2]
             d = _delta(a.astype(jnp.float32), b.astype(jnp.float32), a_names, a_names[0] == "layers")
-            return (w.astype(jnp.float32) + scale * d).astype(w.dtype)
+            res.append((w.astype(jnp.float32) + scale * d).astype(w.dtype))
+        return res
 
-        shape = jax.eval_shape(merged, w, a, b).shape
-        if shape != w.shape:
-            raise CheckpointError(f"{'/'.join(path)}: B A has shape {list(shape)}; the weight has {list(w.shape)}")
-        out[w_path] = jax.jit(merged, out_shardings=sharding)(w, a, b)
+    ws = [flat[k] for k in keys]
+    abs_ = [(flat[sites[k][0]], flat[sites[k][1]]) for k in keys]
+    for key, w, got in zip(keys, ws, jax.eval_shape(merged, ws, abs_), strict=True):
+        if got.shape != w.shape:
+            raise CheckpointError(f"{'/'.join(key)}: B A has shape {list(got.shape)}; the weight has {list(w.shape)}")
+    shardings = [w.sharding if isinstance(w, jax.Array) else None for w in ws]
+    # One compile for every adapted weight, each merged on its own shards.
+    out.update(zip(keys, jax.jit(merged, out_shardings=shardings)(ws, abs_), strict=True))
     return model.clone(lora=None), {"params": traverse_util.unflatten_dict(out)}
 
 

@@ -3,7 +3,7 @@
     partitioning ckpt ls RUN_DIR
     partitioning ckpt inspect CKPT [--json]
     partitioning ckpt reshard CKPT --config NEW.yaml --out DIR [--set k=v] [--step N]   (e.g. configs/tp.yaml)
-    partitioning ckpt export-hf RUN_DIR OUT_DIR [--step N] [--force]   (see partitioning.cli.export_hf)
+    partitioning ckpt export-hf RUN_DIR OUT_DIR [--step N] [--force] [--merge]   (see partitioning.cli.export_hf)
 
 ``CKPT`` is a run dir or checkpoints dir (latest complete step), a step dir, or
 a directory written by plain orbax.

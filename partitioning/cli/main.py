@@ -8,7 +8,8 @@
     partitioning compare CONFIG --rules A B ...
     partitioning tune CONFIG [--devices N] [--hardware NAME|FILE] [--device-memory X] [--out best.yaml]
     partitioning ckpt ls|inspect|reshard|export-hf ...
-    partitioning generate CONFIG --prompt TEXT [--max-tokens N] [--step N | --from-hf]
+    partitioning generate CONFIG (--prompt TEXT | --prompts FILE) [--chat] [--temperature T] [--top-k K] [--top-p P]
+                          [--seed S] [--max-tokens N] [--step N | --from-hf]
 
 Bad input (a :class:`PartitioningError`) prints one line to stderr and exits 2.
 """

@@ -21,7 +21,9 @@ Modules:
 - :mod:`~partitioning.train.chat` — a checkpoint's Jinja chat template, rendered as ``transformers`` renders it.
 - :mod:`~partitioning.train.instruct` — chat / prompt_completion JSONL rows -> tokens and assistant loss masks.
 - :mod:`~partitioning.train.packing` — instruction rows: several examples per row with segment ids and positions.
-- :mod:`~partitioning.train.generate` — greedy decoding with a KV cache (``generate``), on a mesh under rules.
+- :mod:`~partitioning.train.generate` — decoding with a KV cache (``generate``), on a mesh under rules; batches.
+- :mod:`~partitioning.train.sampling` — next-token choice as transformers does it: temperature, top-k, top-p.
+- :mod:`~partitioning.train.prompts` — ``generate``'s prompt files and stop tokens (``generation_config.json``).
 - :mod:`~partitioning.train.loop` — ``fit``: steps, evals, hooks, progress, clean stops.
 - :mod:`~partitioning.train.nonfinite` — divergence: the non-finite flag tallied on device; stop or skip_step.
 - :mod:`~partitioning.train.lock` — ``RunLock``: one writer per run directory (an ``flock`` naming its holder).
