@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from partitioning.boxes import logical_spec, with_logical_constraint
 from partitioning.errors import ConfigError
+from partitioning.models.fused_attention import cudnn_attention
 from partitioning.models.kv_cache import cache_positions, cached_kv
 from partitioning.models.layers import bias_param, kernel, order, row_parallel
 
@@ -138,6 +139,7 @@ class Attention(nn.Module):
     scale: float | None = None
     decode: bool = False  # keep keys and values in the `cache` collection (models/kv_cache.py)
     out_in: bool = False  # weights stored (out, in), as torch's Linear
+    impl: str = "xla"  # xla | cudnn (models/fused_attention.py); the decode path always takes the einsums
 
     @nn.compact
     def __call__(self, x):
@@ -163,23 +165,26 @@ class Attention(nn.Module):
             q = rope(q, self.rope_theta, self.rope_scaling, positions)
             kk = rope(kk, self.rope_theta, self.rope_scaling, positions)
         v = with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
-        mask = causal_mask(t, self.window)
-        if self.decode:  # attend to every cached position so far, this call's included
-            kk, v, mask = cached_kv(self, kk, v, positions, self.window)
-        # Grouped-query: each kv head serves heads // kv_heads query heads.
-        q = q.reshape(b, t, g, h // g, k)
-        # Explicit axes with `length` sharded (seq): name the layouts of the two
-        # attention products, which need every key position on every query shard.
-        scores = jnp.einsum(
-            "btgrk,bsgk->bgrts", q, kk, out_sharding=logical_spec(("batch", "kv_heads", None, "length", None))
-        )
         scale = k**-0.5 if self.scale is None else self.scale
-        scores = scores.astype(jnp.float32) * scale
-        scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum(
-            "bgrts,bsgk->btgrk", probs, v, out_sharding=logical_spec(("batch", "length", "kv_heads", None, None))
-        ).reshape(b, t, h, k)
+        if self.impl == "cudnn" and not self.decode:
+            out = cudnn_attention(q, kk, v, scale, self.window)
+        else:
+            mask = causal_mask(t, self.window)
+            if self.decode:  # attend to every cached position so far, this call's included
+                kk, v, mask = cached_kv(self, kk, v, positions, self.window)
+            # Grouped-query: each kv head serves heads // kv_heads query heads.
+            q = q.reshape(b, t, g, h // g, k)
+            # Explicit axes with `length` sharded (seq): name the layouts of the two
+            # attention products, which need every key position on every query shard.
+            scores = jnp.einsum(
+                "btgrk,bsgk->bgrts", q, kk, out_sharding=logical_spec(("batch", "kv_heads", None, "length", None))
+            )
+            scores = scores.astype(jnp.float32) * scale
+            scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
+            probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+            out = jnp.einsum(
+                "bgrts,bsgk->btgrk", probs, v, out_sharding=logical_spec(("batch", "length", "kv_heads", None, None))
+            ).reshape(b, t, h, k)
         out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
         y = row_parallel(f"bthk,{order(oi, 'hk', 'd')}->btd", out, wo.astype(dt))
         if self.out_bias:

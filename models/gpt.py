@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from partitioning.boxes import param_for_compute, with_logical_constraint, with_logical_partitioning
 from partitioning.errors import ConfigError
 from partitioning.models.attention import Attention, parse_rope_scaling, rope
+from partitioning.models.fused_attention import check_attention, resolve_attention
 from partitioning.models.checks import choice, divides, float_dtype, positive
 from partitioning.models.kv_cache import position_offset
 from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
@@ -73,6 +74,7 @@ class Block(nn.Module):
     attn_scale: float | None = None
     decode: bool = False
     out_in: bool = False
+    attention: str = "xla"
 
     @nn.compact
     def __call__(self, x, _=None):
@@ -91,6 +93,7 @@ class Block(nn.Module):
             window=self.sliding_window,
             scale=self.attn_scale,
             decode=self.decode,
+            impl=self.attention,
             out_in=self.out_in,
             name="attn",
         )(y)
@@ -143,6 +146,7 @@ class GPT(nn.Module):
     rope_scaling: Any = None  # {rope_type: llama3 | linear, factor, ...}
     sliding_window: int | None = None  # query i sees keys i - w < j <= i
     attn_scale: float | None = None  # None: head_dim ** -0.5
+    attention: str = "xla"  # xla (einsums) | cudnn (jax.nn.dot_product_attention's flash kernel) | auto
     decode: bool = False  # KV cache in the `cache` collection, for generation (partitioning.generate)
     kernel_order: str = "in_out"  # in_out | out_in: projection weights stored outputs first (torch's Linear)
 
@@ -173,6 +177,7 @@ class GPT(nn.Module):
         choice(self, "mlp_act", ACTIVATIONS)
         choice(self, "remat", REMAT_POLICIES)
         choice(self, "kernel_order", ("in_out", "out_in"))
+        check_attention(self.attention, self.dtype)
         float_dtype(self, "dtype", "param_dtype")
         MoE.parse(self.moe)  # a bad `moe:` option fails at construction, naming `moe`
         parse_rope_scaling(self.rope_scaling)
@@ -233,6 +238,7 @@ class GPT(nn.Module):
             sliding_window=self.sliding_window,
             attn_scale=self.attn_scale,
             decode=self.decode,
+            attention=resolve_attention(self.attention, self.dtype),
             out_in=self.kernel_order == "out_in",
         )
         if self.scan_layers:
