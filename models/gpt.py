@@ -36,8 +36,8 @@ import jax.numpy as jnp
 from partitioning.boxes import param_for_compute, with_logical_constraint, with_logical_partitioning
 from partitioning.errors import ConfigError
 from partitioning.models.attention import Attention, parse_rope_scaling, rope
-from partitioning.models.fused_attention import check_attention, resolve_attention
 from partitioning.models.checks import choice, divides, float_dtype, positive
+from partitioning.models.fused_attention import check_attention, resolve_attention
 from partitioning.models.kv_cache import position_offset
 from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
 from partitioning.models.moe import MoE, MoeMlp
