@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from partitioning.boxes import logical_spec, with_logical_constraint
 from partitioning.errors import ConfigError
+from partitioning.models.fused_attention import cudnn_attention, fused_applies
 from partitioning.models.kv_cache import cache_positions, cached_kv
 from partitioning.models.layers import bias_param, kernel, order, row_parallel
 from partitioning.models.lora import adapt, project
@@ -195,6 +196,7 @@ class Attention(nn.Module):
     norm_eps: float = 1e-6
     softcap: float | None = None
     local_rope: tuple | None = None
+    impl: str = "xla"  # xla | cudnn (models/fused_attention.py): where cuDNN applies, else the einsums
 
     @nn.compact
     def __call__(self, x, segment_ids=None, positions=None, local=None):
@@ -227,6 +229,22 @@ class Attention(nn.Module):
         # `local` given (mixed local/global layers): the window applies on local layers only.
         window = self.window if local is None else None
         v = with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
+        scale = k**-0.5 if self.scale is None else self.scale
+        if self.impl == "cudnn" and fused_applies(self.decode, segment_ids, local, self.softcap):
+            out = cudnn_attention(q, kk, v, scale, window)
+        else:
+            out = self._einsum_attention(q, kk, v, scale, window, segment_ids, local, positions)
+        out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
+        eq = f"bthk,{order(oi, 'hk', 'd')}->btd"
+        y = adapt(self, "o", row_parallel(eq, out, wo.astype(dt)), out, eq, self.lora, heads, embed, oi)
+        if self.out_bias:
+            y = y + bias_param(self, "o_bias", ("embed",), (d,), pd).astype(dt)
+        return y
+
+    def _einsum_attention(self, q, kk, v, scale, window, segment_ids, local, positions):
+        """``softmax(q k^T * scale) v`` with the causal / window / segment masks, as einsums with named layouts."""
+        b, t, h, k = q.shape
+        g, dt = kk.shape[2], self.dtype
         mask = causal_mask(t, window) if segment_ids is None else segment_mask(segment_ids, window)
         if self.decode:  # attend to every cached position so far, this call's included
             kk, v, mask = cached_kv(self, kk, v, positions, window)
@@ -239,19 +257,13 @@ class Attention(nn.Module):
         scores = jnp.einsum(
             "btgrk,bsgk->bgrts", q, kk, out_sharding=logical_spec(("batch", "kv_heads", None, "length", None))
         )
-        scale = k**-0.5 if self.scale is None else self.scale
         scores = softcap(scores.astype(jnp.float32) * scale, self.softcap)
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
         out = jnp.einsum(
             "bgrts,bsgk->btgrk", probs, v, out_sharding=logical_spec(("batch", "length", "kv_heads", None, None))
         ).reshape(b, t, h, k)
-        out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
-        eq = f"bthk,{order(oi, 'hk', 'd')}->btd"
-        y = adapt(self, "o", row_parallel(eq, out, wo.astype(dt)), out, eq, self.lora, heads, embed, oi)
-        if self.out_bias:
-            y = y + bias_param(self, "o_bias", ("embed",), (d,), pd).astype(dt)
-        return y
+        return out
 
 
 __all__ = ["Attention", "rope", "rope_frequencies", "parse_rope_scaling", "causal_mask", "ROPE_SCALINGS"]

@@ -41,6 +41,7 @@ from partitioning.boxes import param_for_compute, with_logical_constraint, with_
 from partitioning.errors import ConfigError
 from partitioning.models.attention import Attention, packed_args, parse_rope_scaling, rope
 from partitioning.models.checks import choice, divides, float_dtype, positive
+from partitioning.models.fused_attention import check_attention, resolve_attention
 from partitioning.models.kv_cache import position_offset
 from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
 from partitioning.models.lora import LoRA, adapt, checks_targets, for_call
@@ -93,6 +94,7 @@ class Block(nn.Module):
     qk_norm: str | None = None
     attn_softcap: float | None = None
     local_rope: tuple | None = None
+    attention: str = "xla"
 
     @nn.compact
     def __call__(self, x, segment_ids=None, positions=None, layer=None):
@@ -112,6 +114,7 @@ class Block(nn.Module):
             window=self.sliding_window,
             scale=self.attn_scale,
             decode=self.decode,
+            impl=self.attention,
             out_in=self.out_in,
             lora=self.lora,
             qk_norm=self.qk_norm,
@@ -173,6 +176,7 @@ class GPT(nn.Module):
     rope_scaling: Any = None  # {rope_type: llama3 | linear, factor, ...}
     sliding_window: int | None = None  # query i sees keys i - w < j <= i
     attn_scale: float | None = None  # None: head_dim ** -0.5
+    attention: str = "xla"  # xla (einsums) | cudnn (jax.nn.dot_product_attention's flash kernel) | auto
     decode: bool = False  # KV cache in the `cache` collection, for generation (partitioning.generate)
     kernel_order: str = "in_out"  # in_out | out_in: projection weights stored outputs first (torch's Linear)
     lora: Any = None  # {rank, alpha, targets, dropout, rslora, dtype}: LoRA adapters (partitioning.models.lora)
@@ -218,6 +222,7 @@ class GPT(nn.Module):
             choice(self, "qk_norm", QK_NORMS)
         check_layer_types(self)
         parse_rope_scaling(self.local_rope_scaling)
+        check_attention(self.attention, self.dtype)
         float_dtype(self, "dtype", "param_dtype")
         MoE.parse(self.moe)  # a bad `moe:` option fails at construction, naming `moe`
         check_moe_layers(self.moe_layers, self.layers, self.scan_layers)
@@ -285,6 +290,7 @@ class GPT(nn.Module):
             sliding_window=self.sliding_window,
             attn_scale=self.attn_scale,
             decode=self.decode,
+            attention=resolve_attention(self.attention, self.dtype),
             out_in=self.kernel_order == "out_in",
             lora=for_call(self.lora, deterministic),
             **variant_options(self, parse_rope_scaling),

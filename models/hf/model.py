@@ -63,6 +63,7 @@ def build(
     remat: str = "none",
     lora: Any = None,
     capacity_factor: float | None = None,
+    attention: str = "xla",
 ) -> HFDecoder:
     """The decoder a ``config.json`` describes (float32 unless ``dtype`` / ``param_dtype`` say otherwise);
     ``lora``: LoRA adapters (:mod:`partitioning.models.lora`).
@@ -86,6 +87,7 @@ def build(
         scan_layers=scan_layers,
         remat=remat,
         lora=lora,
+        attention=attention,
         dtype=dtype or "float32",
         param_dtype=param_dtype or "float32",
         hf_config=json.dumps(dict(cfg)),

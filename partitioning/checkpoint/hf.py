@@ -49,7 +49,7 @@ from partitioning.mesh import sharding_context
 from partitioning.train.lora import LoRA, is_adapter
 
 # Errors about the caller's own arguments, not about config.json.
-_ARGS = {"dtype", "param_dtype", "remat", "scan_layers", "capacity_factor"}
+_ARGS = {"dtype", "param_dtype", "remat", "scan_layers", "capacity_factor", "attention"}
 
 
 def _families() -> Any:
@@ -88,6 +88,7 @@ def hf_model(
     remat: str = "none",
     lora: Any = None,
     capacity_factor: float | None = None,
+    attention: str = "xla",
 ) -> Any:
     """The Flax module a checkpoint's ``config.json`` describes, without reading any weights.
 
@@ -114,6 +115,7 @@ def hf_model(
             remat=remat,
             capacity_factor=capacity_factor,
             lora=lora,
+            attention=attention,
         )
     except ConfigError as e:
         if e.arg in _ARGS:
@@ -148,6 +150,7 @@ def load_hf(
     on_indivisible: str = "replicate",
     lora: Any = None,
     capacity_factor: float | None = None,
+    attention: str = "xla",
 ) -> tuple[Any, dict[str, Any]]:
     """``(model, {"params": ...})`` from a Hugging Face checkpoint, every array born in its shard.
 
@@ -178,6 +181,7 @@ def load_hf(
         remat=remat,
         capacity_factor=capacity_factor,
         lora=lora,
+        attention=attention,
     )
     directory, _, family = _config(path)
     rows: list[Any] = []

@@ -19,7 +19,7 @@ Example::
     >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
     >>> resolved, note = resolve_remat(cfg, mesh)            # the first time on a machine: the CPU is measured
     >>> resolved.model_options["remat"] in remat_policies(cfg), note
-    (True, 'remat: auto -> ...: the fastest of 4 policies, est. ... per step on cpu (...); peak ...; cpu profile ...')
+    (True, 'remat: auto -> ...: the fastest of 4 policies, est. ... of CPU time per simulated device per step ...')
     >>> resolve_remat(pt.load_config("configs/quickstart.yaml", ["model.remat=full"]), mesh)[1] is None   # as written
     True
 """

@@ -169,6 +169,12 @@ class HfModelConfig(Section):
         "ceil(capacity_factor * tokens * top_k / experts) tokens of a sequence, the rest skip it; "
         "null: dropless (no token dropped, logits as transformers')",
     )
+    attention: Literal["xla", "cudnn", "auto"] = Field(
+        default="xla",
+        description="attention kernel: xla (the toolkit's einsums, every option), cudnn "
+        "(jax.nn.dot_product_attention's flash kernel: an NVIDIA GPU and a bfloat16 / float16 dtype), "
+        "auto (cudnn where it applies)",
+    )
 
 
 class OptimizerConfig(Section):

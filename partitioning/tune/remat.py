@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -67,6 +68,20 @@ class RematChoice:
     hardware: Hardware
     budget: float
     why: str  # "fastest" | "smallest peak" | "not priced: ..."
+    devices: int = 1  # the mesh's devices: simulated CPU devices share this machine's cores
+
+    def _estimate(self, seconds: float) -> str:
+        """An accelerator's estimate is a step's wall time. The measured cpu profile prices device-seconds (CPU time
+        per simulated device), which the user would compare with the wall time printed beside it: say so, and
+        what it means in wall time on this machine's cores."""
+        if self.hardware.name != "cpu":
+            return f"est. {_ms(seconds)} per step on {self.hardware.name}"
+        cores = max(1, min(self.devices, os.cpu_count() or 1))
+        wall = seconds * self.devices / cores
+        return (
+            f"est. {_ms(seconds)} of CPU time per simulated device per step (~{_ms(wall)} wall: {self.devices} "
+            f"devices on {cores} core{'s' if cores > 1 else ''})"
+        )
 
     def describe(self) -> str:
         """One line: the policy, the estimates it beat, the peak and the budget."""
@@ -80,8 +95,8 @@ class RematChoice:
             if r is not chosen
         )
         return (
-            f"{self.policy}: the {self.why} of {len(priced)} policies, est. {_ms(chosen.step_time)} per step "
-            f"on {self.hardware.name} ({others}); peak {fmt_bytes(chosen.peak)} of {fmt_bytes(self.budget)}"
+            f"{self.policy}: the {self.why} of {len(priced)} policies, {self._estimate(chosen.step_time)} "
+            f"({others}); peak {fmt_bytes(chosen.peak)} of {fmt_bytes(self.budget)}"
         )
 
 
@@ -145,15 +160,16 @@ def choose_remat(
         )
         for p in policies
     ]
-    best = Search(results, hw, int(budget), w, math.prod(sizes.values())).best
+    n = math.prod(sizes.values())
+    best = Search(results, hw, int(budget), w, n).best
     if best is not None:
-        return RematChoice(str(best.candidate.remat), results, hw, budget, "fastest")
+        return RematChoice(str(best.candidate.remat), results, hw, budget, "fastest", n)
     priced = [r for r in results if r.peak > 0]
     if priced:
         small = min(priced, key=lambda r: r.peak)
-        return RematChoice(str(small.candidate.remat), results, hw, budget, "smallest peak (none fits)")
+        return RematChoice(str(small.candidate.remat), results, hw, budget, "smallest peak (none fits)", n)
     reason = results[0].reason or "no estimate"
-    return RematChoice(str(policies[0]), results, hw, budget, f"not priced: {reason}")
+    return RematChoice(str(policies[0]), results, hw, budget, f"not priced: {reason}", n)
 
 
 __all__ = ["RematChoice", "choose_remat"]

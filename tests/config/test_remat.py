@@ -50,7 +50,7 @@ def test_resolved_at_run_start_in_one_line(tmp_path, cached_cpu):
     assert policy in ("dots", "dots_no_batch", "full")  # on the CPU profile, saving everything costs most
     assert cfg.model_options.get("remat") is None  # the config itself is left alone
     assert "\n" not in note and note.startswith(f"remat: auto -> {policy}: the fastest of 4 policies, est. ")
-    assert all(p in note for p in remat_policies(cfg)) and " per step on cpu (" in note
+    assert all(p in note for p in remat_policies(cfg)) and " of CPU time per simulated device per step (~" in note
     assert note.endswith(f"; cpu profile cached in {cached_cpu}")
     assert model_from_config(resolved).remat == policy
 

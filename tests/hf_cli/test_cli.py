@@ -76,7 +76,13 @@ def check_train(work, trained):
     options = meta["hf"]["options"]
     # remat: auto is resolved by the run (which policy is fastest depends on the machine); export rebuilds with it.
     assert options.pop("remat") in ("none", "full", "dots", "dots_no_batch")
-    assert options == {"scan_layers": True, "dtype": None, "param_dtype": None, "capacity_factor": None}
+    assert options == {
+        "scan_layers": True,
+        "dtype": None,
+        "param_dtype": None,
+        "capacity_factor": None,
+        "attention": "xla",
+    }
     assert meta["data"]["tokenizer"]  # the digest of the tokenizer the text was cut with
 
 

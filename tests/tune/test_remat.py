@@ -69,3 +69,15 @@ def test_describe_is_one_line_naming_every_policy(choose):
     line = c.describe()
     assert "\n" not in line and line.startswith("none: the fastest of 4 policies, est. ")
     assert all(p in line for p in POLICIES) and "on h100" in line and "of 16.00 GiB" in line
+
+
+def test_a_cpu_estimate_says_it_is_cpu_time_per_simulated_device_and_the_wall_time_it_means(choose, monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    c = choose(CPU)
+    chosen = next(r for r in c.results if r.candidate.remat == c.policy)
+    line = c.describe()
+    # 8 simulated devices on 2 cores: each core runs 4 devices' work one after another.
+    wall = chosen.step_time * c.devices / 2
+    assert c.devices == 8 and " of CPU time per simulated device per step (~" in line
+    text = f"{wall * 1e3:.3g} ms" if wall < 1 else f"{wall:.3g} s"
+    assert f"(~{text} wall: 8 devices on 2 cores)" in line

@@ -1,0 +1,52 @@
+"""The GPU benchmark's ``--cpu`` mode: every section runs end to end at tiny sizes and reports numbers."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu" / "bench_gpu.py"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path_factory.mktemp("gpu")
+    assert bench.main(["--cpu", "--out", str(out)]) == 0
+    return json.loads((out / "gpu.json").read_text()), (out / "gpu.txt").read_text()
+
+
+def test_train_against_hand_written(report):
+    results, text = report
+    rows = results["sections"]["train"]["rows"]
+    assert [r["seq_len"] for r in rows] == [64]
+    for r in rows:
+        assert r["toolkit_step_s"] > 0 and r["hand_written_step_s"] > 0
+        assert r["ratio"] == pytest.approx(r["toolkit_step_s"] / r["hand_written_step_s"])
+        assert r["remat"] in ("none", "dots", "dots_no_batch", "full")
+        assert r["tune_estimate_step_s"] > 0  # tune's price of the policy the run picked
+        assert r["mfu_toolkit"] is None  # no peak for a CPU
+        # PaLM's convention: 6 N tokens + 12 L T H Q tokens.
+        tokens = r["batch_size"] * r["seq_len"]
+        assert r["model_tflops_per_step"] * 1e12 == pytest.approx(
+            6 * r["params"] * tokens + 12 * 2 * r["seq_len"] * 4 * 16 * tokens
+        )
+    assert "train seq 64 x 8" in text
+
+
+def test_attention_remat_fit_and_load_hf(report):
+    results, text = report
+    sec = results["sections"]
+    assert sec["attention"]["implementations"] == ["xla"]  # cuDNN needs an NVIDIA GPU
+    assert all(r["xla"]["step_s"] > 0 for r in sec["attention"]["rows"])
+    fit = sec["remat_fit"]["rows"]
+    assert [r["remat"] for r in fit] == ["full"]
+    for r in fit:
+        assert r["layers"] >= 1 and r["ran"] is True and r["predicted_peak_bytes"] <= r["budget_bytes"]
+    h = sec["load_hf"]
+    assert h["ratio"] > 0 and h["load_hf_gib_per_s"] > 0
+    assert "load_hf" in text and "remat full" in text
+    assert results["device"].startswith("cpu")
