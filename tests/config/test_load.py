@@ -88,7 +88,7 @@ def test_overrides(write, base_config):
             "{f}:3: model.embedd: model 'gpt' has no option 'embedd' (options: vocab_size, embed, heads, kv_heads, "
             "head_dim, mlp, layers, rope_theta, norm, scan_layers, remat, dtype, param_dtype, moe, norm_eps, "
             "tie_embeddings, qkv_bias, out_bias, mlp_bias, mlp_act, mlp_glu, embed_scale, positions, max_positions, "
-            "rope_scaling, sliding_window, attn_scale, decode, kernel_order); did you mean 'embed'?",
+            "rope_scaling, sliding_window, attn_scale, decode, kernel_order, lora); did you mean 'embed'?",
         ),
         (
             lambda base: base.replace("name: gpt", "name: gtp"),

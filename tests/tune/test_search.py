@@ -47,7 +47,7 @@ def test_candidates_cover_meshes_remats_micro_batches_and_zero1():
 
 
 def test_zero1_splits_the_optimizer_state_over_data():
-    assert zero1_rules(Rules.preset("dp")).to_list()[1:] == [["embed", "data"], ["mlp", "data"], ["vocab", "data"]]
+    assert zero1_rules(Rules.preset("dp")).to_list()[-3:] == [["embed", "data"], ["mlp", "data"], ["vocab", "data"]]
 
 
 def test_every_candidate_fits_or_says_why_not(run_search):
