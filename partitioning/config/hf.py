@@ -99,7 +99,10 @@ def hf_options(cfg: Config) -> dict[str, Any]:
     out = HfModelConfig.model_validate({"hf": cfg.model_name, **cfg.model_options}).model_dump(
         exclude={"hf", "adapter"}
     )
-    out["lora"] = adapter_lora(cfg, hf_path(cfg), out)  # model.adapter: its adapter_config.json's LoRA
+    lora = adapter_lora(cfg, hf_path(cfg), out)  # model.adapter: its adapter_config.json's LoRA
+    out.pop("lora", None)  # without LoRA the options (and what runs recorded) are as before it existed
+    if lora is not None:
+        out["lora"] = lora
     # `auto` is resolved per run (config/remat.py); a model built without that step runs without remat.
     if out["remat"] == "auto":
         out["remat"] = "none"
