@@ -183,12 +183,12 @@ def restore_checkpoint(
         P('tensor', None)
     """
     ref = resolve_checkpoint(path, step)
+    saved = flat_saved(saved_tree(ref))
     split = frozen_ref(ref) if frozen else None
     if split is not None:
         kw = {"mesh": mesh, "rules": rules, "optimizer_rules": optimizer_rules, "on_indivisible": on_indivisible}
         kw.update(params_only=params_only, max_inflight_bytes=max_inflight_bytes, verify=verify)
         return restore_split(ref, split, target, restore_checkpoint, layout_target, **kw)
-    saved = flat_saved(saved_tree(ref))
     if verify:
         problems = verify_checksums(ref)
         if problems:

@@ -7,7 +7,7 @@ import pytest
 from partitioning.checkpoint.disk import list_steps
 
 CONFIG = """\
-model: {name: gpt, vocab_size: 256, embed: 32, heads: 4, mlp: 64, layers: 2}
+model: {name: gpt, vocab_size: 256, embed: 32, heads: 4, mlp: 64, layers: 2, remat: none}
 mesh:
   shape: {data: 1, fsdp: -1}
   devices: 8
@@ -27,7 +27,6 @@ run_dir: RUN_DIR
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # see tests/checkpoint
-@pytest.mark.slow
 def test_train_resume_and_inspect_a_frozen_subset_run(write, tmp_path, run_cli_in_process):
     cfg = write("run.yaml", CONFIG.replace("RUN_DIR", str(tmp_path / "run")))
     r = run_cli_in_process("train", cfg, "--no-progress")
