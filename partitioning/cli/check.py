@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import warnings
 
-from partitioning.cli.args import config_args, load_with_devices, say
+from partitioning.cli.args import config_args, load_with_devices, resume_args, say
 from partitioning.cli.compiling import IN_PROCESS_MAX, plan_devices
 from partitioning.config.hf import check_hf_weights
 from partitioning.config.preflight import preflight, preflight_abstract
@@ -25,15 +25,7 @@ EXAMPLES = """examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     config_args(p)
-    g = p.add_mutually_exclusive_group()
-    g.add_argument(
-        "--resume",
-        dest="resume",
-        action="store_true",
-        default=None,
-        help="check as `train --resume` would (a checkpoint must exist and fit)",
-    )
-    g.add_argument("--no-resume", dest="resume", action="store_false", help="check as `train --no-resume` would")
+    resume_args(p, check=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -160,7 +160,7 @@ def has_checkpoint(cfg: Config) -> bool:
     from partitioning.checkpoint.disk import list_steps
 
     directory = run_checkpoints(cfg)
-    return directory.is_dir() and any(s.complete for s in list_steps(directory))
+    return directory.is_dir() and any(s.finalized for s in list_steps(directory))
 
 
 def check_hf_weights(cfg: Config) -> None:

@@ -39,8 +39,8 @@ from typing import Any
 
 import jax
 
-from partitioning.checkpoint.checksum import verify_checksums
 from partitioning.checkpoint.disk import flat_saved, list_steps, resolve_checkpoint, saved_tree
+from partitioning.checkpoint.integrity import check_parts
 from partitioning.checkpoint.restore import abstract_target, check_fits, checkpoint_metadata
 from partitioning.config.axes import check_axes_used
 from partitioning.config.build import (
@@ -122,14 +122,20 @@ def check_trackers(cfg: Config) -> None:
             )
 
 
-def check_resume(directory: Path, target: Any, resume: bool | None, partial: bool = False) -> int | None:
-    """The step a run would resume from (None: it starts fresh), after checking the checkpoint fits ``target``."""
-    complete = [s for s in list_steps(directory) if s.complete] if directory.is_dir() else []
-    if resume is False or not complete:
+def check_resume(
+    directory: Path, target: Any, resume: bool | None, partial: bool = False, step: int | None = None
+) -> int | None:
+    """The step a run would resume from (None: it starts fresh), after checking the checkpoint fits ``target``.
+
+    The latest finished step (or ``step``, ``--resume-from``), never silently an earlier one: a damaged
+    one is refused, naming the earlier good step (:func:`~partitioning.checkpoint.disk.resolve_checkpoint`).
+    """
+    finished = [s for s in list_steps(directory) if s.finalized] if directory.is_dir() else []
+    if resume is False or not finished:
         if resume is True:
             raise CheckpointError(f"--resume: no complete checkpoint in {directory}")
         return None
-    ref = resolve_checkpoint(directory)
+    ref = resolve_checkpoint(directory, step)
     try:
         check_fits(ref, flat_saved(saved_tree(ref)), target, partial)
     except CheckpointError as e:
@@ -140,16 +146,12 @@ def check_resume(directory: Path, target: Any, resume: bool | None, partial: boo
     return ref.step
 
 
-def verify_resume(directory: Path) -> None:
-    """``checkpoint.verify``: every array of the checkpoint a run resumes from matches its checksum."""
-    ref = resolve_checkpoint(directory)
-    problems = verify_checksums(ref)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise CheckpointError(
-            f"checkpoint {ref}: {problems[0]}{more}; not resumed (checkpoint.verify): restore an earlier step "
-            f"with --set checkpoint.dir=... or start over with --no-resume"
-        )
+def verify_resume(directory: Path, step: int | None = None) -> None:
+    """``checkpoint.verify``: every part and data file of the checkpoint a run resumes from is there.
+
+    The bytes themselves are checked against their crc32c while the restore reads them.
+    """
+    check_parts(resolve_checkpoint(directory, step))
 
 
 def _continuation(
@@ -176,7 +178,14 @@ def _budget(cfg: Config) -> int | None:
     return cfg.mesh.memory_bytes if cfg.mesh.memory_bytes is not None else device_memory()
 
 
-def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_memory: bool | None = None) -> Ready:
+def preflight(
+    cfg: Config,
+    *,
+    devices: int | None,
+    resume: bool | None,
+    compile_memory: bool | None = None,
+    resume_from: int | None = None,
+) -> Ready:
     """Runs every check ``train`` needs on this process's devices; raises the first problem as one line.
 
     ``compile_memory``: compile the step for XLA's memory figure (default:
@@ -189,9 +198,9 @@ def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_
     _, train, evals = data_from_config(cfg, trainer, dataset)
     run_dir, ckpt_dir = _dirs(cfg)
     target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
-    step = check_resume(ckpt_dir, target, resume)
+    step = check_resume(ckpt_dir, target, resume, step=resume_from)
     if step is not None and cfg.checkpoint.verify:
-        verify_resume(ckpt_dir)  # before anything is written
+        verify_resume(ckpt_dir, step)  # before anything is written
     note, changed = _continuation(cfg, ckpt_dir, step, resume, dict(mesh.shape))
     budget = _budget(cfg)
     a = trainer.abstract_state
@@ -217,7 +226,7 @@ def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_
     )
 
 
-def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None) -> Ready:
+def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, resume_from: int | None = None) -> Ready:
     """The pre-flight for a mesh larger than this process can hold: from shapes only, nothing simulated."""
     try:
         sizes = mesh_sizes(cfg.mesh.shape, devices)
@@ -242,9 +251,9 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None) ->
     run_dir, ckpt_dir = _dirs(cfg)
     # Without a trainer (no devices), an existing checkpoint's params are compared by path and shape.
     step = None
-    if resume is not False and ckpt_dir.is_dir() and any(s.complete for s in list_steps(ckpt_dir)):
+    if resume is not False and ckpt_dir.is_dir() and any(s.finalized for s in list_steps(ckpt_dir)):
         want = {leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in plan.params}
-        step = check_resume(ckpt_dir, _nest(want), resume, partial=True)
+        step = check_resume(ckpt_dir, _nest(want), resume, partial=True, step=resume_from)
     elif resume is True:
         raise CheckpointError(f"--resume: no complete checkpoint in {ckpt_dir}")
     _continuation(cfg, ckpt_dir, step, resume, sizes)

@@ -188,6 +188,11 @@ class TrainConfig(Section):
         default="stop",
         description="a NaN / inf loss or gradient norm: stop (exit 2, nothing saved) | skip_step (drop that update)",
     )
+    max_skipped_steps: StrictInt = Field(
+        default=10,
+        ge=0,
+        description="skip_step: more consecutive skipped steps than this stop the run (exit 2): it diverges",
+    )
 
 
 class CheckpointConfig(Section):
@@ -201,7 +206,10 @@ class CheckpointConfig(Section):
     on_error: Literal["stop", "continue"] = Field(
         default="stop", description="a save that fails (e.g. a full disk): stop (exit 2) | continue (say so, train on)"
     )
-    verify: StrictBool = Field(default=False, description="check every array's checksum when resuming")
+    verify: StrictBool = Field(
+        default=True,
+        description="refuse a damaged checkpoint on resume: every part there, every byte read matches its crc32c",
+    )
 
 
 class RunConfig(Section):
