@@ -26,9 +26,9 @@ import jax
 from partitioning import peers
 from partitioning.cli.args import config_args, distributed_args, load_with_devices, resume_args, resume_of, say
 from partitioning.cli.faults import RunLocks, checkpoint_note, closing_summary, diverged
+from partitioning.cli.preflight import pre_flight
 from partitioning.config.build import model_options_resolved
-from partitioning.config.hf import check_hf_weights, has_checkpoint, hf_params_from_config
-from partitioning.config.preflight import preflight
+from partitioning.config.hf import hf_params_from_config
 from partitioning.config.run import checkpoint_hook_from_config, trackers_from_config
 from partitioning.config.rundir import move_previous_run, write_file
 from partitioning.errors import ConfigError
@@ -97,12 +97,10 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
             f"--peak-tflops must be a positive number of TFLOP/s, got {args.peak_tflops:g}", arg="--peak-tflops"
         )
     cfg = load_with_devices(args)  # sets up (simulated) devices before any jax computation
-    locks.check(cfg)  # another job on this run_dir: refused before anything is read or written
     resume = resume_of(args)
-    if cfg.model_hf is not None and (resume is False or not has_checkpoint(cfg)):
-        check_hf_weights(cfg)  # a fresh run starts from them: fail before building anything
-    # Every check first: a run that fails here has written nothing.
-    ready = preflight(cfg, devices=args.devices, resume=resume, resume_from=args.resume_from)
+    # Every check first, the same as `check` makes (cli/preflight.py): a run that fails here has written nothing.
+    ready, _ = pre_flight(cfg, locks, devices=args.devices, resume=resume, resume_from=args.resume_from)
+    assert ready is not None  # without every=True the first problem was raised
     locks.acquire()
     cfg = ready.cfg  # with `model.remat: auto` resolved
     trainer, mesh, run_dir = ready.trainer, ready.mesh, ready.run_dir

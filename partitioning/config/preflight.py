@@ -154,17 +154,29 @@ def verify_resume(directory: Path, step: int | None = None) -> None:
     check_parts(resolve_checkpoint(directory, step))
 
 
+class RunComplete(CheckpointError):
+    """The run's checkpoint is already at ``train.steps``: ``train`` would do nothing (it refuses, exit 2);
+    ``check`` states it as a fact (exit 0). ``ready`` is everything else the pre-flight found fine."""
+
+    def __init__(self, message: str, *, step: int, ready: Any = None):
+        super().__init__(message)
+        self.step, self.ready = step, ready
+
+
 def _continuation(
     cfg: Config, ckpt_dir: Path, step: int | None, resume: bool | None, sizes: dict[str, int]
-) -> tuple[str | None, str | None]:
-    """(data note, config note) for a run resuming at ``step``; raises when it is no continuation of it."""
+) -> tuple[str | None, str | None, str | None]:
+    """(data note, config note, nothing-to-train problem) for a run resuming at ``step``; raises when it is
+    no continuation of it. The nothing-to-train problem is raised last, once every other check passed."""
     if step is None:
-        return None, None
+        return None, None, None
     meta = checkpoint_metadata(ckpt_dir, step)
     problem, changed = compare_run(cfg, meta, step, resume, sizes)
+    if problem and "nothing to train" in problem:
+        return data_resume_note(cfg, meta.get("data")), changed, problem
     if problem:
         raise CheckpointError(problem)
-    return data_resume_note(cfg, meta.get("data")), changed
+    return data_resume_note(cfg, meta.get("data")), changed, None
 
 
 def _mesh(cfg: Config, devices: int | None):
@@ -201,7 +213,7 @@ def preflight(
     step = check_resume(ckpt_dir, target, resume, step=resume_from)
     if step is not None and cfg.checkpoint.verify:
         verify_resume(ckpt_dir, step)  # before anything is written
-    note, changed = _continuation(cfg, ckpt_dir, step, resume, dict(mesh.shape))
+    note, changed, complete = _continuation(cfg, ckpt_dir, step, resume, dict(mesh.shape))
     budget = _budget(cfg)
     a = trainer.abstract_state
     plan = build_plan(
@@ -221,9 +233,12 @@ def preflight(
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
-    return Ready(
+    ready = Ready(
         cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed, remat_note
     )
+    if complete is not None and step is not None:
+        raise RunComplete(complete, step=step, ready=ready)
+    return ready
 
 
 def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, resume_from: int | None = None) -> Ready:
@@ -256,7 +271,7 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, re
         step = check_resume(ckpt_dir, _nest(want), resume, partial=True, step=resume_from)
     elif resume is True:
         raise CheckpointError(f"--resume: no complete checkpoint in {ckpt_dir}")
-    _continuation(cfg, ckpt_dir, step, resume, sizes)
+    _, _, complete = _continuation(cfg, ckpt_dir, step, resume, sizes)
     fit = check_budget(plan, _budget(cfg))
     if not fit.fits:
         raise fit.error(
@@ -264,7 +279,10 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, re
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
-    return Ready(cfg, sizes, None, None, None, None, run_dir, ckpt_dir, step, fit, plan)
+    ready = Ready(cfg, sizes, None, None, None, None, run_dir, ckpt_dir, step, fit, plan)
+    if complete is not None and step is not None:
+        raise RunComplete(complete, step=step, ready=ready)
+    return ready
 
 
 def _nest(flat: dict[str, Any]) -> dict[str, Any]:
@@ -278,4 +296,4 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["Ready", "preflight", "preflight_abstract", "writable_dir", "check_resume", "check_trackers"]
+__all__ = ["Ready", "RunComplete", "preflight", "preflight_abstract", "writable_dir", "check_resume", "check_trackers"]
