@@ -32,7 +32,7 @@ def agree(run, *argv) -> str:
 
 def _value_edits():
     mark = next(m for m in bad_input.test_bad_values_name_their_key.pytestmark if m.name == "parametrize")
-    return [edit for edit, _ in mark.args[1]]
+    return [edit for edit, _ in mark.args[1]][::3]  # a sample: each one builds a model (the rest: test_bad_input)
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def _hf_run(case: str, hurt) -> str:
     shutil.copytree(HF, case)
     hurt(Path(case))
     Path(f"{case}.yaml").write_text(
-        f"model: {{hf: {case}}}\nmesh: {{shape: {{data: 1, fsdp: -1}}, devices: 8}}\nrules: fsdp\n"
+        f"model: {{hf: {case}, remat: none}}\nmesh: {{shape: {{data: 1, fsdp: -1}}, devices: 8}}\nrules: fsdp\n"
         f"data: {{path: null}}\ntrain: {{steps: 2, batch_size: 8, seq_len: 16, eval_batches: 0}}\n"
         f"run_dir: runs/{case}\n"
     )
@@ -80,15 +80,8 @@ def _cut(f: Path) -> None:
     f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
 
 
-def _garble_header(f: Path) -> None:
-    b = bytearray(f.read_bytes())
-    b[20:40] = b"{" * 20
-    f.write_bytes(bytes(b))
-
-
 HF_CASES = {
     "truncated": (lambda d: _cut(d / "model.safetensors"), "model.hf: truncated/model.safetensors: truncated: tensor "),
-    "header": (lambda d: _garble_header(d / "model.safetensors"), "not a safetensors file (its header is not JSON)"),
     "typo": (
         lambda d: _edit_config(d, lambda c: c.update(num_key_valu_heads=c.pop("num_key_value_heads"))),
         "typo/config.json: unknown key 'num_key_valu_heads' (did you mean 'num_key_value_heads'?)",
@@ -121,7 +114,7 @@ def test_a_held_lock(here, run_cli_in_process, base_config):
     from partitioning.cli.faults import RunLocks
     from partitioning.config.load import load_config
 
-    Path("run.yaml").write_text(base_config + "run_dir: runs/held\n")
+    Path("run.yaml").write_text(base_config.replace("layers: 2", "layers: 2\n  remat: none") + "run_dir: runs/held\n")
     locks = RunLocks()
     locks.check(load_config("run.yaml"))
     locks.acquire()
