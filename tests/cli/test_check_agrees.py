@@ -164,3 +164,24 @@ def test_a_damaged_resume_fails_both_alike_and_leaves_the_run_record(
     assert r.returncode == 0, r.stderr
     assert "checkpoint: resuming from step 1: moved the later step 2 to " in r.stdout
     assert b"steps: 3" in Path("runs/done/config.yaml").read_bytes()
+
+
+def test_an_indivisible_warning_is_said_once_per_array_not_per_optimizer_moment(capsys):
+    import warnings
+
+    from partitioning.cli.main import plain_warnings
+    from partitioning.resolve import IndivisibleWarning
+
+    plain_warnings()
+    plain_warnings()  # a second command in this process starts afresh
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        for prefix in ("params/", "opt_state/0/mu/", "opt_state/0/nu/"):
+            warnings.warn(
+                f"{prefix}blocks/attn/q: dim 2 ('kv', size 6) is not divisible", IndivisibleWarning, stacklevel=1
+            )
+        warnings.warn("params/embedding: dim 0 ('vocab', size 7) is not divisible", IndivisibleWarning, stacklevel=1)
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: params/blocks/attn/q: dim 2 ('kv', size 6) is not divisible",
+        "warning: params/embedding: dim 0 ('vocab', size 7) is not divisible",
+    ]
