@@ -179,6 +179,28 @@ def _continuation(
     return data_resume_note(cfg, meta.get("data")), changed, None
 
 
+def check_positions(cfg: Config) -> None:
+    """``train.seq_len`` fits a model with learned positions (GPT-2's ``n_positions``); else one line naming both."""
+    if cfg.model_hf is not None:
+        from partitioning.config.hf import config_json, hf_model_from_config
+
+        model = hf_model_from_config(cfg)
+        source = f"n_positions in {config_json(cfg.model_hf)}"
+    else:
+        if cfg.model_options.get("positions") != "learned":
+            return
+        model, source = None, cfg.where("model", "max_positions")
+    if getattr(model, "positions", "learned") != "learned":
+        return
+    limit = getattr(model, "max_positions", None) if model is not None else cfg.model_options.get("max_positions")
+    seq_len = cfg.train.seq_len
+    if limit is not None and seq_len is not None and seq_len > int(limit):
+        raise ConfigError(
+            f"{cfg.where('train', 'seq_len')}: sequence length {seq_len} is longer than the model's {limit} "
+            f"learned positions ({source}); lower train.seq_len to at most {limit}"
+        )
+
+
 def _mesh(cfg: Config, devices: int | None):
     try:
         return mesh_from_config(cfg, devices)
@@ -204,6 +226,7 @@ def preflight(
     only when there is a budget to compare it with).
     """
     mesh = _mesh(cfg, devices)
+    check_positions(cfg)  # before the model is traced at train.seq_len
     cfg, remat_note = resolve_remat(cfg, mesh)
     dataset = dataset_from_config(cfg)
     trainer = trainer_from_config(cfg, mesh, dataset)

@@ -185,3 +185,15 @@ def test_an_indivisible_warning_is_said_once_per_array_not_per_optimizer_moment(
         "warning: params/blocks/attn/q: dim 2 ('kv', size 6) is not divisible",
         "warning: params/embedding: dim 0 ('vocab', size 7) is not divisible",
     ]
+
+
+def test_gpt2_position_limit_names_seq_len_and_n_positions(here, run_cli_in_process):
+    shutil.copytree(HF.parent / "gpt2", "gpt2")
+    Path("g.yaml").write_text(
+        "model: {hf: gpt2, remat: none}\nmesh: {shape: {data: 1, fsdp: -1}, devices: 8}\nrules: fsdp\n"
+        "data: {path: null}\ntrain: {steps: 2, batch_size: 8, seq_len: 64, eval_batches: 0}\nrun_dir: runs/g\n"
+    )
+    assert agree(run_cli_in_process, "g.yaml") == (
+        "error: g.yaml:5: train.seq_len: sequence length 64 is longer than the model's 32 learned positions "
+        "(n_positions in gpt2/config.json); lower train.seq_len to at most 32"
+    )
