@@ -114,6 +114,12 @@ def _aligned_empty(shape: tuple, dtype: Any, align: int = 64) -> np.ndarray:
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
+def _check_read(check: Any, name: str, bufs: list[np.ndarray], keys: list[tuple]) -> None:
+    # crc32c releases the GIL: other arrays' reads and this array's device_put go on beside it.
+    for buf, key in zip(bufs, keys, strict=True):
+        check.read(name, key, buf)
+
+
 async def _settled(future: Any) -> BaseException | None:
     """Awaits a tensorstore future to its end; its error returned, not raised (the others still settle)."""
     try:
@@ -214,15 +220,14 @@ class FastArrayRestore(_th.TypeHandler):
             for error in done:
                 if error is not None:
                     raise error
-            if check is not None:  # crc32c of the bytes just read (no second read)
-                for buf, key in zip(bufs, by_slice, strict=True):
-                    check.read(info.name, key, buf)
             host, targets = [], []
             for buf, devices in zip(bufs, by_slice.values(), strict=True):
                 for d in devices:
                     host.append(buf)
                     targets.append(jax.sharding.SingleDeviceSharding(d, memory_kind=sharding.memory_kind))
             shards = jax.device_put(host, targets)
+            if check is not None:  # crc32c of the bytes just read (no second read), off the event loop
+                await asyncio.to_thread(_check_read, check, info.name, bufs, list(by_slice))
         return jax.make_array_from_single_device_arrays(shape, sharding, shards)
 
 
