@@ -56,7 +56,7 @@ from partitioning.config.remat import resolve_remat
 from partitioning.config.resume import compare_run
 from partitioning.config.run import data_from_config, data_resume_note
 from partitioning.config.schema import Config
-from partitioning.errors import CheckpointError, ConfigError, MeshError, ShardingError
+from partitioning.errors import CheckpointError, ConfigError, MeshError, PartitioningError, ShardingError
 from partitioning.plan.budget import Budget, check_budget, device_memory
 from partitioning.plan.compiled import memory_stats
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
@@ -179,6 +179,35 @@ def _continuation(
     return data_resume_note(cfg, meta.get("data")), changed, None
 
 
+def check_tokenizer_vocab(cfg: Config) -> None:
+    """A tokenizer with more tokens than the model's vocabulary, from the files alone: refused before the
+    corpus is tokenized, so a failed run leaves no token cache behind."""
+    from partitioning.config.hf import hf_model_from_config, tokenizer_from_config
+    from partitioning.train.tokenize import load_tokenizer
+
+    try:
+        path = tokenizer_from_config(cfg)
+    except PartitioningError:
+        return  # said by the data's own check, with its key
+    if path is None:
+        return
+    vocab = (
+        getattr(hf_model_from_config(cfg), "vocab_size", None)
+        if cfg.model_hf is not None
+        else cfg.model_options.get("vocab_size")
+    )
+    try:
+        n = load_tokenizer(path).vocab_size
+    except PartitioningError:
+        return  # an unreadable tokenizer: said by the data's own check, with its key
+    if isinstance(vocab, int) and n > vocab:
+        here = cfg.where("model", "hf" if cfg.model_hf is not None else "vocab_size")
+        raise ConfigError(
+            f"{here}: the model's vocab_size is {vocab}, but the tokenizer {path} has {n:,} tokens; "
+            f"name the model's own tokenizer with data.tokenizer"
+        )
+
+
 def check_positions(cfg: Config) -> None:
     """``train.seq_len`` fits a model with learned positions (GPT-2's ``n_positions``); else one line naming both."""
     if cfg.model_hf is not None:
@@ -227,6 +256,7 @@ def preflight(
     """
     mesh = _mesh(cfg, devices)
     check_positions(cfg)  # before the model is traced at train.seq_len
+    check_tokenizer_vocab(cfg)  # before the corpus is tokenized (and cached)
     cfg, remat_note = resolve_remat(cfg, mesh)
     dataset = dataset_from_config(cfg)
     trainer = trainer_from_config(cfg, mesh, dataset)

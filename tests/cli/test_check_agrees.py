@@ -197,3 +197,17 @@ def test_gpt2_position_limit_names_seq_len_and_n_positions(here, run_cli_in_proc
         "error: g.yaml:5: train.seq_len: sequence length 64 is longer than the model's 32 learned positions "
         "(n_positions in gpt2/config.json); lower train.seq_len to at most 32"
     )
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused_before_tokenizing(here, run_cli_in_process):
+    Path("corpus.txt").write_text("def f():\n    return 1\n" * 200)
+    Path("t.yaml").write_text(
+        "model: {name: gpt, vocab_size: 64, embed: 32, heads: 4, mlp: 64, layers: 1, remat: none}\n"
+        "mesh: {shape: {data: 1, fsdp: -1}, devices: 8}\nrules: fsdp\n"
+        f"data: {{path: corpus.txt, tokenizer: {HF}, cache_dir: cache}}\n"
+        "train: {steps: 2, batch_size: 8, seq_len: 8}\nrun_dir: runs/t\n"
+    )
+    line = agree(run_cli_in_process, "t.yaml")
+    assert line.startswith("error: t.yaml:1: model.vocab_size: the model's vocab_size is 64, but the tokenizer ")
+    assert line.endswith(" tokens; name the model's own tokenizer with data.tokenizer")
+    assert not Path("cache").exists() and not Path("runs").exists()  # nothing tokenized, nothing cached
