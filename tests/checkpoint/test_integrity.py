@@ -196,3 +196,25 @@ def test_resolving_a_damaged_latest_step_never_falls_back(ck):
         resolve_checkpoint(d)
     assert resolve_checkpoint(d, 3).step == 3
     assert json.loads((d / "3" / "meta" / "metadata").read_text())["step"] == 3
+
+
+def test_a_step_pruned_while_inspected_is_not_damage(ck, monkeypatch, run_cli_in_process):
+    import partitioning.cli.ckpt as ckpt_cli
+
+    real = ckpt_cli.verify_checksums
+
+    def pruned_meanwhile(ref):  # the run's `keep: 1` renames the step away while its arrays are read
+        if ref.step == 7 and ref.path.exists():
+            shutil.rmtree(ref.path)
+        return real(ref) if ref.path.exists() else ["missing file (gone)"]
+
+    monkeypatch.setattr(ckpt_cli, "verify_checksums", pruned_meanwhile)
+    _, d = ck
+    r = run_cli_in_process("ckpt", "inspect", "ck/7")
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+        "error: checkpoint ck/7: pruned during inspection (the run's checkpoint.keep removed it while it was read; "
+        "not damage); inspect a step the run keeps"
+    )
+    shutil.copytree(d / "3", d / "7")  # a run dir: the newer latest step is inspected instead
+    r = run_cli_in_process("ckpt", "inspect", "ck")
+    assert r.returncode == 0 and r.stdout.startswith("checkpoint ck/3: step 3") and "files: OK" in r.stdout
