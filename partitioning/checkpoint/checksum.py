@@ -163,7 +163,7 @@ def _has_key(item: Path, key: str) -> bool:
         return False
 
 
-def _files_of(item: Path, name: str) -> list[str]:
+def files_of(item: Path, name: str) -> list[str]:
     """The files holding an array's chunks: OCDBT data files, or the B-tree node a small chunk is inlined in."""
     found: list[str] = []
 
@@ -209,6 +209,12 @@ def verify_checksums(ref: Any, limit: int = 5) -> list[str]:
     missing = ocdbt_problems(ref.item)
     if missing:
         return (problems + missing)[:limit]
+    return (problems + read_records(ref, sums, limit))[:limit]
+
+
+def read_records(ref: Any, sums: dict[str, list[dict[str, Any]]], limit: int = 5) -> list[str]:
+    """Reads these recorded slices back and compares their crc32c; one problem per mismatching array."""
+    problems: list[str] = []
     for path, recs in sums.items():
         if len(problems) >= limit:
             break
@@ -222,12 +228,21 @@ def verify_checksums(ref: Any, limit: int = 5) -> list[str]:
             continue
         for r in bad[:1]:
             where = ", ".join(f"{a}:{b}" for a, b in r["index"])
-            files = _files_of(ref.item, name)
+            files = files_of(ref.item, name)
             problems.append(
                 f"array {path}: checksum mismatch in slice [{where}]"
                 + (f" (file {files[0]})" if len(files) == 1 else f" (files {', '.join(files)})" if files else "")
             )
-    return problems[:limit]
+    return problems
 
 
-__all__ = ["MetaHandler", "MetaSave", "host_pieces", "records", "read_checksums", "verify_checksums", "CHECKSUM_FILE"]
+__all__ = [
+    "MetaHandler",
+    "MetaSave",
+    "host_pieces",
+    "records",
+    "read_checksums",
+    "read_records",
+    "verify_checksums",
+    "CHECKSUM_FILE",
+]

@@ -85,6 +85,12 @@ class StepInfo:
     complete: bool
     nbytes: int
     mtime: float
+    damage: str | None = None  # finalized by orbax but with a part missing: never restored, never "complete"
+
+    @property
+    def finalized(self) -> bool:
+        """Orbax finished this save (complete, or damaged since)."""
+        return self.complete or self.damage is not None
 
 
 def _is_pytree_dir(p: Path) -> bool:
@@ -114,17 +120,65 @@ def checkpoints_dir(path: str | os.PathLike) -> Path:
     return p
 
 
-def is_complete(step_dir: Path) -> bool:
-    """A step orbax finalized whose pytree item is all there (a partly deleted step is not)."""
+def _finalized(step_dir: Path) -> bool:
     try:
-        if not step_lib.is_checkpoint_finalized(step_dir):
-            return False
-    except Exception:  # an unreadable directory is not a complete checkpoint
+        return bool(step_lib.is_checkpoint_finalized(step_dir))
+    except Exception:  # an unreadable directory is not a finished save
         return False
-    return (
-        any((step_dir / item / "_METADATA").is_file() for item in (STATE_ITEM, DEFAULT_ITEM))
-        or (step_dir / "_METADATA").is_file()
+
+
+def is_complete(step_dir: Path) -> bool:
+    """A step orbax finalized with all its parts there (:func:`step_damage`): a partly deleted step is not."""
+    return _finalized(step_dir) and step_damage(step_dir) is None
+
+
+CHECKSUM_GLOB = "checksums.*.json"
+
+
+def step_damage(step_dir: Path) -> str | None:
+    """What is missing from a finalized toolkit step (None: all its parts are there), read from names only.
+
+    A toolkit step has ``state/_METADATA``, ``meta/metadata`` and one ``meta/checksums.<process>.json`` per
+    saving process: a step is complete only with its checksums written, so missing integrity data is damage.
+    A plain orbax step (no ``meta`` item) needs only its pytree's ``_METADATA``.
+    """
+    state, meta = step_dir / STATE_ITEM, step_dir / META_ITEM
+    if not meta.is_dir():  # plain orbax: one pytree item, or the pytree itself
+        for item in (state, step_dir / DEFAULT_ITEM):
+            if item.is_dir():
+                return None if (item / "_METADATA").is_file() else f"missing file {item / '_METADATA'}"
+        return None if (step_dir / "_METADATA").is_file() else f"missing directory {state}"
+    if not state.is_dir():
+        return f"missing directory {state}"
+    if not (state / "_METADATA").is_file():
+        return f"missing file {state / '_METADATA'}"
+    if not (meta / META_FILE).is_file():
+        return f"missing file {meta / META_FILE}"
+    try:
+        processes = int(json.loads((meta / META_FILE).read_text()).get("process_count", 1))
+    except (ValueError, OSError, AttributeError, TypeError):
+        return f"damaged file {meta / META_FILE} (not valid JSON; truncated?)"
+    for i in range(max(processes, 1)):
+        f = meta / CHECKSUM_GLOB.replace("*", str(i))
+        if not f.is_file():
+            return f"missing file {f} (the step's checksums)"
+    return None
+
+
+def good_steps_before(steps: list[StepInfo], step: int) -> list[int]:
+    return [s.step for s in steps if s.complete and s.step < step]
+
+
+def damaged_error(s: StepInfo, steps: list[StepInfo], what: str = "not restored") -> CheckpointError:
+    """One line: the damaged step, its file, and the earlier good step to choose explicitly."""
+    good = good_steps_before(steps, s.step)
+    hint = (
+        f"the latest good step is {good[-1]}: choose it explicitly (train --resume-from {good[-1]}; "
+        f"step={good[-1]} from Python), or start over with --no-resume"
+        if good
+        else "no earlier good step: start over with --no-resume"
     )
+    return CheckpointError(f"checkpoint step {s.step} ({s.path}) is damaged: {s.damage}; {what}; {hint}")
 
 
 def list_steps(path: str | os.PathLike) -> list[StepInfo]:
@@ -137,12 +191,17 @@ def list_steps(path: str | os.PathLike) -> list[StepInfo]:
         step = _step_of(c.name)
         if step is None or not c.is_dir():
             continue
-        complete = TMP_SUFFIX not in c.name and is_complete(c)
+        damage = None
+        finalized = TMP_SUFFIX not in c.name and _finalized(c)
+        if finalized:
+            damage = step_damage(c)
         try:
             mtime = c.stat().st_mtime
         except OSError:
             continue
-        out.append(StepInfo(step, c, complete, dir_bytes(c), mtime))
+        if damage is not None and not c.exists():
+            continue  # removed while it was read (pruned): not damage
+        out.append(StepInfo(step, c, finalized and damage is None, dir_bytes(c), mtime, damage))
     return sorted(out, key=lambda s: (s.step, s.complete))
 
 
@@ -164,15 +223,16 @@ def resolve_checkpoint(path: str | os.PathLike, step: int | None = None) -> Chec
     if (p / "_CHECKPOINT_METADATA").exists() or (p / META_ITEM).is_dir():
         raise CheckpointError(f"{p}: damaged checkpoint: missing directory {p / STATE_ITEM}")
     steps = list_steps(p)
+    finalized = [s for s in steps if s.finalized]
     done = [s for s in steps if s.complete]
-    if not done:
+    if not finalized:
         pending = ", ".join(s.path.name for s in steps) or "none"
         raise CheckpointError(f"{checkpoints_dir(p)}: no complete checkpoint (unfinished saves: {pending})")
-    if step is None:
-        return resolve_checkpoint(done[-1].path)
-    for s in done:
-        if s.step == step:
-            return resolve_checkpoint(s.path)
+    # The latest finished save, never silently an earlier one: a damaged latest step is refused.
+    for s in finalized[::-1] if step is None else [s for s in finalized if s.step == step]:
+        if s.damage is not None:
+            raise damaged_error(s, steps)
+        return resolve_checkpoint(s.path)
     raise CheckpointError(
         f"{checkpoints_dir(p)}: no complete checkpoint for step {step} (steps: {', '.join(str(s.step) for s in done)})"
     )
@@ -265,6 +325,8 @@ __all__ = [
     "TMP_SUFFIX",
     "PRUNED",
     "is_complete",
+    "step_damage",
+    "damaged_error",
     "checkpoints_dir",
     "list_steps",
     "resolve_checkpoint",

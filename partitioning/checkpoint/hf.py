@@ -38,6 +38,7 @@ import numpy as np
 from flax import traverse_util
 
 from partitioning.boxes import unbox
+from partitioning.checkpoint.hf_check import arch_hint, check_config_keys, check_hf_path
 from partitioning.checkpoint.hf_files import DTYPES, discover, parse_size, read_config
 from partitioning.checkpoint.hf_map import check_params, expand, match
 from partitioning.checkpoint.hf_read import Reader
@@ -61,11 +62,14 @@ def _families() -> Any:
 
 
 def _config(path: str | os.PathLike) -> tuple[Path, dict[str, Any], Any]:
+    check_hf_path(path)  # a weights or tokenizer file given for the folder: said as such
     directory, cfg = read_config(path)
+    check_config_keys(directory / "config.json", cfg)  # wrong types, typo'd keys (hf_check.py)
     try:
         return directory, cfg, _families().family_of(cfg)
     except ConfigError as e:
-        raise CheckpointError(f"{directory / 'config.json'}: {e}") from None
+        hint = arch_hint(cfg, _families().ARCHITECTURES)
+        raise CheckpointError(f"{directory / 'config.json'}: {e}{hint}") from None
 
 
 def hf_family(path_or_dir: str | os.PathLike) -> str:

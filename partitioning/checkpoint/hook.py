@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -69,7 +70,9 @@ class CheckpointHook:
         free_init: bool = True,
         log: Any = None,
         on_error: str = "stop",
-        verify: bool = False,
+        verify: bool = True,
+        step: int | None = None,
+        warn: Any = None,
     ):
         self.manager, self.target, self.resume = manager, target, resume
         self.save_on_exit, self.free_init = save_on_exit, free_init
@@ -77,6 +80,10 @@ class CheckpointHook:
         if on_error not in ("stop", "continue"):
             raise ValueError(f"on_error must be 'stop' or 'continue', got {on_error!r}")
         self.on_error, self.verify = on_error, verify
+        self.step = step  # resume from this step, not the latest (the later ones are set aside)
+        # A failed save under on_error="continue" goes to stderr (process 0): it is a problem, not progress.
+        self.warn = warn or (lambda msg: print(msg, file=sys.stderr, flush=True) if jax.process_index() == 0 else None)
+        self.unsaved: str | None = None  # why the final state is not on disk (on_error="continue"), or None
         self.restored_step: int | None = None
         self._started = False
         self._last_metrics: tuple[int, Mapping[str, Any]] | None = None
@@ -94,8 +101,11 @@ class CheckpointHook:
         return init() if init is not None else trainer.init(rng)
 
     def _restore(self, target: Any) -> Any:
-        state = self.manager.restore(target, verify=self.verify)
+        state = self.manager.restore(target, self.step, verify=self.verify)
         self.restored_step = state_step(state)
+        if self.step is not None:
+            for moved in self.manager.set_aside_after(self.step):
+                self.log(f"checkpoint: resuming from step {self.step}: moved the later {moved}")
         self._started = True
         self.log(f"checkpoint: resumed from step {self.restored_step} ({self.manager.directory})")
         return state
@@ -126,6 +136,7 @@ class CheckpointHook:
             self._tried = int(step)  # saved, or failed: not tried again on exit
             with self._failures():
                 self.manager.save(int(step), state, metrics=metrics, force=True)
+                self.unsaved = None
 
     @contextlib.contextmanager
     def _failures(self):
@@ -136,7 +147,8 @@ class CheckpointHook:
         except CheckpointError as e:
             if self.on_error != "continue":
                 raise
-            self.log(f"checkpoint: not saved: {e}; training goes on (checkpoint.on_error: continue)")
+            self.unsaved = str(e)
+            self.warn(f"checkpoint: not saved: {e}; training goes on (checkpoint.on_error: continue)")
 
     def on_exit(self, state: Any, reason: str = "done") -> None:
         try:
@@ -151,6 +163,7 @@ class CheckpointHook:
                 with self._failures():
                     if self.manager.save(step, state, metrics=metrics, force=True):
                         self.manager.wait()
+                        self.unsaved = None
                         self.log(f"checkpoint: saved step {step} to {self.manager.directory} ({reason})")
         finally:
             with self._failures():
@@ -168,7 +181,7 @@ def prepare_directory(directory: str | os.PathLike, resume: bool | None, log: An
         if jax.process_index() == 0:
             directory.rename(aside)
         say(f"checkpoint: --no-resume: moved existing checkpoints to {aside}")
-    if resume is True and not any(s.complete for s in (list_steps(directory) if directory.is_dir() else [])):
+    if resume is True and not any(s.finalized for s in (list_steps(directory) if directory.is_dir() else [])):
         raise CheckpointError(f"--resume: no complete checkpoint in {directory}")
     return directory
 

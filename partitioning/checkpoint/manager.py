@@ -34,6 +34,7 @@ import contextlib
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable, Collection, Mapping
 from importlib import metadata as md
@@ -47,11 +48,29 @@ from orbax.checkpoint import checkpoint_managers as ocp_policies
 
 from partitioning.boxes import is_box
 from partitioning.checkpoint.checksum import MetaHandler, MetaSave
-from partitioning.checkpoint.disk import FORMAT, META_ITEM, PRUNED, STATE_ITEM, TMP_SUFFIX, dir_bytes, list_steps
+from partitioning.checkpoint.disk import (
+    FORMAT,
+    META_ITEM,
+    PRUNED,
+    STATE_ITEM,
+    TMP_SUFFIX,
+    dir_bytes,
+    list_steps,
+    step_damage,
+)
 from partitioning.checkpoint.frozen import META_KEY as FROZEN_KEY
 from partitioning.checkpoint.frozen import drop_unreferenced, reused, split_for_save
+from partitioning.checkpoint.keep import KeepGood
 from partitioning.checkpoint.restore import checkpoint_metadata, restore_checkpoint
-from partitioning.checkpoint.space import check_space, disk_full_error, drop_unfinished, is_disk_full, state_nbytes
+from partitioning.checkpoint.space import (
+    check_space,
+    disk_full_error,
+    drop_unfinished,
+    file_too_big_error,
+    is_disk_full,
+    is_file_too_big,
+    state_nbytes,
+)
 from partitioning.errors import CheckpointError
 from partitioning.layout import path_str
 from partitioning.rules import as_rules
@@ -170,7 +189,7 @@ class CheckpointManager:
         self._reported: set[str] = set()
         if abstract is not None:
             self._names.update(names_by_path(abstract))
-        policies: list[Any] = [ocp_policies.LatestN(n=self.keep if self.keep > 0 else None)]
+        inner: list[Any] = []
         best_fn: Callable[[Mapping[str, Any]], float] | None = None
         if keep_best:
 
@@ -178,11 +197,12 @@ class CheckpointManager:
                 return float(m[best_metric])
 
             best_fn = metric
-            policies.append(
+            inner.append(
                 ocp_policies.BestN(get_metric_fn=best_fn, reverse=True, n=1, keep_checkpoints_without_metrics=False)
             )
         options = ocp.CheckpointManagerOptions(
-            preservation_policy=ocp_policies.AnyPreservationPolicy(policies),
+            # The last `keep` complete steps (a damaged one never counts) and the healthiest (keep.py).
+            preservation_policy=KeepGood(self.directory, self.keep, inner),
             best_fn=best_fn,
             best_mode="min",
             enable_async_checkpointing=async_,
@@ -193,10 +213,7 @@ class CheckpointManager:
         self._drop_pruned()
         # A save killed mid-write leaves a *.orbax-checkpoint-tmp-* directory: drop it
         # here, synchronously (orbax's own cleanup runs in a thread close() doesn't wait for).
-        if jax.process_index() == 0 and self.directory.is_dir():
-            for c in self.directory.iterdir():
-                if TMP_SUFFIX in c.name and c.is_dir():
-                    shutil.rmtree(c, ignore_errors=True)
+        self._drop_unfinished()
         # The state is written by orbax's PyTree handler (the one behind StandardSave, so
         # ocp.StandardCheckpointer still reads it) to choose the compression.
         handlers = {
@@ -256,7 +273,10 @@ class CheckpointManager:
         if not force and self.every > 0 and not self.should_save(step):
             return False
         if step in self._mngr.all_steps():
-            return False
+            damage = step_damage(self.directory / str(step)) if (self.directory / str(step)).is_dir() else None
+            if damage is None:
+                return False  # saved already
+            self._move_damaged(step, damage)  # never skipped silently: the new save replaces it
         tracked = None
         if self.keep_best and metrics and _is_number(metrics.get(self.best_metric)):
             tracked = {self.best_metric: float(metrics[self.best_metric])}
@@ -295,16 +315,45 @@ class CheckpointManager:
         )
         return state, self._frozen
 
+    def set_aside_after(self, step: int) -> list[str]:
+        """Moves every step directory after ``step`` aside (``N.superseded-TIME``): a run resumed from an
+        earlier step saves those steps anew. Returns what moved."""
+        moved = []
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for s in list_steps(self.directory) if self.directory.is_dir() else []:
+            if s.step > step and TMP_SUFFIX not in s.path.name:
+                aside = self.directory / f"{s.step}.superseded-{stamp}"
+                if jax.process_index() == 0:
+                    s.path.rename(aside)
+                moved.append(f"step {s.step} to {aside}")
+        if moved:
+            self._mngr.reload()
+        return moved
+
+    def _move_damaged(self, step: int, damage: str) -> None:
+        """A damaged step directory in the way of a save: moved aside (kept as evidence), said on stderr."""
+        aside = self.directory / f"{step}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+        if jax.process_index() == 0:
+            (self.directory / str(step)).rename(aside)
+            print(
+                f"checkpoint: step {step} was damaged ({damage}); moved it to {aside} and saved anew", file=sys.stderr
+            )
+        self._mngr.reload()
+
     def _failed(self, error: Exception, step: int | None) -> Exception:
         """A failed save as one CheckpointError (its unfinished directory removed); other errors unchanged."""
         m = re.search(rf"/(\d+){re.escape(TMP_SUFFIX)}", str(error))
         step = int(m.group(1)) if m else step if step is not None else self._pending
-        if not (is_disk_full(error) or isinstance(error, OSError)):
-            return error
         with contextlib.suppress(Exception):
             self._mngr.wait_until_finished()  # let orbax's threads settle before removing their files
         if step is not None:
-            drop_unfinished(self.directory, step)
+            drop_unfinished(self.directory, step)  # whatever failed: nothing half-written stays
+        if not (is_disk_full(error) or isinstance(error, OSError)):
+            return error
+        if is_file_too_big(error):
+            return file_too_big_error(
+                self.directory if step is None else self.directory / str(step), self._latest_complete()
+            )
         if is_disk_full(error):
             needed = self._needed.get(step) if step is not None else None
             return disk_full_error(self.directory, step, needed, self._latest_complete())
@@ -335,6 +384,13 @@ class CheckpointManager:
             self._reported.add(str(err))
             raise err from None
 
+    def _drop_unfinished(self) -> None:
+        """Removes every unfinished save's temporary directory (process 0; only when no save is in flight)."""
+        if jax.process_index() == 0 and self.directory.is_dir():
+            for c in self.directory.iterdir():
+                if TMP_SUFFIX in c.name and c.is_dir():
+                    shutil.rmtree(c, ignore_errors=True)
+
     def _drop_pruned(self) -> None:
         """Deletes the steps orbax pruned (renamed into PRUNED); each entry, so a rename in flight is safe."""
         pruned = self.directory / PRUNED
@@ -349,6 +405,8 @@ class CheckpointManager:
             with contextlib.suppress(Exception):  # a failed save was reported by wait()
                 self._mngr.close()
             self._drop_pruned()
+            # A save that failed as its temporary directory was made can leave it behind: nothing is in flight now.
+            self._drop_unfinished()
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -357,7 +415,7 @@ class CheckpointManager:
         self.close()
 
     # -- restore ------------------------------------------------------------
-    def restore(self, target: Any, step: int | None = None, *, params_only: bool = False, verify: bool = False) -> Any:
+    def restore(self, target: Any, step: int | None = None, *, params_only: bool = False, verify: bool = True) -> Any:
         """:func:`restore_checkpoint` of this directory's latest (or ``step``) checkpoint."""
         self.wait()
         out = restore_checkpoint(self.directory, target, step=step, params_only=params_only, verify=verify)

@@ -114,6 +114,30 @@ def _aligned_empty(shape: tuple, dtype: Any, align: int = 64) -> np.ndarray:
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
+def _check_read(check: Any, name: str, bufs: list[np.ndarray], keys: list[tuple]) -> None:
+    # crc32c releases the GIL: other arrays' reads and this array's device_put go on beside it.
+    for buf, key in zip(bufs, keys, strict=True):
+        check.read(name, key, buf)
+
+
+async def _settled(future: Any) -> BaseException | None:
+    """Awaits a tensorstore future to its end; its error returned, not raised (the others still settle)."""
+    try:
+        await future
+    except Exception as e:
+        return e
+    return None
+
+
+def _key(index: tuple, shape: tuple) -> tuple:
+    """A device's index as ``((start, stop), ...)``."""
+    return tuple((s.start, s.stop) for s in (slice(*sl.indices(n)) for sl, n in zip(index, shape, strict=True)))
+
+
+def _slice_keys(indices: Any, shape: tuple) -> set[tuple]:
+    return {_key(index, shape) for index in indices.values()}
+
+
 class FastArrayRestore(_th.TypeHandler):
     """Orbax's ``jax.Array`` handler, except that plain restores read each device slice directly.
 
@@ -124,8 +148,9 @@ class FastArrayRestore(_th.TypeHandler):
         >>> handler = FastArrayRestore(ocp.type_handlers.get_type_handler(jax.Array), max_inflight_bytes=2**28)
     """
 
-    def __init__(self, inner: Any, max_inflight_bytes: int):
+    def __init__(self, inner: Any, max_inflight_bytes: int, check: Any = None):
         self.inner, self.max_inflight_bytes = inner, int(max_inflight_bytes)
+        self.check = check  # an integrity.ReadCheck: checksums of the bytes as they are read
 
     def __getattr__(self, name: str) -> Any:  # e.g. orbax asks for _array_metadata_store
         return getattr(self.inner, name)
@@ -140,11 +165,22 @@ class FastArrayRestore(_th.TypeHandler):
         return await self.inner.serialize(values, infos, args)
 
     async def deserialize(self, infos: Sequence[Any], args: Sequence[Any] | None = None) -> Sequence[Any]:
+        if self.check is not None:
+            for info in infos:
+                self.check.wants(info.name)
         if not args or not all(_plain(a) for a in args):
-            return await self.inner.deserialize(infos, args)
+            return await self.inner.deserialize(infos, args)  # read back afterwards by the check
         await asyncio.gather(*[info.await_path_creation() for info in infos])
         budget = _Budget(self.max_inflight_bytes)
-        return await asyncio.gather(*[self._one(info, arg, budget) for info, arg in zip(infos, args, strict=True)])
+        # Every read settles before an error propagates: orbax closes its event loop on the first error,
+        # and a tensorstore read finishing after that printed "Event loop is closed" (one traceback each).
+        out = await asyncio.gather(
+            *[self._one(info, arg, budget) for info, arg in zip(infos, args, strict=True)], return_exceptions=True
+        )
+        for x in out:
+            if isinstance(x, BaseException):
+                raise x
+        return out
 
     async def _one(self, info: Any, arg: Any, budget: _Budget) -> jax.Array:
         tspec = _th.get_json_tspec_read(info, use_ocdbt=bool(info.is_ocdbt_checkpoint))
@@ -158,9 +194,14 @@ class FastArrayRestore(_th.TypeHandler):
         # Devices holding the same slice (replicated axes) share one read.
         by_slice: dict[tuple, list[jax.Device]] = defaultdict(list)
         for device, index in sharding.addressable_devices_indices_map(shape).items():
-            key = tuple((s.start, s.stop) for s in (slice(*sl.indices(n)) for sl, n in zip(index, shape, strict=True)))
-            by_slice[key].append(device)
+            by_slice[_key(index, shape)].append(device)
         itemsize = np.dtype(store.dtype.numpy_dtype).itemsize
+        # The bytes read are the stored bytes unless cast on the way (then checked by a second read).
+        check = (
+            self.check if self.check is not None and self.check.same_dtype(info.name, store.dtype.numpy_dtype) else None
+        )
+        if check is not None:
+            check.covered(info.name, _slice_keys(sharding.devices_indices_map(shape), shape))
         chunk = tuple(store.chunk_layout.read_chunk.shape or shape)
         # A slice is read in whole stored chunks (another layout's shards): count those bytes.
         nbytes = sum(_chunked_bytes(key, chunk, itemsize) for key in by_slice)
@@ -175,22 +216,26 @@ class FastArrayRestore(_th.TypeHandler):
                 ts.array(buf).write(store[tuple(slice(a, b) for a, b in key)])
                 for buf, key in zip(bufs, by_slice, strict=True)
             ]
-            for w in writes:
-                await w
+            done = await asyncio.gather(*[_settled(w) for w in writes])
+            for error in done:
+                if error is not None:
+                    raise error
             host, targets = [], []
             for buf, devices in zip(bufs, by_slice.values(), strict=True):
                 for d in devices:
                     host.append(buf)
                     targets.append(jax.sharding.SingleDeviceSharding(d, memory_kind=sharding.memory_kind))
             shards = jax.device_put(host, targets)
+            if check is not None:  # crc32c of the bytes just read (no second read), off the event loop
+                await asyncio.to_thread(_check_read, check, info.name, bufs, list(by_slice))
         return jax.make_array_from_single_device_arrays(shape, sharding, shards)
 
 
 class _Registry(_th.TypeHandlerRegistry):
     """The global registry as it is, with its ``jax.Array`` handler wrapped for fast restores."""
 
-    def __init__(self, max_inflight_bytes: int):
-        self.fast = FastArrayRestore(_th.get_type_handler(jax.Array), max_inflight_bytes)
+    def __init__(self, max_inflight_bytes: int, check: Any = None):
+        self.fast = FastArrayRestore(_th.get_type_handler(jax.Array), max_inflight_bytes, check)
 
     def add(self, ty: Any, handler: Any, func: Any = None, override: bool = False) -> None:
         raise TypeError("the restore registry is read-only; register handlers with ocp.type_handlers")
@@ -203,8 +248,10 @@ class _Registry(_th.TypeHandlerRegistry):
         return _th.has_type_handler(ty)
 
 
-def fast_registry(max_inflight_bytes: int) -> _th.TypeHandlerRegistry:
+def fast_registry(max_inflight_bytes: int, check: Any = None) -> _th.TypeHandlerRegistry:
     """Orbax's type-handler registry with fast ``jax.Array`` restores (at most this many bytes read at once).
+
+    ``check`` (an :class:`~partitioning.checkpoint.integrity.ReadCheck`) checksums the bytes as they are read.
 
     Example::
 
@@ -212,7 +259,7 @@ def fast_registry(max_inflight_bytes: int) -> _th.TypeHandlerRegistry:
         >>> from partitioning.checkpoint.reader import fast_registry
         >>> handler = ocp.PyTreeCheckpointHandler(type_handler_registry=fast_registry(256 * 2**20))
     """
-    return _Registry(max_inflight_bytes)
+    return _Registry(max_inflight_bytes, check)
 
 
 __all__ = ["FastArrayRestore", "fast_registry"]

@@ -39,10 +39,10 @@ from flax import nnx
 
 from partitioning.annotations import as_annotations
 from partitioning.boxes import is_box
-from partitioning.checkpoint.checksum import verify_checksums
 from partitioning.checkpoint.diagnose import diagnose
 from partitioning.checkpoint.disk import CheckpointRef, flat_saved, read_metadata, resolve_checkpoint, saved_tree
 from partitioning.checkpoint.frozen import frozen_ref, restore_split
+from partitioning.checkpoint.integrity import check_parts, read_check, refuse
 from partitioning.checkpoint.reader import fast_registry
 from partitioning.checkpoint.target import check_fits, layout_target
 from partitioning.errors import CheckpointError
@@ -137,7 +137,7 @@ def restore_checkpoint(
     step: int | None = None,
     params_only: bool = False,
     max_inflight_bytes: int | None = None,
-    verify: bool = False,
+    verify: bool = True,
     frozen: bool = True,
     annotations: Any = None,
 ) -> Any:
@@ -158,9 +158,12 @@ def restore_checkpoint(
     ``{"params": ...}``) and only the checkpoint's ``params`` are read.
     ``max_inflight_bytes`` bounds the host buffers being read at once (default:
     256 MiB or the largest array), so peak memory stays near the state's size.
-    ``verify`` first reads every saved slice back and checks its recorded
-    checksum (:mod:`partitioning.checkpoint.checksum`): a CheckpointError names
-    the array and the file of a mismatch.
+    ``verify`` (the default) refuses a damaged checkpoint
+    (:mod:`partitioning.checkpoint.integrity`): a missing part, a missing or
+    truncated data file, or a slice whose bytes no longer match the crc32c
+    recorded at save (computed while the bytes are read) is a CheckpointError
+    naming the step, the file and the earlier good step. ``verify=False`` reads
+    without checking.
     A step of a run with frozen params refers to them (written once per run,
     :mod:`partitioning.checkpoint.frozen`): they are read from there and merged, so
     the params come back whole; ``frozen=False`` reads only the step's own arrays.
@@ -183,17 +186,15 @@ def restore_checkpoint(
         P('tensor', None)
     """
     ref = resolve_checkpoint(path, step)
-    saved = flat_saved(saved_tree(ref))
     split = frozen_ref(ref) if frozen else None
     if split is not None:
         kw = {"mesh": mesh, "rules": rules, "optimizer_rules": optimizer_rules, "on_indivisible": on_indivisible}
         kw.update(params_only=params_only, max_inflight_bytes=max_inflight_bytes, verify=verify)
         return restore_split(ref, split, target, restore_checkpoint, layout_target, **kw)
     if verify:
-        problems = verify_checksums(ref)
-        if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise CheckpointError(f"checkpoint {ref}: {problems[0]}{more}; not restored (checkpoint.verify)")
+        check_parts(ref)  # before anything is read: a missing part or data file
+    saved = flat_saved(saved_tree(ref))
+    check = read_check(ref, {p: md.dtype for p, md in saved.items()}) if verify else None
     if target is None:
         if mesh is None:
             raise TypeError("restore_checkpoint needs a target, or a mesh (and rules) to lay the checkpoint out on")
@@ -229,7 +230,7 @@ def restore_checkpoint(
         max_inflight_bytes = max(256 * 2**20, largest + 2**20)
     # Arrays are read by partitioning.checkpoint.reader: one tensorstore read per device slice.
     handler = ocp.PyTreeCheckpointHandler(
-        restore_concurrent_gb=max_inflight_bytes / 1e9, type_handler_registry=fast_registry(max_inflight_bytes)
+        restore_concurrent_gb=max_inflight_bytes / 1e9, type_handler_registry=fast_registry(max_inflight_bytes, check)
     )
     # A restore makes thousands of short-lived asyncio objects; the cyclic GC would then
     # walk every live jax/flax object again and again (~15% of a restore on the CPU).
@@ -242,10 +243,15 @@ def restore_checkpoint(
                 args=ocp.args.PyTreeRestore(item=tgt, restore_args=restore_args, partial_restore=partial),
             )
     except Exception as e:  # orbax / tensorstore internals -> one actionable line
-        raise diagnose(ref, e) from None
+        err = diagnose(ref, e)
+        what = str(err).split(f"checkpoint {ref}: ", 1)[-1]
+        damage = any(w in what for w in ("missing file", "truncated file", "damaged file", "unreadable data"))
+        raise (refuse(ref, what) if verify and damage else err) from None
     finally:
         if gc_was_enabled:
             gc.enable()
+    if check is not None:
+        check.finish()  # a slice whose bytes differ from the crc32c recorded at save
     return refill(out["params"] if unwrap else out)
 
 

@@ -76,6 +76,26 @@ def is_disk_full(error: BaseException) -> bool:
     return False
 
 
+def is_file_too_big(error: BaseException) -> bool:
+    """True when ``error`` is a file-size limit (``EFBIG``: ``ulimit -f``, RLIMIT_FSIZE), not a full disk."""
+    for e in _causes(error):
+        if isinstance(e, OSError) and e.errno == errno.EFBIG:
+            return True
+        m = _OS_CODE.search(str(e))
+        if (m and int(m.group(1)) == errno.EFBIG) or "File too large" in str(e):
+            return True
+    return False
+
+
+def file_too_big_error(where: Path, latest: int | None) -> CheckpointError:
+    """The file-size limit as one line (the disk may have room: the limit is the process's)."""
+    kept = f"; the latest complete checkpoint is step {latest}" if latest is not None else ""
+    return CheckpointError(
+        f"{where}: file too large: a file reached this process's file-size limit (ulimit -f, RLIMIT_FSIZE){kept}; "
+        f"raise the limit (ulimit -f unlimited) or run where it is larger"
+    )
+
+
 def state_nbytes(state: Any) -> int:
     """Bytes of a (global) state's arrays: what a checkpoint of it holds, before compression."""
     total = 0
@@ -136,4 +156,13 @@ def drop_unfinished(directory: Path, step: int) -> None:
             shutil.rmtree(c, ignore_errors=True)
 
 
-__all__ = ["is_disk_full", "state_nbytes", "free_bytes", "disk_full_error", "check_space", "drop_unfinished"]
+__all__ = [
+    "is_disk_full",
+    "is_file_too_big",
+    "file_too_big_error",
+    "state_nbytes",
+    "free_bytes",
+    "disk_full_error",
+    "check_space",
+    "drop_unfinished",
+]

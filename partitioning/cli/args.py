@@ -45,6 +45,42 @@ def config_args(p: argparse.ArgumentParser, devices: bool = True) -> None:
         )
 
 
+def resume_args(p: argparse.ArgumentParser, check: bool = False) -> None:
+    """``--resume`` / ``--no-resume`` / ``--resume-from N``: the same flags for ``train`` and ``check``."""
+    as_ = "check as `train %s` would" if check else "%s"
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--resume",
+        dest="resume",
+        action="store_true",
+        default=None,
+        help="check as `train --resume` would (a checkpoint must exist and fit)"
+        if check
+        else "continue from the latest checkpoint (the default when one exists; error if none or if it is damaged)",
+    )
+    g.add_argument(
+        "--no-resume",
+        dest="resume",
+        action="store_false",
+        help=as_ % "--no-resume" if check else "start over (existing checkpoints are moved aside, never deleted)",
+    )
+    g.add_argument(
+        "--resume-from",
+        dest="resume_from",
+        type=int,
+        metavar="STEP",
+        default=None,
+        help=as_ % "--resume-from STEP"
+        if check
+        else "continue from this step's checkpoint, not the latest (later steps are moved aside, never deleted)",
+    )
+
+
+def resume_of(args: argparse.Namespace) -> bool | None:
+    """``--resume-from`` implies ``--resume``."""
+    return True if getattr(args, "resume_from", None) is not None else args.resume
+
+
 def distributed_args(p: argparse.ArgumentParser) -> None:
     """Flags that join several processes (hosts) into one run; see :mod:`partitioning.devices`."""
     g = p.add_argument_group("multi-host (one process per host)")

@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import warnings
 
-from partitioning.cli.args import config_args, load_with_devices, say
+from partitioning.cli.args import config_args, load_with_devices, resume_args, resume_of, say
 from partitioning.cli.compiling import IN_PROCESS_MAX, plan_devices
-from partitioning.config.hf import check_hf_weights
-from partitioning.config.preflight import preflight, preflight_abstract
-from partitioning.errors import ConfigError
+from partitioning.cli.faults import RunLocks
+from partitioning.cli.preflight import pre_flight
+from partitioning.config.preflight import RunComplete
 
 HELP = "the pre-flight: every check train would make (config, mesh, rules, batch, data, dirs, checkpoint, memory)"
 EXAMPLES = """examples:
@@ -25,36 +25,51 @@ EXAMPLES = """examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     config_args(p)
-    g = p.add_mutually_exclusive_group()
-    g.add_argument(
-        "--resume",
-        dest="resume",
-        action="store_true",
-        default=None,
-        help="check as `train --resume` would (a checkpoint must exist and fit)",
-    )
-    g.add_argument("--no-resume", dest="resume", action="store_false", help="check as `train --no-resume` would")
+    resume_args(p, check=True)
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_with_devices(args, simulate=False)
     devices = plan_devices(cfg, args.devices)
+    resume = resume_of(args)
+    complete: RunComplete | None = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        if devices <= IN_PROCESS_MAX:
+        small = devices <= IN_PROCESS_MAX
+        if small:
             load_with_devices(args)  # simulate the devices now that the count is known to be small
-            ready = preflight(cfg, devices=devices, resume=args.resume)
-            mesh = dict(ready.mesh.shape)
-        else:
-            ready = preflight_abstract(cfg, devices, resume=args.resume)
-            mesh = dict(ready.mesh)
+        # The pre-flight `train` runs, every problem at once (cli/preflight.py): the first is train's line.
+        ready, problems = pre_flight(
+            cfg,
+            RunLocks(),
+            devices=devices,
+            resume=resume,
+            resume_from=args.resume_from,
+            abstract_devices=None if small else devices,
+            every=True,
+        )
+    for p in problems:
+        if isinstance(p, RunComplete):
+            complete, ready = p, p.ready
+    # One problem found by two checks (a config.json typo fails the weights and the model) is said once.
+    problems = list({str(p): p for p in problems if not isinstance(p, RunComplete)}.values())
+    if problems:
+        for p in problems[:-1]:
+            say(f"error: {p}")
+        raise problems[-1]  # the CLI's own one line and exit status 2
+    assert ready is not None
+    seen = set()
     for w in caught:
-        if "Indivisible" in type(w.message).__name__ or "divisible" in str(w.message):
+        if ("Indivisible" in type(w.message).__name__ or "divisible" in str(w.message)) and str(w.message) not in seen:
+            seen.add(str(w.message))
             say(f"warning: {w.message}")
+    mesh = dict(ready.mesh.shape) if small else dict(ready.mesh)
     plan = ready.plan
-    n_params = plan.num_params
+    if complete is not None:
+        print(f"config OK; {ready.run_dir} is complete at step {complete.step} (train would do nothing)")
+        return 0
     print(
-        f"OK: {cfg.path}: model {cfg.model_name} ({n_params:,} parameters, {len(plan.params)} arrays) "
+        f"OK: {cfg.path}: model {cfg.model_name} ({plan.num_params:,} parameters, {len(plan.params)} arrays) "
         f"on mesh {mesh} ({devices} devices) with {len(cfg.rules)} rules"
     )
     if ready.remat_note:
@@ -63,13 +78,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"memory: {ready.budget.describe()}")
     if ready.resume_step is not None:
         print(f"resume: train would continue from the checkpoint at step {ready.resume_step} in {ready.checkpoint_dir}")
-        for note in (getattr(ready, "resume_note", None), ready.data_note):
+        for note in (ready.resume_note, ready.data_note):
             if note:
                 print(note)
     elif cfg.model_hf is not None:
-        try:
-            check_hf_weights(cfg)
-            print(f"weights: train would start from the Hugging Face weights in {cfg.model_hf}")
-        except ConfigError as e:  # planning needs only config.json; say what train would need
-            print(f"weights: {str(e).split(': ', 2)[-1]}")
+        print(f"weights: train would start from the Hugging Face weights in {cfg.model_hf}")
     return 0

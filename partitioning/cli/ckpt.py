@@ -17,6 +17,7 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
@@ -35,6 +36,7 @@ from partitioning.checkpoint.disk import (
     resolve_checkpoint,
     saved_tree,
     sharding_str,
+    step_damage,
 )
 from partitioning.checkpoint.frozen import frozen_path, frozen_ref
 from partitioning.checkpoint.reshard import reshard_checkpoint
@@ -77,7 +79,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
         metrics = ", ".join(
             f"{k} {v:.4g}" for k, v in sorted((meta.get("metrics") or {}).items()) if k in ("loss", "eval_loss")
         )
-        status = "complete" if s.complete else "INCOMPLETE (save unfinished or killed)"
+        status = (
+            "complete"
+            if s.complete
+            else f"DAMAGED ({s.damage})"
+            if s.damage
+            else "INCOMPLETE (save unfinished or killed)"
+        )
         table.add_row(str(s.step), status, fmt_bytes(s.nbytes), when, metrics or "-", s.path.name)
     console().print(table)
     done = [s.step for s in steps if s.complete]
@@ -89,10 +97,36 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    ref = resolve_checkpoint(args.ckpt, args.step)
+    # A run with a small `keep` prunes steps while they are read: that step is gone, not damaged.
+    for attempt in range(3):
+        ref = resolve_checkpoint(args.ckpt, args.step)
+        try:
+            found = _read(ref, args)
+        except Exception as e:
+            if _pruned(ref):
+                if args.step is None and ref.path != Path(args.ckpt) and attempt < 2:
+                    continue  # the run's newer step is the latest now: inspect that one
+                raise CheckpointError(
+                    f"checkpoint {ref.path}: pruned during inspection (the run's checkpoint.keep removed it while "
+                    f"it was read; not damage); inspect a step the run keeps"
+                ) from None
+            if isinstance(e, CheckpointError):
+                raise
+            raise CheckpointError(f"checkpoint {ref.path}: cannot read it: {' '.join(str(e).split())[:200]}") from None
+        return _show(ref, args, *found)
+    raise AssertionError("unreachable")
+
+
+def _pruned(ref: Any) -> bool:
+    """The step directory went away (renamed into _pruned, then deleted) while it was read."""
+    return ref.step is not None and not ref.path.exists()
+
+
+def _read(ref: Any, args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
     meta = read_metadata(ref)
     saved = flat_saved(saved_tree(ref))
-    problems = verify(ref)
+    damage = step_damage(ref.path) if ref.path != ref.item else None
+    problems = [damage] if damage else verify(ref)
     if not problems and not args.no_verify:
         problems = verify_checksums(ref)  # reads every array back
     split = frozen_ref(ref)
@@ -104,6 +138,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         except CheckpointError as e:
             found = [str(e)]
         problems = problems + [f"frozen params {fixed}: {p}" for p in found]
+    if problems and _pruned(ref):
+        raise CheckpointError("pruned")  # gone while read: not damage
+    return meta, saved, problems
+
+
+def _show(ref: Any, args: argparse.Namespace, meta: Any, saved: Any, problems: list[str]) -> int:
+    split = frozen_ref(ref)
     arrays_meta = meta.get("arrays") or {}
     size = dir_bytes(ref.path)
     if args.json:

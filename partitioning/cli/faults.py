@@ -154,6 +154,16 @@ def diverged(e: NonFiniteError, cfg: Config, manager: Any) -> NonFiniteError:
         if good is not None
         else "no checkpoint was saved before it"
     )
+    if e.skipped:
+        return NonFiniteError(
+            f"training diverged: {e.skipped} consecutive steps skipped up to step {at} (more than "
+            f"{cfg.where('train', 'max_skipped_steps')} {cfg.train.max_skipped_steps}): their loss or gradient norm "
+            f"is not finite; stopped without saving; "
+            f"{where}; lower optimizer.lr, or raise train.max_skipped_steps",
+            step=e.step,
+            metrics=e.metrics,
+            skipped=e.skipped,
+        )
     return NonFiniteError(
         f"training diverged at {describe(e.step, at, e.metrics)}: the loss or gradient norm is not finite; "
         f"stopped without saving (train.on_nonfinite: stop); {where}; lower optimizer.lr, or set "

@@ -75,19 +75,32 @@ def quiet_orbax() -> None:
     sys.unraisablehook = hook
 
 
+_MOMENT = re.compile(r"^(?:opt_state(?:/[\w.]+)*?/(?:mu|nu|trace|momentum|ema)/|params/)")
+
+
 def plain_warnings() -> None:
     """The toolkit's own warnings (replication, indivisible fallbacks) print as one ``warning:`` line each."""
     previous = warnings.showwarning
     if getattr(previous, "plain", False):  # installed by an earlier main() in this process
+        previous.seen.clear()  # type: ignore[attr-defined]  # each command says each warning once
         return
+
+    seen: set[str] = set()
 
     def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
         if issubclass(category, (ReplicationWarning, IndivisibleWarning, AnnotationWarning)):
-            say(f"warning: {' '.join(str(message).split())}")
+            text = " ".join(str(message).split())
+            # One line per array: its optimizer moments (mu, nu, ...) share the param's layout and its warning.
+            key = _MOMENT.sub("", text)
+            if key in seen:
+                return
+            seen.add(key)
+            say(f"warning: {text}")
         else:
             previous(message, category, *args, **kwargs)
 
     show.plain = True  # type: ignore[attr-defined]  # a marker on the function object
+    show.seen = seen  # type: ignore[attr-defined]
     warnings.showwarning = show
 
 

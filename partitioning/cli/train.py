@@ -24,13 +24,13 @@ from pathlib import Path
 import jax
 
 from partitioning import peers
-from partitioning.cli.args import config_args, distributed_args, load_with_devices
+from partitioning.cli.args import config_args, distributed_args, load_with_devices, resume_args, resume_of, say
 from partitioning.cli.faults import RunLocks, checkpoint_note, closing_summary, diverged
+from partitioning.cli.preflight import pre_flight
 from partitioning.config.build import model_options_resolved
-from partitioning.config.hf import check_hf_weights, has_checkpoint, hf_params_from_config
-from partitioning.config.preflight import preflight
+from partitioning.config.hf import hf_params_from_config
 from partitioning.config.run import checkpoint_hook_from_config, trackers_from_config
-from partitioning.config.rundir import move_previous_run
+from partitioning.config.rundir import move_previous_run, write_file
 from partitioning.errors import ConfigError
 from partitioning.plan.flops import peak_tflops, transformer_flops
 from partitioning.train.data import Corpus
@@ -62,20 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the device's peak TFLOP/s, for MFU (default: known GPUs/TPUs; none on CPUs)",
     )
-    g = p.add_mutually_exclusive_group()
-    g.add_argument(
-        "--resume",
-        dest="resume",
-        action="store_true",
-        default=None,
-        help="continue from the latest checkpoint (the default when one exists; error if none)",
-    )
-    g.add_argument(
-        "--no-resume",
-        dest="resume",
-        action="store_false",
-        help="start over (existing checkpoints are moved aside, never deleted)",
-    )
+    resume_args(p)
 
 
 def _describe(dataset) -> str:
@@ -110,11 +97,10 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
             f"--peak-tflops must be a positive number of TFLOP/s, got {args.peak_tflops:g}", arg="--peak-tflops"
         )
     cfg = load_with_devices(args)  # sets up (simulated) devices before any jax computation
-    locks.check(cfg)  # another job on this run_dir: refused before anything is read or written
-    if cfg.model_hf is not None and (args.resume is False or not has_checkpoint(cfg)):
-        check_hf_weights(cfg)  # a fresh run starts from them: fail before building anything
-    # Every check first: a run that fails here has written nothing.
-    ready = preflight(cfg, devices=args.devices, resume=args.resume)
+    resume = resume_of(args)
+    # Every check first, the same as `check` makes (cli/preflight.py): a run that fails here has written nothing.
+    ready, _ = pre_flight(cfg, locks, devices=args.devices, resume=resume, resume_from=args.resume_from)
+    assert ready is not None  # without every=True the first problem was raised
     locks.acquire()
     cfg = ready.cfg  # with `model.remat: auto` resolved
     trainer, mesh, run_dir = ready.trainer, ready.mesh, ready.run_dir
@@ -130,12 +116,10 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
     if ready.resume_step is None:  # starting over: the previous run's history goes with its checkpoints
         move_previous_run(run_dir, ready.checkpoint_dir, log)
     # The checkpoint hook goes first: it restores before the log is trimmed to that step.
-    ckpt = checkpoint_hook_from_config(cfg, trainer, run_dir, resume=args.resume, log=log)
+    ckpt = checkpoint_hook_from_config(cfg, trainer, run_dir, resume=resume, log=log, step=args.resume_from)
     peers.set_note(lambda: checkpoint_note(ckpt.manager.directory))  # said if another process dies
     resolved = cfg.resolved(dict(mesh.shape), model_options_resolved(cfg))
     if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(cfg.to_yaml(dict(mesh.shape), model_options_resolved(cfg)))
         opt = " (optimizer state: its own rules)" if cfg.optimizer_rules is not None else ""
         print(
             f"train: {cfg.model_name} ({trainer.num_params:,} params) on mesh {dict(mesh.shape)} "
@@ -160,6 +144,8 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
         init = functools.partial(trainer.init_from, pretrained)
     state = ckpt.initial_state(trainer, jax.random.key(cfg.train.seed), init=init)
     init = pretrained = None  # the state holds the params now
+    if main:  # the run record, once the state is restored: a failed resume leaves the old one as it was
+        write_file(run_dir / "config.yaml", cfg.to_yaml(dict(mesh.shape), model_options_resolved(cfg)))
     start = state_step(state)  # below train.steps: the pre-flight refused a run with nothing to train
     flops = peak = None
     if start < cfg.train.steps:
@@ -179,12 +165,15 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
             progress="lines" if args.no_progress else True,
             flops_per_step=flops,
             peak_tflops=peak,
+            max_skipped=cfg.train.max_skipped_steps,
         )
     except NonFiniteError as e:
         raise diverged(e, cfg, ckpt.manager) from None
     reason = logger.reason or "done"
     if main:
         summary = closing_summary(reason, logger.records)
+        if ckpt.unsaved is not None:
+            summary += "; final state NOT saved (see the error below)"
         wrote = [run_dir / "metrics.jsonl"] if logger.path is not None else []
         wrote += [t.logdir for t in trackers if hasattr(t, "logdir")]
         wrote += [run_dir / "loss.png"] if logger.records else []
@@ -192,4 +181,11 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
             if isinstance(t, TensorBoardLogger):
                 print(tensorboard_hint(t.logdir), flush=True)
         print(f"{summary}; wrote {', '.join(str(w) for w in wrote) or 'nothing'}", flush=True)
+    if ckpt.unsaved is not None:
+        # on_error: continue trained on past a failed save, but the run's last state is not on disk: not a success.
+        say(
+            f"error: the final state (step {state_step(state)}) is not saved: {ckpt.unsaved} "
+            f"(checkpoint.on_error: continue); exit status 2"
+        )
+        return 2
     return EXIT_CODES[reason]

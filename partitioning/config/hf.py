@@ -177,14 +177,21 @@ def has_checkpoint(cfg: Config) -> bool:
     from partitioning.checkpoint.disk import list_steps
 
     directory = run_checkpoints(cfg)
-    return directory.is_dir() and any(s.complete for s in list_steps(directory))
+    return directory.is_dir() and any(s.finalized for s in list_steps(directory))
 
 
 def check_hf_weights(cfg: Config) -> None:
-    """The checkpoint has safetensors weights to start training from; else one line at ``model.hf``."""
+    """The checkpoint has safetensors weights to start training from, with whole headers and the tensors
+    ``config.json`` implies (no weight read); else one line at ``model.hf``."""
     source = hf_path(cfg)
     folder = source if source.is_dir() else source.parent
     if any(folder.glob("*.safetensors")):
+        from partitioning.checkpoint.hf_check import check_hf_files
+
+        try:  # the headers: what load_hf checks before reading a byte of the weights
+            check_hf_files(source, **hf_options(cfg))
+        except PartitioningError as e:
+            raise _at_hf(cfg, e) from None
         return
     pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLED)
     why = (

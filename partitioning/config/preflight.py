@@ -39,9 +39,9 @@ from typing import Any
 
 import jax
 
-from partitioning.checkpoint.checksum import verify_checksums
 from partitioning.checkpoint.disk import list_steps, resolve_checkpoint
 from partitioning.checkpoint.frozen import saved_arrays
+from partitioning.checkpoint.integrity import check_parts
 from partitioning.checkpoint.restore import abstract_target, check_fits, checkpoint_metadata
 from partitioning.config.axes import check_axes_used
 from partitioning.config.build import (
@@ -57,7 +57,7 @@ from partitioning.config.remat import resolve_remat
 from partitioning.config.resume import compare_run
 from partitioning.config.run import data_from_config, data_resume_note
 from partitioning.config.schema import Config
-from partitioning.errors import CheckpointError, ConfigError, MeshError, ShardingError
+from partitioning.errors import CheckpointError, ConfigError, MeshError, PartitioningError, ShardingError
 from partitioning.plan.budget import Budget, check_budget, device_memory
 from partitioning.plan.compiled import memory_stats
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
@@ -123,14 +123,20 @@ def check_trackers(cfg: Config) -> None:
             )
 
 
-def check_resume(directory: Path, target: Any, resume: bool | None, partial: bool = False) -> int | None:
-    """The step a run would resume from (None: it starts fresh), after checking the checkpoint fits ``target``."""
-    complete = [s for s in list_steps(directory) if s.complete] if directory.is_dir() else []
-    if resume is False or not complete:
+def check_resume(
+    directory: Path, target: Any, resume: bool | None, partial: bool = False, step: int | None = None
+) -> int | None:
+    """The step a run would resume from (None: it starts fresh), after checking the checkpoint fits ``target``.
+
+    The latest finished step (or ``step``, ``--resume-from``), never silently an earlier one: a damaged
+    one is refused, naming the earlier good step (:func:`~partitioning.checkpoint.disk.resolve_checkpoint`).
+    """
+    finished = [s for s in list_steps(directory) if s.finalized] if directory.is_dir() else []
+    if resume is False or not finished:
         if resume is True:
             raise CheckpointError(f"--resume: no complete checkpoint in {directory}")
         return None
-    ref = resolve_checkpoint(directory)
+    ref = resolve_checkpoint(directory, step)
     try:
         check_fits(ref, saved_arrays(ref), target, partial)  # with the frozen params the step refers to
     except CheckpointError as e:
@@ -141,29 +147,88 @@ def check_resume(directory: Path, target: Any, resume: bool | None, partial: boo
     return ref.step
 
 
-def verify_resume(directory: Path) -> None:
-    """``checkpoint.verify``: every array of the checkpoint a run resumes from matches its checksum."""
-    ref = resolve_checkpoint(directory)
-    problems = verify_checksums(ref)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise CheckpointError(
-            f"checkpoint {ref}: {problems[0]}{more}; not resumed (checkpoint.verify): restore an earlier step "
-            f"with --set checkpoint.dir=... or start over with --no-resume"
-        )
+def verify_resume(directory: Path, step: int | None = None) -> None:
+    """``checkpoint.verify``: every part and data file of the checkpoint a run resumes from is there.
+
+    The bytes themselves are checked against their crc32c while the restore reads them.
+    """
+    check_parts(resolve_checkpoint(directory, step))
+
+
+class RunComplete(CheckpointError):
+    """The run's checkpoint is already at ``train.steps``: ``train`` would do nothing (it refuses, exit 2);
+    ``check`` states it as a fact (exit 0). ``ready`` is everything else the pre-flight found fine."""
+
+    def __init__(self, message: str, *, step: int, ready: Any = None):
+        super().__init__(message)
+        self.step, self.ready = step, ready
 
 
 def _continuation(
     cfg: Config, ckpt_dir: Path, step: int | None, resume: bool | None, sizes: dict[str, int]
-) -> tuple[str | None, str | None]:
-    """(data note, config note) for a run resuming at ``step``; raises when it is no continuation of it."""
+) -> tuple[str | None, str | None, str | None]:
+    """(data note, config note, nothing-to-train problem) for a run resuming at ``step``; raises when it is
+    no continuation of it. The nothing-to-train problem is raised last, once every other check passed."""
     if step is None:
-        return None, None
+        return None, None, None
     meta = checkpoint_metadata(ckpt_dir, step)
     problem, changed = compare_run(cfg, meta, step, resume, sizes)
+    if problem and "nothing to train" in problem:
+        return data_resume_note(cfg, meta.get("data")), changed, problem
     if problem:
         raise CheckpointError(problem)
-    return data_resume_note(cfg, meta.get("data")), changed
+    return data_resume_note(cfg, meta.get("data")), changed, None
+
+
+def check_tokenizer_vocab(cfg: Config) -> None:
+    """A tokenizer with more tokens than the model's vocabulary, from the files alone: refused before the
+    corpus is tokenized, so a failed run leaves no token cache behind."""
+    from partitioning.config.hf import hf_model_from_config, tokenizer_from_config
+    from partitioning.train.tokenize import load_tokenizer
+
+    try:
+        path = tokenizer_from_config(cfg)
+    except PartitioningError:
+        return  # said by the data's own check, with its key
+    if path is None:
+        return
+    vocab = (
+        getattr(hf_model_from_config(cfg), "vocab_size", None)
+        if cfg.model_hf is not None
+        else cfg.model_options.get("vocab_size")
+    )
+    try:
+        n = load_tokenizer(path).vocab_size
+    except PartitioningError:
+        return  # an unreadable tokenizer: said by the data's own check, with its key
+    if isinstance(vocab, int) and n > vocab:
+        here = cfg.where("model", "hf" if cfg.model_hf is not None else "vocab_size")
+        raise ConfigError(
+            f"{here}: the model's vocab_size is {vocab}, but the tokenizer {path} has {n:,} tokens; "
+            f"name the model's own tokenizer with data.tokenizer"
+        )
+
+
+def check_positions(cfg: Config) -> None:
+    """``train.seq_len`` fits a model with learned positions (GPT-2's ``n_positions``); else one line naming both."""
+    if cfg.model_hf is not None:
+        from partitioning.config.hf import config_json, hf_model_from_config
+
+        model = hf_model_from_config(cfg)
+        source = f"n_positions in {config_json(cfg.model_hf)}"
+    else:
+        if cfg.model_options.get("positions") != "learned":
+            return
+        model, source = None, cfg.where("model", "max_positions")
+    if getattr(model, "positions", "learned") != "learned":
+        return
+    limit = getattr(model, "max_positions", None) if model is not None else cfg.model_options.get("max_positions")
+    seq_len = cfg.train.seq_len
+    if limit is not None and seq_len is not None and seq_len > int(limit):
+        raise ConfigError(
+            f"{cfg.where('train', 'seq_len')}: sequence length {seq_len} is longer than the model's {limit} "
+            f"learned positions ({source}); lower train.seq_len to at most {limit}"
+        )
 
 
 def _mesh(cfg: Config, devices: int | None):
@@ -177,23 +242,32 @@ def _budget(cfg: Config) -> int | None:
     return cfg.mesh.memory_bytes if cfg.mesh.memory_bytes is not None else device_memory()
 
 
-def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_memory: bool | None = None) -> Ready:
+def preflight(
+    cfg: Config,
+    *,
+    devices: int | None,
+    resume: bool | None,
+    compile_memory: bool | None = None,
+    resume_from: int | None = None,
+) -> Ready:
     """Runs every check ``train`` needs on this process's devices; raises the first problem as one line.
 
     ``compile_memory``: compile the step for XLA's memory figure (default:
     only when there is a budget to compare it with).
     """
     mesh = _mesh(cfg, devices)
+    check_positions(cfg)  # before the model is traced at train.seq_len
+    check_tokenizer_vocab(cfg)  # before the corpus is tokenized (and cached)
     cfg, remat_note = resolve_remat(cfg, mesh)
     dataset = dataset_from_config(cfg)
     trainer = trainer_from_config(cfg, mesh, dataset)
     _, train, evals = data_from_config(cfg, trainer, dataset)
     run_dir, ckpt_dir = _dirs(cfg)
     target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
-    step = check_resume(ckpt_dir, target, resume)
+    step = check_resume(ckpt_dir, target, resume, step=resume_from)
     if step is not None and cfg.checkpoint.verify:
-        verify_resume(ckpt_dir)  # before anything is written
-    note, changed = _continuation(cfg, ckpt_dir, step, resume, dict(mesh.shape))
+        verify_resume(ckpt_dir, step)  # before anything is written
+    note, changed, complete = _continuation(cfg, ckpt_dir, step, resume, dict(mesh.shape))
     budget = _budget(cfg)
     a = trainer.abstract_state
     plan = build_plan(
@@ -213,12 +287,15 @@ def preflight(cfg: Config, *, devices: int | None, resume: bool | None, compile_
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
-    return Ready(
+    ready = Ready(
         cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed, remat_note
     )
+    if complete is not None and step is not None:
+        raise RunComplete(complete, step=step, ready=ready)
+    return ready
 
 
-def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None) -> Ready:
+def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, resume_from: int | None = None) -> Ready:
     """The pre-flight for a mesh larger than this process can hold: from shapes only, nothing simulated."""
     try:
         sizes = mesh_sizes(cfg.mesh.shape, devices)
@@ -243,12 +320,12 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None) ->
     run_dir, ckpt_dir = _dirs(cfg)
     # Without a trainer (no devices), an existing checkpoint's params are compared by path and shape.
     step = None
-    if resume is not False and ckpt_dir.is_dir() and any(s.complete for s in list_steps(ckpt_dir)):
+    if resume is not False and ckpt_dir.is_dir() and any(s.finalized for s in list_steps(ckpt_dir)):
         want = {leaf.path: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in plan.params}
-        step = check_resume(ckpt_dir, _nest(want), resume, partial=True)
+        step = check_resume(ckpt_dir, _nest(want), resume, partial=True, step=resume_from)
     elif resume is True:
         raise CheckpointError(f"--resume: no complete checkpoint in {ckpt_dir}")
-    _continuation(cfg, ckpt_dir, step, resume, sizes)
+    _, _, complete = _continuation(cfg, ckpt_dir, step, resume, sizes)
     fit = check_budget(plan, _budget(cfg))
     if not fit.fits:
         raise fit.error(
@@ -256,7 +333,10 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None) ->
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
-    return Ready(cfg, sizes, None, None, None, None, run_dir, ckpt_dir, step, fit, plan)
+    ready = Ready(cfg, sizes, None, None, None, None, run_dir, ckpt_dir, step, fit, plan)
+    if complete is not None and step is not None:
+        raise RunComplete(complete, step=step, ready=ready)
+    return ready
 
 
 def _nest(flat: dict[str, Any]) -> dict[str, Any]:
@@ -270,4 +350,4 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["Ready", "preflight", "preflight_abstract", "writable_dir", "check_resume", "check_trackers"]
+__all__ = ["Ready", "RunComplete", "preflight", "preflight_abstract", "writable_dir", "check_resume", "check_trackers"]

@@ -174,12 +174,13 @@ def jsonable(x: Any) -> Any:
 
 
 def checkpoint_hook_from_config(
-    cfg: Config, trainer: Trainer, run_dir: Path, resume: bool | None = None, log: Any = None
+    cfg: Config, trainer: Trainer, run_dir: Path, resume: bool | None = None, log: Any = None, step: int | None = None
 ) -> CheckpointHook:
     """The :class:`CheckpointHook` for a run config's ``checkpoint:`` section.
 
     ``resume``: None resumes when a checkpoint exists, True requires one, False
-    starts over (existing checkpoints are moved aside, never deleted).
+    starts over (existing checkpoints are moved aside, never deleted). ``step``
+    resumes from that step instead of the latest (``--resume-from``).
     """
     c = cfg.checkpoint
     directory = prepare_directory(Path(c.dir) if c.dir else Path(run_dir) / "checkpoints", resume, log)
@@ -202,8 +203,10 @@ def checkpoint_hook_from_config(
         frozen=trainer.frozen,
     )
     target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
-    # checkpoint.verify is checked by the pre-flight, before the run writes anything.
-    return CheckpointHook(mngr, target=target, resume=resume is not False, log=log, on_error=c.on_error)
+    # checkpoint.verify: the parts by the pre-flight, the bytes (crc32c) as the restore reads them.
+    return CheckpointHook(
+        mngr, target=target, resume=resume is not False, log=log, on_error=c.on_error, verify=c.verify, step=step
+    )
 
 
 def trackers_from_config(cfg: Config, run_dir: Path, config: Any = None) -> tuple[JsonlLogger, list[Any]]:

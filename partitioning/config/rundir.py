@@ -28,11 +28,16 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import jax
+
+from partitioning.errors import ConfigError
 
 PREVIOUS = "previous"
 # What a run writes into its run dir (checkpoints/ only when checkpoint.dir is the default).
@@ -75,4 +80,24 @@ def move_previous_run(run_dir: Path, checkpoint_dir: Path, log: Callable[[str], 
     return aside
 
 
-__all__ = ["move_previous_run", "previous_outputs", "PREVIOUS", "RUN_OUTPUTS"]
+def write_file(path: Path, text: str) -> None:
+    """Writes a run's file whole or not at all (a temporary file renamed over it); a full disk or a file-size
+    limit is one ConfigError naming the file, and the old file (if any) stays as it was."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        what = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}.get(
+            e.errno or 0, e.strerror or str(e)
+        )
+        if e.errno == errno.EFBIG:
+            what = "file too large (this process's file-size limit, ulimit -f)"
+        raise ConfigError(f"{path}: cannot write it: {what}") from None
+
+
+__all__ = ["write_file", "move_previous_run", "previous_outputs", "PREVIOUS", "RUN_OUTPUTS"]

@@ -232,6 +232,11 @@ class TrainConfig(Section):
         description="regexes (re.search) over the param paths `plan` prints: only those params train; the others "
         "are frozen (no gradient, no optimizer state, saved once per run). Default: all, or the LoRA adapters",
     )
+    max_skipped_steps: StrictInt = Field(
+        default=10,
+        ge=0,
+        description="skip_step: more consecutive skipped steps than this stop the run (exit 2): it diverges",
+    )
 
 
 class CheckpointConfig(Section):
@@ -245,7 +250,10 @@ class CheckpointConfig(Section):
     on_error: Literal["stop", "continue"] = Field(
         default="stop", description="a save that fails (e.g. a full disk): stop (exit 2) | continue (say so, train on)"
     )
-    verify: StrictBool = Field(default=False, description="check every array's checksum when resuming")
+    verify: StrictBool = Field(
+        default=True,
+        description="refuse a damaged checkpoint on resume: every part there, every byte read matches its crc32c",
+    )
 
 
 class RunConfig(Section):

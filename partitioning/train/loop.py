@@ -56,7 +56,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm  # not tqdm.auto: its notebook bar needs ipywidgets
 
 from partitioning.errors import PartitioningError
-from partitioning.train.nonfinite import FLAG, SKIPPED, NonFiniteError, Tally, describe
+from partitioning.train.nonfinite import FLAG, MAX_SKIPPED, SKIPPED, NonFiniteError, Tally, describe
 from partitioning.train.state import TrainState, host_scalar
 
 
@@ -210,6 +210,7 @@ def fit(
     progress: bool | str = True,
     flops_per_step: float | None = None,
     peak_tflops: float | None = None,
+    max_skipped: int | None = None,
 ) -> Any:
     """Trains until ``state.step == steps`` (or a stop signal); returns the final state.
 
@@ -227,6 +228,9 @@ def fit(
         which compiles the step before the loop: the compiled step's cost analysis).
       peak_tflops: the device's peak TFLOP/s for ``mfu`` (default: the
         :data:`~partitioning.plan.flops.PEAK_TFLOPS` table; none on CPUs).
+      max_skipped: under ``on_nonfinite="skip_step"``, more consecutive non-finite
+        (skipped) steps than this stop the run with :class:`NonFiniteError` (its
+        ``skipped`` says how many): skipping every step is no training. Default 10.
 
     Logged metrics: the step's own (``loss``, ``grad_norm``, ``lr``, ...), plus
     ``step``, ``tokens_per_s`` and ``step_time_s`` (averages since the previous
@@ -270,6 +274,9 @@ def fit(
     policy = getattr(trainer, "on_nonfinite", None)
     tally = Tally(start)
     diverged: tuple[int, int, dict[str, float] | None] | None = None  # (first bad step, found at, metrics)
+    if max_skipped is None:
+        max_skipped = getattr(trainer, "max_skipped_steps", MAX_SKIPPED)
+    skipped_out = 0  # the consecutive skipped steps past max_skipped (skip_step): the run stops
     try:
         with flag.installed():
             while step < steps:
@@ -286,10 +293,13 @@ def fit(
                 # One process alone acts on its signal at once; several agree at logging steps.
                 stop = flag.reason if single else (_agreed_stop(flag.reason) if logging or evaluating else None)
                 bad, first = tally.read() if policy and (logging or evaluating or saving or stop) else (0, None)
-                if policy == "stop" and bad:
+                if policy == "skip_step" and bad and max_skipped is not None and tally.longest() > max_skipped:
+                    # Skipping every step is no training: past the bound the run is diverged, as under "stop".
+                    skipped_out = tally.longest()
+                if (policy == "stop" and bad) or skipped_out:
                     evaluating = False  # a diverged state's eval says nothing
                 host = None
-                if logging or evaluating or stop or (bad and policy == "stop"):
+                if logging or evaluating or stop or (bad and policy == "stop") or skipped_out:
                     host = host_metrics(metrics)  # waits for the step: the only sync point
                     host.pop(FLAG, None)
                     if policy == "skip_step":
@@ -317,7 +327,7 @@ def fit(
                     if lines:
                         print(format_line(host, steps), flush=True)
                 bar.update(1)
-                if policy == "stop" and bad:
+                if (policy == "stop" and bad) or skipped_out:
                     # The state is not finite: hooks that save it (wants_state) are not called with it.
                     for h in hooks:
                         if hasattr(h, "on_step_end") and not hasattr(h, "wants_state"):
@@ -350,6 +360,15 @@ def fit(
     for h in hooks:
         if hasattr(h, "on_exit"):
             h.on_exit(state, reason)
+    if diverged is not None and skipped_out:
+        first, at, host = diverged
+        raise NonFiniteError(
+            f"{describe(first, at, host)}: {skipped_out} consecutive steps had a non-finite loss or gradient norm "
+            f"and were skipped (more than max_skipped_steps {max_skipped}): the run diverges; stopped",
+            step=first,
+            metrics=host,
+            skipped=skipped_out,
+        )
     if diverged is not None:
         first, at, host = diverged
         raise NonFiniteError(

@@ -39,6 +39,7 @@ from partitioning.errors import PartitioningError
 POLICIES = ("stop", "skip_step")
 FLAG = "nonfinite"  # the step's metric: 1.0 when its loss or gradient norm is not finite
 SKIPPED = "skipped_steps"  # the loop's host metric under skip_step: steps dropped so far
+MAX_SKIPPED = 10  # skip_step: more consecutive non-finite steps than this stop the run (it diverges)
 
 
 class NonFiniteError(PartitioningError):
@@ -48,9 +49,10 @@ class NonFiniteError(PartitioningError):
     when it was found (at a later step when the steps between were not logged).
     """
 
-    def __init__(self, message: str, *, step: int, metrics: dict[str, float] | None = None):
+    def __init__(self, message: str, *, step: int, metrics: dict[str, float] | None = None, skipped: int = 0):
         super().__init__(message)
         self.step, self.metrics = step, dict(metrics or {})
+        self.skipped = skipped  # > 0: skip_step went past max_skipped_steps (this many consecutive steps)
 
 
 def check_policy(policy: str) -> str:
@@ -71,17 +73,19 @@ def keep_if_finite(flag: jax.Array, new: Any, old: Any) -> Any:
 
 
 @jax.jit
-def _first(flag: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _first(flag: jax.Array) -> tuple[jax.Array, ...]:
     bad = (flag > 0).astype(jnp.int32)
-    return bad, 1 - bad
+    return bad, 1 - bad, bad, bad
 
 
 @jax.jit
-def _add(carry: tuple[jax.Array, jax.Array], flag: jax.Array) -> tuple[jax.Array, jax.Array]:
-    count, good = carry
-    count = count + (flag > 0).astype(jnp.int32)
+def _add(carry: tuple[jax.Array, ...], flag: jax.Array) -> tuple[jax.Array, ...]:
+    count, good, run, longest = carry
+    bad = (flag > 0).astype(jnp.int32)
+    count = count + bad
+    run = (run + 1) * bad  # consecutive non-finite steps ending at this one
     # Steps before the first bad one: it is step start + good + 1.
-    return count, good + (count == 0).astype(jnp.int32)
+    return count, good + (count == 0).astype(jnp.int32), run, jnp.maximum(longest, run)
 
 
 class Tally:
@@ -99,7 +103,7 @@ class Tally:
 
     def __init__(self, start: int):
         self.start = int(start)
-        self._carry: tuple[jax.Array, jax.Array] | None = None
+        self._carry: tuple[jax.Array, ...] | None = None
 
     def add(self, flag: jax.Array) -> None:
         self._carry = _first(flag) if self._carry is None else _add(self._carry, flag)
@@ -110,8 +114,16 @@ class Tally:
             return 0, None
         from partitioning.train.state import host_scalar
 
-        count, good = (int(host_scalar(x)) for x in self._carry)
+        count, good = (int(host_scalar(x)) for x in self._carry[:2])
         return count, (self.start + good + 1 if count else None)
+
+    def longest(self) -> int:
+        """The longest run of consecutive non-finite steps so far (what ``max_skipped_steps`` bounds)."""
+        if self._carry is None:
+            return 0
+        from partitioning.train.state import host_scalar
+
+        return int(host_scalar(self._carry[3]))
 
 
 def describe(first: int, at: int, metrics: dict[str, Any] | None) -> str:
@@ -125,4 +137,14 @@ def describe(first: int, at: int, metrics: dict[str, Any] | None) -> str:
     return f"step {first} ({shown}{'' if at == first else f' at step {at}'})"
 
 
-__all__ = ["NonFiniteError", "Tally", "keep_if_finite", "nonfinite_flag", "POLICIES", "FLAG", "SKIPPED", "describe"]
+__all__ = [
+    "NonFiniteError",
+    "Tally",
+    "keep_if_finite",
+    "nonfinite_flag",
+    "POLICIES",
+    "FLAG",
+    "SKIPPED",
+    "MAX_SKIPPED",
+    "describe",
+]

@@ -74,7 +74,7 @@ def test_a_flipped_bit_is_named_by_inspect_and_refused_by_a_verifying_restore(
     with pytest.raises(CheckpointError) as e:
         restore_checkpoint(rel, target, verify=True)
     assert f"array {array}: checksum mismatch" in str(e.value) and str(e.value).endswith(
-        "; not restored (checkpoint.verify)"
+        "; not restored; no earlier good step: start over with --no-resume"
     )
     assert run_cli_in_process("ckpt", "inspect", rel, "--no-verify").returncode == 0  # the files are all there
 

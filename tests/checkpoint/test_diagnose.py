@@ -12,6 +12,13 @@ from partitioning.checkpoint.disk import resolve_checkpoint
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
+def damaged(ck, what: str) -> str:
+    """The default (verifying) restore's line for a damaged step with no earlier good one."""
+    return (
+        f"checkpoint step 7 ({ck}) is damaged: {what}; not restored; no earlier good step: start over with --no-resume"
+    )
+
+
 def _data_files(step_dir):
     files = sorted((step_dir / "state").glob("ocdbt.process_*/d/*"), key=lambda f: f.stat().st_size)
     return files
@@ -25,7 +32,7 @@ def test_truncated_data_file_names_checkpoint_and_file(saved_copy, mesh_of):
     with pytest.raises(pt.CheckpointError) as e:
         restore_checkpoint(ck, s.target(mesh_of({"data": 1, "fsdp": 8}), "fsdp"))
     msg = str(e.value)
-    assert msg.startswith(f"checkpoint {ck}: cannot read array ")
+    assert msg.startswith(f"checkpoint step 7 ({ck}) is damaged: truncated file ")
     assert f"truncated file {big} (100 bytes, needs at least " in msg
     assert "\n" not in msg and "tensorstore" not in msg.lower()
     assert any(f"truncated file {big}" in p for p in verify(resolve_checkpoint(ck)))
@@ -37,8 +44,7 @@ def test_missing_data_file(saved_copy, mesh_of):
     gone.unlink()
     with pytest.raises(pt.CheckpointError) as e:
         restore_checkpoint(ck, s.target(mesh_of({"data": 1, "fsdp": 8}), "fsdp"))
-    assert str(e.value).startswith(f"checkpoint {ck}: ")
-    assert f"missing file {gone}" in str(e.value)
+    assert str(e.value).startswith(f"checkpoint step 7 ({ck}) is damaged: missing file {gone}")
 
 
 @pytest.mark.parametrize(
@@ -59,7 +65,10 @@ def test_missing_metadata_files(saved_copy, victim, expect, mesh_of):
     )
     with pytest.raises(pt.CheckpointError) as e:
         fn()
-    assert str(e.value) == f"checkpoint {ck}: " + expect.format(ck=ck)
+    if victim.startswith("meta"):
+        assert str(e.value) == f"checkpoint {ck}: " + expect.format(ck=ck)
+    else:
+        assert str(e.value) == damaged(ck, expect.format(ck=ck))
 
 
 def test_truncated_json_files(saved_copy, mesh_of):
@@ -69,7 +78,7 @@ def test_truncated_json_files(saved_copy, mesh_of):
         f.write_text(f.read_text()[:40])
     with pytest.raises(pt.CheckpointError) as e:
         restore_checkpoint(ck, s.target(mesh_of({"data": 1, "fsdp": 8}), "fsdp"))
-    assert str(e.value) == f"checkpoint {ck}: damaged file {ck}/state/_METADATA (not valid JSON; truncated?)"
+    assert str(e.value) == damaged(ck, f"damaged file {ck}/meta/metadata (not valid JSON; truncated?)")
     with pytest.raises(pt.CheckpointError) as e:
         checkpoint_metadata(ck)
     assert str(e.value) == f"checkpoint {ck}: damaged file {ck}/meta/metadata (not valid JSON; truncated?)"

@@ -90,10 +90,14 @@ def test_train_on_a_full_disk_stops_with_one_line_and_keeps_the_last_step(tmp_pa
         text=True,
         timeout=600,
     )
-    assert r.returncode == 0, r.stderr[-3000:]
-    notes = [line for line in r.stdout.splitlines() if line.startswith("checkpoint: not saved: ")]
+    # ... but the final state (step 6) is not on disk: said by the done line and on stderr, exit status 2.
+    assert r.returncode == 2, r.stderr[-3000:]
+    notes = [line for line in r.stderr.splitlines() if line.startswith("checkpoint: not saved: ")]
     assert [n.split(": ")[2].rsplit("/", 1)[1] for n in notes] == ["4", "6"]
     assert all(n.endswith("training goes on (checkpoint.on_error: continue)") for n in notes)
+    assert not any(line.startswith("checkpoint: not saved") for line in r.stdout.splitlines())
+    assert r.stdout.splitlines()[-1].startswith("done: step 6") and "final state NOT saved" in r.stdout
+    assert r.stderr.splitlines()[-1].startswith("error: the final state (step 6) is not saved: ")
     assert [(s.step, s.complete) for s in list_steps(ck)] == [(2, True)] and not _leftovers(ck)
 
 

@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 import partitioning as pt
 from partitioning.checkpoint import CheckpointManager, restore_checkpoint
 from partitioning.checkpoint.disk import list_steps
+from partitioning.errors import CheckpointError
 from tests.checkpoint.kill_state import SHAPES, base_values
 
 CHILD = textwrap.dedent("""
@@ -167,7 +168,10 @@ def test_a_half_deleted_step_is_not_complete(tmp_path):
         "step": jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(mesh1, P())),
         "w": jax.ShapeDtypeStruct((64,), np.float32, sharding=sh),
     }
-    assert int(restore_checkpoint(tmp_path / "ckpt", target)["step"]) == 1  # latest *complete*
+    # Never a silent fall back to step 1 (issue 30): refused, naming the damaged step and the good one.
+    with pytest.raises(CheckpointError, match=r"step 2 .* is damaged: missing file .*the latest good step is 1"):
+        restore_checkpoint(tmp_path / "ckpt", target)
+    assert int(restore_checkpoint(tmp_path / "ckpt", target, step=1)["step"]) == 1
 
 
 def test_pruned_steps_are_moved_then_deleted(tmp_path):

@@ -1,0 +1,213 @@
+"""`check` agrees with `train` by construction (partitioning/cli/preflight.py): for every bad input of the
+adversarial corpus (tests/cli/test_adversarial.py, test_bad_input.py) and the Hugging Face and run-state
+faults below, `check` fails exactly when `train` does, with the same first line; a complete run is a fact."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.cli import test_adversarial as adversarial
+from tests.cli import test_bad_input as bad_input
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "llama"
+
+
+def _lines(r) -> list[str]:
+    return [line for line in r.stderr.splitlines() if line.strip() and not line.startswith("simulating ")]
+
+
+def agree(run, *argv) -> str:
+    """Runs `check` and `train` on the same arguments; asserts both exit 2 with the same first line; returns it."""
+    checked, trained = run("check", *argv), run("train", *argv, "--no-progress")
+    assert (checked.returncode, trained.returncode) == (2, 2), (checked.stderr, trained.stderr)
+    assert "Traceback" not in checked.stderr + trained.stderr
+    assert len(_lines(trained)) == 1, trained.stderr
+    assert _lines(checked)[0] == _lines(trained)[0]
+    return _lines(trained)[0]
+
+
+def _value_edits():
+    mark = next(m for m in bad_input.test_bad_values_name_their_key.pytestmark if m.name == "parametrize")
+    return [edit for edit, _ in mark.args[1]][::3]  # a sample: each one builds a model (the rest: test_bad_input)
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("text, error", adversarial.YAML_CASES)
+def test_bad_yaml(here, run_cli_in_process, text, error):
+    Path("run.yaml").write_text(text)
+    assert agree(run_cli_in_process, "run.yaml") == f"error: {error}"
+
+
+@pytest.mark.parametrize("extra, error", adversarial.VALUE_CASES)
+def test_bad_fault_settings(here, run_cli_in_process, extra, error):
+    Path("run.yaml").write_text(adversarial.GOOD.replace("train: {steps: 2, batch_size: 8, seq_len: 8}\n", "") + extra)
+    assert agree(run_cli_in_process, "run.yaml").startswith(f"error: {error}")
+
+
+@pytest.mark.parametrize("edit", _value_edits(), ids=lambda e: e[1].replace("\n", " ")[:40])
+def test_bad_values(here, run_cli_in_process, base_config, edit):
+    Path("run.yaml").write_text(base_config.replace(*edit))
+    assert agree(run_cli_in_process, "run.yaml").startswith("error: run.yaml:")
+
+
+def _hf_run(case: str, hurt) -> str:
+    shutil.copytree(HF, case)
+    hurt(Path(case))
+    Path(f"{case}.yaml").write_text(
+        f"model: {{hf: {case}, remat: none}}\nmesh: {{shape: {{data: 1, fsdp: -1}}, devices: 8}}\nrules: fsdp\n"
+        f"data: {{path: null}}\ntrain: {{steps: 2, batch_size: 8, seq_len: 16, eval_batches: 0}}\n"
+        f"run_dir: runs/{case}\n"
+    )
+    return f"{case}.yaml"
+
+
+def _edit_config(d: Path, edit) -> None:
+    cfg = json.loads((d / "config.json").read_text())
+    edit(cfg)
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def _cut(f: Path) -> None:
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+HF_CASES = {
+    "truncated": (lambda d: _cut(d / "model.safetensors"), "model.hf: truncated/model.safetensors: truncated: tensor "),
+    "typo": (
+        lambda d: _edit_config(d, lambda c: c.update(num_key_valu_heads=c.pop("num_key_value_heads"))),
+        "typo/config.json: unknown key 'num_key_valu_heads' (did you mean 'num_key_value_heads'?)",
+    ),
+    "types": (
+        lambda d: _edit_config(d, lambda c: c.update(vocab_size=str(c["vocab_size"]))),
+        "types/config.json: vocab_size must be an integer, got '",
+    ),
+    "arch": (
+        lambda d: _edit_config(d, lambda c: c.update(architectures=["LLamaForCausalLM"])),
+        "(did you mean 'LlamaForCausalLM'?)",
+    ),
+    "pickled": (
+        lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"),
+        "pickled has no *.safetensors weights (only pytorch_model.bin: convert it to safetensors",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HF_CASES))
+def test_hugging_face_faults(here, run_cli_in_process, case):
+    hurt, expected = HF_CASES[case]
+    path = _hf_run(case, hurt)
+    line = agree(run_cli_in_process, path)
+    assert line.startswith(f"error: {path}:1: model.hf: ") and expected in line, line
+    assert not Path("runs").exists()  # nothing written
+
+
+def test_a_held_lock(here, run_cli_in_process, base_config):
+    from partitioning.cli.faults import RunLocks
+    from partitioning.config.load import load_config
+
+    Path("run.yaml").write_text(base_config.replace("layers: 2", "layers: 2\n  remat: none") + "run_dir: runs/held\n")
+    locks = RunLocks()
+    locks.check(load_config("run.yaml"))
+    locks.acquire()
+    try:
+        assert "run directory in use by pid " in agree(run_cli_in_process, "run.yaml")
+    finally:
+        locks.release()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, run_cli_subprocess):
+    """A tiny run trained to its last step (2) with a checkpoint: what the README's first command leaves."""
+    d = tmp_path_factory.mktemp("done")
+    (d / "run.yaml").write_text(
+        adversarial.GOOD.replace("vocab_size: 64", "vocab_size: 256")
+        + "checkpoint: {every: 1, keep: 3}\nrun_dir: runs/done\n"
+    )
+    r = run_cli_subprocess("train", "run.yaml", "--no-progress", cwd=d)
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def test_a_complete_run_is_a_fact_for_check_and_nothing_to_train_for_train(
+    trained, tmp_path, monkeypatch, run_cli_in_process
+):
+    shutil.copytree(trained, tmp_path / "t")
+    monkeypatch.chdir(tmp_path / "t")
+    r = run_cli_in_process("check", "run.yaml")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "config OK; runs/done is complete at step 2 (train would do nothing)"
+    line = _lines(run_cli_in_process("train", "run.yaml"))[0]
+    assert "already at step 2 (train.steps is 2): nothing to train" in line
+
+
+def test_a_damaged_resume_fails_both_alike_and_leaves_the_run_record(
+    trained, tmp_path, monkeypatch, run_cli_in_process
+):
+    shutil.copytree(trained, tmp_path / "t")
+    monkeypatch.chdir(tmp_path / "t")
+    (Path("runs/done/checkpoints/2/meta/checksums.0.json")).unlink()
+    record = Path("runs/done/config.yaml").read_bytes()
+    line = agree(run_cli_in_process, "run.yaml", "--resume", "--set", "train.steps=4", "--set", "optimizer.lr=0.01")
+    assert line.startswith("error: checkpoint step 2 (runs/done/checkpoints/2) is damaged: missing file ")
+    assert "the latest good step is 1: choose it explicitly (train --resume-from 1" in line
+    assert Path("runs/done/config.yaml").read_bytes() == record  # a failed resume changes nothing
+    r = run_cli_in_process("train", "run.yaml", "--resume-from", "1", "--set", "train.steps=3", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "checkpoint: resuming from step 1: moved the later step 2 to " in r.stdout
+    assert b"steps: 3" in Path("runs/done/config.yaml").read_bytes()
+
+
+def test_an_indivisible_warning_is_said_once_per_array_not_per_optimizer_moment(capsys):
+    import warnings
+
+    from partitioning.cli.main import plain_warnings
+    from partitioning.resolve import IndivisibleWarning
+
+    plain_warnings()
+    plain_warnings()  # a second command in this process starts afresh
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        for prefix in ("params/", "opt_state/0/mu/", "opt_state/0/nu/"):
+            warnings.warn(
+                f"{prefix}blocks/attn/q: dim 2 ('kv', size 6) is not divisible", IndivisibleWarning, stacklevel=1
+            )
+        warnings.warn("params/embedding: dim 0 ('vocab', size 7) is not divisible", IndivisibleWarning, stacklevel=1)
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: params/blocks/attn/q: dim 2 ('kv', size 6) is not divisible",
+        "warning: params/embedding: dim 0 ('vocab', size 7) is not divisible",
+    ]
+
+
+def test_gpt2_position_limit_names_seq_len_and_n_positions(here, run_cli_in_process):
+    shutil.copytree(HF.parent / "gpt2", "gpt2")
+    Path("g.yaml").write_text(
+        "model: {hf: gpt2, remat: none}\nmesh: {shape: {data: 1, fsdp: -1}, devices: 8}\nrules: fsdp\n"
+        "data: {path: null}\ntrain: {steps: 2, batch_size: 8, seq_len: 64, eval_batches: 0}\nrun_dir: runs/g\n"
+    )
+    assert agree(run_cli_in_process, "g.yaml") == (
+        "error: g.yaml:5: train.seq_len: sequence length 64 is longer than the model's 32 learned positions "
+        "(n_positions in gpt2/config.json); lower train.seq_len to at most 32"
+    )
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused_before_tokenizing(here, run_cli_in_process):
+    Path("corpus.txt").write_text("def f():\n    return 1\n" * 200)
+    Path("t.yaml").write_text(
+        "model: {name: gpt, vocab_size: 64, embed: 32, heads: 4, mlp: 64, layers: 1, remat: none}\n"
+        "mesh: {shape: {data: 1, fsdp: -1}, devices: 8}\nrules: fsdp\n"
+        f"data: {{path: corpus.txt, tokenizer: {HF}, cache_dir: cache}}\n"
+        "train: {steps: 2, batch_size: 8, seq_len: 8}\nrun_dir: runs/t\n"
+    )
+    line = agree(run_cli_in_process, "t.yaml")
+    assert line.startswith("error: t.yaml:1: model.vocab_size: the model's vocab_size is 64, but the tokenizer ")
+    assert line.endswith(" tokens; name the model's own tokenizer with data.tokenizer")
+    assert not Path("cache").exists() and not Path("runs").exists()  # nothing tokenized, nothing cached
