@@ -68,7 +68,7 @@ def test_overrides(write, base_config):
             [],
             "{f}:12: train.stpes: unknown key (valid: steps, batch_size, seq_len, grad_accum, microbatches, "
             "pipeline_repeats, log_every, eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs, "
-            "on_nonfinite, max_skipped_steps); did you mean 'steps'?",
+            "on_nonfinite, trainable, max_skipped_steps); did you mean 'steps'?",
         ),
         (lambda base: base + "train:\n  steps: many\n", [], "{f}:12: train.steps: expected int, got str 'many'"),
         (
@@ -88,7 +88,9 @@ def test_overrides(write, base_config):
             "{f}:3: model.embedd: model 'gpt' has no option 'embedd' (options: vocab_size, embed, heads, kv_heads, "
             "head_dim, mlp, layers, rope_theta, norm, scan_layers, remat, dtype, param_dtype, moe, norm_eps, "
             "tie_embeddings, qkv_bias, out_bias, mlp_bias, mlp_act, mlp_glu, embed_scale, positions, max_positions, "
-            "rope_scaling, sliding_window, attn_scale, decode, kernel_order, lora); did you mean 'embed'?",
+            "rope_scaling, sliding_window, attn_scale, attention, decode, kernel_order, lora, moe_layers, qk_norm, "
+            "norm_placement, attn_softcap, final_softcap, layer_types, local_rope_theta, local_rope_scaling); "
+            "did you mean 'embed'?",
         ),
         (
             lambda base: base.replace("name: gpt", "name: gtp"),

@@ -42,7 +42,6 @@ def test_the_shipped_plan_only_configs_find_their_config_json(repo, monkeypatch)
         "param_dtype": "float32",
         "capacity_factor": None,
         "attention": "xla",
-        "lora": None,
     }
     assert cfg.resolved()["model"] == {"hf": "hf/llama-3.1-70b", **cfg.model_options}
     assert load_config("configs/llama3_8b_hf.yaml").model_hf == Path("configs/hf/llama-3.1-8b")
