@@ -171,29 +171,12 @@ def remat_estimates(cfg, mesh, policies: tuple[str, ...] | None = None) -> dict[
 
 
 def hand_written_step(trainer):
-    """What a user writes with plain JAX: the same Flax module, optax transformation, loss, shardings, donation."""
-    import jax
-    import optax
+    """What a user writes with plain JAX: the same Flax module, optax transformation, loss, shardings, donation
+    (``benchmarks/bench_train.py``'s, which the CPU benchmarks compare against too)."""
+    sys.path.insert(0, str(HERE.parent))
+    from bench_train import hand_written_step as hand
 
-    model, tx = trainer.model.module, trainer.tx
-
-    def step(state, batch):
-        count, params, opt_state = state
-
-        def loss_fn(p):
-            logits = model.apply({"params": p}, batch["inputs"])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return (count + 1, optax.apply_updates(params, updates), opt_state), {"loss": loss}
-
-    sh = trainer.state_shardings
-    state_sh = (sh.step, sh.params, sh.opt_state)
-    batch_sh = {"inputs": trainer.batch_sharding, "targets": trainer.batch_sharding}
-    return jax.jit(
-        step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, trainer.replicated), donate_argnums=0
-    )
+    return hand(trainer)
 
 
 def random_batch(trainer, cfg, seed: int = 0):
