@@ -205,15 +205,8 @@ def load_hf(
         shardings = tree_shardings(abstract, mesh, rules, on_indivisible=on_indivisible)
     flat = traverse_util.flatten_dict(unbox(abstract))
     flat_shardings = traverse_util.flatten_dict(shardings)
-    adapters = {k: flat_shardings[k] for k in flat if is_adapter("/".join(k))}
-    all_shapes = {k: tuple(v.shape) for k, v in flat.items()}
-    all_names = _names(abstract)
-    shapes = {k: v for k, v in all_shapes.items() if k not in adapters}
-    names = {k: v for k, v in all_names.items() if k not in adapters}
-    tensors = family.tensors
-    if getattr(family, "fused", ()) and any(n.endswith(".mlp.experts.gate_up_proj") for n in stored):
-        tensors = family.fused  # transformers 5's fused experts (save_original_format=False)
-    maps, _ = expand(tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, names, _experts(model))
+    maps, shapes, all_shapes, all_names, fresh = weight_maps(model, family, stored, abstract)
+    adapters = {k: flat_shardings[k] for k in fresh}
     extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     found = match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
     if adapter is not None:  # the adapters come from the PEFT file, not a fresh init
@@ -229,6 +222,25 @@ def load_hf(
     if adapters:
         params.update(_fresh_adapters(model, adapters, mesh, rules))
     return model, {"params": traverse_util.unflatten_dict(params)}
+
+
+def weight_maps(model: Any, family: Any, stored: Any, abstract: Any) -> tuple[list[Any], dict, dict, dict, set]:
+    """What a checkpoint must hold for ``model``: ``(name maps, their params' shapes, every param's shape, every
+    param's logical names, the LoRA adapter paths)``. Adapters are not in a base checkpoint's files (they come
+    fresh or from a PEFT adapter); transformers 5's fused-experts files take the family's fused map. One function
+    for :func:`load_hf` and the pre-flight's :func:`~partitioning.checkpoint.hf_check.check_hf_files`, so both
+    ask the files for the same tensors."""
+    flat = traverse_util.flatten_dict(unbox(abstract))
+    adapters = {k for k in flat if is_adapter("/".join(k))}
+    all_shapes = {k: tuple(v.shape) for k, v in flat.items()}
+    all_names = _names(abstract)
+    shapes = {k: v for k, v in all_shapes.items() if k not in adapters}
+    names = {k: v for k, v in all_names.items() if k not in adapters}
+    tensors = family.tensors
+    if getattr(family, "fused", ()) and any(n.endswith(".mlp.experts.gate_up_proj") for n in stored):
+        tensors = family.fused  # transformers 5's fused experts (save_original_format=False)
+    maps, _ = expand(tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, names, _experts(model))
+    return maps, shapes, all_shapes, all_names, adapters
 
 
 def _fresh_adapters(model: Any, shardings: dict[tuple[str, ...], Any], mesh: Any, rules: Any) -> dict[tuple, Any]:

@@ -108,19 +108,14 @@ def check_hf_files(path: str | os.PathLike, **options: Any) -> Path:
 
     ``options``: ``dtype``, ``param_dtype``, ``scan_layers``, ``remat`` as for ``load_hf``.
     """
-    from flax import traverse_util
-
-    from partitioning.boxes import unbox
-    from partitioning.checkpoint.hf import _abstract, _config, _names, hf_model
+    from partitioning.checkpoint.hf import _abstract, _config, hf_model, weight_maps
     from partitioning.checkpoint.hf_files import discover
-    from partitioning.checkpoint.hf_map import check_params, expand, match
+    from partitioning.checkpoint.hf_map import check_params, match
 
     model = hf_model(path, **options)
     directory, _, family = _config(path)
     stored = discover(directory)  # reads and validates every header (truncation, damage)
-    abstract = _abstract(model)
-    shapes = {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(unbox(abstract)).items()}
-    maps, _ = expand(family.tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, _names(abstract))
+    maps, shapes, *_ = weight_maps(model, family, stored, _abstract(model))
     check_params(maps, shapes, family.name)
     extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))

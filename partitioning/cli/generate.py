@@ -11,7 +11,7 @@ Greedy unless ``--temperature`` > 0 (then ``--top-k`` / ``--top-p`` filter as
 transformers does, ``--seed`` fixes the draws). Decoding stops at the
 tokenizer's EOS and every ``eos_token_id`` of the checkpoint's
 ``generation_config.json``. ``--chat`` renders the prompt as a user turn with
-the checkpoint's chat template (and prints only the reply); ``--prompts FILE``
+the checkpoint's chat template, or the run's ``data.chat_template`` (and prints only the reply); ``--prompts FILE``
 decodes a batch (one prompt a line, or JSONL rows with ``prompt`` or
 ``messages``) and prints one JSON line per prompt.
 """
@@ -106,9 +106,22 @@ def _template_dir(cfg: Config, tokenizer_path: Any) -> Any:
     return tokenizer_path.parent if tokenizer_path is not None else None
 
 
-def _chat_template(folder: Any) -> Any:
+def _chat_template(cfg: Config, folder: Any) -> Any:
     from partitioning.train.chat import ChatTemplate
 
+    if cfg.data.chat_template is not None:  # the template the run's chat data was rendered with
+        from pathlib import Path
+
+        from partitioning.config.hf import find_beside
+        from partitioning.train.instruct import template_for
+
+        found, looked = find_beside(cfg.data.chat_template, cfg.path, cfg.lines, ("data", "chat_template"))
+        if found is None:
+            raise DataError(
+                f"{cfg.where('data', 'chat_template')}: no such chat template {cfg.data.chat_template!r} "
+                f"(looked in {', '.join(looked)})"
+            )
+        return template_for(Path(folder) if folder is not None else found.parent, str(found))
     if folder is None:
         raise ConfigError("--chat: the run has no tokenizer, so no chat template; drop --chat", arg="chat")
     try:
@@ -156,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     path = tokenizer_from_config(cfg)
     tok = load_tokenizer(path) if path is not None else None
     folder = _template_dir(cfg, path)
-    template = _chat_template(folder) if args.chat else None
+    template = _chat_template(cfg, folder) if args.chat else None
     texts = read_prompts(args.prompts) if args.prompts is not None else [args.prompt]
     wheres = [f"{args.prompts}: prompt {i + 1}" if args.prompts else "--prompt" for i in range(len(texts))]
     prompts = [_encode(p, tok, template, w) for p, w in zip(texts, wheres, strict=True)]

@@ -252,3 +252,20 @@ def test_chat_on_a_base_model_without_a_template_is_one_line(repo, tmp_path, mon
         "error: --chat: chatllama has no chat template (tokenizer_config.json chat_template or chat_template.jinja); "
         "drop --chat for a base model\n"
     )
+
+
+def test_chat_uses_the_template_the_run_s_chat_data_named(repo, tmp_path, monkeypatch):
+    """A base checkpoint fine-tuned on chat data with `data.chat_template`: `generate --chat` renders with it."""
+    from partitioning.cli.generate import _chat_template
+    from partitioning.train.chat import ChatTemplate
+
+    monkeypatch.chdir(tmp_path)
+    Path("chat.yaml").write_text(
+        f"model: {{hf: {repo / FIXTURES / 'llama'}}}\n"
+        f"data: {{format: chat, path: chat.jsonl, chat_template: {repo / 'tests/fixtures/chat/mistral'}}}\n"
+        "mesh: {shape: {data: 1, fsdp: -1}}\nrules: fsdp\n"
+    )
+    template = _chat_template(load_config("chat.yaml"), repo / FIXTURES / "llama")
+    messages = [{"role": "user", "content": "hi"}]
+    want = ChatTemplate.from_dir(repo / "tests/fixtures/chat/mistral").render(messages, add_generation_prompt=True)
+    assert template.render(messages, add_generation_prompt=True) == want == "<s>[INST] hi [/INST]"
