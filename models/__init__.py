@@ -12,6 +12,7 @@
 - :mod:`partitioning.models.variants` — the newer families' options: q/k norms, soft-caps, norm placement,
   local/global layers carried through the layer scan as data.
 - :mod:`partitioning.models.lora` — LoRA adapters on the decoder's projections (``lora:``), the activation path.
+- :mod:`partitioning.models.fused_attention` — ``attention: xla | cudnn | auto``: cuDNN's flash kernel where it applies.
 
 Importing this package registers them as ``mlp`` and ``gpt``. The library
 never imports it; the config build step (:mod:`partitioning.config.build`)

@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,24 @@ def fmt_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)B?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(value: Any) -> int:
+    """Sizes as people write them, ``80GiB``, ``80 GB``, ``512MiB`` or a number of bytes -> bytes (``GiB``
+    binary, ``GB`` decimal): the inverse of :func:`fmt_bytes`."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 80GiB")
+    if isinstance(value, int):
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"expected a size such as 80GiB or 16GB, got {value!r}")
+    number, unit, binary = m.groups()
+    power = "KMGTP".find(unit.upper()) + 1 if unit else 0
+    return int(float(number) * ((1024 if binary else 1000) ** power))
 
 
 def fmt_spec(spec: Any) -> str:
@@ -68,4 +87,4 @@ def fmt_rules(rules: Iterable[Sequence[Any]] | None) -> str:
     return ", ".join(f"{name}->{fmt_axes(tuple(a) if isinstance(a, list) else a)}" for name, a in rules)
 
 
-__all__ = ["fmt_bytes", "fmt_spec", "fmt_shape", "fmt_mesh", "fmt_axes", "fmt_rules"]
+__all__ = ["parse_bytes", "fmt_bytes", "fmt_spec", "fmt_shape", "fmt_mesh", "fmt_axes", "fmt_rules"]

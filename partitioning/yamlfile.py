@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -313,7 +314,31 @@ def load_value(text: str) -> Any:
     return data
 
 
+def find_beside(value: str, path: str, lines: Lines, key: Key) -> tuple[Path | None, list[str]]:
+    """(the file or folder ``value`` names, or None; the folders looked in).
+
+    Relative paths are looked for beside the file that set ``key`` (the config,
+    or the ``base:`` file it came from), then in the current directory; a
+    ``--set`` value in the current directory first.
+    """
+    p = Path(value).expanduser()
+    if p.is_absolute():
+        return (p if p.exists() else None), [str(p.parent)]
+    origin = lines.get(tuple(key))
+    if isinstance(origin, str):  # --set: typed relative to where the command runs
+        folders = [Path("."), Path(path).parent]
+    else:
+        defined_in = origin[0] if isinstance(origin, tuple) else path
+        folders = [Path(defined_in).parent, Path(".")]
+    for folder in folders:
+        candidate = Path(os.path.normpath(folder / p))
+        if candidate.exists():
+            return candidate, [str(f) for f in folders]
+    return None, list(dict.fromkeys(str(f) for f in folders))
+
+
 __all__ = [
+    "find_beside",
     "Key",
     "Lines",
     "read_yaml",

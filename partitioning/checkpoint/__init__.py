@@ -7,6 +7,7 @@ Modules:
 - :mod:`~partitioning.checkpoint.checksum` — a crc32c of every saved slice, recorded at save, verified on demand.
 - :mod:`~partitioning.checkpoint.space` — a full disk: refused before writing, or one error after; nothing half-written.
 - :mod:`~partitioning.checkpoint.manager` — ``CheckpointManager``: save every N, keep K (and the best), async.
+- :mod:`~partitioning.checkpoint.record` — what a step records besides its arrays: versions, mesh, specs, names.
 - :mod:`~partitioning.checkpoint.frozen` — frozen params written once per run; each step refers to them.
 - :mod:`~partitioning.checkpoint.restore` — ``abstract_target`` and ``restore_checkpoint`` (a target, or mesh + rules).
 - :mod:`~partitioning.checkpoint.reader` — fast restore reads: each device slice from tensorstore to its device.
@@ -21,6 +22,9 @@ Modules:
 - :mod:`~partitioning.checkpoint.hf_write` — safetensors out, one tensor gathered at a time.
 - :mod:`~partitioning.checkpoint.peft_config` — PEFT's ``adapter_config.json`` checked; adapter rows of a name map.
 - :mod:`~partitioning.checkpoint.peft` — PEFT LoRA adapters in (per shard) and out; LoRA merged into the weights.
+- :mod:`~partitioning.checkpoint.hf_check` — ``config.json`` checked: types, misspelt keys, the architecture.
+- :mod:`~partitioning.checkpoint.integrity` — restore-time checks: missing parts, truncated files, crc32c as read.
+- :mod:`~partitioning.checkpoint.keep` — ``KeepGood``: damaged steps never count toward ``keep``.
 
 Example::
 

@@ -36,6 +36,8 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -315,7 +317,39 @@ def saved_mesh_str(saved: dict[str, Any]) -> str:
     return "(unknown)"
 
 
+def set_aside_after(directory: Path, step: int) -> list[str]:
+    """Moves every step directory after ``step`` aside (``N.superseded-TIME``, process 0); what moved, said."""
+    moved = []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for s in list_steps(directory) if directory.is_dir() else []:
+        if s.step > step and TMP_SUFFIX not in s.path.name:
+            aside = directory / f"{s.step}.superseded-{stamp}"
+            if jax.process_index() == 0:
+                s.path.rename(aside)
+            moved.append(f"step {s.step} to {aside}")
+    return moved
+
+
+def drop_tmp_dirs(directory: Path) -> None:
+    """Removes every unfinished save's temporary directory (process 0; only when no save is in flight)."""
+    if jax.process_index() == 0 and directory.is_dir():
+        for c in directory.iterdir():
+            if TMP_SUFFIX in c.name and c.is_dir():
+                shutil.rmtree(c, ignore_errors=True)
+
+
+def drop_pruned(directory: Path) -> None:
+    """Deletes the steps orbax pruned (renamed into PRUNED); each entry, so a rename in flight is safe."""
+    pruned = directory / PRUNED
+    if jax.process_index() == 0 and pruned.is_dir():
+        for c in list(pruned.iterdir()):
+            shutil.rmtree(c, ignore_errors=True)
+
+
 __all__ = [
+    "set_aside_after",
+    "drop_tmp_dirs",
+    "drop_pruned",
     "CheckpointRef",
     "StepInfo",
     "STATE_ITEM",

@@ -65,7 +65,11 @@ def frozen_ref(ref: CheckpointRef) -> dict[str, Any] | None:
     """The frozen params a step refers to (``{"dir", "step", "paths"}``), or None for a whole step."""
     if ref.path == ref.item:  # a bare orbax pytree: no metadata of ours
         return None
-    found = read_metadata(ref).get(META_KEY)
+    try:
+        found = read_metadata(ref).get(META_KEY)
+    except (CheckpointError, OSError, ValueError):
+        return None  # unreadable metadata: the restore's integrity check names the damage
+
     return dict(found) if isinstance(found, Mapping) else None
 
 

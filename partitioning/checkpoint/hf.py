@@ -40,7 +40,10 @@ from flax import traverse_util
 from partitioning.boxes import unbox
 from partitioning.checkpoint.hf_check import arch_hint, check_config_keys, check_hf_path
 from partitioning.checkpoint.hf_files import DTYPES, discover, parse_size, read_config
+from partitioning.checkpoint.hf_map import abstract_params as _abstract
 from partitioning.checkpoint.hf_map import check_params, expand, match
+from partitioning.checkpoint.hf_map import expert_count as _experts
+from partitioning.checkpoint.hf_map import param_names as _names
 from partitioning.checkpoint.hf_read import Reader
 from partitioning.checkpoint.hf_write import save_tensors
 from partitioning.context import get_logical_axis_rules
@@ -125,20 +128,6 @@ def hf_model(
         if e.arg in _ARGS:
             raise
         raise CheckpointError(f"{directory / 'config.json'}: {e}") from None
-
-
-def _abstract(model: Any) -> Any:
-    return jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"]
-
-
-def _names(abstract: Any) -> dict[tuple[str, ...], tuple[str, ...]]:
-    """Each parameter's logical axis names, from the boxes ``model.init`` returns."""
-    return {k: tuple(box.names) for k, box in traverse_util.flatten_dict(abstract).items()}
-
-
-def _experts(model: Any) -> int:
-    """Experts per MoE layer (a name map's ``{e}``); 0 for a dense model."""
-    return int(getattr(model, "experts", 0))
 
 
 def load_hf(
@@ -228,7 +217,7 @@ def weight_maps(model: Any, family: Any, stored: Any, abstract: Any) -> tuple[li
     """What a checkpoint must hold for ``model``: ``(name maps, their params' shapes, every param's shape, every
     param's logical names, the LoRA adapter paths)``. Adapters are not in a base checkpoint's files (they come
     fresh or from a PEFT adapter); transformers 5's fused-experts files take the family's fused map. One function
-    for :func:`load_hf` and the pre-flight's :func:`~partitioning.checkpoint.hf_check.check_hf_files`, so both
+    for :func:`load_hf` and the pre-flight's :func:`check_hf_files`, so both
     ask the files for the same tensors."""
     flat = traverse_util.flatten_dict(unbox(abstract))
     adapters = {k for k in flat if is_adapter("/".join(k))}
@@ -241,6 +230,21 @@ def weight_maps(model: Any, family: Any, stored: Any, abstract: Any) -> tuple[li
         tensors = family.fused  # transformers 5's fused experts (save_original_format=False)
     maps, _ = expand(tensors, lambda opt: getattr(model, opt), model.layers, model.scan_layers, names, _experts(model))
     return maps, shapes, all_shapes, all_names, adapters
+
+
+def check_hf_files(path: str | os.PathLike, **options: Any) -> Path:
+    """Every check :func:`~partitioning.load_hf` makes before reading weights; returns the checkpoint folder.
+
+    ``options``: ``dtype``, ``param_dtype``, ``scan_layers``, ``remat`` as for ``load_hf``.
+    """
+    model = hf_model(path, **options)
+    directory, _, family = _config(path)
+    stored = discover(directory)  # reads and validates every header (truncation, damage)
+    maps, shapes, *_ = weight_maps(model, family, stored, _abstract(model))
+    check_params(maps, shapes, family.name)
+    extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
+    match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
+    return directory
 
 
 def _fresh_adapters(model: Any, shardings: dict[tuple[str, ...], Any], mesh: Any, rules: Any) -> dict[tuple, Any]:

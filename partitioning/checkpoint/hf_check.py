@@ -103,23 +103,4 @@ def arch_hint(cfg: dict[str, Any], supported: Any) -> str:
     return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
 
 
-def check_hf_files(path: str | os.PathLike, **options: Any) -> Path:
-    """Every check :func:`~partitioning.load_hf` makes before reading weights; returns the checkpoint folder.
-
-    ``options``: ``dtype``, ``param_dtype``, ``scan_layers``, ``remat`` as for ``load_hf``.
-    """
-    from partitioning.checkpoint.hf import _abstract, _config, hf_model, weight_maps
-    from partitioning.checkpoint.hf_files import discover
-    from partitioning.checkpoint.hf_map import check_params, match
-
-    model = hf_model(path, **options)
-    directory, _, family = _config(path)
-    stored = discover(directory)  # reads and validates every header (truncation, damage)
-    maps, shapes, *_ = weight_maps(model, family, stored, _abstract(model))
-    check_params(maps, shapes, family.name)
-    extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
-    match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
-    return directory
-
-
-__all__ = ["check_config_keys", "check_hf_files", "check_hf_path", "arch_hint", "MODEL_KEYS"]
+__all__ = ["check_config_keys", "check_hf_path", "arch_hint", "MODEL_KEYS"]

@@ -210,4 +210,36 @@ def match(
     return found
 
 
-__all__ = ["ParamMap", "expand", "lookup", "match", "check_params", "layer_shape", "STACK", "BLOCK"]
+def abstract_params(model: Any) -> Any:
+    """A family's model's boxed abstract params (``eval_shape`` of its init: nothing allocated)."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"]
+
+
+def param_names(abstract: Any) -> dict[tuple[str, ...], tuple[str, ...]]:
+    """Each parameter's logical axis names, from the boxes ``model.init`` returns."""
+    from flax import traverse_util
+
+    return {k: tuple(box.names) for k, box in traverse_util.flatten_dict(abstract).items()}
+
+
+def expert_count(model: Any) -> int:
+    """Experts per MoE layer (a name map's ``{e}``); 0 for a dense model."""
+    return int(getattr(model, "experts", 0))
+
+
+__all__ = [
+    "abstract_params",
+    "param_names",
+    "expert_count",
+    "ParamMap",
+    "expand",
+    "lookup",
+    "match",
+    "check_params",
+    "layer_shape",
+    "STACK",
+    "BLOCK",
+]

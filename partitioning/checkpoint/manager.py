@@ -33,11 +33,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import sys
 import time
 from collections.abc import Callable, Collection, Mapping
-from importlib import metadata as md
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +44,6 @@ import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding
 from orbax.checkpoint import checkpoint_managers as ocp_policies
 
-from partitioning.boxes import is_box
 from partitioning.checkpoint.checksum import MetaHandler, MetaSave
 from partitioning.checkpoint.disk import (
     FORMAT,
@@ -55,12 +52,16 @@ from partitioning.checkpoint.disk import (
     STATE_ITEM,
     TMP_SUFFIX,
     dir_bytes,
+    drop_pruned,
+    drop_tmp_dirs,
     list_steps,
+    set_aside_after,
     step_damage,
 )
 from partitioning.checkpoint.frozen import META_KEY as FROZEN_KEY
 from partitioning.checkpoint.frozen import drop_unreferenced, reused, split_for_save
 from partitioning.checkpoint.keep import KeepGood
+from partitioning.checkpoint.record import mesh_json, names_by_path, now_iso, spec_json, versions
 from partitioning.checkpoint.restore import checkpoint_metadata, restore_checkpoint
 from partitioning.checkpoint.space import (
     check_space,
@@ -79,43 +80,6 @@ from partitioning.rules import as_rules
 # writes a state into a handful of files one after the other; 64 MiB files are
 # written (and fsynced) in parallel: saves took 0.6x the time on the benchmark.
 DATA_FILE_BYTES = 64 * 2**20
-
-
-def versions() -> dict[str, str]:
-    """Versions of the packages that wrote a checkpoint."""
-    out = {}
-    for dist in ("partitioning", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint"):
-        with contextlib.suppress(md.PackageNotFoundError):
-            out[dist] = md.version(dist)
-    return out
-
-
-def mesh_json(mesh: Any) -> dict[str, Any]:
-    return {
-        "axis_names": list(mesh.axis_names),
-        "shape": [int(s) for s in mesh.devices.shape],
-        "axis_types": [str(t).rsplit(".", 1)[-1] for t in getattr(mesh, "axis_types", ())],
-        "devices": int(mesh.devices.size),
-    }
-
-
-def spec_json(spec: Any) -> list[Any]:
-    return [None if a is None else a if isinstance(a, str) else list(a) for a in spec]
-
-
-def now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def names_by_path(abstract: Any) -> dict[str, list[Any]]:
-    """Logical names of every boxed leaf of an abstract tree, by (unboxed) path."""
-    leaves = jax.tree_util.tree_flatten_with_path(abstract, is_leaf=is_box)[0]
-    out = {}
-    for kp, leaf in leaves:
-        names = getattr(leaf, "names", None) if is_box(leaf) else None
-        if names is not None:
-            out[path_str(kp)] = [n if n is None or isinstance(n, str) else list(n) for n in names]
-    return out
 
 
 class CheckpointManager:
@@ -210,10 +174,9 @@ class CheckpointManager:
             # cannot leave a half-deleted step that looks complete.
             todelete_subdir=PRUNED,
         )
-        self._drop_pruned()
-        # A save killed mid-write leaves a *.orbax-checkpoint-tmp-* directory: drop it
-        # here, synchronously (orbax's own cleanup runs in a thread close() doesn't wait for).
-        self._drop_unfinished()
+        drop_pruned(self.directory)
+        # A save killed mid-write leaves a *.orbax-checkpoint-tmp-*: drop it (orbax's cleanup thread is not awaited).
+        drop_tmp_dirs(self.directory)
         # The state is written by orbax's PyTree handler (the one behind StandardSave, so
         # ocp.StandardCheckpointer still reads it) to choose the compression.
         handlers = {
@@ -280,7 +243,7 @@ class CheckpointManager:
         tracked = None
         if self.keep_best and metrics and _is_number(metrics.get(self.best_metric)):
             tracked = {self.best_metric: float(metrics[self.best_metric])}
-        self._drop_pruned()
+        drop_pruned(self.directory)
         # Orbax would wait for the previous save here anyway: its failure is reported now, with its step.
         self.wait()
         # A save that cannot fit is refused before anything is written (space.py).
@@ -318,14 +281,7 @@ class CheckpointManager:
     def set_aside_after(self, step: int) -> list[str]:
         """Moves every step directory after ``step`` aside (``N.superseded-TIME``): a run resumed from an
         earlier step saves those steps anew. Returns what moved."""
-        moved = []
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        for s in list_steps(self.directory) if self.directory.is_dir() else []:
-            if s.step > step and TMP_SUFFIX not in s.path.name:
-                aside = self.directory / f"{s.step}.superseded-{stamp}"
-                if jax.process_index() == 0:
-                    s.path.rename(aside)
-                moved.append(f"step {s.step} to {aside}")
+        moved = set_aside_after(self.directory, step)
         if moved:
             self._mngr.reload()
         return moved
@@ -384,29 +340,15 @@ class CheckpointManager:
             self._reported.add(str(err))
             raise err from None
 
-    def _drop_unfinished(self) -> None:
-        """Removes every unfinished save's temporary directory (process 0; only when no save is in flight)."""
-        if jax.process_index() == 0 and self.directory.is_dir():
-            for c in self.directory.iterdir():
-                if TMP_SUFFIX in c.name and c.is_dir():
-                    shutil.rmtree(c, ignore_errors=True)
-
-    def _drop_pruned(self) -> None:
-        """Deletes the steps orbax pruned (renamed into PRUNED); each entry, so a rename in flight is safe."""
-        pruned = self.directory / PRUNED
-        if jax.process_index() == 0 and pruned.is_dir():
-            for c in list(pruned.iterdir()):
-                shutil.rmtree(c, ignore_errors=True)
-
     def close(self) -> None:
         try:
             self.wait()
         finally:
             with contextlib.suppress(Exception):  # a failed save was reported by wait()
                 self._mngr.close()
-            self._drop_pruned()
+            drop_pruned(self.directory)
             # A save that failed as its temporary directory was made can leave it behind: nothing is in flight now.
-            self._drop_unfinished()
+            drop_tmp_dirs(self.directory)
 
     def __enter__(self) -> CheckpointManager:
         return self

@@ -191,7 +191,8 @@ def save_peft(model: Any, variables: Any, out_dir: str | os.PathLike, *, base: s
         >>> cfg["r"], cfg["lora_alpha"], cfg["target_modules"][:3], cfg["base_model_name_or_path"]
         (4, 8, ['down_proj', 'gate_proj', 'k_proj'], 'Qwen/Qwen2-0.5B')
     """
-    from partitioning.checkpoint.hf import _abstract, _names
+    from partitioning.checkpoint.hf_map import abstract_params as _abstract
+    from partitioning.checkpoint.hf_map import param_names as _names
     from partitioning.checkpoint.hf_write import save_tensors
 
     lora = LoRA.parse(getattr(model, "lora", None))
@@ -239,7 +240,8 @@ def merge_lora(model: Any, variables: Any) -> tuple[Any, dict[str, Any]]:
         >>> merged_model.lora, bool(jnp.allclose(merged["params"]["blocks"]["attn"]["q"], want, atol=1e-6))
         (None, True)
     """
-    from partitioning.checkpoint.hf import _abstract, _names
+    from partitioning.checkpoint.hf_map import abstract_params as _abstract
+    from partitioning.checkpoint.hf_map import param_names as _names
 
     lora = LoRA.parse(getattr(model, "lora", None))
     if lora is None:

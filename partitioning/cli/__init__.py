@@ -19,6 +19,7 @@ Modules:
 - :mod:`~partitioning.cli.config` — ``config show|schema``: the resolved config, the JSON Schema.
 - :mod:`~partitioning.cli.compiling` — where the compiled view is computed (here or a child process).
 - :mod:`~partitioning.cli.render` — rich tables for the terminal.
+- :mod:`~partitioning.cli.preflight` — the one pre-flight ``check`` and ``train`` both run (they agree by construction).
 
 Example::
 

@@ -26,7 +26,7 @@ KEY = "adapter"
 
 def hf_adapter(cfg: Config) -> Path | None:
     """The adapter folder ``model.adapter`` names (None without one); a ConfigError at the key."""
-    from partitioning.config.hf import find_beside
+    from partitioning.yamlfile import find_beside
 
     value = cfg.model_options.get(KEY)
     if value is None:

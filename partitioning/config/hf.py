@@ -24,7 +24,6 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -32,33 +31,10 @@ from partitioning.config.adapter import adapter_lora, at_adapter, hf_adapter
 from partitioning.config.lora import lora_error
 from partitioning.config.schema import Config, HfModelConfig
 from partitioning.errors import ConfigError, DataError, PartitioningError
-from partitioning.yamlfile import Key, Lines, where
+from partitioning.yamlfile import Lines, find_beside, where
 
 CONFIG_JSON = "config.json"
 TOKENIZER_JSON = "tokenizer.json"
-
-
-def find_beside(value: str, path: str, lines: Lines, key: Key) -> tuple[Path | None, list[str]]:
-    """(the file or folder ``value`` names, or None; the folders looked in).
-
-    Relative paths are looked for beside the file that set ``key`` (the config,
-    or the ``base:`` file it came from), then in the current directory; a
-    ``--set`` value in the current directory first.
-    """
-    p = Path(value).expanduser()
-    if p.is_absolute():
-        return (p if p.exists() else None), [str(p.parent)]
-    origin = lines.get(tuple(key))
-    if isinstance(origin, str):  # --set: typed relative to where the command runs
-        folders = [Path("."), Path(path).parent]
-    else:
-        defined_in = origin[0] if isinstance(origin, tuple) else path
-        folders = [Path(defined_in).parent, Path(".")]
-    for folder in folders:
-        candidate = Path(os.path.normpath(folder / p))
-        if candidate.exists():
-            return candidate, [str(f) for f in folders]
-    return None, list(dict.fromkeys(str(f) for f in folders))
 
 
 def config_json(source: Path) -> Path:
@@ -186,7 +162,7 @@ def check_hf_weights(cfg: Config) -> None:
     source = hf_path(cfg)
     folder = source if source.is_dir() else source.parent
     if any(folder.glob("*.safetensors")):
-        from partitioning.checkpoint.hf_check import check_hf_files
+        from partitioning.checkpoint.hf import check_hf_files
 
         try:  # the headers: what load_hf checks before reading a byte of the weights
             check_hf_files(source, **hf_options(cfg))

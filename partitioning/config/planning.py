@@ -90,10 +90,11 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
         check_layers(layers_sizes(params), sizes.get(STAGE_AXIS, 1), cfg.train.pipeline_repeats)
     except PipelineError as e:
         raise at_key(cfg, e, PIPELINE_KEYS) from None
+    # Outside the recording: this forward pass runs without the rules, and its MoE / pipeline records would not
+    # carry their mesh axes.
+    collections = _collections(model, forward, task)
     with microbatching(m, cfg.train.pipeline_repeats), recording() as stacks:
-        acts = activation_names(
-            model, params, abstract, cfg.rules, batch=forward, task=task, collections=_collections(model, forward, task)
-        )
+        acts = activation_names(model, params, abstract, cfg.rules, batch=forward, task=task, collections=collections)
     plan = build_plan(
         params,
         opt_state,
@@ -143,6 +144,7 @@ def tune_inputs(cfg: Config) -> TuneInputs:
     at the full batch (the layer stacks and expert layers that add pipeline / expert costs)."""
     model, batch, task = model_from_config(cfg), batch_from_config(cfg), task_from_config(cfg)
     params, opt_state, frozen = _abstract_state(cfg, model, batch, task)
+    collections = _collections(model, batch, task)  # a pass without the rules: not among the records
     with microbatching(1), recording() as records:
         # Size-1 axes: the config's (a model may name them directly) and the rules'; traced with the config's
         # axis types (a model using Explicit-only ops traces only so).
@@ -155,7 +157,7 @@ def tune_inputs(cfg: Config) -> TuneInputs:
             batch=batch,
             task=task,
             axis_types=cfg.mesh.axis_types,
-            collections=_collections(model, batch, task),
+            collections=collections,
         )
     p0 = build_plan(params, opt_state, {"data": 1}, Rules([]), on_indivisible="replicate")
     w = workload(

@@ -17,31 +17,15 @@ Example::
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from partitioning.errors import did_you_mean
+from partitioning.fmt import parse_bytes
 from partitioning.rules import Rules
 from partitioning.yamlfile import Key, dump_yaml, where
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)B?\s*$", re.IGNORECASE)
-
-
-def parse_bytes(value: Any) -> int:
-    """``80GiB``, ``80 GB``, ``512MiB`` or a number of bytes -> bytes (``GiB`` binary, ``GB`` decimal)."""
-    if isinstance(value, bool):
-        raise ValueError("expected a size such as 80GiB")
-    if isinstance(value, int):
-        return value
-    m = _SIZE.match(str(value))
-    if not m:
-        raise ValueError(f"expected a size such as 80GiB or 16GB, got {value!r}")
-    number, unit, binary = m.groups()
-    power = "KMGTP".find(unit.upper()) + 1 if unit else 0
-    return int(float(number) * ((1024 if binary else 1000) ** power))
 
 
 class Section(BaseModel):

@@ -12,6 +12,7 @@ Modules:
 - :mod:`~partitioning.plan.plot` — the plan PNG: per-device memory and the mesh.
 - :mod:`~partitioning.plan.axes` — per mesh axis: what it splits, and the compiled collectives that run over it.
 - :mod:`~partitioning.plan.parallel` — analytic pipeline (bubble, collective-permute) and expert (all-to-all) costs.
+- :mod:`~partitioning.plan.waste` — parameters left whole on every device, mesh axes that split no parameter.
 
 Example::
 

@@ -49,6 +49,7 @@ from partitioning.layout import LeafLayout, tree_layouts
 from partitioning.mesh import MeshSpec
 from partitioning.plan.axes import memory_by_axis
 from partitioning.plan.coverage import UnusedRule, rule_coverage
+from partitioning.plan.waste import IdleAxis, Replicated, idle_axes, replicated_params
 from partitioning.resolve import IndivisibleWarning, mesh_axis_sizes
 from partitioning.rules import Rules, as_rules
 
@@ -64,28 +65,6 @@ CATEGORIES = ("params", "optimizer", "gradients")
 
 def _prefixed(layouts: list[LeafLayout], prefix: str) -> list[LeafLayout]:
     return [dataclasses.replace(leaf, path=f"{prefix}/{leaf.path}" if leaf.path else prefix) for leaf in layouts]
-
-
-@dataclasses.dataclass(frozen=True)
-class Replicated:
-    """A parameter left whole on every device, and what it costs there."""
-
-    path: str
-    shape: tuple[int, ...]
-    dtype: str
-    logical: list[str] | None
-    bytes: int  # the parameter's own bytes
-    per_device_cost: int  # per device, with its gradient and optimizer state
-    share: float  # of a device's state memory
-
-
-@dataclasses.dataclass(frozen=True)
-class IdleAxis:
-    """A mesh axis (size > 1) that splits no parameter: the state is copied across it."""
-
-    axis: str
-    size: int
-    shards_optimizer: bool
 
 
 @dataclasses.dataclass
@@ -356,53 +335,9 @@ def build_plan(
         parallel=dict(parallel or {}),
         frozen=frozenset(frozen),
     )
-    plan.replicated = _replicated(plan, top)
-    plan.idle_axes = _idle_axes(plan)
+    plan.replicated = replicated_params(plan, top)
+    plan.idle_axes = idle_axes(plan)
     return plan
-
-
-def _axes_used(layouts: list[LeafLayout]) -> set[str]:
-    used: set[str] = set()
-    for leaf in layouts:
-        for entry in leaf.spec:
-            if isinstance(entry, str):
-                used.add(entry)
-            elif isinstance(entry, tuple):
-                used.update(entry)
-    return used
-
-
-def _idle_axes(plan: Plan) -> list[IdleAxis]:
-    """Mesh axes (size > 1) that split no parameter: state is copied across them."""
-    by_params, by_opt = _axes_used(plan.params), _axes_used(plan.opt_state)
-    return [IdleAxis(a, n, a in by_opt) for a, n in plan.mesh.items() if n > 1 and a not in by_params]
-
-
-def _replicated(plan: Plan, top: int) -> list[Replicated]:
-    if plan.devices == 1:
-        return []
-    total = plan.totals["total"]["per_device"] or 1
-    out = []
-    for leaf in plan.params:
-        if not leaf.replicated or leaf.size <= 1:
-            continue
-        # The optimizer state of a param sits at .../<param path without 'params/'>.
-        suffix = leaf.path[len("params/") :]
-        opt = [o for o in plan.opt_state if o.path.endswith("/" + suffix) and o.shape == leaf.shape and o.replicated]
-        cost = (2 if plan.trains(leaf) else 1) * leaf.per_device_bytes + sum(o.per_device_bytes for o in opt)
-        out.append(
-            Replicated(
-                leaf.path,
-                tuple(leaf.shape),
-                str(leaf.dtype),
-                None if leaf.names is None else [str(n) for n in leaf.names],
-                leaf.nbytes,
-                cost,
-                cost / total,
-            )
-        )
-    out.sort(key=lambda r: -r.per_device_cost)
-    return out[:top]
 
 
 def mesh_sizes(shape: Mapping[str, int], devices: int) -> dict[str, int]:

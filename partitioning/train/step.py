@@ -325,12 +325,9 @@ class Trainer(Lowering):
 
     def init_from(self, params: Any) -> TrainState:
         """A TrainState at step 0 starting from ``params`` (e.g. pretrained weights), the optimizer state
-        initialised from them.
-
-        ``params`` has the structure of the model's params (boxed or not);
-        arrays already in this trainer's layout and dtype are used as they are
-        (:func:`partitioning.load_hf` with the trainer's mesh and rules makes
-        them so), others are cast and moved there.
+        initialised from them. ``params`` has the structure of the model's params (boxed or not); arrays
+        already in this trainer's layout and dtype are used as they are (:func:`partitioning.load_hf` with the
+        trainer's mesh and rules makes them so), others are cast and moved there.
 
         Example::
 

@@ -15,6 +15,8 @@ PLAN_KEYS = {
     "optimizer_rules",
     "on_indivisible",
     "parameters",
+    "trainable_parameters",
+    "active_parameters",
     "leaves",
     "optimizer_leaves",
     "totals",
