@@ -173,7 +173,7 @@ def check_hf_weights(cfg: Config) -> None:
     why = (
         f"only {pickled[0]}: convert it to safetensors (pickled files are never loaded)"
         if pickled
-        else "train starts from them; plan, check and tune need only config.json"
+        else "train starts from them; plan and tune need only config.json"
     )
     raise ConfigError(f"{cfg.where('model', 'hf')}: {folder} has no *.safetensors weights ({why})")
 

@@ -75,8 +75,8 @@ def tensorboard_hint(logdir: str | Path) -> str:
     Example::
 
         >>> from partitioning.train.trackers import tensorboard_hint
-        >>> tensorboard_hint("runs/x/tensorboard")     # without tensorboard installed: how to install it first
-        'view the curves: ...tensorboard --logdir runs/x/tensorboard'
+        >>> print(tensorboard_hint("runs/x/tensorboard"))   # without tensorboard on PATH: how to install it first
+        view the curves: ...tensorboard --logdir runs/x/tensorboard
     """
     cmd = f"tensorboard --logdir {logdir}"
     if shutil.which("tensorboard") is None:
