@@ -43,7 +43,7 @@ import jax
 from flax import nnx
 
 from partitioning.boxes import LogicallyPartitioned, is_box, is_logical_box
-from partitioning.errors import ConfigError, did_you_mean
+from partitioning.errors import ConfigError, did_you_mean, user_stacklevel
 from partitioning.paths import path_str
 from partitioning.yamlfile import Key, Lines, read_yaml
 from partitioning.yamlfile import where as _where
@@ -260,7 +260,11 @@ class Annotations:
                 raise AnnotationError(msg + " (strict)")
             if i not in self._warned:  # a table is applied to each abstract tree a command builds: say it once
                 self._warned.add(i)
-                warnings.warn(msg + "; check the path against `partitioning plan`", AnnotationWarning, stacklevel=4)
+                warnings.warn(
+                    msg + "; check the path against `partitioning plan`",
+                    AnnotationWarning,
+                    stacklevel=user_stacklevel(),
+                )
 
 
 def as_annotations(value: Any) -> Annotations | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Any
 
 
 class PartitioningError(Exception):
@@ -60,3 +61,33 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     choices = [c for c in choices if isinstance(c, str)]
     close = difflib.get_close_matches(str(name), choices, n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes ``warnings.warn``, called from the toolkit, point at the user's line: the
+    first frame outside this package and jax, flax and optax (a warning raised deep in a rule walk or a jit
+    trace would otherwise name a library line the user cannot act on).
+
+    Example::
+
+        >>> from partitioning.errors import user_stacklevel
+        >>> user_stacklevel() >= 2
+        True
+    """
+    import os
+    import sys
+
+    roots = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
+    for name in ("jax", "jaxlib", "flax", "optax"):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            roots.append(os.path.dirname(os.path.abspath(path)) + os.sep)
+    internal = ("contextlib.py", "functools.py")
+    frame: Any = sys._getframe(1)  # the frame about to warn is level 1
+    level = 1
+    while frame is not None:
+        f = os.path.abspath(frame.f_code.co_filename)
+        if not (f.startswith(tuple(roots)) or f.endswith(internal)):
+            break
+        frame, level = frame.f_back, level + 1
+    return max(2, level)

@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from partitioning.errors import user_stacklevel
 from partitioning.fmt import fmt_bytes, fmt_mesh
 from partitioning.resolve import axes_tuple
 
@@ -92,7 +93,7 @@ def check_replication(layouts: Sequence[Any], sizes: Mapping[str, int], rules: A
         f"(pt.with_logical_partitioning, nnx.with_partitioning) or add rules for their names; a model you cannot "
         f"edit is named by path (`annotations:`, which `partitioning annotate` proposes)",
         ReplicationWarning,
-        stacklevel=stacklevel,
+        stacklevel=user_stacklevel(),
     )
 
 

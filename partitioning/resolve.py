@@ -39,7 +39,7 @@ from typing import Any, cast, overload
 
 from jax.sharding import PartitionSpec
 
-from partitioning.errors import RuleError, ShardingError, did_you_mean
+from partitioning.errors import RuleError, ShardingError, did_you_mean, user_stacklevel
 from partitioning.follows import canonical
 
 MeshAxes = None | str | tuple[str, ...] | Any  # Any: PartitionSpec.UNCONSTRAINED
@@ -146,7 +146,11 @@ def walk(
                 )
                 if on_indivisible == "error":
                     raise ShardingError(msg + "; change the rule or the size, or set on_indivisible: replicate")
-                warnings.warn(msg + "; falling back to the next rule or unsharded", IndivisibleWarning, stacklevel=4)
+                warnings.warn(
+                    msg + "; falling back to the next rule or unsharded",
+                    IndivisibleWarning,
+                    stacklevel=user_stacklevel(),
+                )
                 skipped[i].append(f"skipped {rule_s}: size {shape[i]} not divisible by {n_shards}")
                 continue
         result[i] = axes
@@ -216,7 +220,7 @@ def fill_mesh_axis_names(
             msg = f"{where}dim {i} (mesh axis {n!r}, size {shape[i]}) is not divisible by the mesh axis size {sizes[n]}"
             if on_indivisible == "error":
                 raise ShardingError(msg + "; change the size, or set on_indivisible: replicate")
-            warnings.warn(msg + "; unsharded", IndivisibleWarning, stacklevel=5)
+            warnings.warn(msg + "; unsharded", IndivisibleWarning, stacklevel=user_stacklevel())
             notes.append(f"mesh-axis name {n!r}: size {shape[i]} not divisible by {sizes[n]}")
             continue
         result[i] = n
