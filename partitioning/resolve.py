@@ -63,11 +63,8 @@ def axes_tuple(axes: MeshAxes) -> tuple[str, ...]:
 
 def mesh_axis_sizes(mesh: Any) -> dict[str, int]:
     """``{axis: size}`` of a Mesh, AbstractMesh or plain mapping."""
-    if mesh is None:
-        return {}
-    if isinstance(mesh, Mapping):
-        return {str(k): int(v) for k, v in mesh.items()}
-    return {str(k): int(v) for k, v in mesh.shape.items()}
+    shape = {} if mesh is None else mesh if isinstance(mesh, Mapping) else mesh.shape
+    return {str(k): int(v) for k, v in shape.items()}
 
 
 def walk(
@@ -386,8 +383,7 @@ class DimExplanation:
         head = f"dim {self.dim} {self.name!r} -> {target}"
         if self.claimed:
             head += f" by rule {self.rule_index} {self.rule!r}"
-        notes = [n for n in self.notes]
-        return head + ("; " + "; ".join(notes) if notes else "")
+        return head + "".join(f"; {n}" for n in self.notes)
 
 
 __all__ = [
