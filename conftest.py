@@ -19,6 +19,19 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+# One XLA compilation cache for the whole run: the suite compiles the same tiny models again and again, in its
+# workers and in the CLI subprocesses it starts (they inherit the variable). Made by the first process (pytest, or
+# its xdist controller, before it starts the workers), removed when that process ends; the 0s cache everything.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    _xla_cache = tempfile.mkdtemp(prefix="partitioning-tests-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _xla_cache
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    atexit.register(shutil.rmtree, _xla_cache, ignore_errors=True)
 # pytest-xdist workers start with COLUMNS=80 and LINES=24 in their environment: the CLI (and every CLI
 # subprocess) would draw 80-column tables and fold the cells tests read. Tests that want a width set it.
 for _k in ("COLUMNS", "LINES"):
