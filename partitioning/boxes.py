@@ -100,9 +100,9 @@ def param_for_compute(x: Any, names: Sequence[Any], rules: Any = None) -> Any:
     reduce-scatter). Models call it on params they read: ``Trainer`` applies
     them unboxed, so :meth:`LogicallyPartitioned.unbox` does not run there.
 
-    Example::
+    In a model: ``w = param_for_compute(self.param("w", init, shape), ("embed", "mlp"))``.
 
-        In a model: ``w = param_for_compute(self.param("w", init, shape), ("embed", "mlp"))``.
+    Example::
 
         >>> from partitioning import param_for_compute
         >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1}, axis_types="explicit")

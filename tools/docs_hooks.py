@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,38 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|")
 
 
+_CODE = re.compile(r"(`[^`]*`)")
+_SPECIAL = re.compile(r"([\\*_{}\[\]])")
+
+
+def _braces(text: str) -> str:
+    """Each balanced ``{...}`` (a YAML mapping in a description) as a code span; the rest escaped."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "{":
+            if depth == 0:
+                out.append(_SPECIAL.sub(r"\\\1", text[start:i]).replace("<", "&lt;"))
+                start = i
+            depth += 1
+        elif ch == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                out.append(f"`{text[start : i + 1]}`")
+                start = i + 1
+    out.append(_SPECIAL.sub(r"\\\1", text[start:]).replace("<", "&lt;"))
+    return "".join(out)
+
+
+def _literal(text: str) -> str:
+    """A schema description as Markdown that renders it literally.
+
+    Descriptions are plain text with `code` spans: outside those, ``{hf: dir, ...}`` would be read as an
+    attribute list (attr_list), ``_target_`` as emphasis and ``[a][b]`` as a link.
+    """
+    parts = _CODE.split(text.replace("``", "`"))
+    return _cell("".join(part if part.startswith("`") else _braces(part) for part in parts))
+
+
 def config_reference() -> str:
     """Markdown: one table per section of the run config, from its JSON Schema (defaults from the models)."""
     from partitioning.config.schema import SECTIONS, json_schema
@@ -99,14 +132,14 @@ def config_reference() -> str:
             what = prop.get("description", "")
         out.append(
             f"| `{key}` | {_cell(_type(prop, defs))} | {_default(prop, key in required)} | {_range(prop)} | "
-            f"{_cell(what) if '$ref' not in prop else what} |"
+            f"{_literal(what) if '$ref' not in prop else what} |"
         )
     for key, section in sections:
         out += [
             "",
             f"## `{key}:` {{#{key}}}",
             "",
-            section.get("description", "").replace("``", "`").removeprefix(f"`{key}:`: "),
+            _literal(section.get("description", "").replace("``", "`").removeprefix(f"`{key}:`: ")),
             "",
             "| key | type | default | range | what |",
             "|---|---|---|---|---|",
@@ -119,7 +152,7 @@ def config_reference() -> str:
                 prop = {**prop, "default": defaults[key][name]}
             out.append(
                 f"| `{name}` | {_cell(_type(prop, defs))} | {_cell(_default(prop, name in req))} | {_range(prop)} | "
-                f"{_cell(prop.get('description', ''))} |"
+                f"{_literal(prop.get('description', ''))} |"
             )
         if key == "data":
             out += ["", "Or `data: {_target_: module.fn, ...}`: a dataset object (see [Data](../data.md))."]

@@ -137,9 +137,9 @@ class WandbLogger:
     named after ``run_dir`` and files go under ``run_dir/wandb``. W&B's own
     environment variables apply (``WANDB_MODE=offline`` logs without a server).
 
-    Example::
+    ``pt.fit(trainer, state, batches, steps=100, hooks=[logger])`` logs to the run from the first step.
 
-        ``pt.fit(trainer, state, batches, steps=100, hooks=[logger])`` logs to the run from the first step.
+    Example::
 
         >>> logger = pt.WandbLogger("runs/x", project="my-project", config={"lr": 3e-3})   # nothing sent yet
         >>> logger.project, logger.config
