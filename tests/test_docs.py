@@ -67,3 +67,58 @@ def test_links_stay_inside_the_repository(repo):
             path = (page.parent / target.split("#")[0]).resolve()
             assert path.is_relative_to(repo.resolve()), f"{page.name}: {target} is outside the repository"
             assert path.exists() or path in GENERATED, f"{page.name}: {target} does not exist"
+
+
+# Markup the site must never show: reST left in a docstring (tools/docs_rest.py renders it) or text that
+# Markdown ate. Each names the page and the snippet, with some context.
+_LEFTOVER = re.compile(r"\w::|(?<![\w`]):(?:py:)?(?:class|func|meth|attr|mod|data|exc|obj):|``")
+
+
+def _text(html: str) -> str:
+    import html as html_lib
+
+    return html_lib.unescape(re.sub(r"<[^>]+>", "", html))
+
+
+@pytest.mark.parametrize("page", ["reference/api", "reference/config"])
+def test_the_reference_pages_show_no_rest_markup(site, page):
+    html = (site / page / "index.html").read_text()
+    # The rendered text, code blocks included: "Example::" or "``x``" in a doctest's block shows too.
+    main = _text(html.split('<article class="md-content__inner', 1)[1].split("</article>", 1)[0])
+    leftovers = [main[max(m.start() - 60, 0) : m.end() + 60] for m in _LEFTOVER.finditer(main)]
+    assert leftovers == [], f"{page}: {len(leftovers)} leftover reST, the first: {leftovers[:3]}"
+
+
+def test_docstring_examples_render_as_highlighted_doctests_and_roles_as_links(site):
+    html = (site / "reference" / "api" / "index.html").read_text()
+    assert "<p>Example:</p>" in html  # "Example::" reads as reST renders it
+    assert '<span class="gp">&gt;&gt;&gt; </span>' in html  # a fenced pycon block: prompts highlighted
+    # boxes.py's ":class:`~partitioning.Annotations`" is a link to that entry, shown as code.
+    assert 'href="#partitioning.Annotations"><code>Annotations</code></a>' in html
+
+
+def test_the_config_reference_shows_every_description_as_written(site):
+    from partitioning.config.schema import json_schema
+
+    schema = json_schema()
+    page = (site / "reference" / "config" / "index.html").read_text()
+    shown: dict[tuple[str, str], str] = {}
+    for part in page.split("<h2 id=")[1:]:
+        section = part.split('"', 2)[1]
+        for row in re.findall(r"<tr>(.*?)</tr>", part, re.S):
+            cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+            if cells:
+                shown[section, _text(cells[0])] = _text(cells[-1])
+    sections = {"top-level": schema}
+    sections |= {k: schema["$defs"][p["$ref"].split("/")[-1]] for k, p in schema["properties"].items() if "$ref" in p}
+    checked = 0
+    for section, sub in sections.items():
+        for name, prop in sub["properties"].items():
+            if "$ref" in prop or (section, name) not in shown:  # a section's row links to it; excluded keys
+                continue
+            want = prop.get("description", "").replace("`", "")
+            assert shown[section, name] == want, f"reference/config: {section}.{name} reads {shown[section, name]!r}"
+            checked += 1
+    assert checked > 50
+    assert "{hf: checkpoint dir, scan_layers, remat, ...}" in shown["top-level", "model"]
+    assert "{_target_: module.Class, ...}" in shown["top-level", "model"]
