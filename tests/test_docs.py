@@ -122,3 +122,28 @@ def test_the_config_reference_shows_every_description_as_written(site):
     assert checked > 50
     assert "{hf: checkpoint dir, scan_layers, remat, ...}" in shown["top-level", "model"]
     assert "{_target_: module.Class, ...}" in shown["top-level", "model"]
+
+
+def test_rest_literal_blocks_become_fences_in_the_language_they_read_as(repo):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_rest", repo / "tools" / "docs_rest.py")
+    assert spec is not None and spec.loader is not None
+    docs_rest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs_rest)
+    text = (
+        "Example::\n\n    >>> 1 + 1\n    2\n\n"
+        "Example (``my.yaml``)::\n\n    name: gpu\n\n"
+        "Run::\n\n    $ partitioning train x.yaml\n\n"
+        "Not run::\n\n    import partitioning as pt\n\n    pt.f(1)\n\n"
+        "A hook has some of ::\n\n    on_start(state) -> state\n"
+        "The end::"
+    )
+    assert docs_rest.literal_blocks(text).split("\n") == [
+        *["Example:", "", "```pycon", ">>> 1 + 1", "2", "```", ""],
+        *["Example (``my.yaml``):", "", "```yaml", "name: gpu", "```", ""],
+        *["Run:", "", "```console", "$ partitioning train x.yaml", "```", ""],
+        *["Not run:", "", "```python", "import partitioning as pt", "", "pt.f(1)", "```", ""],
+        *["A hook has some of", "", "```text", "on_start(state) -> state", "```", ""],
+        "The end::",  # nothing indented follows: not a literal block
+    ]

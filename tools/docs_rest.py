@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import re
+import textwrap
 from typing import Any
 
 import griffe
@@ -36,7 +37,7 @@ def _language(intro: str, block: list[str]) -> str:
     if "yaml" in intro.lower():
         return "yaml"
     try:
-        ast.parse("\n".join(block))
+        ast.parse(textwrap.dedent("\n".join(block)))
     except SyntaxError:
         return "text"
     return "python"
@@ -62,6 +63,8 @@ def literal_blocks(text: str) -> str:
             j += 1
         while block and not block[-1].strip():
             block.pop()
+        while block and not block[0].strip():
+            block.pop(0)
         if not any(b.strip() for b in block):  # "::" with nothing indented after it: not a literal block
             out.append(line)
             i += 1
@@ -73,7 +76,7 @@ def literal_blocks(text: str) -> str:
         inner = min(len(b) - len(b.lstrip()) for b in block if b.strip())
         fence = match["indent"] + "```"
         out.append(fence + _language(intro, block))
-        out += [b[inner:].rstrip() if b.strip() else "" for b in block]
+        out += [match["indent"] + b[inner:].rstrip() if b.strip() else "" for b in block]
         out += [fence, ""]
         i = j
     return "\n".join(out)
