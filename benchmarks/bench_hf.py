@@ -66,14 +66,15 @@ def config_for(gib: float) -> dict:
 
 
 def write_checkpoint(directory: Path, gib: float) -> int:
-    """A random Llama checkpoint in HF names and layouts; returns its tensor bytes."""
-    import numpy as np
+    """A random float32 Llama checkpoint of about ``gib`` GiB in HF names and layouts; returns its tensor bytes."""
+    return write_llama(directory, config_for(gib))
 
-    from partitioning.checkpoint.hf_files import INDEX, file_names, plan_shards, write_safetensors
 
-    cfg = config_for(gib)
-    d, h, g, k, m = EMBED, HEADS, KV_HEADS, EMBED // HEADS, MLP
-    shapes = {"model.embed_tokens.weight": (VOCAB, d)}
+def llama_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a Llama ``config.json`` in its HF name and (out, in) layout."""
+    d, h, m, vocab = cfg["hidden_size"], cfg["num_attention_heads"], cfg["intermediate_size"], cfg["vocab_size"]
+    g, k = cfg["num_key_value_heads"], cfg.get("head_dim", d // h)
+    shapes = {"model.embed_tokens.weight": (vocab, d)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         shapes.update(
@@ -89,20 +90,40 @@ def write_checkpoint(directory: Path, gib: float) -> int:
                 p + "mlp.down_proj.weight": (d, m),
             }
         )
-    shapes.update({"model.norm.weight": (d,), "lm_head.weight": (VOCAB, d)})
-    sizes = [(n, math.prod(s) * 4) for n, s in shapes.items()]
-    shards = plan_shards(sizes, 500 * 10**6)
+    shapes.update({"model.norm.weight": (d,), "lm_head.weight": (vocab, d)})
+    return shapes
+
+
+def write_llama(directory: Path, cfg: dict, dtype: str = "float32", shard_bytes: int = 500 * 10**6, fresh=True) -> int:
+    """The safetensors files, index and ``config.json`` of a Llama with random values; returns its tensor bytes.
+
+    ``fresh``: new random values for every tensor (a misplaced slice cannot match by chance); else one
+    repeated random block, which writes many GiB in seconds.
+    """
+    import ml_dtypes
+    import numpy as np
+
+    from partitioning.checkpoint.hf_files import INDEX, file_names, plan_shards, write_safetensors
+
+    dt = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    shapes = llama_shapes(cfg)
+    sizes = [(n, math.prod(s) * dt.itemsize) for n, s in shapes.items()]
+    shards = plan_shards(sizes, shard_bytes)
     names = file_names(len(shards))
     rng = np.random.default_rng(0)
+    block = (rng.standard_normal(1 << 20, dtype=np.float32) * 0.02).astype(dt)
+
+    def values(shape):
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(dt) if fresh else np.resize(block, shape)
+
     directory.mkdir(parents=True, exist_ok=True)
     for fname, tensors in zip(names, shards, strict=True):
-        entries = [(t, np.dtype(np.float32), shapes[t]) for t in tensors]
-        arrays = (rng.standard_normal(shapes[t], dtype=np.float32) * 0.02 for t in tensors)
-        write_safetensors(directory / fname, entries, arrays)
+        entries = [(t, dt, shapes[t]) for t in tensors]
+        write_safetensors(directory / fname, entries, (values(shapes[t]) for t in tensors))
     weight_map = {t: f for f, tensors in zip(names, shards, strict=True) for t in tensors}
     total = sum(n for _, n in sizes)
     (directory / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
-    (directory / "config.json").write_text(json.dumps(cfg, indent=2))
+    (directory / "config.json").write_text(json.dumps({**cfg, "torch_dtype": dtype}, indent=2))
     return total
 
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import statistics
@@ -405,11 +404,6 @@ def bench_remat_fit(size: dict[str, Any]) -> dict[str, Any]:
 
 def write_bf16_llama(directory: Path, gib: float) -> int:
     """A random-valued bf16 Llama checkpoint of about ``gib`` GiB (one repeated random block: cheap to write)."""
-    import ml_dtypes
-    import numpy as np
-
-    from partitioning.checkpoint.hf_files import INDEX, file_names, plan_shards, write_safetensors
-
     d, h, g, k, m, vocab = 2048, 16, 8, 128, 8192, 32000
     per_layer = 2 * (d * (h + 2 * g) * k + h * k * d + 3 * d * m + 2 * d)
     layers = max(1, round((gib * 2**30 - 4 * vocab * d) / per_layer))
@@ -429,37 +423,10 @@ def write_bf16_llama(directory: Path, gib: float) -> int:
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
     }
-    shapes = {"model.embed_tokens.weight": (vocab, d)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        shapes.update(
-            {
-                p + "input_layernorm.weight": (d,),
-                p + "self_attn.q_proj.weight": (h * k, d),
-                p + "self_attn.k_proj.weight": (g * k, d),
-                p + "self_attn.v_proj.weight": (g * k, d),
-                p + "self_attn.o_proj.weight": (d, h * k),
-                p + "post_attention_layernorm.weight": (d,),
-                p + "mlp.gate_proj.weight": (m, d),
-                p + "mlp.up_proj.weight": (m, d),
-                p + "mlp.down_proj.weight": (d, m),
-            }
-        )
-    shapes.update({"model.norm.weight": (d,), "lm_head.weight": (vocab, d)})
-    bf16 = np.dtype(ml_dtypes.bfloat16)
-    block = (np.random.default_rng(0).standard_normal(1 << 20, dtype=np.float32) * 0.02).astype(bf16)
-    sizes = [(n, math.prod(s) * 2) for n, s in shapes.items()]
-    shards = plan_shards(sizes, 2 * 10**9)
-    names = file_names(len(shards))
-    directory.mkdir(parents=True, exist_ok=True)
-    for fname, tensors in zip(names, shards, strict=True):
-        entries = [(t, bf16, shapes[t]) for t in tensors]
-        write_safetensors(directory / fname, entries, (np.resize(block, shapes[t]) for t in tensors))
-    weight_map = {t: f for f, tensors in zip(names, shards, strict=True) for t in tensors}
-    total = sum(n for _, n in sizes)
-    (directory / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
-    (directory / "config.json").write_text(json.dumps(cfg, indent=2))
-    return total
+    sys.path.insert(0, str(HERE.parent))
+    from bench_hf import write_llama
+
+    return write_llama(directory, cfg, "bfloat16", shard_bytes=2 * 10**9, fresh=False)
 
 
 def bench_load_hf(size: dict[str, Any], workdir: Path) -> dict[str, Any]:
