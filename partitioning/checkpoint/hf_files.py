@@ -67,13 +67,20 @@ def read_config(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     if not cfg_path.is_file():
         where = f"{p} does not exist" if not p.exists() else f"{p} has no config.json"
         raise CheckpointError(f"{where}: a Hugging Face checkpoint is a directory with config.json and *.safetensors")
+    return cfg_path.parent, read_json_object(cfg_path)
+
+
+def read_json_object(file: Path) -> dict[str, Any]:
+    """A JSON file holding one object (``config.json``, ``adapter_config.json``); anything else is one line."""
     try:
-        cfg = json.loads(cfg_path.read_text())
+        cfg = json.loads(file.read_bytes())
     except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg_path}:{e.lineno}: not valid JSON: {e.msg}") from None
+        raise CheckpointError(f"{file}:{e.lineno}: not valid JSON: {e.msg}") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{file}: not a JSON file (not UTF-8 text)") from None
     if not isinstance(cfg, dict):
-        raise CheckpointError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}")
-    return cfg_path.parent, cfg
+        raise CheckpointError(f"{file}: expected a JSON object, got {type(cfg).__name__}")
+    return cfg
 
 
 def read_header(file: Path) -> dict[str, Stored]:
@@ -213,6 +220,7 @@ def write_safetensors(path: Path, entries: list[tuple[str, np.dtype, tuple[int, 
 __all__ = [
     "Stored",
     "read_config",
+    "read_json_object",
     "read_header",
     "discover",
     "parse_size",

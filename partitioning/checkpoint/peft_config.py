@@ -33,7 +33,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -42,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from partitioning.checkpoint.hf_files import read_json_object
 from partitioning.errors import CheckpointError
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -103,12 +103,7 @@ def read_adapter(path: str | os.PathLike) -> Adapter:
     if not file.is_file():
         where = f"{p} does not exist" if not p.exists() else f"{p} has no {ADAPTER_CONFIG}"
         raise CheckpointError(f"{where}: a PEFT adapter is a folder with {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
-    try:
-        cfg = json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{file}:{e.lineno}: not valid JSON: {e.msg}") from None
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"{file}: expected a JSON object, got {type(cfg).__name__}")
+    cfg = read_json_object(file)
     kind = cfg.get("peft_type")
     if kind != "LORA":
         raise CheckpointError(f"{file}: peft_type {kind!r} is not supported; only LORA adapters load")
