@@ -151,7 +151,7 @@ def save_tensors(
         weight_map = {t: f for f, tensors in zip(names, shards, strict=True) for t in tensors}
         total = sum(n for _, n in sizes)
         files[INDEX] = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
-    created = writer and not out_dir.exists()
+    created = [p for p in (out_dir, *out_dir.parents) if not p.exists()] if writer else []  # removed on failure
     tmp: dict[str, Path] = {}
     done = False
     try:
@@ -179,8 +179,9 @@ def save_tensors(
             for path in tmp.values():
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
-            if created and out_dir.is_dir() and not any(out_dir.iterdir()):
-                out_dir.rmdir()
+            for folder in created:  # innermost first: the folders this call made, while empty
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("partitioning.save_hf")
     return names
