@@ -14,8 +14,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from partitioning.errors import CheckpointError
@@ -64,4 +65,19 @@ def check_out_dir(
         raise CheckpointError(f"{out}: exists and is not empty; choose a new folder{instead}", arg=what)
 
 
-__all__ = ["check_out_dir", "file_in_the_way"]
+@contextlib.contextmanager
+def folders_undone_on_failure(folder: str | os.PathLike, enabled: bool = True) -> Iterator[None]:
+    """On an exception inside the block, removes the folders up to ``folder`` that did not exist before it
+    and are empty again (innermost first): a failed write leaves no empty folder tree of its own making."""
+    p = Path(folder)
+    made = [f for f in (p, *p.parents) if not f.exists()] if enabled else []
+    try:
+        yield
+    except BaseException:
+        for f in made:
+            if f.is_dir() and not any(f.iterdir()):
+                f.rmdir()
+        raise
+
+
+__all__ = ["check_out_dir", "file_in_the_way", "folders_undone_on_failure"]

@@ -265,3 +265,33 @@ def test_a_failed_save_removes_every_folder_it_made(here, llama, monkeypatch):
 def test_checkpoint_directories_under_or_at_a_file_are_refused(here, directory, message):
     _refused(here, lambda: pt.CheckpointManager(directory), message)
     _refused(here, lambda: pt.save_checkpoint(directory, 1, {"w": [1.0]}), message)
+
+
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("empty", "empty: a folder; name a .png file"),
+        ("plan.txt", "plan.txt: not a .png; name a .png file"),
+        ("notes.txt/plan.png", "notes.txt/plan.png: cannot write the PNG: notes.txt is a file, not a folder"),
+    ],
+)
+def test_plots_refuse_a_path_they_cannot_write(here, path, message):
+    _refused(here, lambda: pt.plot_loss([{"step": 1, "loss": 2.0}], path), message)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: pt.JsonlLogger("empty"), "empty: cannot write the metrics: a folder; name a file (metrics.jsonl)"),
+        (
+            lambda: pt.JsonlLogger("notes.txt/m.jsonl"),
+            "notes.txt/m.jsonl: cannot write the metrics: notes.txt is a file",
+        ),
+        (
+            lambda: pt.TensorBoardLogger("notes.txt/tb"),
+            "notes.txt/tb: cannot write TensorBoard events: notes.txt is a file",
+        ),
+    ],
+)
+def test_loggers_refuse_an_unwritable_path_when_made(here, make, message):
+    _refused(here, make, message)
