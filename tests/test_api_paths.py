@@ -127,7 +127,8 @@ READERS = {
     ),
     "tokenizer-empty": (
         lambda: pt.load_tokenizer("empty.yaml"),
-        "empty.yaml: not a tokenizer.json the tokenizers library can read (EOF while parsing a value at line 1 column 0)",
+        "empty.yaml: not a tokenizer.json the tokenizers library can read "
+        "(EOF while parsing a value at line 1 column 0)",
     ),
     "chat-missing": (
         lambda: pt.ChatTemplate.from_dir("nope"),
