@@ -173,7 +173,7 @@ class Annotations:
         f = Path(name)
         if not f.is_absolute() and not f.exists() and path:
             f = Path(path).parent / f
-        if not f.exists():
+        if not f.exists() and path:  # named in a config: say where; else read_yaml says it as the CLI does
             raise AnnotationError(f"{here}: no such annotations file {name!r}")
         data, lines = read_yaml(f, "annotations file")
         if not isinstance(data, Mapping) or "annotations" not in data:

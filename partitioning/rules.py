@@ -139,15 +139,15 @@ class Rules(TableWalk, tuple):
         path = Path(path)
         data, lines = read_yaml(path, "rules file")
         if isinstance(data, Mapping):
-            if "rules" not in data:
-                raise ConfigError(f"{path}: a rules file needs a top-level 'rules:' list")
             valid = ["rules", "batch_axes", "follows", "mesh"]
-            for k in data:
+            for k in data:  # first: a misspelt `rules:` is named as such, not reported missing
                 if k not in valid:
                     raise ConfigError(
                         f"{_where(path, lines, (k,))}: unknown key (valid: {', '.join(valid)})"
                         f"{did_you_mean(str(k), valid)}"
                     )
+            if "rules" not in data:
+                raise ConfigError(f"{path}: a rules file needs a top-level 'rules:' list")
             rules = cls.parse(data["rules"], path, lines, ("rules",))
             if data.get("batch_axes") is not None:
                 rules = rules.with_batch_axes(_parse_axes(data["batch_axes"], path, lines, ("batch_axes",)))
@@ -323,7 +323,7 @@ def table_mesh(source: str | Path) -> dict[str, int] | None:
         >>> pt.table_mesh("fsdp_tp")
         {'data': 1, 'fsdp': -1, 'tensor': 2}
     """
-    if str(source) not in preset_names() and not str(source).endswith((".yaml", ".yml")):
+    if str(source) not in preset_names() and not str(source).endswith((".yaml", ".yml")) and not Path(source).exists():
         Rules.preset(str(source))  # not a file: an unknown preset, named with the nearest one
     path = PRESET_DIR / f"{source}.yaml" if str(source) in preset_names() else Path(source)
     data, lines = read_yaml(path, "rules file")

@@ -59,7 +59,7 @@ def read_text(path: Path, what: str) -> str:
     try:
         size = path.stat().st_size
         if path.is_dir():
-            raise ConfigError(f"{path}: is a folder, not a {what}")
+            raise ConfigError(f"{path}: is a folder, not a{'n' if what[:1] in 'aeiou' else ''} {what}")
         if size > MAX_BYTES:
             raise ConfigError(f"{path}: {size:,} bytes; a {what} is at most {MAX_BYTES:,} bytes")
         raw = path.read_bytes()
@@ -293,6 +293,8 @@ def where(path: str | Path, lines: Mapping[Key, Any], key: Key) -> str:
         loc = f"{line[0]}:{line[1]}"
     else:
         loc = f"{path}:{line}" if line is not None else f"{path}"
+    if not loc:  # a value given in Python, not read from a file: its key alone
+        return dotted(tuple(key))
     return f"{loc}: {dotted(tuple(key))}" if key else loc
 
 

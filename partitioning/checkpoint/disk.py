@@ -187,7 +187,7 @@ def list_steps(path: str | os.PathLike) -> list[StepInfo]:
     """Every step directory, finished or in progress, sorted by step (then finished last)."""
     d = checkpoints_dir(path)
     if not d.is_dir():
-        raise CheckpointError(f"{d}: no such checkpoint directory")
+        raise CheckpointError(f"{d}: {'a file, not a' if d.is_file() else 'no such'} checkpoint directory")
     out = []
     for c in d.iterdir():
         step = _step_of(c.name)

@@ -50,6 +50,7 @@ from partitioning.context import get_logical_axis_rules
 from partitioning.errors import CheckpointError, ConfigError
 from partitioning.layout import tree_shardings
 from partitioning.mesh import sharding_context
+from partitioning.outdir import check_out_dir
 from partitioning.train.lora import LoRA, is_adapter
 
 # Errors about the caller's own arguments, not about config.json.
@@ -276,7 +277,8 @@ def save_hf(
     ``model-0000k-of-0000n.safetensors`` + an index past ``max_shard_size`` (``"5GB"``, ``"500MB"``,
     or bytes), in ``dtype`` (default: the parameters'). Tied output weights are not written. Each
     tensor is gathered alone (multi-process: process 0 writes); the directory changes only when
-    every file is complete. A model with LoRA adapters is written with ``merge=True`` only: each
+    every file is complete. ``out_dir`` is new, empty, or holds a checkpoint to replace (anything
+    else is refused before a file is written). A model with LoRA adapters is written with ``merge=True`` only: each
     adapted weight as ``W + scale * B A`` (:func:`partitioning.merge_lora`); :func:`partitioning.save_peft`
     writes the adapters themselves.
 
@@ -288,6 +290,7 @@ def save_hf(
         >>> sorted(f.name for f in out.iterdir())
         ['config.json', 'model.safetensors']
     """
+    check_out_dir(out_dir, "out_dir", replaceable=_holds_hf, kind="a Hugging Face checkpoint")
     if getattr(model, "lora", None) is not None:
         if not merge:
             raise ConfigError(
@@ -337,6 +340,11 @@ def save_hf(
         extra_files={"config.json": json.dumps(cfg, indent=2) + "\n"},
     )
     return out
+
+
+def _holds_hf(folder: Path) -> bool:
+    """An earlier save (or a published checkpoint) that save_hf replaces: config.json and safetensors."""
+    return (folder / "config.json").is_file() and any(folder.glob("model*.safetensors"))
 
 
 __all__ = ["load_hf", "save_hf", "hf_model", "hf_family"]

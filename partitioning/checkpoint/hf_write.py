@@ -51,6 +51,7 @@ from jax.experimental import multihost_utils
 
 from partitioning.checkpoint.hf_files import INDEX, file_names, plan_shards, write_safetensors
 from partitioning.checkpoint.hf_map import ParamMap, layer_shape
+from partitioning.outdir import folders_undone_on_failure
 
 _OURS = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?$")
 
@@ -151,36 +152,34 @@ def save_tensors(
         weight_map = {t: f for f, tensors in zip(names, shards, strict=True) for t in tensors}
         total = sum(n for _, n in sizes)
         files[INDEX] = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n"
-    created = writer and not out_dir.exists()
-    tmp: dict[str, Path] = {}
-    done = False
-    try:
-        if writer:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        for fname, tensors in zip(names, shards, strict=True):
+    with folders_undone_on_failure(out_dir, enabled=writer):  # a failed save leaves no folder it made
+        tmp: dict[str, Path] = {}
+        done = False
+        try:
             if writer:
-                tmp[fname] = out_dir / f".{fname}.partial"
-                write_safetensors(tmp[fname], [entries[t] for t in tensors], arrays(tensors))
-            else:
-                for _ in arrays(tensors):  # the gathers are collectives: every process takes part
-                    pass
-        if writer:
-            for fname, text in files.items():
-                tmp[fname] = out_dir / f".{fname}.partial"
-                tmp[fname].write_text(text)
-            for f in out_dir.iterdir():
-                if _OURS.match(f.name) and f.name not in tmp:
-                    f.unlink()  # another save's shards: they would shadow or mix with these
-            for fname, path in tmp.items():
-                os.replace(path, out_dir / fname)
-        done = True
-    finally:
-        if not done:
-            for path in tmp.values():
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-            if created and out_dir.is_dir() and not any(out_dir.iterdir()):
-                out_dir.rmdir()
+                out_dir.mkdir(parents=True, exist_ok=True)
+            for fname, tensors in zip(names, shards, strict=True):
+                if writer:
+                    tmp[fname] = out_dir / f".{fname}.partial"
+                    write_safetensors(tmp[fname], [entries[t] for t in tensors], arrays(tensors))
+                else:
+                    for _ in arrays(tensors):  # the gathers are collectives: every process takes part
+                        pass
+            if writer:
+                for fname, text in files.items():
+                    tmp[fname] = out_dir / f".{fname}.partial"
+                    tmp[fname].write_text(text)
+                for f in out_dir.iterdir():
+                    if _OURS.match(f.name) and f.name not in tmp:
+                        f.unlink()  # another save's shards: they would shadow or mix with these
+                for fname, path in tmp.items():
+                    os.replace(path, out_dir / fname)
+            done = True
+        finally:
+            if not done:
+                for path in tmp.values():
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("partitioning.save_hf")
     return names

@@ -7,9 +7,8 @@ plain orbax step directory (see :mod:`partitioning.checkpoint.disk`) with a
 item (JSON: step, rules, mesh, config, versions, per-array logical names and specs).
 
 Arrays are written uncompressed by default. Orbax's default (zstd on every
-chunk) made restores ~4x slower on a 2-core host, where decoding costs far
-more CPU than reading the bytes, while float weights and optimizer moments
-shrink by only ~8%: their mantissas are noise to zstd. ``compress=True`` brings it back.
+chunk) made restores ~4x slower on a 2-core host, where decoding costs more CPU than reading the bytes,
+while weights and optimizer moments shrink by only ~8% (mantissas are noise). ``compress=True`` brings it back.
 
 Example::
 
@@ -74,6 +73,7 @@ from partitioning.checkpoint.space import (
 )
 from partitioning.errors import CheckpointError
 from partitioning.layout import path_str
+from partitioning.outdir import check_out_dir
 from partitioning.rules import as_rules
 
 # OCDBT packs arrays into data files of about this size. Orbax's default (2 GiB)
@@ -132,11 +132,11 @@ class CheckpointManager:
         compress: bool = False,
         frozen: Collection[str] | None = None,
     ):
+        check_out_dir(directory, "directory", replaceable=lambda _: True, kind="checkpoints")  # before orbax mkdirs
         self.directory = Path(directory).absolute()
         self.frozen = frozenset(frozen) if frozen is not None else None
         self._frozen: dict[str, Any] | None = None  # the frozen params this run's steps refer to
-        if ".." in self.directory.parts:
-            self.directory = self.directory.resolve()  # orbax and tensorstore take no `..`
+        self.directory = self.directory.resolve() if ".." in self.directory.parts else self.directory  # for orbax
         self.every, self.keep, self.keep_best, self.best_metric = int(every), int(keep), keep_best, best_metric
         self.async_ = async_
         self._base_meta: dict[str, Any] = {"format": FORMAT, "state_item": STATE_ITEM, "versions": versions()}

@@ -53,6 +53,7 @@ from partitioning.checkpoint.peft_config import (
     target_regexes,
 )
 from partitioning.errors import CheckpointError, ConfigError
+from partitioning.outdir import check_out_dir
 from partitioning.train.lora import A_SUFFIX, B_SUFFIX, RANK_AXIS, LoRA
 
 
@@ -180,7 +181,8 @@ def save_peft(model: Any, variables: Any, out_dir: str | os.PathLike, *, base: s
     with ``adapter=``, or a LoRA run); ``base`` is recorded as ``base_model_name_or_path``. Tensor names
     and shapes are PEFT's (``base_model.model.<module>.lora_A.weight`` ``(r, in)``, ``lora_B.weight``
     ``(out, r)``), in the adapters' dtype; each tensor is gathered alone and the folder changes only
-    when both files are complete, as with :func:`partitioning.save_hf`.
+    when both files are complete, as with :func:`partitioning.save_hf`; ``out_dir`` is new, empty, or
+    holds an adapter to replace.
 
     Example::
 
@@ -195,6 +197,7 @@ def save_peft(model: Any, variables: Any, out_dir: str | os.PathLike, *, base: s
     from partitioning.checkpoint.hf_map import param_names as _names
     from partitioning.checkpoint.hf_write import save_tensors
 
+    check_out_dir(out_dir, "out_dir", replaceable=lambda d: (d / ADAPTER_CONFIG).is_file(), kind="a PEFT adapter")
     lora = LoRA.parse(getattr(model, "lora", None))
     if lora is None:
         raise ConfigError(f"{type(model).__name__} has no LoRA adapters (lora is not set); save_hf writes its weights")

@@ -101,7 +101,13 @@ def read_adapter(path: str | os.PathLike) -> Adapter:
     p = Path(path)
     file = p if p.name == ADAPTER_CONFIG else p / ADAPTER_CONFIG
     if not file.is_file():
-        where = f"{p} does not exist" if not p.exists() else f"{p} has no {ADAPTER_CONFIG}"
+        where = (
+            f"{p} does not exist"
+            if not p.exists()
+            else f"{p} is a file"
+            if p.is_file()
+            else f"{p} has no {ADAPTER_CONFIG}"
+        )
         raise CheckpointError(f"{where}: a PEFT adapter is a folder with {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
     cfg = read_json_object(file)
     kind = cfg.get("peft_type")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from partitioning.errors import CheckpointError
+from partitioning.outdir import check_out_dir
 
 # Files of a Hugging Face checkpoint that are not weights: copied from the source as they are.
 TOKENIZER_FILES = (
@@ -42,10 +43,7 @@ TOKENIZER_FILES = (
 
 
 def _check_out(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise CheckpointError(f"{out}: is a file; OUT_DIR must be a folder (new, empty, or replaced with --force)")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise CheckpointError(f"{out}: exists and is not empty; choose a new folder or pass --force to replace it")
+    check_out_dir(out, "OUT_DIR", force="--force", replaceable=lambda _: force)
 
 
 def _restore_params(ref: Any, meta: dict[str, Any], model: Any) -> Any:

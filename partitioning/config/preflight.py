@@ -58,6 +58,7 @@ from partitioning.config.resume import compare_run
 from partitioning.config.run import data_from_config, data_resume_note
 from partitioning.config.schema import Config
 from partitioning.errors import CheckpointError, ConfigError, MeshError, PartitioningError, ShardingError
+from partitioning.outdir import file_in_the_way
 from partitioning.plan.budget import Budget, check_budget, device_memory
 from partitioning.plan.compiled import memory_stats
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
@@ -87,15 +88,14 @@ class Ready:
 
 def writable_dir(path: Path, where: str) -> None:
     """``path`` is a folder, or can be made one, and can be written; else one ConfigError at ``where``."""
-    if path.exists() and not path.is_dir():
+    blocker = file_in_the_way(path)
+    if blocker == path:
         raise ConfigError(f"{where}: {path} is a file, not a folder")
+    if blocker is not None:
+        raise ConfigError(f"{where}: cannot make {path}: {blocker} is a file")
     existing = path
-    while not existing.exists():
-        if existing.parent == existing:
-            break
+    while not existing.exists() and existing.parent != existing:
         existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"{where}: cannot make {path}: {existing} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{where}: cannot write {path}: {existing} is not writable")
 

@@ -227,6 +227,12 @@ class ChatTemplate:
         `name` picks one of several named templates (default: the one named "default").
         """
         directory = Path(directory)
+        if not directory.is_dir():
+            what = "a file, not" if directory.exists() else "no such folder:"
+            raise DataError(
+                f"{directory}: {what} a tokenizer folder (with tokenizer_config.json or chat_template.jinja)",
+                arg="chat_template",
+            )
         config_path = directory / "tokenizer_config.json"
         config = _read_config(directory)
         templates, source = cls._templates(directory, config, config_path)

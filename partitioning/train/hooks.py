@@ -27,6 +27,8 @@ from typing import Any
 
 import jax
 
+from partitioning.errors import ConfigError
+from partitioning.outdir import file_in_the_way
 from partitioning.train.state import state_step
 
 
@@ -52,6 +54,11 @@ class JsonlLogger:
 
     def __init__(self, path: str | Path | None):
         self.path = Path(path) if path is not None else None
+        if self.path is not None:  # refused here, not at the first logged step after a compilation
+            blocker = self.path if self.path.is_dir() else file_in_the_way(self.path.parent)
+            if blocker is not None:
+                what = "a folder; name a file (metrics.jsonl)" if blocker == self.path else f"{blocker} is a file"
+                raise ConfigError(f"{self.path}: cannot write the metrics: {what}", arg="path")
         self.records: list[dict[str, float | None]] = []  # None: a NaN or infinite value
         self.reason: str | None = None
 

@@ -25,6 +25,7 @@ from typing import Any
 import jax
 
 from partitioning.errors import ConfigError
+from partitioning.outdir import file_in_the_way, folders_undone_on_failure
 
 
 def plot_loss(records: Sequence[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
@@ -61,7 +62,8 @@ def plot_loss(records: Sequence[dict[str, Any]], path: str | Path, *, title: str
 
 
 def save_figure(fig: Any, path: str | Path) -> Path:
-    """Writes a matplotlib Figure as PNG, creating the folder.
+    """Writes a matplotlib Figure as PNG, creating the folder; a path that is a folder, under a file or not
+    ``*.png`` is refused before anything is written.
 
     Example::
 
@@ -74,9 +76,15 @@ def save_figure(fig: Any, path: str | Path) -> Path:
         True
     """
     path = Path(path)
+    if path.is_dir() or path.suffix.lower() != ".png":
+        raise ConfigError(f"{path}: {'a folder' if path.is_dir() else 'not a .png'}; name a .png file", arg="png")
+    blocker = file_in_the_way(path.parent)
+    if blocker is not None:
+        raise ConfigError(f"{path}: cannot write the PNG: {blocker} is a file, not a folder", arg="png")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path)
+        with folders_undone_on_failure(path.parent):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path)
     except OSError as e:
         raise ConfigError(f"{path}: cannot write the PNG: {e.strerror or e}", arg="png") from None
     return path

@@ -40,6 +40,8 @@ from typing import Any
 
 import jax
 
+from partitioning.errors import ConfigError
+from partitioning.outdir import file_in_the_way
 from partitioning.train.state import state_step
 
 PERF = ("tokens_per_s", "step_time_s", "tflops_per_device", "mfu")
@@ -99,6 +101,9 @@ class TensorBoardLogger:
 
     def __init__(self, logdir: str | Path):
         self.logdir = Path(logdir)
+        blocker = file_in_the_way(self.logdir)
+        if blocker is not None:
+            raise ConfigError(f"{self.logdir}: cannot write TensorBoard events: {blocker} is a file", arg="logdir")
         self.writer: Any = None
 
     def on_start(self, state: Any) -> Any:

@@ -325,6 +325,10 @@ def hardware(name: str) -> Hardware:
         >>> pt.hardware("h100").peak_flops
         989000000000000.0
     """
+    if not isinstance(name, str):
+        raise ConfigError(
+            f"--hardware {name!r}: expected a profile name ({', '.join(profile_names())})", arg="hardware"
+        )
     key = ALIASES.get(name.lower(), name.lower())
     if key in PROFILES:
         return PROFILES[key]
