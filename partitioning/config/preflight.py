@@ -53,6 +53,7 @@ from partitioning.config.build import (
     trainer_from_config,
 )
 from partitioning.config.planning import plan_from_config
+from partitioning.config.positions import check_positions
 from partitioning.config.remat import resolve_remat
 from partitioning.config.resume import compare_run
 from partitioning.config.run import data_from_config, data_resume_note
@@ -206,28 +207,6 @@ def check_tokenizer_vocab(cfg: Config) -> None:
         raise ConfigError(
             f"{here}: the model's vocab_size is {vocab}, but the tokenizer {path} has {n:,} tokens; "
             f"name the model's own tokenizer with data.tokenizer"
-        )
-
-
-def check_positions(cfg: Config) -> None:
-    """``train.seq_len`` fits a model with learned positions (GPT-2's ``n_positions``); else one line naming both."""
-    if cfg.model_hf is not None:
-        from partitioning.config.hf import config_json, hf_model_from_config
-
-        model = hf_model_from_config(cfg)
-        source = f"n_positions in {config_json(cfg.model_hf)}"
-    else:
-        if cfg.model_options.get("positions") != "learned":
-            return
-        model, source = None, cfg.where("model", "max_positions")
-    if getattr(model, "positions", "learned") != "learned":
-        return
-    limit = getattr(model, "max_positions", None) if model is not None else cfg.model_options.get("max_positions")
-    seq_len = cfg.train.seq_len
-    if limit is not None and seq_len is not None and seq_len > int(limit):
-        raise ConfigError(
-            f"{cfg.where('train', 'seq_len')}: sequence length {seq_len} is longer than the model's {limit} "
-            f"learned positions ({source}); lower train.seq_len to at most {limit}"
         )
 
 
