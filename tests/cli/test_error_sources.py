@@ -40,7 +40,9 @@ def test_position_limit_names_the_key_config_json_uses(gpt2, run_cli_in_process,
     data["max_position_embeddings"] = data.pop("n_positions")
     Path("gpt2/config.json").write_text(json.dumps(data))
     line = one_line_error(run_cli_in_process("plan", "g.yaml"))
-    assert line.endswith("32 learned positions (max_position_embeddings in gpt2/config.json); lower train.seq_len to at most 32")
+    assert line.endswith(
+        "32 learned positions (max_position_embeddings in gpt2/config.json); lower train.seq_len to at most 32"
+    )
 
 
 def test_generate_checks_its_own_length_not_train_seq_len(gpt2, run_cli_in_process, one_line_error):
