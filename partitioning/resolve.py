@@ -46,6 +46,7 @@ MeshAxes = None | str | tuple[str, ...] | Any  # Any: PartitionSpec.UNCONSTRAINE
 Pair = tuple[str, MeshAxes]
 
 ON_INDIVISIBLE = ("error", "replicate")
+REMEDY = "change the rule or the size, or set on_indivisible: replicate"  # an indivisible dimension's fix
 
 
 class IndivisibleWarning(UserWarning):
@@ -139,10 +140,10 @@ def walk(
             if shape[i] % n_shards:
                 msg = (
                     f"{where}dim {i} ({logical!r}, size {shape[i]}) is not divisible by mesh axes "
-                    f"{axes_tuple(axes)!r} of size {n_shards}"
+                    f"{axes_tuple(axes)!r} of size {n_shards} ({origins[r]})"
                 )
                 if on_indivisible == "error":
-                    raise ShardingError(msg + "; change the rule or the size, or set on_indivisible: replicate")
+                    raise ShardingError(f"{msg}; {REMEDY}", arg="on_indivisible")
                 warnings.warn(
                     msg + "; falling back to the next rule or unsharded",
                     IndivisibleWarning,
@@ -216,7 +217,7 @@ def fill_mesh_axis_names(
         if shape is not None and shape[i] % sizes[n]:
             msg = f"{where}dim {i} (mesh axis {n!r}, size {shape[i]}) is not divisible by the mesh axis size {sizes[n]}"
             if on_indivisible == "error":
-                raise ShardingError(msg + "; change the size, or set on_indivisible: replicate")
+                raise ShardingError(msg + "; change the size, or set on_indivisible: replicate", arg="on_indivisible")
             warnings.warn(msg + "; unsharded", IndivisibleWarning, stacklevel=user_stacklevel())
             notes.append(f"mesh-axis name {n!r}: size {shape[i]} not divisible by {sizes[n]}")
             continue
@@ -397,4 +398,5 @@ __all__ = [
     "MeshAxes",
     "Pair",
     "ON_INDIVISIBLE",
+    "REMEDY",
 ]

@@ -19,8 +19,7 @@ Example::
     ({'data': 1, 'fsdp': 8}, 8)
 
 Running and planning a config build on these: :mod:`partitioning.config.run`
-(data, checkpoints, trackers) and :mod:`partitioning.config.planning` (plan,
-compiled view).
+(data, checkpoints, trackers) and :mod:`partitioning.config.planning` (plan, compiled view).
 """
 
 from __future__ import annotations
@@ -61,6 +60,8 @@ from partitioning.train.task import Task, as_task
 # (partitioning.config.remat); a model built before that, for shapes only, gets the model's own default.
 AUTO = "auto"
 
+RULES_KEY = {"on_indivisible": ("rules",)}  # an indivisible dimension: at the rule table the config names
+BATCH_KEYS = {"batch_size": ("train", "batch_size"), "grad_accum": ("train", "grad_accum")}
 # PipelineError.arg -> the config key to point at.
 PIPELINE_KEYS = {
     "microbatches": ("train", "microbatches"),
@@ -377,9 +378,7 @@ def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh, dataset: Any = Non
     except ConfigError as e:
         raise at_key(cfg, e, trainable_keys(cfg)) from None
     except (ShardingError, PipelineError) as e:
-        raise at_key(
-            cfg, e, {"batch_size": ("train", "batch_size"), "grad_accum": ("train", "grad_accum"), **PIPELINE_KEYS}
-        ) from None
+        raise at_key(cfg, e, {**BATCH_KEYS, **PIPELINE_KEYS, **RULES_KEY}) from None
 
 
 __all__ = [
@@ -397,4 +396,5 @@ __all__ = [
     "trainer_from_config",
     "trainable_keys",
     "PIPELINE_KEYS",
+    "RULES_KEY",
 ]

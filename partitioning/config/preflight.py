@@ -45,6 +45,7 @@ from partitioning.checkpoint.integrity import check_parts
 from partitioning.checkpoint.restore import abstract_target, check_fits, checkpoint_metadata
 from partitioning.config.axes import check_axes_used
 from partitioning.config.build import (
+    RULES_KEY,
     at_key,
     batch_from_config,
     dataset_from_config,
@@ -62,6 +63,7 @@ from partitioning.errors import CheckpointError, ConfigError, MeshError, Partiti
 from partitioning.plan.budget import Budget, check_budget, device_memory
 from partitioning.plan.compiled import memory_stats
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
+from partitioning.resolve import REMEDY
 from partitioning.train.batch import batch_specs
 from partitioning.train.step import Trainer
 
@@ -281,8 +283,8 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, re
     except MeshError as e:
         raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
     plan, _ = plan_from_config(cfg, devices)
-    if plan.errors:
-        raise ShardingError(plan.errors[0])
+    if plan.errors:  # every array that does not divide, at the rules (as the trainer's walk says it)
+        raise at_key(cfg, ShardingError(f"{'; '.join(plan.errors)}; {REMEDY}", arg="on_indivisible"), RULES_KEY)
     t = cfg.train
     micro = t.batch_size // t.grad_accum if t.grad_accum and t.batch_size % t.grad_accum == 0 else None
     if micro is None:
