@@ -44,7 +44,7 @@ from typing import Any
 
 from jax.sharding import PartitionSpec
 
-from partitioning.fmt import fmt_bytes, fmt_spec
+from partitioning.fmt import fmt_bytes, fmt_rule, fmt_spec
 from partitioning.layout import LeafLayout, name_failures, tree_layouts
 from partitioning.mesh import MeshSpec
 from partitioning.plan.axes import memory_by_axis
@@ -202,7 +202,8 @@ class Plan:
                 + ": those dimensions are unsharded"
             )
         for u in self.unused_rules:
-            out.append(f"rule {u.index} {u.rule} never claims a dimension of any parameter or activation ({u.origin})")
+            rule = f"rule {u.index} {fmt_rule(u.rule)}"
+            out.append(f"{rule} never claims a dimension of any parameter or activation ({u.origin})")
         for msg in self.indivisible:
             if self.on_indivisible == "error":
                 out.append(f"error: {msg}; {REMEDY}")

@@ -129,7 +129,7 @@ def test_uncovered_names_and_unused_rules(make_plan, make_mlp):
         "across it" in p.warnings()
     )
     assert (
-        "rule 1 ['heads', 'tensor'] never claims a dimension of any parameter or activation (rules[1])" in p.warnings()
+        "rule 1 [heads, tensor] never claims a dimension of any parameter or activation (rules[1])" in p.warnings()
     )
     # 'batch' only names activations: it fires through the forward pass
     assert 0 not in [u.index for u in p.unused_rules]
