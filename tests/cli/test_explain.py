@@ -13,8 +13,12 @@ def test_rules_explain(repo, run_cli_subprocess):
     # The compute layout: FSDP params are used gathered over the batch axes; the table shows the compute spec.
     assert (
         "compute layout: parameters are gathered over the batch axes (data, fsdp; from rule 0 "
-        "['batch', ('data', 'fsdp')]) before use"
+        "[batch, [data, fsdp]]) before use"
     ) in out
+    # Every rule printed as the YAML tables write it, none as a Python tuple or a quoted list.
+    assert "rule 0 (" not in out and "['" not in out and "('embed'" not in out
+    # The quickstart's own table is clean: fsdp's fallbacks ([vocab, fsdp], [mlp, fsdp]) found every array split.
+    assert "never fire" not in out
     row = next(line for line in out.splitlines() if "params/blocks/mlp/wi_0" in line)
     assert row.rstrip(" │").endswith("P(None, None, None)")
 
