@@ -187,7 +187,8 @@ def tree_layouts(
 def _tree_layouts(tree: Any, mesh: Any, rules: Any, on_indivisible: str, warn: bool, depth: int) -> list[LeafLayout]:
     rules = as_rules(rules)
     leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_leaf)[0]
-    layouts, failed = [], {}  # failed: an indivisible dimension (less the path) -> the arrays it fails in
+    layouts: list[LeafLayout] = []
+    failed: dict[str, list[str]] = {}  # an indivisible dimension (less the path) -> the arrays it fails in
     for kp, leaf in leaves:
         path = path_str(kp)
         try:
