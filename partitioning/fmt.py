@@ -84,6 +84,7 @@ def fmt_rule(rule: Sequence[Any]) -> str:
 
     Example::
 
+        >>> from partitioning.fmt import fmt_rule
         >>> fmt_rule(("batch", ("data", "fsdp"))), fmt_rule(["lora", None])
         ('[batch, [data, fsdp]]', '[lora, null]')
     """
