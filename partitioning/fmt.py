@@ -79,6 +79,23 @@ def fmt_axes(axes: Any) -> str:
     return "/".join(axes)
 
 
+def fmt_rule(rule: Sequence[Any]) -> str:
+    """``[embed, fsdp]``, ``[batch, [data, fsdp]]``, ``[lora, null]``: one rule as a rule table's YAML writes it.
+
+    Example::
+
+        >>> from partitioning.fmt import fmt_rule
+        >>> fmt_rule(("batch", ("data", "fsdp"))), fmt_rule(["lora", None])
+        ('[batch, [data, fsdp]]', '[lora, null]')
+    """
+    name, axes = rule[0], rule[1]
+    if axes is None or isinstance(axes, str):
+        return f"[{name}, {'null' if axes is None else axes}]"
+    if isinstance(axes, (list, tuple)):
+        return f"[{name}, [{', '.join(axes)}]]"
+    return f"[{name}, unconstrained]"  # PartitionSpec.UNCONSTRAINED (set from Python only)
+
+
 def fmt_rules(rules: Iterable[Sequence[Any]] | None) -> str:
     """``batch->data/fsdp, embed->fsdp``: a rule table on one line."""
     rules = list(rules or [])
@@ -87,4 +104,4 @@ def fmt_rules(rules: Iterable[Sequence[Any]] | None) -> str:
     return ", ".join(f"{name}->{fmt_axes(tuple(a) if isinstance(a, list) else a)}" for name, a in rules)
 
 
-__all__ = ["parse_bytes", "fmt_bytes", "fmt_spec", "fmt_shape", "fmt_mesh", "fmt_axes", "fmt_rules"]
+__all__ = ["parse_bytes", "fmt_bytes", "fmt_spec", "fmt_shape", "fmt_mesh", "fmt_axes", "fmt_rule", "fmt_rules"]

@@ -38,7 +38,7 @@ from partitioning.context import context_sizes
 from partitioning.errors import ShardingError
 from partitioning.paths import path_str
 from partitioning.replication import check_replication
-from partitioning.resolve import DimExplanation, axes_tuple, mesh_axis_sizes
+from partitioning.resolve import REMEDY, DimExplanation, axes_tuple, mesh_axis_sizes
 from partitioning.rules import Rules, as_rules
 
 
@@ -139,6 +139,22 @@ def _layout_one(path: str, leaf: Any, mesh: Any, rules: Rules, on_indivisible: s
     return LeafLayout(path, shape, dtype, None, spec, (), (1,) * len(shape))
 
 
+def name_failures(failed: dict[str, list[str]]) -> list[str]:
+    """``paths: failure`` per indivisible dimension (``failed``: the failure -> the arrays it fails in); an
+    optimizer state's copy of a failing parameter (mu, nu, ...) is that parameter's failure, named once."""
+    out = []
+    for why, paths in failed.items():
+        params = {p.split("/", 1)[1] for p in paths if p.startswith("params/")}
+        named = [p for p in paths if not any(p.endswith(f"/{q}") and p != f"params/{q}" for q in params)]
+        out.append(f"{', '.join(named)}: {why}")
+    return out
+
+
+def indivisible_error(failed: dict[str, list[str]]) -> ShardingError:
+    """One error naming every array that does not divide (see :func:`name_failures`), with the fix."""
+    return ShardingError(f"{'; '.join(name_failures(failed))}; {REMEDY}", arg="on_indivisible")
+
+
 def tree_layouts(
     tree: Any,
     mesh: Any,
@@ -171,7 +187,18 @@ def tree_layouts(
 def _tree_layouts(tree: Any, mesh: Any, rules: Any, on_indivisible: str, warn: bool, depth: int) -> list[LeafLayout]:
     rules = as_rules(rules)
     leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_leaf)[0]
-    layouts = [_layout_one(path_str(kp), leaf, mesh, rules, on_indivisible) for kp, leaf in leaves]
+    layouts: list[LeafLayout] = []
+    failed: dict[str, list[str]] = {}  # an indivisible dimension (less the path) -> the arrays it fails in
+    for kp, leaf in leaves:
+        path = path_str(kp)
+        try:
+            layouts.append(_layout_one(path, leaf, mesh, rules, on_indivisible))
+        except ShardingError as e:
+            if e.arg != "on_indivisible" or not str(e).startswith(f"{path}: "):
+                raise
+            failed.setdefault(str(e)[len(path) + 2 :].split("; change the")[0], []).append(path)
+    if failed:  # every array that does not divide, in one line (k and v alike), not only the first
+        raise indivisible_error(failed)
     if warn:
         check_replication(layouts, mesh_axis_sizes(mesh), rules, stacklevel=depth)  # depth: the user's frame
     return layouts
@@ -306,6 +333,8 @@ def logical_to_mesh_sharding(tree: Any, mesh: jax.sharding.Mesh, rules: Any = No
 
 __all__ = [
     "LeafLayout",
+    "name_failures",
+    "indivisible_error",
     "tree_layouts",
     "tree_specs",
     "tree_shardings",

@@ -40,12 +40,14 @@ from typing import Any, cast, overload
 from jax.sharding import PartitionSpec
 
 from partitioning.errors import RuleError, ShardingError, did_you_mean, user_stacklevel
+from partitioning.fmt import fmt_rule
 from partitioning.follows import canonical
 
 MeshAxes = None | str | tuple[str, ...] | Any  # Any: PartitionSpec.UNCONSTRAINED
 Pair = tuple[str, MeshAxes]
 
 ON_INDIVISIBLE = ("error", "replicate")
+REMEDY = "change the rule or the size, or set on_indivisible: replicate"  # an indivisible dimension's fix
 
 
 class IndivisibleWarning(UserWarning):
@@ -118,7 +120,7 @@ def walk(
         if logical not in names:
             continue
         i = names.index(logical)
-        rule_s = f"rule {r} {(logical, axes)!r}"
+        rule_s = f"rule {r} {fmt_rule((logical, axes))}"
         if result[i] is not unassigned:
             skipped[i].append(f"skipped {rule_s}: dim {i} already claimed by rule {claimed_by.get(i)}")
             continue
@@ -139,10 +141,10 @@ def walk(
             if shape[i] % n_shards:
                 msg = (
                     f"{where}dim {i} ({logical!r}, size {shape[i]}) is not divisible by mesh axes "
-                    f"{axes_tuple(axes)!r} of size {n_shards}"
+                    f"{axes_tuple(axes)!r} of size {n_shards} ({origins[r]})"
                 )
                 if on_indivisible == "error":
-                    raise ShardingError(msg + "; change the rule or the size, or set on_indivisible: replicate")
+                    raise ShardingError(f"{msg}; {REMEDY}", arg="on_indivisible")
                 warnings.warn(
                     msg + "; falling back to the next rule or unsharded",
                     IndivisibleWarning,
@@ -150,8 +152,7 @@ def walk(
                 )
                 skipped[i].append(f"skipped {rule_s}: size {shape[i]} not divisible by {n_shards}")
                 continue
-        result[i] = axes
-        claimed_by[i] = r
+        result[i], claimed_by[i] = axes, r
         for a in axes_tuple(axes):
             owner[a] = i
     # Then mesh-axis names, only where the rules left a dimension unassigned and the axis is free:
@@ -216,7 +217,7 @@ def fill_mesh_axis_names(
         if shape is not None and shape[i] % sizes[n]:
             msg = f"{where}dim {i} (mesh axis {n!r}, size {shape[i]}) is not divisible by the mesh axis size {sizes[n]}"
             if on_indivisible == "error":
-                raise ShardingError(msg + "; change the size, or set on_indivisible: replicate")
+                raise ShardingError(msg + "; change the size, or set on_indivisible: replicate", arg="on_indivisible")
             warnings.warn(msg + "; unsharded", IndivisibleWarning, stacklevel=user_stacklevel())
             notes.append(f"mesh-axis name {n!r}: size {shape[i]} not divisible by {sizes[n]}")
             continue
@@ -297,8 +298,8 @@ class TableWalk:
 
             >>> for d in pt.Rules([("embed", "fsdp"), ("mlp", "fsdp")]).explain(("embed", "mlp")):
             ...     print(d)
-            dim 0 'embed' -> 'fsdp' by rule 0 ('embed', 'fsdp')
-            dim 1 'mlp' -> unsharded; skipped rule 1 ('mlp', 'fsdp'): mesh axis 'fsdp' already used by dim 0 ('embed')
+            dim 0 'embed' -> 'fsdp' by rule 0 [embed, fsdp]
+            dim 1 'mlp' -> unsharded; skipped rule 1 [mlp, fsdp]: mesh axis 'fsdp' already used by dim 0 ('embed')
         """
         log: list[DimExplanation] = []
         with warnings.catch_warnings():
@@ -378,12 +379,10 @@ class DimExplanation:
     def claimed(self) -> bool:
         return self.rule_index is not None
 
-    def __str__(self) -> str:
+    def __str__(self) -> str:  # rules as the YAML tables write them: ``rule 0 [embed, fsdp]``
         target = "unsharded" if self.mesh_axes is None else repr(self.mesh_axes)
-        head = f"dim {self.dim} {self.name!r} -> {target}"
-        if self.claimed:
-            head += f" by rule {self.rule_index} {self.rule!r}"
-        return head + "".join(f"; {n}" for n in self.notes)
+        by = f" by rule {self.rule_index} {fmt_rule(self.rule)}" if self.rule is not None else ""
+        return f"dim {self.dim} {self.name!r} -> {target}{by}" + "".join(f"; {n}" for n in self.notes)
 
 
 __all__ = [
@@ -397,4 +396,5 @@ __all__ = [
     "MeshAxes",
     "Pair",
     "ON_INDIVISIBLE",
+    "REMEDY",
 ]

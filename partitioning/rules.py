@@ -33,6 +33,7 @@ import flax.core.spmd as flax_spmd
 from jax.sharding import PartitionSpec
 
 from partitioning.errors import ConfigError, RuleError, did_you_mean
+from partitioning.fmt import fmt_rule
 from partitioning.follows import NAMED as NAMED_FOLLOWS
 from partitioning.follows import parse_follows
 from partitioning.resolve import MeshAxes, TableWalk, axes_tuple, mesh_axis_sizes
@@ -270,7 +271,7 @@ class Rules(TableWalk, tuple):
         idx = [i for i, (n, _) in enumerate(self) if n == "batch"]
         if not idx:
             return "no rule for 'batch' and none declared: parameters are used as stored"
-        return "from " + ", ".join(f"rule {i} {list(self[i])!r}" for i in idx)
+        return "from " + ", ".join(f"rule {i} {fmt_rule(self[i])}" for i in idx)
 
     def batch_spec(self, ndim: int = 1) -> PartitionSpec:
         """The spec of an input whose dim 0 is the batch: declared axes, else the ``batch`` rule walk."""

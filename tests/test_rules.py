@@ -164,7 +164,7 @@ def test_none_rule_claims_dimension_unsharded_and_blocks_fallbacks():
     assert rules.resolve(("embed", "mlp")) == P(None, None)
     [_, d] = rules.explain(("embed", "mlp"))
     assert d.rule_index == 0 and d.mesh_axes is None
-    assert "skipped rule 1 ('mlp', 'tensor'): dim 1 already claimed by rule 0" in d.notes
+    assert "skipped rule 1 [mlp, tensor]: dim 1 already claimed by rule 0" in d.notes
 
 
 def test_fallback_when_axis_is_taken():
@@ -175,9 +175,9 @@ def test_fallback_when_axis_is_taken():
 
 def test_explain_names_the_blocking_dimension():
     dims = Rules([("embed", "fsdp"), ("mlp", "fsdp")]).explain(("embed", "mlp"))
-    assert str(dims[0]) == "dim 0 'embed' -> 'fsdp' by rule 0 ('embed', 'fsdp')"
+    assert str(dims[0]) == "dim 0 'embed' -> 'fsdp' by rule 0 [embed, fsdp]"
     assert str(dims[1]) == (
-        "dim 1 'mlp' -> unsharded; skipped rule 1 ('mlp', 'fsdp'): mesh axis 'fsdp' already used by dim 0 ('embed')"
+        "dim 1 'mlp' -> unsharded; skipped rule 1 [mlp, fsdp]: mesh axis 'fsdp' already used by dim 0 ('embed')"
     )
 
 
@@ -190,7 +190,7 @@ def test_explain_reports_indivisible_skip():
     rules = Rules([("mlp", "tensor"), ("mlp", "fsdp")])
     [d] = rules.explain(("mlp",), shape=(6,), mesh={"tensor": 4, "fsdp": 2})
     assert d.mesh_axes == "fsdp" and d.rule_index == 1
-    assert d.notes == ("skipped rule 0 ('mlp', 'tensor'): size 6 not divisible by 4",)
+    assert d.notes == ("skipped rule 0 [mlp, tensor]: size 6 not divisible by 4",)
 
 
 def test_duplicate_logical_name_is_an_error_naming_the_array():

@@ -58,11 +58,9 @@ def run(args: argparse.Namespace) -> int:
             say(f"error: {p}")
         raise problems[-1]  # the CLI's own one line and exit status 2
     assert ready is not None
-    seen = set()
-    for w in caught:
-        if ("Indivisible" in type(w.message).__name__ or "divisible" in str(w.message)) and str(w.message) not in seen:
-            seen.add(str(w.message))
-            say(f"warning: {w.message}")
+    for w in caught:  # through the CLI's printer: one line per parameter, not one per optimizer moment
+        if "Indivisible" in type(w.message).__name__ or "divisible" in str(w.message):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     mesh = dict(ready.mesh.shape) if small else dict(ready.mesh)
     plan = ready.plan
     if complete is not None:

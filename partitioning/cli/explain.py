@@ -9,7 +9,7 @@ from partitioning.cli.args import config_args, leaf, load_with_devices
 from partitioning.cli.render import console, explain_table
 from partitioning.config.axes import check_axes_used
 from partitioning.config.build import abstract_model, batch_from_config, mesh_from_config, task_from_config
-from partitioning.fmt import fmt_spec
+from partitioning.fmt import fmt_rule, fmt_spec
 from partitioning.layout import tree_layouts
 from partitioning.plan.coverage import activation_names, rule_coverage
 
@@ -57,5 +57,6 @@ def run(args: argparse.Namespace) -> int:
     if cov.uncovered:
         print(f"logical names no rule mentions (unsharded): {', '.join(cov.uncovered)}")
     if cov.unused:
-        print("rules that never fire on this model: " + ", ".join(f"rule {u.index} {u.rule}" for u in cov.unused))
+        unused = ", ".join(f"rule {u.index} {fmt_rule(u.rule)}" for u in cov.unused)
+        print(f"rules that never fire on this model: {unused}")
     return 0

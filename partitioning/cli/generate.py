@@ -25,6 +25,7 @@ from typing import Any
 from partitioning.cli.args import config_args, load_with_devices, say
 from partitioning.config.build import abstract_model, mesh_from_config, model_from_config
 from partitioning.config.hf import hf_params_from_config, run_checkpoints, tokenizer_from_config
+from partitioning.config.positions import check_generate_length
 from partitioning.config.schema import Config
 from partitioning.errors import CheckpointError, ConfigError, DataError
 
@@ -59,8 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--from-hf", action="store_true", help="the config's Hugging Face weights, not the run's")
 
 
-def _params(cfg: Config, args: argparse.Namespace, mesh: Any) -> tuple[Any, str]:
-    """(params on ``mesh``, where they came from)."""
+def _params(cfg: Config, args: argparse.Namespace, mesh: Any, length: int) -> tuple[Any, str]:
+    """(params on ``mesh``, where they came from); ``length``: the sequence generate runs (not train.seq_len)."""
     from partitioning.checkpoint.disk import list_steps
     from partitioning.checkpoint.restore import abstract_target, restore_checkpoint
 
@@ -74,7 +75,7 @@ def _params(cfg: Config, args: argparse.Namespace, mesh: Any) -> tuple[Any, str]
         if args.step is not None and args.step not in steps:
             raise CheckpointError(f"--step {args.step}: no such checkpoint in {directory} (steps: {steps})")
         step = args.step if args.step is not None else steps[-1]
-        _, variables = abstract_model(cfg)
+        _, variables = abstract_model(cfg, seq_len=length)
         target = abstract_target(variables["params"], mesh, cfg.rules, on_indivisible=cfg.on_indivisible)
         params = restore_checkpoint(directory, target, step=step, params_only=True)
         return params, f"step {step} of {directory}"
@@ -177,7 +178,10 @@ def run(args: argparse.Namespace) -> int:
     if tok is None and vocab is not None and vocab < 256:
         raise ConfigError(f"{cfg.where('model')}: a byte-level prompt needs vocab_size >= 256, got {vocab}")
     stops = stop_ids(folder if cfg.model_hf is not None else None, tok)
-    params, source = _params(cfg, args, mesh)
+    longest = max(len(p) for p in prompts)
+    # generate's own length against the model's positions (train.seq_len is the training length: not checked)
+    length = check_generate_length(cfg, longest, args.max_tokens, "--prompts" if args.prompts else "--prompt")
+    params, source = _params(cfg, args, mesh, length)
     start = time.perf_counter()
     try:
         new = generate(
@@ -197,7 +201,6 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         if e.arg != "max_positions":
             raise
-        longest = max(len(p) for p in prompts)
         raise ConfigError(f"--max-tokens {args.max_tokens} + {longest} prompt tokens: {e}", arg=e.arg) from None
     took = time.perf_counter() - start
 

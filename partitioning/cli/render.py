@@ -17,9 +17,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console, JustifyMethod
+from rich.markup import escape
 from rich.table import Table
 
-from partitioning.fmt import fmt_bytes
+from partitioning.fmt import fmt_bytes, fmt_rule
 from partitioning.layout import LeafLayout
 
 
@@ -54,7 +55,7 @@ def explain_table(layouts: Sequence[LeafLayout], computes: Mapping[str, str], *,
         table.add_column(col, overflow="fold")
     for leaf in layouts:
         for d in leaf.dims:
-            why = f"rule {d.rule_index} {list(d.rule)}" if d.rule is not None else "-"
+            why = f"rule {d.rule_index} {fmt_rule(d.rule)}" if d.rule is not None else "-"
             if d.notes:
                 why += "; " + "; ".join(d.notes)
             if leaf.named_by is not None:
@@ -66,7 +67,7 @@ def explain_table(layouts: Sequence[LeafLayout], computes: Mapping[str, str], *,
                 str(d.name),
                 str(d.size),
                 "-" if d.mesh_axes is None else str(d.mesh_axes),
-                why,
+                escape(why),  # `[embed, fsdp]` is text, not rich markup
                 computes.get(leaf.path, "") if first else "",
             )
     return table
@@ -115,7 +116,7 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
             fmt_bytes(r["total_bytes"]),
         )
     console.print(t)
-    console.print("rules: " + "  ".join(f"r{i}={tuple(p)}" for i, p in enumerate(report["rules"])))
+    console.print("rules: " + "  ".join(f"r{i}={fmt_rule(p)}" for i, p in enumerate(report["rules"])), markup=False)
     if rows:
         console.print("names from annotations: " + "  ".join(f"{a}={o}" for o, a in rows.items()), highlight=False)
 
@@ -222,7 +223,7 @@ def pipeline_line(p: dict[str, Any]) -> str:
 def render_compiled(view: dict[str, Any], console: Any) -> None:
     """XLA's memory per device, FLOPs and collectives per step and the sharding self-check (or why there is none)."""
     if view["status"] != "ok":
-        console.print(f"[bold]compiled view {view['status']}:[/bold] {view['reason']}", highlight=False)
+        console.print(f"[bold]compiled view {view['status']}:[/bold] {escape(view['reason'])}", highlight=False)
         return
     console.print(
         f"[bold]compiled train step[/bold] ({view['devices']} {view['backend']} devices): "

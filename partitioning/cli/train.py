@@ -31,6 +31,7 @@ from partitioning.config.build import model_options_resolved
 from partitioning.config.hf import hf_params_from_config
 from partitioning.config.run import checkpoint_hook_from_config, trackers_from_config
 from partitioning.config.rundir import move_previous_run, write_file
+from partitioning.config.schema import Config
 from partitioning.errors import ConfigError
 from partitioning.plan.flops import peak_tflops, transformer_flops
 from partitioning.train.data import Corpus
@@ -81,6 +82,17 @@ def _flops_line(trainer, flops: float | None, peak: float | None) -> str:
     if trainer.seq_len:
         out += f"; 6·N·tokens {transformer_flops(trainer.num_params, trainer.batch_size * trainer.seq_len) / 1e12:.4g}"
     return out + (f"; peak {peak:g} TFLOP/s per device" if peak else "; no peak known for this device: no MFU")
+
+
+def plot_title(cfg: Config) -> str:
+    """``hf_tiny: llama + LoRA``: the config's name and the model's (a checkpoint by its folder's name, not its
+    whole path, which would not fit a plot's title)."""
+    name = cfg.model_name
+    if cfg.model_hf is not None:
+        source = Path(cfg.model_hf)
+        name = (source.parent if source.suffix == ".json" else source).resolve().name
+    lora = "lora" in cfg.model_options or "adapter" in cfg.model_options
+    return f"{Path(cfg.path).stem}: {name}{' + LoRA' if lora else ''}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,7 +147,7 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
             if note:
                 print(note, flush=True)
     logger, trackers = trackers_from_config(cfg, run_dir, resolved)
-    plot = LossPlot(logger, run_dir / "loss.png", title=f"{Path(cfg.path).stem}: {cfg.model_name}")
+    plot = LossPlot(logger, run_dir / "loss.png", title=plot_title(cfg))
     # Restore (or init) directly, so a resumed run never holds a fresh init and
     # the restored state at once.
     init = None

@@ -21,6 +21,8 @@ Modules:
 - :mod:`~partitioning.config.resume` — a run resuming its run dir's checkpoint is that experiment, further on;
   anything else (nothing to train, another model or optimizer) says what to do.
 - :mod:`~partitioning.config.rundir` — starting over moves the previous run whole into ``RUN_DIR/previous/``.
+- :mod:`~partitioning.config.positions` — a model's learned-position limit against ``train.seq_len`` (and
+  ``generate``'s own length), both sources named.
 - :mod:`~partitioning.config.preflight` — every check ``train`` makes, before anything is compiled or written.
 - :mod:`~partitioning.config.tables` — a config laid out with other rule tables, each on a mesh that uses its
   axes (``compare``).

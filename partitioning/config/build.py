@@ -19,8 +19,7 @@ Example::
     ({'data': 1, 'fsdp': 8}, 8)
 
 Running and planning a config build on these: :mod:`partitioning.config.run`
-(data, checkpoints, trackers) and :mod:`partitioning.config.planning` (plan,
-compiled view).
+(data, checkpoints, trackers) and :mod:`partitioning.config.planning` (plan, compiled view).
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ import partitioning.models  # noqa: F401  (registers the reference models: gpt, 
 from partitioning.annotations import annotated_model
 from partitioning.config.hf import find_beside, hf_model_from_config, hf_options, tokenizer_from_config
 from partitioning.config.lora import lora_error, parse_lora, takes_lora, without_lora, wrap_lora
+from partitioning.config.positions import check_positions
 from partitioning.config.schema import Config
 from partitioning.config.targets import TARGET, Factory, build_target, check_kwargs, import_target, takes_rngs
 from partitioning.errors import ConfigError, DataError, PartitioningError, ShardingError
@@ -60,6 +60,8 @@ from partitioning.train.task import Task, as_task
 # (partitioning.config.remat); a model built before that, for shapes only, gets the model's own default.
 AUTO = "auto"
 
+RULES_KEY = {"on_indivisible": ("rules",)}  # an indivisible dimension: at the rule table the config names
+BATCH_KEYS = {"batch_size": ("train", "batch_size"), "grad_accum": ("train", "grad_accum")}
 # PipelineError.arg -> the config key to point at.
 PIPELINE_KEYS = {
     "microbatches": ("train", "microbatches"),
@@ -294,15 +296,17 @@ def instructions_from_config(cfg: Config, tokenizer: Any) -> Any:
         raise at_key(cfg, e, _DATA_KEYS) from None
 
 
-def batch_from_config(cfg: Config, dataset: Any = None) -> Any:
-    """One global batch's shapes: ``(batch_size, seq_len)`` tokens for text, else ``dataset.example(batch_size)``."""
+def batch_from_config(cfg: Config, dataset: Any = None, seq_len: int | None = None) -> Any:
+    """One global batch's shapes: ``(batch_size, seq_len)`` tokens for text (``seq_len``: else ``train.seq_len``,
+    checked against the model's learned positions), else ``dataset.example(batch_size)``."""
+    n = seq_len if seq_len is not None else check_positions(cfg)
     if cfg.data.target is None and cfg.data.format != "text":
-        return instruction_batch(cfg.train.batch_size, cfg.train.seq_len)
+        return instruction_batch(cfg.train.batch_size, n)
     if cfg.data.target is None:
-        return lm_batch(cfg.train.batch_size, cfg.train.seq_len)
+        return lm_batch(cfg.train.batch_size, n)
     dataset = dataset if dataset is not None else dataset_from_config(cfg)
     if isinstance(dataset, Corpus):  # a _target_ that returns tokens, e.g. your own tokenizing loader
-        return lm_batch(cfg.train.batch_size, cfg.train.seq_len)
+        return lm_batch(cfg.train.batch_size, n)
     if not hasattr(dataset, "example"):
         raise ConfigError(
             f"{cfg.where('data', TARGET)}: the data object needs example(batch_size) and "
@@ -330,10 +334,10 @@ def task_from_config(cfg: Config) -> Task:
     return task
 
 
-def abstract_model(cfg: Config, dataset: Any = None) -> tuple[Any, Any]:
+def abstract_model(cfg: Config, dataset: Any = None, seq_len: int | None = None) -> tuple[Any, Any]:
     """(model, the boxed ``eval_shape`` of its variables on the config's batch), nothing allocated."""
     model = model_from_config(cfg)
-    args, kwargs = model_inputs(task_from_config(cfg), batch_from_config(cfg, dataset))
+    args, kwargs = model_inputs(task_from_config(cfg), batch_from_config(cfg, dataset, seq_len))
     return model, as_model(model).abstract(args, kwargs)
 
 
@@ -374,9 +378,7 @@ def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh, dataset: Any = Non
     except ConfigError as e:
         raise at_key(cfg, e, trainable_keys(cfg)) from None
     except (ShardingError, PipelineError) as e:
-        raise at_key(
-            cfg, e, {"batch_size": ("train", "batch_size"), "grad_accum": ("train", "grad_accum"), **PIPELINE_KEYS}
-        ) from None
+        raise at_key(cfg, e, {**BATCH_KEYS, **PIPELINE_KEYS, **RULES_KEY}) from None
 
 
 __all__ = [
@@ -394,4 +396,5 @@ __all__ = [
     "trainer_from_config",
     "trainable_keys",
     "PIPELINE_KEYS",
+    "RULES_KEY",
 ]

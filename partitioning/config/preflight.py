@@ -45,6 +45,7 @@ from partitioning.checkpoint.integrity import check_parts
 from partitioning.checkpoint.restore import abstract_target, check_fits, checkpoint_metadata
 from partitioning.config.axes import check_axes_used
 from partitioning.config.build import (
+    RULES_KEY,
     at_key,
     batch_from_config,
     dataset_from_config,
@@ -53,6 +54,7 @@ from partitioning.config.build import (
     trainer_from_config,
 )
 from partitioning.config.planning import plan_from_config
+from partitioning.config.positions import check_positions
 from partitioning.config.remat import resolve_remat
 from partitioning.config.resume import compare_run
 from partitioning.config.run import data_from_config, data_resume_note
@@ -62,6 +64,7 @@ from partitioning.outdir import file_in_the_way
 from partitioning.plan.budget import Budget, check_budget, device_memory
 from partitioning.plan.compiled import memory_stats
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
+from partitioning.resolve import REMEDY
 from partitioning.train.batch import batch_specs
 from partitioning.train.step import Trainer
 
@@ -209,28 +212,6 @@ def check_tokenizer_vocab(cfg: Config) -> None:
         )
 
 
-def check_positions(cfg: Config) -> None:
-    """``train.seq_len`` fits a model with learned positions (GPT-2's ``n_positions``); else one line naming both."""
-    if cfg.model_hf is not None:
-        from partitioning.config.hf import config_json, hf_model_from_config
-
-        model = hf_model_from_config(cfg)
-        source = f"n_positions in {config_json(cfg.model_hf)}"
-    else:
-        if cfg.model_options.get("positions") != "learned":
-            return
-        model, source = None, cfg.where("model", "max_positions")
-    if getattr(model, "positions", "learned") != "learned":
-        return
-    limit = getattr(model, "max_positions", None) if model is not None else cfg.model_options.get("max_positions")
-    seq_len = cfg.train.seq_len
-    if limit is not None and seq_len is not None and seq_len > int(limit):
-        raise ConfigError(
-            f"{cfg.where('train', 'seq_len')}: sequence length {seq_len} is longer than the model's {limit} "
-            f"learned positions ({source}); lower train.seq_len to at most {limit}"
-        )
-
-
 def _mesh(cfg: Config, devices: int | None):
     try:
         return mesh_from_config(cfg, devices)
@@ -302,8 +283,8 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, re
     except MeshError as e:
         raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
     plan, _ = plan_from_config(cfg, devices)
-    if plan.errors:
-        raise ShardingError(plan.errors[0])
+    if plan.errors:  # every array that does not divide, at the rules (as the trainer's walk says it)
+        raise at_key(cfg, ShardingError(f"{'; '.join(plan.errors)}; {REMEDY}", arg="on_indivisible"), RULES_KEY)
     t = cfg.train
     micro = t.batch_size // t.grad_accum if t.grad_accum and t.batch_size % t.grad_accum == 0 else None
     if micro is None:

@@ -16,8 +16,11 @@ Example::
     >>> mesh = {"data": 1, "fsdp": 8}
     >>> acts = pt.activation_names(model, params, mesh, "fsdp", batch_size=8, seq_len=64)
     >>> cov = rule_coverage(pt.tree_layouts(params, mesh, "fsdp"), pt.Rules.preset("fsdp"), acts)
-    >>> cov.uncovered, [u.index for u in cov.unused]
-    (['heads', 'kv', 'kv_heads', 'layers', 'length'], [2, 3])
+    >>> cov.uncovered, [u.index for u in cov.unused]   # fsdp's fallbacks found every array split: not reported
+    (['heads', 'kv', 'kv_heads', 'layers', 'length'], [])
+    >>> mine = pt.Rules([("batch", ("data", "fsdp")), ("embed", "fsdp"), ("mlp", "fsdp")])  # a table you wrote
+    >>> [u.rule for u in rule_coverage(pt.tree_layouts(params, mesh, mine), mine, acts).unused]
+    [['mlp', 'fsdp']]
 """
 
 from __future__ import annotations
@@ -88,15 +91,24 @@ def rule_coverage(
     unused = [
         UnusedRule(i, [r[0], list(r[1]) if isinstance(r[1], tuple) else r[1]], rules.origins[i])
         for i, r in enumerate(rules)
-        if i not in fired and not _quiet(r, rules.origins[i])
+        if i not in fired and not _quiet(rules, i, dims)
     ]
     return Coverage(names_used, fired, uncovered, unused)
 
 
-def _quiet(rule: Any, origin: str) -> bool:
-    # A preset's "never split" rule (`[lora, null]`: LoRA's rank axis) changes no layout where nothing
-    # has the name: not worth a warning on every model without adapters.
-    return rule[1] is None and origin.startswith("presets/")
+def _quiet(rules: Any, i: int, dims: Sequence[Any]) -> bool:
+    # Not the user's table: a preset's "never split" rule (`[lora, null]`: LoRA's rank axis) changes no layout
+    # where nothing has the name, and a preset's fallback (fsdp's `[vocab, fsdp]`, for an array without an
+    # `embed` dimension) that found its axis taken on every array it met did its job: the array was already
+    # split. Neither is worth a warning on every model; a rule the user wrote still is.
+    name, axes = rules[i]
+    if not rules.origins[i].startswith("presets/"):
+        return False
+    met = [d for d in dims if d.name == name]
+    taken = f"skipped rule {i} "
+    return axes is None or (
+        bool(met) and all(any(n.startswith(taken) and "already used by dim" in n for n in d.notes) for d in met)
+    )
 
 
 def unused_mesh_axes(

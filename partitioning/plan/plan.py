@@ -44,13 +44,13 @@ from typing import Any
 
 from jax.sharding import PartitionSpec
 
-from partitioning.fmt import fmt_bytes, fmt_spec
-from partitioning.layout import LeafLayout, tree_layouts
+from partitioning.fmt import fmt_bytes, fmt_rule, fmt_spec
+from partitioning.layout import LeafLayout, name_failures, tree_layouts
 from partitioning.mesh import MeshSpec
 from partitioning.plan.axes import memory_by_axis
 from partitioning.plan.coverage import UnusedRule, rule_coverage
 from partitioning.plan.waste import IdleAxis, Replicated, idle_axes, replicated_params
-from partitioning.resolve import IndivisibleWarning, mesh_axis_sizes
+from partitioning.resolve import REMEDY, IndivisibleWarning, mesh_axis_sizes
 from partitioning.rules import Rules, as_rules
 
 TOP_REPLICATED = 5
@@ -202,10 +202,13 @@ class Plan:
                 + ": those dimensions are unsharded"
             )
         for u in self.unused_rules:
-            out.append(f"rule {u.index} {u.rule} never claims a dimension of any parameter or activation ({u.origin})")
+            rule = f"rule {u.index} {fmt_rule(u.rule)}"
+            out.append(f"{rule} never claims a dimension of any parameter or activation ({u.origin})")
         for msg in self.indivisible:
-            kind = "error" if self.on_indivisible == "error" else "indivisible"
-            out.append(f"{kind}: {msg}")
+            if self.on_indivisible == "error":
+                out.append(f"error: {msg}; {REMEDY}")
+            else:
+                out.append(f"indivisible: {msg}; falling back to the next rule or unsharded")
         return out
 
     def expected_specs(self) -> dict[str, Any]:
@@ -270,13 +273,17 @@ def _row(leaf: LeafLayout) -> dict[str, Any]:
     }
 
 
-def _layouts(tree: Any, mesh: Any, rules: Rules, prefix: str) -> tuple[list[LeafLayout], list[str]]:
-    """Layouts with indivisible dimensions falling back (and recorded), never raising."""
+def _layouts(tree: Any, mesh: Any, rules: Rules, prefix: str, failed: dict[str, list[str]]) -> list[LeafLayout]:
+    """Layouts with indivisible dimensions falling back, never raising; each failure's paths added to ``failed``."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", IndivisibleWarning)
         layouts = tree_layouts(tree, mesh, rules, on_indivisible="replicate", warn_replicated=False)
-    msgs = [f"{prefix}/{w.message}" for w in caught if issubclass(w.category, IndivisibleWarning)]
-    return _prefixed(layouts, prefix), list(dict.fromkeys(msgs))
+    for w in caught:
+        if issubclass(w.category, IndivisibleWarning):
+            path, why = str(w.message).split(": ", 1)
+            paths = failed.setdefault(why.split("; falling back")[0], [])
+            paths.extend([f"{prefix}/{path}"] if f"{prefix}/{path}" not in paths else [])
+    return _prefixed(layouts, prefix)
 
 
 def build_plan(
@@ -316,8 +323,9 @@ def build_plan(
     sizes = mesh_axis_sizes(mesh)
     rules.validate(sizes)
     opt_rules.validate(sizes)
-    p_layouts, p_msgs = _layouts(params, sizes, rules, "params")
-    o_layouts, o_msgs = _layouts(opt_state, sizes, opt_rules, "opt_state")
+    failed: dict[str, list[str]] = {}  # one line per failure, naming each parameter once (not per moment)
+    p_layouts = _layouts(params, sizes, rules, "params", failed)
+    o_layouts = _layouts(opt_state, sizes, opt_rules, "opt_state", failed)
 
     cov = rule_coverage(p_layouts + (o_layouts if opt_rules is rules else []), rules, activations, sizes)
 
@@ -328,7 +336,7 @@ def build_plan(
         on_indivisible=on_indivisible,
         params=p_layouts,
         opt_state=o_layouts,
-        indivisible=p_msgs + o_msgs,
+        indivisible=name_failures(failed),
         uncovered_names=cov.uncovered,
         unused_rules=cov.unused,
         replicated=[],

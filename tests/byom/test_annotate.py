@@ -156,7 +156,7 @@ def test_rules_explain_names_the_row_that_named_each_dimension(project):
     text = (root / "nnx_names.yaml").read_text().splitlines()
     number = next(i for i, x in enumerate(text, 1) if "up/kernel" in x and x.lstrip().startswith("- "))
     assert f"name from nnx_names.yaml:{number}: annotations[{row}]" in " ".join(out.split()).replace("│", "")
-    assert "rule 1 ['embed', 'fsdp']" in line
+    assert "rule 1 [embed, fsdp]" in line
 
 
 @pytest.fixture(scope="module")

@@ -128,8 +128,13 @@ def test_indivisible_on_restore_is_the_init_error(saved_copy, mesh_of):
     with pytest.raises(pt.ShardingError) as at_restore:
         restore_checkpoint(ck, abstract_target(s.abstract, bad_mesh, "tp"))
     assert str(at_restore.value) == str(at_init.value)
-    assert str(at_init.value).startswith(
-        "params/blocks/attn/k: dim 2 ('kv_heads', size 4) is not divisible by mesh axes ('tensor',) of size 8"
+    # Every array that fails, k and v together, each with the rule that asked for the split
+    assert str(at_init.value) == (
+        "params/blocks/attn/k, params/blocks/attn/v: dim 2 ('kv_heads', size 4) is not divisible by mesh axes "
+        "('tensor',) of size 8 (presets/tp.yaml:13: rules[2]); params/blocks/attn/o: dim 1 ('heads', size 4) is not "
+        "divisible by mesh axes ('tensor',) of size 8 (presets/tp.yaml:12: rules[1]); params/blocks/attn/q: dim 2 "
+        "('heads', size 4) is not divisible by mesh axes ('tensor',) of size 8 (presets/tp.yaml:12: rules[1]); "
+        "change the rule or the size, or set on_indivisible: replicate"
     )
     # ... and through a Trainer, whose construction is the init's layout step.
     with pytest.raises(pt.ShardingError) as at_trainer:

@@ -39,8 +39,10 @@ def test_check_indivisible(write, run_cli_subprocess, base_config):
     r = run_cli_subprocess("check", str(path))
     assert r.returncode == 2
     assert (
-        "error: params/blocks/mlp/wi_0: dim 2 ('mlp', size 100) is not divisible by mesh axes ('tensor',) of size 8"
-        in r.stderr
+        "run.yaml:10: rules: params/blocks/mlp/wi_0, params/blocks/mlp/wi_1: dim 2 ('mlp', size 100) is not "
+        "divisible by mesh axes ('tensor',) of size 8 (presets/fsdp_tp.yaml:13: rules[4]); params/blocks/mlp/wo: "
+        "dim 1 ('mlp', size 100) is not divisible by mesh axes ('tensor',) of size 8 (presets/fsdp_tp.yaml:13: "
+        "rules[4]); change the rule or the size, or set on_indivisible: replicate\n" in r.stderr
     )
     r = run_cli_subprocess("check", str(path), "--set", "on_indivisible=replicate")
     assert r.returncode == 0, r.stderr

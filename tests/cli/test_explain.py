@@ -6,15 +6,19 @@ def test_rules_explain(repo, run_cli_subprocess):
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "params/blocks/mlp/wi_0" in out
-    assert "rule 1 ['embed', 'fsdp']" in out
-    assert "skipped rule 3 ('mlp', 'fsdp'): mesh axis 'fsdp' already used by dim 1" in out
+    assert "rule 1 [embed, fsdp]" in out
+    assert "skipped rule 3 [mlp, fsdp]: mesh axis 'fsdp' already used by dim 1" in out
     # Activations count too: `length` is only ever an activation name.
     assert "logical names no rule mentions (unsharded): heads, kv, kv_heads, layers, length\n" in out
     # The compute layout: FSDP params are used gathered over the batch axes; the table shows the compute spec.
     assert (
         "compute layout: parameters are gathered over the batch axes (data, fsdp; from rule 0 "
-        "['batch', ('data', 'fsdp')]) before use"
+        "[batch, [data, fsdp]]) before use"
     ) in out
+    # Every rule printed as the YAML tables write it, none as a Python tuple or a quoted list.
+    assert not [n for n in ("rule 0 (", "['", "('embed', ") if n in out]
+    # The quickstart's own table is clean: fsdp's fallbacks ([vocab, fsdp], [mlp, fsdp]) found every array split.
+    assert "never fire" not in out
     row = next(line for line in out.splitlines() if "params/blocks/mlp/wi_0" in line)
     assert row.rstrip(" │").endswith("P(None, None, None)")
 
@@ -34,4 +38,4 @@ def test_rules_explain_reports_rules_that_never_fire(write, run_cli_subprocess, 
     path = write("run.yaml", base_config.replace("rules: fsdp", "rules:\n  - [embed, fsdp]\n  - [expert, tensor]\n"))
     r = run_cli_subprocess("rules", "explain", str(path))
     assert r.returncode == 0, r.stderr
-    assert "rules that never fire on this model: rule 1 ['expert', 'tensor']" in r.stdout
+    assert "rules that never fire on this model: rule 1 [expert, tensor]" in r.stdout

@@ -93,6 +93,6 @@ def test_an_indivisible_dimension_is_refused_when_asked():
     with pytest.raises(pt.ShardingError) as e:
         pt.load_hf(fixture("gemma"), mesh_for("fsdp_tp"), "fsdp_tp", on_indivisible="error")
     assert str(e.value) == (
-        "blocks/attn/k: dim 1 ('kv_heads', size 1) is not divisible by mesh axes ('tensor',) of size 2; "
-        "change the rule or the size, or set on_indivisible: replicate"
+        "blocks/attn/k, blocks/attn/v: dim 1 ('kv_heads', size 1) is not divisible by mesh axes ('tensor',) of size 2 "
+        "(presets/fsdp_tp.yaml:12: rules[3]); change the rule or the size, or set on_indivisible: replicate"
     )
