@@ -97,11 +97,9 @@ def fmt_rule(rule: Sequence[Any]) -> str:
 
 
 def fmt_rules(rules: Iterable[Sequence[Any]] | None) -> str:
-    """``batch->data/fsdp, embed->fsdp``: a rule table on one line."""
+    """``[batch, [data, fsdp]], [embed, fsdp]``: a rule table on one line, in the notation of :func:`fmt_rule`."""
     rules = list(rules or [])
-    if not rules:
-        return "(none)"
-    return ", ".join(f"{name}->{fmt_axes(tuple(a) if isinstance(a, list) else a)}" for name, a in rules)
+    return ", ".join(map(fmt_rule, rules)) if rules else "(none)"
 
 
 __all__ = ["parse_bytes", "fmt_bytes", "fmt_spec", "fmt_shape", "fmt_mesh", "fmt_axes", "fmt_rule", "fmt_rules"]

@@ -24,5 +24,5 @@ def test_specs_shapes_meshes_rules():
     assert fmt_shape((64,)) == "(64,)" and fmt_shape((80, 8192)) == "(80, 8192)"
     assert fmt_mesh({"data": 2, "fsdp": 4}) == "{data: 2, fsdp: 4}" == fmt_mesh([("data", 2), ("fsdp", 4)])
     assert [fmt_axes(a) for a in (None, "fsdp", ("data", "fsdp"))] == ["null", "fsdp", "data/fsdp"]
-    assert fmt_rules([["batch", ["data", "fsdp"]], ["mlp", None]]) == "batch->data/fsdp, mlp->null"
+    assert fmt_rules([["batch", ["data", "fsdp"]], ["mlp", None]]) == "[batch, [data, fsdp]], [mlp, null]"
     assert fmt_rules([]) == "(none)"

@@ -35,7 +35,7 @@ def test_inspect(saved_run, run_cli_in_process):
     assert first.startswith(f"checkpoint {root / 'checkpoints' / '6'}: step 6, 38 arrays, ")
     assert first.endswith("files: OK")
     assert f"jax {jax.__version__}" in out and "model gpt; mesh {data: 1, fsdp: 8} (8 devices)" in out
-    assert "rules: batch->data/fsdp, embed->fsdp, vocab->fsdp, mlp->fsdp" in out
+    assert "rules: [batch, [data, fsdp]], [embed, fsdp], [vocab, fsdp], [mlp, fsdp]" in out
     assert "metrics: eval_loss 2.75, loss 2.25" in out
     row = next(line for line in out.splitlines() if "│ params/blocks/attn/q " in line)
     cells = [c.strip() for c in row.split("│")[1:-1]]
