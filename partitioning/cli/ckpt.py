@@ -238,7 +238,7 @@ def cmd_reshard(args: argparse.Namespace) -> int:
     r = _reshard(args, cfg, mesh, variables)
     print(
         f"resharded step {r.step}: {r.arrays} arrays from mesh {r.from_mesh} to {r.to_mesh} "
-        f"({cfg.rules_label()}) -> {r.path}"
+        f"({cfg.rules_label()}) -> {Path(args.out) / str(r.step)}"  # the --out given, as typed
     )
     return 0
 

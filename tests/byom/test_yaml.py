@@ -78,6 +78,7 @@ def test_plan_train_and_reshard_a_target_model_from_yaml(workdir, run_cli_subpro
     r = run_cli_subprocess("ckpt", "reshard", "runs/fsdp", "--config", "lm_tp.yaml", "--out", "resharded", cwd=workdir)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("resharded step 3: ") and "to {data: 2, tensor: 4}" in r.stdout
+    assert r.stdout.rstrip().endswith(" -> resharded/3")  # the --out given, relative as typed
     saved = pt.checkpoint_metadata(workdir / "resharded")
     assert saved["arrays"]["params/logits/kernel"]["spec"] == [None, "tensor"]
     # The resharded values are the fsdp run's, bit for bit.
