@@ -25,6 +25,7 @@ Modules:
 - :mod:`~partitioning.checkpoint.hf_check` — ``config.json`` checked: types, misspelt keys, the architecture.
 - :mod:`~partitioning.checkpoint.integrity` — restore-time checks: missing parts, truncated files, crc32c as read.
 - :mod:`~partitioning.checkpoint.keep` — ``KeepGood``: damaged steps never count toward ``keep``.
+- :mod:`~partitioning.checkpoint.quiet` — after a failed read, the reads still in flight stay silent.
 
 Example::
 

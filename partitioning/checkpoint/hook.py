@@ -107,7 +107,7 @@ class CheckpointHook:
             for moved in self.manager.set_aside_after(self.step):
                 self.log(f"checkpoint: resuming from step {self.step}: moved the later {moved}")
         self._started = True
-        self.log(f"checkpoint: resumed from step {self.restored_step} ({self.manager.directory})")
+        self.log(f"checkpoint: resumed from step {self.restored_step} ({self.manager.shown})")
         return state
 
     def on_start(self, state: Any) -> Any:
@@ -164,7 +164,7 @@ class CheckpointHook:
                     if self.manager.save(step, state, metrics=metrics, force=True):
                         self.manager.wait()
                         self.unsaved = None
-                        self.log(f"checkpoint: saved step {step} to {self.manager.directory} ({reason})")
+                        self.log(f"checkpoint: saved step {step} to {self.manager.shown} ({reason})")
         finally:
             with self._failures():
                 self.manager.close()

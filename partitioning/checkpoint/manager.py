@@ -133,7 +133,8 @@ class CheckpointManager:
         frozen: Collection[str] | None = None,
     ):
         check_out_dir(directory, "directory", replaceable=lambda _: True, kind="checkpoints")  # before orbax mkdirs
-        self.directory = Path(directory).absolute()
+        self.shown = Path(directory)  # as the user gave it (relative or absolute): what messages say
+        self.directory = self.shown.absolute()
         self.frozen = frozenset(frozen) if frozen is not None else None
         self._frozen: dict[str, Any] | None = None  # the frozen params this run's steps refer to
         self.directory = self.directory.resolve() if ".." in self.directory.parts else self.directory  # for orbax
@@ -186,7 +187,7 @@ class CheckpointManager:
         try:
             self._mngr = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
         except OSError as e:
-            raise CheckpointError(f"{self.directory}: cannot create checkpoint directory: {e.strerror}") from None
+            raise CheckpointError(f"{self.shown}: cannot create checkpoint directory: {e.strerror}") from None
 
     # -- what exists -----------------------------------------------------------
     def steps(self) -> list[int]:
@@ -253,7 +254,7 @@ class CheckpointManager:
         drop_unreferenced(self.directory, self._frozen["step"] if self._frozen else None)
         state, split = self._split(step, state)
         self._needed[step] = max(state_nbytes(state), last_size)
-        check_space(self.directory, step, self._needed[step], latest)
+        check_space(self.shown, step, self._needed[step], latest)
         meta = self._step_meta(step, state, metrics)
         if split is not None:
             meta[FROZEN_KEY] = split
@@ -292,7 +293,8 @@ class CheckpointManager:
         if jax.process_index() == 0:
             (self.directory / str(step)).rename(aside)
             print(
-                f"checkpoint: step {step} was damaged ({damage}); moved it to {aside} and saved anew", file=sys.stderr
+                f"checkpoint: step {step} was damaged ({damage}); moved it to {self.shown / aside.name} and saved anew",
+                file=sys.stderr,
             )
         self._mngr.reload()
 
@@ -307,14 +309,12 @@ class CheckpointManager:
         if not (is_disk_full(error) or isinstance(error, OSError)):
             return error
         if is_file_too_big(error):
-            return file_too_big_error(
-                self.directory if step is None else self.directory / str(step), self._latest_complete()
-            )
+            return file_too_big_error(self.shown if step is None else self.shown / str(step), self._latest_complete())
         if is_disk_full(error):
             needed = self._needed.get(step) if step is not None else None
-            return disk_full_error(self.directory, step, needed, self._latest_complete())
+            return disk_full_error(self.shown, step, needed, self._latest_complete())
         what = getattr(error, "strerror", None) or error
-        where = self.directory if step is None else self.directory / str(step)
+        where = self.shown if step is None else self.shown / str(step)
         return CheckpointError(f"{where}: cannot write checkpoint: {what}")
 
     def _latest_complete(self) -> int | None:

@@ -43,6 +43,7 @@ from partitioning.checkpoint.diagnose import diagnose
 from partitioning.checkpoint.disk import CheckpointRef, flat_saved, read_metadata, resolve_checkpoint, saved_tree
 from partitioning.checkpoint.frozen import frozen_ref, restore_split
 from partitioning.checkpoint.integrity import check_parts, read_check, refuse
+from partitioning.checkpoint.quiet import ignore_stray_reads
 from partitioning.checkpoint.reader import fast_registry
 from partitioning.checkpoint.target import check_fits, layout_target
 from partitioning.errors import CheckpointError
@@ -243,6 +244,7 @@ def restore_checkpoint(
                 args=ocp.args.PyTreeRestore(item=tgt, restore_args=restore_args, partial_restore=partial),
             )
     except Exception as e:  # orbax / tensorstore internals -> one actionable line
+        ignore_stray_reads()  # reads still in flight finish on orbax's closed loop, after this error
         err = diagnose(ref, e)
         what = str(err).split(f"checkpoint {ref}: ", 1)[-1]
         damage = any(w in what for w in ("missing file", "truncated file", "damaged file", "unreadable data"))

@@ -147,7 +147,7 @@ def checkpoint_note(directory: Any) -> str | None:
 def diverged(e: NonFiniteError, cfg: Config, manager: Any) -> NonFiniteError:
     """The one line ``train`` prints when the loss or gradient norm went NaN / inf under ``on_nonfinite: stop``."""
     at = int((e.metrics or {}).get("step", e.step))
-    good = last_complete(manager.directory)
+    good = last_complete(manager.shown)
     where = (
         f"last good checkpoint: {os.path.relpath(good.path) if not os.path.isabs(str(cfg.run_dir)) else good.path} "
         f"(step {good.step})"

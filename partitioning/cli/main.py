@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 import partitioning
 from partitioning import peers
 from partitioning.annotations import AnnotationWarning
+from partitioning.checkpoint.quiet import ignore_stray_reads
 from partitioning.checkpoint.space import FULL_ERRNOS
 from partitioning.cli import annotate, check, ckpt, compare, config, explain, generate, plan, train, tune
 from partitioning.cli.args import say
@@ -62,17 +63,7 @@ def quiet_orbax() -> None:
     """
     logging.getLogger("absl").setLevel(logging.CRITICAL)
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-    previous = sys.unraisablehook
-
-    def hook(u: Any) -> None:
-        # Reads still in flight when orbax gave up on a damaged file finish on a closed loop.
-        if isinstance(u.exc_value, RuntimeError) and "Event loop is closed" in str(u.exc_value):
-            return
-        if "coroutine" in repr(u.object) and "orbax" in repr(getattr(u.object, "cr_code", "")):
-            return
-        previous(u)
-
-    sys.unraisablehook = hook
+    ignore_stray_reads()
 
 
 _MOMENT = re.compile(r"^(?:opt_state(?:/[\w.]+)*?/(?:mu|nu|trace|momentum|ema)/|params/)")

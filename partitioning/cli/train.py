@@ -129,7 +129,7 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
         move_previous_run(run_dir, ready.checkpoint_dir, log)
     # The checkpoint hook goes first: it restores before the log is trimmed to that step.
     ckpt = checkpoint_hook_from_config(cfg, trainer, run_dir, resume=resume, log=log, step=args.resume_from)
-    peers.set_note(lambda: checkpoint_note(ckpt.manager.directory))  # said if another process dies
+    peers.set_note(lambda: checkpoint_note(ckpt.manager.shown))  # said if another process dies
     resolved = cfg.resolved(dict(mesh.shape), model_options_resolved(cfg))
     if main:
         opt = " (optimizer state: its own rules)" if cfg.optimizer_rules is not None else ""
