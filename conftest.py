@@ -19,6 +19,11 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+# The tests' own programs are tiny and run a few steps: compiling them is most of their time, and LLVM at -O0
+# compiles them in two thirds of it (steps run about 2x slower; the numbers are the same). Only this process
+# and its workers: the CLI subprocesses and notebooks the tests start get no XLA_FLAGS, so they run as users'.
+if "--xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 # One XLA compilation cache for the whole run: the suite compiles the same tiny models again and again, in its
 # workers and in the CLI subprocesses it starts (they inherit the variable). Made by the first process (pytest, or
 # its xdist controller, before it starts the workers), removed when that process ends; the 0s cache everything.
@@ -29,6 +34,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
     _xla_cache = tempfile.mkdtemp(prefix="partitioning-tests-xla-cache-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _xla_cache
+    # The measured CPU profile (remat: auto, tune --hardware cpu) too: measured once per run, not read from
+    # whatever an earlier run on this machine left in ~/.cache/partitioning.
+    os.environ.setdefault("PARTITIONING_CACHE", os.path.join(_xla_cache, "profiles"))
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     atexit.register(shutil.rmtree, _xla_cache, ignore_errors=True)
