@@ -2,7 +2,8 @@
 
 ``train`` runs :func:`pre_flight` and stops at its first problem; ``check`` runs the
 same function with ``every=True`` and reports every problem at once (the first of them
-is the line ``train`` would print). The checks, in order:
+is the line ``train`` would print; after it, what the checks that need nothing built find:
+:func:`~partitioning.config.preflight.more_problems`). The checks, in order:
 
 1. the run's lock: another job holding ``run_dir`` (or ``checkpoint.dir``) refuses;
 2. the Hugging Face weights a fresh run starts from (``model.hf``): safetensors there, whole
@@ -19,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from partitioning.config.hf import check_hf_weights, has_checkpoint
-from partitioning.config.preflight import Ready, preflight, preflight_abstract
+from partitioning.config.preflight import Ready, RunComplete, more_problems, preflight, preflight_abstract
 from partitioning.config.schema import Config
 from partitioning.errors import PartitioningError
 
@@ -56,6 +57,8 @@ def pre_flight(
         ready = step(lambda: preflight_abstract(cfg, abstract_devices, resume=resume, resume_from=resume_from))
     else:
         ready = step(lambda: preflight(cfg, devices=devices, resume=resume, resume_from=resume_from))
+        if every and problems and not isinstance(problems[-1], RunComplete):
+            problems += more_problems(cfg, devices, problems[-1])  # after the first: train's line stays first
     return ready, problems
 
 

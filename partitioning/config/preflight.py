@@ -50,6 +50,7 @@ from partitioning.config.build import (
     batch_from_config,
     dataset_from_config,
     mesh_from_config,
+    model_from_config,
     task_from_config,
     trainer_from_config,
 )
@@ -219,6 +220,44 @@ def _mesh(cfg: Config, devices: int | None):
         raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
 
 
+def _batch_divides(cfg: Config, sizes: dict[str, int]) -> None:
+    """The batch (or micro-batch) splits over the batch axes of a mesh of these sizes."""
+    t = cfg.train
+    micro = t.batch_size // t.grad_accum if t.grad_accum and t.batch_size % t.grad_accum == 0 else None
+    if micro is None:
+        raise ShardingError(
+            f"{cfg.where('train', 'grad_accum')}: batch_size {t.batch_size} must be a positive "
+            f"multiple of grad_accum {t.grad_accum}"
+        )
+    what = f"batch_size {t.batch_size}" if t.grad_accum == 1 else f"micro-batch {micro}"
+    try:
+        batch_specs(batch_from_config(cfg), cfg.rules, sizes, micro_batch=micro, what=what)
+    except ShardingError as e:
+        raise at_key(cfg, e, {"batch_size": ("train", "batch_size")}) from None
+
+
+def more_problems(cfg: Config, devices: int | None, first: Exception) -> list[PartitioningError]:
+    """The problems besides ``first`` that checks needing nothing the pre-flight builds find (mesh, positions,
+    the model's options, the batch, the folders): ``check`` reports them together with the first."""
+    found: list[PartitioningError] = []
+
+    def attempt(fn: Any) -> Any:
+        try:
+            return fn()
+        except PartitioningError as e:
+            if str(e) != str(first) and str(e) not in map(str, found):
+                found.append(e)
+            return None
+
+    mesh = attempt(lambda: _mesh(cfg, devices))
+    attempt(lambda: check_positions(cfg))
+    attempt(lambda: model_from_config(cfg))
+    if mesh is not None:
+        attempt(lambda: _batch_divides(cfg, {str(k): int(v) for k, v in mesh.shape.items()}))
+    attempt(lambda: _dirs(cfg))
+    return found
+
+
 def _budget(cfg: Config) -> int | None:
     return cfg.mesh.memory_bytes if cfg.mesh.memory_bytes is not None else device_memory()
 
@@ -285,18 +324,7 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, re
     plan, _ = plan_from_config(cfg, devices)
     if plan.errors:  # every array that does not divide, at the rules (as the trainer's walk says it)
         raise at_key(cfg, ShardingError(f"{'; '.join(plan.errors)}; {REMEDY}", arg="on_indivisible"), RULES_KEY)
-    t = cfg.train
-    micro = t.batch_size // t.grad_accum if t.grad_accum and t.batch_size % t.grad_accum == 0 else None
-    if micro is None:
-        raise ShardingError(
-            f"{cfg.where('train', 'grad_accum')}: batch_size {t.batch_size} must be a positive "
-            f"multiple of grad_accum {t.grad_accum}"
-        )
-    what = f"batch_size {t.batch_size}" if t.grad_accum == 1 else f"micro-batch {micro}"
-    try:
-        batch_specs(batch_from_config(cfg), cfg.rules, sizes, micro_batch=micro, what=what)
-    except ShardingError as e:
-        raise at_key(cfg, e, {"batch_size": ("train", "batch_size")}) from None
+    _batch_divides(cfg, sizes)
     task_from_config(cfg)
     run_dir, ckpt_dir = _dirs(cfg)
     # Without a trainer (no devices), an existing checkpoint's params are compared by path and shape.

@@ -211,3 +211,22 @@ def test_a_tokenizer_larger_than_the_model_is_refused_before_tokenizing(here, ru
     assert line.startswith("error: t.yaml:1: model.vocab_size: the model's vocab_size is 64, but the tokenizer ")
     assert line.endswith(" tokens; name the model's own tokenizer with data.tokenizer")
     assert not Path("cache").exists() and not Path("runs").exists()  # nothing tokenized, nothing cached
+
+
+def test_check_reports_every_problem_at_once_train_its_first(here, run_cli_in_process):
+    """Three independent mistakes: `check` names the model's and the batch's (the mesh axis no rule uses needs
+    the model's layouts, so it waits for the model); `train` stops at the first, the same line."""
+    Path("two.yaml").write_text(
+        "model: {name: gpt, vocab_size: 256, embed: 30, heads: 4, mlp: 64, layers: 2}\n"
+        "mesh: {shape: {data: 1, fsdp: -1, tensr: 2}, devices: 8}\n"
+        "rules: fsdp\n"
+        "train: {steps: 2, batch_size: 6, seq_len: 16}\n"
+    )
+    first = agree(run_cli_in_process, "two.yaml")
+    assert first == "error: two.yaml:1: model.heads: embed (30) must be a multiple of heads (4)"
+    assert _lines(run_cli_in_process("check", "two.yaml")) == [
+        first,
+        "error: two.yaml:4: train.batch_size: batch_size 6 is not divisible by the batch mesh axes ('data', 'fsdp') "
+        "of size 4; use a multiple of 4",
+    ]
+    assert sorted(p.name for p in here.iterdir()) == ["two.yaml"]  # neither wrote anything
