@@ -152,7 +152,9 @@ def name_failures(failed: dict[str, list[str]]) -> list[str]:
 
 def indivisible_error(failed: dict[str, list[str]]) -> ShardingError:
     """One error naming every array that does not divide (see :func:`name_failures`), with the fix."""
-    return ShardingError(f"{'; '.join(name_failures(failed))}; {REMEDY}", arg="on_indivisible")
+    # A dimension named by a mesh axis (nn.Partitioned, NNX) has no rule to change: only its size.
+    remedy = REMEDY if any("(mesh axis " not in why for why in failed) else REMEDY.replace("the rule or ", "")
+    return ShardingError(f"{'; '.join(name_failures(failed))}; {remedy}", arg="on_indivisible")
 
 
 def tree_layouts(

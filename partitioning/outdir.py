@@ -6,10 +6,10 @@ Example::
 
     >>> import os, tempfile
     >>> from partitioning.outdir import check_out_dir
-    >>> os.chdir(tempfile.mkdtemp()); _ = open("notes.txt", "w").write("x")
-    >>> check_out_dir("notes.txt/adapter", "out_dir")
+    >>> notes = os.path.join(tempfile.mkdtemp(), "notes.txt"); _ = open(notes, "w").write("x")
+    >>> check_out_dir(os.path.join(notes, "adapter"), "out_dir")
     Traceback (most recent call last):
-    partitioning.errors.CheckpointError: notes.txt/adapter: cannot make this folder: notes.txt is a file
+    partitioning.errors.CheckpointError: .../notes.txt/adapter: cannot make this folder: .../notes.txt is a file
 """
 
 from __future__ import annotations

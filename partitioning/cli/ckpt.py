@@ -43,10 +43,11 @@ from partitioning.checkpoint.reshard import reshard_checkpoint
 from partitioning.cli import export_hf
 from partitioning.cli.args import leaf, load_with_devices
 from partitioning.cli.render import console
-from partitioning.config.build import abstract_model, mesh_from_config
+from partitioning.config.build import RULES_KEY, abstract_model, at_key, mesh_from_config
 from partitioning.config.run import jsonable
-from partitioning.errors import CheckpointError, MeshError
+from partitioning.errors import CheckpointError, MeshError, ShardingError
 from partitioning.fmt import fmt_bytes, fmt_mesh, fmt_rules, fmt_shape
+from partitioning.layout import tree_layouts
 from partitioning.yamlfile import dump_yaml
 
 HELP = "checkpoints: ls RUN_DIR | inspect CKPT | reshard CKPT --config NEW.yaml --out DIR | export-hf RUN_DIR OUT_DIR"
@@ -244,6 +245,21 @@ def cmd_reshard(args: argparse.Namespace) -> int:
 
 
 def _reshard(args: argparse.Namespace, cfg: Any, mesh: Any, variables: Any) -> Any:
+    try:  # every array that does not divide, at the config's rules, as `check` says it
+        tree_layouts(
+            {"params": variables["params"]},
+            mesh,
+            cfg.rules,
+            on_indivisible=cfg.on_indivisible,
+            warn_replicated=False,
+            annotations=cfg.annotations,
+        )
+        return _reshard_to(args, cfg, mesh, variables)
+    except ShardingError as e:
+        raise at_key(cfg, e, RULES_KEY) from None
+
+
+def _reshard_to(args: argparse.Namespace, cfg: Any, mesh: Any, variables: Any) -> Any:
     return reshard_checkpoint(
         args.ckpt,
         args.out,

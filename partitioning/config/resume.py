@@ -26,7 +26,7 @@ Example::
     >>> sizes = {"data": 1, "fsdp": 8, "tensor": 1}
     >>> meta = {RECORD_KEY: run_record(pt.load_config("configs/quickstart.yaml"), sizes)}   # saved at step 200
     >>> compare_run(pt.load_config("configs/quickstart.yaml"), meta, step=200, resume=None, sizes=sizes)[0]
-    'configs/quickstart.yaml:39: train.steps: the checkpoint in runs/quickstart is already at step 200 (train.steps \
+    'configs/quickstart.yaml:40: train.steps: the checkpoint in runs/quickstart is already at step 200 (train.steps \
 is 200): nothing to train. To continue it raise train.steps (--set train.steps=400); otherwise give this ...'
     >>> cfg = pt.load_config("configs/quickstart.yaml", ["optimizer.lr=0.001", "train.steps=400"])
     >>> problem, note = compare_run(cfg, meta, step=200, resume=None, sizes=sizes)

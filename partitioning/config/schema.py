@@ -340,7 +340,7 @@ class Config:
 
     def rules_label(self, located: bool = True) -> str:
         """The rule table and where it came from, for titles: ``rules fsdp_tp (--set rules=fsdp_tp)``,
-        ``rules fsdp (configs/quickstart.yaml:22)``, ``6 rules (configs/x.yaml:12)``."""
+        ``rules fsdp (configs/quickstart.yaml:23)``, ``6 rules (configs/x.yaml:12)``."""
         value = self.raw.get("rules")
         if isinstance(value, str):
             name = f"rules {value}"

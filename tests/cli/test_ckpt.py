@@ -162,7 +162,8 @@ def test_reshard_bad_inputs(saved_run, tmp_path, one_line_error, run_cli_subproc
     indivisible.write_text(ckpt_model_yaml + "mesh: {shape: {data: 1, tensor: 8}, devices: 8}\nrules: tp\n")
     line = one_line_error(run_cli_subprocess("ckpt", "reshard", root, "--config", indivisible, "--out", tmp_path / "o"))
     assert line.startswith(
-        "error: params/blocks/attn/k: dim 2 ('kv_heads', size 4) is not divisible by mesh axes ('tensor',) of size 8"
+        f"error: {indivisible}:3: rules: params/blocks/attn/k, params/blocks/attn/v: dim 2 ('kv_heads', size 4) is "
+        "not divisible by mesh axes ('tensor',) of size 8"
     )
     # The same message `partitioning check` gives for that config (the init's layout step).
     assert one_line_error(run_cli_subprocess("check", indivisible)) == line

@@ -71,9 +71,9 @@ def test_gpipe_equals_the_layers_applied_in_order(data, stages, micro, repeats):
         g = jax.jit(jax.grad(lambda w, x: piped(w, x, scale)[0].sum(), argnums=(0, 1)))(wsh, x)
     y_ref, aux_ref = sequential(ws, x, scale)
     g_ref = jax.grad(lambda w, x: sequential(w, x, scale)[0].sum(), argnums=(0, 1))(ws, x)
-    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-6)
-    for a, b in zip(g, g_ref, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)  # float32 sums in another order (5e-6 seen)
+    for a, b in zip(g, g_ref, strict=True):  # float32 sums in another order: tolerance at the array's scale
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * float(np.abs(b).max()))
     # Summed over layers; a mean over micro-batches of per-micro-batch means is the batch mean here.
     np.testing.assert_allclose(aux["aux"], aux_ref, rtol=1e-5)
 

@@ -67,9 +67,11 @@ def trained(tmp_path_factory):
     import io
 
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["train", "run.yaml", "--no-progress"])
-    mp.undo()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["train", "run.yaml", "--no-progress"])
+    finally:
+        mp.undo()  # the worker's other tests (and doctests) resolve paths from the repository
     return folder, code, out.getvalue(), err.getvalue()
 
 
