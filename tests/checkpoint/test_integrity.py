@@ -183,7 +183,7 @@ def test_a_python_restore_of_a_deleted_data_file_leaks_no_event_loop_errors(ck, 
     leaked = []
     monkeypatch.setattr(sys, "unraisablehook", leaked.append)  # where "Event loop is closed" tracebacks went
     for _ in range(3):  # the leak raced with the restore's failure: try it a few times
-        with pytest.raises(CheckpointError, match=r"^checkpoint ck/7: cannot read array .*: missing file .*/ck/7/"):
+        with pytest.raises(CheckpointError, match=r"^checkpoint ck/7: (cannot read array .*: )?missing file .*ck/7/"):
             pt.restore_checkpoint("ck/7", s.target(mesh_of({"data": 1, "fsdp": 8}), "fsdp"), verify=False)
     gc.collect()
     assert [str(u.exc_value) for u in leaked] == []
