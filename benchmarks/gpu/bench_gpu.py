@@ -22,8 +22,8 @@ left (``--budget-s``, default 420 s) is too short for it:
 3. ``remat_fit``: per remat policy (``full``, ``dots_no_batch``, ``none``), the deepest model of the same width
    that ``plan`` says fits the device at batch 1 x 2,048, then built, compiled and stepped: predicted peak
    against the compiled program's peak, and whether the step ran.
-4. ``load_hf``: a ~4 GiB bf16 Llama checkpoint (random values, written here) loaded by ``partitioning.load_hf``
-   against ``safetensors.numpy.load_file`` + ``jax.device_put`` of every tensor, both from the page cache,
+4. ``load_hf`` (run before ``remat_fit``, which takes the time left): a ~4 GiB bf16 Llama checkpoint (random
+   values, written here) loaded by ``partitioning.load_hf`` against ``safetensors.numpy.load_file`` + ``jax.device_put`` of every tensor, both from the page cache,
    alternating, median GiB/s of each and the ratio (target >= 0.8).
 
 Every section works under JAX 0.10 and 0.11. Nothing here is imported by the package or its tests except
@@ -44,7 +44,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent.parent
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE / "llama1b.yaml"
 
@@ -79,7 +78,7 @@ SIZES: dict[str, dict[str, Any]] = {
     },
 }
 # Seconds each section needs at least on the GPU (compiles included), to skip what cannot finish.
-NEEDS = {"train": 150, "attention": 90, "remat_fit": 120, "load_hf": 40}
+NEEDS = {"train": 150, "attention": 90, "load_hf": 40, "remat_fit": 120}
 
 
 class Run:
@@ -263,6 +262,7 @@ def bench_train(size: dict[str, Any], extra: list[str]) -> dict[str, Any]:
         for r in range(s["rounds"]):
             for side in (toolkit, handwritten) if r % 2 == 0 else (handwritten, toolkit):
                 (tk if side is toolkit else hw).append(timed(side, s["steps"]))
+        print(f"   seq {seq}: first steps {compile_tk:.1f} s / {compile_hw:.1f} s, timed {tk} / {hw}", flush=True)
         tokens = resolved.train.batch_size * seq
         flops = model_flops(resolved, tokens, trainer.num_params)
         tk_s, hw_s = statistics.median(tk), statistics.median(hw)
@@ -334,6 +334,7 @@ def bench_attention(size: dict[str, Any], cpu: bool) -> dict[str, Any]:
         for r in range(s["rounds"]):
             for impl in impls if r % 2 == 0 else impls[::-1]:
                 sides[impl]["times"].append(timed(sides[impl]["step"], s["steps"]))
+        print(f"   seq {seq}: " + ", ".join(f"{k} {v['times']}" for k, v in sides.items()), flush=True)
         row: dict[str, Any] = {"seq_len": seq}
         for impl, side in sides.items():
             row[impl] = {"step_s": statistics.median(side["times"]), "temp_bytes": side["temp_bytes"]}
@@ -396,6 +397,7 @@ def bench_remat_fit(size: dict[str, Any]) -> dict[str, Any]:
         except Exception as e:  # out of memory is the answer being measured
             row["ran"], row["error"] = False, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         rows.append(row)
+        print(f"   {policy}: {lo} layers, ran: {row['ran']}", flush=True)
     return {"seq_len": size["fit_seq"], "rows": rows}
 
 
@@ -531,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cpu:
         os.environ["JAX_PLATFORMS"] = "cpu"
-    sys.path.insert(0, str(REPO))
+    # The installed package, not the checkout: only an install maps models/ to partitioning.models.
     import jax
 
     if not args.cpu and jax.default_backend() == "cpu":
@@ -552,10 +554,10 @@ def main(argv: list[str] | None = None) -> int:
             run.section("train", bench_train, size, [] if args.cpu else ["model.attention=auto"])
         if "attention" in want:
             run.section("attention", bench_attention, size, args.cpu)
+        if "load_hf" in want:  # before remat_fit: short, and remat_fit takes what is left
+            run.section("load_hf", bench_load_hf, size, Path(tmp))
         if "remat_fit" in want:
             run.section("remat_fit", bench_remat_fit, size)
-        if "load_hf" in want:
-            run.section("load_hf", bench_load_hf, size, Path(tmp))
     print(table(run.results))
     errors = [n for n, s in run.results["sections"].items() if "error" in s]
     return 1 if errors else 0

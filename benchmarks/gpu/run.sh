@@ -14,7 +14,7 @@ export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --target /tmp/site . \
   || exit 2
 echo "installed in $(( $(date +%s) - t0 )) s" | tee "$OUT/log.txt"
-python3 -c "import jax, flax, optax, orbax.checkpoint, partitioning; print('jax', jax.__version__, jax.devices())" \
+python3 -P -c "import jax, flax, optax, orbax.checkpoint, partitioning; print('jax', jax.__version__, jax.devices(), partitioning.__file__)" \
   2>&1 | tee -a "$OUT/log.txt"
 left=$(( 470 - ($(date +%s) - t0) ))
 PYTHONUNBUFFERED=1 timeout $(( left + 20 )) python3 benchmarks/gpu/bench_gpu.py --out "$OUT" --budget-s "$left" "$@" \
