@@ -23,8 +23,9 @@ left (``--budget-s``, default 420 s) is too short for it:
    that ``plan`` says fits the device at batch 1 x 2,048, then built, compiled and stepped: predicted peak
    against the compiled program's peak, and whether the step ran.
 4. ``load_hf`` (run before ``remat_fit``, which takes the time left): a ~4 GiB bf16 Llama checkpoint (random
-   values, written here) loaded by ``partitioning.load_hf`` against ``safetensors.numpy.load_file`` + ``jax.device_put`` of every tensor, both from the page cache,
-   alternating, median GiB/s of each and the ratio (target >= 0.8).
+   values, written here) loaded by ``partitioning.load_hf`` against ``safetensors.numpy.load_file`` +
+   ``jax.device_put`` of every tensor, both from the page cache, alternating, median GiB/s of each and the ratio
+   (target >= 0.8).
 
 Every section works under JAX 0.10 and 0.11. Nothing here is imported by the package or its tests except
 through ``--cpu`` (tests/test_bench_gpu.py).
