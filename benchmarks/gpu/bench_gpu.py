@@ -296,6 +296,10 @@ def bench_train(size: dict[str, Any], extra: list[str]) -> dict[str, Any]:
 
 
 def bench_attention(size: dict[str, Any], cpu: bool) -> dict[str, Any]:
+    """One implementation at a time, its state freed before the next: two 1.1B states and the einsum attention's
+    scores at 4,096 do not fit one device together (the first H200 run ran out of memory holding both)."""
+    import gc
+
     import jax
     import numpy as np
 
@@ -310,40 +314,42 @@ def bench_attention(size: dict[str, Any], cpu: bool) -> dict[str, Any]:
                 f"train.seq_len={seq}",
                 f"train.batch_size={max(1, s['tokens'] // seq)}",
             ]
-            cfg, resolved, mesh, trainer, _ = build(sets)
+            _, resolved, _, trainer, _ = build(sets)
             batch = random_batch(trainer, resolved)
-            state = trainer.init(jax.random.key(0))
-            compiled = trainer.lower_train_step().compile()  # one compile: its memory analysis, then its steps
-            logits = None
-            if len(impls) > 1:
-                apply = jax.jit(trainer.model.module.apply)
-                logits = np.asarray(jax.device_get(apply({"params": state.params}, batch["inputs"][:1])), np.float32)
-            box = {"s": state}
+            box = {"s": trainer.init(jax.random.key(0))}  # the same key: the same weights for both
+            side: dict[str, Any] = {"remat": resolved.model_options.get("remat")}
+            try:
+                compiled = trainer.lower_train_step().compile()  # one compile: its memory analysis, then its steps
+                side["temp_bytes"] = temp_bytes(compiled)
+                if len(impls) > 1:
+                    apply = jax.jit(trainer.model.module.apply)
+                    logits = apply({"params": box["s"].params}, batch["inputs"][:1])
+                    side["logits"] = np.asarray(jax.device_get(logits), np.float32)
 
-            def step(box=box, compiled=compiled, batch=batch):
-                box["s"], m = compiled(box["s"], batch)
-                return m
+                def step(box=box, compiled=compiled, batch=batch):
+                    box["s"], m = compiled(box["s"], batch)
+                    return m
 
-            timed(step, 1)
-            sides[impl] = {
-                "step": step,
-                "times": [],
-                "temp_bytes": temp_bytes(compiled),
-                "logits": logits,
-                "remat": resolved.model_options.get("remat"),
-            }
-        for r in range(s["rounds"]):
-            for impl in impls if r % 2 == 0 else impls[::-1]:
-                sides[impl]["times"].append(timed(sides[impl]["step"], s["steps"]))
-        print(f"   seq {seq}: " + ", ".join(f"{k} {v['times']}" for k, v in sides.items()), flush=True)
+                timed(step, 1)
+                side["times"] = [timed(step, s["steps"]) for _ in range(s["rounds"])]
+            except Exception as e:  # out of memory at one implementation is a result; the other still runs
+                side["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            box.clear()
+            gc.collect()
+            sides[impl] = side
+        print(f"   seq {seq}: " + ", ".join(f"{k} {v.get('times') or v.get('error')}" for k, v in sides.items()))
         row: dict[str, Any] = {"seq_len": seq}
         for impl, side in sides.items():
-            row[impl] = {"step_s": statistics.median(side["times"]), "temp_bytes": side["temp_bytes"]}
-            row[impl]["remat"] = side["remat"]
-        if "cudnn" in sides:
+            row[impl] = {"remat": side["remat"], "temp_bytes": side.get("temp_bytes")}
+            if "times" in side:
+                row[impl]["step_s"] = statistics.median(side["times"])
+            else:
+                row[impl]["error"] = side["error"]
+        if all("logits" in sides.get(i, {}) for i in ("xla", "cudnn")):
             a, b = sides["xla"]["logits"], sides["cudnn"]["logits"]
             row["logits_max_abs_diff"] = float(np.abs(a - b).max())
             row["logits_scale"] = float(np.abs(a).max())
+        if all("step_s" in row.get(i, {}) for i in ("xla", "cudnn")):
             row["step_ratio_cudnn_over_xla"] = row["cudnn"]["step_s"] / row["xla"]["step_s"]
         rows.append(row)
     return {"implementations": list(impls), "rows": rows}
@@ -357,6 +363,42 @@ def predicted_peak(sets: list[str], mesh, policy: str) -> tuple[int, int]:
     est = remat_estimates(load(sets), mesh, (policy,))
     (only,) = est["estimates"].values()
     return only["peak_bytes"], est["budget_bytes"]
+
+
+def fit_run(sets: list[str]) -> dict[str, Any]:
+    """Build, compile and step one config; what ran (in the process ``--fit-run`` starts)."""
+    import jax
+
+    _, resolved, _, trainer, _ = build(sets)
+    row: dict[str, Any] = {"params": trainer.num_params}
+    try:
+        compiled = trainer.lower_train_step().compile()
+        ma = compiled.memory_analysis()
+        row["compiled_peak_bytes"] = int(
+            ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes - ma.alias_size_in_bytes
+        )
+        state = trainer.init(jax.random.key(0))
+        state, m = compiled(state, random_batch(trainer, resolved))
+        row["ran"], row["loss"] = True, float(m["loss"])
+    except Exception as e:  # out of memory is the answer being measured
+        row["ran"], row["error"] = False, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    return row
+
+
+def fit_in_fresh_process(sets: list[str]) -> dict[str, Any]:
+    """:func:`fit_run` in a new process: each policy's deepest model gets a device no earlier run fragmented
+    (in one process, a model 1% under the limit failed after the previous policy's ran)."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, __file__, "--fit-run", json.dumps(sets)], capture_output=True, text=True, check=False
+    )
+    last = proc.stdout.strip().splitlines()[-1:] or [""]
+    try:
+        return json.loads(last[0])
+    except json.JSONDecodeError:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"ran": False, "error": f"the process exited {proc.returncode}: {tail[:300]}"}
 
 
 def bench_remat_fit(size: dict[str, Any]) -> dict[str, Any]:
@@ -374,7 +416,8 @@ def bench_remat_fit(size: dict[str, Any]) -> dict[str, Any]:
             return predicted_peak([*sets, f"model.layers={layers}"], mesh, policy)
 
         lo, hi = 1, size["fit_max_layers"] + 1
-        if peak_at(lo)[0] > peak_at(lo)[1]:
+        peak, budget = peak_at(lo)
+        if peak > budget:
             rows.append({"remat": policy, "layers": 0, "note": "one layer does not fit"})
             continue
         while hi - lo > 1:  # the deepest model whose priced peak fits the budget
@@ -383,22 +426,13 @@ def bench_remat_fit(size: dict[str, Any]) -> dict[str, Any]:
             lo, hi = (mid, hi) if peak <= budget else (lo, mid)
         peak, budget = peak_at(lo)
         row: dict[str, Any] = {"remat": policy, "layers": lo, "predicted_peak_bytes": peak, "budget_bytes": budget}
-        try:
-            _, resolved, _, trainer, _ = build([*sets, f"model.layers={lo}"])
-            row["params"] = trainer.num_params
-            compiled = trainer.lower_train_step().compile()
-            ma = compiled.memory_analysis()
-            row["compiled_peak_bytes"] = int(
-                ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes - ma.alias_size_in_bytes
-            )
-            state = trainer.init(jax.random.key(0))
-            state, m = compiled(state, random_batch(trainer, resolved))
-            row["ran"], row["loss"] = True, float(m["loss"])
-            del state
-        except Exception as e:  # out of memory is the answer being measured
-            row["ran"], row["error"] = False, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        row.update(fit_in_fresh_process([*sets, f"model.layers={lo}"]))
+        if not row["ran"]:  # how far under the priced limit a model must stay to run
+            fewer = max(1, int(lo * 0.95))
+            again = fit_in_fresh_process([*sets, f"model.layers={fewer}"])
+            row["fallback"] = {"layers": fewer, "predicted_peak_bytes": peak_at(fewer)[0], **again}
         rows.append(row)
-        print(f"   {policy}: {lo} layers, ran: {row['ran']}", flush=True)
+        print(f"   {policy}: {lo} layers, ran: {row['ran']}" + (f"; {row['fallback']}" if "fallback" in row else ""))
     return {"seq_len": size["fit_seq"], "rows": rows}
 
 
@@ -500,7 +534,8 @@ def table(results: dict[str, Any]) -> str:
         )
     for r in sec.get("attention", {}).get("rows", []):
         parts = [
-            f"{k} {f(v['step_s'])} s, temp {f(v['temp_bytes'] and v['temp_bytes'] / 2**30)} GiB"
+            f"{k} {f(v.get('step_s'))} s, temp {f(v.get('temp_bytes') and v['temp_bytes'] / 2**30)} GiB"
+            + (f" ({v['error'][:60]})" if "error" in v else "")
             for k, v in r.items()
             if isinstance(v, dict)
         ]
@@ -515,6 +550,7 @@ def table(results: dict[str, Any]) -> str:
             f"remat {r['remat']}: deepest fitting {r.get('layers')} layers ({f(r.get('params'))} params), "
             f"predicted peak {f(r.get('predicted_peak_bytes') and r['predicted_peak_bytes'] / 2**30)} GiB, compiled "
             f"{f(r.get('compiled_peak_bytes') and r['compiled_peak_bytes'] / 2**30)} GiB, ran: {r.get('ran')}"
+            + (f"; {r['fallback']['layers']} layers ran: {r['fallback'].get('ran')}" if "fallback" in r else "")
         )
     h = sec.get("load_hf", {})
     if "ratio" in h:
@@ -531,9 +567,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU (what CI runs)")
     p.add_argument("--budget-s", type=float, default=420.0, help="seconds for all sections (default 420)")
     p.add_argument("--only", nargs="*", choices=tuple(NEEDS), help="run only these sections")
+    p.add_argument("--fit-run", metavar="SETS", help=argparse.SUPPRESS)  # remat_fit's child: a JSON list of -s
     args = p.parse_args(argv)
     if args.cpu:
         os.environ["JAX_PLATFORMS"] = "cpu"
+    if args.fit_run:
+        print(json.dumps(fit_run(json.loads(args.fit_run)), default=float))
+        return 0
     # The installed package, not the checkout: only an install maps models/ to partitioning.models.
     import jax
 
