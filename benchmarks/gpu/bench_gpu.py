@@ -80,6 +80,7 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 # Seconds each section needs at least on the GPU (compiles included), to skip what cannot finish.
 NEEDS = {"train": 150, "attention": 90, "load_hf": 40, "remat_fit": 120}
+NO_GPU = "no GPU visible to jax (run with --cpu for the tiny CPU sizes)"
 
 
 class Run:
@@ -93,18 +94,17 @@ class Run:
     def left(self) -> float:
         return self.budget - (time.monotonic() - self.t0)
 
-    def section(self, name: str, fn, *args) -> None:
+    def section(self, name: str, isolate: bool) -> None:
         need = 0 if self.cpu else NEEDS[name]
         if self.left() < need:
             self.results["sections"][name] = {"skipped": f"{self.left():.0f} s left, the section needs ~{need} s"}
         else:
             t = time.monotonic()
             print(f"== {name} ({self.left():.0f} s left)", flush=True)
-            try:
-                out = fn(*args)
-            except Exception as e:  # a section's failure is recorded, the others still run
-                traceback.print_exc()
-                out = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]}
+            out = in_fresh_process(name, self.cpu, self.left()) if isolate else run_section(name, self.cpu)
+            for key in ("device", "jax"):  # the same in every section: said once, at the top
+                if key in out:
+                    self.results[key] = out.pop(key)
             out["seconds"] = round(time.monotonic() - t, 1)
             self.results["sections"][name] = out
         self.write()
@@ -366,7 +366,7 @@ def predicted_peak(sets: list[str], mesh, policy: str) -> tuple[int, int]:
 
 
 def fit_run(sets: list[str]) -> dict[str, Any]:
-    """Build, compile and step one config; what ran (in the process ``--fit-run`` starts)."""
+    """Build, compile and step one config: what ran."""
     import jax
 
     _, resolved, _, trainer, _ = build(sets)
@@ -385,54 +385,48 @@ def fit_run(sets: list[str]) -> dict[str, Any]:
     return row
 
 
-def fit_in_fresh_process(sets: list[str]) -> dict[str, Any]:
-    """:func:`fit_run` in a new process: each policy's deepest model gets a device no earlier run fragmented
-    (in one process, a model 1% under the limit failed after the previous policy's ran)."""
-    import subprocess
-
-    proc = subprocess.run(
-        [sys.executable, __file__, "--fit-run", json.dumps(sets)], capture_output=True, text=True, check=False
-    )
-    last = proc.stdout.strip().splitlines()[-1:] or [""]
-    try:
-        return json.loads(last[0])
-    except json.JSONDecodeError:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"ran": False, "error": f"the process exited {proc.returncode}: {tail[:300]}"}
-
-
-def bench_remat_fit(size: dict[str, Any]) -> dict[str, Any]:
+def fit_policy(size: dict[str, Any], policy: str, layers: int | None) -> dict[str, Any]:
+    """The deepest model ``policy`` is priced to fit (or ``layers`` of it), then built and stepped: run in a
+    process of its own, whose device no earlier model fragmented and no parent holds."""
     import jax
 
     from partitioning.mesh import make_mesh
 
     mesh = make_mesh({"data": 1, "fsdp": -1}, devices=jax.devices()[:1])
-    base = [*size["model"], *size["fit_budget"], "train.batch_size=1", f"train.seq_len={size['fit_seq']}"]
-    rows = []
-    for policy in size["fit_policies"]:
-        sets = [*base, f"model.remat={policy}"]
+    sets = [*size["model"], *size["fit_budget"], "train.batch_size=1", f"train.seq_len={size['fit_seq']}"]
+    sets.append(f"model.remat={policy}")
 
-        def peak_at(layers: int, sets=sets, policy=policy) -> tuple[int, int]:
-            return predicted_peak([*sets, f"model.layers={layers}"], mesh, policy)
+    def peak_at(n: int) -> tuple[int, int]:
+        return predicted_peak([*sets, f"model.layers={n}"], mesh, policy)
 
+    if layers is None:
         lo, hi = 1, size["fit_max_layers"] + 1
         peak, budget = peak_at(lo)
         if peak > budget:
-            rows.append({"remat": policy, "layers": 0, "note": "one layer does not fit"})
-            continue
+            return {"remat": policy, "layers": 0, "ran": False, "note": "one layer does not fit"}
         while hi - lo > 1:  # the deepest model whose priced peak fits the budget
             mid = (lo + hi) // 2
             peak, budget = peak_at(mid)
             lo, hi = (mid, hi) if peak <= budget else (lo, mid)
-        peak, budget = peak_at(lo)
-        row: dict[str, Any] = {"remat": policy, "layers": lo, "predicted_peak_bytes": peak, "budget_bytes": budget}
-        row.update(fit_in_fresh_process([*sets, f"model.layers={lo}"]))
-        if not row["ran"]:  # how far under the priced limit a model must stay to run
-            fewer = max(1, int(lo * 0.95))
-            again = fit_in_fresh_process([*sets, f"model.layers={fewer}"])
-            row["fallback"] = {"layers": fewer, "predicted_peak_bytes": peak_at(fewer)[0], **again}
+        layers = lo
+    peak, budget = peak_at(layers)
+    row: dict[str, Any] = {"remat": policy, "layers": layers, "predicted_peak_bytes": peak, "budget_bytes": budget}
+    return {**row, **fit_run([*sets, f"model.layers={layers}"])}
+
+
+def bench_remat_fit(size: dict[str, Any], cpu: bool) -> dict[str, Any]:
+    """Each policy in a fresh process; this one never touches the device (a parent holding jax's memory pool
+    left its children a quarter of the GPU: every model failed in the second H200 run)."""
+    rows = []
+    for policy in size["fit_policies"]:
+        row = child(["--fit-policy", policy], cpu)
+        if row.get("error") == NO_GPU:
+            return row
+        if not row.get("ran") and row.get("layers"):  # how far under the priced limit a model must stay to run
+            again = child(["--fit-policy", policy, "--fit-layers", str(max(1, int(row["layers"] * 0.95)))], cpu)
+            row["fallback"] = again
         rows.append(row)
-        print(f"   {policy}: {lo} layers, ran: {row['ran']}" + (f"; {row['fallback']}" if "fallback" in row else ""))
+        print(f"   {policy}: {row.get('layers')} layers, ran: {row.get('ran')}", flush=True)
     return {"seq_len": size["fit_seq"], "rows": rows}
 
 
@@ -547,7 +541,7 @@ def table(results: dict[str, Any]) -> str:
         )
     for r in sec.get("remat_fit", {}).get("rows", []):
         lines.append(
-            f"remat {r['remat']}: deepest fitting {r.get('layers')} layers ({f(r.get('params'))} params), "
+            f"remat {r.get('remat')}: deepest fitting {r.get('layers')} layers ({f(r.get('params'))} params), "
             f"predicted peak {f(r.get('predicted_peak_bytes') and r['predicted_peak_bytes'] / 2**30)} GiB, compiled "
             f"{f(r.get('compiled_peak_bytes') and r['compiled_peak_bytes'] / 2**30)} GiB, ran: {r.get('ran')}"
             + (f"; {r['fallback']['layers']} layers ran: {r['fallback'].get('ran')}" if "fallback" in r else "")
@@ -561,44 +555,85 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_section(name: str, cpu: bool) -> dict[str, Any]:
+    """One section in this process, its failure recorded rather than raised."""
+    size = SIZES["cpu" if cpu else "gpu"]
+    if name == "remat_fit":  # its children use the device: this process must not take jax's memory pool
+        return bench_remat_fit(size, cpu)
+    try:
+        import jax
+
+        if not cpu and jax.default_backend() == "cpu":
+            return {"error": NO_GPU}
+        with tempfile.TemporaryDirectory() as tmp:
+            out = {
+                "train": lambda: bench_train(size, [] if cpu else ["model.attention=auto"]),
+                "attention": lambda: bench_attention(size, cpu),
+                "load_hf": lambda: bench_load_hf(size, Path(tmp)),
+            }[name]()
+        dev = jax.devices()[0]
+        return {**out, "device": f"{dev.platform}: {getattr(dev, 'device_kind', '')}", "jax": jax.__version__}
+    except Exception as e:
+        traceback.print_exc()
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]}
+
+
+def child(args: list[str], cpu: bool, timeout: float | None = None) -> dict[str, Any]:
+    """This script in a new process (its output passes through); the JSON it leaves in a temp file."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "result.json"
+        cmd = [sys.executable, __file__, *args, "--result", str(result), *(["--cpu"] if cpu else [])]
+        try:
+            proc = subprocess.run(cmd, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout:.0f} s"}
+        if result.exists():
+            return json.loads(result.read_text())
+        return {"error": f"the process exited {proc.returncode} without a result"}
+
+
+def in_fresh_process(name: str, cpu: bool, left: float) -> dict[str, Any]:
+    """A section in a process of its own: a fresh allocator, and the GPU memory back when it ends."""
+    return child(["--section", name], cpu, timeout=max(left, 30.0))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT") or "out/gpu", help="folder for gpu.json and gpu.txt")
     p.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU (what CI runs)")
     p.add_argument("--budget-s", type=float, default=420.0, help="seconds for all sections (default 420)")
     p.add_argument("--only", nargs="*", choices=tuple(NEEDS), help="run only these sections")
-    p.add_argument("--fit-run", metavar="SETS", help=argparse.SUPPRESS)  # remat_fit's child: a JSON list of -s
+    # A child's work (this script runs itself): one section, or one remat_fit policy; its JSON to --result.
+    p.add_argument("--section", choices=tuple(NEEDS), help=argparse.SUPPRESS)
+    p.add_argument("--fit-policy", help=argparse.SUPPRESS)
+    p.add_argument("--fit-layers", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.cpu:
         os.environ["JAX_PLATFORMS"] = "cpu"
-    if args.fit_run:
-        print(json.dumps(fit_run(json.loads(args.fit_run)), default=float))
-        return 0
     # The installed package, not the checkout: only an install maps models/ to partitioning.models.
-    import jax
+    if args.section or args.fit_policy:
+        size = SIZES["cpu" if args.cpu else "gpu"]
+        if args.section:
+            out = run_section(args.section, args.cpu)
+        else:
+            import jax
 
-    if not args.cpu and jax.default_backend() == "cpu":
-        print("error: no GPU visible to jax (run with --cpu for the tiny CPU sizes)", file=sys.stderr)
-        return 2
-    size = SIZES["cpu" if args.cpu else "gpu"]
+            gpu = args.cpu or jax.default_backend() != "cpu"
+            out = fit_policy(size, args.fit_policy, args.fit_layers) if gpu else {"error": NO_GPU}
+        Path(args.result).write_text(json.dumps(out, default=float))
+        return 0
     run = Run(Path(args.out), args.budget_s, args.cpu)
-    dev = jax.devices()[0]
-    run.results.update(
-        device=f"{dev.platform}: {getattr(dev, 'device_kind', '')}",
-        jax=jax.__version__,
-        python=platform.python_version(),
-        sizes="cpu" if args.cpu else "gpu",
-    )
-    want = args.only or list(NEEDS)
-    with tempfile.TemporaryDirectory() as tmp:
-        if "train" in want:
-            run.section("train", bench_train, size, [] if args.cpu else ["model.attention=auto"])
-        if "attention" in want:
-            run.section("attention", bench_attention, size, args.cpu)
-        if "load_hf" in want:  # before remat_fit: short, and remat_fit takes what is left
-            run.section("load_hf", bench_load_hf, size, Path(tmp))
-        if "remat_fit" in want:
-            run.section("remat_fit", bench_remat_fit, size)
+    run.results.update(python=platform.python_version(), sizes="cpu" if args.cpu else "gpu")
+    # On a GPU each section runs in a process of its own and this one never touches the device: jax keeps
+    # 75% of the GPU for the life of the process that first uses it. The CPU runs them here (seconds saved).
+    for name in args.only or list(NEEDS):
+        run.section(name, isolate=not args.cpu)
+        if run.results["sections"][name].get("error") == NO_GPU:
+            print(f"error: {NO_GPU}", file=sys.stderr)
+            return 2
     print(table(run.results))
     errors = [n for n, s in run.results["sections"].items() if "error" in s]
     return 1 if errors else 0
