@@ -196,8 +196,10 @@ def collective_time(hw: Hardware, kind: str, nbytes: float, group: int, bandwidt
 # Efficiency (the share of peak FLOP/s a training step's matmuls reach), calibrated on published measurements
 # (tests/tune/published.py, docs/performance.md): MaxText's TPU tables (commit 632f65147) and Megatron-LM's
 # A100 weak-scaling table (Narayanan et al. 2021, Table 1), each on the rows at the extremes of its table,
-# checked on the others. GPUs without published rows of their own take the A100's.
-EFFICIENCY = {"v5p": 0.726, "v5e": 0.770, "v4": 0.777, "a100-80g": 0.488}
+# checked on the others. The h200's is measured: benchmarks/gpu on one H200 (benchmarks/results/
+# gpu_h200_run1.json), calibrated on its sequence-2,048 row and checked on its 4,096 row (tests/tune/measured.py).
+# GPUs without rows of their own (the H100 included: none was measured) take the A100's.
+EFFICIENCY = {"v5p": 0.726, "v5e": 0.770, "v4": 0.777, "a100-80g": 0.488, "h200": 0.568}
 GPU_EFFICIENCY = EFFICIENCY["a100-80g"]
 
 
@@ -231,7 +233,7 @@ PROFILES: dict[str, Hardware] = {
     ),
     "h200": Hardware(
         name="h200",
-        efficiency=GPU_EFFICIENCY,
+        efficiency=EFFICIENCY["h200"],
         description="NVIDIA H200 SXM 141GB, 8 per node (NVLink 4), 8x400 Gb/s InfiniBand per node",
         peak_flops=_peak("h200"),  # datasheet: 1,979 TFLOP/s bf16 with sparsity (same Hopper die as H100)
         memory=141 * GB,

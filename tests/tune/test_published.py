@@ -5,6 +5,7 @@ the profiles were not calibrated on, but two named ones, which stay within ±20%
 import pytest
 
 from partitioning.tune.hardware import PROFILES
+from tests.tune.measured import calibrate as calibrate_measured
 from tests.tune.published import ROWS, calibrate, table
 
 # Check rows outside ±15%, with why: the model prices one per-device program per layout, and these rows
@@ -27,7 +28,15 @@ def rows():
 def test_the_profiles_efficiency_is_the_calibration(rows):
     # The profiles carry exactly what the calibration rows give (tests/tune/published.py::CALIBRATION).
     assert calibrate() == {name: PROFILES[name].efficiency for name in ("v5p", "v5e", "v4", "a100-80g")}
-    assert PROFILES["h100"].efficiency == PROFILES["h200"].efficiency == PROFILES["a100-80g"].efficiency
+    assert PROFILES["h100"].efficiency == PROFILES["a100-80g"].efficiency  # no H100 row was measured
+
+
+def test_the_h200_efficiency_is_its_measured_calibration_and_predicts_the_other_row():
+    # benchmarks/results/gpu_h200_run1.json: sequence 2,048 calibrates, 4,096 checks.
+    efficiency, errors = calibrate_measured()
+    assert PROFILES["h200"].efficiency == efficiency == 0.568
+    assert errors[2048] == pytest.approx(0.0, abs=0.002)
+    assert abs(errors[4096]) < 0.05
 
 
 def test_predicted_mfu_within_15_percent_of_published_on_the_rows_not_calibrated_on(rows):
