@@ -167,9 +167,13 @@ def files_of(item: Path, name: str) -> list[str]:
     """The files holding an array's chunks: OCDBT data files, or the B-tree node a small chunk is inlined in."""
     found: list[str] = []
 
+    real = os.path.realpath(item)
+
     def file_of(location: str) -> str:
         _, base, rel = location.rsplit(":", 2)[0].split(":", 2)
-        return str(item / base / rel)
+        f = str(item / base / rel)
+        # tensorstore gives the real path: say it under the path the user gave (relative stays relative)
+        return str(item) + f[len(real) :] if f.startswith(real + os.sep) else f
 
     try:
         kv = ts.KvStore.open({"driver": "file", "path": os.path.realpath(item) + "/"}).result()

@@ -116,13 +116,20 @@ def ocdbt_problems(db: Path, only_key: str | None = None, limit: int = 5) -> lis
             if isinstance(value, str) and (only_key is None or key == only_key):
                 bad = _check_file(db, value)
                 if bad and bad not in problems:
-                    problems.append(f"{bad} (holds {key})")
+                    problems.append(f"{bad} (holds {_held(key)})")
                     if len(problems) >= limit:
                         return
 
     if root:
         visit(root)
     return problems
+
+
+def _held(key: str) -> str:
+    """An OCDBT key (``params.w/0.1``: orbax's dotted array name, then the zarr chunk) as messages name arrays."""
+    name, _, chunk = key.partition("/")
+    where = f", chunk ({', '.join(chunk.split('.'))})" if chunk and chunk[0].isdigit() else ""
+    return f"array {name.replace('.', '/')}{where}"
 
 
 def verify(ref: Any) -> list[str]:

@@ -154,6 +154,8 @@ def step_damage(step_dir: Path) -> str | None:
         return f"missing directory {state}"
     if not (state / "_METADATA").is_file():
         return f"missing file {state / '_METADATA'}"
+    if any(state.glob("ocdbt.process_*")) and not (state / "manifest.ocdbt").is_file():
+        return f"missing file {state / 'manifest.ocdbt'}"  # the OCDBT root: without it no array can be found
     if not (meta / META_FILE).is_file():
         return f"missing file {meta / META_FILE}"
     try:
@@ -338,12 +340,16 @@ def drop_tmp_dirs(directory: Path) -> None:
                 shutil.rmtree(c, ignore_errors=True)
 
 
-def drop_pruned(directory: Path) -> None:
-    """Deletes the steps orbax pruned (renamed into PRUNED); each entry, so a rename in flight is safe."""
+def drop_pruned(directory: Path, final: bool = False) -> None:
+    """Deletes the steps orbax pruned (renamed into PRUNED); each entry, so a rename in flight is safe.
+    ``final``: nothing is in flight (the manager is closed), so the empty folder goes too."""
     pruned = directory / PRUNED
     if jax.process_index() == 0 and pruned.is_dir():
         for c in list(pruned.iterdir()):
             shutil.rmtree(c, ignore_errors=True)
+        if final:
+            with contextlib.suppress(OSError):
+                pruned.rmdir()
 
 
 __all__ = [

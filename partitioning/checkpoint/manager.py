@@ -346,7 +346,7 @@ class CheckpointManager:
         finally:
             with contextlib.suppress(Exception):  # a failed save was reported by wait()
                 self._mngr.close()
-            drop_pruned(self.directory)
+            drop_pruned(self.directory, final=True)
             # A save that failed as its temporary directory was made can leave it behind: nothing is in flight now.
             drop_tmp_dirs(self.directory)
 
@@ -360,7 +360,8 @@ class CheckpointManager:
     def restore(self, target: Any, step: int | None = None, *, params_only: bool = False, verify: bool = True) -> Any:
         """:func:`restore_checkpoint` of this directory's latest (or ``step``) checkpoint."""
         self.wait()
-        out = restore_checkpoint(self.directory, target, step=step, params_only=params_only, verify=verify)
+        # The directory as the user gave it: a damaged step's message names its files that way too.
+        out = restore_checkpoint(self.shown, target, step=step, params_only=params_only, verify=verify)
         self._frozen = reused(self.directory, step, self.frozen) or self._frozen  # later steps refer to them
         return out
 

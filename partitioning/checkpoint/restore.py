@@ -194,7 +194,10 @@ def restore_checkpoint(
         return restore_split(ref, split, target, restore_checkpoint, layout_target, **kw)
     if verify:
         check_parts(ref)  # before anything is read: a missing part or data file
-    saved = flat_saved(saved_tree(ref))
+    try:
+        saved = flat_saved(saved_tree(ref))
+    except CheckpointError as e:  # an unreadable _METADATA is damage too: the step and the good one
+        raise (refuse(ref, str(e).removeprefix(f"checkpoint {ref}: ")) if verify else e) from None
     check = read_check(ref, {p: md.dtype for p, md in saved.items()}) if verify else None
     if target is None:
         if mesh is None:
@@ -210,6 +213,14 @@ def restore_checkpoint(
         )
         if params_only and isinstance(target, Mapping) and "params" in target:
             target = target["params"]
+    if target is not None and (where := _unplaced(target)) is not None:
+        if mesh is None:
+            raise CheckpointError(
+                f"restore_checkpoint: the target's leaf {where!r} has no sharding to restore onto (an abstract or "
+                "boxed state, e.g. trainer.abstract_state): pass mesh= and rules= to lay it out, or "
+                "pt.abstract_target(abstract, shardings=trainer.state_shardings)"
+            )
+        target = abstract_target(target, mesh, rules, on_indivisible=on_indivisible, annotations=annotations)
     target = _from_shardings(ref, target, saved, "params/" if params_only and _has_params(saved) else "")
     target, refill = _plain_variables(target, saved, params_only)
     tgt, unwrap, partial = target, False, False
@@ -270,6 +281,14 @@ def annotated_names(saved: Mapping[str, Any], annotations: Any) -> dict[str, Any
 
 def _has_params(saved: Mapping[str, Any]) -> bool:
     return any(p == "params" or p.startswith("params/") for p in saved)
+
+
+def _unplaced(target: Any) -> str | None:
+    """The path of the first leaf with nowhere to go: a Flax box, or a ShapeDtypeStruct without a sharding."""
+    for kp, leaf in jax.tree_util.tree_flatten_with_path(target, is_leaf=is_box)[0]:
+        if is_box(leaf) or (isinstance(leaf, jax.ShapeDtypeStruct) and leaf.sharding is None):
+            return path_str(kp)
+    return None
 
 
 def _from_shardings(ref: CheckpointRef, target: Any, saved: Mapping[str, Any], prefix: str) -> Any:

@@ -41,7 +41,7 @@ import jax
 
 from partitioning.checkpoint.disk import list_steps, resolve_checkpoint
 from partitioning.checkpoint.frozen import saved_arrays
-from partitioning.checkpoint.integrity import check_parts
+from partitioning.checkpoint.integrity import check_parts, refuse
 from partitioning.checkpoint.restore import abstract_target, check_fits, checkpoint_metadata
 from partitioning.config.axes import check_axes_used
 from partitioning.config.build import (
@@ -142,7 +142,12 @@ def check_resume(
         return None
     ref = resolve_checkpoint(directory, step)
     try:
-        check_fits(ref, saved_arrays(ref), target, partial)  # with the frozen params the step refers to
+        saved = saved_arrays(ref)  # with the frozen params the step refers to
+    except CheckpointError as e:  # unreadable, so damaged: said as damage, naming the latest good step
+        check_parts(ref)
+        raise refuse(ref, str(e).removeprefix(f"checkpoint {ref}: ")) from None
+    try:
+        check_fits(ref, saved, target, partial)
     except CheckpointError as e:
         raise CheckpointError(
             f"{e}; to start over with this model use --no-resume (the old run is moved to RUN_DIR/previous/) "

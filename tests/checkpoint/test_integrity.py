@@ -80,7 +80,13 @@ DAMAGE = {
         "truncated file ck/7/",
         "",
     ),
-    "deleted data file": (lambda d: largest(d).unlink(), "missing file ck/7/state/", ""),
+    "deleted data file": (lambda d: largest(d).unlink(), "missing file ck/7/state/", " (holds array "),
+    "no OCDBT manifest": (lambda d: (d / "state" / "manifest.ocdbt").unlink(), "missing file ck/7/state/manifest", ""),
+    "unreadable state _METADATA": (
+        lambda d: (d / "state" / "_METADATA").write_text("xx"),
+        "damaged file ck/7/state/_METADATA (not valid JSON; truncated?)",
+        "",
+    ),
 }
 
 
@@ -218,3 +224,22 @@ def test_a_step_pruned_while_inspected_is_not_damage(ck, monkeypatch, run_cli_in
     shutil.copytree(d / "3", d / "7")  # a run dir: the newer latest step is inspected instead
     r = run_cli_in_process("ckpt", "inspect", "ck")
     assert r.returncode == 0 and r.stdout.startswith("checkpoint ck/3: step 3") and "files: OK" in r.stdout
+
+
+def test_a_boxed_abstract_state_restores_given_a_mesh_and_is_one_line_without(ck, mesh_of, ckpt_setup):
+    s, d = ck
+    mesh = mesh_of({"data": 1, "fsdp": 8})
+    abstract = s.trainer(mesh, "fsdp").abstract_state  # Flax boxes around unsharded ShapeDtypeStructs
+    with pytest.raises(CheckpointError) as e:
+        pt.restore_checkpoint(d, abstract)
+    assert str(e.value) == (
+        "restore_checkpoint: the target's leaf 'step' has no sharding to restore onto (an abstract or boxed "
+        "state, e.g. trainer.abstract_state): pass mesh= and rules= to lay it out, or "
+        "pt.abstract_target(abstract, shardings=trainer.state_shardings)"
+    )
+    state = pt.restore_checkpoint(d, abstract, mesh=mesh, rules="fsdp")
+    assert int(state.step) == 7
+    assert (
+        state.params["blocks"]["mlp"]["wi_0"].sharding.spec
+        == s.target(mesh, "fsdp").params["blocks"]["mlp"]["wi_0"].sharding.spec
+    )

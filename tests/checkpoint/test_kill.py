@@ -181,4 +181,4 @@ def test_pruned_steps_are_moved_then_deleted(tmp_path):
         for k in range(1, 5):
             mngr.save(k, {"w": jax.device_put(np.full((64,), k, np.float32), sh)}, force=True)
     names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
-    assert names == ["4", "_pruned"] and list((tmp_path / "ckpt" / "_pruned").iterdir()) == []
+    assert names == ["4"]  # the emptied _pruned folder goes too once the manager is closed

@@ -166,6 +166,20 @@ def test_a_damaged_resume_fails_both_alike_and_leaves_the_run_record(
     assert b"steps: 3" in Path("runs/done/config.yaml").read_bytes()
 
 
+def test_an_unreadable_step_metadata_is_damage_for_both_naming_the_good_step(
+    trained, tmp_path, monkeypatch, run_cli_in_process
+):
+    shutil.copytree(trained, tmp_path / "t")
+    monkeypatch.chdir(tmp_path / "t")
+    Path("runs/done/checkpoints/2/state/_METADATA").write_text("xx")  # not a model mismatch: a damaged file
+    line = agree(run_cli_in_process, "run.yaml", "--resume", "--set", "train.steps=4")
+    assert line == (
+        "error: checkpoint step 2 (runs/done/checkpoints/2) is damaged: damaged file "
+        "runs/done/checkpoints/2/state/_METADATA (not valid JSON; truncated?); not restored; the latest good step "
+        "is 1: choose it explicitly (train --resume-from 1; step=1 from Python), or start over with --no-resume"
+    )
+
+
 def test_an_indivisible_warning_is_said_once_per_array_not_per_optimizer_moment(capsys):
     import warnings
 
