@@ -1,6 +1,6 @@
-"""A new user's first hour, as real subprocesses with relative paths: a train that would do nothing (or
-would continue another experiment's checkpoint) says so and exits 2, starting over keeps the old run whole,
-a mesh axis no rule uses is refused, and the small things a first run trips over."""
+"""A new user's first hour, with relative paths (the CLI's main, run in this process from the user's folder):
+a train that would do nothing (or would continue another experiment's checkpoint) says so and exits 2, starting
+over keeps the old run whole, a mesh axis no rule uses is refused, and the small things a first run trips over."""
 
 import json
 
@@ -15,18 +15,20 @@ checkpoint: {async: false}
 """
 
 
-@pytest.mark.slow  # ~40 s idle: a training run and the CLI calls a user makes after it
-def test_a_run_dir_keeps_one_experiment(tmp_path, run_cli_subprocess, one_line_error):
+@pytest.mark.slow  # a training run and the CLI calls a user makes after it
+def test_a_run_dir_keeps_one_experiment(tmp_path, run_cli_in_process, one_line_error, monkeypatch):
     """One training run (2 steps), then what a user tries next, in order (one test: the run is built once)."""
     (tmp_path / "run.yaml").write_text(RUN)
-    r = run_cli_subprocess("train", "run.yaml", "--no-progress", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    cli = run_cli_in_process
+    r = cli("train", "run.yaml", "--no-progress")
     assert r.returncode == 0, r.stderr[-2000:]
     trained = (tmp_path, r)
     the_first_run_says_how_to_view_tensorboard(trained)
-    a_run_with_nothing_to_train_exits_2_and_says_what_to_do(trained, run_cli_subprocess, one_line_error)
-    another_optimizer_is_another_experiment(trained, run_cli_subprocess, one_line_error)
-    a_mesh_axis_no_rule_uses_is_refused(trained, run_cli_subprocess, one_line_error)
-    starting_over_keeps_the_old_run_together(trained, run_cli_subprocess)
+    a_run_with_nothing_to_train_exits_2_and_says_what_to_do(trained, cli, one_line_error)
+    another_optimizer_is_another_experiment(trained, cli, one_line_error)
+    a_mesh_axis_no_rule_uses_is_refused(trained, cli, one_line_error)
+    starting_over_keeps_the_old_run_together(trained, cli)
 
 
 def snapshot(run_dir):
@@ -42,21 +44,21 @@ def the_first_run_says_how_to_view_tensorboard(trained):
     assert hint.startswith("view the curves: ") and "tensorboard --logdir runs/run/tensorboard" in hint
 
 
-def a_run_with_nothing_to_train_exits_2_and_says_what_to_do(trained, run_cli_subprocess, one_line_error):
+def a_run_with_nothing_to_train_exits_2_and_says_what_to_do(trained, cli, one_line_error):
     d, _ = trained
     before = snapshot(d / "runs" / "run")
-    line = one_line_error(run_cli_subprocess("train", "run.yaml", cwd=d))
+    line = one_line_error(cli("train", "run.yaml"))
     assert line.startswith("error: run.yaml:4: train.steps: the checkpoint in runs/run is already at step 2")
     assert "nothing to train" in line and "--set train.steps=4" in line
     assert "--no-resume" in line and "--set run_dir=runs/NAME" in line
     assert snapshot(d / "runs" / "run") == before  # nothing written, nothing moved
 
 
-def another_optimizer_is_another_experiment(trained, run_cli_subprocess, one_line_error):
+def another_optimizer_is_another_experiment(trained, cli, one_line_error):
     d, _ = trained
     before = snapshot(d / "runs" / "run")
     lr = ["--set", "train.steps=4", "--set", "optimizer.lr=0.001"]
-    line = one_line_error(run_cli_subprocess("train", "run.yaml", *lr, cwd=d))
+    line = one_line_error(cli("train", "run.yaml", *lr))
     assert line == (
         "error: runs/run: the checkpoint at step 2 was trained with another optimizer (lr 0.003 -> 0.001), so this "
         "run is another experiment: give this run its own run_dir (--set run_dir=runs/NAME), or start over with "
@@ -64,19 +66,19 @@ def another_optimizer_is_another_experiment(trained, run_cli_subprocess, one_lin
     )
     assert snapshot(d / "runs" / "run") == before
     # check is the pre-flight: it says the same, and with --resume what the continuation changes.
-    assert one_line_error(run_cli_subprocess("check", "run.yaml", *lr, cwd=d)) == line
-    r = run_cli_subprocess("check", "run.yaml", *lr, "--resume", "--set", "mesh.shape={data: 2, fsdp: -1}", cwd=d)
+    assert one_line_error(cli("check", "run.yaml", *lr)) == line
+    r = cli("check", "run.yaml", *lr, "--resume", "--set", "mesh.shape={data: 2, fsdp: -1}")
     assert r.returncode == 0, r.stderr
     assert (
         "resume: step 2 continues with another config: optimizer: lr 0.003 -> 0.001; layout: mesh "
         "{data: 1, fsdp: 4, tensor: 1} -> {data: 2, fsdp: 2} (the checkpoint is resharded as it is read)"
     ) in r.stdout
     # Another layout alone is a continuation (checkpoints restore onto any layout); so is a remat policy.
-    r = run_cli_subprocess("check", "run.yaml", "--set", "train.steps=4", "--set", "model.remat=full", cwd=d)
+    r = cli("check", "run.yaml", "--set", "train.steps=4", "--set", "model.remat=full")
     assert r.returncode == 0 and "resume: train would continue from the checkpoint at step 2" in r.stdout, r.stderr
 
 
-def a_mesh_axis_no_rule_uses_is_refused(trained, run_cli_subprocess, one_line_error):
+def a_mesh_axis_no_rule_uses_is_refused(trained, cli, one_line_error):
     d, _ = trained
     typo = ["--set", "mesh.shape.tensr=2", "--set", "run_dir=runs/typo"]
     want = (
@@ -84,20 +86,20 @@ def a_mesh_axis_no_rule_uses_is_refused(trained, run_cli_subprocess, one_line_er
         "2 devices would repeat the same work (rules fsdp use data, fsdp); did you mean 'tensor'? Otherwise give it "
         "size 1, or list it in mesh.unused_axes to keep it"
     )
-    assert one_line_error(run_cli_subprocess("check", "run.yaml", *typo, cwd=d)) == want
-    assert one_line_error(run_cli_subprocess("train", "run.yaml", *typo, cwd=d)) == want
+    assert one_line_error(cli("check", "run.yaml", *typo)) == want
+    assert one_line_error(cli("train", "run.yaml", *typo)) == want
     assert not (d / "runs" / "typo").exists()
     # Kept on purpose: named in mesh.unused_axes.
-    r = run_cli_subprocess("check", "run.yaml", *typo, "--set", "mesh.unused_axes=[tensr]", cwd=d)
+    r = cli("check", "run.yaml", *typo, "--set", "mesh.unused_axes=[tensr]")
     assert r.returncode == 0 and "'tensr': 2" in r.stdout, r.stderr
 
 
-def starting_over_keeps_the_old_run_together(trained, run_cli_subprocess):
+def starting_over_keeps_the_old_run_together(trained, cli):
     """--no-resume moves the whole previous run (history, curves, config, events, checkpoints) aside together."""
     d, _ = trained
     run_dir = d / "runs" / "run"
     old = snapshot(run_dir)
-    r = run_cli_subprocess("train", "run.yaml", "--no-resume", "--no-progress", "--set", "optimizer.lr=0.001", cwd=d)
+    r = cli("train", "run.yaml", "--no-resume", "--no-progress", "--set", "optimizer.lr=0.001")
     assert r.returncode == 0, r.stderr[-2000:]
     [aside] = (run_dir / "previous").iterdir()
     assert (
@@ -114,12 +116,12 @@ def starting_over_keeps_the_old_run_together(trained, run_cli_subprocess):
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
 
 
-def test_bare_partitioning_lists_the_commands(run_cli_subprocess):
-    r = run_cli_subprocess()
+def test_bare_partitioning_lists_the_commands(run_cli_in_process):
+    r = run_cli_in_process()
     assert r.returncode == 0 and r.stderr == ""
     for cmd in ("check", "rules", "train", "plan", "compare", "tune", "ckpt", "config"):
         assert f"\n    {cmd} " in r.stdout
-    r = run_cli_subprocess("ckpt")
+    r = run_cli_in_process("ckpt")
     assert r.returncode == 0 and "inspect" in r.stdout and "reshard" in r.stdout
 
 
@@ -144,14 +146,15 @@ def test_leaf_commands_help_says_what_they_do(cmd, says, capsys):
     assert " ".join(description.split()).startswith(says)
 
 
-def test_set_typos_get_a_hint(repo, run_cli_subprocess, one_line_error):
-    line = one_line_error(run_cli_subprocess("check", "configs/quickstart.yaml", "--set", "train.step=20"))
+def test_set_typos_get_a_hint(repo, run_cli_in_process, one_line_error, monkeypatch):
+    monkeypatch.chdir(repo)
+    line = one_line_error(run_cli_in_process("check", "configs/quickstart.yaml", "--set", "train.step=20"))
     assert line == (
         "error: configs/quickstart.yaml (--set train.step=20): train.step: expected a mapping, got int 20; "
         "did you mean 'steps'?"
     )
     line = one_line_error(
-        run_cli_subprocess("check", "configs/quickstart.yaml", "--set", "mesh.shape={data:2,tensor:-1}")
+        run_cli_in_process("check", "configs/quickstart.yaml", "--set", "mesh.shape={data:2,tensor:-1}")
     )
     assert line == (
         "error: --set mesh.shape={data:2,tensor:-1}: 'data:2' reads as one key with no value: YAML needs a space "

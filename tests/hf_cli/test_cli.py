@@ -1,4 +1,4 @@
-"""A Hugging Face checkpoint from YAML and the command line, as real subprocesses with relative paths.
+"""A Hugging Face checkpoint from YAML and the command line (its main, in this process), with relative paths.
 
 One run of ``configs/hf_tiny.yaml`` (a tiny Llama made by transformers, trained on the
 stdlib tokenized with its own tokenizer), in a copy of the repository's layout, is trained,
@@ -6,17 +6,20 @@ resumed, exported and made to talk in one test: its stages depend on each other,
 test stays on one xdist worker, so the run is trained once.
 """
 
+import contextlib
+import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 import sysconfig
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
+
+from tests.conftest import CliResult
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = "tests/fixtures/hf/llama"
@@ -33,16 +36,28 @@ def work(tmp_path_factory):
     return root
 
 
-def cli(work: Path, *args: str) -> subprocess.CompletedProcess:
-    """``python -m partitioning ARGS`` in ``work`` (the CLI sets up its own devices)."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["XDG_CACHE_HOME"] = str(work / "cache")
-    return subprocess.run(
-        [sys.executable, "-m", "partitioning", *args], capture_output=True, text=True, cwd=work, env=env, timeout=600
-    )
+def cli(work: Path, *args: str) -> CliResult:
+    """``partitioning ARGS`` from ``work``: the CLI's main in this process (8 simulated devices), output captured."""
+    from partitioning.cli import main
+
+    jax.devices()  # the backend is up: no "simulating" line from whichever call comes first
+    out, err = io.StringIO(), io.StringIO()
+    here, cache = os.getcwd(), os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(work / "cache")
+    os.chdir(work)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        os.chdir(here)
+        if cache is None:
+            del os.environ["XDG_CACHE_HOME"]
+        else:
+            os.environ["XDG_CACHE_HOME"] = cache
+    return CliResult(code, out.getvalue(), err.getvalue())
 
 
-def error_line(r: subprocess.CompletedProcess) -> str:
+def error_line(r: CliResult) -> str:
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = [x for x in r.stderr.splitlines() if x.strip() and not x.startswith(("simulating", "data: "))]
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
