@@ -42,6 +42,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from partitioning.config.annotations import parse_annotations
+from partitioning.config.foreign import not_a_run_config
 from partitioning.config.hf import hf_source
 from partitioning.config.merge import GLUED, glued_keys, merge, paths, unglue
 from partitioning.config.schema import REQUIRED, SECTIONS, TOP_KEYS, Config, DataConfig, HfModelConfig
@@ -66,6 +67,9 @@ def _read(path: Path, shown: str, chain: tuple[str, ...]) -> tuple[dict, Lines]:
     data, lines = read_yaml(path, "config file")
     if not isinstance(data, dict):
         raise ConfigError(f"{shown}: a run config is a mapping with sections {', '.join(REQUIRED)}")
+    foreign = not_a_run_config(data, shown)
+    if foreign:
+        raise ConfigError(foreign)
     base = data.pop("base", None)
     if base is None:
         return data, lines
