@@ -6,8 +6,8 @@ Example::
 
     >>> from partitioning.config.foreign import not_a_run_config
     >>> not_a_run_config({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, "ckpt/config.json")
-    'ckpt/config.json: not a run config: it looks like a Hugging Face model config; expected a YAML mapping with sections \
-model, mesh, rules; to train that checkpoint, a run config names its folder: model: {hf: ckpt}'
+    'ckpt/config.json: not a run config: it looks like a Hugging Face model config; expected a YAML mapping \
+with sections model, mesh, rules; to train that checkpoint, a run config names its folder: model: {hf: ckpt}'
     >>> not_a_run_config({"model": {"name": "gpt"}, "mesh": {}}, "run.yaml") is None   # a run config, maybe wrong
     True
 """
