@@ -40,7 +40,7 @@ from partitioning.config.lora import lora_error, parse_lora, takes_lora, without
 from partitioning.config.positions import check_positions
 from partitioning.config.schema import Config
 from partitioning.config.targets import TARGET, Factory, build_target, check_kwargs, import_target, takes_rngs
-from partitioning.errors import ConfigError, DataError, PartitioningError, ShardingError
+from partitioning.errors import ConfigError, DataError, MeshError, PartitioningError, ShardingError
 from partitioning.mesh import make_mesh
 from partitioning.models import GPT
 from partitioning.models.lora import check_lora_targets
@@ -187,9 +187,13 @@ def config_devices(cfg: Config, override: int | None = None) -> int | None:
 
 
 def mesh_from_config(cfg: Config, devices: int | None = None) -> jax.sharding.Mesh:
-    """The config's mesh over its device count (``devices`` overrides, as --devices does)."""
+    """The config's mesh over its device count (``devices`` overrides, as --devices does); a shape that does not
+    fit the devices is a MeshError at ``mesh.shape``'s file:line."""
     n = config_devices(cfg, devices)
-    return make_mesh(cfg.mesh.shape, cfg.mesh.axis_types, devices=jax.devices()[:n] if n else None)
+    try:
+        return make_mesh(cfg.mesh.shape, cfg.mesh.axis_types, devices=jax.devices()[:n] if n else None)
+    except MeshError as e:
+        raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
 
 
 def optimizer_from_config(cfg: Config) -> Any:

@@ -223,10 +223,7 @@ def check_tokenizer_vocab(cfg: Config) -> None:
 
 
 def _mesh(cfg: Config, devices: int | None):
-    try:
-        return mesh_from_config(cfg, devices)
-    except MeshError as e:
-        raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
+    return mesh_from_config(cfg, devices)  # its errors at mesh.shape's file:line
 
 
 def _batch_divides(cfg: Config, sizes: dict[str, int]) -> None:
