@@ -187,8 +187,7 @@ def config_devices(cfg: Config, override: int | None = None) -> int | None:
 
 
 def mesh_from_config(cfg: Config, devices: int | None = None) -> jax.sharding.Mesh:
-    """The config's mesh over its device count (``devices`` overrides, as --devices does); a shape that does not
-    fit the devices is a MeshError at ``mesh.shape``'s file:line."""
+    """The config's mesh over its device count (``--devices`` overrides); errors at ``mesh.shape``'s file:line."""
     n = config_devices(cfg, devices)
     try:
         return make_mesh(cfg.mesh.shape, cfg.mesh.axis_types, devices=jax.devices()[:n] if n else None)
@@ -199,20 +198,8 @@ def mesh_from_config(cfg: Config, devices: int | None = None) -> jax.sharding.Me
 def optimizer_from_config(cfg: Config) -> Any:
     """The optax transformation the config's ``optimizer`` section describes (over ``train.steps``)."""
     o = cfg.optimizer
-    return make_optimizer(
-        o.name,
-        lr=o.lr,
-        total_steps=max(1, cfg.train.steps),
-        warmup_steps=o.warmup_steps,
-        schedule=o.schedule,
-        min_lr_ratio=o.min_lr_ratio,
-        weight_decay=o.weight_decay,
-        b1=o.b1,
-        b2=o.b2,
-        eps=o.eps,
-        momentum=o.momentum,
-        clip_norm=o.clip_norm,
-    )
+    keys = ("warmup_steps", "schedule", "min_lr_ratio", "weight_decay", "b1", "b2", "eps", "momentum", "clip_norm")
+    return make_optimizer(o.name, lr=o.lr, total_steps=max(1, cfg.train.steps), **{k: getattr(o, k) for k in keys})
 
 
 _DATA_KEYS = {
