@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -80,8 +81,19 @@ def host_pieces(state: Any) -> list[tuple[str, list[list[int]], np.ndarray]]:
     return out
 
 
-def crc_of(arr: np.ndarray) -> int:
-    return int(crc32c.crc32c(np.ascontiguousarray(arr).data))
+def crc_of(arr: np.ndarray, max_runs: int = 4096) -> int:
+    """The crc32c of an array's bytes in C order; a strided view is checksummed run by run, without a copy
+    (a view cut from a bigger buffer: its trailing contiguous block repeated ``runs`` times)."""
+    arr = np.asarray(arr)
+    if arr.flags.c_contiguous:
+        return int(crc32c.crc32c(arr.data))
+    lead = next(j for j in range(arr.ndim + 1) if arr[(0,) * j].flags.c_contiguous)
+    if math.prod(arr.shape[:lead]) > max_runs:  # many short runs: one copy costs less than the calls
+        return int(crc32c.crc32c(np.ascontiguousarray(arr).data))
+    value = 0
+    for idx in np.ndindex(*arr.shape[:lead]):
+        value = crc32c.crc32c(arr[idx].data, value)
+    return int(value)
 
 
 def records(pieces: list[tuple[str, list[list[int]], np.ndarray]]) -> dict[str, list[dict[str, Any]]]:

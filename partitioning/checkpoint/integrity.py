@@ -4,8 +4,10 @@ Before any array is read, the step's parts must all be there (:func:`~partitioni
 ``state/_METADATA``, ``meta/metadata``, every process's ``meta/checksums.<p>.json``) and every data file the
 OCDBT tree references must exist and be long enough (:func:`~partitioning.checkpoint.diagnose.verify`).
 While the arrays are read (:mod:`partitioning.checkpoint.reader`), each recorded slice that lies inside a
-slice being read is checksummed from the bytes just read -- no second read. Slices no read covers (the
-restore's layout cuts them differently, a dtype cast, a PRNG key) are read back once more afterwards
+slice being read is checksummed from the bytes just read -- no second read. Onto a layout whose slices cut
+across the recorded ones, the reader reads the recorded slices instead (each once), checksums them and cuts
+the new slices from them. Only slices not read as stored bytes (a dtype cast while reading, a PRNG key,
+orbax's own reader) are read back once more afterwards
 (:func:`partitioning.checkpoint.checksum.verify_checksums`' reads), only for the arrays restored.
 
 Example::
@@ -90,6 +92,11 @@ class ReadCheck:
     def wants(self, name: str) -> None:
         """An array being restored (its records must all be checked by the end)."""
         self.restored.add(name)
+
+    def stored_slices(self, name: str) -> list[tuple]:
+        """The slices recorded at save for ``name`` (every process's), as ``((start, stop), ...)``."""
+        _, recs = self.records.get(name, (name, []))
+        return [tuple((int(a), int(b)) for a, b in r["index"]) for r in recs]
 
     def covered(self, name: str, keys: Iterable[tuple]) -> None:
         """Records inside any of these slices (every process's) are checked by whoever reads them."""

@@ -45,7 +45,7 @@ from partitioning.cli.args import leaf, load_with_devices
 from partitioning.cli.render import console
 from partitioning.config.build import RULES_KEY, abstract_model, at_key, mesh_from_config
 from partitioning.config.run import jsonable
-from partitioning.errors import CheckpointError, MeshError, ShardingError
+from partitioning.errors import CheckpointError, ShardingError
 from partitioning.fmt import fmt_bytes, fmt_mesh, fmt_rules, fmt_shape
 from partitioning.layout import tree_layouts
 from partitioning.yamlfile import dump_yaml
@@ -230,10 +230,7 @@ def _itemsize(dtype: Any) -> int:
 
 def cmd_reshard(args: argparse.Namespace) -> int:
     cfg = load_with_devices(args)  # devices for the *new* layout, before any jax computation
-    try:
-        mesh = mesh_from_config(cfg)
-    except MeshError as e:
-        raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
+    mesh = mesh_from_config(cfg)  # its errors at mesh.shape's file:line
     _, variables = abstract_model(cfg)
     # An indivisible parameter is named by its path, as `partitioning check` names it for this config.
     r = _reshard(args, cfg, mesh, variables)

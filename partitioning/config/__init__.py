@@ -23,6 +23,8 @@ Modules:
 - :mod:`~partitioning.config.rundir` — starting over moves the previous run whole into ``RUN_DIR/previous/``.
 - :mod:`~partitioning.config.positions` — a model's learned-position limit against ``train.seq_len`` (and
   ``generate``'s own length), both sources named.
+- :mod:`~partitioning.config.foreign` — a file that is not a run config (``tokenizer.json``, ...): one line.
+- :mod:`~partitioning.config.ckptdir` — ``checkpoint.dir`` holds checkpoints only, not the user's own files.
 - :mod:`~partitioning.config.preflight` — every check ``train`` makes, before anything is compiled or written.
 - :mod:`~partitioning.config.tables` — a config laid out with other rule tables, each on a mesh that uses its
   axes (``compare``).

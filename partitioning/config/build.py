@@ -40,7 +40,7 @@ from partitioning.config.lora import lora_error, parse_lora, takes_lora, without
 from partitioning.config.positions import check_positions
 from partitioning.config.schema import Config
 from partitioning.config.targets import TARGET, Factory, build_target, check_kwargs, import_target, takes_rngs
-from partitioning.errors import ConfigError, DataError, PartitioningError, ShardingError
+from partitioning.errors import ConfigError, DataError, MeshError, PartitioningError, ShardingError
 from partitioning.mesh import make_mesh
 from partitioning.models import GPT
 from partitioning.models.lora import check_lora_targets
@@ -187,28 +187,19 @@ def config_devices(cfg: Config, override: int | None = None) -> int | None:
 
 
 def mesh_from_config(cfg: Config, devices: int | None = None) -> jax.sharding.Mesh:
-    """The config's mesh over its device count (``devices`` overrides, as --devices does)."""
+    """The config's mesh over its device count (``--devices`` overrides); errors at ``mesh.shape``'s file:line."""
     n = config_devices(cfg, devices)
-    return make_mesh(cfg.mesh.shape, cfg.mesh.axis_types, devices=jax.devices()[:n] if n else None)
+    try:
+        return make_mesh(cfg.mesh.shape, cfg.mesh.axis_types, devices=jax.devices()[:n] if n else None)
+    except MeshError as e:
+        raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
 
 
 def optimizer_from_config(cfg: Config) -> Any:
     """The optax transformation the config's ``optimizer`` section describes (over ``train.steps``)."""
     o = cfg.optimizer
-    return make_optimizer(
-        o.name,
-        lr=o.lr,
-        total_steps=max(1, cfg.train.steps),
-        warmup_steps=o.warmup_steps,
-        schedule=o.schedule,
-        min_lr_ratio=o.min_lr_ratio,
-        weight_decay=o.weight_decay,
-        b1=o.b1,
-        b2=o.b2,
-        eps=o.eps,
-        momentum=o.momentum,
-        clip_norm=o.clip_norm,
-    )
+    keys = ("warmup_steps", "schedule", "min_lr_ratio", "weight_decay", "b1", "b2", "eps", "momentum", "clip_norm")
+    return make_optimizer(o.name, lr=o.lr, total_steps=max(1, cfg.train.steps), **{k: getattr(o, k) for k in keys})
 
 
 _DATA_KEYS = {

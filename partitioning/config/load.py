@@ -42,6 +42,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from partitioning.config.annotations import parse_annotations
+from partitioning.config.foreign import not_a_run_config
 from partitioning.config.hf import hf_source
 from partitioning.config.merge import GLUED, glued_keys, merge, paths, unglue
 from partitioning.config.schema import REQUIRED, SECTIONS, TOP_KEYS, Config, DataConfig, HfModelConfig
@@ -66,6 +67,9 @@ def _read(path: Path, shown: str, chain: tuple[str, ...]) -> tuple[dict, Lines]:
     data, lines = read_yaml(path, "config file")
     if not isinstance(data, dict):
         raise ConfigError(f"{shown}: a run config is a mapping with sections {', '.join(REQUIRED)}")
+    foreign = not_a_run_config(data, shown)
+    if foreign:
+        raise ConfigError(foreign)
     base = data.pop("base", None)
     if base is None:
         return data, lines
@@ -323,13 +327,15 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
     if data.get("optimizer_rules") is not None:
         opt_rules = _parse_rules("optimizer_rules", data["optimizer_rules"], path_s, lines, errors)
     if not mesh_errors:  # a broken mesh would only add noise to the rules' errors
-        for table in (rules, opt_rules):
+        for key, table in (("rules", rules), ("optimizer_rules", opt_rules)):
             if table is None:
                 continue
             try:
                 table.validate(sections["mesh"].shape)
             except RuleError as e:
-                errors.append(str(e))
+                # A rule from a preset or a rules file: located there, and at the key that named it here.
+                here = _where(path_s, lines, (key,))
+                errors.append(str(e) if str(e).startswith(path_s) else f"{here}: {e}")
     annotations = None
     if data.get("annotations") is not None:
         annotations = parse_annotations(data["annotations"], path_s, lines, rules, sections["mesh"].shape, errors)

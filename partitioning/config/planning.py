@@ -34,7 +34,7 @@ from partitioning.config.build import (
     trainer_from_config,
 )
 from partitioning.config.schema import Config
-from partitioning.errors import ConfigError
+from partitioning.errors import ConfigError, MeshError
 from partitioning.mesh import abstract_mesh, make_mesh
 from partitioning.parallel.pipeline import PipelineError, check_layers, check_microbatches, layers_sizes, microbatching
 from partitioning.parallel.schedule import STAGE_AXIS
@@ -70,7 +70,10 @@ def _collections(model: Any, batch: Any, task: Any) -> dict[str, Any]:
 
 def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
     """(plan, model) for a config on ``devices`` devices, from ``eval_shape`` only."""
-    sizes = mesh_sizes(cfg.mesh.shape, devices)
+    try:
+        sizes = mesh_sizes(cfg.mesh.shape, devices)
+    except MeshError as e:  # located as the pre-flight locates it: plan and check say the same line
+        raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
     model = model_from_config(cfg)
     batch, task = batch_from_config(cfg), task_from_config(cfg)
     params, opt_state, frozen = _abstract_state(cfg, model, batch, task)

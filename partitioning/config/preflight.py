@@ -11,8 +11,8 @@ mistake later, and a run that fails changes nothing on disk. In order:
 3. the batch (and micro-batch) divides over the batch axes;
 4. the data is there, of the right type, holds at least one batch for training and for eval, and
    (token arrays) every token is inside the model's vocabulary;
-5. ``run_dir`` and ``checkpoint.dir`` are folders (or can be made) and writable,
-   and the trackers' packages are installed;
+5. ``run_dir`` and ``checkpoint.dir`` are folders (or can be made) and writable, ``checkpoint.dir`` holds
+   nothing but checkpoints (:mod:`partitioning.config.ckptdir`), and the trackers' packages are installed;
 6. an existing checkpoint fits the model, if the run would resume from it;
 7. the model traces: the train step is lowered (a model that fails is one ``ModelError`` line);
 8. the per-device peak fits the memory budget (compiled when a budget is set).
@@ -54,6 +54,7 @@ from partitioning.config.build import (
     task_from_config,
     trainer_from_config,
 )
+from partitioning.config.ckptdir import foreign_entries
 from partitioning.config.planning import plan_from_config
 from partitioning.config.positions import check_positions
 from partitioning.config.remat import resolve_remat
@@ -108,7 +109,15 @@ def _dirs(cfg: Config) -> tuple[Path, Path]:
     run_dir = Path(cfg.run_dir)
     writable_dir(run_dir, cfg.where("run_dir") if "run_dir" in cfg.raw else f"{cfg.path}: run_dir")
     ckpt = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
-    writable_dir(ckpt, cfg.where("checkpoint", "dir") if cfg.checkpoint.dir else f"{cfg.path}: run_dir")
+    where = cfg.where("checkpoint", "dir") if cfg.checkpoint.dir else f"{cfg.path}: run_dir"
+    writable_dir(ckpt, where)
+    foreign = foreign_entries(ckpt, run_dir)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ConfigError(
+            f"{where}: {ckpt} is not a checkpoints folder: it holds {shown}; a run saves (and prunes) steps "
+            f"there: name a new or empty folder, or one with this run's checkpoints"
+        )
     check_trackers(cfg)
     return run_dir, ckpt
 
@@ -219,10 +228,7 @@ def check_tokenizer_vocab(cfg: Config) -> None:
 
 
 def _mesh(cfg: Config, devices: int | None):
-    try:
-        return mesh_from_config(cfg, devices)
-    except MeshError as e:
-        raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
+    return mesh_from_config(cfg, devices)  # its errors at mesh.shape's file:line
 
 
 def _batch_divides(cfg: Config, sizes: dict[str, int]) -> None:
@@ -281,13 +287,13 @@ def preflight(
     only when there is a budget to compare it with).
     """
     mesh = _mesh(cfg, devices)
+    run_dir, ckpt_dir = _dirs(cfg)  # the folders first: a look at them costs nothing, the model a build
     check_positions(cfg)  # before the model is traced at train.seq_len
     check_tokenizer_vocab(cfg)  # before the corpus is tokenized (and cached)
     cfg, remat_note = resolve_remat(cfg, mesh)
     dataset = dataset_from_config(cfg)
     trainer = trainer_from_config(cfg, mesh, dataset)
     _, train, evals = data_from_config(cfg, trainer, dataset)
-    run_dir, ckpt_dir = _dirs(cfg)
     target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
     step = check_resume(ckpt_dir, target, resume, step=resume_from)
     if step is not None and cfg.checkpoint.verify:

@@ -138,7 +138,8 @@ def test_plan_child_reports_train_step_errors_on_one_line(write, tmp_path, run_c
         ),
         (
             ["plan", "{cfg}", "--devices", "12", "--set", "mesh.shape={data: 2, fsdp: 4}"],
-            "error: mesh {data: 2, fsdp: 4} needs 8 devices, but there are 12; change a size or use -1 for one axis",
+            "small.yaml (--set mesh.shape={data: 2, fsdp: 4}): mesh.shape: mesh {data: 2, fsdp: 4} needs 8 devices, "
+            "but there are 12; change a size or use -1 for one axis",
         ),
         (["compare", "{cfg}", "--rules", "fsdp", "fsdp_pt"], "did you mean 'fsdp_tp'?"),
         (["plan", "{cfg}", "--devices", "0"], "error: --devices must be a positive number of devices, got 0"),
