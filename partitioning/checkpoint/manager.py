@@ -358,9 +358,8 @@ class CheckpointManager:
 
     # -- restore ------------------------------------------------------------
     def restore(self, target: Any, step: int | None = None, *, params_only: bool = False, verify: bool = True) -> Any:
-        """:func:`restore_checkpoint` of this directory's latest (or ``step``) checkpoint."""
+        """:func:`restore_checkpoint` of this directory's latest (or ``step``) checkpoint; messages name it as given."""
         self.wait()
-        # The directory as the user gave it: a damaged step's message names its files that way too.
         out = restore_checkpoint(self.shown, target, step=step, params_only=params_only, verify=verify)
         self._frozen = reused(self.directory, step, self.frozen) or self._frozen  # later steps refer to them
         return out
