@@ -215,24 +215,8 @@ class FastArrayRestore(_th.TypeHandler):
         # One budget wait, one gather and one batched device_put per array, not per
         # slice: on a 2-core host the Python around 300 slice reads cost ~15% of a restore.
         async with budget.reserve(nbytes):
-            # 64-byte-aligned buffers: the CPU client then adopts them (device_put
-            # without a copy); other backends transfer them as usual.
-            bufs = [_aligned_empty(tuple(b - a for a, b in key), store.dtype.numpy_dtype) for key in by_slice]
-            # All reads are issued before the first is awaited (they run on tensorstore's threads).
-            writes = [
-                ts.array(buf).write(store[tuple(slice(a, b) for a, b in key)])
-                for buf, key in zip(bufs, by_slice, strict=True)
-            ]
-            done = await asyncio.gather(*[_settled(w) for w in writes])
-            for error in done:
-                if error is not None:
-                    raise error
-            host, targets = [], []
-            for buf, devices in zip(bufs, by_slice.values(), strict=True):
-                for d in devices:
-                    host.append(buf)
-                    targets.append(jax.sharding.SingleDeviceSharding(d, memory_kind=sharding.memory_kind))
-            shards = jax.device_put(host, targets)
+            bufs = await _read_slices(store, list(by_slice))
+            shards = _put(bufs, by_slice, sharding)
             if check is not None:  # crc32c of the bytes just read (no second read), off the event loop
                 await asyncio.to_thread(_check_read, check, info.name, bufs, list(by_slice))
         return jax.make_array_from_single_device_arrays(shape, sharding, shards)
@@ -255,27 +239,40 @@ class FastArrayRestore(_th.TypeHandler):
         # Both the slices read and the new slices cut from them are held at once.
         nbytes = sum(math.prod(b - a for a, b in key) * itemsize for key in [*needed, *by_slice])
         async with budget.reserve(nbytes):
-            reads = [_aligned_empty(tuple(b - a for a, b in r), dtype) for r in needed]
-            writes = [
-                ts.array(buf).write(store[tuple(slice(a, b) for a, b in r)])
-                for buf, r in zip(reads, needed, strict=True)
-            ]
-            done = await asyncio.gather(*[_settled(w) for w in writes])
-            for error in done:
-                if error is not None:
-                    raise error
+            reads = await _read_slices(store, needed)
             check.covered(name, stored)  # every process checks what it read; together they read every slice
             # In a thread (crc32c and numpy's copies release the GIL): the event loop goes on with other reads.
             # Measured against reading into one buffer and device_put-ing views of it: this was faster on 2 cores.
             bufs = await asyncio.to_thread(_check_and_cut, check, name, needed, reads, list(by_slice), dtype)
             del reads
-            host, targets = [], []
-            for buf, devices in zip(bufs, by_slice.values(), strict=True):
-                for d in devices:
-                    host.append(buf)
-                    targets.append(jax.sharding.SingleDeviceSharding(d, memory_kind=sharding.memory_kind))
-            shards = jax.device_put(host, targets)  # aligned buffers: adopted without a copy on the CPU
+            shards = _put(bufs, by_slice, sharding)
         return jax.make_array_from_single_device_arrays(shape, sharding, shards)
+
+
+async def _read_slices(store: Any, keys: list[tuple]) -> list[np.ndarray]:
+    """Each slice ``((start, stop), ...)`` of ``store`` read into its own host buffer, all reads in flight at once.
+
+    64-byte-aligned buffers: the CPU client then adopts them (device_put without a copy); other backends
+    transfer them as usual. All reads are issued before the first is awaited (they run on tensorstore's threads).
+    """
+    bufs = [_aligned_empty(tuple(b - a for a, b in key), store.dtype.numpy_dtype) for key in keys]
+    writes = [
+        ts.array(buf).write(store[tuple(slice(a, b) for a, b in key)]) for buf, key in zip(bufs, keys, strict=True)
+    ]
+    for error in await asyncio.gather(*[_settled(w) for w in writes]):
+        if error is not None:
+            raise error
+    return bufs
+
+
+def _put(bufs: list[np.ndarray], by_slice: dict, sharding: Any) -> list[jax.Array]:
+    """One batched device_put: each slice's buffer onto every device that holds that slice."""
+    host, targets = [], []
+    for buf, devices in zip(bufs, by_slice.values(), strict=True):
+        for d in devices:
+            host.append(buf)
+            targets.append(jax.sharding.SingleDeviceSharding(d, memory_kind=sharding.memory_kind))
+    return jax.device_put(host, targets)
 
 
 def _check_and_cut(check: Any, name: str, stored: list, reads: list, keys: list, dtype: Any) -> list[np.ndarray]:
