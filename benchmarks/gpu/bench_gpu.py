@@ -133,29 +133,15 @@ def model_flops(cfg, tokens: int, num_params: int) -> float:
 
 def remat_estimates(cfg, mesh, policies: tuple[str, ...] | None = None) -> dict[str, Any]:
     """tune's priced step time and peak of every remat policy on this device's profile, and the one auto picks."""
-    from partitioning.config.planning import tune_inputs
-    from partitioning.config.remat import remat_policies
+    from partitioning.config.remat import price_remat
     from partitioning.plan.budget import device_memory
     from partitioning.tune.hardware import hardware
     from partitioning.tune.measure import local_profile
-    from partitioning.tune.remat import choose_remat
 
     hw, source = local_profile(mesh.size)
     hw = hw or hardware("h100")
-    inputs = tune_inputs(cfg)
     budget = cfg.mesh.memory_bytes or device_memory() or hw.memory
-    choice = choose_remat(
-        inputs.params,
-        inputs.opt_state,
-        {a: int(n) for a, n in mesh.shape.items()},
-        cfg.rules,
-        inputs.workload,
-        hw,
-        budget,
-        policies=policies or remat_policies(cfg),
-        records=inputs.records,
-        activations=inputs.names,
-    )
+    choice = price_remat(cfg, {a: int(n) for a, n in mesh.shape.items()}, hw, budget, policies)
     return {
         "profile": hw.name,
         "profile_source": source,

@@ -48,8 +48,11 @@ def _steps_beside(ref: CheckpointRef) -> list[StepInfo]:
         return []
 
 
-def refuse(ref: CheckpointRef, problem: str) -> CheckpointError:
-    """A damaged checkpoint as one line: the step, the file, and the earlier good step."""
+def refuse(ref: CheckpointRef, problem: str | Exception) -> CheckpointError:
+    """A damaged checkpoint as one line: the step, the file, and the earlier good step. ``problem`` may be the
+    error reading the step raised (its ``checkpoint <ref>:`` prefix is dropped)."""
+    if isinstance(problem, Exception):
+        problem = str(problem).removeprefix(f"checkpoint {ref}: ")
     if ref.step is not None:
         steps = _steps_beside(ref)
         return damaged_error(StepInfo(ref.step, ref.path, False, 0, 0.0, problem), steps)

@@ -197,7 +197,7 @@ def restore_checkpoint(
     try:
         saved = flat_saved(saved_tree(ref))
     except CheckpointError as e:  # an unreadable _METADATA is damage too: the step and the good one
-        raise (refuse(ref, str(e).removeprefix(f"checkpoint {ref}: ")) if verify else e) from None
+        raise (refuse(ref, e) if verify else e) from None
     check = read_check(ref, {p: md.dtype for p, md in saved.items()}) if verify else None
     if target is None:
         if mesh is None:

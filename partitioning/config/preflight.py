@@ -154,7 +154,7 @@ def check_resume(
         saved = saved_arrays(ref)  # with the frozen params the step refers to
     except CheckpointError as e:  # unreadable, so damaged: said as damage, naming the latest good step
         check_parts(ref)
-        raise refuse(ref, str(e).removeprefix(f"checkpoint {ref}: ")) from None
+        raise refuse(ref, e) from None
     try:
         check_fits(ref, saved, target, partial)
     except CheckpointError as e:

@@ -79,6 +79,39 @@ def remat_policies(cfg: Config) -> tuple[str, ...]:
     return tuple(ok)
 
 
+def price_remat(
+    cfg: Config,
+    sizes: dict[str, int],
+    hw: Any,
+    budget: int,
+    policies: tuple[str, ...] | None = None,
+    microbatches: int | None = None,
+) -> Any:
+    """``choose_remat`` of this config's model and layout on mesh axis ``sizes``, hardware ``hw`` and memory
+    ``budget``: every policy in ``policies`` (default: all the model takes) priced, the fastest that fits chosen.
+    ``microbatches``: the pipeline's, as ``check_microbatches`` resolved them (default 1)."""
+    t = cfg.train
+    inputs = tune_inputs(cfg)
+    return choose_remat(
+        inputs.params,
+        inputs.opt_state,
+        sizes,
+        cfg.rules,
+        inputs.workload,
+        hw,
+        budget,
+        policies=policies or remat_policies(cfg),
+        optimizer_rules=cfg.optimizer_rules,
+        grad_accum=t.grad_accum,
+        microbatches=microbatches or 1,
+        repeats=t.pipeline_repeats,
+        records=inputs.records,
+        activations=inputs.names,
+        on_indivisible=cfg.on_indivisible,
+        frozen=inputs.frozen,
+    )
+
+
 def resolve_remat(cfg: Config, mesh: Any) -> tuple[Config, str | None]:
     """``(cfg with a concrete remat policy, the one-line note saying which and why)``; ``(cfg, None)`` when the
     config names its policy. ``mesh``: the run's ``jax.sharding.Mesh``."""
@@ -97,31 +130,13 @@ def resolve_remat(cfg: Config, mesh: Any) -> tuple[Config, str | None]:
         m, _, _ = check_microbatches(
             mesh, cfg.rules, t.microbatches, t.batch_size // max(1, t.grad_accum), repeats=t.pipeline_repeats
         )
-        inputs = tune_inputs(cfg)
+        choice = price_remat(cfg, sizes, hw, budget, policies, microbatches=m)
     except PartitioningError:
         # The layout itself is wrong: the model is built with the model's default and the checks that
         # follow (the trainer's) say what to change.
         return cfg, None
-    choice = choose_remat(
-        inputs.params,
-        inputs.opt_state,
-        sizes,
-        cfg.rules,
-        inputs.workload,
-        hw,
-        budget,
-        policies=policies,
-        optimizer_rules=cfg.optimizer_rules,
-        grad_accum=t.grad_accum,
-        microbatches=m,
-        repeats=t.pipeline_repeats,
-        records=inputs.records,
-        activations=inputs.names,
-        on_indivisible=cfg.on_indivisible,
-        frozen=inputs.frozen,
-    )
     note = f"remat: auto -> {choice.describe()}; {source}"
     return with_remat(cfg, choice.policy), note
 
 
-__all__ = ["is_auto", "with_remat", "remat_policies", "resolve_remat"]
+__all__ = ["is_auto", "with_remat", "remat_policies", "price_remat", "resolve_remat"]

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from partitioning.config.load import load_config
-from partitioning.config.planning import tune_inputs
+from partitioning.config.remat import price_remat
 from partitioning.tune.hardware import hardware
-from partitioning.tune.remat import choose_remat
 from tests.tune.published import _step_at
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -37,20 +36,8 @@ def estimate(row: dict[str, Any]) -> Any:
         str(CONFIG),
         [f"train.seq_len={row['seq_len']}", f"train.batch_size={row['batch_size']}", f"model.remat={row['remat']}"],
     )
-    inputs = tune_inputs(cfg)
     hw = dataclasses.replace(hardware("h200"), efficiency=1.0)
-    choice = choose_remat(
-        inputs.params,
-        inputs.opt_state,
-        {"data": 1, "fsdp": 1},
-        cfg.rules,
-        inputs.workload,
-        hw,
-        row["tune"]["budget_bytes"],
-        policies=(row["remat"],),
-        records=inputs.records,
-        activations=inputs.names,
-    )
+    choice = price_remat(cfg, {"data": 1, "fsdp": 1}, hw, row["tune"]["budget_bytes"], (row["remat"],))
     (result,) = choice.results
     return result.analytic
 
