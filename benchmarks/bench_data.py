@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from partitioning.train.data import TokenBatches, load_corpus
+from partitioning.data.corpus import TokenBatches, load_corpus
 
 SHAPES = [(32, 128), (256, 1024), (1024, 128)]
 

@@ -103,7 +103,7 @@ def write_llama(directory: Path, cfg: dict, dtype: str = "float32", shard_bytes:
     import ml_dtypes
     import numpy as np
 
-    from partitioning.checkpoint.hf_files import INDEX, file_names, plan_shards, write_safetensors
+    from partitioning.hf.files import INDEX, file_names, plan_shards, write_safetensors
 
     dt = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
     shapes = llama_shapes(cfg)
@@ -151,8 +151,8 @@ def worker(pid: int, port: int, ckpt: str, out: str) -> None:
     from safetensors.numpy import load_file
 
     import partitioning as pt
-    from partitioning.checkpoint import hf as hf_module
-    from partitioning.checkpoint.hf_files import discover
+    from partitioning.hf import weights as hf_module
+    from partitioning.hf.files import discover
 
     readers = []
 

@@ -230,7 +230,7 @@ import jax
 from partitioning.config.build import mesh_from_config, trainer_from_config
 from partitioning.config.load import load_config
 from partitioning.config.remat import resolve_remat
-from partitioning.train.data import load_corpus
+from partitioning.data.corpus import load_corpus
 size = {size!r}
 sets = ["model.embed=%d" % size["embed"], "model.heads=%d" % size["heads"], "model.mlp=%d" % size["mlp"],
         "model.layers=%d" % size["layers"], "model.vocab_size={vocab}", "train.seq_len=%d" % size["seq"],

@@ -62,7 +62,7 @@ class Side:
     def __init__(self, trainer):
         import jax
 
-        from partitioning.train.data import load_corpus
+        from partitioning.data.corpus import load_corpus
         from partitioning.train.state import host_scalar
 
         self.trainer = trainer

@@ -37,7 +37,7 @@ def bench(rounds: int, sets: list[str]) -> dict:
     from partitioning.config.build import mesh_from_config, trainer_from_config
     from partitioning.config.load import load_config
     from partitioning.config.remat import resolve_remat
-    from partitioning.train.data import load_corpus
+    from partitioning.data.corpus import load_corpus
 
     config = str(Path(REPO, "configs", "quickstart.yaml"))
     base = load_config(config, sets)

@@ -85,8 +85,8 @@ def hand_written_step(trainer):
 def bench_step_time(rounds: int, steps: int) -> dict:
     import jax
 
+    from partitioning.data.corpus import load_corpus
     from partitioning.mesh import sharding_context
-    from partitioning.train.data import load_corpus
 
     trainer = _trainer()
     data = load_corpus().batches("train", BATCH, SEQ, trainer.batch_sharding, seed=0)

@@ -8,7 +8,7 @@
 - :mod:`partitioning.models.hf` — the Hugging Face families: ``config.json`` readers and name maps (``load_hf``).
 - :mod:`partitioning.models.checks` — option checks on construction: bad values are errors at their config key.
 - :mod:`partitioning.models.moe` — ``MoE`` options and the GPT's mixture-of-experts MLP (``moe:``).
-- :mod:`partitioning.models.kv_cache` — decode mode's KV cache (the ``cache`` collection) for ``generate``.
+- :mod:`partitioning.decode.cache` — decode mode's KV cache (the ``cache`` collection) for ``generate``.
 - :mod:`partitioning.models.variants` — the newer families' options: q/k norms, soft-caps, norm placement,
   local/global layers carried through the layer scan as data.
 - :mod:`partitioning.models.lora` — LoRA adapters on the decoder's projections (``lora:``), the activation path.

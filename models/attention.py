@@ -32,9 +32,9 @@ import jax
 import jax.numpy as jnp
 
 from partitioning.boxes import logical_spec, with_logical_constraint
+from partitioning.decode.cache import cache_positions, cached_kv
 from partitioning.errors import ConfigError
 from partitioning.models.fused_attention import cudnn_attention, fused_applies
-from partitioning.models.kv_cache import cache_positions, cached_kv
 from partitioning.models.layers import bias_param, kernel, order, row_parallel
 from partitioning.models.lora import adapt, project
 from partitioning.models.variants import local_mask, local_rope, qk_norms, softcap
@@ -185,7 +185,7 @@ class Attention(nn.Module):
     rope_scaling: tuple | None = None
     window: int | None = None
     scale: float | None = None
-    decode: bool = False  # keep keys and values in the `cache` collection (models/kv_cache.py)
+    decode: bool = False  # keep keys and values in the `cache` collection (partitioning/decode/cache.py)
     out_in: bool = False  # weights stored (out, in), as torch's Linear
     lora: Any = None  # LoRA adapters on q / k / v / o (partitioning.models.lora)
 

@@ -38,11 +38,12 @@ import jax
 import jax.numpy as jnp
 
 from partitioning.boxes import param_for_compute, with_logical_constraint, with_logical_partitioning
+from partitioning.decode.cache import position_offset
 from partitioning.errors import ConfigError
+from partitioning.model.registry import register_model
 from partitioning.models.attention import Attention, packed_args, parse_rope_scaling, rope
 from partitioning.models.checks import choice, divides, float_dtype, positive
 from partitioning.models.fused_attention import check_attention, resolve_attention
-from partitioning.models.kv_cache import position_offset
 from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
 from partitioning.models.lora import LoRA, adapt, checks_targets, for_call
 from partitioning.models.moe import MoE, MoeMlp, check_moe_layers
@@ -57,7 +58,6 @@ from partitioning.models.variants import (
     variant_options,
 )
 from partitioning.parallel.pipeline import LayerStack
-from partitioning.registry import register_model
 
 REMAT_POLICIES = {
     "none": None,

@@ -4,7 +4,7 @@ Each projection weight of :mod:`~partitioning.models.attention` and
 :mod:`~partitioning.models.layers` (``q``, ``k``, ``v``, ``o``, the MLP's
 ``wi`` / ``wi_0`` / ``wi_1`` / ``wo``) and the GPT's ``unembed`` goes through
 :func:`project` or :func:`adapt`; when the weight's ``/``-joined path matches a
-target of the module's ``lora`` (:class:`~partitioning.train.lora.LoRA`), two
+target of the module's ``lora`` (:class:`~partitioning.finetune.lora.LoRA`), two
 parameters are created beside it and the projection becomes PEFT's
 
     y = x W + scale * (dropout(x) A) B
@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from partitioning.boxes import logical_spec, param_for_compute, with_logical_constraint, with_logical_partitioning
-from partitioning.train.lora import A_SUFFIX, B_SUFFIX, RANK_AXIS, LoRA, check_targets, record_site, recording_sites
+from partitioning.finetune.lora import A_SUFFIX, B_SUFFIX, RANK_AXIS, LoRA, check_targets, record_site, recording_sites
 
 # Logical names of an activation's leading dimensions (those not contracted with the weight).
 LEAD_NAMES = {2: ("batch", "length"), 1: ("batch",)}
@@ -159,7 +159,7 @@ def checks_targets(call: Callable) -> Callable:
     """Decorates a model's ``__call__``: at init, a ``lora`` target that matched no weight is a ConfigError.
 
     The layers report every weight LoRA could adapt while the init is traced
-    (:func:`~partitioning.train.lora.recording_sites`); the error lists them.
+    (:func:`~partitioning.finetune.lora.recording_sites`); the error lists them.
     """
 
     @functools.wraps(call)

@@ -11,8 +11,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from partitioning.boxes import logical_spec, param_for_compute, with_logical_constraint, with_logical_partitioning
+from partitioning.model.registry import register_model
 from partitioning.models.checks import float_dtype, positive
-from partitioning.registry import register_model
 
 _init = nn.initializers.normal(stddev=0.02)
 

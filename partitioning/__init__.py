@@ -59,17 +59,18 @@ from partitioning.checkpoint import (
     CheckpointManager,
     abstract_target,
     checkpoint_metadata,
-    hf_family,
-    hf_model,
-    load_hf,
     reshard_checkpoint,
     restore_checkpoint,
     save_checkpoint,
-    save_hf,
 )
-from partitioning.checkpoint.peft import merge_lora, save_peft
 from partitioning.config import Config, load_config
 from partitioning.context import axis_rules, get_logical_axis_rules, logical_to_mesh_axes, set_logical_axis_rules
+from partitioning.data import Corpus, TokenBatches, load_corpus, place
+from partitioning.data.chat import ChatTemplate
+from partitioning.data.corpus import ArrayDataset
+from partitioning.data.instruct import load_instructions
+from partitioning.data.tokenize import TextTokenizer, load_tokenizer
+from partitioning.decode.generate import generate
 from partitioning.devices import initialize_distributed, simulate_devices
 from partitioning.errors import (
     CheckpointError,
@@ -81,6 +82,11 @@ from partitioning.errors import (
     RuleError,
     ShardingError,
 )
+from partitioning.finetune.lora import LoRA
+from partitioning.finetune.lora_model import LoRAModel
+from partitioning.finetune.trainable import trainable_paths
+from partitioning.hf import hf_family, hf_model, load_hf, save_hf
+from partitioning.hf.peft import merge_lora, save_peft
 from partitioning.layout import (
     LeafLayout,
     logical_names,
@@ -92,6 +98,8 @@ from partitioning.layout import (
     tree_specs,
 )
 from partitioning.mesh import MeshSpec, make_mesh, sharding_context
+from partitioning.model import FunctionModel, LinenModel, NNXModel, Task, as_model, lm_loss
+from partitioning.model.registry import build_model, model_names, register_model
 from partitioning.parallel import (
     LayerStack,
     PipelineError,
@@ -112,43 +120,24 @@ from partitioning.plan import (
     step_flops,
     transformer_flops,
 )
-from partitioning.registry import build_model, model_names, register_model
 from partitioning.replication import ReplicationWarning
 from partitioning.resolve import DimExplanation, IndivisibleWarning
 from partitioning.rules import Rules, preset_names, table_mesh
 from partitioning.show import describe_sharding, show_sharding
 from partitioning.train import (
-    Corpus,
-    FunctionModel,
     JsonlLogger,
-    LinenModel,
     LossPlot,
-    NNXModel,
-    Task,
     TensorBoardLogger,
-    TokenBatches,
     Trainer,
     TrainState,
     WandbLogger,
     abstract_train_state,
-    as_model,
     evaluate,
     fit,
-    lm_loss,
-    load_corpus,
     lr_schedule,
     make_optimizer,
-    place,
     plot_loss,
 )
-from partitioning.train.chat import ChatTemplate
-from partitioning.train.data import ArrayDataset
-from partitioning.train.generate import generate
-from partitioning.train.instruct import load_instructions
-from partitioning.train.lora import LoRA
-from partitioning.train.lora_model import LoRAModel
-from partitioning.train.tokenize import TextTokenizer, load_tokenizer
-from partitioning.train.trainable import trainable_paths
 from partitioning.tune import Hardware, Workload, hardware, load_hardware, workload
 from partitioning.tune import search as search_layouts
 from partitioning.tune.compiled import compiled_estimate

@@ -295,7 +295,7 @@ def annotated_model(model: Any, annotations: Any) -> Any:
     """
     import copy
 
-    from partitioning.train.model import as_model  # the train stage imports the layout stage
+    from partitioning.model.interface import as_model  # the train stage imports the layout stage
 
     adapter = as_model(model)
     table = as_annotations(annotations)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import partitioning as pt
-from partitioning.checkpoint import hf_write
+from partitioning.hf import write as hf_write
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 LLAMA = FIXTURES / "hf" / "llama"

@@ -16,8 +16,8 @@ import pytest
 
 from partitioning.checkpoint import checkpoint_metadata
 from partitioning.checkpoint.disk import list_steps
-from partitioning.train.data import load_corpus
-from partitioning.train.order import batch_digest
+from partitioning.data.corpus import load_corpus
+from partitioning.data.order import batch_digest
 
 CONFIG = """\
 model: {name: mlp, vocab_size: 64, embed: 32, mlp: 64, layers: 1}

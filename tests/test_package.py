@@ -103,13 +103,13 @@ def test_reference_models_are_imported_only_by_the_config_build_and_the_cli():
         and not m.startswith("partitioning.models")
     }
     # Loading a published checkpoint means building its family (partitioning.models.hf), so
-    # checkpoint.hf imports the models too, inside its functions, and so do the PEFT adapters that map onto a
+    # hf.weights imports the models too, inside its functions, and so do the PEFT adapters that map onto a
     # family's name table: `import partitioning` stays model-free.
     assert importers == {
         "partitioning.config.build",
-        "partitioning.checkpoint.hf",
-        "partitioning.checkpoint.peft",
-        "partitioning.checkpoint.peft_config",
+        "partitioning.hf.weights",
+        "partitioning.hf.peft",
+        "partitioning.hf.peft_config",
     }
     # The CLI reaches them only through the build step.
     assert all(

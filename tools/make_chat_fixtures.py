@@ -1,4 +1,4 @@
-"""Golden fixtures for `partitioning.train.chat.ChatTemplate`: real chat templates, rendered by `transformers`.
+"""Golden fixtures for `partitioning.data.chat.ChatTemplate`: real chat templates, rendered by `transformers`.
 
 Run it with a Python that has transformers, tokenizers and jinja2 (NOT the project's dependencies)::
 

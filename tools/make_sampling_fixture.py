@@ -1,4 +1,4 @@
-"""Golden logits after transformers' sampling warpers, for `partitioning.train.sampling.filter_logits`.
+"""Golden logits after transformers' sampling warpers, for `partitioning.decode.sampling.filter_logits`.
 
 Run it with a Python that has torch and transformers (NOT the project's dependencies)::
 

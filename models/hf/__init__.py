@@ -3,7 +3,7 @@
 Each family is the one GPT decoder (:mod:`partitioning.models.gpt`) with the
 options its ``config.json`` asks for, so every rule preset applies unchanged,
 plus a table from its safetensors tensor names to the decoder's parameter
-paths. The loading engine (:mod:`partitioning.checkpoint.hf`) reads these
+paths. The loading engine (:mod:`partitioning.hf.weights`) reads these
 tables; it knows patterns and shapes, not model classes.
 
 - :mod:`partitioning.models.hf.tables` — the name maps: HF tensor name -> parameter path + einops-like pattern.

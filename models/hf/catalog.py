@@ -60,7 +60,7 @@ def decoder_options(family: str) -> list[str]:
 
 def _tensors(family: str) -> str:
     """A layer's weight names (those the default options ask for)."""
-    from partitioning.checkpoint.hf_map import _wanted
+    from partitioning.hf.name_map import _wanted
 
     opts = {**_defaults(), **_options(family)}
     prefixes = ("model.layers.{i}.", "transformer.h.{i}.")

@@ -1,5 +1,7 @@
 """Checkpoint: sharded orbax checkpoints that restore onto any mesh and rule table.
 
+Hugging Face and PEFT files are in :mod:`partitioning.hf`.
+
 Modules:
 
 - :mod:`~partitioning.checkpoint.disk` — the on-disk layout: finding steps, reading metadata.
@@ -14,18 +16,12 @@ Modules:
 - :mod:`~partitioning.checkpoint.target` — restore targets read off a checkpoint: its arrays on a new mesh and rules.
 - :mod:`~partitioning.checkpoint.reshard` — ``reshard_checkpoint``: rewrite a checkpoint for another layout.
 - :mod:`~partitioning.checkpoint.hook` — ``CheckpointHook``: resume, save every K steps, save on exit.
-- :mod:`~partitioning.checkpoint.hf` — ``load_hf`` / ``save_hf`` / ``hf_model``: Hugging Face checkpoints in and out.
-- :mod:`~partitioning.checkpoint.hf_files` — ``config.json``, safetensors headers (validated), indexes, writing files.
-- :mod:`~partitioning.checkpoint.hf_pattern` — name-map patterns (``"(h k) d -> d h k"``): file boxes of a shard.
-- :mod:`~partitioning.checkpoint.hf_map` — a family's name map applied to a model; missing / extra / misshaped tensors.
-- :mod:`~partitioning.checkpoint.hf_read` — per-shard reads: each process reads only its devices' bytes.
-- :mod:`~partitioning.checkpoint.hf_write` — safetensors out, one tensor gathered at a time.
-- :mod:`~partitioning.checkpoint.peft_config` — PEFT's ``adapter_config.json`` checked; adapter rows of a name map.
-- :mod:`~partitioning.checkpoint.peft` — PEFT LoRA adapters in (per shard) and out; LoRA merged into the weights.
-- :mod:`~partitioning.checkpoint.hf_check` — ``config.json`` checked: types, misspelt keys, the architecture.
 - :mod:`~partitioning.checkpoint.integrity` — restore-time checks: missing parts, truncated files, crc32c as read.
 - :mod:`~partitioning.checkpoint.keep` — ``KeepGood``: damaged steps never count toward ``keep``.
 - :mod:`~partitioning.checkpoint.quiet` — after a failed read, the reads still in flight stay silent.
+
+Imports: the core modules, :mod:`partitioning.finetune` (frozen params apart) and :mod:`partitioning.train`
+(the state a hook saves).
 
 Example::
 
@@ -44,7 +40,6 @@ Example::
     P(None, 'tensor')
 """
 
-from partitioning.checkpoint.hf import hf_family, hf_model, load_hf, save_hf
 from partitioning.checkpoint.hook import CheckpointHook
 from partitioning.checkpoint.manager import CheckpointManager, save_checkpoint
 from partitioning.checkpoint.reshard import reshard_checkpoint
@@ -58,8 +53,4 @@ __all__ = [
     "restore_checkpoint",
     "checkpoint_metadata",
     "reshard_checkpoint",
-    "load_hf",
-    "save_hf",
-    "hf_model",
-    "hf_family",
 ]

@@ -55,7 +55,7 @@ from partitioning.checkpoint.disk import (
     saved_tree,
 )
 from partitioning.errors import CheckpointError
-from partitioning.train.trainable import merge_trees, split_tree
+from partitioning.finetune.trainable import merge_trees, split_tree
 
 FROZEN_DIR = "frozen"  # under the checkpoints dir: a checkpoints dir of its own, one step per frozen set
 META_KEY = "frozen"  # in a step's metadata: {"dir", "step", "paths"}

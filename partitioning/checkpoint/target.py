@@ -51,11 +51,11 @@ from partitioning.checkpoint.disk import (
 )
 from partitioning.checkpoint.frozen import frozen_path, frozen_ref
 from partitioning.errors import CheckpointError, ShardingError
+from partitioning.finetune.trainable import merge_trees
 from partitioning.fmt import fmt_shape
 from partitioning.layout import path_str
 from partitioning.resolve import axes_tuple, mesh_axis_sizes
 from partitioning.rules import as_rules
-from partitioning.train.trainable import merge_trees
 
 UNNAMED = ("replicate", "saved")
 

@@ -53,8 +53,8 @@ def _restore_params(ref: Any, meta: dict[str, Any], model: Any) -> Any:
     from partitioning.checkpoint.restore import abstract_target, restore_checkpoint
     from partitioning.devices import simulate_devices
     from partitioning.mesh import make_mesh
+    from partitioning.model.interface import as_model
     from partitioning.rules import Rules
-    from partitioning.train.model import as_model
 
     saved_mesh = meta.get("mesh") or {}
     n = int(saved_mesh.get("devices") or 1)
@@ -83,8 +83,8 @@ def export_hf(
     or step, or an ``out_dir`` that exists and is not empty (unless ``force``).
     """
     from partitioning.checkpoint.disk import read_metadata, resolve_checkpoint
-    from partitioning.checkpoint.hf import hf_model, save_hf
-    from partitioning.checkpoint.peft import save_peft
+    from partitioning.hf.peft import save_peft
+    from partitioning.hf.weights import hf_model, save_hf
 
     out = Path(out_dir)
     if not Path(run_dir).exists():

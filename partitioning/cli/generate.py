@@ -90,7 +90,7 @@ def _params(cfg: Config, args: argparse.Namespace, mesh: Any, length: int) -> tu
 
 
 def _sampling(args: argparse.Namespace) -> Any:
-    from partitioning.train.sampling import Sampling
+    from partitioning.decode.sampling import Sampling
 
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}", arg="max_tokens")
@@ -108,13 +108,13 @@ def _template_dir(cfg: Config, tokenizer_path: Any) -> Any:
 
 
 def _chat_template(cfg: Config, folder: Any) -> Any:
-    from partitioning.train.chat import ChatTemplate
+    from partitioning.data.chat import ChatTemplate
 
     if cfg.data.chat_template is not None:  # the template the run's chat data was rendered with
         from pathlib import Path
 
         from partitioning.config.hf import find_beside
-        from partitioning.train.instruct import template_for
+        from partitioning.data.instruct import template_for
 
         found, looked = find_beside(cfg.data.chat_template, cfg.path, cfg.lines, ("data", "chat_template"))
         if found is None:
@@ -154,9 +154,9 @@ def _encode(prompt: Any, tok: Any, template: Any, where: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from partitioning.train.generate import decoder_of, generate
-    from partitioning.train.prompts import read_prompts, stop_ids
-    from partitioning.train.tokenize import load_tokenizer
+    from partitioning.data.prompts import read_prompts, stop_ids
+    from partitioning.data.tokenize import load_tokenizer
+    from partitioning.decode.generate import decoder_of, generate
 
     sampling = _sampling(args)
     cfg = load_with_devices(args)

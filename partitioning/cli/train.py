@@ -32,9 +32,9 @@ from partitioning.config.hf import hf_params_from_config
 from partitioning.config.run import checkpoint_hook_from_config, trackers_from_config
 from partitioning.config.rundir import move_previous_run, write_file
 from partitioning.config.schema import Config
+from partitioning.data.corpus import Corpus
 from partitioning.errors import ConfigError
 from partitioning.plan.flops import peak_tflops, transformer_flops
-from partitioning.train.data import Corpus
 from partitioning.train.loop import fit
 from partitioning.train.nonfinite import NonFiniteError
 from partitioning.train.plots import LossPlot

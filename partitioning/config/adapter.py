@@ -45,9 +45,9 @@ def at_adapter(cfg: Config, e: PartitioningError) -> PartitioningError:
 
 def adapter_lora(cfg: Config, base: Path, options: dict[str, Any]) -> dict[str, Any] | None:
     """The ``lora`` option the adapter sets (None without ``model.adapter``); one line at the key otherwise."""
-    from partitioning.checkpoint.hf import _config, hf_model
-    from partitioning.checkpoint.peft import lora_of
-    from partitioning.checkpoint.peft_config import read_adapter
+    from partitioning.hf.peft import lora_of
+    from partitioning.hf.peft_config import read_adapter
+    from partitioning.hf.weights import _config, hf_model
 
     adapter = hf_adapter(cfg)
     if adapter is None:

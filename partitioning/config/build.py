@@ -40,21 +40,21 @@ from partitioning.config.lora import lora_error, parse_lora, takes_lora, without
 from partitioning.config.positions import check_positions
 from partitioning.config.schema import Config
 from partitioning.config.targets import TARGET, Factory, build_target, check_kwargs, import_target, takes_rngs
+from partitioning.data.batch import lm_batch
+from partitioning.data.corpus import Corpus, load_corpus
+from partitioning.data.instruct import load_instructions
+from partitioning.data.packing import instruction_batch
 from partitioning.errors import ConfigError, DataError, MeshError, PartitioningError, ShardingError
 from partitioning.mesh import make_mesh
+from partitioning.model.interface import NNXModel, as_model
+from partitioning.model.registry import REQUIRED, constructor_options, model_class
+from partitioning.model.task import Task, as_task
 from partitioning.models import GPT
 from partitioning.models.lora import check_lora_targets
 from partitioning.parallel.pipeline import PipelineError
-from partitioning.registry import REQUIRED, constructor_options, model_class
-from partitioning.train.batch import lm_batch
-from partitioning.train.data import Corpus, load_corpus
-from partitioning.train.instruct import load_instructions
-from partitioning.train.model import NNXModel, as_model
 from partitioning.train.optimizer import make_optimizer
-from partitioning.train.packing import instruction_batch
 from partitioning.train.state import model_inputs
 from partitioning.train.step import Trainer
-from partitioning.train.task import Task, as_task
 
 # `model.remat: auto` (the default for a model with a `remat` option) is resolved at run start
 # (partitioning.config.remat); a model built before that, for shapes only, gets the model's own default.
@@ -301,7 +301,7 @@ def batch_from_config(cfg: Config, dataset: Any = None, seq_len: int | None = No
     if not hasattr(dataset, "example"):
         raise ConfigError(
             f"{cfg.where('data', TARGET)}: the data object needs example(batch_size) and "
-            f"batches(split, batch_size, shardings, seed=) (see partitioning.train.data.ArrayDataset)"
+            f"batches(split, batch_size, shardings, seed=) (see partitioning.data.corpus.ArrayDataset)"
         )
     return dataset.example(cfg.train.batch_size)
 

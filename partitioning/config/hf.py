@@ -98,7 +98,7 @@ def _at_hf(cfg: Config, e: PartitioningError) -> PartitioningError:
 
 def hf_model_from_config(cfg: Config) -> Any:
     """The Flax module of the config's checkpoint, built from its ``config.json`` alone."""
-    from partitioning.checkpoint.hf import hf_model
+    from partitioning.hf.weights import hf_model
 
     try:
         return hf_model(hf_path(cfg), **hf_options(cfg))
@@ -108,7 +108,7 @@ def hf_model_from_config(cfg: Config) -> Any:
 
 def hf_params_from_config(cfg: Config, mesh: Any) -> Any:
     """The checkpoint's weights, each array born in its shard of ``mesh`` under the config's rules."""
-    from partitioning.checkpoint.hf import load_hf
+    from partitioning.hf.weights import load_hf
 
     adapter = hf_adapter(cfg)
     try:
@@ -162,7 +162,7 @@ def check_hf_weights(cfg: Config) -> None:
     source = hf_path(cfg)
     folder = source if source.is_dir() else source.parent
     if any(folder.glob("*.safetensors")):
-        from partitioning.checkpoint.hf import check_hf_files
+        from partitioning.hf.weights import check_hf_files
 
         try:  # the headers: what load_hf checks before reading a byte of the weights
             check_hf_files(source, **hf_options(cfg))
@@ -195,7 +195,7 @@ def tokenizer_from_config(cfg: Config) -> Path | None:
         return found
     if cfg.model_hf is None:
         return None
-    from partitioning.train.sources import source_of
+    from partitioning.data.sources import source_of
 
     try:
         if source_of(d.path, d.source) != "text":

@@ -8,7 +8,7 @@ A model with a ``lora`` option of its own (the reference GPT and every
 Hugging Face family) gets it and adapts its projections on the activation
 path (:mod:`partitioning.models.lora`); any other model (a ``_target_``
 Linen / NNX module, the reference ``mlp``) is wrapped in
-:class:`~partitioning.train.lora_model.LoRAModel` (the weight path). Either
+:class:`~partitioning.finetune.lora_model.LoRAModel` (the weight path). Either
 way a target that matches no weight is one line at ``model.lora.targets``.
 
 Example::
@@ -29,9 +29,9 @@ from typing import Any
 
 from partitioning.config.schema import Config
 from partitioning.errors import PartitioningError
-from partitioning.registry import constructor_options
-from partitioning.train.lora import LoRA
-from partitioning.train.lora_model import LoRAModel
+from partitioning.finetune.lora import LoRA
+from partitioning.finetune.lora_model import LoRAModel
+from partitioning.model.registry import constructor_options
 
 KEY = "lora"
 

@@ -61,13 +61,13 @@ from partitioning.config.remat import resolve_remat
 from partitioning.config.resume import compare_run
 from partitioning.config.run import data_from_config, data_resume_note
 from partitioning.config.schema import Config
+from partitioning.data.batch import batch_specs
 from partitioning.errors import CheckpointError, ConfigError, MeshError, PartitioningError, ShardingError
 from partitioning.outdir import file_in_the_way
 from partitioning.plan.budget import Budget, check_budget, device_memory
 from partitioning.plan.compiled import memory_stats
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.resolve import REMEDY
-from partitioning.train.batch import batch_specs
 from partitioning.train.step import Trainer
 
 
@@ -202,7 +202,7 @@ def check_tokenizer_vocab(cfg: Config) -> None:
     """A tokenizer with more tokens than the model's vocabulary, from the files alone: refused before the
     corpus is tokenized, so a failed run leaves no token cache behind."""
     from partitioning.config.hf import hf_model_from_config, tokenizer_from_config
-    from partitioning.train.tokenize import load_tokenizer
+    from partitioning.data.tokenize import load_tokenizer
 
     try:
         path = tokenizer_from_config(cfg)

@@ -33,9 +33,9 @@ from partitioning.config.build import AUTO, model_from_config
 from partitioning.config.planning import tune_inputs
 from partitioning.config.schema import Config
 from partitioning.errors import PartitioningError
+from partitioning.model.registry import constructor_options, model_class
 from partitioning.parallel.pipeline import check_microbatches
 from partitioning.plan.budget import device_memory
-from partitioning.registry import constructor_options, model_class
 from partitioning.tune.hardware import hardware
 from partitioning.tune.measure import local_profile
 from partitioning.tune.remat import choose_remat

@@ -34,11 +34,11 @@ from partitioning.config.hf import hf_record, tokenizer_from_config
 from partitioning.config.resume import RECORD_KEY, run_record
 from partitioning.config.schema import Config
 from partitioning.config.targets import TARGET
+from partitioning.data.corpus import Corpus
+from partitioning.data.tokenize import load_tokenizer
 from partitioning.errors import ConfigError, DataError
-from partitioning.train.data import Corpus
 from partitioning.train.hooks import JsonlLogger
 from partitioning.train.step import Trainer
-from partitioning.train.tokenize import load_tokenizer
 from partitioning.train.trackers import TensorBoardLogger, WandbLogger
 
 
@@ -125,7 +125,7 @@ def data_from_config(cfg: Config, trainer: Trainer, dataset: Any = None) -> tupl
             else None
         )
     if cfg.data.log_batches:
-        from partitioning.train.order import LoggedBatches
+        from partitioning.data.order import LoggedBatches
 
         train = LoggedBatches(train, Path(cfg.run_dir) / f"batches.{jax.process_index()}.jsonl")
     if ev is None:

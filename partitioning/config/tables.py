@@ -32,11 +32,11 @@ from partitioning.config.build import batch_from_config
 from partitioning.config.load import load_config
 from partitioning.config.planning import plan_from_config
 from partitioning.config.schema import Config
+from partitioning.data.batch import batch_specs
 from partitioning.errors import ConfigError, PartitioningError
 from partitioning.fmt import fmt_mesh
 from partitioning.plan.plan import Plan
 from partitioning.rules import Rules, table_mesh
-from partitioning.train.batch import batch_specs
 from partitioning.tune.space import factorizations
 
 # Meshes tried when a table's own mesh does not fit the model (8 devices have at most 10 over 3 axes).

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from partitioning.errors import ConfigError, PartitioningError, did_you_mean
-from partitioning.registry import REQUIRED, constructor_options
+from partitioning.model.registry import REQUIRED, constructor_options
 from partitioning.yamlfile import Key, Lines, where
 
 TARGET = "_target_"

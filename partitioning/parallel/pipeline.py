@@ -56,11 +56,11 @@ import jax.numpy as jnp
 
 from partitioning.boxes import unbox
 from partitioning.context import get_logical_axis_rules
+from partitioning.model.interface import SOWN_LOSSES
+from partitioning.model.task import sown_losses
 from partitioning.parallel.checks import PipelineError, check_layers, check_microbatches, layers_sizes, pipeline_stages
 from partitioning.parallel.schedule import gpipe
 from partitioning.parallel.trace import record
-from partitioning.train.model import SOWN_LOSSES
-from partitioning.train.task import sown_losses
 
 # Collections a scanned block may write: sown losses (MoE load balancing) are stacked per layer.
 SCANNED: dict[Any, Any] = {"params": 0, "losses": 0, "cache": 0}  # nn.scan's variable_axes; cache: decoding

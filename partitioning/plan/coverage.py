@@ -33,14 +33,14 @@ import jax
 
 from partitioning.boxes import unbox
 from partitioning.context import axis_rules, recording
+from partitioning.data.batch import batch_shapes, stream_keys
 from partitioning.layout import LeafLayout
 from partitioning.mesh import abstract_mesh
+from partitioning.model.interface import as_model
+from partitioning.model.task import as_task
 from partitioning.resolve import axes_tuple, mesh_axis_sizes
 from partitioning.rules import as_rules
-from partitioning.train.batch import batch_shapes, stream_keys
-from partitioning.train.model import as_model
 from partitioning.train.state import model_inputs
-from partitioning.train.task import as_task
 
 
 @dataclasses.dataclass(frozen=True)

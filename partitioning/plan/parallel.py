@@ -40,6 +40,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from partitioning.data.batch import batch_shapes, batch_size_of
 from partitioning.mesh import abstract_mesh
 from partitioning.parallel.pipeline import check_microbatches, microbatching
 from partitioning.parallel.schedule import bubble_fraction, stage_chunks
@@ -47,7 +48,6 @@ from partitioning.parallel.trace import recording
 from partitioning.plan.coverage import activation_names
 from partitioning.resolve import mesh_axis_sizes
 from partitioning.rules import as_rules
-from partitioning.train.batch import batch_shapes, batch_size_of
 
 
 def _shards(axes: Sequence[str], mesh: Mapping[str, int]) -> int:

@@ -20,7 +20,7 @@ ideal ``total / devices``, and warnings:
 
 Gradients are laid out like the params they differentiate (the train step's
 reduction produces them in the params' shardings), so they cost what the
-params cost — trainable ones only: a ``frozen`` param (:mod:`partitioning.train.trainable`) costs its stored
+params cost — trainable ones only: a ``frozen`` param (:mod:`partitioning.finetune.trainable`) costs its stored
 bytes, no gradient, no optimizer state. The totals split ``params`` into ``trainable`` and ``frozen``.
 
 Example::

@@ -29,9 +29,9 @@ import numpy as np
 
 from partitioning.annotations import annotated_model
 from partitioning.boxes import is_box, is_logical_box
-from partitioning.train.batch import batch_shapes
-from partitioning.train.task import as_task
-from partitioning.train.trainable import subset_of
+from partitioning.data.batch import batch_shapes
+from partitioning.finetune.trainable import subset_of
+from partitioning.model.task import as_task
 
 
 @flax.struct.dataclass
@@ -117,11 +117,11 @@ def abstract_train_state(
 ) -> tuple[Any, Any]:
     """(boxed params, boxed optimizer state) as ShapeDtypeStructs, nothing allocated.
 
-    ``model`` is anything :func:`~partitioning.train.model.as_model` takes; the
+    ``model`` is anything :func:`~partitioning.model.interface.as_model` takes; the
     batch is the language-model shorthand (``batch_size``, ``seq_len``) or any
     ``batch`` pytree. Built the way :class:`partitioning.Trainer` builds its
     state, so the plan's paths and layouts are the trainer's: with ``trainable``
-    (regexes, see :mod:`partitioning.train.trainable`; LoRA adapters by default when
+    (regexes, see :mod:`partitioning.finetune.trainable`; LoRA adapters by default when
     the model has some) the optimizer state covers only the trainable params. ``annotations``
     name the model's variables by path, as in the trainer.
 

@@ -1,7 +1,7 @@
 """The sharded init and the jitted train / eval steps, built from the rules.
 
 :class:`Trainer` takes a model (Flax Linen, Flax NNX or plain functions; see
-:mod:`partitioning.train.model`), an optax transformation, a mesh and a rule
+:mod:`partitioning.model.interface`), an optax transformation, a mesh and a rule
 table, and
 
 1. traces the init abstractly (``jax.eval_shape``), keeping the boxes that
@@ -15,7 +15,7 @@ table, and
 
 Tracing happens inside :func:`sharding_context`, so the model's constraints —
 the toolkit's or Flax's own — resolve through the same rules. What the model
-is trained to do is a :class:`~partitioning.train.task.Task`; RNG streams the
+is trained to do is a :class:`~partitioning.model.task.Task`; RNG streams the
 model asks for (``dropout``, ...) are derived from ``seed`` and the step.
 
 Example::
@@ -44,9 +44,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from partitioning.annotations import annotated_model
 from partitioning.boxes import unbox
+from partitioning.data.batch import batch_shapes, batch_size_of, batch_specs, micro_batches, place, stream_keys
 from partitioning.errors import ShardingError
+from partitioning.finetune.trainable import subset_of
 from partitioning.layout import tree_shardings
 from partitioning.mesh import sharding_context
+from partitioning.model.interface import SOWN_LOSSES
+from partitioning.model.task import as_task, sown_losses
 from partitioning.parallel.pipeline import (
     check_layers,
     check_microbatches,
@@ -55,14 +59,10 @@ from partitioning.parallel.pipeline import (
     pipeline_stages,
 )
 from partitioning.rules import as_rules
-from partitioning.train.batch import batch_shapes, batch_size_of, batch_specs, micro_batches, place, stream_keys
 from partitioning.train.lowering import Lowering
-from partitioning.train.model import SOWN_LOSSES
 from partitioning.train.nonfinite import FLAG, check_policy, keep_if_finite, nonfinite_flag
 from partitioning.train.optimizer import current_lr
 from partitioning.train.state import TrainState, model_inputs, strip_foreign_boxes
-from partitioning.train.task import as_task, sown_losses
-from partitioning.train.trainable import subset_of
 
 
 class Trainer(Lowering):
@@ -96,7 +96,7 @@ class Trainer(Lowering):
       pipeline_repeats: chunks of layers each pipeline stage holds (1: GPipe; more: the circular
         schedule, bubble ``(S-1)/(R M+S-1)``, needs ``microbatches >= S``).
       trainable: regexes (``re.search``) over the param paths; the others are frozen: no gradient, no
-        optimizer state (``trainer.frozen``, :mod:`partitioning.train.trainable`). Default: all, or the
+        optimizer state (``trainer.frozen``, :mod:`partitioning.finetune.trainable`). Default: all, or the
         LoRA adapters (``_lora_[ab]$``) when the model has some.
       annotations: an :class:`~partitioning.Annotations` (or its rows) naming the model's
         variables by path; the optimizer state mirrors the names (:mod:`partitioning.annotations`).

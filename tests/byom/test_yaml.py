@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import partitioning as pt
-from partitioning import registry
+from partitioning.model import registry
 
 MODELS = Path(__file__).parent / "models"
 LM1B = Path(__file__).parents[2] / "examples" / "lm1b" / "models.py"

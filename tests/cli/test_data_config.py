@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from partitioning.train.data import load_corpus
+from partitioning.data.corpus import load_corpus
 
 CONFIG = """\
 model:
@@ -174,7 +174,7 @@ def test_token_arrays_train_and_the_checkpoint_records_the_data_position(in_tmp,
     records = [json.loads(line) for line in Path("runs/run/batches.0.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     # the digests are those of the pure function of (seed, step)
-    from partitioning.train.order import batch_digest
+    from partitioning.data.order import batch_digest
 
     expected = load_corpus("train.bin", dtype="uint16", eval_path="val.bin").batches("train", 8, 16, seed=5)
     assert records[2]["rows"] == batch_digest(expected.batch_at(2))
@@ -190,10 +190,10 @@ def test_token_arrays_train_and_the_checkpoint_records_the_data_position(in_tmp,
 
 def test_a_target_that_returns_a_corpus_is_token_data(in_tmp, run_cli_in_process, one_line_error):
     tokens("train.npy", 5000)
-    write_config("_target_: partitioning.train.data.load_corpus\npath: train.npy\nseed: 3")
+    write_config("_target_: partitioning.data.corpus.load_corpus\npath: train.npy\nseed: 3")
     r = run_cli_in_process("check", "run.yaml")
     assert r.returncode == 0, r.stderr
-    write_config("_target_: partitioning.train.data.load_corpus\npath: nope.npy")
+    write_config("_target_: partitioning.data.corpus.load_corpus\npath: nope.npy")
     assert (
         one_line_error(run_cli_in_process("check", "run.yaml"))
         == f"error: run.yaml:{DATA_LINE + 2}: data.path: 'nope.npy': no such file or folder"

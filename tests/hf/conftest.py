@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import partitioning as pt
-from partitioning.checkpoint.hf_files import discover, write_safetensors
+from partitioning.hf.files import discover, write_safetensors
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "hf"
 # Issue 27's dense families (gemma3_mm, the text tower of a multimodal checkpoint, is tested on its own).

@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
 import partitioning as pt  # noqa: E402
-from partitioning.checkpoint import hf as hf_module  # noqa: E402
+from partitioning.hf import weights as hf_module  # noqa: E402
 
 readers = []
 

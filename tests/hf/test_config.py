@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import partitioning as pt
-from partitioning.checkpoint import hf_read
-from partitioning.checkpoint.hf_files import discover, parse_size, plan_shards
-from partitioning.checkpoint.hf_pattern import Pattern
-from partitioning.checkpoint.hf_read import Reader, pieces
+from partitioning.hf import read as hf_read
+from partitioning.hf.files import discover, parse_size, plan_shards
+from partitioning.hf.pattern import Pattern
+from partitioning.hf.read import Reader, pieces
 from partitioning.models.hf import build
 from tests.hf.conftest import FAMILIES, fixture, tensors_of
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import partitioning as pt
-from partitioning.checkpoint import hf as hf_module
+from partitioning.hf import weights as hf_module
 from tests.hf.conftest import expected, fixture, logits, tensors_of
 
 MESHES = {

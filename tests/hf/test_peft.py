@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
-from partitioning.checkpoint.hf_files import read_header, write_safetensors
+from partitioning.hf.files import read_header, write_safetensors
 from tests.hf.conftest import FIXTURES, fixture, logits, mesh_for
 
 PEFT = FIXTURES.parent / "peft"

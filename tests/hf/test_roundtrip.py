@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import partitioning as pt
-from partitioning.checkpoint import hf_write
+from partitioning.hf import write as hf_write
 from partitioning.models import GPT
 from tests.hf.conftest import FAMILIES, fixture, logits, mesh_for, tensors_of
 

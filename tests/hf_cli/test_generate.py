@@ -9,15 +9,15 @@ import pytest
 from jax.sharding import NamedSharding
 
 import partitioning as pt
-from partitioning.checkpoint.hf import load_hf
 from partitioning.config import load_config
 from partitioning.config.build import mesh_from_config, trainer_from_config
+from partitioning.data.batch import place
+from partitioning.decode.generate import Decoder, batch_rows, generate
 from partitioning.errors import ConfigError
+from partitioning.hf.weights import load_hf
 from partitioning.mesh import sharding_context
 from partitioning.models import GPT, MLP
 from partitioning.rules import as_rules
-from partitioning.train.batch import place
-from partitioning.train.generate import Decoder, batch_rows, generate
 
 FIXTURES = "tests/fixtures/hf"
 MESHES = {"fsdp": {"data": 1, "fsdp": 8}, "fsdp_tp": {"data": 1, "fsdp": 4, "tensor": 2}}
@@ -194,9 +194,9 @@ def chat_checkpoint(repo, tmp_path, monkeypatch):
 def test_chat_prompts_from_a_file_sampled(chat_checkpoint, run_cli_in_process):
     import json
 
-    from partitioning.train.chat import ChatTemplate
-    from partitioning.train.prompts import stop_ids
-    from partitioning.train.tokenize import load_tokenizer
+    from partitioning.data.chat import ChatTemplate
+    from partitioning.data.prompts import stop_ids
+    from partitioning.data.tokenize import load_tokenizer
 
     tok = load_tokenizer("chatllama")
     assert stop_ids("chatllama", tok) == [2, 3]  # the tokenizer's EOS, then generation_config's list
@@ -257,7 +257,7 @@ def test_chat_on_a_base_model_without_a_template_is_one_line(repo, tmp_path, mon
 def test_chat_uses_the_template_the_run_s_chat_data_named(repo, tmp_path, monkeypatch):
     """A base checkpoint fine-tuned on chat data with `data.chat_template`: `generate --chat` renders with it."""
     from partitioning.cli.generate import _chat_template
-    from partitioning.train.chat import ChatTemplate
+    from partitioning.data.chat import ChatTemplate
 
     monkeypatch.chdir(tmp_path)
     Path("chat.yaml").write_text(

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import partitioning as pt
-from partitioning.checkpoint.hf_files import discover, read_header
 from partitioning.config import load_config
 from partitioning.config.build import mesh_from_config, model_from_config
 from partitioning.config.hf import hf_options, hf_params_from_config, hf_record
+from partitioning.hf.files import discover, read_header
 
 CONFIG = """\
 model: {hf: base, adapter: adapter}

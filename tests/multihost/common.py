@@ -4,9 +4,9 @@ import jax
 
 import partitioning as pt
 from partitioning.checkpoint import CheckpointManager
+from partitioning.data.corpus import load_corpus
 from partitioning.models import GPT
 from partitioning.train import Trainer
-from partitioning.train.data import load_corpus
 from partitioning.train.optimizer import make_optimizer
 
 STEPS = 4

@@ -4,8 +4,8 @@ import jax
 import pytest
 
 import partitioning as pt
+from partitioning.data.corpus import TokenBatches, load_corpus
 from partitioning.models import GPT
-from partitioning.train.data import TokenBatches, load_corpus
 from partitioning.train.state import host_scalar
 
 TP = [("heads", "tensor"), ("kv_heads", "tensor"), ("mlp", "tensor"), ("vocab", "tensor")]

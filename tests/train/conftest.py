@@ -4,9 +4,9 @@ import jax
 import pytest
 
 import partitioning as pt
+from partitioning.data.corpus import TokenBatches, load_corpus
 from partitioning.models import GPT, MLP
 from partitioning.train import Trainer
-from partitioning.train.data import TokenBatches, load_corpus
 from partitioning.train.optimizer import make_optimizer
 from partitioning.train.state import host_scalar
 

@@ -1,4 +1,4 @@
-"""A step's batch (partitioning.train.batch): specs from names, placing host batches, RNG keys."""
+"""A step's batch (partitioning.data.batch): specs from names, placing host batches, RNG keys."""
 
 import jax
 import numpy as np
@@ -7,7 +7,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
-from partitioning.train.batch import batch_size_of, batch_specs, lm_batch, place, stream_keys
+from partitioning.data.batch import batch_size_of, batch_specs, lm_batch, place, stream_keys
 
 
 def test_specs_default_to_the_batch_axes_and_follow_names():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import partitioning as pt
-from partitioning.train.chat import ChatTemplate
+from partitioning.data.chat import ChatTemplate
 
 CHAT = Path(__file__).resolve().parent.parent / "fixtures" / "chat"
 FAMILIES = sorted(p.name for p in CHAT.iterdir() if (p / "expected.json").is_file())

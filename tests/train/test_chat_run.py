@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from partitioning.train.instruct import load_instructions
+from partitioning.data.instruct import load_instructions
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "tests" / "fixtures" / "hf" / "llama"

@@ -10,8 +10,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
+from partitioning.data.corpus import TokenBatches, load_corpus, stdlib_files
 from partitioning.errors import DataError
-from partitioning.train.data import TokenBatches, load_corpus, stdlib_files
 
 
 def test_stdlib_corpus_is_real_python_split_by_file():
@@ -141,7 +141,7 @@ def test_batches_are_grain_map_datasets():
 
 def test_one_and_two_processes_see_the_same_global_batch_at_every_step(monkeypatch):
     """Process p of 2 reads only its 8 rows; stacked, they are the 1-process batch, step by step."""
-    from partitioning.train import order
+    from partitioning.data import order
 
     tokens = np.random.default_rng(0).integers(0, 50_000, 20_000).astype(np.uint16)
     one = TokenBatches(tokens, 16, 32, seed=3)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import partitioning as pt
-from partitioning.train.chat import ChatTemplate
-from partitioning.train.instruct import Examples, load_examples, load_instructions
-from partitioning.train.packing import PackedBatches, pack
+from partitioning.data.chat import ChatTemplate
+from partitioning.data.instruct import Examples, load_examples, load_instructions
+from partitioning.data.packing import PackedBatches, pack
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA = REPO / "tests" / "fixtures" / "hf" / "llama"
@@ -164,8 +164,8 @@ def test_packed_batches_are_a_function_of_seed_and_step():
     # A process holding rows 4..8 builds only those rows, the same as the global batch's.
     rows = PackedBatches(ex, 8, 32, seed=3)
     rows_half = PackedBatches(ex, 8, 32, seed=3)
-    from partitioning.train.order import ProcessRows, example_order
-    from partitioning.train.packing import PackedRows
+    from partitioning.data.order import ProcessRows, example_order
+    from partitioning.data.packing import PackedRows
 
     half = ProcessRows(example_order(rows_half.n_rows, 3, "train"), 8, slice(4, 8)).map(
         PackedRows(ex, rows_half.members, rows_half.offsets, 32, slice(0, 32))

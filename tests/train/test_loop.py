@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from partitioning.train.data import TokenBatches, load_corpus
+from partitioning.data.corpus import TokenBatches, load_corpus
 from partitioning.train.loop import fit
 from partitioning.train.state import host_scalar
 

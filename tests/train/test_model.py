@@ -1,4 +1,4 @@
-"""Model adapters (partitioning.train.model): Linen, NNX and plain functions behind one interface."""
+"""Model adapters (partitioning.model.interface): Linen, NNX and plain functions behind one interface."""
 
 import flax.linen as nn
 import jax
@@ -10,7 +10,7 @@ from flax import nnx, struct
 from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
-from partitioning.train.model import FunctionModel, LinenModel, NNXModel, as_model
+from partitioning.model.interface import FunctionModel, LinenModel, NNXModel, as_model
 
 
 class CallArg(nn.Module):

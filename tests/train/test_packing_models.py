@@ -11,9 +11,9 @@ import optax
 import pytest
 
 import partitioning as pt
+from partitioning.data.instruct import Examples
+from partitioning.data.packing import PackedBatches, PackedRows
 from partitioning.models import GPT
-from partitioning.train.instruct import Examples
-from partitioning.train.packing import PackedBatches, PackedRows
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf"
 SEQ = 32

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from partitioning.decode.sampling import Sampling, choose, filter_logits
 from partitioning.errors import ConfigError
-from partitioning.train.sampling import Sampling, choose, filter_logits
 
 FIXTURE = "tests/fixtures/sampling/warpers.npz"
 

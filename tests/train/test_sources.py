@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from partitioning.data.corpus import load_corpus
+from partitioning.data.sources import TokenStream, read_splits, source_of
 from partitioning.errors import DataError
-from partitioning.train.data import load_corpus
-from partitioning.train.sources import TokenStream, read_splits, source_of
 
 
 @pytest.fixture(autouse=True)

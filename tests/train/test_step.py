@@ -11,10 +11,10 @@ from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
 from partitioning.boxes import is_box, is_logical_box
+from partitioning.data.corpus import TokenBatches, load_corpus
 from partitioning.errors import ShardingError
 from partitioning.models import MLP
 from partitioning.train import Trainer
-from partitioning.train.data import TokenBatches, load_corpus
 from partitioning.train.state import host_scalar
 
 

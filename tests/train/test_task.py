@@ -1,4 +1,4 @@
-"""The training task (partitioning.train.task): the language-model loss."""
+"""The training task (partitioning.model.task): the language-model loss."""
 
 import jax.numpy as jnp
 import numpy as np

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from partitioning.data import tokenize as tokenize_mod
+from partitioning.data.corpus import load_corpus
+from partitioning.data.tokenize import load_tokenizer, tokenize_files
 from partitioning.errors import DataError
-from partitioning.train import tokenize as tokenize_mod
-from partitioning.train.data import load_corpus
-from partitioning.train.tokenize import load_tokenizer, tokenize_files
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<|endoftext|>"]
 TEXT = "def add(x, y):\n    return x + y\n\nclass Point:\n    pass\n" * 20

@@ -13,8 +13,8 @@ import partitioning as pt
 from partitioning.checkpoint.disk import dir_bytes, flat_saved, resolve_checkpoint, saved_tree
 from partitioning.checkpoint.frozen import FROZEN_DIR, frozen_ref
 from partitioning.errors import ConfigError
+from partitioning.finetune.trainable import param_paths, split_tree
 from partitioning.models import GPT, MLP
-from partitioning.train.trainable import param_paths, split_tree
 
 MODEL = GPT(vocab_size=64, embed=32, heads=2, mlp=64, layers=2)
 TRAINABLE = ["blocks/mlp/wo", "final_norm"]

@@ -8,7 +8,7 @@ images are generated: each class is a bright bar at its own angle, on noise.
 import flax.linen as nn
 import numpy as np
 
-from partitioning.train.data import ArrayDataset
+from partitioning.data.corpus import ArrayDataset
 
 
 class ConvNet(nn.Module):
