@@ -84,9 +84,10 @@ from partitioning.errors import (
 )
 from partitioning.finetune.lora import LoRA
 from partitioning.finetune.lora_model import LoRAModel
+from partitioning.finetune.merge import merge_lora
 from partitioning.finetune.trainable import trainable_paths
 from partitioning.hf import hf_family, hf_model, load_hf, save_hf
-from partitioning.hf.peft import merge_lora, save_peft
+from partitioning.hf.peft import save_peft
 from partitioning.layout import (
     LeafLayout,
     logical_names,

@@ -280,40 +280,6 @@ def apply_annotations(tree: Any, annotations: Any) -> Any:
     return tree if table is None else table.apply(tree)
 
 
-def annotated_model(model: Any, annotations: Any) -> Any:
-    """The model's adapter (:func:`~partitioning.as_model`) whose variables come out annotated.
-
-    Everything built from the adapter's boxed variables (the trainer's state and
-    its optimizer state, ``plan``, checkpoints' recorded names) then sees the names.
-
-    Example::
-
-        >>> from partitioning.annotations import annotated_model
-        >>> model = annotated_model(nn.Dense(64), [[r"kernel$", ["embed", "mlp"]], [r"bias$", ["mlp"]]])
-        >>> model.abstract((jnp.zeros((8, 32)),), {})["params"]["kernel"].names
-        ('embed', 'mlp')
-    """
-    import copy
-
-    from partitioning.model.interface import as_model  # the train stage imports the layout stage
-
-    adapter = as_model(model)
-    table = as_annotations(annotations)
-    if not table:
-        return adapter
-    if getattr(adapter, "annotations", None) is table:
-        return adapter
-    out = copy.copy(adapter)
-    boxed = adapter.boxed
-
-    def annotated(rng: Any, args: tuple, kwargs: Mapping[str, Any]) -> Any:
-        return table.apply(boxed(rng, args, kwargs))
-
-    out.boxed = annotated
-    out.annotations = table
-    return out
-
-
 def named_by(leaf: Any) -> str | None:
     """The annotation row that named a (boxed) leaf (and the model's own names it replaced), or ``None``."""
     origin = getattr(leaf, "named_by", None)
@@ -330,6 +296,5 @@ __all__ = [
     "AnnotationWarning",
     "as_annotations",
     "apply_annotations",
-    "annotated_model",
     "named_by",
 ]

@@ -1,5 +1,5 @@
-"""Output folders a user names, checked before anything is written: one message per mistake, shared by the
-CLI and the Python API (``ckpt export-hf OUT_DIR``, ``save_hf``, ``save_peft``, checkpoint directories,
+"""Output folders and PNG files a user names, checked before anything is written: one message per mistake,
+shared by the CLI and the Python API (``ckpt export-hf OUT_DIR``, ``save_hf``, ``save_peft``, checkpoint directories,
 a run's ``run_dir``), so both say the same thing and a refused call leaves nothing on disk.
 
 Example::
@@ -18,8 +18,9 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
-from partitioning.errors import CheckpointError
+from partitioning.errors import CheckpointError, ConfigError
 
 
 def file_in_the_way(path: str | os.PathLike) -> Path | None:
@@ -80,4 +81,33 @@ def folders_undone_on_failure(folder: str | os.PathLike, enabled: bool = True) -
         raise
 
 
-__all__ = ["check_out_dir", "file_in_the_way", "folders_undone_on_failure"]
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Writes a matplotlib Figure as PNG, creating the folder; a path that is a folder, under a file or not
+    ``*.png`` is refused before anything is written.
+
+    Example::
+
+        >>> import pathlib, tempfile
+        >>> from matplotlib.figure import Figure
+        >>> from partitioning.outdir import save_figure
+        >>> fig = Figure()
+        >>> _ = fig.subplots().plot([1, 2, 3])
+        >>> save_figure(fig, pathlib.Path(tempfile.mkdtemp()) / "new" / "plan.png").exists()   # folder created
+        True
+    """
+    path = Path(path)
+    if path.is_dir() or path.suffix.lower() != ".png":
+        raise ConfigError(f"{path}: {'a folder' if path.is_dir() else 'not a .png'}; name a .png file", arg="png")
+    blocker = file_in_the_way(path.parent)
+    if blocker is not None:
+        raise ConfigError(f"{path}: cannot write the PNG: {blocker} is a file, not a folder", arg="png")
+    try:
+        with folders_undone_on_failure(path.parent):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot write the PNG: {e.strerror or e}", arg="png") from None
+    return path
+
+
+__all__ = ["check_out_dir", "file_in_the_way", "folders_undone_on_failure", "save_figure"]

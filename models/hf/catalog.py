@@ -60,11 +60,9 @@ def decoder_options(family: str) -> list[str]:
 
 def _tensors(family: str) -> str:
     """A layer's weight names (those the default options ask for)."""
-    from partitioning.hf.name_map import _wanted
-
     opts = {**_defaults(), **_options(family)}
     prefixes = ("model.layers.{i}.", "transformer.h.{i}.")
-    rows = [t for t in FAMILIES[family].tensors if "{i}" in t.hf and _wanted(t.when, opts.get)]
+    rows = [t for t in FAMILIES[family].tensors if "{i}" in t.hf and t.wanted(opts.get)]
     names = sorted({t.hf.removeprefix(prefixes[0]).removeprefix(prefixes[1]) for t in rows})
     return ", ".join(f"`{n.removesuffix('.weight')}`" for n in names if n.endswith(".weight"))
 

@@ -23,7 +23,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 
 class Tensor(NamedTuple):
@@ -34,6 +35,16 @@ class Tensor(NamedTuple):
     axes: str
     part: int | None = None
     when: str | None = None
+
+    def wanted(self, option: Callable[[str], Any], layer: int = 0) -> bool:
+        """Whether the row's ``when`` holds for a model whose options ``option(name)`` gives; an option that is a
+        function (``moe_layer``) is asked per layer."""
+        if self.when is None:
+            return True
+        value = option(self.when.lstrip("!"))
+        if callable(value):
+            value = value(layer)
+        return not value if self.when.startswith("!") else bool(value)
 
 
 _L = "model.layers.{i}."

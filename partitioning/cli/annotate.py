@@ -21,8 +21,8 @@ from partitioning.config.build import abstract_model, batch_from_config, task_fr
 from partitioning.config.load import load_config
 from partitioning.config.schema import Config
 from partitioning.errors import ConfigError
+from partitioning.model.task import model_inputs
 from partitioning.propose import propose_annotations
-from partitioning.train.state import model_inputs
 
 HELP = "propose logical names by parameter path for a model that has none (YAML for `base:`)"
 EXAMPLES = """examples:

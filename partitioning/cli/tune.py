@@ -35,9 +35,10 @@ from partitioning.config.axes import check_axes_used
 from partitioning.config.load import load_config
 from partitioning.config.planning import compiled_from_config, tune_inputs
 from partitioning.config.remat import remat_policies
-from partitioning.config.schema import Config, parse_bytes
+from partitioning.config.schema import Config
 from partitioning.devices import simulate_devices
 from partitioning.errors import ConfigError, MeshError, PartitioningError, ShardingError
+from partitioning.fmt import parse_bytes
 from partitioning.layout import logical_names
 from partitioning.plan.plan import build_plan, mesh_sizes
 from partitioning.rules import Rules, preset_names

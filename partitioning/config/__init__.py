@@ -5,8 +5,8 @@ Modules:
 - :mod:`~partitioning.config.schema` — the typed sections (``mesh``, ``train``, ``optimizer``, ...) and defaults.
 - :mod:`~partitioning.config.load` — YAML -> :class:`Config`, ``--set`` overrides, every error at ``file:line``.
 - :mod:`~partitioning.config.hf` — ``model: {hf: DIR}``: a Hugging Face checkpoint, checked and built; its tokenizer.
-- :mod:`~partitioning.config.adapter` — ``model: {hf: BASE, adapter: DIR}``: a PEFT adapter sets the LoRA.
-- :mod:`~partitioning.config.lora` — ``model.lora``: LoRA options parsed, errors at their keys, other models wrapped.
+- :mod:`~partitioning.config.lora` — ``model.lora`` (or a PEFT ``model.adapter`` setting it): parsed, errors at
+  their keys, other models wrapped.
 - :mod:`~partitioning.config.merge` — how ``base:`` and ``--set`` combine with what they override (one rule).
 - :mod:`~partitioning.config.annotations` — ``annotations:``: the table, each row at its ``file:line``, names checked.
 - :mod:`~partitioning.config.targets` — ``_target_`` objects (Hydra's convention): imported beside the config,

@@ -34,7 +34,6 @@ import flax.linen as nn
 import jax
 
 import partitioning.models  # noqa: F401  (registers the reference models: gpt, mlp)
-from partitioning.annotations import annotated_model
 from partitioning.config.hf import find_beside, hf_model_from_config, hf_options, tokenizer_from_config
 from partitioning.config.lora import lora_error, parse_lora, takes_lora, without_lora, wrap_lora
 from partitioning.config.positions import check_positions
@@ -46,14 +45,14 @@ from partitioning.data.instruct import load_instructions
 from partitioning.data.packing import instruction_batch
 from partitioning.errors import ConfigError, DataError, MeshError, PartitioningError, ShardingError
 from partitioning.mesh import make_mesh
+from partitioning.model.annotated import annotated_model
 from partitioning.model.interface import NNXModel, as_model
 from partitioning.model.registry import REQUIRED, constructor_options, model_class
-from partitioning.model.task import Task, as_task
+from partitioning.model.task import Task, as_task, model_inputs
 from partitioning.models import GPT
 from partitioning.models.lora import check_lora_targets
 from partitioning.parallel.pipeline import PipelineError
 from partitioning.train.optimizer import make_optimizer
-from partitioning.train.state import model_inputs
 from partitioning.train.step import Trainer
 
 # `model.remat: auto` (the default for a model with a `remat` option) is resolved at run start

@@ -27,8 +27,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from partitioning.config.adapter import adapter_lora, at_adapter, hf_adapter
-from partitioning.config.lora import lora_error
+from partitioning.config.lora import adapter_lora, at_adapter, hf_adapter, lora_error
 from partitioning.config.schema import Config, HfModelConfig
 from partitioning.errors import ConfigError, DataError, PartitioningError
 from partitioning.yamlfile import Lines, find_beside, where
@@ -88,7 +87,7 @@ def hf_options(cfg: Config) -> dict[str, Any]:
 def _at_hf(cfg: Config, e: PartitioningError) -> PartitioningError:
     """An error of the checkpoint, at the config key naming it (options at their own keys)."""
     arg = getattr(e, "arg", None)
-    if arg == "adapter":  # config/adapter.py put it at model.adapter already
+    if arg == "adapter":  # config/lora.py put it at model.adapter already
         return e
     if isinstance(arg, str) and arg.split(".")[0] == "lora":
         return lora_error(cfg, e)

@@ -38,6 +38,7 @@ from partitioning.errors import ConfigError, MeshError
 from partitioning.finetune.trainable import subset_of
 from partitioning.mesh import abstract_mesh, make_mesh
 from partitioning.model.interface import as_model
+from partitioning.model.task import model_inputs
 from partitioning.parallel.pipeline import PipelineError, check_layers, check_microbatches, layers_sizes, microbatching
 from partitioning.parallel.schedule import STAGE_AXIS
 from partitioning.parallel.trace import recording
@@ -47,7 +48,7 @@ from partitioning.plan.flops import transformer_flops
 from partitioning.plan.parallel import costs_from_records, stacked_bytes
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.rules import Rules
-from partitioning.train.state import abstract_train_state, model_inputs
+from partitioning.train.state import abstract_train_state
 from partitioning.tune.space import table_axes
 from partitioning.tune.workload import Workload, workload
 

@@ -393,5 +393,4 @@ __all__ = [
     "TOP_KEYS",
     "REQUIRED",
     "json_schema",
-    "parse_bytes",
 ]

@@ -11,6 +11,7 @@ Modules:
 
 - :mod:`~partitioning.finetune.lora` — ``LoRA`` options: rank, alpha, targets (regexes over parameter paths), checks.
 - :mod:`~partitioning.finetune.lora_model` — ``LoRAModel``: LoRA on any model, adapters merged into the weights.
+- :mod:`~partitioning.finetune.merge` — LoRA merged into the weights (``W + scale * B A``), for every layout.
 - :mod:`~partitioning.finetune.trainable` — ``trainable`` regexes: the params that train; the params tree split.
 
 Imports: the core modules and :mod:`partitioning.model`.
@@ -24,6 +25,7 @@ Example::
 
 from partitioning.finetune.lora import LoRA
 from partitioning.finetune.lora_model import LoRAModel
+from partitioning.finetune.merge import merge_lora
 from partitioning.finetune.trainable import trainable_paths
 
-__all__ = ["LoRA", "LoRAModel", "trainable_paths"]
+__all__ = ["LoRA", "LoRAModel", "trainable_paths", "merge_lora"]

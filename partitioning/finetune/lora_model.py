@@ -44,6 +44,7 @@ from flax import traverse_util
 from partitioning.boxes import LogicallyPartitioned, is_box, unbox
 from partitioning.errors import ConfigError
 from partitioning.finetune.lora import A_SUFFIX, B_SUFFIX, RANK_AXIS, LoRA, check_targets, is_adapter
+from partitioning.finetune.merge import lora_delta
 from partitioning.model.interface import as_model
 from partitioning.model.tracing import guard
 
@@ -190,11 +191,8 @@ class LoRAModel:
             if a_key not in flat:
                 continue
             w, a, b = out[path], flat[a_key], flat[b_key]
-            s = a.ndim + b.ndim - 2 - w.ndim  # stacked leading dimensions
-            a2 = a.reshape((*a.shape[:s], -1, a.shape[-1]))
-            b2 = b.reshape((*b.shape[: s + 1], -1))
-            delta = jnp.einsum("...ir,...ro->...io", a2, b2, preferred_element_type=jnp.float32)
-            w32 = w.astype(jnp.float32) + self.lora.scale * delta.reshape(w.shape)
+            delta = lora_delta(a, b, stacked=a.ndim + b.ndim - 2 - w.ndim)  # stacked leading dimensions
+            w32 = w.astype(jnp.float32) + self.lora.scale * delta
             out[path] = w32.astype(w.dtype)
         return traverse_util.unflatten_dict(out)
 

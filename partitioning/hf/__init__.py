@@ -16,7 +16,7 @@ Modules:
 - :mod:`~partitioning.hf.read` — per-shard reads: each process reads only its devices' bytes.
 - :mod:`~partitioning.hf.write` — safetensors out, one tensor gathered at a time.
 - :mod:`~partitioning.hf.peft_config` — PEFT's ``adapter_config.json`` checked; adapter rows of a name map.
-- :mod:`~partitioning.hf.peft` — PEFT LoRA adapters in (per shard) and out; LoRA merged into the weights.
+- :mod:`~partitioning.hf.peft` — PEFT LoRA adapters in (per shard) and out.
 
 Imports: every stage below it (the core, :mod:`partitioning.finetune`, :mod:`partitioning.checkpoint`'s reader)
 and, inside functions, the families of :mod:`partitioning.models.hf`.
@@ -28,7 +28,7 @@ Example::
     (32, 2, 2)
 """
 
-from partitioning.hf.peft import merge_lora, save_peft
+from partitioning.hf.peft import save_peft
 from partitioning.hf.weights import hf_family, hf_model, load_hf, save_hf
 
-__all__ = ["load_hf", "save_hf", "hf_model", "hf_family", "save_peft", "merge_lora"]
+__all__ = ["load_hf", "save_hf", "hf_model", "hf_family", "save_peft"]

@@ -77,16 +77,6 @@ class ParamMap:
         return ((0,) if self.stacked else ()) + (() if self.expert_axis is None else (self.expert_axis,))
 
 
-def _wanted(when: str | None, option: Callable[[str], Any], layer: int = 0) -> bool:
-    """Whether a row's ``when`` holds; an option that is a function (``moe_layer``) is asked per layer."""
-    if when is None:
-        return True
-    value = option(when.lstrip("!"))
-    if callable(value):
-        value = value(layer)
-    return not value if when.startswith("!") else bool(value)
-
-
 def expand(
     rows: Sequence[Any],
     option: Callable[[str], Any],
@@ -103,7 +93,7 @@ def expand(
     the parameter's ``expert`` axis. File order is transformers': the rows before the first
     per-layer row, layer 0's rows (per-expert rows expert by expert), layer 1's, ..., the rest.
     """
-    rows = [r for r in rows if "{i}" in r.hf or _wanted(r.when, option)]
+    rows = [r for r in rows if "{i}" in r.hf or r.wanted(option)]
     maps: list[ParamMap] = []
 
     def each(r: Any, i: int | None = None) -> tuple[str, ...]:
@@ -121,7 +111,7 @@ def expand(
         maps.append(ParamMap(path, Pattern.parse(f"{r.axes} -> {' '.join(dst)}"), r.part, hf, stacked, axis, experts))
 
     def kept(r: Any, i: int) -> bool:
-        return _wanted(r.when, option, i)
+        return r.wanted(option, i)
 
     for r in rows:
         if "{layer}" not in r.param:
@@ -210,36 +200,9 @@ def match(
     return found
 
 
-def abstract_params(model: Any) -> Any:
-    """A family's model's boxed abstract params (``eval_shape`` of its init: nothing allocated)."""
-    import jax
-    import jax.numpy as jnp
-
-    return jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"]
-
-
-def param_names(abstract: Any) -> dict[tuple[str, ...], tuple[str, ...]]:
-    """Each parameter's logical axis names, from the boxes ``model.init`` returns."""
-    from flax import traverse_util
-
-    return {k: tuple(box.names) for k, box in traverse_util.flatten_dict(abstract).items()}
-
-
 def expert_count(model: Any) -> int:
     """Experts per MoE layer (a name map's ``{e}``); 0 for a dense model."""
     return int(getattr(model, "experts", 0))
 
 
-__all__ = [
-    "abstract_params",
-    "param_names",
-    "expert_count",
-    "ParamMap",
-    "expand",
-    "lookup",
-    "match",
-    "check_params",
-    "layer_shape",
-    "STACK",
-    "BLOCK",
-]
+__all__ = ["expert_count", "ParamMap", "expand", "lookup", "match", "check_params", "layer_shape", "STACK", "BLOCK"]

@@ -6,8 +6,8 @@ In: ``load_hf(base, mesh, rules, adapter=DIR)`` builds the base model with
 map engine as the base weights (:mod:`~partitioning.hf.peft_config`
 derives the adapter rows). Out: :func:`save_peft` writes a LoRA model's
 adapters in PEFT's format (``PeftModel.from_pretrained(base, out)`` loads
-them); :func:`merge_lora` folds ``scale * B A`` into each adapted weight, so
-``save_hf(..., merge=True)`` writes a plain checkpoint.
+them); :func:`merge_lora` (:mod:`partitioning.finetune.merge`) folds ``scale * B A`` into each
+adapted weight, so ``save_hf(..., merge=True)`` writes a plain checkpoint.
 
 Example::
 
@@ -20,7 +20,7 @@ Example::
     >>> out = pt.save_peft(model, variables, tempfile.mkdtemp() + "/adapter", base="tests/fixtures/hf/llama")
     >>> sorted(f.name for f in out.iterdir())
     ['adapter_config.json', 'adapter_model.safetensors']
-    >>> merged_model, merged = pt.merge_lora(model, variables)
+    >>> merged_model, merged = pt.finetune.merge_lora(model, variables)
     >>> merged_model.lora, sorted(merged["params"]["blocks"]["attn"])
     (None, ['k', 'o', 'q', 'v'])
 """
@@ -33,13 +33,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 from flax import traverse_util
 
 from partitioning.boxes import unbox
 from partitioning.errors import CheckpointError, ConfigError
-from partitioning.finetune.lora import A_SUFFIX, B_SUFFIX, RANK_AXIS, LoRA
+from partitioning.finetune.lora import A_SUFFIX, LoRA
 from partitioning.hf.files import read_header
 from partitioning.hf.name_map import ParamMap, expand, layer_shape
 from partitioning.hf.peft_config import (
@@ -54,6 +52,8 @@ from partitioning.hf.peft_config import (
     read_adapter,
     target_regexes,
 )
+from partitioning.model.interface import abstract_params as _abstract
+from partitioning.model.interface import param_names as _names
 from partitioning.outdir import check_out_dir
 
 
@@ -193,8 +193,6 @@ def save_peft(model: Any, variables: Any, out_dir: str | os.PathLike, *, base: s
         >>> cfg["r"], cfg["lora_alpha"], cfg["target_modules"][:3], cfg["base_model_name_or_path"]
         (4, 8, ['down_proj', 'gate_proj', 'k_proj'], 'Qwen/Qwen2-0.5B')
     """
-    from partitioning.hf.name_map import abstract_params as _abstract
-    from partitioning.hf.name_map import param_names as _names
     from partitioning.hf.write import save_tensors
 
     check_out_dir(out_dir, "out_dir", replaceable=lambda d: (d / ADAPTER_CONFIG).is_file(), kind="a PEFT adapter")
@@ -218,67 +216,4 @@ def save_peft(model: Any, variables: Any, out_dir: str | os.PathLike, *, base: s
     return out
 
 
-def _delta(a: jax.Array, b: jax.Array, a_names: Sequence[str], stacked: bool) -> jax.Array:
-    """``B A`` in the weight's layout: (out..., in...) when ``a`` is (lora, in...), else (in..., out...)."""
-    out_in = a_names[1 if stacked else 0] == RANK_AXIS
-
-    def one(a: jax.Array, b: jax.Array) -> jax.Array:
-        return jnp.tensordot(b, a, axes=([-1], [0])) if out_in else jnp.tensordot(a, b, axes=([-1], [0]))
-
-    return jax.vmap(one)(a, b) if stacked else one(a, b)
-
-
-def merge_lora(model: Any, variables: Any) -> tuple[Any, dict[str, Any]]:
-    """``(the model without lora, {"params": ...})`` with each adapted weight ``W + scale * B A``, adapters dropped.
-
-    The merged weights keep ``W``'s dtype and sharding; the logits equal the LoRA model's up to
-    float rounding (PEFT's ``merge_and_unload``).
-
-    Example::
-
-        >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", adapter="tests/fixtures/peft/llama_rslora")
-        >>> merged_model, merged = pt.merge_lora(model, variables)
-        >>> p = variables["params"]["blocks"]["attn"]   # q: (layers, heads, kv, embed), out_in like torch
-        >>> want = p["q"] + model.lora.scale * jnp.einsum("lhkr,lre->lhke", p["q_lora_b"], p["q_lora_a"])
-        >>> merged_model.lora, bool(jnp.allclose(merged["params"]["blocks"]["attn"]["q"], want, atol=1e-6))
-        (None, True)
-    """
-    from partitioning.hf.name_map import abstract_params as _abstract
-    from partitioning.hf.name_map import param_names as _names
-
-    lora = LoRA.parse(getattr(model, "lora", None))
-    if lora is None:
-        raise ConfigError(f"{type(model).__name__} has no LoRA adapters (lora is not set): nothing to merge")
-    params = variables.get("params", variables) if hasattr(variables, "get") else variables
-    flat = traverse_util.flatten_dict(unbox(params))
-    names = _names(_abstract(model))
-    out = {k: v for k, v in flat.items() if not k[-1].endswith((A_SUFFIX, B_SUFFIX))}
-    scale = float(lora.scale)
-    # weight path -> (its A's path, its B's path, A's logical names)
-    sites = {
-        p[:-1] + (p[-1][: -len(A_SUFFIX)],): (p, p[:-1] + (p[-1][: -len(A_SUFFIX)] + B_SUFFIX,), tuple(names[p]))
-        for p in flat
-        if p[-1].endswith(A_SUFFIX)
-    }
-    keys = sorted(sites)
-
-    def merged(ws: list, abs_: list) -> list:
-        res = []
-        for key, w, (a, b) in zip(keys, ws, abs_, strict=True):
-            a_names = sites[key][2]
-            d = _delta(a.astype(jnp.float32), b.astype(jnp.float32), a_names, a_names[0] == "layers")
-            res.append((w.astype(jnp.float32) + scale * d).astype(w.dtype))
-        return res
-
-    ws = [flat[k] for k in keys]
-    abs_ = [(flat[sites[k][0]], flat[sites[k][1]]) for k in keys]
-    for key, w, got in zip(keys, ws, jax.eval_shape(merged, ws, abs_), strict=True):
-        if got.shape != w.shape:
-            raise CheckpointError(f"{'/'.join(key)}: B A has shape {list(got.shape)}; the weight has {list(w.shape)}")
-    shardings = [w.sharding if isinstance(w, jax.Array) else None for w in ws]
-    # One compile for every adapted weight, each merged on its own shards.
-    out.update(zip(keys, jax.jit(merged, out_shardings=shardings)(ws, abs_), strict=True))
-    return model.clone(lora=None), {"params": traverse_util.unflatten_dict(out)}
-
-
-__all__ = ["save_peft", "merge_lora", "with_adapter", "adapter_maps", "match_adapter", "lora_of", "peft_config"]
+__all__ = ["save_peft", "with_adapter", "adapter_maps", "match_adapter", "lora_of", "peft_config"]

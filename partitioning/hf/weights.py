@@ -43,14 +43,14 @@ from partitioning.errors import CheckpointError, ConfigError
 from partitioning.finetune.lora import LoRA, is_adapter
 from partitioning.hf.check import arch_hint, check_config_keys, check_hf_path
 from partitioning.hf.files import DTYPES, discover, parse_size, read_config
-from partitioning.hf.name_map import abstract_params as _abstract
 from partitioning.hf.name_map import check_params, expand, match
 from partitioning.hf.name_map import expert_count as _experts
-from partitioning.hf.name_map import param_names as _names
 from partitioning.hf.read import Reader
 from partitioning.hf.write import save_tensors
 from partitioning.layout import tree_shardings
 from partitioning.mesh import sharding_context
+from partitioning.model.interface import abstract_params as _abstract
+from partitioning.model.interface import param_names as _names
 from partitioning.outdir import check_out_dir
 
 # Errors about the caller's own arguments, not about config.json.
@@ -279,7 +279,7 @@ def save_hf(
     tensor is gathered alone (multi-process: process 0 writes); the directory changes only when
     every file is complete. ``out_dir`` is new, empty, or holds a checkpoint to replace (anything
     else is refused before a file is written). A model with LoRA adapters is written with ``merge=True`` only: each
-    adapted weight as ``W + scale * B A`` (:func:`partitioning.merge_lora`); :func:`partitioning.save_peft`
+    adapted weight as ``W + scale * B A`` (:func:`partitioning.finetune.merge_lora`); :func:`partitioning.save_peft`
     writes the adapters themselves.
 
     Example::
@@ -298,7 +298,7 @@ def save_hf(
                 "save_hf(..., merge=True) writes the merged weights (W + scale * B A)",
                 arg="merge",
             )
-        from partitioning.hf.peft import merge_lora
+        from partitioning.finetune.merge import merge_lora
 
         model, variables = merge_lora(model, variables)
     families = _families()

@@ -12,6 +12,7 @@ Modules:
 - :mod:`~partitioning.model.axis_names` — models written for ``pmap``: their collective axis names bound (size 1).
 - :mod:`~partitioning.model.tracing` — a model's own failure while traced -> one ``ModelError`` line.
 - :mod:`~partitioning.model.task` — what the model is trained to do: built-in losses, custom losses and steps.
+- :mod:`~partitioning.model.annotated` — a model whose variables come out named by an annotation table.
 - :mod:`~partitioning.model.registry` — ``register_model``: a model class a YAML config can name, options checked.
 
 Imports: the core modules (``partitioning/*.py``) only.

@@ -370,4 +370,14 @@ def as_model(model: Any) -> Any:
     )
 
 
-__all__ = ["LinenModel", "NNXModel", "FunctionModel", "as_model", "SOWN_LOSSES"]
+def abstract_params(model: Any) -> Any:
+    """A token model's boxed abstract params: ``eval_shape`` of its init on one token (nothing allocated)."""
+    return jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"]
+
+
+def param_names(abstract: Any) -> dict[tuple[str, ...], tuple[str, ...]]:
+    """Each parameter's logical axis names by path, from the boxes ``model.init`` returns."""
+    return {k: tuple(box.names) for k, box in flax.traverse_util.flatten_dict(abstract).items()}
+
+
+__all__ = ["LinenModel", "NNXModel", "FunctionModel", "as_model", "abstract_params", "param_names", "SOWN_LOSSES"]

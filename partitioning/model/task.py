@@ -164,10 +164,17 @@ class Task:
             out = self.step(forward, batch)
         else:
             assert self.loss is not None  # __post_init__: exactly one of loss and step
-            args = self.inputs(batch)
-            out = self.loss(forward(**args) if isinstance(args, Mapping) else forward(*args), batch)
+            args, kwargs = model_inputs(self, batch)
+            out = self.loss(forward(*args, **kwargs), batch)
         loss, aux = out if isinstance(out, tuple) else (out, {})
         return jnp.asarray(loss, jnp.float32), dict(aux)
+
+
+def model_inputs(task: Task, batch: Any) -> tuple[tuple, dict]:
+    """The model's ``(positional, keyword)`` arguments for ``batch`` under ``task`` (its ``inputs`` gives a
+    tuple of positional arguments, or a mapping of keyword arguments)."""
+    args = task.inputs(batch)
+    return ((), dict(args)) if isinstance(args, Mapping) else (tuple(args), {})
 
 
 def sown_losses(tree: Any) -> dict[str, jax.Array]:
@@ -231,6 +238,7 @@ __all__ = [
     "Task",
     "as_task",
     "sown_losses",
+    "model_inputs",
     "cross_entropy",
     "lm_loss",
     "lm_inputs",

@@ -37,10 +37,9 @@ from partitioning.data.batch import batch_shapes, stream_keys
 from partitioning.layout import LeafLayout
 from partitioning.mesh import abstract_mesh
 from partitioning.model.interface import as_model
-from partitioning.model.task import as_task
+from partitioning.model.task import as_task, model_inputs
 from partitioning.resolve import axes_tuple, mesh_axis_sizes
 from partitioning.rules import as_rules
-from partitioning.train.state import model_inputs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from partitioning.fmt import fmt_bytes
-from partitioning.train.plots import save_figure
+from partitioning.outdir import save_figure
 
 GIB = 1024**3
 MAX_CELLS = 16

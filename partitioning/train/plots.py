@@ -24,8 +24,7 @@ from typing import Any
 
 import jax
 
-from partitioning.errors import ConfigError
-from partitioning.outdir import file_in_the_way, folders_undone_on_failure
+from partitioning.outdir import save_figure
 
 
 def plot_loss(records: Sequence[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
@@ -59,35 +58,6 @@ def plot_loss(records: Sequence[dict[str, Any]], path: str | Path, *, title: str
     if ax.lines:
         ax.legend()
     return save_figure(fig, path)
-
-
-def save_figure(fig: Any, path: str | Path) -> Path:
-    """Writes a matplotlib Figure as PNG, creating the folder; a path that is a folder, under a file or not
-    ``*.png`` is refused before anything is written.
-
-    Example::
-
-        >>> import pathlib, tempfile
-        >>> from matplotlib.figure import Figure
-        >>> from partitioning.train.plots import save_figure
-        >>> fig = Figure()
-        >>> _ = fig.subplots().plot([1, 2, 3])
-        >>> save_figure(fig, pathlib.Path(tempfile.mkdtemp()) / "new" / "plan.png").exists()   # folder created
-        True
-    """
-    path = Path(path)
-    if path.is_dir() or path.suffix.lower() != ".png":
-        raise ConfigError(f"{path}: {'a folder' if path.is_dir() else 'not a .png'}; name a .png file", arg="png")
-    blocker = file_in_the_way(path.parent)
-    if blocker is not None:
-        raise ConfigError(f"{path}: cannot write the PNG: {blocker} is a file, not a folder", arg="png")
-    try:
-        with folders_undone_on_failure(path.parent):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fig.savefig(path)
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot write the PNG: {e.strerror or e}", arg="png") from None
-    return path
 
 
 class LossPlot:
@@ -125,4 +95,4 @@ class LossPlot:
         self.draw()
 
 
-__all__ = ["plot_loss", "save_figure", "LossPlot"]
+__all__ = ["plot_loss", "LossPlot"]

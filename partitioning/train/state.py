@@ -27,11 +27,11 @@ import flax
 import jax
 import numpy as np
 
-from partitioning.annotations import annotated_model
 from partitioning.boxes import is_box, is_logical_box
 from partitioning.data.batch import batch_shapes
 from partitioning.finetune.trainable import subset_of
-from partitioning.model.task import as_task
+from partitioning.model.annotated import annotated_model
+from partitioning.model.task import as_task, model_inputs
 
 
 @flax.struct.dataclass
@@ -98,12 +98,6 @@ def strip_foreign_boxes(opt_state: Any, params: Any) -> Any:
     return jax.tree.map(fix, opt_state, is_leaf=is_box)
 
 
-def model_inputs(task: Any, batch: Any) -> tuple[tuple, dict]:
-    """The model's (positional, keyword) arguments for ``batch`` under ``task``."""
-    args = task.inputs(batch)
-    return (tuple(args), {}) if not isinstance(args, dict) else ((), dict(args))
-
-
 def abstract_train_state(
     model: Any,
     tx: Any,
@@ -145,4 +139,4 @@ def abstract_train_state(
     return jax.eval_shape(init, jax.random.key(0))
 
 
-__all__ = ["TrainState", "host_scalar", "state_step", "strip_foreign_boxes", "abstract_train_state", "model_inputs"]
+__all__ = ["TrainState", "host_scalar", "state_step", "strip_foreign_boxes", "abstract_train_state"]

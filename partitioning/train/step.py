@@ -42,15 +42,15 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from partitioning.annotations import annotated_model
 from partitioning.boxes import unbox
 from partitioning.data.batch import batch_shapes, batch_size_of, batch_specs, micro_batches, place, stream_keys
 from partitioning.errors import ShardingError
 from partitioning.finetune.trainable import subset_of
 from partitioning.layout import tree_shardings
 from partitioning.mesh import sharding_context
+from partitioning.model.annotated import annotated_model
 from partitioning.model.interface import SOWN_LOSSES
-from partitioning.model.task import as_task, sown_losses
+from partitioning.model.task import as_task, model_inputs, sown_losses
 from partitioning.parallel.pipeline import (
     check_layers,
     check_microbatches,
@@ -62,7 +62,7 @@ from partitioning.rules import as_rules
 from partitioning.train.lowering import Lowering
 from partitioning.train.nonfinite import FLAG, check_policy, keep_if_finite, nonfinite_flag
 from partitioning.train.optimizer import current_lr
-from partitioning.train.state import TrainState, model_inputs, strip_foreign_boxes
+from partitioning.train.state import TrainState, strip_foreign_boxes
 
 
 class Trainer(Lowering):

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from partitioning.errors import ConfigError, did_you_mean
+from partitioning.fmt import parse_bytes  # the size parser the configs use
 from partitioning.tune.hardware import KINDS, Hardware
 from partitioning.yamlfile import read_yaml, where
 
@@ -57,8 +58,6 @@ def load_hardware(path: str | Path) -> Hardware:
         link_bandwidth: 2.0e11   # bytes/s per device inside a node (per torus axis for a torus)
         network_bandwidth: 2.5e10
     """
-    from partitioning.config.schema import parse_bytes  # the size parser the configs use
-
     shown = str(path)
     data, lines = read_yaml(Path(path), "hardware file")
     if not isinstance(data, dict):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from partitioning.fmt import fmt_bytes
-from partitioning.train.plots import save_figure
+from partitioning.outdir import save_figure
 
 GIB = 2**30
 # Ten distinguishable colours (matplotlib's tab10 with black for its grey, which the rejected crosses use);

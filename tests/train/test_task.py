@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from partitioning.train import lm_loss
+from partitioning.model import lm_loss
 
 
 def test_lm_loss_of_uniform_logits_is_log_vocab():
