@@ -17,7 +17,7 @@ Per layout: step time / baseline (median of alternating rounds, and the median
 of per-round ratios); the per-device state (params + optimizer state, from
 the plan) and the collective bytes per step and device of the compiled step;
 the all-to-all bytes over ``expert`` from the compiled HLO against the analytic
-figure (:func:`partitioning.parallel_costs`: the dispatched tokens, ``(groups,
+figure (:func:`partitioning.plan.parallel_costs`: the dispatched tokens, ``(groups,
 experts, capacity, embed)`` per device, twice forward and twice backward per
 layer); the first loss against the baseline's. Simulated devices share the
 host's cores: the step time follows the total compute, which the layouts share,
@@ -64,7 +64,7 @@ class Side:
         model = GPT(**MODEL)
         tx = pt.make_optimizer("adamw", lr=3e-3, total_steps=1000, warmup_steps=20)
         self.trainer = pt.Trainer(model, tx, pt.make_mesh(mesh_shape), rules, batch_size=BATCH, seq_len=SEQ)
-        data = pt.load_corpus().batches("train", BATCH, SEQ, self.trainer.batch_sharding, seed=0)
+        data = pt.data.load_corpus().batches("train", BATCH, SEQ, self.trainer.batch_sharding, seed=0)
         self.batch = data.batch_at(0)
         self.state = self.trainer.init(jax.random.key(0))
         _, m = self.trainer.train_step(self.trainer.init(jax.random.key(0)), self.batch)
@@ -78,7 +78,7 @@ class Side:
         self.state_bytes = plan.totals["params"]["per_device"] + plan.totals["optimizer"]["per_device"]
         expert = [leaf for leaf in plan.params if leaf.path.endswith("mlp/wi_0")][0]
         self.expert_weight_bytes = 3 * expert.per_device_bytes
-        costs = pt.parallel_costs(model, a.params, sizes, rules, batch_size=BATCH, seq_len=SEQ)["experts"]
+        costs = pt.plan.parallel_costs(model, a.params, sizes, rules, batch_size=BATCH, seq_len=SEQ)["experts"]
         self.a2a_analytic = costs["all_to_all_bytes"]
         self.a2a_hlo = sum(v["all-to-all"]["bytes"] for v in self.by_axis.values())
         self.a2a_hlo_expert = self.by_axis.get("expert", {}).get("all-to-all", {}).get("bytes", 0)

@@ -165,12 +165,12 @@ def worker(pid: int, port: int, ckpt: str, out: str) -> None:
     mesh = pt.make_mesh({"data": 1, "fsdp": -1})
     files = sorted({s.file for s in discover(ckpt).values()})
     size = sum(s.dtype.itemsize * math.prod(s.shape) for s in discover(ckpt).values())
-    pt.hf_model(ckpt)  # imports and the model's construction outside the measured window
+    pt.hf.hf_model(ckpt)  # imports and the model's construction outside the measured window
 
     def toolkit():
         multihost_utils.sync_global_devices("toolkit")
         t = time.perf_counter()
-        _, variables = pt.load_hf(ckpt, mesh, "fsdp")
+        _, variables = pt.hf.load_hf(ckpt, mesh, "fsdp")
         jax.block_until_ready(variables)
         return time.perf_counter() - t, variables
 

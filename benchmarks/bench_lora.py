@@ -65,7 +65,7 @@ def side(lora: dict | None) -> dict:
 
     flops = step_flops(compiled)
     state = trainer.init(jax.random.key(0))
-    batch = pt.TokenBatches((np.arange(1 << 16) * 7) % MODEL["vocab_size"], BATCH, SEQ, trainer.batch_sharding)
+    batch = pt.data.TokenBatches((np.arange(1 << 16) * 7) % MODEL["vocab_size"], BATCH, SEQ, trainer.batch_sharding)
     b = batch.batch_at(0)
     state, m = trainer.train_step(state, b)  # compile + warm up
     jax.block_until_ready(m)

@@ -164,7 +164,7 @@ def _init_peak(trainer) -> dict:
     import partitioning as pt
 
     peak = trainer.init_peak_bytes()
-    state = pt.per_device_bytes(trainer.state_layouts()) + 4  # + the step counter
+    state = pt.layout.per_device_bytes(trainer.state_layouts()) + 4  # + the step counter
     total = sum(leaf.nbytes for leaf in trainer.state_layouts())
     return {
         "params": trainer.num_params,

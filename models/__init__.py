@@ -22,7 +22,7 @@ Example::
 
     >>> from partitioning.models import GPT
     >>> model = GPT(embed=128, heads=4, layers=4)
-    >>> "gpt" in pt.model_names()
+    >>> "gpt" in pt.model.model_names()
     True
 """
 

@@ -177,7 +177,7 @@ class GPT(nn.Module):
     sliding_window: int | None = None  # query i sees keys i - w < j <= i
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attention: str = "xla"  # xla (einsums) | cudnn (jax.nn.dot_product_attention's flash kernel) | auto
-    decode: bool = False  # KV cache in the `cache` collection, for generation (partitioning.generate)
+    decode: bool = False  # KV cache in the `cache` collection, for generation (partitioning.decode.generate)
     kernel_order: str = "in_out"  # in_out | out_in: projection weights stored outputs first (torch's Linear)
     lora: Any = None  # {rank, alpha, targets, dropout, rslora, dtype}: LoRA adapters (partitioning.models.lora)
     moe_layers: tuple[int, ...] | None = None  # with moe: the layers whose MLP is MoE (None: all); see models/moe.py

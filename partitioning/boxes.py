@@ -77,7 +77,7 @@ def compute_spec(names: Sequence[Any], rules: Any = None, mesh: Any = None) -> P
 
     Example::
 
-        >>> from partitioning import compute_spec
+        >>> from partitioning.boxes import compute_spec
         >>> compute_spec(("embed", "heads"), "fsdp_tp")
         P(None, 'tensor')
     """
@@ -104,7 +104,7 @@ def param_for_compute(x: Any, names: Sequence[Any], rules: Any = None) -> Any:
 
     Example::
 
-        >>> from partitioning import param_for_compute
+        >>> from partitioning.boxes import param_for_compute
         >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1}, axis_types="explicit")
         >>> w = jax.device_put(jnp.ones((64, 256)), jax.NamedSharding(mesh, jax.P("fsdp", None)))  # stored split
         >>> with pt.sharding_context(mesh, "fsdp"):
@@ -179,7 +179,7 @@ def is_box(x: Any) -> bool:
 
     Example::
 
-        >>> from partitioning import is_box
+        >>> from partitioning.boxes import is_box
         >>> is_box(nn.Partitioned(jnp.zeros(4), ("fsdp",))), is_box(jnp.zeros(4))
         (True, False)
     """
@@ -232,7 +232,7 @@ class Fallback(enum.Enum):
 
     Example::
 
-        >>> from partitioning import Fallback, RulesFallback, with_logical_constraint
+        >>> from partitioning.boxes import Fallback, RulesFallback, with_logical_constraint
         >>> Fallback.RAISE_ERROR is Fallback.ERROR is RulesFallback.RAISE_ERROR
         True
         >>> @jax.jit

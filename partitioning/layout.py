@@ -284,7 +284,7 @@ def per_device_bytes(layouts: list[LeafLayout]) -> int:
 
         >>> from partitioning.models import MLP
         >>> abstract = jax.eval_shape(MLP().init, jax.random.key(0), jnp.zeros((8, 16), jnp.int32))
-        >>> pt.per_device_bytes(pt.tree_layouts(abstract, pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp"))
+        >>> pt.layout.per_device_bytes(pt.tree_layouts(abstract, pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp"))
         49152
     """
     return sum(leaf.per_device_bytes for leaf in layouts)

@@ -256,7 +256,7 @@ class Rules(TableWalk, tuple):
         """The mesh axes that split the batch: declared, else those of every ``batch`` rule.
 
         A parameter is computed with in its rule spec minus these axes (see
-        :func:`partitioning.compute_spec`): FSDP stores a weight split over a
+        :func:`partitioning.boxes.compute_spec`): FSDP stores a weight split over a
         batch axis and gathers it before use.
         """
         if self.declared_batch_axes is not None:
@@ -321,7 +321,7 @@ def table_mesh(source: str | Path) -> dict[str, int] | None:
 
     Example::
 
-        >>> pt.table_mesh("fsdp_tp")
+        >>> pt.rules.table_mesh("fsdp_tp")
         {'data': 1, 'fsdp': -1, 'tensor': 2}
     """
     if str(source) not in preset_names() and not str(source).endswith((".yaml", ".yml")) and not Path(source).exists():

@@ -51,7 +51,7 @@ def describe_sharding(x: Any) -> list[str]:
 
         >>> mesh = pt.make_mesh({"data": -1})
         >>> x = jax.device_put(jnp.zeros((8, 4)), jax.NamedSharding(mesh, jax.P("data")))
-        >>> pt.describe_sharding(x)[1]
+        >>> pt.show.describe_sharding(x)[1]
         '  rows: dim 0 (8) split 8 ways over data: 1 per device'
     """
     names: tuple[Any, ...] = ()

@@ -120,16 +120,18 @@ def test_restore_onto_another_layout_names_a_checkpoint_that_recorded_none(tmp_p
     ],
 )
 def test_bad_rows_are_one_line_naming_the_row(rows, message):
-    with pytest.raises(pt.AnnotationError, match=message) as e:
+    with pytest.raises(pt.annotations.AnnotationError, match=message) as e:
         pt.tree_layouts(abstract_two_dense(), MESH, "fsdp", annotations=rows)
     assert isinstance(e.value, pt.PartitioningError) and "\n" not in str(e.value)
 
 
 def test_a_row_matching_nothing_warns_or_with_strict_fails():
     rows = ROWS + [["Dense_7/kernel", ["embed", "mlp"]]]
-    with pytest.warns(pt.AnnotationWarning, match=r"^annotations\[3\]: 'Dense_7/kernel' matches none of the 4 arrays"):
+    with pytest.warns(
+        pt.annotations.AnnotationWarning, match=r"^annotations\[3\]: 'Dense_7/kernel' matches none of the 4 arrays"
+    ):
         pt.tree_layouts(abstract_two_dense(), MESH, "fsdp", annotations=rows)
-    with pytest.raises(pt.AnnotationError, match=r"matches none of the 4 arrays of the model \(strict\)$"):
+    with pytest.raises(pt.annotations.AnnotationError, match=r"matches none of the 4 arrays of the model \(strict\)$"):
         pt.tree_layouts(abstract_two_dense(), MESH, "fsdp", annotations=pt.Annotations(rows, strict=True))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -137,7 +139,7 @@ def test_a_row_matching_nothing_warns_or_with_strict_fails():
 
 
 def test_names_no_rule_knows_are_refused_with_a_suggestion():
-    with pytest.raises(pt.AnnotationError, match=r"knows the logical name 'emebd' .*did you mean 'embed'"):
+    with pytest.raises(pt.annotations.AnnotationError, match=r"knows the logical name 'emebd' .*did you mean 'embed'"):
         pt.Annotations([["kernel", ["emebd", "mlp"]]]).check_names({"embed", "mlp"})
 
 

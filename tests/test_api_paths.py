@@ -69,9 +69,9 @@ READERS = {
         lambda: pt.Rules.preset("fsdpp"),
         "unknown rule preset 'fsdpp' (presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp); did you mean 'fsdp'?",
     ),
-    "table_mesh-folder": (lambda: pt.table_mesh("empty"), "empty: is a folder, not a rules file"),
+    "table_mesh-folder": (lambda: pt.rules.table_mesh("empty"), "empty: is a folder, not a rules file"),
     "table_mesh-binary": (
-        lambda: pt.table_mesh("garbage.bin"),
+        lambda: pt.rules.table_mesh("garbage.bin"),
         "garbage.bin: not UTF-8 text (byte 0 looks like binary data); save it as UTF-8",
     ),
     "config-missing": (lambda: pt.load_config("nope.yaml"), "nope.yaml: no such config file"),
@@ -101,70 +101,73 @@ READERS = {
         lambda: pt.Annotations.parse("empty.yaml"),
         "empty.yaml: an annotations file has an `annotations:` key (partitioning annotate --out)",
     ),
-    "hardware-missing": (lambda: pt.load_hardware("nope.yaml"), "nope.yaml: no such hardware file"),
-    "hardware-folder": (lambda: pt.load_hardware("empty"), "empty: is a folder, not a hardware file"),
+    "hardware-missing": (lambda: pt.tune.load_hardware("nope.yaml"), "nope.yaml: no such hardware file"),
+    "hardware-folder": (lambda: pt.tune.load_hardware("empty"), "empty: is a folder, not a hardware file"),
     "hardware-misspelt": (
-        lambda: pt.hardware("h1000"),
+        lambda: pt.tune.hardware("h1000"),
         "--hardware 'h1000': no such profile; choose one of h100, h200, a100-80g, v4, v5e, v5p, cpu or give a YAML "
         "file; did you mean 'h100'?",
     ),
     "hardware-not-a-name": (
-        lambda: pt.hardware(3),
+        lambda: pt.tune.hardware(3),
         "--hardware 3: expected a profile name (h100, h200, a100-80g, v4, v5e, v5p, cpu)",
     ),
     "model-misspelt": (
-        lambda: pt.build_model("mlpp"),
+        lambda: pt.model.build_model("mlpp"),
         "unknown model 'mlpp' (registered: gpt, mlp); did you mean 'mlp'?",
     ),
     # data
     "tokenizer-missing": (
-        lambda: pt.load_tokenizer("nope"),
+        lambda: pt.data.load_tokenizer("nope"),
         "nope: no such tokenizer (a tokenizer.json, or a folder holding one)",
     ),
     "tokenizer-folder-without": (
-        lambda: pt.load_tokenizer("empty"),
+        lambda: pt.data.load_tokenizer("empty"),
         "empty: no such tokenizer (a tokenizer.json, or a folder holding one)",
     ),
     "tokenizer-empty": (
-        lambda: pt.load_tokenizer("empty.yaml"),
+        lambda: pt.data.load_tokenizer("empty.yaml"),
         "empty.yaml: not a tokenizer.json the tokenizers library can read "
         "(EOF while parsing a value at line 1 column 0)",
     ),
     "chat-missing": (
-        lambda: pt.ChatTemplate.from_dir("nope"),
+        lambda: pt.data.ChatTemplate.from_dir("nope"),
         "nope: no such folder: a tokenizer folder (with tokenizer_config.json or chat_template.jinja)",
     ),
     "chat-file": (
-        lambda: pt.ChatTemplate.from_dir("tokenizer.json"),
+        lambda: pt.data.ChatTemplate.from_dir("tokenizer.json"),
         "tokenizer.json: a file, not a tokenizer folder (with tokenizer_config.json or chat_template.jinja)",
     ),
-    "corpus-missing": (lambda: pt.load_corpus("nope.txt"), "'nope.txt': no such file or folder"),
-    "corpus-folder": (lambda: pt.load_corpus("empty"), "'empty': folder holds no text files"),
-    "corpus-empty": (lambda: pt.load_corpus("empty.yaml"), "'empty.yaml': file is empty"),
+    "corpus-missing": (lambda: pt.data.load_corpus("nope.txt"), "'nope.txt': no such file or folder"),
+    "corpus-folder": (lambda: pt.data.load_corpus("empty"), "'empty': folder holds no text files"),
+    "corpus-empty": (lambda: pt.data.load_corpus("empty.yaml"), "'empty.yaml': file is empty"),
     "corpus-binary": (
-        lambda: pt.load_corpus("garbage.bin"),
+        lambda: pt.data.load_corpus("garbage.bin"),
         "'garbage.bin': a .bin file has no header; say its dtype (e.g. uint16 for GPT-2 tokens)",
     ),
     "instructions-missing": (
-        lambda: pt.load_instructions("nope.jsonl", "prompt_completion", str(LLAMA)),
+        lambda: pt.data.load_instructions("nope.jsonl", "prompt_completion", str(LLAMA)),
         "'nope.jsonl': no such file or folder",
     ),
     "instructions-folder": (
-        lambda: pt.load_instructions("empty", "prompt_completion", str(LLAMA)),
+        lambda: pt.data.load_instructions("empty", "prompt_completion", str(LLAMA)),
         "'empty': folder holds no .jsonl files",
     ),
     # checkpoints and adapters
-    "metadata-file": (lambda: pt.checkpoint_metadata("notes.txt"), "notes.txt: a file, not a checkpoint directory"),
+    "metadata-file": (
+        lambda: pt.checkpoint.checkpoint_metadata("notes.txt"),
+        "notes.txt: a file, not a checkpoint directory",
+    ),
     "adapter-missing": (
-        lambda: pt.load_hf(LLAMA, adapter="nope"),
+        lambda: pt.hf.load_hf(LLAMA, adapter="nope"),
         "nope does not exist: a PEFT adapter is a folder with adapter_config.json and adapter_model.safetensors",
     ),
     "adapter-file": (
-        lambda: pt.load_hf(LLAMA, adapter="notes.txt"),
+        lambda: pt.hf.load_hf(LLAMA, adapter="notes.txt"),
         "notes.txt is a file: a PEFT adapter is a folder with adapter_config.json and adapter_model.safetensors",
     ),
     "adapter-folder-without": (
-        lambda: pt.load_hf(LLAMA, adapter="empty"),
+        lambda: pt.hf.load_hf(LLAMA, adapter="empty"),
         "empty has no adapter_config.json: a PEFT adapter is a folder with adapter_config.json and "
         "adapter_model.safetensors",
     ),
@@ -182,9 +185,9 @@ def test_readers_refuse_bad_paths_in_one_line(here, case):
     [
         (pt.Rules.from_yaml, "rules file"),
         (pt.load_config, "config file"),
-        (pt.load_hardware, "hardware file"),
-        (pt.load_tokenizer, "tokenizer"),
-        (pt.checkpoint_metadata, "checkpoint"),
+        (pt.tune.load_hardware, "hardware file"),
+        (pt.data.load_tokenizer, "tokenizer"),
+        (pt.checkpoint.checkpoint_metadata, "checkpoint"),
     ],
 )
 def test_an_absolute_path_is_named_absolute(here, fn, what):
@@ -204,18 +207,18 @@ def test_a_misspelt_key_in_a_rules_file_gets_a_did_you_mean(here):
 
 @pytest.fixture(scope="module")
 def llama():
-    return pt.load_hf(LLAMA)
+    return pt.hf.load_hf(LLAMA)
 
 
 @pytest.fixture(scope="module")
 def llama_lora():
-    return pt.load_hf(LLAMA, adapter=FIXTURES / "peft" / "llama")
+    return pt.hf.load_hf(LLAMA, adapter=FIXTURES / "peft" / "llama")
 
 
 HF_KIND = "a Hugging Face checkpoint"
 WRITERS = {
-    "save_hf": (lambda m, out: pt.save_hf(*m[0], out), HF_KIND),
-    "save_peft": (lambda m, out: pt.save_peft(*m[1], out), "a PEFT adapter"),
+    "save_hf": (lambda m, out: pt.hf.save_hf(*m[0], out), HF_KIND),
+    "save_peft": (lambda m, out: pt.hf.save_peft(*m[1], out), "a PEFT adapter"),
 }
 
 
@@ -234,13 +237,13 @@ def test_writers_refuse_an_output_they_cannot_use_and_write_nothing(here, llama,
 
 
 def test_writers_replace_their_own_earlier_save(here, llama, llama_lora):
-    assert sorted(p.name for p in pt.save_hf(*llama, "out").iterdir()) == ["config.json", "model.safetensors"]
-    pt.save_hf(*llama, "out")  # a checkpoint folder is replaced, as before
-    pt.save_peft(*llama_lora, "adapter")
-    pt.save_peft(*llama_lora, "adapter")
+    assert sorted(p.name for p in pt.hf.save_hf(*llama, "out").iterdir()) == ["config.json", "model.safetensors"]
+    pt.hf.save_hf(*llama, "out")  # a checkpoint folder is replaced, as before
+    pt.hf.save_peft(*llama_lora, "adapter")
+    pt.hf.save_peft(*llama_lora, "adapter")
     _refused(
         here,
-        lambda: pt.save_peft(*llama_lora, "out"),
+        lambda: pt.hf.save_peft(*llama_lora, "out"),
         "out: exists and is not empty; choose a new folder, an empty one or one holding a PEFT adapter",
     )
 
@@ -252,7 +255,7 @@ def test_a_failed_save_removes_every_folder_it_made(here, llama, monkeypatch):
     monkeypatch.setattr(hf_write, "host_value", failing)
     before = _files(here)
     with pytest.raises(OSError):
-        pt.save_hf(*llama, "new/deeper/out")
+        pt.hf.save_hf(*llama, "new/deeper/out")
     assert _files(here) == before
 
 
@@ -277,19 +280,22 @@ def test_checkpoint_directories_under_or_at_a_file_are_refused(here, directory, 
     ],
 )
 def test_plots_refuse_a_path_they_cannot_write(here, path, message):
-    _refused(here, lambda: pt.plot_loss([{"step": 1, "loss": 2.0}], path), message)
+    _refused(here, lambda: pt.train.plot_loss([{"step": 1, "loss": 2.0}], path), message)
 
 
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda: pt.JsonlLogger("empty"), "empty: cannot write the metrics: a folder; name a file (metrics.jsonl)"),
         (
-            lambda: pt.JsonlLogger("notes.txt/m.jsonl"),
+            lambda: pt.train.JsonlLogger("empty"),
+            "empty: cannot write the metrics: a folder; name a file (metrics.jsonl)",
+        ),
+        (
+            lambda: pt.train.JsonlLogger("notes.txt/m.jsonl"),
             "notes.txt/m.jsonl: cannot write the metrics: notes.txt is a file",
         ),
         (
-            lambda: pt.TensorBoardLogger("notes.txt/tb"),
+            lambda: pt.train.TensorBoardLogger("notes.txt/tb"),
             "notes.txt/tb: cannot write TensorBoard events: notes.txt is a file",
         ),
     ],

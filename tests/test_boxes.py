@@ -51,7 +51,7 @@ def test_box_names_and_shape_check():
 
 def test_scan_inserts_layers_axis_and_get_partition_spec_reads_it():
     abstract = jax.eval_shape(Scanned().init, jax.random.key(0), jnp.zeros((2, 16)))
-    [(path, box)] = jax.tree_util.tree_flatten_with_path(abstract, is_leaf=pt.is_box)[0]
+    [(path, box)] = jax.tree_util.tree_flatten_with_path(abstract, is_leaf=pt.boxes.is_box)[0]
     assert jax.tree_util.keystr(path) == "['params']['Dense_0']['kernel']"
     assert box.names == ("layers", "embed", "mlp")
     specs = nn.get_partition_spec(abstract)
@@ -70,7 +70,7 @@ def test_vmap_inserts_axis(dense_module):
         metadata_params={nn.PARTITION_NAME: "layers"},
     )
     abstract = jax.eval_shape(vm(8).init, jax.random.key(0), jnp.zeros((2, 3, 4)))
-    [box] = jax.tree.leaves(abstract, is_leaf=pt.is_box)
+    [box] = jax.tree.leaves(abstract, is_leaf=pt.boxes.is_box)
     assert box.names == ("layers", "embed", "mlp") and box.value.shape == (2, 4, 8)
 
 

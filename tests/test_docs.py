@@ -12,11 +12,14 @@ import pytest
 import partitioning as pt
 
 REPO = Path(__file__).resolve().parent.parent
+# The namespaces of `import partitioning as pt`, a reference page each (tools/docs_hooks.py).
+NAMESPACES = ("model", "data", "finetune", "decode", "parallel", "plan", "train", "checkpoint", "hf", "tune")
 # Pages tools/docs_hooks.py generates at build time (no file in docs/): they may be linked to.
 GENERATED = {
     REPO / "docs" / "reference" / "config.md",
     REPO / "docs" / "reference" / "api.md",
     REPO / "docs" / "changelog.md",
+    *(REPO / "docs" / "reference" / "api" / f"{ns}.md" for ns in NAMESPACES),
 }
 
 
@@ -40,6 +43,14 @@ def test_the_api_reference_documents_every_public_name(site):
     api = (site / "reference" / "api" / "index.html").read_text()
     missing = [name for name in pt.__all__ if f'id="partitioning.{name}"' not in api]
     assert missing == []
+
+
+def test_each_namespace_has_a_reference_page_documenting_every_name(site):
+    for ns in NAMESPACES:
+        module = getattr(pt, ns)
+        page = (site / "reference" / "api" / ns / "index.html").read_text()
+        missing = [name for name in module.__all__ if f'id="partitioning.{ns}.{name}"' not in page]
+        assert missing == [], ns
 
 
 def test_the_config_reference_is_generated_from_the_schema(site):

@@ -62,7 +62,7 @@ def test_per_device_bytes_match_real_shards(dense_module):
     params = jax.jit(model.init, out_shardings=pt.tree_shardings(abstract, mesh, "fsdp_tp"))(jax.random.key(0), x)
     [w] = jax.tree.leaves(pt.unbox(params))
     assert w.sharding.spec == P("fsdp", "tensor")
-    assert pt.per_device_bytes(layouts) == w.addressable_shards[0].data.nbytes == 32 * 16 * 4 // 8
+    assert pt.layout.per_device_bytes(layouts) == w.addressable_shards[0].data.nbytes == 32 * 16 * 4 // 8
 
 
 # -- Flax NNX ----------------------------------------------------------------------

@@ -95,6 +95,77 @@ def test_cycle_finder_finds_cycles():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+# The stages, bottom to top (docs/architecture.md): a module imports only from its own stage and the stages
+# before it here. "core" is the top-level modules (rules, boxes, mesh, layout, ...); "face" the package's
+# __init__ (the public API re-exports every stage below the CLI).
+STAGES = (
+    "core",
+    "model",
+    "parallel",
+    "data",
+    "decode",
+    "finetune",
+    "models",
+    "plan",
+    "train",
+    "checkpoint",
+    "hf",
+    "tune",
+    "config",
+    "face",
+    "cli",
+)
+
+
+def stage_of(module: str) -> str:
+    parts = module.split(".")
+    if module == "partitioning":
+        return "face"
+    if module == "partitioning.__main__":
+        return "cli"
+    return parts[1] if len(parts) > 2 or f"partitioning.{parts[1]}" in _packages() else "core"
+
+
+def _packages() -> set[str]:
+    return {name for f, name in _sources() if f.name == "__init__.py"}
+
+
+def climbs(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a stage to one above it: ``"a -> b (stage -> stage)"``."""
+    out = []
+    for mod, deps in sorted(graph.items()):
+        here = STAGES.index(stage_of(mod))
+        for dep in sorted(deps):
+            if STAGES.index(stage_of(dep)) > here:
+                out.append(f"{mod} -> {dep} ({stage_of(mod)} -> {stage_of(dep)})")
+    return out
+
+
+def test_each_stage_imports_only_the_stages_below_it():
+    graph = import_graph()
+    assert {stage_of(m) for m in graph} == set(STAGES)
+    assert climbs(graph) == []
+
+
+def test_a_climbing_import_is_found():
+    graph = {"partitioning.rules": {"partitioning.train.step"}, "partitioning.train.step": {"partitioning.rules"}}
+    assert climbs(graph) == ["partitioning.rules -> partitioning.train.step (core -> train)"]
+
+
+def test_no_folder_holds_more_than_20_modules():
+    crowded = {}
+    for folder in [
+        PKG,
+        MODELS,
+        *(p.parent for p in PKG.rglob("__init__.py")),
+        *(p.parent for p in MODELS.rglob("__init__.py")),
+    ]:
+        n = len(list(folder.glob("*.py")))
+        if n > 20:
+            crowded[str(folder.relative_to(PKG.parent))] = n
+    assert crowded == {}
+
+
 def test_reference_models_are_imported_only_by_the_config_build_and_the_cli():
     importers = {
         m
@@ -135,7 +206,7 @@ def test_import_partitioning_loads_no_reference_model():
 def test_a_users_models_py_does_not_hide_the_builtin_models(tmp_path, repo):
     # Flax's examples all have a models.py; running beside one must still find gpt and mlp.
     (tmp_path / "models.py").write_text("raise ImportError('a user module, not ours')\n")
-    code = "import partitioning.config.build, partitioning as pt; print(pt.model_names())"
+    code = "import partitioning.config.build, partitioning as pt; print(pt.model.model_names())"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(tmp_path)}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
@@ -182,10 +253,31 @@ def test_every_module_has_a_docstring():
     assert missing == []
 
 
+NAMESPACES = ("model", "data", "finetune", "decode", "parallel", "plan", "train", "checkpoint", "hf", "tune")
+
+
+def test_the_top_level_is_the_core_vocabulary_and_the_rest_is_in_namespaces():
+    assert len(pt.__all__) <= 60
+    assert len(set(pt.__all__)) == len(pt.__all__)
+    for ns in NAMESPACES:
+        module = getattr(pt, ns)  # `import partitioning as pt` is enough
+        assert module.__name__ == f"partitioning.{ns}"
+        assert module.__all__ and all(hasattr(module, name) for name in module.__all__), ns
+    # What moved is gone from the top level (pre-1.0: no aliases), and is found in its namespace.
+    assert not hasattr(pt, "load_hf") and pt.hf.load_hf.__module__ == "partitioning.hf.weights"
+    assert not hasattr(pt, "LoRA") and pt.finetune.LoRA.__module__ == "partitioning.finetune.lora"
+    assert not hasattr(pt, "generate") or not callable(pt.generate)
+    assert pt.data.load_corpus.__module__ == "partitioning.data.corpus"
+    assert pt.tune.search.__module__ == "partitioning.tune.search"
+
+
 def test_public_api_names_have_docstring_examples():
     lacking = []
-    for name in pt.__all__:
-        obj = getattr(pt, name)
+    public = [(name, getattr(pt, name)) for name in pt.__all__]
+    public += [(f"{ns}.{n}", getattr(getattr(pt, ns), n)) for ns in NAMESPACES for n in getattr(pt, ns).__all__]
+    for name, obj in public:
+        if not callable(obj):
+            continue  # constants (pt.tune.PROFILES) are documented where they are defined
         if inspect.isclass(obj) and issubclass(obj, Exception):
             continue  # errors are documented by the messages they carry
         doc = inspect.getdoc(obj) or ""

@@ -282,11 +282,11 @@ def test_batch_axes_default_to_the_batch_rules_and_can_be_declared():
     declared = fsdp.with_batch_axes(["data"])
     assert declared.batch_axes == ("data",) and declared.batch_spec(3) == P("data", None, None)
     assert list(declared) == list(fsdp)  # the table itself is unchanged
-    assert pt.compute_spec(("embed", "mlp"), fsdp) == P(None, None)
-    assert pt.compute_spec(("embed", "mlp"), declared) == P("fsdp", None)
+    assert pt.boxes.compute_spec(("embed", "mlp"), fsdp) == P(None, None)
+    assert pt.boxes.compute_spec(("embed", "mlp"), declared) == P("fsdp", None)
     # MaxText-style names: the batch is `activation_batch`, declared so.
     maxtext = Rules([("activation_batch", ("data", "fsdp")), ("embed", "fsdp")], batch_axes=("data", "fsdp"))
-    assert pt.compute_spec(("embed",), maxtext) == P(None)
+    assert pt.boxes.compute_spec(("embed",), maxtext) == P(None)
     assert (declared + [("x", "data")]).batch_axes == ("data",)
     import pickle
 

@@ -1,8 +1,10 @@
 """MkDocs hooks: the pages generated from the code at build time, so they can never drift from it.
 
 - ``reference/config.md``: every key of a run config, from the pydantic schema (``partitioning config schema``);
-- ``reference/api.md``: the API reference, one mkdocstrings entry per name of ``partitioning.__all__``,
-  grouped as ``partitioning/__init__.py`` groups them;
+- ``reference/api.md``: the API reference of the core, one mkdocstrings entry per name of
+  ``partitioning.__all__``, grouped as ``partitioning/__init__.py`` groups them; and
+  ``reference/api/<namespace>.md``, a page per namespace (``pt.hf``, ``pt.data``, ...: :data:`NAMESPACES`),
+  one entry per name of its ``__all__``;
 - ``changelog.md``: the repository's ``CHANGELOG.md``;
 - the nav: a guide added to ``docs/`` but not yet to ``mkdocs.yml``'s nav joins the Guides section (titled by
   its first heading), so a new page is never silently left out;
@@ -187,8 +189,10 @@ def api_reference() -> str:
     out = [
         "# API reference",
         "",
-        "Everything `import partitioning as pt` exports (`partitioning.__all__`), generated from the "
-        "docstrings. Each example runs as a doctest and assumes only "
+        "The core vocabulary `import partitioning as pt` exports (`partitioning.__all__`), generated from the "
+        "docstrings; the rest is in namespaces, a page each: "
+        + ", ".join(f"[`pt.{n}`](api/{n}.md)" for n, _ in NAMESPACES)
+        + ". Each example runs as a doctest and assumes only "
         "`import flax.linen as nn, jax, jax.numpy as jnp, numpy as np, partitioning as pt` and "
         "`pt.simulate_devices(8)`.",
     ]
@@ -201,6 +205,43 @@ def api_reference() -> str:
     missing = set(partitioning.__all__) - listed
     if missing:
         raise RuntimeError(f"names of partitioning.__all__ missing from the API reference: {sorted(missing)}")
+    return "\n".join(out) + "\n"
+
+
+# The namespaces of ``import partitioning as pt``, each with its page: (module, title).
+NAMESPACES = (
+    ("model", "pt.model: any model behind one interface, and its task"),
+    ("data", "pt.data: tokens, tokenizers, chat rows, batches"),
+    ("finetune", "pt.finetune: trainable subsets, LoRA, merging"),
+    ("decode", "pt.decode: generation"),
+    ("parallel", "pt.parallel: pipeline stages and experts"),
+    ("plan", "pt.plan: memory, collectives and FLOPs before running"),
+    ("train", "pt.train: the step, the loop and its hooks"),
+    ("checkpoint", "pt.checkpoint: orbax checkpoints"),
+    ("hf", "pt.hf: Hugging Face checkpoints and PEFT adapters"),
+    ("tune", "pt.tune: the best layout for a budget"),
+)
+
+
+def namespace_reference(name: str, title: str) -> str:
+    """Markdown with one mkdocstrings entry per name of ``partitioning.<name>.__all__``."""
+    import importlib
+
+    module = importlib.import_module(f"partitioning.{name}")
+    out = [
+        f"# {title}",
+        "",
+        f"`pt.{name}` (`partitioning.{name}`), generated from the docstrings; the package's own page lists its "
+        "modules. Examples assume what the [core reference](../api.md) assumes.",
+        "",
+        f"::: partitioning.{name}",
+        "    options:",
+        "      heading_level: 2",
+        "      members: false",
+        "",
+    ]
+    for member in module.__all__:
+        out += [f"::: partitioning.{name}.{member}", "    options:", "      heading_level: 3", ""]
     return "\n".join(out) + "\n"
 
 
@@ -232,6 +273,8 @@ def _add_missing_guides(files: Files, config: Any) -> None:
 def on_files(files: Files, config: Any) -> Files:
     files.append(File.generated(config, "reference/config.md", content=config_reference()))
     files.append(File.generated(config, "reference/api.md", content=api_reference()))
+    for name, title in NAMESPACES:
+        files.append(File.generated(config, f"reference/api/{name}.md", content=namespace_reference(name, title)))
     files.append(File.generated(config, "changelog.md", abs_src_path=str(REPO / "CHANGELOG.md")))
     for nb in sorted((REPO / "notebooks").glob("*.ipynb")):
         # A real file under the repository (not File.generated): mkdocs-jupyter's wrapper reads src_dir.

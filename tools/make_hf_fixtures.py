@@ -1,4 +1,4 @@
-"""Golden fixtures for `partitioning.load_hf`: tiny random checkpoints made by `transformers` itself.
+"""Golden fixtures for `partitioning.hf.load_hf`: tiny random checkpoints made by `transformers` itself.
 
 Run it with a Python that has torch, transformers, safetensors and tokenizers (NOT the project's
 dependencies; a separate venv)::

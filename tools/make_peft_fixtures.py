@@ -1,4 +1,4 @@
-"""Golden PEFT LoRA adapters for `partitioning.load_hf(..., adapter=DIR)`, made by `peft` itself.
+"""Golden PEFT LoRA adapters for `partitioning.hf.load_hf(..., adapter=DIR)`, made by `peft` itself.
 
 Run it with a Python that has torch, transformers, peft and safetensors (NOT the project's
 dependencies; a separate venv, the same one as for tools/make_hf_fixtures.py)::

@@ -13,7 +13,7 @@ left (``--budget-s``, default 420 s) is too short for it:
    shardings and donation: step time of each (alternating, median), their ratio (target <= 1.02), and the MFU of
    each. Model FLOPs follow PaLM's convention: ``6 * N * tokens + 12 * layers * seq_len * heads * head_dim *
    tokens`` (the attention scores and values counted over the full square, not halved for causality), divided
-   by the device's dense bf16 peak (``partitioning.peak_tflops``). ``tune``'s estimate for the chosen remat
+   by the device's dense bf16 peak (``partitioning.plan.peak_tflops``). ``tune``'s estimate for the chosen remat
    policy on the device profile stands beside each measurement.
 2. ``attention``: ``model.attention: xla`` (the toolkit's einsum attention) against ``cudnn``
    (``jax.nn.dot_product_attention``'s cuDNN flash kernel) on the same model and sequences: step time, the
@@ -23,7 +23,7 @@ left (``--budget-s``, default 420 s) is too short for it:
    that ``plan`` says fits the device at batch 1 x 2,048, then built, compiled and stepped: predicted peak
    against the compiled program's peak, and whether the step ran.
 4. ``load_hf`` (run before ``remat_fit``, which takes the time left): a ~4 GiB bf16 Llama checkpoint (random
-   values, written here) loaded by ``partitioning.load_hf`` against ``safetensors.numpy.load_file`` +
+   values, written here) loaded by ``partitioning.hf.load_hf`` against ``safetensors.numpy.load_file`` +
    ``jax.device_put`` of every tensor, both from the page cache, alternating, median GiB/s of each and the ratio
    (target >= 0.8).
 
@@ -185,7 +185,7 @@ def peak_tflops() -> float | None:
 
     import partitioning as pt
 
-    return pt.peak_tflops(jax.devices()[0])
+    return pt.plan.peak_tflops(jax.devices()[0])
 
 
 # -- 1. the toolkit against hand-written JAX -------------------------------------------------------------------
@@ -461,7 +461,7 @@ def bench_load_hf(size: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
     def ours() -> float:
         t = time.perf_counter()
-        _, variables = pt.load_hf(ckpt, mesh, "fsdp", param_dtype="bfloat16")
+        _, variables = pt.hf.load_hf(ckpt, mesh, "fsdp", param_dtype="bfloat16")
         jax.block_until_ready(variables)
         dt = time.perf_counter() - t
         del variables

@@ -6,9 +6,9 @@ Example::
     >>> from partitioning.models import MLP
     >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
     ...                      batch_size=8, seq_len=16)
-    >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+    >>> batches = pt.data.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
     >>> run_dir = pathlib.Path(tempfile.mkdtemp())
-    >>> hook = pt.CheckpointHook(pt.CheckpointManager(run_dir / "checkpoints", every=2, rules=trainer.rules))
+    >>> hook = pt.checkpoint.CheckpointHook(pt.CheckpointManager(run_dir / "checkpoints", every=2, rules=trainer.rules))
     >>> state = hook.initial_state(trainer, jax.random.key(0))   # restore or init
     >>> state = pt.fit(trainer, state, batches, steps=4, hooks=[hook], progress=False)
     >>> sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir())
@@ -48,14 +48,15 @@ class CheckpointHook:
         >>> from partitioning.models import MLP
         >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
         ...                      batch_size=8, seq_len=16)
-        >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+        >>> batches = pt.data.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
         >>> run_dir = pathlib.Path(tempfile.mkdtemp())
-        >>> hook = pt.CheckpointHook(pt.CheckpointManager(run_dir / "checkpoints", every=2, rules=trainer.rules))
+        >>> manager = pt.CheckpointManager(run_dir / "checkpoints", every=2, rules=trainer.rules)
+        >>> hook = pt.checkpoint.CheckpointHook(manager)
         >>> state = hook.initial_state(trainer, jax.random.key(0))   # restore or init
         >>> state = pt.fit(trainer, state, batches, steps=4, hooks=[hook], progress=False)
         >>> sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir())
         [2, 4]
-        >>> hook = pt.CheckpointHook(pt.CheckpointManager(run_dir / "checkpoints", every=2))
+        >>> hook = pt.checkpoint.CheckpointHook(pt.CheckpointManager(run_dir / "checkpoints", every=2))
         >>> int(hook.initial_state(trainer, jax.random.key(0)).step)   # a second run resumes
         4
     """

@@ -89,7 +89,7 @@ def reshard_checkpoint(
         >>> run = pathlib.Path(tempfile.mkdtemp())
         >>> step_dir = pt.save_checkpoint(run / "checkpoints", 10, params, rules="fsdp", abstract=abstract)
         >>> result = pt.reshard_checkpoint(run, run / "b", pt.make_mesh({"data": 1, "tensor": -1}), "tp")
-        >>> pt.checkpoint_metadata(result.path)["arrays"]["params/wi_0"]["spec"]
+        >>> pt.checkpoint.checkpoint_metadata(result.path)["arrays"]["params/wi_0"]["spec"]
         [None, 'tensor']
     """
     rules = as_rules(rules)

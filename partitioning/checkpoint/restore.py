@@ -366,7 +366,7 @@ def checkpoint_metadata(path: str | os.PathLike, step: int | None = None) -> dic
         >>> params = pt.unbox(jax.jit(MLP().init, out_shardings=shardings)(jax.random.key(0), x))
         >>> run = pathlib.Path(tempfile.mkdtemp())
         >>> step_dir = pt.save_checkpoint(run / "checkpoints", 10, params, rules="fsdp", abstract=abstract)
-        >>> meta = pt.checkpoint_metadata(run)
+        >>> meta = pt.checkpoint.checkpoint_metadata(run)
         >>> meta["step"], meta["mesh"]["shape"], meta["arrays"]["params/embedding"]["names"]
         (10, [1, 8], ['vocab', 'embed'])
     """

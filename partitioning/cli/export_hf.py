@@ -4,7 +4,7 @@ The run must have started from a Hugging Face checkpoint (``model: {hf: ...}``):
 its checkpoints record that checkpoint's ``config.json`` and the model options,
 so the model is rebuilt without the source folder. The params (only) are
 restored onto the mesh and rules the run saved with, then written by
-:func:`partitioning.save_hf` (``config.json`` + safetensors, one tensor
+:func:`partitioning.hf.save_hf` (``config.json`` + safetensors, one tensor
 gathered at a time); the tokenizer files of the run's tokenizer are copied
 beside them when they are still there. Everything is written into a
 temporary folder next to ``OUT_DIR`` and renamed at the end, so a failed
@@ -12,7 +12,7 @@ export leaves nothing behind.
 
 A LoRA run (``model.lora``, or ``model.adapter``) is written as a PEFT
 adapter (``adapter_config.json`` + ``adapter_model.safetensors``, loadable by
-``PeftModel.from_pretrained`` on the base; :func:`partitioning.save_peft`);
+``PeftModel.from_pretrained`` on the base; :func:`partitioning.hf.save_peft`);
 ``--merge`` writes the merged full weights (``W + scale * B A``) as a plain
 Hugging Face checkpoint instead, with the tokenizer files.
 """

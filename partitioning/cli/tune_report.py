@@ -7,8 +7,8 @@ Example::
     >>> from partitioning.cli.tune_report import why
     >>> from partitioning.models import GPT
     >>> params, opt_state = pt.abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=32, seq_len=128)
-    >>> w = pt.workload(pt.build_plan(params, opt_state, {"data": 8}, "dp").params, batch_size=32, seq_len=128)
-    >>> s = pt.search_layouts(params, opt_state, {"fsdp": pt.Rules.preset("fsdp")}, 8, w, pt.hardware("h100"),
+    >>> w = pt.tune.workload(pt.build_plan(params, opt_state, {"data": 8}, "dp").params, batch_size=32, seq_len=128)
+    >>> s = pt.tune.search(params, opt_state, {"fsdp": pt.Rules.preset("fsdp")}, 8, w, pt.tune.hardware("h100"),
     ...                       budget=80 * 2**30)
     >>> why(s.best)   # the recommendation's terms, as `tune` prints them
     'fwd: compute ..., comm ...; bwd: compute ...; step = ...'

@@ -9,8 +9,8 @@
 The path is looked for beside the file that names it, then in the current
 directory (a ``--set`` value: the other way round). ``check``, ``plan``,
 ``tune`` and ``rules explain`` need only ``config.json``
-(:func:`partitioning.hf_model`); ``train`` reads the weights onto its mesh
-(:func:`partitioning.load_hf`). Text data is tokenized with the checkpoint's
+(:func:`partitioning.hf.hf_model`); ``train`` reads the weights onto its mesh
+(:func:`partitioning.hf.load_hf`). Text data is tokenized with the checkpoint's
 ``tokenizer.json`` unless ``data.tokenizer`` names another.
 
 Example::

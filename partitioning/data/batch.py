@@ -14,7 +14,7 @@ Example::
     >>> specs["inputs"]
     P(('data', 'fsdp'), None)
     >>> host = {"inputs": np.zeros((32, 128), np.int32), "targets": np.zeros((32, 128), np.int32)}
-    >>> batch = pt.place(host, jax.tree.map(lambda s: jax.NamedSharding(mesh, s), specs))  # numpy -> sharded
+    >>> batch = pt.data.place(host, jax.tree.map(lambda s: jax.NamedSharding(mesh, s), specs))  # numpy -> sharded
     >>> batch["inputs"].sharding.spec
     P(('data', 'fsdp'), None)
 """
@@ -157,7 +157,7 @@ def place(host_batch: Any, shardings: Any) -> Any:
         >>> mesh = pt.make_mesh({"data": -1})
         >>> shardings = {k: jax.NamedSharding(mesh, jax.P("data")) for k in ("inputs", "targets")}
         >>> images, labels = np.zeros((16, 28, 28, 1), np.float32), np.zeros((16,), np.int32)
-        >>> batch = pt.place({"inputs": images, "targets": labels}, shardings)
+        >>> batch = pt.data.place({"inputs": images, "targets": labels}, shardings)
         >>> batch["inputs"].shape, batch["inputs"].sharding.spec
         ((16, 28, 28, 1), P('data',))
     """

@@ -15,7 +15,7 @@ host or many.
 
 Example::
 
-    >>> corpus = pt.load_corpus()                   # stdlib bytes; or pt.load_corpus("tokens/train.npy")
+    >>> corpus = pt.data.load_corpus()                   # stdlib bytes; or pt.data.load_corpus("tokens/train.npy")
     >>> sharding = jax.NamedSharding(pt.make_mesh({"data": -1}), jax.P("data"))
     >>> batches = corpus.batches("train", 32, 128, sharding, seed=0)
     >>> batch = batches.batch_at(0)                 # the batch of step 0, on any mesh, any time
@@ -55,7 +55,7 @@ class Corpus:
         >>> folder = pathlib.Path(tempfile.mkdtemp())
         >>> for i in range(4):
         ...     _ = (folder / f"part{i}.txt").write_text("all work and no play " * 500)
-        >>> corpus = pt.load_corpus(str(folder))
+        >>> corpus = pt.data.load_corpus(str(folder))
         >>> corpus.kind, corpus.vocab, len(corpus.train_files), len(corpus.eval_files)
         ('text', 256, 3, 1)
         >>> corpus.batches("train", 8, 64, seed=0).batch_at(0)["inputs"].shape   # numpy without a sharding
@@ -119,13 +119,13 @@ def load_corpus(
     Example::
 
         >>> import pathlib, tempfile
-        >>> c = pt.load_corpus()
+        >>> c = pt.data.load_corpus()
         >>> len(c.train) > 1_000_000, len(c.eval) > 10_000
         (True, True)
         >>> d = pathlib.Path(tempfile.mkdtemp())
         >>> (np.arange(10_000) % 50_000).astype(np.uint16).tofile(d / "train.bin")
         >>> (np.arange(1_000) % 50_000).astype(np.uint16).tofile(d / "val.bin")
-        >>> pt.load_corpus(str(d / "train.bin"), dtype="uint16", eval_path=str(d / "val.bin")).kind
+        >>> pt.data.load_corpus(str(d / "train.bin"), dtype="uint16", eval_path=str(d / "val.bin")).kind
         'tokens'
     """
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
@@ -166,7 +166,8 @@ class TokenBatches:
     Example::
 
         >>> tokens = np.arange(100_000) % 256
-        >>> b = pt.TokenBatches(tokens, 8, 64, jax.NamedSharding(pt.make_mesh({"data": -1}), jax.P("data")), seed=1)
+        >>> sharding = jax.NamedSharding(pt.make_mesh({"data": -1}), jax.P("data"))
+        >>> b = pt.data.TokenBatches(tokens, 8, 64, sharding, seed=1)
         >>> b.batch_at(7)["inputs"].shape
         (8, 64)
         >>> bool((b.batch_at(7)["inputs"] == b.batch_at(7)["inputs"]).all())   # a pure function of (seed, step)
@@ -254,7 +255,7 @@ class ArrayDataset:
         >>> import optax
         >>> images = np.random.default_rng(0).normal(size=(640, 8, 8, 1)).astype(np.float32)
         >>> labels = np.arange(640) % 10
-        >>> data = pt.ArrayDataset({"inputs": images, "targets": labels}, eval_fraction=0.1)
+        >>> data = pt.data.ArrayDataset({"inputs": images, "targets": labels}, eval_fraction=0.1)
         >>> model = pt.as_model(nn.Sequential([lambda x: x.reshape(x.shape[0], -1), nn.Dense(10)]))
         >>> trainer = pt.Trainer(model, optax.sgd(0.1), pt.make_mesh({"data": -1}), "dp",
         ...                      batch=data.example(64), task="classification")

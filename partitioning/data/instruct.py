@@ -29,7 +29,7 @@ Example::
     >>> f = pathlib.Path(tempfile.mkdtemp()) / "chat.jsonl"
     >>> _ = f.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
     ...                                           {"role": "assistant", "content": "yo"}]}) + "\\n")
-    >>> tok = pt.load_tokenizer("tests/fixtures/hf/llama")
+    >>> tok = pt.data.load_tokenizer("tests/fixtures/hf/llama")
     >>> template = ChatTemplate("{% for m in messages %}{{ m.role }}: {{ m.content }}{{ eos_token }}{% endfor %}"
     ...                         "{% if add_generation_prompt %}assistant: {% endif %}", eos_token="</s>")
     >>> ex = load_examples([f], "chat", tok, template)
@@ -318,7 +318,7 @@ def load_instructions(
         >>> rows = [{"messages": [{"role": "user", "content": f"say {i}"}, {"role": "assistant", "content": str(i)}]}
         ...         for i in range(10)]
         >>> _ = f.write_text("".join(json.dumps(r) + "\\n" for r in rows))
-        >>> data = pt.load_instructions(str(f), "chat", "tests/fixtures/hf/llama",
+        >>> data = pt.data.load_instructions(str(f), "chat", "tests/fixtures/hf/llama",
         ...                             chat_template="tests/fixtures/chat/mistral")   # Mistral-Instruct's template
         >>> len(data.train), len(data.eval)
         (9, 1)

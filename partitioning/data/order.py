@@ -196,7 +196,7 @@ class LoggedBatches:
         >>> import json, pathlib, tempfile
         >>> from partitioning.data.order import LoggedBatches
         >>> path = pathlib.Path(tempfile.mkdtemp()) / "batches.0.jsonl"
-        >>> train = LoggedBatches(pt.TokenBatches(np.arange(4096) % 256, 8, 16), path)
+        >>> train = LoggedBatches(pt.data.TokenBatches(np.arange(4096) % 256, 8, 16), path)
         >>> _ = train.batch_at(3)
         >>> record = json.loads(path.read_text())
         >>> record["step"], record["process"], len(record["rows"])

@@ -15,7 +15,7 @@ Example::
     >>> _ = f.write_text('{"prompt": "def f("}\\n{"messages": [{"role": "user", "content": "hi"}]}\\n')
     >>> read_prompts(f)
     ['def f(', [{'role': 'user', 'content': 'hi'}]]
-    >>> stop_ids("tests/fixtures/hf/llama", pt.load_tokenizer("tests/fixtures/hf/llama"))
+    >>> stop_ids("tests/fixtures/hf/llama", pt.data.load_tokenizer("tests/fixtures/hf/llama"))
     [2]
 """
 

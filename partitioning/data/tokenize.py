@@ -20,7 +20,7 @@ Example::
 
     >>> import pathlib, tempfile
     >>> from partitioning.data.tokenize import tokenize_files
-    >>> tok = pt.load_tokenizer("tests/fixtures/hf/llama/tokenizer.json")   # or the checkpoint folder
+    >>> tok = pt.data.load_tokenizer("tests/fixtures/hf/llama/tokenizer.json")   # or the checkpoint folder
     >>> tok.encode("def f(x):")         # [bos, ...] as the tokenizer config says
     [1, 279, 72, 287, 10, 90, 11, 28]
     >>> folder = pathlib.Path(tempfile.mkdtemp())
@@ -78,12 +78,12 @@ class TextTokenizer:
 
     Example::
 
-        >>> tok = pt.load_tokenizer("tests/fixtures/hf/llama")
+        >>> tok = pt.data.load_tokenizer("tests/fixtures/hf/llama")
         >>> tok.bos_id, tok.eos_id, tok.stop_id, tok.vocab_size, tok.dtype
         (1, None, 2, 320, dtype('uint16'))
         >>> tok.decode(tok.encode("def f(x):", document=False))
         'def f(x):'
-        >>> pt.load_tokenizer("tests/fixtures/hf/gpt2").describe()     # GPT-2: EOS between documents
+        >>> pt.data.load_tokenizer("tests/fixtures/hf/gpt2").describe()     # GPT-2: EOS between documents
         'tests/fixtures/hf/gpt2/tokenizer.json (320 tokens; per document: eos 0)'
     """
 
@@ -188,7 +188,7 @@ def load_tokenizer(path: str | os.PathLike) -> TextTokenizer:
 
     Example::
 
-        >>> tok = pt.load_tokenizer("tests/fixtures/hf/llama")      # tokenizer.json + tokenizer_config.json
+        >>> tok = pt.data.load_tokenizer("tests/fixtures/hf/llama")      # tokenizer.json + tokenizer_config.json
         >>> tok.encode("def f():")[:1], tok.bos_id                  # a BOS first, as the config says
         ([1], 1)
         >>> tok.decode(tok.encode("def f():"))

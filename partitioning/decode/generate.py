@@ -19,8 +19,8 @@ from a key folded from the seed and the position.
 Example::
 
     >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
-    >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")   # a tiny random-weight Llama
-    >>> pt.generate(model, variables["params"], [1, 272, 203], mesh=mesh, rules="fsdp", max_tokens=4)
+    >>> model, variables = pt.hf.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")   # a tiny random-weight Llama
+    >>> pt.decode.generate(model, variables["params"], [1, 272, 203], mesh=mesh, rules="fsdp", max_tokens=4)
     [174, 174, 174, 174]
 """
 
@@ -89,7 +89,7 @@ class Decoder:
         >>> from partitioning.decode.generate import Decoder
         >>> from partitioning.decode.sampling import Sampling
         >>> mesh = pt.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
-        >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp_tp")
+        >>> model, variables = pt.hf.load_hf("tests/fixtures/hf/llama", mesh, "fsdp_tp")
         >>> dec = Decoder(model, mesh, "fsdp_tp", max_len=16)
         >>> dec.rows, dec.cache_shardings["blocks"]["attn"]["cached_key"].spec   # (layers, batch, length, kv_heads, kv)
         (4, P(None, ('data', 'fsdp'), None, 'tensor', None))
@@ -241,7 +241,7 @@ def generate(
 ) -> Any:
     """Decoding with a KV cache: the tokens that follow ``prompt`` (token ids), under ``mesh`` and ``rules``.
 
-    ``params`` are the model's (sharded) params, e.g. from :func:`partitioning.load_hf`
+    ``params`` are the model's (sharded) params, e.g. from :func:`partitioning.hf.load_hf`
     or a restored checkpoint; decoding stops after ``max_tokens`` tokens or at a
     ``stop_id`` (one id or several, e.g. EOS and a chat model's end of turn; included).
     Greedy by default; ``temperature`` > 0 samples, filtered by ``top_k`` / ``top_p``
@@ -252,10 +252,11 @@ def generate(
     Example::
 
         >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
-        >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")
-        >>> pt.generate(model, variables["params"], [1, 90, 3], mesh=mesh, rules="fsdp", max_tokens=6, stop_id=314)
+        >>> model, variables = pt.hf.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")
+        >>> params = variables["params"]
+        >>> pt.decode.generate(model, params, [1, 90, 3], mesh=mesh, rules="fsdp", max_tokens=6, stop_id=314)
         [253, 141, 314]
-        >>> pt.generate(model, variables["params"], [[1, 90, 3], [1, 272]], mesh=mesh, rules="fsdp", max_tokens=3)
+        >>> pt.decode.generate(model, params, [[1, 90, 3], [1, 272]], mesh=mesh, rules="fsdp", max_tokens=3)
         [[253, 141, 314], [89, 54, 54]]
     """
     if max_tokens < 1:

@@ -16,12 +16,12 @@ has the rule ``[lora, null]``). With ``model.lora`` set and no
 
 Example::
 
-    >>> lora = pt.LoRA(rank=8, targets=["attn/(q|v)$"])
+    >>> lora = pt.finetune.LoRA(rank=8, targets=["attn/(q|v)$"])
     >>> lora.alpha, lora.scale, lora.matches("blocks/attn/q"), lora.matches("blocks/attn/o")
     (8.0, 1.0, True, False)
-    >>> pt.LoRA.parse({"rank": 16, "alpha": 32, "targets": ["q"], "rslora": True}).scale   # 32 / sqrt(16)
+    >>> pt.finetune.LoRA.parse({"rank": 16, "alpha": 32, "targets": ["q"], "rslora": True}).scale   # 32 / sqrt(16)
     8.0
-    >>> pt.LoRA.parse({"rank": 0, "targets": ["q"]})
+    >>> pt.finetune.LoRA.parse({"rank": 0, "targets": ["q"]})
     Traceback (most recent call last):
     partitioning.errors.ConfigError: lora.rank must be an integer >= 1, got 0
 """
@@ -62,7 +62,7 @@ class LoRA:
 
     Example::
 
-        >>> pt.LoRA(rank=4, alpha=8, targets=("mlp/wo",))
+        >>> pt.finetune.LoRA(rank=4, alpha=8, targets=("mlp/wo",))
         LoRA(rank=4, alpha=8.0, targets=('mlp/wo',), dropout=0.0, rslora=False, dtype='float32')
     """
 
@@ -117,7 +117,7 @@ class LoRA:
 
         Example::
 
-            >>> pt.LoRA.parse({"rank": 8, "targets": ["q"], "drop": 0.1})
+            >>> pt.finetune.LoRA.parse({"rank": 8, "targets": ["q"], "drop": 0.1})
             Traceback (most recent call last):
             partitioning.errors.ConfigError: unknown lora option 'drop' (options: rank, alpha, targets, \
 dropout, rslora, dtype); did you mean 'dropout'?
@@ -188,7 +188,7 @@ def check_targets(lora: LoRA, candidates: Sequence[str], what: str = "weight") -
     Example::
 
         >>> from partitioning.finetune.lora import check_targets
-        >>> check_targets(pt.LoRA(rank=4, targets=["attn/qq"]), ["blocks/attn/q", "blocks/attn/k"])
+        >>> check_targets(pt.finetune.LoRA(rank=4, targets=["attn/qq"]), ["blocks/attn/q", "blocks/attn/k"])
         Traceback (most recent call last):
         partitioning.errors.ConfigError: lora.targets: 'attn/qq' matches no weight LoRA can adapt; \
 did you mean 'blocks/attn/q'? (the 2 it can: blocks/attn/q, blocks/attn/k)

@@ -25,7 +25,7 @@ Example::
 
     >>> from partitioning.finetune.lora_model import LoRAModel
     >>> dense = nn.Dense(16, kernel_init=pt.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp")))
-    >>> model = LoRAModel(dense, pt.LoRA(rank=4, targets=["kernel"]))
+    >>> model = LoRAModel(dense, pt.finetune.LoRA(rank=4, targets=["kernel"]))
     >>> params = model.abstract((jnp.zeros((2, 32)),), {})["params"]
     >>> {k: (v.names, v.value.shape) for k, v in params.items() if k.startswith("kernel_")}
     {'kernel_lora_a': (('embed', 'lora'), (32, 4)), 'kernel_lora_b': (('lora', 'mlp'), (4, 16))}
@@ -83,7 +83,7 @@ class LoRAModel:
     """A model with LoRA adapters on the parameters ``lora.targets`` match (the weight path; module docstring).
 
     ``model`` is anything :func:`~partitioning.as_model` takes; ``lora`` a
-    :class:`~partitioning.LoRA` or its mapping. A target matching no parameter
+    :class:`~partitioning.finetune.LoRA` or its mapping. A target matching no parameter
     of at least two dimensions is a ConfigError listing those it could match
     (``origin``, e.g. a config's ``file:line: model.lora.targets``, replaces its
     ``lora.targets`` prefix).

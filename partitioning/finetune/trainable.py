@@ -16,7 +16,7 @@ Example::
 
     >>> from partitioning.finetune.trainable import merge_trees, split_tree
     >>> params = {"attn": {"q": 1, "q_lora_a": 2}, "norm": {"scale": 3}}
-    >>> keep = pt.trainable_paths(["lora"], ["attn/q", "attn/q_lora_a", "norm/scale"])
+    >>> keep = pt.finetune.trainable_paths(["lora"], ["attn/q", "attn/q_lora_a", "norm/scale"])
     >>> train, frozen = split_tree(params, keep.__contains__)
     >>> train, frozen
     ({'attn': {'q_lora_a': 2}}, {'attn': {'q': 1}, 'norm': {'scale': 3}})
@@ -66,9 +66,9 @@ def trainable_paths(patterns: Sequence[str] | str, paths: Iterable[str]) -> froz
 
     Example::
 
-        >>> sorted(pt.trainable_paths(["wo"], ["blocks/mlp/wi_0", "blocks/mlp/wo", "embedding"]))
+        >>> sorted(pt.finetune.trainable_paths(["wo"], ["blocks/mlp/wi_0", "blocks/mlp/wo", "embedding"]))
         ['blocks/mlp/wo']
-        >>> pt.trainable_paths(["lora"], ["blocks/mlp/wi_0", "embedding"])
+        >>> pt.finetune.trainable_paths(["lora"], ["blocks/mlp/wi_0", "embedding"])
         Traceback (most recent call last):
         ...
         partitioning.errors.ConfigError: trainable: 'lora' matches no parameter (2 params: blocks/mlp/wi_0, embedding)

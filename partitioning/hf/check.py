@@ -5,7 +5,7 @@
 the file lacks is a typo (``num_key_valu_heads``: did you mean ``num_key_value_heads``?), not a key to
 skip silently (the model would get the default and fail later on a tensor's shape).
 
-:func:`check_hf_files`: everything :func:`~partitioning.load_hf` checks before it reads the weights --
+:func:`check_hf_files`: everything :func:`~partitioning.hf.load_hf` checks before it reads the weights --
 each safetensors header (a truncated file, a damaged header), every tensor there with the shape
 ``config.json`` implies, none extra -- so ``partitioning check`` refuses exactly what ``train`` would,
 without reading a byte of the weights.

@@ -16,7 +16,7 @@ Example::
     >>> from partitioning.hf.files import discover
     >>> from partitioning.hf.name_map import expand, match
     >>> from partitioning.models.hf.families import FAMILIES
-    >>> model = pt.hf_model("tests/fixtures/hf/llama")      # 2 layers, scan_layers
+    >>> model = pt.hf.hf_model("tests/fixtures/hf/llama")      # 2 layers, scan_layers
     >>> abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
     >>> names = traverse_util.flatten_dict(pt.logical_names(abstract))
     >>> maps, order = expand(FAMILIES["llama"].tensors, lambda opt: getattr(model, opt), 2, True, names)

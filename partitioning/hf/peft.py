@@ -13,11 +13,11 @@ Example::
 
     >>> import tempfile
     >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
-    >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp", adapter="tests/fixtures/peft/llama")
+    >>> model, variables = pt.hf.load_hf("tests/fixtures/hf/llama", mesh, "fsdp", adapter="tests/fixtures/peft/llama")
     >>> q_lora_b = variables["params"]["blocks"]["attn"]["q_lora_b"]  # (layers, heads, kv, lora)
     >>> model.lora.rank, model.lora.scale, q_lora_b.shape
     (4, 2.0, (2, 4, 8, 4))
-    >>> out = pt.save_peft(model, variables, tempfile.mkdtemp() + "/adapter", base="tests/fixtures/hf/llama")
+    >>> out = pt.hf.save_peft(model, variables, tempfile.mkdtemp() + "/adapter", base="tests/fixtures/hf/llama")
     >>> sorted(f.name for f in out.iterdir())
     ['adapter_config.json', 'adapter_model.safetensors']
     >>> merged_model, merged = pt.finetune.merge_lora(model, variables)
@@ -58,7 +58,7 @@ from partitioning.outdir import check_out_dir
 
 
 def lora_of(adapter: Adapter, family: Any, model: Any) -> Any:
-    """The :class:`~partitioning.LoRA` a model needs to hold ``adapter`` (targets from its target_modules)."""
+    """The :class:`~partitioning.finetune.LoRA` a model needs to hold ``adapter`` (targets from its target_modules)."""
     rows = adapter_rows(adapter, family, layers=model.layers, tie_embeddings=model.tie_embeddings)
     dtype = getattr(LoRA.parse(getattr(model, "lora", None)), "dtype", "float32")
     return LoRA(
@@ -177,18 +177,18 @@ def _family_of(model: Any) -> Any:
 def save_peft(model: Any, variables: Any, out_dir: str | os.PathLike, *, base: str | None = None) -> Path:
     """Writes a LoRA model's adapters as a PEFT adapter (``adapter_config.json`` + ``adapter_model.safetensors``).
 
-    ``model`` is a Hugging Face family's decoder with ``lora`` set (e.g. from :func:`partitioning.load_hf`
+    ``model`` is a Hugging Face family's decoder with ``lora`` set (e.g. from :func:`partitioning.hf.load_hf`
     with ``adapter=``, or a LoRA run); ``base`` is recorded as ``base_model_name_or_path``. Tensor names
     and shapes are PEFT's (``base_model.model.<module>.lora_A.weight`` ``(r, in)``, ``lora_B.weight``
     ``(out, r)``), in the adapters' dtype; each tensor is gathered alone and the folder changes only
-    when both files are complete, as with :func:`partitioning.save_hf`; ``out_dir`` is new, empty, or
+    when both files are complete, as with :func:`partitioning.hf.save_hf`; ``out_dir`` is new, empty, or
     holds an adapter to replace.
 
     Example::
 
         >>> import tempfile, json
-        >>> model, variables = pt.load_hf("tests/fixtures/hf/qwen2", adapter="tests/fixtures/peft/qwen2")
-        >>> out = pt.save_peft(model, variables, tempfile.mkdtemp() + "/adapter", base="Qwen/Qwen2-0.5B")
+        >>> model, variables = pt.hf.load_hf("tests/fixtures/hf/qwen2", adapter="tests/fixtures/peft/qwen2")
+        >>> out = pt.hf.save_peft(model, variables, tempfile.mkdtemp() + "/adapter", base="Qwen/Qwen2-0.5B")
         >>> cfg = json.loads((out / "adapter_config.json").read_text())
         >>> cfg["r"], cfg["lora_alpha"], cfg["target_modules"][:3], cfg["base_model_name_or_path"]
         (4, 8, ['down_proj', 'gate_proj', 'k_proj'], 'Qwen/Qwen2-0.5B')

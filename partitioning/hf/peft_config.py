@@ -8,7 +8,7 @@ adapted ``torch.nn.Linear`` ``<module>`` of the base model,
 derived from the base weight's row of the family's name map
 (:mod:`partitioning.models.hf.tables`): its file axes ``OUT IN`` give
 ``lora IN`` and ``OUT lora``, its parameter ``P`` gives ``P_lora_a`` and
-``P_lora_b`` (the :class:`~partitioning.LoRA` contract), so the same engine
+``P_lora_b`` (the :class:`~partitioning.finetune.LoRA` contract), so the same engine
 that reads and writes the base reads and writes the adapters, per shard.
 
 Keys of ``adapter_config.json`` that change what the adapter computes and

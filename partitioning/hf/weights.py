@@ -13,13 +13,13 @@ Example::
 
     >>> import pathlib, tempfile
     >>> mesh = pt.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
-    >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp_tp")
-    >>> pt.hf_family("tests/fixtures/hf/llama"), variables["params"]["blocks"]["mlp"]["wi_0"].sharding.spec
+    >>> model, variables = pt.hf.load_hf("tests/fixtures/hf/llama", mesh, "fsdp_tp")
+    >>> pt.hf.hf_family("tests/fixtures/hf/llama"), variables["params"]["blocks"]["mlp"]["wi_0"].sharding.spec
     ('llama', P(None, 'tensor', 'fsdp'))
-    >>> out = pt.save_hf(model, variables, pathlib.Path(tempfile.mkdtemp()) / "llama")
+    >>> out = pt.hf.save_hf(model, variables, pathlib.Path(tempfile.mkdtemp()) / "llama")
     >>> sorted(f.name for f in out.iterdir())
     ['config.json', 'model.safetensors']
-    >>> _, again = pt.load_hf(out)             # the same numbers back, on one device this time
+    >>> _, again = pt.hf.load_hf(out)             # the same numbers back, on one device this time
     >>> jax.tree.all(jax.tree.map(lambda a, b: bool((np.asarray(a) == np.asarray(b)).all()), variables, again))
     True
 """
@@ -81,7 +81,7 @@ def hf_family(path_or_dir: str | os.PathLike) -> str:
 
     Example::
 
-        >>> pt.hf_family("tests/fixtures/hf/qwen2")
+        >>> pt.hf.hf_family("tests/fixtures/hf/qwen2")
         'qwen2'
     """
     return _config(path_or_dir)[2].name
@@ -101,14 +101,14 @@ def hf_model(
     """The Flax module a checkpoint's ``config.json`` describes, without reading any weights.
 
     Enough for ``plan`` / ``tune``: plan Llama-3.1-70B from its ``config.json`` alone.
-    ``dtype`` / ``param_dtype`` default to float32; ``lora`` (a :class:`~partitioning.LoRA` or its
+    ``dtype`` / ``param_dtype`` default to float32; ``lora`` (a :class:`~partitioning.finetune.LoRA` or its
     mapping) adds LoRA adapters (:mod:`partitioning.models.lora`).
     A mixture of experts (Mixtral, Qwen3-MoE) routes dropless unless ``capacity_factor`` caps each expert's
     tokens per sequence.
 
     Example::
 
-        >>> model = pt.hf_model("tests/fixtures/hf/gemma/config.json")
+        >>> model = pt.hf.hf_model("tests/fixtures/hf/gemma/config.json")
         >>> model.head_dim, model.norm, model.tie_embeddings
         (12, 'rms_offset', True)
     """
@@ -163,7 +163,7 @@ def load_hf(
     Example::
 
         >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
-        >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")
+        >>> model, variables = pt.hf.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")
         >>> variables["params"]["blocks"]["attn"]["q"].sharding.spec  # (layers, heads, kv, embed)
         P(None, None, None, 'fsdp')
     """
@@ -234,7 +234,7 @@ def weight_maps(model: Any, family: Any, stored: Any, abstract: Any) -> tuple[li
 
 
 def check_hf_files(path: str | os.PathLike, **options: Any) -> Path:
-    """Every check :func:`~partitioning.load_hf` makes before reading weights; returns the checkpoint folder.
+    """Every check :func:`~partitioning.hf.load_hf` makes before reading weights; returns the checkpoint folder.
 
     ``options``: ``dtype``, ``param_dtype``, ``scan_layers``, ``remat`` as for ``load_hf``.
     """
@@ -279,14 +279,14 @@ def save_hf(
     tensor is gathered alone (multi-process: process 0 writes); the directory changes only when
     every file is complete. ``out_dir`` is new, empty, or holds a checkpoint to replace (anything
     else is refused before a file is written). A model with LoRA adapters is written with ``merge=True`` only: each
-    adapted weight as ``W + scale * B A`` (:func:`partitioning.finetune.merge_lora`); :func:`partitioning.save_peft`
+    adapted weight as ``W + scale * B A`` (:func:`partitioning.finetune.merge_lora`); :func:`partitioning.hf.save_peft`
     writes the adapters themselves.
 
     Example::
 
         >>> import tempfile
-        >>> model, variables = pt.load_hf("tests/fixtures/hf/gpt2")
-        >>> out = pt.save_hf(model, variables, tempfile.mkdtemp() + "/gpt2", dtype="bfloat16")
+        >>> model, variables = pt.hf.load_hf("tests/fixtures/hf/gpt2")
+        >>> out = pt.hf.save_hf(model, variables, tempfile.mkdtemp() + "/gpt2", dtype="bfloat16")
         >>> sorted(f.name for f in out.iterdir())
         ['config.json', 'model.safetensors']
     """

@@ -17,7 +17,7 @@ Example::
     >>> from partitioning.hf.write import save_tensors
     >>> from partitioning.models.hf.families import FAMILIES
     >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
-    >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")
+    >>> model, variables = pt.hf.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")
     >>> abstract = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
     >>> names = traverse_util.flatten_dict(pt.logical_names(abstract))
     >>> maps, order = expand(FAMILIES["llama"].tensors, lambda opt: getattr(model, opt), 2, True, names)
@@ -28,7 +28,7 @@ Example::
     ['model-00001-of-00003.safetensors', 'model-00002-of-00003.safetensors', 'model-00003-of-00003.safetensors']
     >>> sorted(f.name for f in out.iterdir())[-2:]
     ['model-00003-of-00003.safetensors', 'model.safetensors.index.json']
-    >>> _, again = pt.load_hf(out)
+    >>> _, again = pt.hf.load_hf(out)
     >>> bool((np.asarray(again["params"]["blocks"]["attn"]["q"]) == variables["params"]["blocks"]["attn"]["q"]).all())
     True
 """
@@ -181,7 +181,7 @@ def save_tensors(
                     with contextlib.suppress(FileNotFoundError):
                         path.unlink()
     if jax.process_count() > 1:
-        multihost_utils.sync_global_devices("partitioning.save_hf")
+        multihost_utils.sync_global_devices("partitioning.hf.save_hf")
     return names
 
 

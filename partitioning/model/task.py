@@ -71,7 +71,7 @@ def lm_loss(logits: jax.Array, batch: Mapping[str, jax.Array]) -> tuple[jax.Arra
 
         >>> inputs = jnp.array([[1, 2, 3, 4]])
         >>> logits = jax.nn.one_hot(inputs + 1, 8) * 10   # predicts the next token
-        >>> loss, aux = pt.lm_loss(logits, {"inputs": inputs})
+        >>> loss, aux = pt.model.lm_loss(logits, {"inputs": inputs})
         >>> float(aux["accuracy"])
         1.0
     """

@@ -25,7 +25,7 @@ Example::
     >>> class Stack(nn.Module):
     ...     @nn.compact
     ...     def __call__(self, x):
-    ...         return pt.LayerStack(Block, length=8, block_kwargs={"dim": 64}, name="blocks")(x)[0]
+    ...         return pt.parallel.LayerStack(Block, length=8, block_kwargs={"dim": 64}, name="blocks")(x)[0]
     >>> params = Stack().init(jax.random.key(0), jnp.ones((16, 64)))
     >>> params["params"]["blocks"]["w"].value.shape   # one tree, a leading `layers` axis: a scan or a pipeline
     (8, 64, 64)

@@ -36,7 +36,13 @@ class PipelineError(PartitioningError, ValueError):
 
 
 def pipeline_stages(mesh: Any = None) -> int:
-    """``S``: the size of the ``stage`` axis of ``mesh`` (default: the mesh in context); 1 without one."""
+    """``S``: the size of the ``stage`` axis of ``mesh`` (default: the mesh in context); 1 without one.
+
+    Example::
+
+        >>> pt.parallel.pipeline_stages(pt.make_mesh({"stage": 4, "data": 2})), pt.parallel.pipeline_stages()
+        (4, 1)
+    """
     if mesh is None:
         mesh = jax.sharding.get_abstract_mesh()
         if mesh.empty:

@@ -32,7 +32,8 @@ Example::
     >>> x, router = jax.random.normal(k[0], (G, S, D)), jax.random.normal(k[1], (D, E))
     >>> wi_0, wi_1 = jax.random.normal(k[2], (E, D, M)) / 8, jax.random.normal(k[3], (E, D, M)) / 8
     >>> wo = jnp.ones((E, M, D)) / M
-    >>> y, aux = pt.moe_ffn(x, router, (wi_0, wi_1, wo), top_k=2, capacity=pt.expert_capacity(S, E, 2, 1.25))
+    >>> capacity = pt.parallel.expert_capacity(S, E, 2, 1.25)
+    >>> y, aux = pt.parallel.moe_ffn(x, router, (wi_0, wi_1, wo), top_k=2, capacity=capacity)
     >>> y.shape, aux.shape
     ((2, 64, 32), ())
 """
@@ -59,7 +60,7 @@ def expert_capacity(tokens: int, experts: int, top_k: int, capacity_factor: floa
 
     Example::
 
-        >>> pt.expert_capacity(128, 8, 2, 1.25), pt.expert_capacity(128, 8, 2, None)
+        >>> pt.parallel.expert_capacity(128, 8, 2, 1.25), pt.parallel.expert_capacity(128, 8, 2, None)
         (40, 128)
     """
     if capacity_factor is None:
@@ -158,7 +159,7 @@ def moe_ffn(
         >>> x, router = jax.random.normal(k[0], (G, S, D)), jax.random.normal(k[1], (D, E))
         >>> wi_0, wi_1 = jax.random.normal(k[2], (E, D, M)) / 8, jax.random.normal(k[3], (E, D, M)) / 8
         >>> wo = jnp.ones((E, M, D)) / M
-        >>> y, aux = pt.moe_ffn(x, router, (wi_0, wi_1, wo), top_k=2)       # dropless
+        >>> y, aux = pt.parallel.moe_ffn(x, router, (wi_0, wi_1, wo), top_k=2)       # dropless
         >>> float(aux) > 0      # in a model: self.sow("losses", "moe_aux_loss", 0.01 * aux); the Trainer adds it
         True
     """

@@ -32,12 +32,12 @@ Example::
     >>> class Stack(nn.Module):
     ...     @nn.compact
     ...     def __call__(self, x):
-    ...         return pt.LayerStack(Block, length=8, block_kwargs={"dim": 64}, name="blocks")(x)[0]
+    ...         return pt.parallel.LayerStack(Block, length=8, block_kwargs={"dim": 64}, name="blocks")(x)[0]
     >>> x, mesh = jnp.ones((16, 64)), pt.make_mesh({"stage": 4, "data": 2})
     >>> params = Stack().init(jax.random.key(0), x)
     >>> pt.logical_names(params)["params"]["blocks"]["w"]         # the stack's leading axis is `layers`
     ('layers', 'embed', 'mlp')
-    >>> with pt.sharding_context(mesh, "pp"), pt.microbatching(8):
+    >>> with pt.sharding_context(mesh, "pp"), pt.parallel.microbatching(8):
     ...     y = jax.jit(Stack().apply)(params, x)                   # 4 stages x 8 micro-batches
     >>> y.shape
     (16, 64)
@@ -76,13 +76,14 @@ def microbatching(microbatches: int | None, repeats: int = 1) -> Iterator[None]:
         >>> from partitioning.models import GPT
         >>> model, tokens = GPT(embed=64, mlp=128, layers=4), jnp.zeros((8, 16), jnp.int32)
         >>> params = model.init(jax.random.key(0), tokens)
-        >>> with pt.sharding_context(pt.make_mesh({"stage": 4, "data": 2}), "pp"), pt.microbatching(4):
+        >>> with pt.sharding_context(pt.make_mesh({"stage": 4, "data": 2}), "pp"), pt.parallel.microbatching(4):
         ...     logits = jax.jit(model.apply)(params, tokens)
         >>> logits.shape
         (8, 16, 256)
         >>> model8 = GPT(embed=64, mlp=128, layers=8)        # circular: each stage holds 2 chunks of layers
         >>> params8 = model8.init(jax.random.key(0), tokens)
-        >>> with pt.sharding_context(pt.make_mesh({"stage": 4, "data": 2}), "pp"), pt.microbatching(4, repeats=2):
+        >>> mesh = pt.make_mesh({"stage": 4, "data": 2})
+        >>> with pt.sharding_context(mesh, "pp"), pt.parallel.microbatching(4, repeats=2):
         ...     logits = jax.jit(model8.apply)(params8, tokens)
         >>> logits.shape
         (8, 16, 256)
@@ -210,7 +211,7 @@ class LayerStack(nn.Module):
         >>> class Stack(nn.Module):
         ...     @nn.compact
         ...     def __call__(self, x):
-        ...         return pt.LayerStack(Block, length=8, block_kwargs={"dim": 64}, name="blocks")(x)[0]
+        ...         return pt.parallel.LayerStack(Block, length=8, block_kwargs={"dim": 64}, name="blocks")(x)[0]
         >>> Stack().init(jax.random.key(0), jnp.ones((16, 64)))["params"]["blocks"]["w"].names
         ('layers', 'embed', 'mlp')
     """
@@ -287,7 +288,7 @@ def scan_layers(blocks: Any, x: jax.Array, *args: Any) -> jax.Array:
         ...             return nnx.Linear(64, 64, rngs=nnx.Rngs(key))
         ...         self.blocks = blocks(jax.random.split(rngs.params(), 4))
         ...     def __call__(self, x):
-        ...         return pt.scan_layers(self.blocks, x)     # GPipe when the mesh has a `stage` axis
+        ...         return pt.parallel.scan_layers(self.blocks, x)     # GPipe when the mesh has a `stage` axis
         >>> Stack(nnx.Rngs(0))(jnp.ones((8, 64))).shape
         (8, 64)
     """

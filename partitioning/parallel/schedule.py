@@ -47,7 +47,7 @@ Example::
     ...     y2, _ = jax.jit(lambda w, x: gpipe(layer_fn, w, x, stages=4, microbatches=8, repeats=2))(w, x)
     >>> y.shape, bool(jnp.allclose(y, y2, atol=1e-6))   # circular: the same result, a smaller bubble
     ((16, 64), True)
-    >>> pt.bubble_fraction(4, 8), pt.bubble_fraction(4, 8, repeats=2)
+    >>> pt.parallel.bubble_fraction(4, 8), pt.parallel.bubble_fraction(4, 8, repeats=2)
     (0.2727..., 0.1578...)
 """
 
@@ -74,7 +74,8 @@ def bubble_fraction(stages: int, microbatches: int, repeats: int = 1) -> float:
 
     Example::
 
-        >>> pt.bubble_fraction(4, 4), pt.bubble_fraction(4, 16), pt.bubble_fraction(4, 4, repeats=2)
+        >>> from partitioning.parallel import bubble_fraction
+        >>> bubble_fraction(4, 4), bubble_fraction(4, 16), bubble_fraction(4, 4, repeats=2)
         (0.42857142857142855, 0.15789473684210525, 0.2727272727272727)
     """
     s, m, r = int(stages), int(microbatches), int(repeats)
@@ -148,6 +149,14 @@ def gpipe(
       batch_axes: the mesh axes that split the batch (``Rules.batch_axes``), kept on micro-batches.
 
     Returns ``(y, aux)``: the same ``y`` as applying the ``L`` layers in order to the whole batch.
+
+    Example::
+
+        >>> from partitioning.parallel import gpipe
+        >>> layers = jnp.stack([jnp.eye(4) * (i + 1) for i in range(4)])   # L = 4 layers: x -> x * (i + 1)
+        >>> y, aux = gpipe(lambda w, x, args, i, m: (x @ w, {}), layers, jnp.ones((8, 4)), stages=2, microbatches=4)
+        >>> y[0].tolist(), aux                                              # 1 * 2 * 3 * 4
+        ([24.0, 24.0, 24.0, 24.0], {})
     """
     s, m, r = int(stages), int(microbatches), int(repeats)
     n_layers = jax.tree.leaves(layers)[0].shape[0]

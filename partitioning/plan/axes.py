@@ -15,7 +15,7 @@ Example::
     >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
     ...                      batch_size=8, seq_len=16)
     >>> from partitioning.plan.axes import collectives_by_axis, memory_by_axis
-    >>> view = pt.compiled_view(trainer.lower_train_step)
+    >>> view = pt.plan.compiled_view(trainer.lower_train_step)
     >>> sorted(collectives_by_axis(view["collective_ops"], {"data": 1, "fsdp": 8})["fsdp"])
     ['all-gather', 'all-reduce', 'all-to-all', 'collective-permute', 'reduce-scatter']
     >>> memory_by_axis(trainer.state_layouts(), {"data": 1, "fsdp": 8})["fsdp"]["splits"]

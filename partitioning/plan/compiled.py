@@ -19,7 +19,7 @@ Example::
     >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
     ...                      batch_size=8, seq_len=16)
     >>> expected = {leaf.path: leaf.spec for leaf in trainer.state_layouts()}   # what the rules asked for
-    >>> view = pt.compiled_view(trainer.lower_train_step, expected=expected,
+    >>> view = pt.plan.compiled_view(trainer.lower_train_step, expected=expected,
     ...                         input_names=("", "batch"), output_names=("", "metrics"))
     >>> view["status"], view["collectives"]["all-gather"]["count"] > 0, view["memory"]["temp"] > 0
     ('ok', True, True)
@@ -177,7 +177,7 @@ def compiled_view(
         >>> from partitioning.models import MLP
         >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
         ...                      batch_size=8, seq_len=16)
-        >>> view = pt.compiled_view(trainer.lower_train_step)
+        >>> view = pt.plan.compiled_view(trainer.lower_train_step)
         >>> sorted(view["collectives"]["all-gather"])
         ['bytes', 'count']
     """

@@ -14,7 +14,7 @@ Example::
     >>> params, opt_state = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=8, seq_len=16)
     >>> from partitioning.plan.coverage import rule_coverage
     >>> mesh = {"data": 1, "fsdp": 8}
-    >>> acts = pt.activation_names(model, params, mesh, "fsdp", batch_size=8, seq_len=64)
+    >>> acts = pt.plan.activation_names(model, params, mesh, "fsdp", batch_size=8, seq_len=64)
     >>> cov = rule_coverage(pt.tree_layouts(params, mesh, "fsdp"), pt.Rules.preset("fsdp"), acts)
     >>> cov.uncovered, [u.index for u in cov.unused]   # fsdp's fallbacks found every array split: not reported
     (['heads', 'kv', 'kv_heads', 'layers', 'length'], [])
@@ -164,7 +164,7 @@ def activation_names(
         >>> from partitioning.models import GPT
         >>> model = GPT(embed=64, mlp=128, layers=4)
         >>> params, opt_state = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=8, seq_len=16)
-        >>> acts = pt.activation_names(model, params, {"data": 1, "fsdp": 8}, "fsdp", batch_size=8, seq_len=64)
+        >>> acts = pt.plan.activation_names(model, params, {"data": 1, "fsdp": 8}, "fsdp", batch_size=8, seq_len=64)
         >>> ("batch", "length", "embed") in acts
         True
     """

@@ -24,8 +24,8 @@ Example::
     >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
     ...                      batch_size=8, seq_len=16)
     >>> from partitioning.plan.flops import mfu
-    >>> flops = pt.step_flops(trainer.lower_train_step().compile())   # per device, per step
-    >>> flops > 0, pt.peak_tflops(jax.devices()[0])                 # no peak for a CPU
+    >>> flops = pt.plan.step_flops(trainer.lower_train_step().compile())   # per device, per step
+    >>> flops > 0, pt.plan.peak_tflops(jax.devices()[0])                 # no peak for a CPU
     (True, None)
     >>> round(mfu(1.23e12, step_time_s=0.01, peak=197.0), 2)          # a TPU v5e's 197 TFLOP/s
     0.62
@@ -79,7 +79,7 @@ def peak_tflops(device: Any) -> float | None:
 
     Example::
 
-        >>> pt.peak_tflops(jax.devices()[0]) is None    # a CPU; 'TPU v5 lite' -> 197.0
+        >>> pt.plan.peak_tflops(jax.devices()[0]) is None    # a CPU; 'TPU v5 lite' -> 197.0
         True
     """
     if getattr(device, "platform", "") == "cpu":
@@ -141,7 +141,7 @@ def step_flops(compiled: Any) -> float | None:
     Example::
 
         >>> compiled = jax.jit(lambda a, b: a @ b).lower(jnp.ones((64, 128)), jnp.ones((128, 32))).compile()
-        >>> pt.step_flops(compiled)    # 2 * 64 * 128 * 32
+        >>> pt.plan.step_flops(compiled)    # 2 * 64 * 128 * 32
         524288.0
     """
     try:
@@ -166,7 +166,7 @@ def transformer_flops(num_params: int, tokens: int) -> float:
 
     Example::
 
-        >>> round(pt.transformer_flops(124_000_000, 32 * 1024) / 1e12, 1)    # TFLOPs per step
+        >>> round(pt.plan.transformer_flops(124_000_000, 32 * 1024) / 1e12, 1)    # TFLOPs per step
         24.4
     """
     return 6.0 * num_params * tokens

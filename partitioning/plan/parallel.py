@@ -25,7 +25,7 @@ Example::
     >>> from partitioning.models import GPT
     >>> model = GPT(embed=64, mlp=128, layers=4)
     >>> params, opt_state = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=8, seq_len=16)
-    >>> costs = pt.parallel_costs(model, params, {"stage": 4, "data": 2}, "pp", batch_size=32, seq_len=128,
+    >>> costs = pt.plan.parallel_costs(model, params, {"stage": 4, "data": 2}, "pp", batch_size=32, seq_len=128,
     ...                           microbatches=8)
     >>> costs["pipeline"]["bubble"], costs["pipeline"]["collective_permute_bytes"]
     (0.2727..., 1441792)
@@ -184,7 +184,7 @@ def parallel_costs(
 
     ``params``: abstract boxed params (:func:`~partitioning.train.state.abstract_train_state`);
     ``microbatches`` / ``grad_accum`` / ``repeats`` (``pipeline_repeats``) as for the Trainer; ``axis_types``
-    as for :func:`~partitioning.activation_names`. Either entry is None when the model has no
+    as for :func:`~partitioning.plan.activation_names`. Either entry is None when the model has no
     layer stack / expert layer.
 
     Example::
@@ -193,7 +193,7 @@ def parallel_costs(
         >>> from partitioning.models import GPT
         >>> model = GPT(embed=64, mlp=128, layers=2, moe={"experts": 4, "top_k": 2})
         >>> params, _ = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=32, seq_len=128)
-        >>> pt.parallel_costs(model, params, {"data": 1, "fsdp": 2, "expert": 4}, "ep", batch_size=32,
+        >>> pt.plan.parallel_costs(model, params, {"data": 1, "fsdp": 2, "expert": 4}, "ep", batch_size=32,
         ...                   seq_len=128)["experts"]["all_to_all_bytes"]
         2621440
     """

@@ -11,7 +11,7 @@ Example::
     ...                                             batch_size=8, seq_len=16)
     >>> import pathlib, tempfile
     >>> report = pt.build_plan(params, opt_state, {"data": 2, "fsdp": 4}, "fsdp").to_json()   # or `plan --json`
-    >>> pt.plot_plan(report, pathlib.Path(tempfile.mkdtemp()) / "plan.png").name
+    >>> pt.plan.plot_plan(report, pathlib.Path(tempfile.mkdtemp()) / "plan.png").name
     'plan.png'
 """
 
@@ -162,7 +162,7 @@ def plot_plan(report: dict[str, Any], path: str | Path) -> Path:
         >>> _ = (d / "run.yaml").write_text("{model: {name: mlp}, mesh: {shape: {data: 1, fsdp: -1}}, rules: fsdp}")
         >>> _ = subprocess.run([sys.executable, "-m", "partitioning", "plan", "run.yaml", "--devices", "8",
         ...                     "--no-compile", "--json", "plan.json"], cwd=d, capture_output=True, check=True)
-        >>> pt.plot_plan(json.loads((d / "plan.json").read_text()), d / "plan.png").exists()
+        >>> pt.plan.plot_plan(json.loads((d / "plan.json").read_text()), d / "plan.png").exists()
         True
     """
     # Imported here: matplotlib costs ~0.5 s and only --png needs it.

@@ -9,9 +9,9 @@ Example::
     >>> from partitioning.models import MLP
     >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
     ...                      batch_size=8, seq_len=16)
-    >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+    >>> batches = pt.data.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
     >>> import pathlib, tempfile
-    >>> logger = pt.JsonlLogger(pathlib.Path(tempfile.mkdtemp()) / "metrics.jsonl")
+    >>> logger = pt.train.JsonlLogger(pathlib.Path(tempfile.mkdtemp()) / "metrics.jsonl")
     >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=4, hooks=[logger], progress=False)
     >>> logger.records[-1]["step"], "loss" in logger.records[-1], logger.path.exists()
     (4, True, True)
@@ -44,8 +44,8 @@ class JsonlLogger:
         >>> from partitioning.models import MLP
         >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
         ...                      batch_size=8, seq_len=16)
-        >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
-        >>> logger = pt.JsonlLogger(None)   # in memory only; a path writes metrics.jsonl too
+        >>> batches = pt.data.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+        >>> logger = pt.train.JsonlLogger(None)   # in memory only; a path writes metrics.jsonl too
         >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=3, log_every=1,
         ...                hooks=[logger], progress=False)
         >>> [r["step"] for r in logger.records], logger.reason

@@ -32,8 +32,8 @@ Example::
     >>> from partitioning.models import MLP
     >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
     ...                      batch_size=8, seq_len=16)
-    >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
-    >>> logger = pt.JsonlLogger(None)   # see partitioning.train.hooks
+    >>> batches = pt.data.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+    >>> logger = pt.train.JsonlLogger(None)   # see partitioning.train.hooks
     >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=4, hooks=[logger], progress=False)
     >>> int(state.step), logger.reason
     (4, 'done')
@@ -183,8 +183,8 @@ def evaluate(trainer: Any, state: Any, batches: Iterable[Any]) -> dict[str, floa
         >>> from partitioning.models import MLP
         >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
         ...                      batch_size=8, seq_len=16)
-        >>> evals = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding, split="eval")
-        >>> metrics = pt.evaluate(trainer, trainer.init(jax.random.key(0)), [evals.batch_at(i) for i in range(2)])
+        >>> evals = pt.data.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding, split="eval")
+        >>> metrics = pt.train.evaluate(trainer, trainer.init(jax.random.key(0)), [evals.batch_at(i) for i in range(2)])
         >>> sorted(metrics)
         ['eval_accuracy', 'eval_loss']
     """
@@ -243,9 +243,9 @@ def fit(
         >>> from partitioning.models import MLP
         >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
         ...                      batch_size=8, seq_len=16)
-        >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
-        >>> evals = pt.TokenBatches(np.arange(1024) % 256, 8, 16, trainer.batch_sharding, split="eval")
-        >>> logger = pt.JsonlLogger(None)
+        >>> batches = pt.data.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+        >>> evals = pt.data.TokenBatches(np.arange(1024) % 256, 8, 16, trainer.batch_sharding, split="eval")
+        >>> logger = pt.train.JsonlLogger(None)
         >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=4, eval_every=2,
         ...                eval_batches=lambda: [evals.batch_at(i) for i in range(2)], hooks=[logger], progress=False)
         >>> ["eval_loss" in r for r in logger.records]   # evaluated at the first, every 2nd and the last step

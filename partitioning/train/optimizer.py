@@ -32,7 +32,7 @@ def lr_schedule(
 
     Example::
 
-        >>> s = pt.lr_schedule(1e-3, 100, warmup_steps=10)
+        >>> s = pt.train.lr_schedule(1e-3, 100, warmup_steps=10)
         >>> round(float(s(10)), 6), round(float(s(100)), 6)
         (0.001, 0.0001)
     """

@@ -6,13 +6,13 @@ Example::
     >>> from partitioning.models import MLP
     >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
     ...                      batch_size=8, seq_len=16)
-    >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+    >>> batches = pt.data.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
     >>> import pathlib, tempfile
     >>> run = pathlib.Path(tempfile.mkdtemp())
-    >>> logger = pt.JsonlLogger(None)
+    >>> logger = pt.train.JsonlLogger(None)
     >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=4,
-    ...                hooks=[logger, pt.LossPlot(logger, run / "loss.png")], progress=False)   # redrawn as it goes
-    >>> pt.plot_loss(logger.records, run / "again.png", title="quickstart").exists()
+    ...                hooks=[logger, pt.train.LossPlot(logger, run / "loss.png")], progress=False)   # redrawn
+    >>> pt.train.plot_loss(logger.records, run / "again.png", title="quickstart").exists()
     True
 """
 
@@ -34,7 +34,7 @@ def plot_loss(records: Sequence[dict[str, Any]], path: str | Path, *, title: str
 
         >>> import pathlib, tempfile
         >>> records = [{"step": s, "loss": 5.5 / s} for s in range(1, 11)] + [{"step": 10, "eval_loss": 0.6}]
-        >>> pt.plot_loss(records, pathlib.Path(tempfile.mkdtemp()) / "loss.png", title="x").name
+        >>> pt.train.plot_loss(records, pathlib.Path(tempfile.mkdtemp()) / "loss.png", title="x").name
         'loss.png'
     """
     # A bare Figure (no pyplot) renders PNGs with the Agg canvas: no display,
@@ -71,11 +71,11 @@ class LossPlot:
         >>> from partitioning.models import MLP
         >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
         ...                      batch_size=8, seq_len=16)
-        >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+        >>> batches = pt.data.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
         >>> import pathlib, tempfile
-        >>> logger, png = pt.JsonlLogger(None), pathlib.Path(tempfile.mkdtemp()) / "loss.png"
+        >>> logger, png = pt.train.JsonlLogger(None), pathlib.Path(tempfile.mkdtemp()) / "loss.png"
         >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=2,
-        ...                hooks=[logger, pt.LossPlot(logger, png, title="x")], progress=False)
+        ...                hooks=[logger, pt.train.LossPlot(logger, png, title="x")], progress=False)
         >>> png.exists()
         True
     """

@@ -25,7 +25,7 @@ Example::
     >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
     ...                      batch_size=8, seq_len=16)
     >>> state = trainer.init(jax.random.key(0))
-    >>> batch = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding).batch_at(0)
+    >>> batch = pt.data.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding).batch_at(0)
     >>> state, metrics = trainer.train_step(state, batch)     # metrics stay on device
     >>> int(state.step), sorted(metrics)[:3]
     (1, ['accuracy', 'grad_norm', 'loss'])
@@ -326,14 +326,14 @@ class Trainer(Lowering):
     def init_from(self, params: Any) -> TrainState:
         """A TrainState at step 0 starting from ``params`` (e.g. pretrained weights), the optimizer state
         initialised from them. ``params`` has the structure of the model's params (boxed or not); arrays
-        already in this trainer's layout and dtype are used as they are (:func:`partitioning.load_hf` with the
+        already in this trainer's layout and dtype are used as they are (:func:`partitioning.hf.load_hf` with the
         trainer's mesh and rules makes them so), others are cast and moved there.
 
         Example::
 
             >>> import optax
             >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
-            >>> model, variables = pt.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")
+            >>> model, variables = pt.hf.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")
             >>> trainer = pt.Trainer(model, optax.adamw(1e-3), mesh, "fsdp", batch_size=8, seq_len=16)
             >>> state = trainer.init_from(variables["params"])
             >>> int(state.step), state.params["embedding"] is variables["params"]["embedding"]   # in place: used as is

@@ -18,9 +18,9 @@ Example::
     ...                      batch_size=8, seq_len=16)
     >>> import pathlib, tempfile
     >>> run = pathlib.Path(tempfile.mkdtemp())
-    >>> batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+    >>> batches = pt.data.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
     >>> state = pt.fit(trainer, trainer.init(jax.random.key(0)), batches, steps=2,
-    ...                hooks=[pt.TensorBoardLogger(run / "tensorboard")], progress=False)
+    ...                hooks=[pt.train.TensorBoardLogger(run / "tensorboard")], progress=False)
     >>> any((run / "tensorboard").iterdir())
     True
 
@@ -94,7 +94,7 @@ class TensorBoardLogger:
     Example::
 
         >>> import pathlib, tempfile
-        >>> logger = pt.TensorBoardLogger(pathlib.Path(tempfile.mkdtemp()) / "tensorboard")
+        >>> logger = pt.train.TensorBoardLogger(pathlib.Path(tempfile.mkdtemp()) / "tensorboard")
         >>> logger.on_step_end(1, None, {"loss": 2.5, "eval_loss": 2.7})   # what fit calls on logged steps
         >>> logger.on_exit(None, "done")
     """
@@ -146,7 +146,7 @@ class WandbLogger:
 
     Example::
 
-        >>> logger = pt.WandbLogger("runs/x", project="my-project", config={"lr": 3e-3})   # nothing sent yet
+        >>> logger = pt.train.WandbLogger("runs/x", project="my-project", config={"lr": 3e-3})   # nothing sent yet
         >>> logger.project, logger.config
         ('my-project', {'lr': 0.003})
     """

@@ -27,17 +27,21 @@ Example::
     >>> llama70b = GPT(vocab_size=128_256, embed=8192, heads=64, kv_heads=8, mlp=28672, layers=80)
     >>> params, opt_state = pt.abstract_train_state(llama70b, optax.adamw(1e-4), batch_size=256, seq_len=2048)
     >>> plan = pt.build_plan(params, opt_state, {"data": 1, "fsdp": 256, "tensor": 8}, "fsdp_tp")
-    >>> w = pt.workload(plan.params, batch_size=256, seq_len=2048, compute_dtype="bfloat16")
-    >>> s = pt.search_layouts(params, opt_state, {"fsdp_tp": pt.Rules.preset("fsdp_tp")}, 2048, w,
-    ...                       pt.hardware("v5p"), 95 * 2**30)
+    >>> w = pt.tune.workload(plan.params, batch_size=256, seq_len=2048, compute_dtype="bfloat16")
+    >>> s = pt.tune.search(params, opt_state, {"fsdp_tp": pt.Rules.preset("fsdp_tp")}, 2048, w,
+    ...                       pt.tune.hardware("v5p"), 95 * 2**30)
     >>> s.best.candidate.label, s.best.estimate.bottleneck
     (...)
 """
 
 from partitioning.tune.compiled import compiled_estimate
-from partitioning.tune.cost import Estimate, analytic_estimate
+from partitioning.tune.cost import Estimate
+from partitioning.tune.crossover import crossover
 from partitioning.tune.hardware import PROFILES, Hardware, hardware, profile_names
 from partitioning.tune.hardware_file import load_hardware
+from partitioning.tune.measure import measure_cpu
+from partitioning.tune.plot import plot_search
+from partitioning.tune.price import price
 from partitioning.tune.search import Result, Search, search
 from partitioning.tune.space import Candidate, candidates
 from partitioning.tune.workload import Workload, workload
@@ -53,9 +57,12 @@ __all__ = [
     "Candidate",
     "candidates",
     "Estimate",
-    "analytic_estimate",
     "compiled_estimate",
     "Result",
     "Search",
     "search",
+    "price",
+    "crossover",
+    "measure_cpu",
+    "plot_search",
 ]

@@ -11,9 +11,9 @@ Example::
     >>> from partitioning.models import GPT
     >>> params, opt_state = pt.abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=32, seq_len=128)
     >>> plan = pt.build_plan(params, opt_state, {"data": 1, "fsdp": 8}, "fsdp")
-    >>> w = pt.workload(plan.params, batch_size=32, seq_len=128)
+    >>> w = pt.tune.workload(plan.params, batch_size=32, seq_len=128)
     >>> from partitioning.tune.comm import analytic_comm
-    >>> comms = analytic_comm(plan.params, {"data": 1, "fsdp": 8}, pt.Rules.preset("fsdp"), w, pt.hardware("h100"),
+    >>> comms = analytic_comm(plan.params, {"data": 1, "fsdp": 8}, pt.Rules.preset("fsdp"), w, pt.tune.hardware("h100"),
     ...                       micro_batch=w.batch)
     >>> sorted({c.kind for c in comms})
     ['all-gather', 'reduce-scatter']

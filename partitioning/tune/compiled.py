@@ -11,8 +11,8 @@ Example::
     >>> import optax
     >>> from partitioning.models import MLP
     >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": -1}), "dp", batch_size=8, seq_len=16)
-    >>> view = pt.compiled_view(trainer.lower_train_step)
-    >>> est = pt.compiled_estimate(view["cost_ops"], view["collective_ops"], {"data": 8}, pt.hardware("h100"),
+    >>> view = pt.plan.compiled_view(trainer.lower_train_step)
+    >>> est = pt.tune.compiled_estimate(view["cost_ops"], view["collective_ops"], {"data": 8}, pt.tune.hardware("h100"),
     ...                            model_flops=1.0)
     >>> est.source, est.step_time > 0
     ('compiled', True)
@@ -73,8 +73,9 @@ def compiled_estimate(
         >>> import optax
         >>> from partitioning.models import MLP
         >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": -1}), "dp", batch_size=8, seq_len=16)
-        >>> view = pt.compiled_view(trainer.lower_train_step)
-        >>> est = pt.compiled_estimate(view["cost_ops"], view["collective_ops"], {"data": 8}, pt.hardware("h100"),
+        >>> view = pt.plan.compiled_view(trainer.lower_train_step)
+        >>> h100 = pt.tune.hardware("h100")
+        >>> est = pt.tune.compiled_estimate(view["cost_ops"], view["collective_ops"], {"data": 8}, h100,
         ...                            model_flops=1.0, temp_bytes=view["memory"]["temp"])
         >>> est.step_time > 0, est.bottleneck
         (True, '...')

@@ -54,10 +54,10 @@ Example::
     >>> from partitioning.models import GPT
     >>> params, opt_state = pt.abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=32, seq_len=128)
     >>> plan = pt.build_plan(params, opt_state, {"data": 8}, "dp")   # any layout: the workload reads shapes
-    >>> w = pt.workload(plan.params, batch_size=32, seq_len=128)
+    >>> w = pt.tune.workload(plan.params, batch_size=32, seq_len=128)
     >>> from partitioning.tune.cost import analytic_estimate
     >>> state = {k: plan.totals[k]["per_device"] for k in ("params", "gradients", "optimizer")}
-    >>> est = analytic_estimate(plan.params, state, {"data": 8}, pt.Rules.preset("dp"), w, pt.hardware("h100"),
+    >>> est = analytic_estimate(plan.params, state, {"data": 8}, pt.Rules.preset("dp"), w, pt.tune.hardware("h100"),
     ...                         remat="full", grad_accum=1)
     >>> est.step_time > 0, sorted(est.per_axis()), est.bottleneck
     (True, [...], '...')
@@ -91,7 +91,10 @@ from partitioning.tune.workload import Workload
 
 @dataclasses.dataclass
 class Estimate:
-    """The terms of one layout's step time (see the module docstring) and their roofline."""
+    """The terms of one layout's step time (see the module docstring) and their roofline.
+
+    Example: see :class:`~partitioning.tune.search.Search` (``result.estimate``).
+    """
 
     source: str  # "analytic" | "compiled"
     flops: dict[str, float]  # per device, per phase

@@ -22,7 +22,8 @@ the FLOPs still hide.
 
 Example::
 
-    >>> pt.crossover(pt.hardware("v5p"), {"data": 2048}, "dp", embed=8192, mlp=28672)["layout"]   # 2550 / 3 axes
+    >>> v5p = pt.tune.hardware("v5p")
+    >>> pt.tune.crossover(v5p, {"data": 2048}, "dp", embed=8192, mlp=28672)["layout"]   # 2550 / 3 axes
     850.0...
 """
 
@@ -104,7 +105,8 @@ def crossover(
 
     Example::
 
-        >>> pt.crossover(pt.hardware("h100"), {"data": 1, "fsdp": 2048}, "fsdp", embed=8192, mlp=28672)["layout"]
+        >>> h100 = pt.tune.hardware("h100")
+        >>> pt.tune.crossover(h100, {"data": 1, "fsdp": 2048}, "fsdp", embed=8192, mlp=28672)["layout"]
         2472.5
     """
     hw = dataclasses.replace(hw, latency=0.0)

@@ -23,10 +23,10 @@ is a YAML file with the same keys (:func:`partitioning.tune.hardware_file.load_h
 
 Example::
 
-    >>> hw = pt.hardware("v5p")
+    >>> hw = pt.tune.hardware("v5p")
     >>> hw.bandwidth({"fsdp": 256, "tensor": 8}, ["tensor"])   # one torus axis (16x16x8 slice)
     180000000000.0
-    >>> pt.hardware("h100").bandwidth({"data": 256, "tensor": 8}, ["data"])   # one GPU per node in each group
+    >>> pt.tune.hardware("h100").bandwidth({"data": 256, "tensor": 8}, ["data"])   # one GPU per node in each group
     50000000000.0
 """
 
@@ -50,7 +50,7 @@ class Hardware:
 
     Example::
 
-        >>> hw = pt.hardware("v5p")
+        >>> hw = pt.tune.hardware("v5p")
         >>> hw.peak_flops / hw.link_bandwidth          # FLOPs per byte over one ICI axis
         2550.0
     """
@@ -178,7 +178,7 @@ def collective_time(hw: Hardware, kind: str, nbytes: float, group: int, bandwidt
     Example::
 
         >>> from partitioning.tune.hardware import collective_time
-        >>> collective_time(pt.hardware("v5p"), "all-reduce", 2 * 10**9, 2048, 5.4e11)   # ~7.4 ms
+        >>> collective_time(pt.tune.hardware("v5p"), "all-reduce", 2 * 10**9, 2048, 5.4e11)   # ~7.4 ms
         0.00741...
     """
     if group <= 1 or nbytes <= 0:
@@ -315,7 +315,13 @@ ALIASES = {"a100": "a100-80g", "v4p": "v4", "tpu-v4": "v4", "tpu-v5e": "v5e", "t
 
 
 def profile_names() -> list[str]:
-    """The built-in profiles, plus ``cpu`` (measured)."""
+    """The built-in profiles, plus ``cpu`` (measured).
+
+    Example::
+
+        >>> "h100" in pt.tune.profile_names(), pt.tune.profile_names()[-1]
+        (True, 'cpu')
+    """
     return [*PROFILES, "cpu"]
 
 
@@ -324,7 +330,7 @@ def hardware(name: str) -> Hardware:
 
     Example::
 
-        >>> pt.hardware("h100").peak_flops
+        >>> pt.tune.hardware("h100").peak_flops
         989000000000000.0
     """
     if not isinstance(name, str):

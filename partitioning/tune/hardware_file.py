@@ -18,12 +18,12 @@ The same profile as a one-line YAML mapping, loaded::
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "my_gpu.yaml"
     >>> _ = path.write_text("{name: my-gpu, peak_flops: 4.0e14, memory: 48GiB, memory_bandwidth: 1.0e12, "
     ...                     "topology: nodes, node_size: 4, link_bandwidth: 2.0e11, network_bandwidth: 2.5e10}")
-    >>> hw = pt.load_hardware(path)
+    >>> hw = pt.tune.load_hardware(path)
     >>> hw.name, hw.peak_flops, hw.memory
     ('my-gpu', 400000000000000.0, 51539607552)
     >>> _ = path.write_text("{name: my-gpu, peak_flops: 4.0e14, memory: 48 gigs, memory_bandwidth: 1.0e12, "
     ...                     "topology: nodes, node_size: 4, link_bandwidth: 2.0e11}")
-    >>> pt.load_hardware(path)
+    >>> pt.tune.load_hardware(path)
     Traceback (most recent call last):
     partitioning.errors.ConfigError: .../my_gpu.yaml: missing key 'network_bandwidth'
     .../my_gpu.yaml:1: memory: expected a size such as 80GiB or 16GB, got '48 gigs'

@@ -121,7 +121,7 @@ def measure_cpu(
 
     Example::
 
-        >>> hw = pt.measure_cpu(8)       # a few seconds
+        >>> hw = pt.tune.measure_cpu(8)       # a few seconds
         >>> hw.peak_flops > 0, hw.memory_bandwidth > 0, sorted(hw.collective_bandwidth)
         (True, True, ['all-gather', 'all-reduce', 'reduce-scatter'])
     """

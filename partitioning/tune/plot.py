@@ -11,12 +11,12 @@ Example::
     >>> from partitioning.models import GPT
     >>> params, opt_state = pt.abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=32, seq_len=128)
     >>> plan = pt.build_plan(params, opt_state, {"data": 8}, "dp")   # any layout: the workload reads shapes
-    >>> w = pt.workload(plan.params, batch_size=32, seq_len=128)
-    >>> s = pt.search_layouts(params, opt_state, {"fsdp": pt.Rules.preset("fsdp")}, 8, w, pt.hardware("h100"),
+    >>> w = pt.tune.workload(plan.params, batch_size=32, seq_len=128)
+    >>> s = pt.tune.search(params, opt_state, {"fsdp": pt.Rules.preset("fsdp")}, 8, w, pt.tune.hardware("h100"),
     ...                       budget=80 * 2**30)
     >>> import pathlib, tempfile
     >>> report = {"model": "gpt", "search": s.to_json(), "best": s.best.to_json()}   # or what `tune --json` wrote
-    >>> pt.plot_search(report, pathlib.Path(tempfile.mkdtemp()) / "tune.png").name
+    >>> pt.tune.plot_search(report, pathlib.Path(tempfile.mkdtemp()) / "tune.png").name
     'tune.png'
 """
 
@@ -66,12 +66,12 @@ def plot_search(report: dict[str, Any], path: str | Path) -> Path:
         >>> from partitioning.models import GPT
         >>> params, opt_state = pt.abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=32, seq_len=128)
         >>> plan = pt.build_plan(params, opt_state, {"data": 8}, "dp")   # any layout: the workload reads shapes
-        >>> w = pt.workload(plan.params, batch_size=32, seq_len=128)
-        >>> s = pt.search_layouts(params, opt_state, {"fsdp": pt.Rules.preset("fsdp")}, 8, w, pt.hardware("h100"),
+        >>> w = pt.tune.workload(plan.params, batch_size=32, seq_len=128)
+        >>> s = pt.tune.search(params, opt_state, {"fsdp": pt.Rules.preset("fsdp")}, 8, w, pt.tune.hardware("h100"),
         ...                       budget=80 * 2**30)
         >>> import pathlib, tempfile
         >>> png = pathlib.Path(tempfile.mkdtemp()) / "tune.png"
-        >>> pt.plot_search({"model": "gpt", "search": s.to_json(), "best": s.best.to_json()}, png).exists()
+        >>> pt.tune.plot_search({"model": "gpt", "search": s.to_json(), "best": s.best.to_json()}, png).exists()
         True
     """
     from matplotlib.figure import Figure  # ~0.5 s to import; only --png needs it

@@ -13,13 +13,13 @@ Example (shapes only: nothing is allocated)::
     >>> from partitioning.tune.space import Candidate
     >>> model = GPT(vocab_size=32000, embed=2048, heads=16, mlp=8192, layers=16, dtype="bfloat16")   # 1.2B
     >>> params, opt_state = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=64, seq_len=2048)
-    >>> w = pt.workload(pt.build_plan(params, opt_state, {"data": 8}, "dp").params, batch_size=64, seq_len=2048)
+    >>> w = pt.tune.workload(pt.build_plan(params, opt_state, {"data": 8}, "dp").params, batch_size=64, seq_len=2048)
     >>> c = Candidate((("data", 1), ("fsdp", 8)), "fsdp", remat="full")
-    >>> r = price(params, opt_state, c, pt.Rules.preset("fsdp"), w, pt.hardware("h100"), 80 * 2**30)
+    >>> r = price(params, opt_state, c, pt.Rules.preset("fsdp"), w, pt.tune.hardware("h100"), 80 * 2**30)
     >>> r.fits, round(r.step_time, 3), round(r.estimate.mfu, 2), f"{r.peak / 2**30:.1f} GiB"
     (True, 0.347, 0.36, '20.4 GiB')
     >>> c = Candidate((("data", 1), ("fsdp", 8)), "fsdp", remat="none")     # every activation kept
-    >>> price(params, opt_state, c, pt.Rules.preset("fsdp"), w, pt.hardware("h100"), 80 * 2**30).reason
+    >>> price(params, opt_state, c, pt.Rules.preset("fsdp"), w, pt.tune.hardware("h100"), 80 * 2**30).reason
     'memory: needs 160.95 GiB per device (estimate), more than the budget of 80.00 GiB'
 """
 
@@ -111,9 +111,10 @@ def price(
         >>> from partitioning.tune.space import Candidate
         >>> model = GPT(vocab_size=32000, embed=2048, heads=16, mlp=8192, layers=16, dtype="bfloat16")   # 1.2B
         >>> params, opt_state = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=64, seq_len=2048)
-        >>> w = pt.workload(pt.build_plan(params, opt_state, {"data": 8}, "dp").params, batch_size=64, seq_len=2048)
+        >>> plan = pt.build_plan(params, opt_state, {"data": 8}, "dp")
+        >>> w = pt.tune.workload(plan.params, batch_size=64, seq_len=2048)
         >>> c = Candidate((("data", 1), ("tensor", 8)), "tp", remat="full")
-        >>> r = price(params, opt_state, c, pt.Rules.preset("tp"), w, pt.hardware("h100"), 80 * 2**30)
+        >>> r = price(params, opt_state, c, pt.Rules.preset("tp"), w, pt.tune.hardware("h100"), 80 * 2**30)
         >>> r.fits, r.reason       # 16 heads over 8 devices: divisible
         (True, None)
         >>> round(r.step_time, 3), round(r.estimate.mfu, 2)

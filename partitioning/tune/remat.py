@@ -27,10 +27,10 @@ Example::
     >>> from partitioning.tune.remat import choose_remat
     >>> model = GPT(vocab_size=32000, embed=2048, heads=16, mlp=8192, layers=16, dtype="bfloat16")   # 1.2B
     >>> params, opt_state = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=64, seq_len=2048)
-    >>> w = pt.workload(pt.build_plan(params, opt_state, {"data": 8}, "dp").params, batch_size=64, seq_len=2048)
+    >>> w = pt.tune.workload(pt.build_plan(params, opt_state, {"data": 8}, "dp").params, batch_size=64, seq_len=2048)
     >>> policies = ("none", "dots", "dots_no_batch", "full")
     >>> choice = choose_remat(params, opt_state, {"data": 1, "fsdp": 8}, pt.Rules.preset("fsdp"), w,
-    ...                       pt.hardware("h100"), budget=80 * 2**30, policies=policies)
+    ...                       pt.tune.hardware("h100"), budget=80 * 2**30, policies=policies)
     >>> choice.policy
     'dots'
     >>> choice.describe()

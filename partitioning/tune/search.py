@@ -24,9 +24,10 @@ Example::
     >>> from partitioning.models import GPT
     >>> params, opt_state = pt.abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=32, seq_len=128)
     >>> plan = pt.build_plan(params, opt_state, {"data": 8}, "dp")   # any layout: the workload reads shapes
-    >>> w = pt.workload(plan.params, batch_size=32, seq_len=128)
+    >>> w = pt.tune.workload(plan.params, batch_size=32, seq_len=128)
     >>> from partitioning.tune.search import search
-    >>> s = search(params, opt_state, {"fsdp": pt.Rules.preset("fsdp")}, 8, w, pt.hardware("h100"), budget=80 * 2**30)
+    >>> h100 = pt.tune.hardware("h100")
+    >>> s = search(params, opt_state, {"fsdp": pt.Rules.preset("fsdp")}, 8, w, h100, budget=80 * 2**30)
     >>> s.ranked[0].candidate.label, s.ranked[0].estimate.step_time > 0
     ('...', True)
 """
@@ -55,7 +56,20 @@ REMAT_ORDER = {None: 0, "none": 0, "dots": 1, "dots_no_batch": 2, "full": 3}
 
 @dataclasses.dataclass
 class Search:
-    """All candidates priced for one workload, hardware and budget."""
+    """All candidates priced for one workload, hardware and budget (:func:`search`'s answer).
+
+    Example::
+
+        >>> import optax
+        >>> from partitioning.models import GPT
+        >>> params, opt_state = pt.abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=32, seq_len=128)
+        >>> w = pt.tune.workload(pt.build_plan(params, opt_state, {"data": 8}, "dp").params, batch_size=32, seq_len=128)
+        >>> tables, h100 = {"fsdp": pt.Rules.preset("fsdp")}, pt.tune.hardware("h100")
+        >>> s = pt.tune.search(params, opt_state, tables, 8, w, h100, budget=80 * 2**30)
+        >>> best = s.ranked[0]                       # a Result: its Candidate, memory and Estimate
+        >>> best.candidate.rules_name, best.fits, best.estimate.source, best.estimate.step_time > 0
+        ('fsdp', True, '...', True)
+    """
 
     results: list[Result]
     hardware: Hardware
@@ -244,8 +258,8 @@ def search(
         >>> from partitioning.models import GPT
         >>> params, opt_state = pt.abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=32, seq_len=128)
         >>> plan = pt.build_plan(params, opt_state, {"data": 8}, "dp")   # any layout: the workload reads shapes
-        >>> w = pt.workload(plan.params, batch_size=32, seq_len=128)
-        >>> s = pt.search_layouts(params, opt_state, {"fsdp": pt.Rules.preset("fsdp")}, 8, w, pt.hardware("h100"),
+        >>> w = pt.tune.workload(plan.params, batch_size=32, seq_len=128)
+        >>> s = pt.tune.search(params, opt_state, {"fsdp": pt.Rules.preset("fsdp")}, 8, w, pt.tune.hardware("h100"),
         ...                       budget=400 * 2**10, remats=("none", "full"))   # a 400 KiB device
         >>> [r.candidate.label for r in s.ranked[:2]]
         [...]

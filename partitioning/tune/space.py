@@ -42,7 +42,14 @@ ZERO1_RULES = [["embed", "data"], ["mlp", "data"], ["vocab", "data"]]
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """One layout: mesh, rule table, ZeRO-1, remat, micro-batches (accumulated; pipelined)."""
+    """One layout: mesh, rule table, ZeRO-1, remat, micro-batches (accumulated; pipelined).
+
+    Example::
+
+        >>> c = pt.tune.Candidate((("data", 2), ("fsdp", 4)), "fsdp", zero1=True)
+        >>> c.label, c.stages
+        ('fsdp +zero1 {data: 2, fsdp: 4}', 1)
+    """
 
     mesh: tuple[tuple[str, int], ...]
     rules_name: str
@@ -149,6 +156,12 @@ def candidates(
 ) -> list[Candidate]:
     """Every layout of ``devices`` over the rule ``tables`` (see the module docstring).
 
+    Example::
+
+        >>> layouts = pt.tune.candidates(8, {"fsdp": pt.Rules.preset("fsdp")}, batch_size=8)
+        >>> [c.label for c in layouts][:3]
+        ['fsdp {data: 1, fsdp: 8}', 'fsdp {data: 2, fsdp: 4}', 'fsdp +zero1 {data: 2, fsdp: 4}']
+
     ``model_axes``: mesh axes the model names directly (mesh-axis names, e.g.
     ``einsum(..., out_sharding=P('fsdp', ...))``): every mesh has them, so the
     model traces on every candidate.
@@ -210,7 +223,10 @@ def candidates(
 
 @dataclasses.dataclass
 class Result:
-    """One priced candidate: memory, fit (or why not), estimate, and its compiled view when it has one."""
+    """One priced candidate: memory, fit (or why not), estimate, and its compiled view when it has one.
+
+    Example: see :class:`~partitioning.tune.search.Search`, whose ``ranked`` are Results.
+    """
 
     candidate: Candidate
     rules: Rules

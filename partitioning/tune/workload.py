@@ -45,7 +45,7 @@ Example::
     >>> llama70b = GPT(vocab_size=128_256, embed=8192, heads=64, kv_heads=8, mlp=28672, layers=80)
     >>> params, opt_state = pt.abstract_train_state(llama70b, optax.adamw(1e-4), batch_size=256, seq_len=2048)
     >>> plan = pt.build_plan(params, opt_state, {"data": 1, "fsdp": 256, "tensor": 8}, "fsdp_tp")
-    >>> w = pt.workload(plan.params, batch_size=256, seq_len=2048, compute_dtype="bfloat16")
+    >>> w = pt.tune.workload(plan.params, batch_size=256, seq_len=2048, compute_dtype="bfloat16")
     >>> w.layers, w.embed, w.mlp, w.flops_per_step("full")["total"] > 0
     (80, 8192, 28672, True)
 """
@@ -78,7 +78,7 @@ class Workload:
         >>> from partitioning.models import GPT
         >>> params, opt_state = pt.abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=32, seq_len=128)
         >>> plan = pt.build_plan(params, opt_state, {"data": 8}, "dp")   # any layout: the workload reads shapes
-        >>> w = pt.workload(plan.params, batch_size=32, seq_len=128)
+        >>> w = pt.tune.workload(plan.params, batch_size=32, seq_len=128)
         >>> w.tokens, w.flops_per_step("full")["total"] > w.flops_per_step("none")["total"]   # remat recomputes
         (4096, True)
     """
@@ -166,7 +166,7 @@ def workload(
         >>> from partitioning.models import GPT
         >>> params, opt_state = pt.abstract_train_state(GPT(), optax.adamw(1e-3), batch_size=32, seq_len=128)
         >>> plan = pt.build_plan(params, opt_state, {"data": 8}, "dp")   # any layout: the workload reads shapes
-        >>> w = pt.workload(plan.params, batch_size=32, seq_len=128)
+        >>> w = pt.tune.workload(plan.params, batch_size=32, seq_len=128)
         >>> w.layers, w.embed, w.mlp
         (4, 128, 512)
     """

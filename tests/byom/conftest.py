@@ -9,7 +9,7 @@ import partitioning as pt
 
 @pytest.fixture(scope="session")
 def corpus():
-    return pt.load_corpus()
+    return pt.data.load_corpus()
 
 
 @pytest.fixture

@@ -190,7 +190,7 @@ def test_train_gives_the_same_losses_under_dp_fsdp_and_fsdp_tp(runs):
 
 def test_the_checkpoint_records_the_names_and_restores_onto_another_layout(runs):
     root, _ = runs
-    meta = pt.checkpoint_metadata(root / "runs/fsdp", 20)
+    meta = pt.checkpoint.checkpoint_metadata(root / "runs/fsdp", 20)
     w_in = "params/layers/0/w_in"
     assert meta["arrays"][w_in]["names"] == ["embed", "mlp"] and meta["arrays"][w_in]["spec"] == ["fsdp", None]
     [moment] = [p for p in meta["arrays"] if p.endswith("/mu/layers/0/w_in")]

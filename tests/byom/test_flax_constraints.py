@@ -18,7 +18,7 @@ MESH = {"data": 1, "fsdp": 4, "tensor": 2}
 def plan_for(rules):
     model = MaxTextStyleLM()
     params, opt = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=8, seq_len=16)
-    acts = pt.activation_names(model, params, MESH, rules, batch_size=8, seq_len=16)
+    acts = pt.plan.activation_names(model, params, MESH, rules, batch_size=8, seq_len=16)
     return acts, pt.build_plan(params, opt, MESH, rules, activations=acts)
 
 

@@ -62,7 +62,7 @@ def test_check_plan_tune_train_on_explicit_axes(workdir, run_cli_subprocess):
     assert r.returncode == 0, r.stderr
     losses = [json.loads(line)["loss"] for line in (workdir / "runs/gemma/metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 2
-    saved = pt.checkpoint_metadata(workdir / "runs/gemma")["arrays"]
+    saved = pt.checkpoint.checkpoint_metadata(workdir / "runs/gemma")["arrays"]
     assert saved["params/blocks/0/ffw/gate/kernel"]["spec"] == ["fsdp", "tensor"]
 
 
@@ -86,13 +86,13 @@ def test_from_python_the_trace_uses_the_mesh_axis_types(workdir, monkeypatch):
     model = pt.NNXModel(lambda rngs: Gemma(rngs=rngs))
     params, _ = pt.abstract_train_state(model, optax.sgd(0.1), batch_size=8, seq_len=16)
     sizes = {"data": 1, "fsdp": 4, "tensor": 2}
-    names = pt.activation_names(model, params, sizes, "fsdp_tp", batch_size=8, seq_len=16, axis_types="explicit")
+    names = pt.plan.activation_names(model, params, sizes, "fsdp_tp", batch_size=8, seq_len=16, axis_types="explicit")
     assert ("batch", None) in names
     # A Mesh carries its own axis types.
     explicit = pt.make_mesh(sizes, axis_types="explicit")
-    assert pt.activation_names(model, params, explicit, "fsdp_tp", batch_size=8, seq_len=16) == names
+    assert pt.plan.activation_names(model, params, explicit, "fsdp_tp", batch_size=8, seq_len=16) == names
     with pytest.raises(pt.ModelError, match=r"^gemma_nnx\.Gemma: the forward pass fails to trace on mesh .* \(auto"):
-        pt.activation_names(model, params, sizes, "fsdp_tp", batch_size=8, seq_len=16)
+        pt.plan.activation_names(model, params, sizes, "fsdp_tp", batch_size=8, seq_len=16)
     layouts = {leaf.path: leaf.spec for leaf in pt.tree_layouts(params, explicit, "fsdp_tp")}
     assert layouts["blocks/0/attn/o/kernel"] == P("tensor", None, "fsdp")
     assert jax.sharding.get_abstract_mesh().empty

@@ -21,7 +21,7 @@ def test_plans_with_fewer_names_than_dimensions():
         opt,
         {"data": 1, "fsdp": 8},
         "fsdp",
-        activations=pt.activation_names(
+        activations=pt.plan.activation_names(
             model(), params, {"data": 1, "fsdp": 8}, "fsdp", batch_size=8, seq_len=32, task="same_token"
         ),
     )
@@ -85,7 +85,7 @@ def test_dropout_is_reproducible_and_layout_independent(meshes, train_losses):
         task="same_token",
     )
     state = trainer.init(jax.random.key(0))
-    batch = pt.load_corpus().batches("eval", 8, 32, trainer.batch_sharding).batch_at(0)
+    batch = pt.data.load_corpus().batches("eval", 8, 32, trainer.batch_sharding).batch_at(0)
     assert float(trainer.eval_step(state.params, batch)["loss"]) == float(
         trainer.eval_step(state.params, batch)["loss"]
     )

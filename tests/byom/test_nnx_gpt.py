@@ -72,7 +72,7 @@ def test_checkpoints_restore_fsdp_to_one_device_and_to_tp_bit_exact(meshes, trai
     fsdp = pt.Trainer(nnx_model(), optax.adamw(3e-3), pt.make_mesh(meshes["fsdp"]), "fsdp", batch_size=8, seq_len=32)
     state, _ = train_losses(fsdp, fsdp.init(jax.random.key(0)), 2)
     pt.save_checkpoint(tmp_path / "ck", 2, state, rules=fsdp.rules, abstract=fsdp.abstract_state)
-    meta = pt.checkpoint_metadata(tmp_path / "ck")
+    meta = pt.checkpoint.checkpoint_metadata(tmp_path / "ck")
     assert "params/blocks/attn/q" in meta["arrays"] and not any(p.endswith("/value") for p in meta["arrays"])
     assert meta["arrays"]["params/blocks/attn/q"]["names"] == ["layers", "embed", "heads", "kv"]
     one = pt.make_mesh({"data": 1, "fsdp": 1}, devices=jax.devices()[:1])

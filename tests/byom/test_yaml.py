@@ -79,11 +79,14 @@ def test_plan_train_and_reshard_a_target_model_from_yaml(workdir, run_cli_subpro
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("resharded step 3: ") and "to {data: 2, tensor: 4}" in r.stdout
     assert r.stdout.rstrip().endswith(" -> resharded/3")  # the --out given, relative as typed
-    saved = pt.checkpoint_metadata(workdir / "resharded")
+    saved = pt.checkpoint.checkpoint_metadata(workdir / "resharded")
     assert saved["arrays"]["params/logits/kernel"]["spec"] == [None, "tensor"]
     # The resharded values are the fsdp run's, bit for bit.
     for p in ("params/logits/kernel", "params/block_1/FeedForward_0/Dense_0/kernel"):
-        assert saved["arrays"][p]["shape"] == pt.checkpoint_metadata(workdir / "runs/fsdp")["arrays"][p]["shape"]
+        assert (
+            saved["arrays"][p]["shape"]
+            == pt.checkpoint.checkpoint_metadata(workdir / "runs/fsdp")["arrays"][p]["shape"]
+        )
     import orbax.checkpoint as ocp
 
     old = ocp.StandardCheckpointer().restore(workdir / "runs/fsdp/checkpoints/3/state")
@@ -102,7 +105,7 @@ def test_an_nnx_model_from_yaml_gets_rngs_and_trains(workdir, run_cli_subprocess
     r = run_cli_subprocess("train", "nnx.yaml", "--no-progress", cwd=workdir)
     assert r.returncode == 0, r.stderr
     assert len(losses(workdir / "runs/nnx")) == 2
-    meta = pt.checkpoint_metadata(workdir / "runs/nnx")
+    meta = pt.checkpoint.checkpoint_metadata(workdir / "runs/nnx")
     assert meta["arrays"]["params/blocks/mlp/wi_0"]["spec"] == [None, "fsdp", "tensor"]
 
 
@@ -118,7 +121,9 @@ def test_a_dataset_and_loss_from_yaml(workdir, run_cli_in_process, monkeypatch):
     r = run_cli_in_process("train", "img.yaml", "--no-progress")
     assert r.returncode == 0, r.stderr
     assert "task classification; data bars: 224 train examples" in r.stdout
-    assert pt.checkpoint_metadata("runs/img")["arrays"]["collections/batch_stats/BatchNorm_0/mean"]["shape"] == [32]
+    assert pt.checkpoint.checkpoint_metadata("runs/img")["arrays"]["collections/batch_stats/BatchNorm_0/mean"][
+        "shape"
+    ] == [32]
 
 
 @pytest.mark.parametrize(
@@ -182,7 +187,7 @@ def test_a_registered_nnx_class_and_a_forward_adapter(workdir, run_cli_in_proces
     )
     r = run_cli_in_process("train", "reg.yaml", "--no-progress")
     assert r.returncode == 0, r.stderr
-    assert pt.checkpoint_metadata("runs/reg")["arrays"]["params/embedding"]["spec"] == [None, "fsdp"]
+    assert pt.checkpoint.checkpoint_metadata("runs/reg")["arrays"]["params/embedding"]["spec"] == [None, "fsdp"]
     (workdir / "bad.yaml").write_text((workdir / "reg.yaml").read_text().replace("heads: 4", "haeds: 4"))
     r = run_cli_in_process("check", "bad.yaml")
     assert r.returncode == 2

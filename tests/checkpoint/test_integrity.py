@@ -147,9 +147,9 @@ def test_a_resume_refuses_a_damaged_latest_step_and_resumes_from_an_explicit_one
     target = s.target(mesh_of({"data": 1, "fsdp": 8}), "fsdp")
     refused = pytest.raises(CheckpointError, match=r"^checkpoint step 7 \(.*ck/7\) is damaged: .*latest good step is 3")
     with pt.CheckpointManager(d, keep=2, async_=False) as m, refused:
-        pt.CheckpointHook(m, target=target).initial_state(None, None)  # refused: never a fresh init
+        pt.checkpoint.CheckpointHook(m, target=target).initial_state(None, None)  # refused: never a fresh init
     with pt.CheckpointManager(d, keep=1, async_=False) as m:
-        hook = pt.CheckpointHook(m, target=target, step=3, log=print)
+        hook = pt.checkpoint.CheckpointHook(m, target=target, step=3, log=print)
         assert np.asarray(hook.initial_state(None, None).step) == 7  # the small GPT's saved counter
     out = capsys.readouterr().out
     assert "checkpoint: resuming from step 3: moved the later step 7 to " in out

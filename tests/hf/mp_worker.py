@@ -39,7 +39,7 @@ class CountingReader(hf_module.Reader):
 
 hf_module.Reader = CountingReader
 mesh = pt.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
-model, variables = pt.load_hf(fixture, mesh, "fsdp_tp")
+model, variables = pt.hf.load_hf(fixture, mesh, "fsdp_tp")
 tokens = np.load(os.path.join(fixture, "tokens.npy"))
 batch = jax.make_array_from_process_local_data(
     jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), tokens, tokens.shape
@@ -49,13 +49,15 @@ with pt.sharding_context(mesh, "fsdp_tp"):
         variables, batch
     )
 diff = float(np.abs(np.asarray(logits.addressable_shards[0].data) - np.load(os.path.join(fixture, "logits.npy"))).max())
-pt.save_hf(model, variables, os.path.join(out, "saved"), max_shard_size="60KB")
+pt.hf.save_hf(model, variables, os.path.join(out, "saved"), max_shard_size="60KB")
 fsdp_tp_bytes = readers[-1].bytes_read
 # Pipeline stages over the processes: each reads the layers of its own stage only.
-pt.load_hf(fixture, pt.make_mesh({"stage": 2, "data": 4}), "pp")
+pt.hf.load_hf(fixture, pt.make_mesh({"stage": 2, "data": 4}), "pp")
 pp_bytes = readers[-1].bytes_read
 # Experts over the processes (expert: 2 across them, fsdp inside each): each reads its experts' tensors only.
-pt.load_hf(os.path.join(os.path.dirname(fixture), "mixtral"), pt.make_mesh({"data": 1, "expert": 2, "fsdp": 4}), "ep")
+pt.hf.load_hf(
+    os.path.join(os.path.dirname(fixture), "mixtral"), pt.make_mesh({"data": 1, "expert": 2, "fsdp": 4}), "ep"
+)
 experts = sorted({int(n.split(".experts.")[1].split(".")[0]) for n in readers[-1].names if ".experts." in n})
 multihost_utils.sync_global_devices("done")
 with open(os.path.join(out, f"p{pid}.json"), "w") as f:

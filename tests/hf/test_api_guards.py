@@ -13,9 +13,9 @@ from partitioning.errors import CheckpointError
 
 HF = Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "llama"
 ENTRY_POINTS = {
-    "load_hf": lambda p: pt.load_hf(p, pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp"),
-    "hf_model": pt.hf_model,
-    "hf_family": pt.hf_family,
+    "load_hf": lambda p: pt.hf.load_hf(p, pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp"),
+    "hf_model": pt.hf.hf_model,
+    "hf_family": pt.hf.hf_family,
 }
 
 

@@ -21,21 +21,21 @@ def options(model, names=OPTIONS + ("rope_theta", "rope_scaling", "sliding_windo
 
 
 def test_family_names_and_relative_paths(monkeypatch):
-    assert [pt.hf_family(fixture(n)) for n in FAMILIES] == [
+    assert [pt.hf.hf_family(fixture(n)) for n in FAMILIES] == [
         *("llama", "llama", "mistral", "qwen2", "gemma", "gpt2"),
         *("qwen3", "gemma2", "gemma3", "phi3", "olmo2"),
     ]
-    assert pt.hf_family(fixture("gemma3_mm")) == "gemma3"
+    assert pt.hf.hf_family(fixture("gemma3_mm")) == "gemma3"
     monkeypatch.chdir(fixture("gpt2").parent)
-    assert pt.hf_family("qwen2/config.json") == "qwen2"
-    _, variables = pt.load_hf("gpt2/config.json")
+    assert pt.hf.hf_family("qwen2/config.json") == "qwen2"
+    _, variables = pt.hf.load_hf("gpt2/config.json")
     assert variables["params"]["pos_embedding"].shape == (32, 32)
 
 
 def test_transformers_4_dialect_is_the_same_model():
     # rope_theta + rope_scaling + torch_dtype (4.x) vs rope_parameters + dtype (5.x): transformers 5 gives
     # both the same logits (tools/make_hf_fixtures.py checks it), and so must we.
-    v4, v5 = pt.hf_model(fixture("llama") / "v4"), pt.hf_model(fixture("llama"))
+    v4, v5 = pt.hf.hf_model(fixture("llama") / "v4"), pt.hf.hf_model(fixture("llama"))
     assert options(v4) == options(v5)
     assert v5.rope_scaling == {
         "rope_type": "llama3",
@@ -44,7 +44,7 @@ def test_transformers_4_dialect_is_the_same_model():
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8.0,
     }
-    _, variables = pt.load_hf(fixture("llama") / "v4")
+    _, variables = pt.hf.load_hf(fixture("llama") / "v4")
     assert variables["params"]["unembed"].shape == (320, 32)  # (vocab, embed), as lm_head
 
 
@@ -88,10 +88,10 @@ def test_family_quirks():
 
 
 def test_config_options_and_dtypes_pass_through():
-    model = pt.hf_model(fixture("gemma") / "config.json", dtype="bfloat16", scan_layers=False, remat="full")
+    model = pt.hf.hf_model(fixture("gemma") / "config.json", dtype="bfloat16", scan_layers=False, remat="full")
     assert (model.dtype, model.param_dtype, model.scan_layers, model.remat) == ("bfloat16", "float32", False, "full")
     assert json.loads(model.hf_config) == json.loads((fixture("gemma") / "config.json").read_text())
-    _, variables = pt.load_hf(fixture("llama_bf16"), param_dtype="bfloat16")
+    _, variables = pt.hf.load_hf(fixture("llama_bf16"), param_dtype="bfloat16")
     q = variables["params"]["blocks"]["attn"]["q"]
     assert q.dtype == np.dtype("bfloat16")
     raw = tensors_of(fixture("llama_bf16"))["model.layers.1.self_attn.q_proj.weight"]  # (h k, d)

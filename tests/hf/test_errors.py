@@ -30,7 +30,7 @@ def config_copy(tmp_path, name: str, **changes) -> str:
 def test_missing_tensor(damaged):
     path = damaged("llama", drop=["model.layers.1.mlp.up_proj.weight"])
     with pytest.raises(pt.CheckpointError) as e:
-        pt.load_hf(path)
+        pt.hf.load_hf(path)
     assert one_line(e) == (
         f"{path}: tensor 'model.layers.1.mlp.up_proj.weight' is missing (expected shape [64, 32] from config.json)"
     )
@@ -39,7 +39,7 @@ def test_missing_tensor(damaged):
 def test_extra_tensor(damaged):
     path = damaged("qwen2", add={"model.layers.2.self_attn.q_proj.weight": np.zeros((32, 32), np.float32)})
     with pytest.raises(pt.CheckpointError) as e:
-        pt.load_hf(path)
+        pt.hf.load_hf(path)
     assert one_line(e) == (
         f"{path / 'model.safetensors'}: unexpected tensor 'model.layers.2.self_attn.q_proj.weight': "
         "not part of the model config.json describes"
@@ -49,7 +49,7 @@ def test_extra_tensor(damaged):
 def test_misshaped_tensor(damaged):
     path = damaged("gemma", replace={"model.layers.0.self_attn.k_proj.weight": np.zeros((24, 32), np.float32)})
     with pytest.raises(pt.CheckpointError) as e:
-        pt.load_hf(path)
+        pt.hf.load_hf(path)
     assert one_line(e) == (
         f"{path / 'model.safetensors'}: tensor 'model.layers.0.self_attn.k_proj.weight' has shape [24, 32]; "
         "config.json implies [12, 32]"
@@ -60,20 +60,20 @@ def test_tolerated_non_weights(damaged):
     # Buffers older transformers saved, a tied lm_head duplicate and GPT-2's files without the prefix.
     path = damaged("llama_tied", add={"model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(8, np.float32)})
     tensors = {"lm_head.weight": np.zeros((320, 32), np.float32)}
-    pt.load_hf(damaged("llama_tied", add=tensors))
-    pt.load_hf(path)
+    pt.hf.load_hf(damaged("llama_tied", add=tensors))
+    pt.hf.load_hf(path)
     # The GPT-2 release files say h.0..., wte...: no `transformer.` prefix.
     bare = {k.removeprefix("transformer."): v for k, v in tensors_of(fixture("gpt2")).items()}
     bare["h.0.attn.bias"] = np.ones((1, 1, 32, 32), np.float32)
     out = damaged("gpt2", drop=list(tensors_of(fixture("gpt2"))), add=bare)
-    _, variables = pt.load_hf(out)
+    _, variables = pt.hf.load_hf(out)
     assert variables["params"]["pos_embedding"].shape == (32, 32)
 
 
 def test_unknown_architecture(tmp_path):
     path = config_copy(tmp_path, "llama", architectures=["FalconForCausalLM"])
     with pytest.raises(pt.CheckpointError) as e:
-        pt.load_hf(path)
+        pt.hf.load_hf(path)
     assert one_line(e) == (
         f"{path / 'config.json'}: architecture 'FalconForCausalLM' is not supported; supported: GPT2LMHeadModel, "
         "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, LlamaForCausalLM, "
@@ -81,7 +81,7 @@ def test_unknown_architecture(tmp_path):
         "Qwen3ForCausalLM, Qwen3MoeForCausalLM"
     )
     with pytest.raises(pt.CheckpointError, match="architecture 'FalconForCausalLM'"):
-        pt.hf_model(path)
+        pt.hf.hf_model(path)
 
 
 def test_truncated_file(tmp_path):
@@ -90,13 +90,13 @@ def test_truncated_file(tmp_path):
     data = (path / "model.safetensors").read_bytes()
     (path / "model.safetensors").write_bytes(data[:-100])
     with pytest.raises(pt.CheckpointError) as e:
-        pt.load_hf(path)
+        pt.hf.load_hf(path)
     msg = one_line(e)
     assert msg.startswith(f"{path / 'model.safetensors'}: truncated: tensor 'model.norm.weight' ends at byte ")
     assert msg.endswith(f"but the file has {len(data) - 100} bytes")
     (path / "model.safetensors").write_bytes(data[:5])
     with pytest.raises(pt.CheckpointError) as e:
-        pt.load_hf(path)
+        pt.hf.load_hf(path)
     assert one_line(e) == f"{path / 'model.safetensors'}: not a safetensors file (truncated or damaged header)"
 
 
@@ -105,7 +105,7 @@ def test_a_missing_shard_of_an_index(tmp_path):
     shutil.copytree(fixture("llama_sharded"), path)
     (path / "model-00003-of-00004.safetensors").unlink()
     with pytest.raises(pt.CheckpointError) as e:
-        pt.load_hf(path)
+        pt.hf.load_hf(path)
     assert one_line(e).startswith(
         f"{path / 'model.safetensors.index.json'}: shard model-00003-of-00004.safetensors (tensor "
     )
@@ -124,23 +124,23 @@ def test_pickle_only_checkpoints_are_never_unpickled(tmp_path, monkeypatch):
     monkeypatch.setattr(pickle, "loads", never)
     monkeypatch.setattr(pickle, "Unpickler", never)
     with pytest.raises(pt.CheckpointError) as e:
-        pt.load_hf(path)
+        pt.hf.load_hf(path)
     assert one_line(e).startswith(f"{path} has PyTorch pickle weights (pytorch_model.bin) but no safetensors; convert")
     assert "torch" not in sys.modules
 
 
 def test_missing_or_broken_config(tmp_path):
     with pytest.raises(pt.CheckpointError) as e:
-        pt.load_hf(tmp_path / "nope")
+        pt.hf.load_hf(tmp_path / "nope")
     assert one_line(e).startswith(f"{tmp_path / 'nope'} does not exist")
     (tmp_path / "empty").mkdir()
     shutil.copy(fixture("llama") / "model.safetensors", tmp_path / "empty")
     with pytest.raises(pt.CheckpointError) as e:
-        pt.load_hf(tmp_path / "empty")
+        pt.hf.load_hf(tmp_path / "empty")
     assert one_line(e).startswith(f"{tmp_path / 'empty'} has no config.json")
     (tmp_path / "empty" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"],\n "x": }')
     with pytest.raises(pt.CheckpointError) as e:
-        pt.hf_model(tmp_path / "empty")
+        pt.hf.hf_model(tmp_path / "empty")
     assert one_line(e).startswith(f"{tmp_path / 'empty' / 'config.json'}:2: not valid JSON")
 
 
@@ -148,9 +148,9 @@ def test_no_weights_at_all(tmp_path):
     path = config_copy(tmp_path, "llama")
     for f in path.glob("*.safetensors"):
         f.unlink()
-    assert pt.hf_model(path).layers == 2  # config.json is enough to build (and plan) the model
+    assert pt.hf.hf_model(path).layers == 2  # config.json is enough to build (and plan) the model
     with pytest.raises(pt.CheckpointError) as e:
-        pt.load_hf(path)
+        pt.hf.load_hf(path)
     assert one_line(e) == f"{path} has no model.safetensors or model.safetensors.index.json"
 
 
@@ -219,11 +219,11 @@ def test_no_weights_at_all(tmp_path):
 def test_unsupported_config_fields(tmp_path, name, changes, message):
     path = config_copy(tmp_path, name, **changes)
     with pytest.raises(pt.CheckpointError) as e:
-        pt.hf_model(path)
+        pt.hf.hf_model(path)
     assert one_line(e).startswith(f"{path / 'config.json'}: {message}")
 
 
 def test_bad_arguments_name_the_argument():
     with pytest.raises(pt.ConfigError) as e:
-        pt.hf_model(fixture("llama"), dtype="int8")
+        pt.hf.hf_model(fixture("llama"), dtype="int8")
     assert e.value.arg == "dtype"

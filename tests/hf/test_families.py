@@ -36,7 +36,7 @@ def test_mixed_layers_run_pipelined_with_their_kinds_as_data():
 
 
 def test_gemma3_reads_its_layer_kinds_and_their_ropes():
-    model = pt.hf_model(fixture("gemma3"))
+    model = pt.hf.hf_model(fixture("gemma3"))
     assert model.layer_types == ("sliding_attention", "sliding_attention", "full_attention", "sliding_attention")
     assert (model.sliding_window, model.local_rope_theta, model.local_rope_scaling) == (5, 100.0, None)
     assert (model.rope_theta, model.rope_scaling) == (1e6, {"rope_type": "linear", "factor": 4.0})
@@ -58,7 +58,7 @@ def test_gemma3_reads_its_layer_kinds_and_their_ropes():
 def test_gemma2_soft_caps_change_the_logits():
     # The fixture's attention cap bites: without it, the logits are not transformers' (the final cap, 2.5,
     # bites visibly: the logits' spread is below it).
-    model, variables = pt.load_hf(fixture("gemma2"))
+    model, variables = pt.hf.load_hf(fixture("gemma2"))
     tokens, want = expected("gemma2")
     assert np.abs(logits(model.clone(attn_softcap=None), variables, tokens) - want).max() > 0.05
     assert np.abs(want).max() < 2.5
@@ -70,7 +70,7 @@ def test_gemma2_soft_caps_change_the_logits():
 
 
 def test_phi3_fused_projections_split_per_shard():
-    _, variables = pt.load_hf(fixture("phi3"), mesh_for("fsdp_tp"), "fsdp_tp")
+    _, variables = pt.hf.load_hf(fixture("phi3"), mesh_for("fsdp_tp"), "fsdp_tp")
     attn, mlp = variables["params"]["blocks"]["attn"], variables["params"]["blocks"]["mlp"]
     assert attn["k"].sharding.spec == P(None, "tensor", None, "fsdp")  # (layers, kv_heads, kv, embed)
     assert mlp["wi_1"].sharding.spec == P(None, "tensor", "fsdp")  # (layers, mlp, embed)
@@ -81,13 +81,13 @@ def test_phi3_fused_projections_split_per_shard():
 
 
 def test_the_text_tower_of_a_multimodal_checkpoint(tmp_path):
-    model, variables = pt.load_hf(fixture("gemma3_mm"), mesh_for("fsdp_tp"), "fsdp_tp")
+    model, variables = pt.hf.load_hf(fixture("gemma3_mm"), mesh_for("fsdp_tp"), "fsdp_tp")
     tokens, want = expected("gemma3_mm")
     np.testing.assert_allclose(
         logits(model, variables, tokens, mesh_for("fsdp_tp"), "fsdp_tp"), want, atol=1e-4, rtol=0
     )
     # Saved as the text model it is (the vision tower was never loaded): Gemma3ForCausalLM, model.* names.
-    out = pt.save_hf(model, variables, tmp_path / "text")
+    out = pt.hf.save_hf(model, variables, tmp_path / "text")
     cfg = json.loads((out / "config.json").read_text())
     assert (cfg["architectures"], cfg["model_type"], cfg["num_hidden_layers"]) == (
         ["Gemma3ForCausalLM"],
@@ -98,12 +98,12 @@ def test_the_text_tower_of_a_multimodal_checkpoint(tmp_path):
     text = {k.replace("language_model.model.", "model."): v for k, v in original.items() if k.startswith("language_")}
     assert sorted(saved) == sorted(text)
     assert all(np.array_equal(saved[k].view(np.uint8), text[k].view(np.uint8)) for k in text)
-    _, again = pt.load_hf(out)
+    _, again = pt.hf.load_hf(out)
     assert same_bits(again, variables)
 
 
 def count(path: str) -> int:
-    model = pt.hf_model(path, dtype="bfloat16")
+    model = pt.hf.hf_model(path, dtype="bfloat16")
     shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(pt.unbox(shapes)))
 

@@ -19,10 +19,10 @@ def check_logits(name: str, preset: str, scan: bool) -> dict:
     # Gemma's and Mistral's single kv head cannot split over `tensor`: replicated, with a warning.
     if name in ("gemma", "mistral") and preset == "fsdp_tp":
         with pytest.warns(pt.IndivisibleWarning, match="kv_heads"):
-            model, variables = pt.load_hf(fixture(name), mesh, preset, scan_layers=scan)
+            model, variables = pt.hf.load_hf(fixture(name), mesh, preset, scan_layers=scan)
         assert variables["params"]["embedding"].sharding.spec == P("tensor", "fsdp")
     else:
-        model, variables = pt.load_hf(fixture(name), mesh, preset, scan_layers=scan)
+        model, variables = pt.hf.load_hf(fixture(name), mesh, preset, scan_layers=scan)
     tokens, want = expected(name)
     got = logits(model, variables, tokens, mesh, preset)
     assert got.dtype == np.float32 and got.shape == want.shape
@@ -42,7 +42,7 @@ def test_logits_match_transformers_other_layouts(name, preset, scan):
 
 
 def test_shards_are_placed_by_the_rules():
-    model, variables = pt.load_hf(fixture("qwen2"), mesh_for("fsdp_tp"), "fsdp_tp")
+    model, variables = pt.hf.load_hf(fixture("qwen2"), mesh_for("fsdp_tp"), "fsdp_tp")
     p = variables["params"]
     # Weights are stored (out, in) like torch's Linear (kernel_order: out_in): loading is a reshape.
     assert p["blocks"]["attn"]["q"].sharding.spec == P(None, "tensor", None, "fsdp")  # (layers, heads, kv, embed)
@@ -57,7 +57,7 @@ def test_shards_are_placed_by_the_rules():
 
 
 def test_gpt2_positions_and_fused_qkv_are_laid_out():
-    _, variables = pt.load_hf(fixture("gpt2"), mesh_for("fsdp_tp"), "fsdp_tp", scan_layers=False)
+    _, variables = pt.hf.load_hf(fixture("gpt2"), mesh_for("fsdp_tp"), "fsdp_tp", scan_layers=False)
     p = variables["params"]
     assert p["pos_embedding"].sharding.spec == P(None, "fsdp")  # (positions, embed)
     assert p["block_1"]["attn"]["k"].sharding.spec == P("fsdp", "tensor", None)  # Conv1D: (embed, heads, kv)
@@ -66,7 +66,7 @@ def test_gpt2_positions_and_fused_qkv_are_laid_out():
 
 def test_pipeline_stages_load_their_layers_and_match():
     mesh = mesh_for("pp")
-    model, variables = pt.load_hf(fixture("llama"), mesh, "pp")
+    model, variables = pt.hf.load_hf(fixture("llama"), mesh, "pp")
     q = variables["params"]["blocks"]["attn"]["q"]
     assert q.sharding.spec == P("stage", None, None, None)
     assert {s.data.shape[0] for s in q.addressable_shards} == {1}  # one of the 2 layers per stage
@@ -75,23 +75,23 @@ def test_pipeline_stages_load_their_layers_and_match():
 
 
 def test_without_a_mesh_on_one_device_and_the_context_rules_otherwise():
-    model, variables = pt.load_hf(fixture("mistral"))
+    model, variables = pt.hf.load_hf(fixture("mistral"))
     q = variables["params"]["blocks"]["attn"]["q"]
     assert len(q.sharding.device_set) == 1
     tokens, want = expected("mistral")
     np.testing.assert_allclose(logits(model, variables, tokens), want, atol=1e-4, rtol=0)
     mesh = mesh_for("fsdp_tp")
     with pt.axis_rules("tp"):
-        _, variables = pt.load_hf(fixture("qwen2"), mesh)
+        _, variables = pt.hf.load_hf(fixture("qwen2"), mesh)
     assert variables["params"]["blocks"]["mlp"]["wo"].sharding.spec == P(None, None, "tensor")
-    _, variables = pt.load_hf(fixture("qwen2"), mesh)  # no context: fsdp
+    _, variables = pt.hf.load_hf(fixture("qwen2"), mesh)  # no context: fsdp
     assert variables["params"]["blocks"]["mlp"]["wo"].sharding.spec == P(None, "fsdp", None)
 
 
 def test_an_indivisible_dimension_is_refused_when_asked():
     # The default replicates (above); a user who wants every rule honoured gets the tensor and the axis.
     with pytest.raises(pt.ShardingError) as e:
-        pt.load_hf(fixture("gemma"), mesh_for("fsdp_tp"), "fsdp_tp", on_indivisible="error")
+        pt.hf.load_hf(fixture("gemma"), mesh_for("fsdp_tp"), "fsdp_tp", on_indivisible="error")
     assert str(e.value) == (
         "blocks/attn/k, blocks/attn/v: dim 1 ('kv_heads', size 1) is not divisible by mesh axes ('tensor',) of size 2 "
         "(presets/fsdp_tp.yaml:12: rules[3]); change the rule or the size, or set on_indivisible: replicate"

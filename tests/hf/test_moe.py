@@ -26,7 +26,7 @@ CASES = [
 @pytest.mark.parametrize("name,preset", CASES, ids=[f"{n}-{p}" for n, p in CASES])
 def test_logits_match_transformers(name, preset):
     mesh = pt.make_mesh(MESHES[preset])
-    model, variables = pt.load_hf(fixture(name), mesh, preset)
+    model, variables = pt.hf.load_hf(fixture(name), mesh, preset)
     tokens, want = expected(name)
     got = logits(model, variables, tokens, mesh, preset)
     assert got.shape == want.shape
@@ -38,7 +38,7 @@ def test_logits_match_transformers(name, preset):
 
 
 def test_experts_are_stacked_and_layers_are_dense_or_sparse():
-    model, variables = pt.load_hf(fixture("mixtral"))
+    model, variables = pt.hf.load_hf(fixture("mixtral"))
     p = variables["params"]["blocks"]["mlp"]
     assert {k: v.shape for k, v in p.items()} == {
         "router": (2, 32, 4),
@@ -58,7 +58,7 @@ def test_experts_are_stacked_and_layers_are_dense_or_sparse():
         "norm_topk_prob": True,
     }
     # Qwen3-MoE with layer 1 dense (mlp_only_layers): built per block, each layer its own kind and width.
-    model, variables = pt.load_hf(fixture("qwen3_moe_mixed"))
+    model, variables = pt.hf.load_hf(fixture("qwen3_moe_mixed"))
     assert not model.scan_layers and model.moe_layers == (0, 2)
     p = variables["params"]
     assert p["block_1"]["mlp"]["wi_0"].shape == (64, 32)  # intermediate_size, (mlp, embed)
@@ -69,8 +69,8 @@ def test_experts_are_stacked_and_layers_are_dense_or_sparse():
 @pytest.mark.parametrize("name", ["mixtral", "qwen3_moe_mixed"])
 def test_round_trip_is_bit_exact(name, tmp_path):
     mesh = pt.make_mesh(MESHES["ep"])
-    model, variables = pt.load_hf(fixture(name), mesh, "ep")
-    out = pt.save_hf(model, variables, tmp_path / name)
+    model, variables = pt.hf.load_hf(fixture(name), mesh, "ep")
+    out = pt.hf.save_hf(model, variables, tmp_path / name)
     want, got = tensors_of(fixture(name)), tensors_of(out)
     assert sorted(got) == sorted(want)  # one tensor per expert, as transformers' save_pretrained writes
     for k in want:
@@ -93,7 +93,7 @@ def test_each_expert_tensor_is_read_once_into_the_device_holding_it(monkeypatch)
 
     monkeypatch.setattr(hf_module.Reader, "tensor", tensor)
     mesh = pt.make_mesh({"data": 1, "fsdp": 1, "expert": 2}, devices=jax.devices()[:2])
-    _, variables = pt.load_hf(fixture("mixtral"), mesh, "ep")
+    _, variables = pt.hf.load_hf(fixture("mixtral"), mesh, "ep")
     w1 = [n for n in read if n.endswith(".w1.weight")]
     assert w1 == [f"model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight" for i in range(2) for e in range(4)]
     shards = variables["params"]["blocks"]["mlp"]["wi_0"].addressable_shards
@@ -110,23 +110,25 @@ def test_dropless_inference_and_a_capacity_for_training():
     x = jnp.ones((1, 16, 8))
     router = jnp.zeros((8, 4)).at[:, 0].set(1.0).at[:, 1].set(0.5)
     w = (jnp.ones((4, 8, 4)), jnp.ones((4, 8, 4)), jnp.ones((4, 4, 8)))
-    ffn = jax.jit(lambda cap: pt.moe_ffn(x, router, w, top_k=2, capacity=cap, norm_topk_prob=True)[0], static_argnums=0)
+    ffn = jax.jit(
+        lambda cap: pt.parallel.moe_ffn(x, router, w, top_k=2, capacity=cap, norm_topk_prob=True)[0], static_argnums=0
+    )
     assert bool((jnp.abs(ffn(dropless.capacity(16))) > 0).all())
-    y = ffn(pt.expert_capacity(16, 4, 2, 1.0))
+    y = ffn(pt.parallel.expert_capacity(16, 4, 2, 1.0))
     assert int((jnp.abs(y[0]).sum(-1) > 0).sum()) == 8  # capacity 8: the second half of the tokens skip both
-    model = pt.hf_model(fixture("qwen3_moe"), capacity_factor=1.25)
+    model = pt.hf.hf_model(fixture("qwen3_moe"), capacity_factor=1.25)
     assert model.moe["capacity_factor"] == 1.25 and model.moe["dropless"] is False
     with pytest.raises(pt.ConfigError, match="capacity_factor applies to mixture-of-experts checkpoints"):
-        pt.hf_model(fixture("llama"), capacity_factor=1.25)
+        pt.hf.hf_model(fixture("llama"), capacity_factor=1.25)
 
 
 def test_generate_on_the_fixture():
     """Greedy decoding with a KV cache, experts routed dropless: the first token is transformers' argmax."""
     mesh = pt.make_mesh({"data": 1, "fsdp": 1}, devices=jax.devices()[:1])
-    model, variables = pt.load_hf(fixture("qwen3_moe"), mesh, "fsdp")
+    model, variables = pt.hf.load_hf(fixture("qwen3_moe"), mesh, "fsdp")
     tokens, want = expected("qwen3_moe")
     prompt = [int(t) for t in tokens[0, :6]]
-    new = pt.generate(model, variables["params"], prompt, mesh=mesh, rules="fsdp", max_tokens=3)
+    new = pt.decode.generate(model, variables["params"], prompt, mesh=mesh, rules="fsdp", max_tokens=3)
     assert len(new) == 3 and all(0 <= t < 320 for t in new)
     assert new[0] == int(np.argmax(want[0, 5]))
 
@@ -161,11 +163,11 @@ def test_plan_prints_the_published_parameter_counts(capsys):
 def test_fused_experts_as_transformers_5_holds_them(tmp_path):
     """save_pretrained(save_original_format=False) fuses each layer's experts: read too, saved per expert."""
     mesh = pt.make_mesh(MESHES["ep"])
-    model, variables = pt.load_hf(fixture("mixtral_fused"), mesh, "ep")
+    model, variables = pt.hf.load_hf(fixture("mixtral_fused"), mesh, "ep")
     tokens, want = expected("mixtral_fused")
     np.testing.assert_allclose(logits(model, variables, tokens, mesh, "ep"), want, atol=1e-4, rtol=0)
     fused = tensors_of(fixture("mixtral_fused"))
-    out = tensors_of(pt.save_hf(model, variables, tmp_path / "per_expert"))
+    out = tensors_of(pt.hf.save_hf(model, variables, tmp_path / "per_expert"))
     gate_up = fused["model.layers.1.mlp.experts.gate_up_proj"]  # (experts, 2 mlp, embed): gate, then up
     assert np.array_equal(out["model.layers.1.block_sparse_moe.experts.2.w1.weight"], gate_up[2, :48])
     assert np.array_equal(out["model.layers.1.block_sparse_moe.experts.2.w3.weight"], gate_up[2, 48:])

@@ -36,7 +36,7 @@ def tensors(file) -> dict[str, np.ndarray]:
 def llama():
     """The llama adapter on fsdp_tp (shared by the round trips)."""
     mesh = mesh_for("fsdp_tp")
-    model, variables = pt.load_hf(fixture("llama"), mesh, "fsdp_tp", adapter=PEFT / "llama")
+    model, variables = pt.hf.load_hf(fixture("llama"), mesh, "fsdp_tp", adapter=PEFT / "llama")
     return mesh, model, variables
 
 
@@ -45,7 +45,7 @@ def llama():
 )
 def test_adapter_logits_equal_peft(adapter, base, preset, scan):
     mesh = mesh_for(preset)
-    model, variables = pt.load_hf(fixture(base), mesh, preset, adapter=PEFT / adapter, scan_layers=scan)
+    model, variables = pt.hf.load_hf(fixture(base), mesh, preset, adapter=PEFT / adapter, scan_layers=scan)
     want = np.load(PEFT / adapter / "logits.npy")
     got = logits(model, variables, np.load(fixture(base) / "tokens.npy"), mesh, preset)
     assert got.shape == want.shape
@@ -69,7 +69,7 @@ def test_adapters_are_laid_out_by_the_rules(llama):
 
 def test_export_is_bit_exact_and_merge_equals_merge_and_unload(llama, tmp_path):
     mesh, model, variables = llama
-    out = pt.save_peft(model, variables, tmp_path / "adapter", base="tests/fixtures/hf/llama")
+    out = pt.hf.save_peft(model, variables, tmp_path / "adapter", base="tests/fixtures/hf/llama")
     assert sorted(f.name for f in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     got, want = tensors(out / "adapter_model.safetensors"), tensors(PEFT / "llama" / "adapter_model.safetensors")
     assert sorted(got) == sorted(want) and len(got) == 28
@@ -83,16 +83,16 @@ def test_export_is_bit_exact_and_merge_equals_merge_and_unload(llama, tmp_path):
         assert cfg[key] == ref[key], key
     assert sorted(cfg["target_modules"]) == sorted(ref["target_modules"])
     # Read back: the same model.
-    again_model, again = pt.load_hf(fixture("llama"), mesh, "fsdp_tp", adapter=out)
+    again_model, again = pt.hf.load_hf(fixture("llama"), mesh, "fsdp_tp", adapter=out)
     assert again_model.lora == model.lora
     # Merged: a plain checkpoint whose logits are merge_and_unload's.
     with pytest.raises(pt.ConfigError, match="the model has LoRA adapters: save_peft"):
-        pt.save_hf(model, variables, tmp_path / "merged")
+        pt.hf.save_hf(model, variables, tmp_path / "merged")
     assert not (tmp_path / "merged").exists()
-    merged_dir = pt.save_hf(model, variables, tmp_path / "merged", merge=True)
+    merged_dir = pt.hf.save_hf(model, variables, tmp_path / "merged", merge=True)
     assert sorted(f.name for f in merged_dir.iterdir()) == ["config.json", "model.safetensors"]
     assert not any("lora" in n for n in read_header(merged_dir / "model.safetensors"))
-    merged_model, merged = pt.load_hf(merged_dir, mesh, "fsdp_tp")
+    merged_model, merged = pt.hf.load_hf(merged_dir, mesh, "fsdp_tp")
     assert merged_model.lora is None
     got = logits(merged_model, merged, np.load(fixture("llama") / "tokens.npy"), mesh, "fsdp_tp")
     assert np.abs(got - np.load(PEFT / "llama" / "merged_logits.npy")).max() <= 1e-4
@@ -100,16 +100,16 @@ def test_export_is_bit_exact_and_merge_equals_merge_and_unload(llama, tmp_path):
 
 def test_per_block_params_export_bit_exact(tmp_path):
     """scan_layers false: block_0, block_1 ... hold the adapters; the file is the same (no compile: cheap)."""
-    model, variables = pt.load_hf(fixture("llama"), adapter=PEFT / "llama_rslora", scan_layers=False)
+    model, variables = pt.hf.load_hf(fixture("llama"), adapter=PEFT / "llama_rslora", scan_layers=False)
     assert variables["params"]["block_1"]["mlp"]["wo_lora_a"].shape == (4, 64)
-    out = pt.save_peft(model, variables, tmp_path / "a")
+    out = pt.hf.save_peft(model, variables, tmp_path / "a")
     got, want = tensors(out / "adapter_model.safetensors"), tensors(PEFT / "llama_rslora/adapter_model.safetensors")
     assert sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k]) for k in want)
     cfg = json.loads((out / "adapter_config.json").read_text())
     assert cfg["target_modules"] == ["down_proj", "o_proj", "q_proj", "v_proj"] and cfg["use_rslora"] is True
     assert cfg["base_model_name_or_path"] is None
     with pytest.raises(pt.ConfigError, match="has no LoRA adapters"):
-        pt.save_peft(*pt.load_hf(fixture("llama")), tmp_path / "b")
+        pt.hf.save_peft(*pt.hf.load_hf(fixture("llama")), tmp_path / "b")
     assert not (tmp_path / "b").exists()
 
 
@@ -154,7 +154,7 @@ KB = "base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight"
 def test_bad_adapter_configs_are_one_line_naming_the_key(tmp_path, config, message):
     adapter = copy_adapter(tmp_path, config=config)
     with pytest.raises(pt.CheckpointError) as e:
-        pt.load_hf(fixture("llama"), adapter=adapter)
+        pt.hf.load_hf(fixture("llama"), adapter=adapter)
     assert str(e.value).startswith(f"{adapter / 'adapter_config.json'}: {message}")
     assert "\n" not in str(e.value)
 
@@ -162,7 +162,7 @@ def test_bad_adapter_configs_are_one_line_naming_the_key(tmp_path, config, messa
 def test_bad_adapter_weights_name_the_file_and_tensor(tmp_path):
     # An adapter for another base: Gemma's q_proj is (48, 32), the llama adapter's lora_B (32, 4).
     with pytest.raises(pt.CheckpointError) as e:
-        pt.load_hf(fixture("gemma"), adapter=PEFT / "llama")
+        pt.hf.load_hf(fixture("gemma"), adapter=PEFT / "llama")
     assert str(e.value) == (
         f"{PEFT / 'llama/adapter_model.safetensors'}: tensor 'base_model.model.model.layers.0.self_attn.q_proj."
         f"lora_B.weight' has shape [32, 4]; {fixture('gemma')}/config.json and r=4 imply [48, 4] "
@@ -170,9 +170,9 @@ def test_bad_adapter_weights_name_the_file_and_tensor(tmp_path):
     )
     missing = copy_adapter(tmp_path, drop=[QA])
     with pytest.raises(pt.CheckpointError, match=f"adapter_model.safetensors: tensor '{QA}' is missing"):
-        pt.load_hf(fixture("llama"), adapter=missing)
+        pt.hf.load_hf(fixture("llama"), adapter=missing)
     extra = copy_adapter(tmp_path, "llama_rslora", replace={KB: np.zeros((16, 4), np.float32)})
     with pytest.raises(pt.CheckpointError, match=f"unexpected tensor '{KB}': not a LoRA weight of the modules"):
-        pt.load_hf(fixture("llama"), adapter=extra)
+        pt.hf.load_hf(fixture("llama"), adapter=extra)
     with pytest.raises(pt.CheckpointError, match="has no adapter_config.json: a PEFT adapter is a folder with"):
-        pt.load_hf(fixture("llama"), adapter=fixture("llama"))
+        pt.hf.load_hf(fixture("llama"), adapter=fixture("llama"))

@@ -31,9 +31,9 @@ def same_bits(a, b) -> bool:
 @pytest.mark.parametrize("name", FAMILIES + ["llama_bf16", "qwen2_fp16"])
 def test_saved_files_are_the_originals_and_load_back_bit_exact(name, tmp_path):
     src = fixture(name)
-    model, variables = pt.load_hf(src, mesh_for("fsdp"), "fsdp", scan_layers=name != "gpt2")
+    model, variables = pt.hf.load_hf(src, mesh_for("fsdp"), "fsdp", scan_layers=name != "gpt2")
     disk_dtype = {"llama_bf16": "bfloat16", "qwen2_fp16": "float16"}.get(name)
-    out = pt.save_hf(model, variables, tmp_path / "out", dtype=disk_dtype)
+    out = pt.hf.save_hf(model, variables, tmp_path / "out", dtype=disk_dtype)
     assert out == tmp_path / "out"
     assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
     original = json.loads((src / "config.json").read_text())
@@ -44,14 +44,14 @@ def test_saved_files_are_the_originals_and_load_back_bit_exact(name, tmp_path):
     assert sorted(got) == sorted(want)
     for k in want:
         assert got[k].dtype == want[k].dtype and np.array_equal(got[k].view(np.uint8), want[k].view(np.uint8)), k
-    again, variables2 = pt.load_hf(out, scan_layers=name != "gpt2")
+    again, variables2 = pt.hf.load_hf(out, scan_layers=name != "gpt2")
     assert same_bits(variables2, variables)
 
 
 def test_safetensors_reads_what_save_hf_writes(tmp_path):
     numpy_reader = pytest.importorskip("safetensors.numpy")
-    model, variables = pt.load_hf(fixture("gpt2"))
-    out = pt.save_hf(model, variables, tmp_path / "gpt2")
+    model, variables = pt.hf.load_hf(fixture("gpt2"))
+    out = pt.hf.save_hf(model, variables, tmp_path / "gpt2")
     theirs = numpy_reader.load_file(out / "model.safetensors")
     ours = tensors_of(out)
     assert sorted(theirs) == sorted(ours)
@@ -63,8 +63,8 @@ def test_safetensors_reads_what_save_hf_writes(tmp_path):
 
 
 def test_sharded_save_with_an_index_then_a_single_file_replaces_it(tmp_path):
-    model, variables = pt.load_hf(fixture("llama_sharded"), mesh_for("fsdp_tp"), "fsdp_tp")
-    out = pt.save_hf(model, variables, tmp_path / "out", max_shard_size="40KB")
+    model, variables = pt.hf.load_hf(fixture("llama_sharded"), mesh_for("fsdp_tp"), "fsdp_tp")
+    out = pt.hf.save_hf(model, variables, tmp_path / "out", max_shard_size="40KB")
     index = json.loads((out / "model.safetensors.index.json").read_text())
     files = sorted(f for f in os.listdir(out) if f.endswith(".safetensors"))
     assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
@@ -72,15 +72,15 @@ def test_sharded_save_with_an_index_then_a_single_file_replaces_it(tmp_path):
     assert index["metadata"]["total_size"] == sum(v.nbytes for v in tensors_of(out).values())
     assert all((out / f).stat().st_size < 40_000 + 4096 for f in files)
     assert sorted(index["weight_map"]) == sorted(tensors_of(fixture("llama_sharded")))
-    _, again = pt.load_hf(out)
+    _, again = pt.hf.load_hf(out)
     assert same_bits(again, variables)
-    pt.save_hf(model, variables, out)  # one file now: the old shards and index go
+    pt.hf.save_hf(model, variables, out)  # one file now: the old shards and index go
     assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
 
 
 def test_a_failed_save_changes_nothing_on_disk(tmp_path, monkeypatch):
-    model, variables = pt.load_hf(fixture("qwen2"))
-    out = pt.save_hf(model, variables, tmp_path / "out")
+    model, variables = pt.hf.load_hf(fixture("qwen2"))
+    out = pt.hf.save_hf(model, variables, tmp_path / "out")
     before = {f: (out / f).read_bytes() for f in os.listdir(out)}
     calls = []
 
@@ -93,10 +93,10 @@ def test_a_failed_save_changes_nothing_on_disk(tmp_path, monkeypatch):
     failing.__wrapped__ = hf_write.host_value
     monkeypatch.setattr(hf_write, "host_value", failing)
     with pytest.raises(OSError):
-        pt.save_hf(model, variables, out, dtype="bfloat16")
+        pt.hf.save_hf(model, variables, out, dtype="bfloat16")
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
     with pytest.raises(OSError):
-        pt.save_hf(model, variables, tmp_path / "new")
+        pt.hf.save_hf(model, variables, tmp_path / "new")
     assert not (tmp_path / "new").exists()
 
 
@@ -114,36 +114,36 @@ def test_a_plain_gpt_exports_as_llama_and_mistral(tmp_path):
         # Random values of the init's shapes: compiling GPT's init takes ~20 s on a loaded 2-core host.
         abstract = pt.unbox(jax.eval_shape(model.init, jax.random.key(0), tokens))
         variables = jax.tree.map(lambda a: rng.normal(0, 0.3, a.shape).astype(a.dtype), abstract)
-        out = pt.save_hf(model, variables, tmp_path / arch)
+        out = pt.hf.save_hf(model, variables, tmp_path / arch)
         assert json.loads((out / "config.json").read_text())["architectures"] == [arch]
         # Loaded back as the Llama family: weights stored (out, in), the same function.
-        again, variables2 = pt.load_hf(out)
+        again, variables2 = pt.hf.load_hf(out)
         assert variables2["params"]["blocks"]["attn"]["q"].shape == (2, 4, 8, 32)
         np.testing.assert_allclose(logits(again, variables2, tokens), logits(model, variables, tokens), atol=1e-5)
-        out2 = pt.save_hf(again, variables2, tmp_path / f"{arch}-again")
+        out2 = pt.hf.save_hf(again, variables2, tmp_path / f"{arch}-again")
         first, second = tensors_of(out), tensors_of(out2)
         assert sorted(first) == sorted(second) and all(np.array_equal(first[k], second[k]) for k in first)
     with pytest.raises(pt.ConfigError, match="moe"):
-        pt.save_hf(GPT(moe={"experts": 2}), {}, tmp_path / "moe")
+        pt.hf.save_hf(GPT(moe={"experts": 2}), {}, tmp_path / "moe")
 
 
 def test_save_hf_refuses_parameters_of_another_shape(tmp_path):
-    model, variables = pt.load_hf(fixture("llama"))
-    other, _ = pt.load_hf(fixture("llama_sharded"))
+    model, variables = pt.hf.load_hf(fixture("llama"))
+    other, _ = pt.hf.load_hf(fixture("llama_sharded"))
     wrong = jax.tree.map(lambda x: x, variables)
     wrong["params"]["embedding"] = np.zeros((10, 32), np.float32)
     with pytest.raises(pt.CheckpointError, match=r"embedding has shape \[10, 32\]; the model has \[320, 32\]"):
-        pt.save_hf(model, wrong, tmp_path / "x")
+        pt.hf.save_hf(model, wrong, tmp_path / "x")
     with pytest.raises(pt.ConfigError, match="dtype"):
-        pt.save_hf(model, variables, tmp_path / "x", dtype="int8")
+        pt.hf.save_hf(model, variables, tmp_path / "x", dtype="int8")
     assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.skipif(not HF_PYTHON, reason="set PARTITIONING_HF_PYTHON to a Python with transformers")
 @pytest.mark.parametrize("name", FAMILIES)
 def test_transformers_loads_what_save_hf_writes(name, tmp_path, repo):
-    model, variables = pt.load_hf(fixture(name), mesh_for("fsdp"), "fsdp")
-    out = pt.save_hf(model, variables, tmp_path / name, max_shard_size="50KB")
+    model, variables = pt.hf.load_hf(fixture(name), mesh_for("fsdp"), "fsdp")
+    out = pt.hf.save_hf(model, variables, tmp_path / name, max_shard_size="50KB")
     r = subprocess.run(
         [HF_PYTHON, str(repo / "tools" / "make_hf_fixtures.py"), "--check", str(out), "--expect", str(fixture(name))],
         capture_output=True,

@@ -36,7 +36,7 @@ def test_the_reference_gpt_and_an_hf_checkpoint_take_model_lora(folder):
     assert isinstance(gpt, GPT) and gpt.lora == {"rank": 4, "targets": ["attn/(q|v)$"]}
     cfg = config(folder, f"  hf: llama\n{lora}", "train: {batch_size: 8, seq_len: 16}\n")
     model, abstract = abstract_model(cfg)
-    assert pt.LoRA.parse(model.lora) == pt.LoRA(rank=4, targets=("attn/(q|v)$",))
+    assert pt.finetune.LoRA.parse(model.lora) == pt.finetune.LoRA(rank=4, targets=("attn/(q|v)$",))
     assert pt.logical_names(abstract)["params"]["blocks"]["attn"]["v_lora_b"] == ("layers", "kv_heads", "kv", "lora")
     assert "k_lora_a" not in abstract["params"]["blocks"]["attn"]
 
@@ -52,7 +52,7 @@ def test_a_users_target_model_gets_the_weight_path(folder):
         built, abstract = abstract_model(cfg)
     finally:
         sys.path.remove(str(REPO))
-    assert isinstance(built, pt.LoRAModel) and built.lora == pt.LoRA(rank=2, targets=("^wi$",))
+    assert isinstance(built, pt.finetune.LoRAModel) and built.lora == pt.finetune.LoRA(rank=2, targets=("^wi$",))
     names = pt.logical_names(abstract)["params"]
     assert names["wi_lora_a"] == ("embed", "lora") and names["wi_lora_b"] == ("lora", "mlp")
     assert "wo_lora_a" not in names
@@ -113,7 +113,7 @@ def test_a_short_lora_fine_tune_from_yaml(folder, run_cli_in_process):
         json.loads(x)["loss"] for x in (folder / "runs/lora/metrics.jsonl").read_text().splitlines() if "loss" in x
     ]
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
-    meta = pt.checkpoint_metadata(folder / "runs/lora/checkpoints")
+    meta = pt.checkpoint.checkpoint_metadata(folder / "runs/lora/checkpoints")
     assert meta["arrays"]["params/blocks/attn/q_lora_a"]["names"] == ["layers", "lora", "embed"]
     assert meta["arrays"]["params/blocks/attn/v_lora_b"]["names"] == ["layers", "kv_heads", "kv", "lora"]
     # The adapters trained: lora_b left zero.

@@ -175,10 +175,10 @@ def test_adapters_in_bfloat16_params_stay_float32():
 def test_load_hf_with_lora_gives_the_checkpoints_logits_then_the_merged_weights(preset):
     mesh = pt.make_mesh(MESHES[preset])
     tokens, want = np.load(f"{LLAMA}/tokens.npy"), np.load(f"{LLAMA}/logits.npy")
-    model, variables = pt.load_hf(
+    model, variables = pt.hf.load_hf(
         LLAMA, mesh, preset, lora={"rank": 4, "alpha": 8, "targets": ["attn/(q|v)$", "mlp/wo"]}
     )
-    base, params = pt.hf_model(LLAMA), variables["params"]
+    base, params = pt.hf.hf_model(LLAMA), variables["params"]
     q_b = params["blocks"]["attn"]["q_lora_b"]  # out_in, as PEFT's lora_B.weight (out, r): (layers, heads, kv, lora)
     assert q_b.shape == (2, 4, 8, 4) and not np.asarray(q_b).any()
     assert q_b.sharding.spec == (P(None, "tensor", None, None) if preset == "fsdp_tp" else P(None, None, None, None))
@@ -213,7 +213,7 @@ def test_the_weight_path_on_an_nnx_model_equals_the_activation_path_of_the_linen
     GPT makes (q: A (layers, embed, lora), B (layers, lora, heads, kv)); with the same params, the same logits."""
     mesh, model, base, params, scale = gpts[True, "fsdp"]
     params = random_adapters(params)
-    twin = pt.LoRAModel(pt.NNXModel(lambda rngs: NNXGPT(**KW, rngs=rngs)), LORA)
+    twin = pt.finetune.LoRAModel(pt.NNXModel(lambda rngs: NNXGPT(**KW, rngs=rngs)), LORA)
     abstract = twin.abstract((TOKENS,), {})["params"]
     lin = pt.logical_names(jax.eval_shape(model.init, jax.random.key(0), TOKENS))["params"]
     assert pt.logical_names(abstract) == lin  # every adapter: the same shape and names on both paths
@@ -227,7 +227,7 @@ def test_the_weight_path_on_an_nnx_model_equals_the_activation_path_of_the_linen
 def test_the_weight_path_on_a_users_linen_model_starts_at_the_base_and_lays_out_by_the_rules():
     mesh = pt.make_mesh(MESHES["fsdp_tp"])
     lm = MaxTextStyleLM(vocab=64, embed=32, mlp=64)
-    model = pt.LoRAModel(lm, pt.LoRA(rank=2, targets=["^w[io]$"]))
+    model = pt.finetune.LoRAModel(lm, pt.finetune.LoRA(rank=2, targets=["^w[io]$"]))
     tokens = (TOKENS,)
     shardings = pt.unbox(pt.tree_shardings(model.abstract(tokens, {}), mesh, "fsdp_tp"))
     variables = jax.device_put(model.init(jax.random.key(0), tokens, {}), shardings)
@@ -256,8 +256,8 @@ def test_lora_model_refuses_dropout_and_names_what_a_target_could_match():
         pt.ConfigError,
         match=r"lora.dropout must be 0 for this model, got 0.1: dropout on the adapters' input needs the activation",
     ):
-        pt.LoRAModel(nn.Dense(4), {"rank": 2, "targets": ["kernel"], "dropout": 0.1})
-    model = pt.LoRAModel(nn.Dense(4), {"rank": 2, "targets": ["kernal"]})
+        pt.finetune.LoRAModel(nn.Dense(4), {"rank": 2, "targets": ["kernel"], "dropout": 0.1})
+    model = pt.finetune.LoRAModel(nn.Dense(4), {"rank": 2, "targets": ["kernal"]})
     with pytest.raises(pt.ConfigError) as e:
         model.abstract((jnp.zeros((2, 8)),), {})
     assert str(e.value) == (

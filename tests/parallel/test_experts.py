@@ -133,7 +133,7 @@ def test_ep_moves_tokens_with_all_to_all_and_keeps_expert_weights_in_place(runs)
     # embed) buffer of this device: 16 sequences / 8 devices x 8 experts x 32 tokens (dropless) x 32 floats.
     assert a2a["count"] == 8 and a2a["bytes"] == 8 * (2 * 8 * 32 * 32 * 4)
     # ... which is the analytic figure `plan` prints.
-    costs = pt.parallel_costs(tr.model, tr.abstract_state.params, EP[0], EP[1], batch_size=16, seq_len=32)
+    costs = pt.plan.parallel_costs(tr.model, tr.abstract_state.params, EP[0], EP[1], batch_size=16, seq_len=32)
     assert costs["experts"]["all_to_all_count"] == a2a["count"] and costs["experts"]["all_to_all_bytes"] == a2a["bytes"]
     assert costs["pipeline"]["stages"] == 1 and costs["pipeline"]["collective_permute_bytes"] == 0
     assert sum(v["all-to-all"]["count"] for k, v in by_axis.items() if k != "expert") == 0

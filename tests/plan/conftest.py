@@ -27,7 +27,7 @@ def make_mlp():
     """make_mlp(**overrides): the registry's "mlp" (vocab 64, embed 32, mlp 256, layers 2)."""
 
     def _mlp(**kw):
-        return pt.build_model("mlp", **({"vocab_size": 64, "embed": 32, "mlp": 256, "layers": 2} | kw))
+        return pt.model.build_model("mlp", **({"vocab_size": 64, "embed": 32, "mlp": 256, "layers": 2} | kw))
 
     return _mlp
 
@@ -37,7 +37,7 @@ def make_gpt():
     """make_gpt(**overrides): the registry's "gpt" (vocab 64, embed 32, heads 4, mlp 64, layers 2)."""
 
     def _gpt(**kw):
-        return pt.build_model("gpt", **({"vocab_size": 64, "embed": 32, "heads": 4, "mlp": 64, "layers": 2} | kw))
+        return pt.model.build_model("gpt", **({"vocab_size": 64, "embed": 32, "heads": 4, "mlp": 64, "layers": 2} | kw))
 
     return _gpt
 

@@ -173,7 +173,7 @@ def test_adjacent_seeds_do_not_share_epochs():
 
 
 def test_array_batches_read_only_this_process_rows():
-    data = pt.ArrayDataset(
+    data = pt.data.ArrayDataset(
         {"inputs": np.arange(200 * 3, dtype=np.float32).reshape(200, 3), "targets": np.arange(200, dtype=np.int32)},
         eval_fraction=0.1,
     )

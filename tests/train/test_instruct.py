@@ -21,7 +21,7 @@ MISTRAL = REPO / "tests" / "fixtures" / "chat" / "mistral"  # Mistral-7B-Instruc
 
 @pytest.fixture(scope="module")
 def tok():
-    return pt.load_tokenizer(LLAMA)
+    return pt.data.load_tokenizer(LLAMA)
 
 
 def write_jsonl(path: Path, rows: list) -> Path:

@@ -92,7 +92,7 @@ def test_reference_gpt(mesh):
 
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_hf_decoders(mesh, name):
-    model, variables = pt.load_hf(HF / name, mesh, "fsdp")
+    model, variables = pt.hf.load_hf(HF / name, mesh, "fsdp")
     check_packed_equals_alone(model, variables, mesh, "fsdp")
 
 

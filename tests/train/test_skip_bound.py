@@ -15,8 +15,8 @@ def test_consecutive_skipped_steps_past_the_bound_stop_the_run():
     mesh = pt.make_mesh({"data": 1, "fsdp": -1})
     # A learning rate that makes every parameter infinite after the first update: every later step is non-finite.
     trainer = pt.Trainer(MLP(), optax.sgd(1e38), mesh, "fsdp", batch_size=8, seq_len=16, on_nonfinite="skip_step")
-    batches = pt.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
-    logger = pt.JsonlLogger(None)
+    batches = pt.data.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding)
+    logger = pt.train.JsonlLogger(None)
     with pytest.raises(NonFiniteError) as e:
         pt.fit(
             trainer,

@@ -217,7 +217,7 @@ def test_compiled_step_is_inspectable_and_donates_state(gpt_fsdp, seq_len):
     trainer = gpt_fsdp
     compiled = trainer.lower_train_step().compile()
     mem = compiled.memory_analysis()
-    state_bytes = pt.per_device_bytes(trainer.state_layouts()) + 4  # + the step counter
+    state_bytes = pt.layout.per_device_bytes(trainer.state_layouts()) + 4  # + the step counter
     batch_bytes = 2 * (trainer.batch_size // 8) * seq_len * 4
     # Arguments are the per-device shards only; the whole state is aliased to the output (donated).
     assert mem.argument_size_in_bytes == pytest.approx(state_bytes + batch_bytes, rel=0.01)
@@ -257,7 +257,7 @@ def test_declared_batch_axes_shard_the_batch_and_the_compute_layout(tiny_gpt, se
     assert trainer.batch_sharding.spec == P("data", None)
     # Params keep their stored (rule) layout; the step computes with them sharded over fsdp too.
     assert trainer.state_shardings.params["blocks"]["mlp"]["wi_0"].spec == P(None, "fsdp", None)
-    assert pt.compute_spec(("embed", "mlp"), rules) == P("fsdp", None)
+    assert pt.boxes.compute_spec(("embed", "mlp"), rules) == P("fsdp", None)
 
 
 @pytest.mark.slow  # ~15 s: five compiles of the GPT step (the Auto runs are auto_runs')

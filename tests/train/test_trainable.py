@@ -38,7 +38,7 @@ def optimizer():
 
 
 def batches(trainer):
-    return pt.TokenBatches((np.arange(8192) * 7) % 64, trainer.batch_size, 16, trainer.batch_sharding)
+    return pt.data.TokenBatches((np.arange(8192) * 7) % 64, trainer.batch_size, 16, trainer.batch_sharding)
 
 
 def host(tree):
@@ -83,9 +83,9 @@ def test_frozen_paths_and_the_error_for_a_regex_matching_nothing():
     with pytest.raises(ConfigError, match=r"^trainable: 'lora' matches no parameter \(12 params: blocks/attn/k, "):
         pt.Trainer(MODEL, optimizer(), mesh, "fsdp", batch_size=8, seq_len=16, trainable=["wo", "lora"])
     with pytest.raises(ConfigError, match=r"^trainable: '\(' is not a valid regex: missing \), unterminated"):
-        pt.trainable_paths(["("], ["embedding"])
+        pt.finetune.trainable_paths(["("], ["embedding"])
     with pytest.raises(ConfigError, match="an empty list trains nothing"):
-        pt.trainable_paths([], ["embedding"])
+        pt.finetune.trainable_paths([], ["embedding"])
     # a model with LoRA adapters: only they train unless told otherwise
     lora = GPT(vocab_size=64, embed=32, heads=2, mlp=64, layers=2, lora={"rank": 2, "targets": ["mlp/wo"]})
     trainer = pt.Trainer(lora, optimizer(), mesh, "fsdp", batch_size=8, seq_len=16)

@@ -19,7 +19,7 @@ PRESETS = ("dp", "fsdp", "tp", "fsdp_tp", "seq")
 @pytest.fixture(scope="session")
 def gpt_state():
     """(model, boxed abstract params, boxed abstract optimizer state) of a 2-layer GPT; batch 8 x 16."""
-    model = pt.build_model("gpt", **GPT)
+    model = pt.model.build_model("gpt", **GPT)
     params, opt = abstract_train_state(model, optax.adamw(1e-3), batch_size=B, seq_len=T)
     return model, params, opt
 

@@ -108,7 +108,7 @@ def test_a_compiled_view_replaces_the_estimates(run_search):
 @pytest.fixture(scope="module")
 def moe_search():
     """A 4-layer scanned MoE GPT (8 experts, top 2) on 8 devices, priced over pp, pp_fsdp, ep and fsdp."""
-    model = pt.build_model(
+    model = pt.model.build_model(
         "gpt",
         vocab_size=64,
         embed=32,
@@ -165,7 +165,7 @@ def test_stage_candidates_split_the_stacked_layers(moe_search):
     ],
 )
 def test_pipeline_and_expert_bytes_equal_what_plan_traces(moe_search, rules, mesh, micro, repeats):
-    """The tuner's collective-permute and all-to-all bytes are plan's (pt.parallel_costs traces that layout)."""
+    """The tuner's collective-permute and all-to-all bytes are plan's (pt.plan.parallel_costs traces that layout)."""
     model, params, s, _ = moe_search
     [r] = [
         r
@@ -179,7 +179,7 @@ def test_pipeline_and_expert_bytes_equal_what_plan_traces(moe_search, rules, mes
         and r.candidate.remat is None
         and not r.candidate.zero1
     ]
-    costs = pt.parallel_costs(
+    costs = pt.plan.parallel_costs(
         model,
         params,
         mesh,

@@ -23,7 +23,7 @@ def test_shape_from_logical_names(gpt_workload):
 
 
 def test_unscanned_layers_are_counted_from_their_names():
-    model = pt.build_model("gpt", vocab_size=64, embed=32, heads=4, mlp=64, layers=3, scan_layers=False)
+    model = pt.model.build_model("gpt", vocab_size=64, embed=32, heads=4, mlp=64, layers=3, scan_layers=False)
     params, opt = abstract_train_state(model, optax.adamw(1e-3), batch_size=8, seq_len=16)
     assert workload(build_plan(params, opt, {"data": 1}, Rules([])).params, batch_size=8, seq_len=16).layers == 3
 
@@ -52,7 +52,7 @@ def test_flops_per_step(gpt_workload):
 )
 def test_activation_estimate_is_near_the_compiled_peak(rules, mesh, remat):
     b, t = 16, 256
-    model = pt.build_model("gpt", vocab_size=512, embed=256, heads=8, mlp=1024, layers=2, remat=remat)
+    model = pt.model.build_model("gpt", vocab_size=512, embed=256, heads=8, mlp=1024, layers=2, remat=remat)
     tx = optax.adamw(1e-3)
     trainer = pt.Trainer(model, tx, pt.make_mesh(mesh), rules, batch_size=b, seq_len=t)
     m = trainer.lower_train_step().compile().memory_analysis()
