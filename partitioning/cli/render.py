@@ -211,13 +211,15 @@ def render_axes(report: dict[str, Any], console: Any) -> None:
         )
 
 
-def nodes_line(nodes: Mapping[str, Any]) -> str:
-    """``nodes: 4 x 8 devices (mesh.nodes {data: 4}); across nodes: data; inside one node: fsdp, tensor``."""
+def nodes_line(nodes: Mapping[str, Any], configured: bool = True) -> str:
+    """``nodes: 4 x 8 devices (mesh.nodes {data: 4}); across nodes: data (4 nodes); inside one node: fsdp``
+    (``configured=False``: the layout a run found on its devices, without naming the key)."""
     across = [f"{a} ({n} nodes)" for a, n in nodes["axes"].items() if n > 1]
     inside = [a for a, n in nodes["axes"].items() if n == 1]
+    key = f" (mesh.nodes {fmt_mesh(nodes['split'])})" if configured else ""
     return (
-        f"nodes: {nodes['count']} x {nodes['per_node']} devices (mesh.nodes {fmt_mesh(nodes['split'])}); "
-        f"across nodes: {', '.join(across) or 'nothing'}; inside one node: {', '.join(inside) or 'nothing'}"
+        f"nodes: {nodes['count']} x {nodes['per_node']} devices{key}; across nodes: {', '.join(across) or 'nothing'}"
+        f"; inside one node: {', '.join(inside) or 'nothing'}"
     )
 
 

@@ -171,9 +171,10 @@ def nodes_by_axis(ids: np.ndarray, names: Sequence[str]) -> dict[str, int]:
     return out
 
 
-def node_layout(sizes: Mapping[str, int], nodes: Mapping[str, int]) -> dict[str, Any]:
-    """How a mesh of ``sizes`` sits on nodes split by ``nodes``: their count, devices per node, the split and
-    per axis the nodes its groups span (what ``plan`` and ``check`` print).
+def node_layout(sizes: Mapping[str, int], nodes: Mapping[str, int] | None = None, ids: Any = None) -> dict[str, Any]:
+    """How a mesh of ``sizes`` sits on nodes: their count, devices per node, the split (``{axis: nodes}``) and per
+    axis the nodes its groups span (what ``plan``, ``check`` and ``train`` print). From ``nodes`` (the plan of
+    a ``mesh.nodes``) or ``ids`` (each device's node, :func:`partitioning.mesh.mesh_node_ids`: what was built).
 
     Example::
 
@@ -181,14 +182,15 @@ def node_layout(sizes: Mapping[str, int], nodes: Mapping[str, int]) -> dict[str,
         >>> node_layout({"data": 4, "fsdp": 8}, {"data": 4})
         {'count': 4, 'per_node': 8, 'split': {'data': 4}, 'axes': {'data': 4, 'fsdp': 1}}
     """
-    split = {a: int(n) for a, n in nodes.items() if int(n) > 1}
-    count = math.prod(split.values())
-    ids = node_ids(sizes, split)
+    if ids is None:
+        ids = node_ids(sizes, {a: int(n) for a, n in (nodes or {}).items()})
+    axes = nodes_by_axis(np.asarray(ids).reshape([int(s) for s in sizes.values()]), list(sizes))
+    count = len(np.unique(ids))
     return {
         "count": count,
         "per_node": math.prod(sizes.values()) // count,
-        "split": split,
-        "axes": nodes_by_axis(ids, list(sizes)),
+        "split": {a: n for a, n in axes.items() if n > 1},
+        "axes": axes,
     }
 
 
