@@ -73,16 +73,23 @@ def _slurm_env(job: int, rank: int, ntasks: int) -> dict[str, str]:
     }
 
 
-def _wait(procs, timeout):
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=timeout))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a multi-process run timed out")
-    return outs
+def _launch(cmds_envs, tmp_path, repo, timeout=600):
+    """Starts one process per (command, environment), output to files (a full pipe never blocks a process);
+    waits for all; returns each one's (return code, output)."""
+    logs = [tmp_path / f"process{i}.log" for i in range(len(cmds_envs))]
+    procs = []
+    for (cmd, env), log in zip(cmds_envs, logs, strict=True):
+        with open(log, "w") as f:
+            procs.append(subprocess.Popen(cmd, cwd=repo, env=env, stdout=f, stderr=subprocess.STDOUT, text=True))
+    try:
+        for p in procs:
+            p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for q in procs:
+            q.kill()
+        tails = "\n".join(f"-- process {i}:\n{log.read_text()[-1500:]}" for i, log in enumerate(logs))
+        pytest.fail(f"a multi-process run timed out\n{tails}")
+    return [(p.returncode, log.read_text()) for p, log in zip(procs, logs, strict=True)]
 
 
 @pytest.mark.slow
@@ -91,27 +98,27 @@ def test_srun_train_on_two_nodes_matches_one_process(repo, tmp_path):
     cfg.write_text(NODES_CFG)
     cmd = [sys.executable, "-m", "partitioning", "train", str(cfg), "--no-progress"]
     job = _slurm_job_id()
-    procs = [
-        subprocess.Popen(
-            cmd + ["--distributed", "--set", f"run_dir={tmp_path / 'multi'}"],
-            cwd=repo,
-            env=_slurm_env(job, i, 2),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    single = subprocess.run(
-        cmd + ["--set", f"run_dir={tmp_path / 'single'}"], cwd=repo, env=_clean_env(), capture_output=True, text=True
-    )
-    outs = _wait(procs, 300)
-    assert single.returncode == 0, single.stderr[-2000:]
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-3000:]
+    multi = cmd + ["--distributed", "--set", f"run_dir={tmp_path / 'multi'}"]
+    # No CPU profile yet (remat: auto measures one): process 0 measures it on its own devices and shares it, so
+    # both choose one remat policy, and the single process after them reads it back from the cache.
+    profiles = {"PARTITIONING_CACHE": str(tmp_path / "profiles")}
+    outs = _launch([(multi, _slurm_env(job, i, 2) | profiles) for i in range(2)], tmp_path, repo)
+    for code, out in outs:
+        assert code == 0, out[-3000:]
     # Found on the devices the run got (device.process_index): data spans the two nodes, fsdp stays inside.
-    assert "nodes: 2 x 4 devices; across nodes: data (2 nodes); inside one node: fsdp" in outs[0][0].splitlines()
-    assert "nodes:" not in single.stdout  # one process: one node, the same mesh
+    assert "nodes: 2 x 4 devices; across nodes: data (2 nodes); inside one node: fsdp" in outs[0][1].splitlines()
+    # One process (after the two: they share this machine's cores): one node, the same mesh shape.
+    single = subprocess.run(
+        cmd + ["--set", f"run_dir={tmp_path / 'single'}"],
+        cwd=repo,
+        env=_clean_env() | profiles,
+        capture_output=True,
+        text=True,
+    )
+    remat = [line.split(":", 2)[1] for line in outs[0][1].splitlines() if line.startswith("remat: auto")]
+    assert remat and f"remat:{remat[0]}:" in single.stdout  # the same policy
+    assert single.returncode == 0, single.stderr[-2000:]
+    assert "nodes:" not in single.stdout
 
     def losses(run):
         return [json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
@@ -123,26 +130,13 @@ def test_srun_train_on_two_nodes_matches_one_process(repo, tmp_path):
 @pytest.mark.slow
 def test_four_processes_as_nodes_from_the_jobset_variables(repo, tmp_path, free_port):
     port = free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "tests/multihost/nodes_worker.py", str(tmp_path)],
-            cwd=repo,
-            env=_clean_env()
-            | {
-                "PYTHONPATH": str(repo),
-                "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
-                "JAX_NUM_PROCESSES": "4",
-                "JAX_PROCESS_ID": str(i),
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(4)
-    ]
-    outs = _wait(procs, 300)
-    for p, (out, _) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+    worker = [sys.executable, "tests/multihost/nodes_worker.py", str(tmp_path)]
+    env = _clean_env() | {"PYTHONPATH": str(repo), "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}"}
+    outs = _launch(
+        [(worker, env | {"JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": str(i)}) for i in range(4)], tmp_path, repo
+    )
+    for code, out in outs:
+        assert code == 0, out[-3000:]
     r = json.loads((tmp_path / "nodes.json").read_text())
     assert r["process_count"] == 4 and r["local"] == 2
 
