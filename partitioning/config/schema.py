@@ -20,21 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictInt,
-    StrictStr,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from partitioning.errors import did_you_mean
 from partitioning.fmt import parse_bytes
-from partitioning.mesh import nodes_problem
 from partitioning.rules import Rules
 from partitioning.yamlfile import Key, dump_yaml, where
 
@@ -44,7 +33,7 @@ class Section(BaseModel):
 
 
 class MeshConfig(Section):
-    """``mesh:``: axis names and sizes, axis types, devices and their memory."""
+    """``mesh:``: axis names and sizes, axis types, the nodes they span, devices and their memory."""
 
     shape: dict[StrictStr, StrictInt] = Field(
         default_factory=lambda: {"data": 1, "fsdp": -1}, description="ordered {axis: size}; at most one -1 (the rest)"
@@ -58,12 +47,7 @@ class MeshConfig(Section):
         default_factory=list,
         description="mesh axes no rule uses, kept on purpose (every device along them repeats the same work)",
     )
-    nodes: dict[StrictStr, StrictInt] | None = Field(
-        default=None,
-        description="on a cluster, {axis: nodes}: the axes (or a factor of an axis' size) that span nodes, one "
-        "process per node (slices on TPUs); the rest of the mesh stays inside a node, e.g. {data: 4} for "
-        "shape {data: 4, fsdp: 8} on 4 nodes of 8 devices. One process: planned only (plan, tune price it)",
-    )
+    nodes: dict[StrictStr, StrictInt] | None = Field(default=None, description="{axis: nodes}: axes that span nodes")
 
     @field_validator("shape")
     @classmethod
@@ -87,14 +71,6 @@ class MeshConfig(Section):
                     f"unused_axes: {a!r} is not a mesh axis ({', '.join(self.shape)}){did_you_mean(a, self.shape)}"
                 )
         return self
-
-    @field_validator("nodes")
-    @classmethod
-    def _nodes(cls, v: dict[str, int] | None, info: ValidationInfo) -> dict[str, int] | None:
-        problem = nodes_problem(info.data.get("shape") or {}, v or {}) if "shape" in info.data else None
-        if problem:
-            raise ValueError(problem)
-        return v
 
     @field_validator("device_memory")
     @classmethod
@@ -183,6 +159,9 @@ class HfModelConfig(Section):
         description="attention kernel: xla (the toolkit's einsums, every option), cudnn "
         "(jax.nn.dot_product_attention's flash kernel: an NVIDIA GPU and a bfloat16 / float16 dtype), "
         "auto (cudnn where it applies)",
+    )
+    context_parallel: Literal["ring", "all_gather", "auto"] = Field(
+        default="auto", description="attention over a `length` the rules split (fsdp_cp): ring | all_gather | auto"
     )
 
 
