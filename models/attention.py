@@ -38,6 +38,7 @@ from partitioning.models.fused_attention import cudnn_attention, fused_applies
 from partitioning.models.layers import bias_param, kernel, order, row_parallel
 from partitioning.models.lora import adapt, project
 from partitioning.models.variants import local_mask, local_rope, qk_norms, softcap
+from partitioning.parallel.context import context_attention, context_axes
 
 # rope_type -> the keys it needs besides rope_type.
 ROPE_SCALINGS = {
@@ -197,6 +198,8 @@ class Attention(nn.Module):
     softcap: float | None = None
     local_rope: tuple | None = None
     impl: str = "xla"  # xla | cudnn (models/fused_attention.py): where cuDNN applies, else the einsums
+    # all_gather | ring: attention over a `length` the rules split (partitioning/parallel/context.py)
+    context_parallel: str = "ring"
 
     @nn.compact
     def __call__(self, x, segment_ids=None, positions=None, local=None):
@@ -230,7 +233,26 @@ class Attention(nn.Module):
         window = self.window if local is None else None
         v = with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
         scale = k**-0.5 if self.scale is None else self.scale
-        if self.impl == "cudnn" and fused_applies(self.decode, segment_ids, local, self.softcap):
+        split = () if self.decode else context_axes()
+        if split:  # the rules split `length`: every device holds a block of the sequence
+            if positions is None:
+                positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+            out = context_attention(
+                q,
+                kk,
+                v,
+                positions,
+                positions,
+                segment_ids,
+                segment_ids,
+                scale=scale,
+                window=self.window,
+                windowed=local,
+                softcap=self.softcap,
+                strategy=self.context_parallel,
+                axes=split,
+            )
+        elif self.impl == "cudnn" and fused_applies(self.decode, segment_ids, local, self.softcap):
             out = cudnn_attention(q, kk, v, scale, window)
         else:
             out = self._einsum_attention(q, kk, v, scale, window, segment_ids, local, positions)

@@ -159,6 +159,12 @@ class HfModelConfig(Section):
         "(jax.nn.dot_product_attention's flash kernel: an NVIDIA GPU and a bfloat16 / float16 dtype), "
         "auto (cudnn where it applies)",
     )
+    context_parallel: Literal["ring", "all_gather", "auto"] = Field(
+        default="auto",
+        description="attention when the rules split `length` (a `context` axis, the fsdp_cp preset): ring (key/value "
+        "blocks passed around the axis, at most two held) | all_gather (the whole key/value sequence gathered) | "
+        "auto (the one tune prices faster for the shape)",
+    )
 
 
 class OptimizerConfig(Section):
