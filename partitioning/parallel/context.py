@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from partitioning.boxes import constrain
 from partitioning.context import logical_to_mesh_axes
 from partitioning.errors import ConfigError
 from partitioning.resolve import axes_tuple, mesh_axis_sizes
@@ -189,7 +190,7 @@ def _shift(tree, axes, c):
 
 def _fold(carry, block, q, q_pos, q_seg, windowed, opts):
     """One key/value block folded into the running ``(out, max, sum)`` of the online softmax."""
-    o, m, l = carry
+    o, m, total = carry
     k, v, k_pos, k_seg = block
     scale, window, softcap = opts
     s, _ = _scores(q, k, scale, softcap)
@@ -198,19 +199,16 @@ def _fold(carry, block, q, q_pos, q_seg, windowed, opts):
     m_new = jnp.maximum(m, s.max(-1))
     p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
     corr = jnp.exp(m - m_new)
-    l = l * corr + p.sum(-1)
+    total = total * corr + p.sum(-1)
     pv = jnp.einsum("bgrts,bsgd->bgrtd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return o * corr[..., None] + pv, m_new, l
+    return o * corr[..., None] + pv, m_new, total
 
 
 def _ring_forward(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts):
     """``(out (b, g, r, t, d) float32, logsumexp (b, g, r, t))`` of grouped queries over the whole ring."""
-    b, t, g, r, d = q.shape
-    carry = (
-        jnp.zeros((b, g, r, t, d), jnp.float32),
-        jnp.full((b, g, r, t), _HIDDEN, jnp.float32),
-        jnp.zeros((b, g, r, t), jnp.float32),
-    )
+    # Zeros made from q: they vary over the same mesh axes as q (shard_map's scan carries must match).
+    zeros = jnp.zeros_like(q, jnp.float32).transpose(0, 2, 3, 1, 4)  # (b, g, r, t, d)
+    carry = (zeros, zeros[..., 0] + _HIDDEN, zeros[..., 0])
 
     def step(state, _):
         carry, block = state
@@ -218,8 +216,8 @@ def _ring_forward(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts):
         return (_fold(carry, block, q, q_pos, q_seg, windowed, opts), nxt), None
 
     (carry, block), _ = jax.lax.scan(step, (carry, (k, v, k_pos, k_seg)), None, length=c - 1)
-    o, m, l = _fold(carry, block, q, q_pos, q_seg, windowed, opts)
-    safe = jnp.where(l == 0, 1.0, l)
+    o, m, total = _fold(carry, block, q, q_pos, q_seg, windowed, opts)
+    safe = jnp.where(total == 0, 1.0, total)
     return o / safe[..., None], m + jnp.log(safe)
 
 
@@ -256,8 +254,8 @@ def _ring_bwd(axes, c, opts, res, do):
     q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, out, lse = res
     do = do.astype(jnp.float32)
     dsum = jnp.sum(do * out, axis=-1)
-    dq = jnp.zeros(q.shape, jnp.float32)
-    grads = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+    dq = jnp.zeros_like(q, jnp.float32)
+    grads = (jnp.zeros_like(k, jnp.float32), jnp.zeros_like(v, jnp.float32))
 
     def step(state, _):
         dq, block, grads = state
@@ -327,16 +325,42 @@ def context_attention(
         )
     windowed = jnp.asarray(True if windowed is None else windowed)
     c = context_size(axes)
-    seq = P(None, axes)
+    batch = _split(("batch",), q.shape[:1])[0]
+    heads, kv_heads = _head_axes(q.shape[2], k.shape[2])
+    seq, qs, kvs = P(batch, axes), P(batch, axes, heads), P(batch, axes, kv_heads)
     fn = functools.partial(_local, strategy=strategy, axes=axes, c=c, opts=(scale, window, softcap))
+    specs = (qs, kvs, kvs, seq, seq, seq, seq)
+    args = [constrain(x, spec) for x, spec in zip((q, k, v, q_pos, k_pos, q_seg, k_seg), specs, strict=True)]
     return jax.shard_map(
         fn,
         mesh=jax.sharding.get_abstract_mesh(),
-        in_specs=(seq, seq, seq, seq, seq, seq, seq, P()),
-        out_specs=seq,
-        axis_names=set(axes),
-        check_vma=False,
-    )(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed)
+        in_specs=(*specs, P()),
+        out_specs=qs,
+        axis_names=_manual(seq, qs, kvs),
+    )(*args, windowed)
+
+
+def _split(names: Sequence[str], shape: Sequence[int]) -> tuple[Any, ...]:
+    """The mesh axes the rules in context give each of ``names``, left out where they do not divide ``shape``."""
+    spec = logical_to_mesh_axes(tuple(names)) or P()
+    sizes = mesh_axis_sizes(jax.sharding.get_abstract_mesh())
+    out = []
+    for i, n in enumerate(shape):
+        axes = axes_tuple(spec[i]) if i < len(spec) else ()
+        out.append(axes if axes and n % math.prod(sizes[a] for a in axes) == 0 else None)
+    return tuple(out)
+
+
+def _head_axes(heads: int, kv_heads: int) -> tuple[Any, Any]:
+    """How the heads stay split inside the attention: query heads and key/value heads by the same axes (so
+    each device's query heads are the groups of its key/value heads), or neither."""
+    h, g = _split(("heads",), (heads,))[0], _split(("kv_heads",), (kv_heads,))[0]
+    return (h, g) if h == g else (None, None)
+
+
+def _manual(*specs: P) -> set[str]:
+    """Every mesh axis the specs name: inside the attention each device sees only its own block of each."""
+    return {a for spec in specs for entry in spec for a in axes_tuple(entry)}
 
 
 # -- the load-balanced causal layout -------------------------------------------------------------------
@@ -374,7 +398,8 @@ def balance(x: jax.Array, axes: Sequence[str] | None = None, *, inverse: bool = 
     Example::
 
         >>> from partitioning.parallel.context import balance
-        >>> with pt.sharding_context(pt.make_mesh({"data": 1, "fsdp": 2, "context": 4}, axis_types="explicit"), "fsdp_cp"):
+        >>> mesh = pt.make_mesh({"data": 1, "fsdp": 2, "context": 4}, axis_types="explicit")
+        >>> with pt.sharding_context(mesh, "fsdp_cp"):
         ...     x = jax.sharding.reshard(jnp.arange(16)[None], jax.P(None, "context"))
         ...     y = balance(x)
         ...     back = balance(y, inverse=True)
@@ -391,11 +416,11 @@ def balance(x: jax.Array, axes: Sequence[str] | None = None, *, inverse: bool = 
             f"{', '.join(axes)}",
             arg="context_parallel",
         )
-    seq = P(None, axes)
+    seq = P(_split(("batch",), x.shape[:1])[0], axes)
     fn = functools.partial(_balance_local, axes=axes, c=c, inverse=inverse)
     return jax.shard_map(
-        fn, mesh=jax.sharding.get_abstract_mesh(), in_specs=seq, out_specs=seq, axis_names=set(axes), check_vma=False
-    )(x)
+        fn, mesh=jax.sharding.get_abstract_mesh(), in_specs=seq, out_specs=seq, axis_names=_manual(seq)
+    )(constrain(x, seq))
 
 
 __all__ = [

@@ -3,6 +3,7 @@ whole sequence — values and gradients, ring and all_gather, causal with packed
 soft-caps, grouped-query heads — for the kernel, the reference GPT and a Hugging Face family; and the
 ring holds less than the gather."""
 
+import functools
 from pathlib import Path
 
 import jax
@@ -115,9 +116,10 @@ def test_gpt_loss_and_gradients_under_fsdp_cp_equal_the_unsharded_model(mesh, st
     for packed in (False, True):
         batch = _batch(64, packed)
         params = pt.unbox(model.init(jax.random.key(0), batch["inputs"]))["params"]
-        want, want_g = jax.value_and_grad(lambda p: _loss(model, p, batch))(params)
+        loss = functools.partial(_loss, model, batch=batch)
+        want, want_g = jax.value_and_grad(loss)(params)
         with pt.sharding_context(mesh, "fsdp_cp"):
-            got, got_g = jax.jit(jax.value_and_grad(lambda p: _loss(model, p, batch)))(params)
+            got, got_g = jax.jit(jax.value_and_grad(loss))(params)
         np.testing.assert_allclose(got, want, rtol=1e-5)
         for a, b in zip(jax.tree.leaves(got_g), jax.tree.leaves(want_g), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
@@ -161,3 +163,14 @@ def test_auto_gathers_short_sequences_and_rings_long_ones(mesh):
 def test_a_bad_strategy_is_one_line():
     with pytest.raises(ConfigError, match=r"^context_parallel must be one of all_gather, ring or auto, got 'rings'$"):
         GPT(context_parallel="rings")
+
+
+def test_explicit_mesh_axes_too():
+    mesh = pt.make_mesh(MESH, axis_types="explicit")
+    model = GPT(vocab_size=64, embed=32, heads=4, kv_heads=2, mlp=64, layers=1, context_parallel="ring")
+    batch = _batch(64, packed=True)
+    params = pt.unbox(model.init(jax.random.key(0), batch["inputs"]))["params"]
+    want = _loss(model, params, batch)
+    with pt.sharding_context(mesh, "fsdp_cp"):
+        got = jax.jit(functools.partial(_loss, model, batch=batch))(params)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
