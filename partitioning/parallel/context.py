@@ -317,7 +317,7 @@ def context_attention(
     axes = context_axes() if axes is None else tuple(axes)
     strategy = resolve_strategy(strategy, q.shape[1], axes)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    if q_seg is None:
+    if q_seg is None or k_seg is None:
         q_seg = k_seg = jnp.zeros(q_pos.shape, jnp.int32)
     if not axes:
         return attend(
@@ -331,7 +331,7 @@ def context_attention(
     fn = functools.partial(_local, strategy=strategy, axes=axes, c=c, opts=(scale, window, softcap))
     specs = (qs, kvs, kvs, seq, seq, seq, seq)
     args = [constrain(x, spec) for x, spec in zip((q, k, v, q_pos, k_pos, q_seg, k_seg), specs, strict=True)]
-    return jax.shard_map(
+    return jax.shard_map(  # type: ignore[call-arg]
         fn,
         mesh=jax.sharding.get_abstract_mesh(),
         in_specs=(*specs, P()),
