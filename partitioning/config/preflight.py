@@ -55,6 +55,7 @@ from partitioning.config.build import (
     trainer_from_config,
 )
 from partitioning.config.ckptdir import foreign_entries
+from partitioning.config.context import resolve_context
 from partitioning.config.planning import plan_from_config
 from partitioning.config.positions import check_positions
 from partitioning.config.remat import resolve_remat
@@ -89,6 +90,7 @@ class Ready:
     data_note: str | None = None  # how the data differs from the checkpoint's, when resuming
     resume_note: str | None = None  # how the config differs from the checkpoint's, when resuming
     remat_note: str | None = None  # which policy `remat: auto` became, and why
+    context_note: str | None = None  # which strategy `context_parallel: auto` became, and why
 
 
 def writable_dir(path: Path, where: str) -> None:
@@ -291,6 +293,7 @@ def preflight(
     check_positions(cfg)  # before the model is traced at train.seq_len
     check_tokenizer_vocab(cfg)  # before the corpus is tokenized (and cached)
     cfg, remat_note = resolve_remat(cfg, mesh)
+    cfg, context_note = resolve_context(cfg, mesh)  # after remat: the strategies are priced with its policy
     dataset = dataset_from_config(cfg)
     trainer = trainer_from_config(cfg, mesh, dataset)
     _, train, evals = data_from_config(cfg, trainer, dataset)
@@ -319,7 +322,21 @@ def preflight(
             else f"{cfg.path}: the devices' memory"
         )
     ready = Ready(
-        cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed, remat_note
+        cfg,
+        mesh,
+        dataset,
+        trainer,
+        train,
+        evals,
+        run_dir,
+        ckpt_dir,
+        step,
+        fit,
+        plan,
+        note,
+        changed,
+        remat_note,
+        context_note,
     )
     if complete is not None and step is not None:
         raise RunComplete(complete, step=step, ready=ready)

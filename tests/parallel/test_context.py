@@ -174,3 +174,69 @@ def test_explicit_mesh_axes_too():
     with pt.sharding_context(mesh, "fsdp_cp"):
         got = jax.jit(functools.partial(_loss, model, batch=batch))(params)
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+# -- plan, tune and the run config ------------------------------------------------------------------------
+
+
+def test_tune_prices_both_strategies_and_the_ring_holds_less():
+    import optax
+
+    from partitioning.tune.price import price
+    from partitioning.tune.space import Candidate, candidates
+
+    model = GPT(vocab_size=32000, embed=1024, heads=8, kv_heads=8, mlp=4096, layers=4, dtype="bfloat16")
+    params, opt = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=8, seq_len=32768)
+    w = pt.tune.workload(pt.build_plan(params, opt, {"data": 8}, "dp").params, batch_size=8, seq_len=32768)
+    rules = pt.Rules.preset("fsdp_cp")
+    cands = candidates(8, {"fsdp_cp": rules}, batch_size=8, seq_len=32768)
+    split = [c for c in cands if dict(c.mesh).get("context", 1) > 1]
+    assert {c.context for c in split} == {"ring", "all_gather"}
+    assert all(c.context is None for c in cands if dict(c.mesh).get("context", 1) == 1)
+    h100 = pt.tune.hardware("h100")
+    mesh = (("data", 1), ("fsdp", 1), ("context", 8))
+    ring, gather = (
+        price(params, opt, Candidate(mesh, "fsdp_cp", "full", context=s), rules, w, h100, 80 * 2**30)
+        for s in ("ring", "all_gather")
+    )
+    # The gather keeps a (T/8 x T) score block per head for the backward pass; the ring one (T/8)^2 block at a time.
+    assert ring.activations["total"] < gather.activations["total"] / 3
+    kinds = {(c.kind, c.axes) for c in ring.estimate.comm if "ring" in c.what}
+    assert kinds == {("collective-permute", ("context",))}
+    assert any(c.kind == "all-gather" and "keys and values" in c.what for c in gather.estimate.comm)
+    assert ring.candidate.overrides(rules, None)[-1] == "model.context_parallel=ring"
+    rejected = []
+    candidates(8, {"fsdp_cp": rules}, batch_size=8, seq_len=1001, rejected=rejected)
+    assert any(why == "length: 1001 tokens do not split over the 2 devices of context" for _, why in rejected)
+
+
+def test_check_resolves_auto_to_a_priced_strategy(tmp_path, monkeypatch, run_cli_in_process):
+    monkeypatch.chdir(tmp_path)
+    r = run_cli_in_process(
+        "check",
+        Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml",
+        "--set",
+        "rules=fsdp_cp",
+        "--set",
+        "mesh.shape={data: 1, fsdp: 2, context: 4}",
+        "--set",
+        "model.layers=1",
+        "--set",
+        "model.embed=32",
+        "--set",
+        "model.mlp=64",
+    )
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("context_parallel: auto -> "))
+    assert line.split(": est.")[0] in ("context_parallel: auto -> ring", "context_parallel: auto -> all_gather")
+    assert ("ring " in line) != line.startswith("context_parallel: auto -> ring")  # the other one, priced
+
+
+def test_a_config_names_its_strategy_and_a_wrong_one_is_one_line(tmp_path, monkeypatch, run_cli_in_process):
+    monkeypatch.chdir(tmp_path)
+    config = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
+    r = run_cli_in_process("check", config, "--set", "model.context_parallel=rings")
+    assert r.returncode == 2
+    assert r.stderr.strip().endswith(
+        "model.context_parallel: context_parallel must be one of all_gather, ring or auto, got 'rings'"
+    )
