@@ -318,7 +318,7 @@ def context_attention(
     strategy = resolve_strategy(strategy, q.shape[1], axes)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if q_seg is None or k_seg is None:
-        q_seg = k_seg = jnp.zeros(q_pos.shape, jnp.int32)
+        q_seg, k_seg = jnp.zeros(q_pos.shape, jnp.int32), jnp.zeros(k_pos.shape, jnp.int32)
     if not axes:
         return attend(
             q, k, v, q_pos, k_pos, q_seg, k_seg, scale=scale, window=window, windowed=windowed, softcap=softcap

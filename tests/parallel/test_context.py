@@ -240,3 +240,49 @@ def test_a_config_names_its_strategy_and_a_wrong_one_is_one_line(tmp_path, monke
     assert r.stderr.strip().endswith(
         "model.context_parallel: context_parallel must be one of all_gather, ring or auto, got 'rings'"
     )
+
+
+def test_generate_prefills_through_the_split_cache_and_decodes_the_same_tokens():
+    path = FIXTURES / "hf" / "llama"
+    mesh = pt.make_mesh({"data": 1, "fsdp": 1, "context": 8})
+    prompt = [1, 272, 203, 90, 3, 17, 45, 99, 12, 5, 61, 200, 33, 8, 150, 7]  # 16 tokens: chunks of 16 split by 8
+    plain = pt.make_mesh({"data": 1, "fsdp": 8})
+    model, variables = pt.hf.load_hf(path, plain, "fsdp")
+    want = pt.decode.generate(model, variables["params"], prompt, mesh=plain, rules="fsdp", max_tokens=6)
+    _, sharded = pt.hf.load_hf(path, mesh, "fsdp_cp")
+    for strategy in STRATEGIES:
+        m = model.clone(context_parallel=strategy)
+        got = pt.decode.generate(m, sharded["params"], prompt, mesh=mesh, rules="fsdp_cp", max_tokens=6)
+        assert got == want, strategy
+    # The 16-token prefill chunk went around the ring: its step passes key/value blocks on.
+    from partitioning.decode.generate import Decoder
+
+    dec = Decoder(model.clone(context_parallel="ring"), mesh, "fsdp_cp", max_len=22)
+    assert dec.max_len == 24  # rounded up so the cache splits over the 8 context devices
+    tokens = jax.device_put(jnp.zeros((dec.rows, 16), jnp.int32), dec.token_sharding)
+    with pt.sharding_context(mesh, "fsdp_cp"):
+        hlo = dec._step.lower(sharded["params"], dec._zeros(), tokens, jax.random.key(0), sampling=pt.decode.Sampling())
+    assert "collective-permute" in hlo.compile().as_text()
+
+
+def test_lora_adapters_train_the_same_under_context_parallelism(mesh):
+    model = GPT(
+        vocab_size=64,
+        embed=32,
+        heads=4,
+        kv_heads=2,
+        mlp=64,
+        layers=1,
+        lora={"rank": 4, "targets": ["attn/(q|v)$"]},
+        context_parallel="ring",
+    )
+    batch = _batch(64, packed=False)
+    params = pt.unbox(model.init(jax.random.key(0), batch["inputs"]))["params"]
+    params = jax.tree.map(lambda x: x + 0.01, params)  # B != 0: the adapters change the logits
+    loss = functools.partial(_loss, model, batch=batch)
+    want, want_g = jax.value_and_grad(loss)(params)
+    with pt.sharding_context(mesh, "fsdp_cp"):
+        got, got_g = jax.jit(jax.value_and_grad(loss))(params)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    a = got_g["blocks"]["attn"]["q_lora_a"]
+    np.testing.assert_allclose(a, want_g["blocks"]["attn"]["q_lora_a"], rtol=1e-4, atol=1e-6)
