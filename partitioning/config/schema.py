@@ -160,10 +160,7 @@ class HfModelConfig(Section):
         "auto (cudnn where it applies)",
     )
     context_parallel: Literal["ring", "all_gather", "auto"] = Field(
-        default="auto",
-        description="attention when the rules split `length` (a `context` axis, the fsdp_cp preset): ring (key/value "
-        "blocks passed around the axis, at most two held) | all_gather (the whole key/value sequence gathered) | "
-        "auto (the one tune prices faster for the shape)",
+        default="auto", description="attention over a `length` the rules split (fsdp_cp): ring | all_gather | auto"
     )
 
 

@@ -13,6 +13,7 @@ model only marks where its layers stack, where its experts sit and where it atte
   dispatch / combine; the dispatched tokens' layout is the rules' (``expert`` axis: all-to-all).
 - :mod:`~partitioning.parallel.context` — attention over a sequence split across the ``context`` axis:
   all-gathered or a ring of key/value blocks, exact, and the load-balanced causal order (``balance``).
+- :mod:`~partitioning.parallel.ring` — the masks by position, one masked block, the ring and its backward pass.
 - :mod:`~partitioning.parallel.trace` — records of the stacks (and expert layers) a forward pass traced,
   for the plan's analytic costs.
 

@@ -48,11 +48,10 @@ from jax.sharding import PartitionSpec as P
 from partitioning.boxes import constrain
 from partitioning.context import logical_to_mesh_axes
 from partitioning.errors import ConfigError
+from partitioning.parallel.ring import attend, group, ring_attention, visible
 from partitioning.resolve import axes_tuple, mesh_axis_sizes
 
 STRATEGIES = ("all_gather", "ring")
-# A masked score: finite, so that a block whose keys are all hidden adds nothing instead of a NaN.
-_HIDDEN = -1e30
 
 
 def context_axes(mesh: Any = None) -> tuple[str, ...]:
@@ -126,154 +125,6 @@ def check_strategy(value: str) -> None:
         )
 
 
-# -- masks and one block -----------------------------------------------------------------------------
-
-
-def visible(q_pos, k_pos, q_seg=None, k_seg=None, window=None, windowed=None) -> jax.Array:
-    """``(b, t, s)``: query ``i`` sees key ``j`` (causal by position, inside the window, same segment).
-
-    ``windowed`` (a traced bool, for stacks of local and global layers) turns the window on or off.
-    """
-    qp, kp = q_pos[:, :, None], k_pos[:, None, :]
-    ok = kp <= qp
-    if window is not None:
-        near = qp - kp < window
-        ok = ok & (near if windowed is None else (near | ~windowed))
-    if q_seg is not None:
-        ok = ok & (q_seg[:, :, None] == k_seg[:, None, :])
-    return ok
-
-
-def _scores(q, k, scale, softcap):
-    """``(b, g, r, t, s)`` float32 scores of grouped queries ``q (b, t, g, r, d)`` against ``k (b, s, g, d)``,
-    and the soft-cap's ``tanh`` (for its derivative; None without one)."""
-    s = jnp.einsum("btgrd,bsgd->bgrts", q, k, preferred_element_type=jnp.float32) * scale
-    if softcap is None:
-        return s, None
-    th = jnp.tanh(s / softcap)
-    return softcap * th, th
-
-
-def _group(q, g):
-    b, t, h, d = q.shape
-    return q.reshape(b, t, g, h // g, d)
-
-
-def attend(q, k, v, q_pos, k_pos, q_seg=None, k_seg=None, *, scale, window=None, windowed=None, softcap=None):
-    """Plain masked attention of ``q (b, t, h, d)`` over ``k, v (b, s, g, d)`` (what each strategy computes).
-
-    Example::
-
-        >>> from partitioning.parallel.context import attend
-        >>> q = k = v = jnp.ones((1, 3, 2, 4))
-        >>> pos = jnp.arange(3)[None]
-        >>> attend(q, k, v, pos, pos, scale=0.5).shape
-        (1, 3, 2, 4)
-    """
-    g = k.shape[2]
-    s, _ = _scores(_group(q, g), k, scale, softcap)
-    mask = visible(q_pos, k_pos, q_seg, k_seg, window, windowed)[:, None, None]
-    s = jnp.where(mask, s, _HIDDEN)
-    p = jnp.where(mask, jax.nn.softmax(s, axis=-1), 0.0)
-    out = jnp.einsum("bgrts,bsgd->btgrd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return out.reshape(q.shape).astype(q.dtype)
-
-
-# -- the ring --------------------------------------------------------------------------------------
-
-
-def _shift(tree, axes, c):
-    """Each device's ``tree`` to the next device of the ring (device ``i`` receives from ``i - 1``)."""
-    perm = [(i, (i + 1) % c) for i in range(c)]
-    return jax.tree.map(lambda x: jax.lax.ppermute(x, axes, perm), tree)
-
-
-def _fold(carry, block, q, q_pos, q_seg, windowed, opts):
-    """One key/value block folded into the running ``(out, max, sum)`` of the online softmax."""
-    o, m, total = carry
-    k, v, k_pos, k_seg = block
-    scale, window, softcap = opts
-    s, _ = _scores(q, k, scale, softcap)
-    mask = visible(q_pos, k_pos, q_seg, k_seg, window, windowed)[:, None, None]
-    s = jnp.where(mask, s, _HIDDEN)
-    m_new = jnp.maximum(m, s.max(-1))
-    p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
-    corr = jnp.exp(m - m_new)
-    total = total * corr + p.sum(-1)
-    pv = jnp.einsum("bgrts,bsgd->bgrtd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return o * corr[..., None] + pv, m_new, total
-
-
-def _ring_forward(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts):
-    """``(out (b, g, r, t, d) float32, logsumexp (b, g, r, t))`` of grouped queries over the whole ring."""
-    # Zeros made from q: they vary over the same mesh axes as q (shard_map's scan carries must match).
-    zeros = jnp.zeros_like(q, jnp.float32).transpose(0, 2, 3, 1, 4)  # (b, g, r, t, d)
-    carry = (zeros, zeros[..., 0] + _HIDDEN, zeros[..., 0])
-
-    def step(state, _):
-        carry, block = state
-        nxt = _shift(block, axes, c)  # issued before this block's compute: the two overlap
-        return (_fold(carry, block, q, q_pos, q_seg, windowed, opts), nxt), None
-
-    (carry, block), _ = jax.lax.scan(step, (carry, (k, v, k_pos, k_seg)), None, length=c - 1)
-    o, m, total = _fold(carry, block, q, q_pos, q_seg, windowed, opts)
-    safe = jnp.where(total == 0, 1.0, total)
-    return o / safe[..., None], m + jnp.log(safe)
-
-
-def _unfold(q, do, lse, dsum, block, q_pos, q_seg, windowed, opts):
-    """One block's share of the gradients: ``(dq, dk, dv)`` in float32."""
-    k, v, k_pos, k_seg = block
-    scale, window, softcap = opts
-    s, th = _scores(q, k, scale, softcap)
-    mask = visible(q_pos, k_pos, q_seg, k_seg, window, windowed)[:, None, None]
-    p = jnp.where(mask, jnp.exp(s - lse[..., None]), 0.0)
-    dv = jnp.einsum("bgrts,bgrtd->bsgd", p, do)
-    dp = jnp.einsum("bgrtd,bsgd->bgrts", do, v.astype(jnp.float32))
-    ds = p * (dp - dsum[..., None])
-    if th is not None:
-        ds = ds * (1.0 - th * th)
-    ds = ds * scale
-    dq = jnp.einsum("bgrts,bsgd->btgrd", ds, k.astype(jnp.float32))
-    dk = jnp.einsum("bgrts,btgrd->bsgd", ds, q.astype(jnp.float32))
-    return dq, dk, dv
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10))
-def _ring(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts):
-    out, _ = _ring_forward(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts)
-    return out
-
-
-def _ring_fwd(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts):
-    out, lse = _ring_forward(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts)
-    return out, (q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, out, lse)
-
-
-def _ring_bwd(axes, c, opts, res, do):
-    q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, out, lse = res
-    do = do.astype(jnp.float32)
-    dsum = jnp.sum(do * out, axis=-1)
-    dq = jnp.zeros_like(q, jnp.float32)
-    grads = (jnp.zeros_like(k, jnp.float32), jnp.zeros_like(v, jnp.float32))
-
-    def step(state, _):
-        dq, block, grads = state
-        nxt = _shift(block, axes, c)
-        dq_b, dk_b, dv_b = _unfold(q, do, lse, dsum, block, q_pos, q_seg, windowed, opts)
-        # A block's key/value gradients travel with it and are home after the C-th shift.
-        grads = _shift((grads[0] + dk_b, grads[1] + dv_b), axes, c)
-        return (dq + dq_b, nxt, grads), None
-
-    (dq, block, grads), _ = jax.lax.scan(step, (dq, (k, v, k_pos, k_seg), grads), None, length=c - 1)
-    dq_b, dk_b, dv_b = _unfold(q, do, lse, dsum, block, q_pos, q_seg, windowed, opts)
-    dk, dv = _shift((grads[0] + dk_b, grads[1] + dv_b), axes, c)
-    return (dq + dq_b).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None, None
-
-
-_ring.defvjp(_ring_fwd, _ring_bwd)
-
-
 # -- the two strategies, per device ------------------------------------------------------------------
 
 
@@ -285,7 +136,7 @@ def _local(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, *, strategy, axes, c, 
         return attend(
             q, k, v, q_pos, k_pos, q_seg, k_seg, scale=scale, window=window, windowed=windowed, softcap=softcap
         )
-    out = _ring(_group(q, g), k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts)  # (b, g, r, t, d)
+    out = ring_attention(group(q, g), k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts)  # (b, g, r, t, d)
     b, _, r, t, d = out.shape
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, g * r, d).astype(q.dtype)
 
@@ -313,6 +164,15 @@ def context_attention(
     ``q_seg`` / ``k_seg``: packed rows' segment ids (None: one example a row); ``window``: a sliding window
     (``windowed``: a traced bool turning it on per layer); ``softcap``: ``cap * tanh(scores / cap)``;
     ``scale``: default ``dim ** -0.5``. Without a split ``length`` this is plain attention.
+
+    Example::
+
+        >>> q = k = v = jnp.ones((2, 16, 2, 8))
+        >>> pos = jnp.broadcast_to(jnp.arange(16), (2, 16))
+        >>> with pt.sharding_context(pt.make_mesh({"data": 1, "fsdp": 2, "context": 4}), "fsdp_cp"):
+        ...     out = jax.jit(lambda q, k, v: pt.parallel.context_attention(q, k, v, pos, pos, window=4))(q, k, v)
+        >>> out.shape, out.sharding.spec[1]
+        ((2, 16, 2, 8), 'context')
     """
     axes = context_axes() if axes is None else tuple(axes)
     strategy = resolve_strategy(strategy, q.shape[1], axes)
