@@ -70,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
         f"OK: {cfg.path}: model {cfg.model_name} ({plan.num_params:,} parameters, {len(plan.params)} arrays) "
         f"on mesh {mesh} ({devices} devices) with {len(cfg.rules)} rules"
     )
-    if ready.remat_note:
-        print(ready.remat_note)
+    for note in (ready.remat_note, ready.context_note):
+        if note:
+            print(note)
     if ready.budget is not None:
         print(f"memory: {ready.budget.describe()}")
     if ready.resume_step is not None:
