@@ -32,12 +32,13 @@ import jax
 import jax.numpy as jnp
 
 from partitioning.boxes import logical_spec, with_logical_constraint
-from partitioning.decode.cache import cache_positions, cached_kv
+from partitioning.decode.cache import cache_length, cache_positions, cached_kv
 from partitioning.errors import ConfigError
 from partitioning.models.fused_attention import cudnn_attention, fused_applies
 from partitioning.models.layers import bias_param, kernel, order, row_parallel
 from partitioning.models.lora import adapt, project
 from partitioning.models.variants import local_mask, local_rope, qk_norms, softcap
+from partitioning.parallel.context import context_attention, context_axes, context_size
 
 # rope_type -> the keys it needs besides rope_type.
 ROPE_SCALINGS = {
@@ -197,6 +198,8 @@ class Attention(nn.Module):
     softcap: float | None = None
     local_rope: tuple | None = None
     impl: str = "xla"  # xla | cudnn (models/fused_attention.py): where cuDNN applies, else the einsums
+    # all_gather | ring: attention over a `length` the rules split (partitioning/parallel/context.py)
+    context_parallel: str = "ring"
 
     @nn.compact
     def __call__(self, x, segment_ids=None, positions=None, local=None):
@@ -230,7 +233,35 @@ class Attention(nn.Module):
         window = self.window if local is None else None
         v = with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
         scale = k**-0.5 if self.scale is None else self.scale
-        if self.impl == "cudnn" and fused_applies(self.decode, segment_ids, local, self.softcap):
+        split = context_axes()
+        # Decoding, a prefill chunk that splits over the context devices attends to the (split) cache the same way;
+        # a one-token step, or a chunk that does not split, keeps the einsums.
+        if split and self.decode:
+            c, cached = context_size(split), cache_length(self)
+            if positions is None or cached is None or t % c or cached % c:
+                split = ()
+        if split:  # the rules split `length`: every device holds a block of the sequence
+            q_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) if positions is None else positions, (b, t))
+            k_pos, k_seg = q_pos, segment_ids
+            if self.decode:  # the chunk written into the cache; its queries see every cached position so far
+                kk, v, _ = cached_kv(self, kk, v, positions, window)
+                k_pos = jnp.broadcast_to(jnp.arange(kk.shape[1], dtype=jnp.int32), kk.shape[:2])
+            out = context_attention(
+                q,
+                kk,
+                v,
+                q_pos,
+                k_pos,
+                segment_ids,
+                k_seg,
+                scale=scale,
+                window=self.window,
+                windowed=local,
+                softcap=self.softcap,
+                strategy=self.context_parallel,
+                axes=split,
+            )
+        elif self.impl == "cudnn" and fused_applies(self.decode, segment_ids, local, self.softcap):
             out = cudnn_attention(q, kk, v, scale, window)
         else:
             out = self._einsum_attention(q, kk, v, scale, window, segment_ids, local, positions)

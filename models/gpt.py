@@ -57,6 +57,7 @@ from partitioning.models.variants import (
     softcap,
     variant_options,
 )
+from partitioning.parallel.context import balance, balances, check_strategy, context_axes, resolve_strategy, whole_rows
 from partitioning.parallel.pipeline import LayerStack
 
 REMAT_POLICIES = {
@@ -95,6 +96,7 @@ class Block(nn.Module):
     attn_softcap: float | None = None
     local_rope: tuple | None = None
     attention: str = "xla"
+    context_parallel: str = "ring"
 
     @nn.compact
     def __call__(self, x, segment_ids=None, positions=None, layer=None):
@@ -115,6 +117,7 @@ class Block(nn.Module):
             scale=self.attn_scale,
             decode=self.decode,
             impl=self.attention,
+            context_parallel=self.context_parallel,
             out_in=self.out_in,
             lora=self.lora,
             qk_norm=self.qk_norm,
@@ -177,6 +180,8 @@ class GPT(nn.Module):
     sliding_window: int | None = None  # query i sees keys i - w < j <= i
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attention: str = "xla"  # xla (einsums) | cudnn (jax.nn.dot_product_attention's flash kernel) | auto
+    # With `length` split by the rules (a `context` axis): ring | all_gather | auto (partitioning.parallel.context)
+    context_parallel: str = "auto"
     decode: bool = False  # KV cache in the `cache` collection, for generation (partitioning.decode.generate)
     kernel_order: str = "in_out"  # in_out | out_in: projection weights stored outputs first (torch's Linear)
     lora: Any = None  # {rank, alpha, targets, dropout, rslora, dtype}: LoRA adapters (partitioning.models.lora)
@@ -223,6 +228,7 @@ class GPT(nn.Module):
         check_layer_types(self)
         parse_rope_scaling(self.local_rope_scaling)
         check_attention(self.attention, self.dtype)
+        check_strategy(self.context_parallel)
         float_dtype(self, "dtype", "param_dtype")
         MoE.parse(self.moe)  # a bad `moe:` option fails at construction, naming `moe`
         check_moe_layers(self.moe_layers, self.layers, self.scan_layers)
@@ -265,6 +271,14 @@ class GPT(nn.Module):
             else:  # packed rows: each example's positions restart at 0
                 x = x + jnp.take(pos, packed[1], axis=0).astype(dt)
         x = with_logical_constraint(x, ("batch", "length", "embed"))
+        # `length` split by the rules: attention reads positions (any order), and where the length allows, each
+        # device holds chunks i and 2C - 1 - i of the sequence, so causal attention gives every device equal work.
+        split = () if self.decode else context_axes()
+        balanced = bool(split) and balances(tokens.shape[1], split)
+        if split:
+            packed = packed or whole_rows(tokens.shape)
+        if balanced:
+            x, packed = balance(x, split), tuple(balance(a, split) for a in packed)
 
         block = Block
         if self.remat != "none":
@@ -291,6 +305,7 @@ class GPT(nn.Module):
             attn_scale=self.attn_scale,
             decode=self.decode,
             attention=resolve_attention(self.attention, self.dtype),
+            context_parallel=resolve_strategy(self.context_parallel, tokens.shape[1], split),
             out_in=self.kernel_order == "out_in",
             lora=for_call(self.lora, deterministic),
             **variant_options(self, parse_rope_scaling),
@@ -304,6 +319,8 @@ class GPT(nn.Module):
                 moe = kw["moe"] if self.moe_layers is None or i in self.moe_layers else None
                 layer = {"layer": local[i]} if local else {}
                 x, _ = block(**{**kw, "moe": moe}, name=f"block_{i}")(x, *packed, **layer)
+        if balanced:
+            x = balance(x, split, inverse=True)
         x = make_norm(self.norm, dt, pd, "final_norm", self.norm_eps)(x)
         if self.tie_embeddings:
             logits = jnp.einsum("btd,vd->btv", x, emb.astype(dt)).astype(jnp.float32)

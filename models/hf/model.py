@@ -64,6 +64,7 @@ def build(
     lora: Any = None,
     capacity_factor: float | None = None,
     attention: str = "xla",
+    context_parallel: str = "auto",
 ) -> HFDecoder:
     """The decoder a ``config.json`` describes (float32 unless ``dtype`` / ``param_dtype`` say otherwise);
     ``lora``: LoRA adapters (:mod:`partitioning.models.lora`).
@@ -88,6 +89,7 @@ def build(
         remat=remat,
         lora=lora,
         attention=attention,
+        context_parallel=context_parallel,
         dtype=dtype or "float32",
         param_dtype=param_dtype or "float32",
         hf_config=json.dumps(dict(cfg)),

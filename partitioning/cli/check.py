@@ -74,8 +74,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if cfg.mesh.nodes:
         print(nodes_line(node_layout(mesh, cfg.mesh.nodes)))
-    if ready.remat_note:
-        print(ready.remat_note)
+    for note in (ready.remat_note, ready.context_note):
+        if note:
+            print(note)
     if ready.budget is not None:
         print(f"memory: {ready.budget.describe()}")
     if ready.resume_step is not None:

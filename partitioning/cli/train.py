@@ -145,8 +145,9 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
         ids = mesh_node_ids(mesh)  # several processes: where the axes landed, from each device's process
         if ids is not None:
             print(nodes_line(node_layout(dict(mesh.shape), ids=ids), configured=False), flush=True)
-        if ready.remat_note:
-            print(ready.remat_note, flush=True)
+        for note in (ready.remat_note, ready.context_note):
+            if note:
+                print(note, flush=True)
         if ready.budget is not None and ready.budget.budget is not None:
             print(f"memory: {ready.budget.describe()}", flush=True)
         for note in (ready.resume_note, ready.data_note, getattr(train_batches, "note", None)):

@@ -12,7 +12,7 @@ mistake later, and a run that fails changes nothing on disk. In order:
 4. the data is there, of the right type, holds at least one batch for training and for eval, and
    (token arrays) every token is inside the model's vocabulary;
 5. ``run_dir`` and ``checkpoint.dir`` are folders (or can be made) and writable, ``checkpoint.dir`` holds
-   nothing but checkpoints (:mod:`partitioning.config.ckptdir`), and the trackers' packages are installed;
+   nothing but checkpoints (:mod:`partitioning.config.rundir`), and the trackers' packages are installed;
 6. an existing checkpoint fits the model, if the run would resume from it;
 7. the model traces: the train step is lowered (a model that fails is one ``ModelError`` line);
 8. the per-device peak fits the memory budget (compiled when a budget is set).
@@ -54,12 +54,13 @@ from partitioning.config.build import (
     task_from_config,
     trainer_from_config,
 )
-from partitioning.config.ckptdir import foreign_entries
+from partitioning.config.context import resolve_context
 from partitioning.config.planning import plan_from_config
 from partitioning.config.positions import check_positions
 from partitioning.config.remat import resolve_remat
 from partitioning.config.resume import compare_run
 from partitioning.config.run import data_from_config, data_resume_note
+from partitioning.config.rundir import foreign_entries
 from partitioning.config.schema import Config
 from partitioning.data.batch import batch_specs
 from partitioning.errors import CheckpointError, ConfigError, MeshError, PartitioningError, ShardingError
@@ -90,6 +91,7 @@ class Ready:
     data_note: str | None = None  # how the data differs from the checkpoint's, when resuming
     resume_note: str | None = None  # how the config differs from the checkpoint's, when resuming
     remat_note: str | None = None  # which policy `remat: auto` became, and why
+    context_note: str | None = None  # which strategy `context_parallel: auto` became, and why
 
 
 def writable_dir(path: Path, where: str) -> None:
@@ -292,6 +294,7 @@ def preflight(
     check_positions(cfg)  # before the model is traced at train.seq_len
     check_tokenizer_vocab(cfg)  # before the corpus is tokenized (and cached)
     cfg, remat_note = resolve_remat(cfg, mesh)
+    cfg, context_note = resolve_context(cfg, mesh)  # after remat: the strategies are priced with its policy
     dataset = dataset_from_config(cfg)
     trainer = trainer_from_config(cfg, mesh, dataset)
     _, train, evals = data_from_config(cfg, trainer, dataset)
@@ -320,7 +323,21 @@ def preflight(
             else f"{cfg.path}: the devices' memory"
         )
     ready = Ready(
-        cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed, remat_note
+        cfg,
+        mesh,
+        dataset,
+        trainer,
+        train,
+        evals,
+        run_dir,
+        ckpt_dir,
+        step,
+        fit,
+        plan,
+        note,
+        changed,
+        remat_note,
+        context_note,
     )
     if complete is not None and step is not None:
         raise RunComplete(complete, step=step, ready=ready)

@@ -160,6 +160,9 @@ class HfModelConfig(Section):
         "(jax.nn.dot_product_attention's flash kernel: an NVIDIA GPU and a bfloat16 / float16 dtype), "
         "auto (cudnn where it applies)",
     )
+    context_parallel: Literal["ring", "all_gather", "auto"] = Field(
+        default="auto", description="attention over a `length` the rules split (fsdp_cp): ring | all_gather | auto"
+    )
 
 
 class OptimizerConfig(Section):

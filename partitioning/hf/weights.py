@@ -54,7 +54,7 @@ from partitioning.model.interface import param_names as _names
 from partitioning.outdir import check_out_dir
 
 # Errors about the caller's own arguments, not about config.json.
-_ARGS = {"dtype", "param_dtype", "remat", "scan_layers", "capacity_factor", "attention"}
+_ARGS = {"dtype", "param_dtype", "remat", "scan_layers", "capacity_factor", "attention", "context_parallel"}
 
 
 def _families() -> Any:
@@ -97,6 +97,7 @@ def hf_model(
     lora: Any = None,
     capacity_factor: float | None = None,
     attention: str = "xla",
+    context_parallel: str = "auto",
 ) -> Any:
     """The Flax module a checkpoint's ``config.json`` describes, without reading any weights.
 
@@ -124,6 +125,7 @@ def hf_model(
             capacity_factor=capacity_factor,
             lora=lora,
             attention=attention,
+            context_parallel=context_parallel,
         )
     except ConfigError as e:
         if e.arg in _ARGS:
@@ -145,6 +147,7 @@ def load_hf(
     lora: Any = None,
     capacity_factor: float | None = None,
     attention: str = "xla",
+    context_parallel: str = "auto",
 ) -> tuple[Any, dict[str, Any]]:
     """``(model, {"params": ...})`` from a Hugging Face checkpoint, every array born in its shard.
 
@@ -176,6 +179,7 @@ def load_hf(
         capacity_factor=capacity_factor,
         lora=lora,
         attention=attention,
+        context_parallel=context_parallel,
     )
     directory, _, family = _config(path)
     rows: list[Any] = []

@@ -142,11 +142,16 @@ def analytic_comm(
     grad_accum: int = 1,
     microbatches: int = 1,
     repeats: int = 1,
+    context: str | None = None,
     nodes: Mapping[str, int] | None = None,
 ) -> list[Comm]:
     """The collectives of one step, per device (see the module docstring), each priced at the link level it runs
     on: inside a node or across nodes, as ``nodes`` (the mesh's ``nodes``; default ``jax.make_mesh``'s layout)
     places the mesh.
+
+    ``context``: how attention runs over a split ``length`` (``all_gather`` when None; ``ring``: each of
+    the ``C`` devices passes ``C - 1`` key/value blocks on in the forward pass, and ``C`` blocks with their
+    float32 gradients in the backward pass).
 
     ``microbatches`` / ``repeats``: the pipeline's ``M`` / ``R``. A device runs one chunk of ``L/(S R)``
     of its stage's layers in each of the schedule's ``R M + S - 1`` iterations, on one micro-batch each:
@@ -224,10 +229,30 @@ def analytic_comm(
         layers = w.layers // pipelined
         iters = repeats * microbatches + pipelined - 1
         share = iters / (repeats * microbatches) if pipelined > 1 else 1.0
-        gathered = 2 * kv * w.compute_bytes * math.prod(mesh[a] for a in seq) * layers * share
+        c = math.prod(mesh[a] for a in seq)
         runs = layers * (iters / repeats if pipelined > 1 else 1)
-        add(seq, "all-gather", "fwd", gathered, 2 * runs, "keys and values (sequence split)")
-        add(seq, "reduce-scatter", "bwd", gathered, 2 * runs, "key and value gradients (sequence split)")
+        if context == "ring":
+            sent = 2 * kv * layers * share
+            add(
+                seq,
+                "collective-permute",
+                "fwd",
+                sent * w.compute_bytes * (c - 1),
+                2 * (c - 1) * runs,
+                "key/value blocks around the ring",
+            )
+            add(
+                seq,
+                "collective-permute",
+                "bwd",
+                sent * (w.compute_bytes + 4) * c,
+                4 * c * runs,
+                "key/value blocks and their gradients around the ring",
+            )
+        else:
+            gathered = 2 * kv * w.compute_bytes * c * layers * share
+            add(seq, "all-gather", "fwd", gathered, 2 * runs, "keys and values (sequence split)")
+            add(seq, "reduce-scatter", "bwd", gathered, 2 * runs, "key and value gradients (sequence split)")
     return [
         priced_comm(hw, mesh, nodes, axes, kind, phase, nbytes, count, what)
         for (axes, kind, phase, what), (nbytes, count) in buckets.items()

@@ -158,6 +158,7 @@ def price(
         stages=c.stages,
         microbatches=c.microbatches,
         repeats=c.repeats,
+        context=c.context,
     )
     r.peak = sum(r.state.values()) + r.activations["total"]
     parallel = (
@@ -185,6 +186,7 @@ def price(
             flops_total=(flops or {}).get(c.remat or "none"),
             temp_bytes=r.activations["total"],
             parallel=parallel,
+            context=c.context,
             nodes=spot,
         )
         if spot is not None:

@@ -279,6 +279,7 @@ def search(
         layers=layers,
         rejected=rejected,
         model_axes=model_axes,
+        seq_len=w.seq_len,
     )
     results = [Result(c, tables[c.rules_name], None, reason=why) for c, why in rejected]
     plans: dict[tuple, Plan | PartitioningError] = {}
