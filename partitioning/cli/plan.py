@@ -20,6 +20,7 @@ from partitioning.config.load import load_config
 from partitioning.config.planning import plan_from_config
 from partitioning.config.remat import is_auto
 from partitioning.parallel.context import resolve_strategy
+from partitioning.plan.axes import node_layout
 from partitioning.plan.budget import check_budget, device_memory
 from partitioning.plan.plot import plot_plan
 
@@ -61,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         "compiled": view,
         "timing": {"table_s": round(t1 - t0, 3), "compiled_s": round(t2 - t1, 3)},
     }
+    if cfg.mesh.nodes:
+        report["nodes"] = node_layout(plan.mesh, cfg.mesh.nodes)
     budget = cfg.mesh.memory_bytes if cfg.mesh.memory_bytes is not None else device_memory()
     fit = check_budget(plan, budget, view.get("memory") if view.get("status") == "ok" else None)
     report["memory_budget"] = {

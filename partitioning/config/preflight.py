@@ -64,6 +64,7 @@ from partitioning.config.rundir import foreign_entries
 from partitioning.config.schema import Config
 from partitioning.data.batch import batch_specs
 from partitioning.errors import CheckpointError, ConfigError, MeshError, PartitioningError, ShardingError
+from partitioning.mesh import MeshSpec
 from partitioning.outdir import file_in_the_way
 from partitioning.plan.budget import Budget, check_budget, device_memory
 from partitioning.plan.compiled import memory_stats
@@ -347,8 +348,10 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, re
     """The pre-flight for a mesh larger than this process can hold: from shapes only, nothing simulated."""
     try:
         sizes = mesh_sizes(cfg.mesh.shape, devices)
+        MeshSpec.from_mapping(sizes, nodes=cfg.mesh.nodes)  # the nodes split the resolved sizes too
     except MeshError as e:
-        raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
+        key = "nodes" if e.arg == "nodes" else "shape"
+        raise MeshError(f"{cfg.where('mesh', key)}: {str(e).removeprefix('nodes: ')}", arg=e.arg) from None
     plan, _ = plan_from_config(cfg, devices)
     if plan.errors:  # every array that does not divide, at the rules (as the trainer's walk says it)
         raise at_key(cfg, ShardingError(f"{'; '.join(plan.errors)}; {REMEDY}", arg="on_indivisible"), RULES_KEY)

@@ -33,7 +33,7 @@ class Section(BaseModel):
 
 
 class MeshConfig(Section):
-    """``mesh:``: axis names and sizes, axis types, devices and their memory."""
+    """``mesh:``: axis names and sizes, axis types, the nodes they span, devices and their memory."""
 
     shape: dict[StrictStr, StrictInt] = Field(
         default_factory=lambda: {"data": 1, "fsdp": -1}, description="ordered {axis: size}; at most one -1 (the rest)"
@@ -47,6 +47,7 @@ class MeshConfig(Section):
         default_factory=list,
         description="mesh axes no rule uses, kept on purpose (every device along them repeats the same work)",
     )
+    nodes: dict[StrictStr, StrictInt] | None = Field(default=None, description="{axis: nodes}: axes that span nodes")
 
     @field_validator("shape")
     @classmethod

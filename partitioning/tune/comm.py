@@ -48,10 +48,33 @@ class Comm:
     group: int
     seconds: float
     what: str = ""
+    nodes: int = 1  # how many nodes one group spans: 1 on the fast links inside a node, more over the network
 
     @property
     def label(self) -> str:
         return "+".join(self.axes) or "?"
+
+
+def priced_comm(
+    hw: Hardware, mesh: Mapping[str, int], nodes: Mapping[str, int] | None, axes: tuple[str, ...], *args: Any
+) -> Comm:
+    """A :class:`Comm` over ``axes`` priced at their link level: ``args`` are kind, phase, bytes, count, what.
+
+    Example::
+
+        >>> from partitioning.tune.comm import priced_comm
+        >>> h100, mesh = pt.tune.hardware("h100"), {"data": 4, "fsdp": 8}
+        >>> c = priced_comm(h100, mesh, {"fsdp": 4}, ("fsdp",), "all-gather", "fwd", 1e9, 1, "weights")
+        >>> c.nodes, round(c.seconds * 1e3, 2)       # 4 nodes of 2 fsdp devices: 2 x 50 GB/s
+        (4, 10.01)
+    """
+    kind, phase, nbytes, count, what = args
+    group = math.prod(mesh[a] for a in axes) if axes else 1
+    bw = hw.bandwidth(mesh, axes, kind, nodes)
+    spans = max(1, group // max(1, hw.members_per_node(mesh, axes, nodes))) if axes else 1
+    return Comm(
+        axes, kind, phase, nbytes, count, group, collective_time(hw, kind, nbytes, group, bw, count), what, spans
+    )
 
 
 def token_axes(rules: Rules, mesh: Mapping[str, int], w: Workload) -> list[str]:
@@ -120,8 +143,11 @@ def analytic_comm(
     microbatches: int = 1,
     repeats: int = 1,
     context: str | None = None,
+    nodes: Mapping[str, int] | None = None,
 ) -> list[Comm]:
-    """The collectives of one step, per device (see the module docstring).
+    """The collectives of one step, per device (see the module docstring), each priced at the link level it runs
+    on: inside a node or across nodes, as ``nodes`` (the mesh's ``nodes``; default ``jax.make_mesh``'s layout)
+    places the mesh.
 
     ``context``: how attention runs over a split ``length`` (``all_gather`` when None; ``ring``: each of
     the ``C`` devices passes ``C - 1`` key/value blocks on in the forward pass, and ``C`` blocks with their
@@ -227,18 +253,18 @@ def analytic_comm(
             gathered = 2 * kv * w.compute_bytes * c * layers * share
             add(seq, "all-gather", "fwd", gathered, 2 * runs, "keys and values (sequence split)")
             add(seq, "reduce-scatter", "bwd", gathered, 2 * runs, "key and value gradients (sequence split)")
-    out = []
-    for (axes, kind, phase, what), (nbytes, count) in buckets.items():
-        group = math.prod(mesh[a] for a in axes)
-        bw = hw.bandwidth(mesh, axes, kind)
-        out.append(
-            Comm(axes, kind, phase, nbytes, count, group, collective_time(hw, kind, nbytes, group, bw, count), what)
-        )
-    return out
+    return [
+        priced_comm(hw, mesh, nodes, axes, kind, phase, nbytes, count, what)
+        for (axes, kind, phase, what), (nbytes, count) in buckets.items()
+    ]
 
 
 def parallel_comm(
-    costs: Mapping[str, Any], mesh: Mapping[str, int], hw: Hardware, expert_axes: Sequence[str] = ("expert",)
+    costs: Mapping[str, Any],
+    mesh: Mapping[str, int],
+    hw: Hardware,
+    expert_axes: Sequence[str] = ("expert",),
+    nodes: Mapping[str, int] | None = None,
 ) -> list[Comm]:
     """The pipeline's and the experts' collectives from their analytic costs per step and device
     (:func:`partitioning.plan.parallel.costs_from_records`), half forward and half backward."""
@@ -248,21 +274,8 @@ def parallel_comm(
         axes = _ordered(mesh, [a for a in axes if mesh.get(a, 1) > 1])
         if not axes or not nbytes:
             return
-        group = math.prod(mesh[a] for a in axes)
-        bw = hw.bandwidth(mesh, axes, kind)
         for phase in ("fwd", "bwd"):
-            out.append(
-                Comm(
-                    axes,
-                    kind,
-                    phase,
-                    nbytes / 2,
-                    count / 2,
-                    group,
-                    collective_time(hw, kind, nbytes / 2, group, bw, count / 2),
-                    what,
-                )
-            )
+            out.append(priced_comm(hw, mesh, nodes, axes, kind, phase, nbytes / 2, count / 2, what))
 
     pipe, experts = costs.get("pipeline"), costs.get("experts")
     if pipe and pipe["stages"] > 1:
@@ -305,4 +318,14 @@ def _expert_axes(rules: Rules, mesh: Mapping[str, int]) -> list[str]:
     return [a for a in axes_tuple(spec[1]) if mesh.get(a, 1) > 1] if spec is not None and len(spec) > 1 else []
 
 
-__all__ = ["PHASES", "Comm", "token_axes", "leaf_axes", "shared_axes", "analytic_comm", "parallel_comm", "bubble_time"]
+__all__ = [
+    "PHASES",
+    "Comm",
+    "priced_comm",
+    "token_axes",
+    "leaf_axes",
+    "shared_axes",
+    "analytic_comm",
+    "parallel_comm",
+    "bubble_time",
+]

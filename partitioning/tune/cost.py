@@ -210,8 +210,10 @@ def analytic_estimate(
     temp_bytes: float = 0.0,
     parallel: Mapping[str, Any] | None = None,
     context: str | None = None,
+    nodes: Mapping[str, int] | None = None,
 ) -> Estimate:
-    """The analytic :class:`Estimate` of one layout.
+    """The analytic :class:`Estimate` of one layout (``nodes``: where its axes sit on nodes, see
+    :func:`~partitioning.tune.comm.analytic_comm`).
 
     ``state_bytes``: per-device ``params``, ``gradients``, ``optimizer`` bytes
     (the plan's totals). ``flops_total``: whole-step ``fwd`` / ``bwd`` FLOPs
@@ -242,9 +244,19 @@ def analytic_estimate(
     pipe = (parallel or {}).get("pipeline") or {}
     stages, m, r = int(pipe.get("stages", 1)), int(pipe.get("microbatches", 1)), int(pipe.get("repeats", 1))
     comm = analytic_comm(
-        params, mesh, rules, w, hw, micro_batch=micro, grad_accum=grad_accum, microbatches=m, repeats=r, context=context
+        params,
+        mesh,
+        rules,
+        w,
+        hw,
+        micro_batch=micro,
+        grad_accum=grad_accum,
+        microbatches=m,
+        repeats=r,
+        context=context,
+        nodes=nodes,
     )
-    comm += parallel_comm(parallel or {}, mesh, hw, _expert_axes(rules, mesh))
+    comm += parallel_comm(parallel or {}, mesh, hw, _expert_axes(rules, mesh), nodes)
     other = {**temporaries_time(hw, temp_bytes), **bubble_time(compute, stages, m, r)}
     return Estimate(
         "analytic",

@@ -60,6 +60,8 @@ class Candidate:
     microbatches: int = 1  # pipeline micro-batches (a `stage` axis of size > 1)
     repeats: int = 1  # pipeline repeats: chunks of layers per stage (circular for > 1)
     context: str | None = None  # ring | all_gather: attention over a `length` the mesh splits; None: not split
+    # The axes that span nodes ({axis: nodes}, mesh.nodes): None until priced on a cluster, () on one node.
+    nodes: tuple[tuple[str, int], ...] | None = None
 
     @property
     def stages(self) -> int:
@@ -84,6 +86,8 @@ class Candidate:
             parts.append(f"M={self.microbatches}" + (f" R={self.repeats}" if self.repeats > 1 else ""))
         if self.context is not None:
             parts.append(f"attention {self.context}")
+        if self.nodes:
+            parts.append(f"nodes {fmt_mesh(self.nodes)}")
         return " ".join(parts)
 
     def overrides(self, rules: Rules, optimizer_rules: Rules | None) -> list[str]:
@@ -96,6 +100,7 @@ class Candidate:
             f"train.grad_accum={self.grad_accum}",
             f"train.microbatches={self.microbatches if self.stages > 1 else 'null'}",
             f"train.pipeline_repeats={self.repeats if self.stages > 1 else 1}",
+            f"mesh.nodes={fmt_mesh(self.nodes) if self.nodes else 'null'}",
         ]
         if self.remat is not None:
             sets.append(f"model.remat={self.remat}")
@@ -113,6 +118,7 @@ class Candidate:
             "microbatches": self.microbatches,
             "repeats": self.repeats,
             "context": self.context,
+            "nodes": dict(self.nodes) if self.nodes else None,
             "label": self.label,
         }
 
@@ -269,6 +275,8 @@ class Result:
     compiled: Estimate | None = None
     compiled_view: dict[str, Any] | None = None
     scale: float = 1.0  # analytic estimates: times the compiled / analytic ratio of compiled layouts
+    # Every placement of the mesh on nodes that was priced ({axis: nodes}, analytic step time), the chosen first.
+    placements: list[tuple[dict[str, int], float]] = dataclasses.field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -291,6 +299,7 @@ class Result:
             "rules_table": self.rules.to_list(),
             "optimizer_rules": self.optimizer_rules.to_list() if self.optimizer_rules is not None else None,
             "step_time_s": self.step_time,
+            "placements": [{"nodes": n, "step_time_s": t} for n, t in self.placements],
             "analytic_scale": self.scale if not self.compiled else 1.0,
             "state_bytes": self.state,
             "activation_bytes": self.activations,
