@@ -48,16 +48,26 @@ from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_looku
 from partitioning.models.lora import LoRA, adapt, checks_targets, for_call
 from partitioning.models.moe import MoE, MoeMlp, check_moe_layers
 from partitioning.models.variants import (
+    LOCAL,
+    NOPE,
     NORM_PLACEMENTS,
     QK_NORMS,
     check_layer_types,
-    local_layers,
+    check_nope_layers,
+    layer_flag,
+    layer_flags,
     post_norm,
     pre_norm,
     softcap,
     variant_options,
 )
 from partitioning.parallel.pipeline import LayerStack
+
+
+def rotary_dim(head_dim: int, fraction: float) -> int | None:
+    """The features RoPE rotates: ``int(head_dim * fraction)`` as transformers computes it (None: all)."""
+    return None if fraction >= 1 else int(head_dim * fraction)
+
 
 REMAT_POLICIES = {
     "none": None,
@@ -95,10 +105,15 @@ class Block(nn.Module):
     attn_softcap: float | None = None
     local_rope: tuple | None = None
     attention: str = "xla"
+    rotary_dim: int | None = None
+    mixed_window: bool = False  # layer_types: the window on the local layers only
+    mixed_rope: bool = False  # nope_layers: some layers without RoPE
 
     @nn.compact
     def __call__(self, x, segment_ids=None, positions=None, layer=None):
-        # `layer`: True on a local (sliding-window) layer of a mixed stack (LayerStack's layer_data).
+        # `layer`: this layer's flags in a mixed stack (LayerStack's layer_data; models/variants.py's LOCAL, NOPE).
+        local = layer_flag(layer, LOCAL, self.mixed_window)
+        nope = layer_flag(layer, NOPE, self.mixed_rope)
         y = pre_norm(self, x, "attn", make_norm)
         y = Attention(
             self.heads,
@@ -122,8 +137,9 @@ class Block(nn.Module):
             norm_eps=self.norm_eps,
             softcap=self.attn_softcap,
             local_rope=self.local_rope,
+            rotary_dim=self.rotary_dim,
             name="attn",
-        )(y, segment_ids, positions, local=layer)
+        )(y, segment_ids, positions, local=local, nope=nope)
         x = x + post_norm(self, y, "attn", make_norm)
         y = pre_norm(self, x, "mlp", make_norm)
         if self.moe is not None:
@@ -189,6 +205,8 @@ class GPT(nn.Module):
     layer_types: Any = None  # per layer full_attention | sliding_attention: sliding_window on the sliding ones
     local_rope_theta: float | None = None  # RoPE base of the sliding layers (default: rope_theta)
     local_rope_scaling: Any = None  # their rope_scaling (with local_rope_theta; default: none)
+    partial_rotary_factor: float = 1.0  # RoPE on the first fraction of each head's features (Phi-4-mini: 0.75)
+    nope_layers: tuple[int, ...] | None = None  # layers without RoPE (SmolLM3's NoPE layers)
 
     def __post_init__(self):
         positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
@@ -221,6 +239,19 @@ class GPT(nn.Module):
         if self.qk_norm is not None:
             choice(self, "qk_norm", QK_NORMS)
         check_layer_types(self)
+        check_nope_layers(self)
+        if not 0 < self.partial_rotary_factor <= 1:
+            raise ConfigError(
+                f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor!r}",
+                arg="partial_rotary_factor",
+            )
+        rd = rotary_dim(head_dim, self.partial_rotary_factor)
+        if rd is not None and (rd < 2 or rd % 2):
+            raise ConfigError(
+                f"partial_rotary_factor {self.partial_rotary_factor} rotates {rd} of head_dim {head_dim} features; "
+                "RoPE needs an even number",
+                arg="partial_rotary_factor",
+            )
         parse_rope_scaling(self.local_rope_scaling)
         check_attention(self.attention, self.dtype)
         float_dtype(self, "dtype", "param_dtype")
@@ -293,16 +324,17 @@ class GPT(nn.Module):
             attention=resolve_attention(self.attention, self.dtype),
             out_in=self.kernel_order == "out_in",
             lora=for_call(self.lora, deterministic),
+            rotary_dim=rotary_dim(head_dim, self.partial_rotary_factor),
             **variant_options(self, parse_rope_scaling),
         )
-        local = local_layers(self.layer_types, self.layers)
+        flags = layer_flags(self.layer_types, self.nope_layers, self.layers)
         if self.scan_layers:
             # nn.scan over a `layers` axis; a GPipe pipeline when the mesh has a `stage` axis.
-            x, _ = LayerStack(block, self.layers, kw, name="blocks", layer_data=local)(x, *packed)
+            x, _ = LayerStack(block, self.layers, kw, name="blocks", layer_data=flags)(x, *packed)
         else:
             for i in range(self.layers):
                 moe = kw["moe"] if self.moe_layers is None or i in self.moe_layers else None
-                layer = {"layer": local[i]} if local else {}
+                layer = {"layer": flags[i]} if flags else {}
                 x, _ = block(**{**kw, "moe": moe}, name=f"block_{i}")(x, *packed, **layer)
         x = make_norm(self.norm, dt, pd, "final_norm", self.norm_eps)(x)
         if self.tie_embeddings:

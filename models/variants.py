@@ -17,6 +17,8 @@
   ``scan_layers`` keeps compile time flat in depth whatever the pattern (Gemma 3 27B's 62
   layers are not a whole number of its 6-layer groups). The price: both RoPE variants of q and
   k are computed on every layer (elementwise work, small beside the projections).
+- **NoPE layers** (SmolLM3): ``nope_layers`` get no RoPE at all, carried as data the same way
+  (a layer's flags: :data:`LOCAL`, :data:`NOPE`).
 
 Example::
 
@@ -125,6 +127,34 @@ def local_layers(layer_types: Any, layers: int) -> tuple[bool, ...] | None:
     return tuple(t == "sliding_attention" for t in layer_types)
 
 
+# The bits of a layer's flags (the per-layer data a scanned stack carries): a sliding-window layer of a mixed
+# stack, a layer without RoPE (SmolLM3's NoPE layers).
+LOCAL, NOPE = 1, 2
+
+
+def layer_flags(layer_types: Any, nope_layers: Any, layers: int) -> tuple[int, ...] | None:
+    """Per-layer flags (:data:`LOCAL` | :data:`NOPE`), or None when every layer is alike."""
+    local = local_layers(layer_types, layers)
+    if local is None and not nope_layers:
+        return None
+    nope = set(nope_layers or ())
+    return tuple((LOCAL if local and local[i] else 0) | (NOPE if i in nope else 0) for i in range(layers))
+
+
+def layer_flag(flags: Any, bit: int, mixed: bool) -> Any:
+    """One bit of a layer's ``flags`` (a Python int unscanned, traced in a scan); None when not ``mixed``."""
+    if not mixed or flags is None:
+        return None
+    return bool(flags & bit) if isinstance(flags, int) else (flags & bit) != 0
+
+
+def skip_rope(x: jax.Array, rotated: jax.Array, nope: Any) -> jax.Array:
+    """``x`` unrotated on a NoPE layer (``nope`` a bool or traced), ``rotated`` elsewhere."""
+    if nope is None or nope is False:
+        return rotated
+    return x if nope is True else jnp.where(nope, x, rotated)
+
+
 def check_layer_types(model: Any) -> None:
     """``layer_types``: one of :data:`LAYER_TYPES` per layer (ConfigError naming the field otherwise)."""
     types = model.layer_types
@@ -139,6 +169,21 @@ def check_layer_types(model: Any) -> None:
         )
 
 
+def check_nope_layers(model: Any) -> None:
+    """``nope_layers``: distinct layer numbers (ConfigError naming the field otherwise)."""
+    nope = model.nope_layers
+    if nope is None:
+        return
+    bad = isinstance(nope, str) or any(isinstance(i, bool) or not isinstance(i, int) for i in nope)
+    if bad or len(set(nope)) != len(nope) or any(not 0 <= i < model.layers for i in nope):
+        raise ConfigError(
+            f"nope_layers must be distinct layer numbers 0..{model.layers - 1} (the layers without RoPE), got {nope!r}",
+            arg="nope_layers",
+        )
+    if model.positions != "rope":
+        raise ConfigError("nope_layers needs positions: rope", arg="nope_layers")
+
+
 def variant_options(model: Any, parse_rope_scaling: Any) -> dict[str, Any]:
     """The :class:`~partitioning.models.gpt.Block` options of these variants, from the GPT's fields
     (``parse_rope_scaling``: attention's, which imports this module)."""
@@ -146,7 +191,12 @@ def variant_options(model: Any, parse_rope_scaling: Any) -> dict[str, Any]:
     if model.local_rope_theta is not None:
         spec = (float(model.local_rope_theta), parse_rope_scaling(model.local_rope_scaling))
     return dict(
-        norm_placement=model.norm_placement, qk_norm=model.qk_norm, attn_softcap=model.attn_softcap, local_rope=spec
+        norm_placement=model.norm_placement,
+        qk_norm=model.qk_norm,
+        attn_softcap=model.attn_softcap,
+        local_rope=spec,
+        mixed_window=model.layer_types is not None,
+        mixed_rope=bool(model.nope_layers),
     )
 
 
@@ -159,9 +209,15 @@ __all__ = [
     "pre_norm",
     "post_norm",
     "local_layers",
+    "layer_flags",
+    "layer_flag",
+    "skip_rope",
     "check_layer_types",
+    "check_nope_layers",
     "variant_options",
     "QK_NORMS",
     "NORM_PLACEMENTS",
     "LAYER_TYPES",
+    "LOCAL",
+    "NOPE",
 ]

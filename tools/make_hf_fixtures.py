@@ -372,11 +372,99 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "llama",
         {"save_original_format": False},
     ),
+    # --- issue 37's dense families ---
+    # Phi-4: fused qkv_proj split [heads*d, kv*d, kv*d] with fewer kv heads (2) than heads (4).
+    "phi4": (
+        "Phi3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            original_max_position_embeddings=64,
+            tie_word_embeddings=False,
+            pad_token_id=0,
+            rope_parameters=dict(rope_type="default", rope_theta=250000.0),
+        ),
+        "llama",
+        {},
+    ),
+    # Phi-4-mini: GQA, partial rotary (0.75 of head_dim 8: 6 features) and LongRoPE whose original length (8)
+    # the test sequence (16) passes: the long factors and the attention factor bite.
+    "phi4_mini": (
+        "Phi3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            original_max_position_embeddings=8,
+            tie_word_embeddings=True,
+            pad_token_id=0,
+            rope_parameters=dict(
+                rope_type="longrope",
+                rope_theta=10000.0,
+                partial_rotary_factor=0.75,
+                short_factor=[1.0, 1.5, 2.0],
+                long_factor=[1.0, 4.0, 16.0],
+                original_max_position_embeddings=8,
+            ),
+        ),
+        "llama",
+        {},
+    ),
+    # OLMo-3: OLMo-2's block, sliding (window 5) and full layers mixed (3 of 4 sliding), YaRN on the full layers.
+    "olmo3": (
+        "Olmo3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            sliding_window=5,
+            rope_parameters=dict(
+                full_attention=dict(
+                    rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8
+                ),
+                sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+            ),
+        ),
+        "gpt2",
+        {},
+    ),
+    # SmolLM3: NoPE on every 2nd layer (1, 3), those layers sliding (window 5), GQA, tied embeddings.
+    "smollm3": (
+        "SmolLM3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            no_rope_layer_interval=2,
+            pad_token_id=0,
+            use_sliding_window=True,
+            sliding_window=5,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="default", rope_theta=2000000.0),
+        ),
+        "gpt2",
+        {},
+    ),
 }
 
 # Fixtures that also get `greedy.npy`: transformers' greedy continuation of their first GREEDY_PROMPT tokens
 # (past the 5-token windows), the reference for cached decoding (`generate`).
-GREEDY = ("qwen3", "gemma2", "gemma3", "gemma3_mm", "phi3", "olmo2")
+# (phi4_mini's LongRoPE switches every position's frequencies once the sequence passes 8 tokens, which a
+# cached decode cannot redo for the keys it already holds: its greedy tokens are not compared.)
+GREEDY = ("qwen3", "gemma2", "gemma3", "gemma3_mm", "phi3", "olmo2", "phi4", "olmo3", "smollm3")
 GREEDY_PROMPT, GREEDY_TOKENS = 5, 12
 
 # Tokenizer family -> (special tokens in id order, bos, eos, add_bos)

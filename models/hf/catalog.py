@@ -50,6 +50,8 @@ def decoder_options(family: str) -> list[str]:
             continue
         if k == "layer_types":
             v = f"{sum(t == 'sliding_attention' for t in v)} of {len(v)} sliding"
+        elif k == "nope_layers":
+            v = f"{len(v)} of {opts['layers']} without RoPE"
         elif isinstance(v, dict):
             v = ", ".join(f"{a}={b}" for a, b in v.items())
         elif isinstance(v, float):

@@ -13,6 +13,10 @@ A row is ``Tensor(hf, param, axes, part=None, when=None)``:
   has, of which the row is part ``part`` (GPT-2's fused ``c_attn`` holds q, k and v as parts
   0, 1, 2 of ``(3 heads kv)``). Sizes come from the parameter's shape.
 - ``when``: the GPT option that must be true for the tensor to exist (``"!opt"``: false).
+- ``split``: for a fused tensor whose parts differ in size (Phi-3's ``qkv_proj`` with fewer kv heads than
+  heads, ``[heads*d, kv*d, kv*d]``), the GPT options giving each part's size along the file's first
+  dimension, in units of its first atom (``("heads", "kv_heads", "kv_heads")``); ``part`` picks one. The
+  axes are then the part's own (``"(kv_heads kv) embed"``), with no integer.
 
 Example::
 
@@ -35,6 +39,7 @@ class Tensor(NamedTuple):
     axes: str
     part: int | None = None
     when: str | None = None
+    split: tuple[str, ...] | None = None
 
     def wanted(self, option: Callable[[str], Any], layer: int = 0) -> bool:
         """Whether the row's ``when`` holds for a model whose options ``option(name)`` gives; an option that is a
@@ -116,15 +121,17 @@ GEMMA2 = _replace(
     },
 )
 
-# Phi-3: q, k and v fused in qkv_proj (parts 0, 1, 2 of equal size: heads == kv_heads), gate and up in
-# gate_up_proj (parts 0 and 1); each shard reads its slice of a part, export fuses them again.
+# Phi-3 / Phi-4: q, k and v fused in qkv_proj as [heads*d, kv_heads*d, kv_heads*d] rows (fewer kv heads than
+# heads in Phi-4), gate and up in gate_up_proj (parts 0 and 1); each shard reads its slice of a part, export
+# fuses them again.
+_QKV = ("heads", "kv_heads", "kv_heads")
 PHI3 = _replace(
     LLAMA,
     {
         "self_attn.q_proj.weight": (
-            Tensor(_L + "self_attn.qkv_proj.weight", "{layer}/attn/q", "(3 heads kv) embed", part=0),
-            Tensor(_L + "self_attn.qkv_proj.weight", "{layer}/attn/k", "(3 kv_heads kv) embed", part=1),
-            Tensor(_L + "self_attn.qkv_proj.weight", "{layer}/attn/v", "(3 kv_heads kv) embed", part=2),
+            Tensor(_L + "self_attn.qkv_proj.weight", "{layer}/attn/q", "(heads kv) embed", part=0, split=_QKV),
+            Tensor(_L + "self_attn.qkv_proj.weight", "{layer}/attn/k", "(kv_heads kv) embed", part=1, split=_QKV),
+            Tensor(_L + "self_attn.qkv_proj.weight", "{layer}/attn/v", "(kv_heads kv) embed", part=2, split=_QKV),
         ),
         "self_attn.q_proj.bias": (),
         "self_attn.k_proj.weight": (),
