@@ -119,6 +119,13 @@ def test_published_configs_give_the_model_cards_parameter_counts(repo):
     assert count(repo / "configs/hf/gemma-3-27b") == 1_409_630_208 + 25_599_716_096 == 27_009_346_304
 
 
+def test_phi4_published_config_gives_its_parameter_count(repo):
+    # Phi-4 (14.7B): untied 2 x 100,352 x 5,120 = 1,027,604,480 embedding parameters; 40 layers x 340,797,440
+    # (qkv_proj 5,120 x (40 + 2 x 10) x 128, o_proj 5,120^2, gate_up_proj 2 x 17,920 x 5,120, down_proj, 2 norms)
+    # + the final norm = 13,631,902,720.
+    assert count(repo / "configs/hf/phi-4") == 1_027_604_480 + 13_631_902_720 == 14_659_507_200
+
+
 def test_plan_prints_them_from_the_run_configs(repo, monkeypatch, run_cli_in_process):
     monkeypatch.chdir(repo)
     r = run_cli_in_process("plan", "configs/qwen3_8b_hf.yaml", "--no-compile")
