@@ -116,7 +116,9 @@ def dispatch(x: jax.Array, idx: jax.Array, experts: int, cap: int) -> tuple[jax.
         token = jnp.full((experts * cap,), s, jnp.int32)
         token = token.at[slots.reshape(-1)].set(jnp.repeat(jnp.arange(s, dtype=jnp.int32), ig.shape[1]), mode="drop")
         padded = jnp.concatenate([xg, jnp.zeros((1, xg.shape[-1]), xg.dtype)])  # row s: an empty slot
-        return padded[token].reshape(experts, cap, -1), slots, keep
+        # Gathered straight into (experts, capacity, embed): a reshape of the gathered (experts * capacity) rows
+        # would merge the dimension the buffer's `expert` layout splits, which XLA rematerializes in full.
+        return padded[token.reshape(experts, cap)], slots, keep
 
     return jax.vmap(one)(x, idx)
 
@@ -125,8 +127,10 @@ def combine(y: jax.Array, slots: jax.Array, keep: jax.Array, gates: jax.Array) -
     """``(G, S, D)``: each token's experts' outputs (``y``: ``(G, E, C, D)``) summed with its gates."""
 
     def one(yg, sg, kg, gg):
-        flat = yg.reshape(-1, yg.shape[-1])
-        picked = flat[jnp.minimum(sg, flat.shape[0] - 1)]  # (S, k, D)
+        # Indexed by (expert, position), not through a reshape to (experts * capacity) rows (see dispatch).
+        e, c = yg.shape[0], yg.shape[1]
+        slot = jnp.minimum(sg, e * c - 1)
+        picked = yg[slot // c, slot % c]  # (S, k, D)
         w = (gg * kg).astype(picked.dtype)
         return jnp.einsum("skd,sk->sd", picked, w)
 
