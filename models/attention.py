@@ -39,7 +39,7 @@ from partitioning.models.fused_attention import cudnn_attention, fused_applies
 from partitioning.models.layers import bias_param, kernel, order, row_parallel
 from partitioning.models.lora import adapt, project
 from partitioning.models.rope import SCALINGS, attention_factor, scaled_frequencies
-from partitioning.models.variants import local_mask, local_rope, qk_norms, skip_rope, softcap
+from partitioning.models.variants import local_mask, local_rope, qk_norms, sink_softmax, skip_rope, softcap
 
 # rope_type -> the keys it needs besides rope_type (yarn and longrope: models/rope.py's SCALINGS).
 ROPE_SCALINGS = {
@@ -218,6 +218,7 @@ class Attention(nn.Module):
     local_rope: tuple | None = None
     impl: str = "xla"  # xla | cudnn (models/fused_attention.py): where cuDNN applies, else the einsums
     rotary_dim: int | None = None  # partial rotary: the features RoPE rotates (None: all)
+    sinks: bool = False  # attention sinks (GPT-OSS): a learned logit per head, `sinks (heads,)`
 
     @nn.compact
     def __call__(self, x, segment_ids=None, positions=None, local=None, nope=None):
@@ -253,10 +254,11 @@ class Attention(nn.Module):
         window = self.window if local is None else None
         v = with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
         scale = k**-0.5 if self.scale is None else self.scale
-        if self.impl == "cudnn" and fused_applies(self.decode, segment_ids, local, self.softcap):
+        sinks = bias_param(self, "sinks", ("heads",), (h,), pd) if self.sinks else None
+        if self.impl == "cudnn" and sinks is None and fused_applies(self.decode, segment_ids, local, self.softcap):
             out = cudnn_attention(q, kk, v, scale, window)
         else:
-            out = self._einsum_attention(q, kk, v, scale, window, segment_ids, local, positions)
+            out = self._einsum_attention(q, kk, v, scale, window, segment_ids, local, positions, sinks)
         out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
         eq = f"bthk,{order(oi, 'hk', 'd')}->btd"
         y = adapt(self, "o", row_parallel(eq, out, wo.astype(dt)), out, eq, self.lora, heads, embed, oi)
@@ -264,7 +266,7 @@ class Attention(nn.Module):
             y = y + bias_param(self, "o_bias", ("embed",), (d,), pd).astype(dt)
         return y
 
-    def _einsum_attention(self, q, kk, v, scale, window, segment_ids, local, positions):
+    def _einsum_attention(self, q, kk, v, scale, window, segment_ids, local, positions, sinks=None):
         """``softmax(q k^T * scale) v`` with the causal / window / segment masks, as einsums with named layouts."""
         b, t, h, k = q.shape
         g, dt = kk.shape[2], self.dtype
@@ -282,7 +284,7 @@ class Attention(nn.Module):
         )
         scores = softcap(scores.astype(jnp.float32) * scale, self.softcap)
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        probs = sink_softmax(scores, sinks).astype(dt)
         out = jnp.einsum(
             "bgrts,bsgk->btgrk", probs, v, out_sharding=logical_spec(("batch", "length", "kv_heads", None, None))
         ).reshape(b, t, h, k)

@@ -108,6 +108,7 @@ class Block(nn.Module):
     rotary_dim: int | None = None
     mixed_window: bool = False  # layer_types: the window on the local layers only
     mixed_rope: bool = False  # nope_layers: some layers without RoPE
+    attn_sinks: bool = False
 
     @nn.compact
     def __call__(self, x, segment_ids=None, positions=None, layer=None):
@@ -138,6 +139,7 @@ class Block(nn.Module):
             softcap=self.attn_softcap,
             local_rope=self.local_rope,
             rotary_dim=self.rotary_dim,
+            sinks=self.attn_sinks,
             name="attn",
         )(y, segment_ids, positions, local=local, nope=nope)
         x = x + post_norm(self, y, "attn", make_norm)
@@ -207,6 +209,7 @@ class GPT(nn.Module):
     local_rope_scaling: Any = None  # their rope_scaling (with local_rope_theta; default: none)
     partial_rotary_factor: float = 1.0  # RoPE on the first fraction of each head's features (Phi-4-mini: 0.75)
     nope_layers: tuple[int, ...] | None = None  # layers without RoPE (SmolLM3's NoPE layers)
+    attn_sinks: bool = False  # a learned logit per head in every attention softmax (GPT-OSS): `sinks (heads,)`
 
     def __post_init__(self):
         positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")

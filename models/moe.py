@@ -26,7 +26,7 @@ import flax.linen as nn
 
 from partitioning.boxes import with_logical_partitioning
 from partitioning.errors import ConfigError, did_you_mean
-from partitioning.parallel.experts import expert_capacity, moe_ffn
+from partitioning.parallel.experts import ROUTINGS, clamped_swiglu, expert_capacity, moe_ffn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +54,13 @@ class MoE:
     aux_loss_weight: float = 0.01
     norm_topk_prob: bool | None = None
     mlp: int | None = None
+    # GPT-OSS: a router bias, biases on every expert projection, the top-k logits' softmax as gates, the
+    # clamped SwiGLU (``swiglu_limit`` / ``swiglu_alpha``; partitioning.parallel.experts.clamped_swiglu).
+    router_bias: bool = False
+    expert_bias: bool = False
+    routing: str = "softmax_topk"
+    swiglu_limit: float | None = None
+    swiglu_alpha: float | None = None
 
     @classmethod
     def parse(cls, options: Any) -> MoE | None:
@@ -78,9 +85,20 @@ class MoE:
                 "dropless": (bool,),
                 "norm_topk_prob": (bool, type(None)),
                 "mlp": (int, type(None)),
+                "router_bias": (bool,),
+                "expert_bias": (bool,),
+                "routing": (str,),
             }.get(k, (int, float, type(None)))
             if isinstance(v, bool) != (bool in kinds) or not isinstance(v, kinds):
-                want = "a number" if float in kinds else "true or false" if bool in kinds else "an integer"
+                want = (
+                    "a number"
+                    if float in kinds
+                    else "true or false"
+                    if bool in kinds
+                    else f"one of {', '.join(ROUTINGS)}"
+                    if str in kinds
+                    else "an integer"
+                )
                 raise ConfigError(f"moe.{k} must be {want}, got {v!r}", arg="moe")
         moe = cls(**dict(options))
         if moe.aux_loss_weight is None or moe.aux_loss_weight < 0:
@@ -92,6 +110,10 @@ class MoE:
             )
         if moe.mlp is not None and moe.mlp < 1:
             raise ConfigError(f"moe.mlp must be >= 1 (or null: the model's mlp), got {moe.mlp}", arg="moe")
+        if moe.routing not in ROUTINGS:
+            raise ConfigError(f"moe.routing must be one of {', '.join(ROUTINGS)}, got {moe.routing!r}", arg="moe")
+        if (moe.swiglu_limit is None) != (moe.swiglu_alpha is None):
+            raise ConfigError("moe.swiglu_limit and moe.swiglu_alpha go together (the clamped SwiGLU)", arg="moe")
         if not moe.dropless and (moe.capacity_factor is None or moe.capacity_factor <= 0):
             raise ConfigError("moe.capacity_factor must be > 0 (or set dropless: true)", arg="moe")
         return moe
@@ -146,11 +168,25 @@ class MoeMlp(nn.Module):
             return self.param(name, with_logical_partitioning(init, names), shape, pd)
 
         router = param("router", ("embed", "expert"), (d, e), d)
-        experts = (
+        experts: tuple[Any, ...] = (
             param("wi_0", ("expert", "embed", "mlp"), (e, d, m), d),
             param("wi_1", ("expert", "embed", "mlp"), (e, d, m), d),
             param("wo", ("expert", "mlp", "embed"), (e, m, d), m),
         )
+
+        def bias(name, names, shape):
+            return self.param(name, with_logical_partitioning(nn.initializers.zeros, names), shape, pd)
+
+        router_bias = bias("router_bias", ("expert",), (e,)) if self.moe.router_bias else None
+        if self.moe.expert_bias:
+            experts += (
+                bias("wi_0_bias", ("expert", "mlp"), (e, m)),
+                bias("wi_1_bias", ("expert", "mlp"), (e, m)),
+                bias("wo_bias", ("expert", "embed"), (e, d)),
+            )
+        fn = None
+        if self.moe.swiglu_limit is not None:
+            fn = clamped_swiglu(float(self.moe.swiglu_limit), float(self.moe.swiglu_alpha or 1.0))
         y, aux = moe_ffn(
             x,
             router,
@@ -158,6 +194,9 @@ class MoeMlp(nn.Module):
             top_k=self.moe.top_k,
             capacity=self.moe.capacity(x.shape[1]),
             norm_topk_prob=self.moe.norm_topk_prob,
+            router_bias=router_bias,
+            routing=self.moe.routing,
+            expert_fn=fn,
         )
         self.sow("losses", "moe_aux_loss", self.moe.aux_loss_weight * aux)
         return y.astype(self.dtype)

@@ -19,7 +19,7 @@ Example::
     >>> round(attention_factor(yarn), 4)                        # 0.1 ln 4 + 1
     1.1386
     >>> f = scaled_frequencies(8, 10000.0, yarn, 16)
-    >>> [round(float(x), 5) for x in f[[0, -1]]]               # the fastest kept, the slowest interpolated
+    >>> [round(float(f[i]), 5) for i in (0, -1)]               # the fastest kept, the slowest interpolated
     [1.0, 0.00025]
 """
 

@@ -17,6 +17,7 @@
   ``scan_layers`` keeps compile time flat in depth whatever the pattern (Gemma 3 27B's 62
   layers are not a whole number of its 6-layer groups). The price: both RoPE variants of q and
   k are computed on every layer (elementwise work, small beside the projections).
+- **attention sinks** (:func:`sink_softmax`, GPT-OSS): a learned logit per head in every softmax row.
 - **NoPE layers** (SmolLM3): ``nope_layers`` get no RoPE at all, carried as data the same way
   (a layer's flags: :data:`LOCAL`, :data:`NOPE`).
 
@@ -85,6 +86,31 @@ def qk_norms(attn: Any, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Arra
 def softcap(x: jax.Array, cap: float | None) -> jax.Array:
     """``cap * tanh(x / cap)`` (in ``x``'s dtype); ``x`` unchanged without a cap."""
     return x if not cap else jnp.tanh(x / cap) * cap
+
+
+def sink_softmax(scores: jax.Array, sinks: jax.Array | None) -> jax.Array:
+    """The attention softmax over the keys (last axis) of ``(..., groups, group_heads, t, s)`` float32 ``scores``, with
+    attention sinks (GPT-OSS): one learned logit per head (``(heads,)``, ``heads = groups * group_heads``) that joins
+    every row's softmax and takes its share of the mass without a value. ``sinks`` None: the plain softmax.
+
+    Any attention path can call it on its scores (as transformers' eager attention does: the sink's column
+    concatenated, the softmax taken, the column dropped).
+
+    Example::
+
+        >>> from partitioning.models.variants import sink_softmax
+        >>> scores = jnp.zeros((1, 1, 2, 1, 3))                          # 2 heads, 3 keys, all equal
+        >>> probs = sink_softmax(scores, jnp.array([0.0, -100.0]))[0, 0, :, 0]
+        >>> [[round(float(p), 3) for p in row] for row in probs]         # the sink takes a share; a -100 one none
+        [[0.25, 0.25, 0.25], [0.333, 0.333, 0.333]]
+    """
+    if sinks is None:
+        return jax.nn.softmax(scores, axis=-1)
+    g, r = scores.shape[-4], scores.shape[-3]
+    sink = sinks.astype(jnp.float32).reshape(g, r)[..., None, None]
+    top = jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), sink)
+    e = jnp.exp(scores - top)
+    return e / (jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - top))
 
 
 def local_rope(x: jax.Array, rotated: jax.Array, local: Any, spec: tuple | None, positions: Any, rope: Any) -> Any:
@@ -197,6 +223,7 @@ def variant_options(model: Any, parse_rope_scaling: Any) -> dict[str, Any]:
         local_rope=spec,
         mixed_window=model.layer_types is not None,
         mixed_rope=bool(model.nope_layers),
+        attn_sinks=model.attn_sinks,
     )
 
 
@@ -204,6 +231,7 @@ __all__ = [
     "QKNorm",
     "qk_norms",
     "softcap",
+    "sink_softmax",
     "local_rope",
     "local_mask",
     "pre_norm",

@@ -458,13 +458,45 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "gpt2",
         {},
     ),
+    # --- issue 37's mixtures of experts ---
+    # GPT-OSS: sinks, q/k/v/o biases, sliding (window 5) and full layers alternating, YaRN (truncate false); 4
+    # experts top-2 with router and expert biases, gates the softmax of the top-2 logits, a SwiGLU clamped at 0.5
+    # (small enough to bite); experts fused and interleaved (gate_up_proj) as transformers saves them.
+    "gpt_oss": (
+        "GptOssConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=24,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=5,
+            max_position_embeddings=64,
+            swiglu_limit=0.5,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=150000.0,
+                factor=4.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+                original_max_position_embeddings=16,
+            ),
+        ),
+        "gpt2",
+        {},
+    ),
 }
 
 # Fixtures that also get `greedy.npy`: transformers' greedy continuation of their first GREEDY_PROMPT tokens
 # (past the 5-token windows), the reference for cached decoding (`generate`).
 # (phi4_mini's LongRoPE switches every position's frequencies once the sequence passes 8 tokens, which a
 # cached decode cannot redo for the keys it already holds: its greedy tokens are not compared.)
-GREEDY = ("qwen3", "gemma2", "gemma3", "gemma3_mm", "phi3", "olmo2", "phi4", "olmo3", "smollm3")
+GREEDY = ("qwen3", "gemma2", "gemma3", "gemma3_mm", "phi3", "olmo2", "phi4", "olmo3", "smollm3", "gpt_oss")
 GREEDY_PROMPT, GREEDY_TOKENS = 5, 12
 
 # Tokenizer family -> (special tokens in id order, bos, eos, add_bos)

@@ -26,12 +26,13 @@ from typing import Any
 from partitioning.errors import ConfigError
 from partitioning.models.hf.fields import _LLAMA_DEFAULTS, ACTS, _act, _decoder, _rope  # noqa: F401 (re-exported)
 from partitioning.models.hf.gemmas import gemma, gemma2, gemma3, text_config
-from partitioning.models.hf.moes import mixtral, qwen3_moe
+from partitioning.models.hf.moes import gpt_oss, mixtral, qwen3_moe
 from partitioning.models.hf.tables import (
     GEMMA2,
     GEMMA3_EXTRA,
     GPT2,
     GPT2_EXTRA,
+    GPT_OSS,
     LLAMA,
     LLAMA_EXTRA,
     MIXTRAL,
@@ -278,6 +279,7 @@ FAMILIES = {
         Family("smollm3", ("SmolLM3ForCausalLM",), smollm3, LLAMA, LLAMA_EXTRA),
         Family("mixtral", ("MixtralForCausalLM",), mixtral, MIXTRAL, LLAMA_EXTRA, fused=MIXTRAL_FUSED),
         Family("qwen3_moe", ("Qwen3MoeForCausalLM",), qwen3_moe, QWEN3_MOE, LLAMA_EXTRA, fused=QWEN3_MOE_FUSED),
+        Family("gpt_oss", ("GptOssForCausalLM",), gpt_oss, GPT_OSS, LLAMA_EXTRA),
     )
 }
 ARCHITECTURES = {a: f for f in FAMILIES.values() for a in f.architectures}
@@ -294,7 +296,8 @@ def family_of(cfg: Mapping[str, Any]) -> Family:
         >>> family_of({"architectures": ["BertModel"]})
         Traceback (most recent call last):
         partitioning.errors.ConfigError: architecture 'BertModel' is not supported; supported: GPT2LMHeadModel, \
-Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, LlamaForCausalLM, \
+Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, GptOssForCausalLM, \
+LlamaForCausalLM, \
 MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, \
 Qwen3ForCausalLM, Qwen3MoeForCausalLM, SmolLM3ForCausalLM
     """
@@ -334,4 +337,5 @@ __all__ = [
     "text_config",
     "mixtral",
     "qwen3_moe",
+    "gpt_oss",
 ]

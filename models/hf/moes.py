@@ -107,4 +107,59 @@ def qwen3_moe(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["mixtral", "qwen3_moe"]
+_GPT_OSS_DEFAULTS: dict[str, Any] = {
+    **_LLAMA_DEFAULTS,
+    "vocab_size": 201088,
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "head_dim": 64,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-5,
+    "num_experts_per_tok": 4,
+    "router_aux_loss_coef": 0.001,
+}
+# transformers' GptOssConfig RoPE when none is given.
+_GPT_OSS_ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 150000.0,
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
+
+
+def gpt_oss(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """GPT-OSS: attention sinks, biases on q/k/v/o, sliding and full layers alternating (``layer_types``), YaRN;
+    experts with a router bias, the softmax of the top-k logits as gates, biased projections and the clamped SwiGLU
+    (``swiglu_limit``, ``swiglu_alpha``). The published MXFP4 expert weights (``*_blocks`` / ``*_scales``) are not
+    read: dequantized (bf16 / float32) files are."""
+    d = _GPT_OSS_DEFAULTS
+    if not cfg.get("rope_parameters") and not cfg.get("rope_scaling"):
+        cfg = {**cfg, "rope_parameters": {**_GPT_OSS_ROPE, "rope_theta": cfg.get("rope_theta", 150000.0)}}
+    bias = bool(cfg.get("attention_bias", True))
+    out = {**_decoder({**cfg, "layer_types": None}, d), "qkv_bias": bias, "out_bias": bias, "attn_sinks": True}
+    n = out["layers"]
+    types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    window = cfg.get("sliding_window", 128)
+    if window and "sliding_attention" in types:
+        out.update(sliding_window=int(window), layer_types=tuple(types))
+    limit, alpha = cfg.get("swiglu_limit", 7.0), cfg.get("swiglu_alpha", 1.702)
+    out["moe"] = _moe(
+        cfg,
+        _experts(cfg, 128),
+        d,
+        mlp=out["mlp"],
+        router_bias=True,
+        expert_bias=True,
+        routing="topk_softmax",
+        swiglu_limit=float(limit),
+        swiglu_alpha=float(alpha),
+    )
+    return out
+
+
+__all__ = ["mixtral", "qwen3_moe", "gpt_oss"]

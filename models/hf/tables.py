@@ -209,6 +209,27 @@ MIXTRAL_FUSED = tuple(r for r in MIXTRAL if "block_sparse_moe" not in r.hf)[:-2]
 QWEN3_MOE_FUSED = tuple(r for r in QWEN3_MOE if ".experts." not in r.hf and ".mlp.gate." not in r.hf)[:-2]
 QWEN3_MOE_FUSED += _FUSED + _ATTN[-2:]
 
+# GPT-OSS: Llama's attention with biases and a sink logit per head; a router with a bias; each layer's experts
+# fused as transformers holds them, gate and up interleaved in the last dimension of gate_up_proj ((mlp 2): gate
+# at the even columns, up at the odd ones), (in, out) order, a bias per projection.
+_OSS = _L + "mlp."
+GPT_OSS = (
+    _ATTN[:10]
+    + (Tensor(_L + "self_attn.sinks", "{layer}/attn/sinks", "heads"),)
+    + _ATTN[10:-2]
+    + (
+        Tensor(_OSS + "router.weight", "{layer}/mlp/router", "expert embed"),
+        Tensor(_OSS + "router.bias", "{layer}/mlp/router_bias", "expert"),
+        Tensor(_OSS + "experts.gate_up_proj", "{layer}/mlp/wi_0", "expert embed (mlp 2)", part=0),
+        Tensor(_OSS + "experts.gate_up_proj", "{layer}/mlp/wi_1", "expert embed (mlp 2)", part=1),
+        Tensor(_OSS + "experts.gate_up_proj_bias", "{layer}/mlp/wi_0_bias", "expert (mlp 2)", part=0),
+        Tensor(_OSS + "experts.gate_up_proj_bias", "{layer}/mlp/wi_1_bias", "expert (mlp 2)", part=1),
+        Tensor(_OSS + "experts.down_proj", "{layer}/mlp/wo", "expert mlp embed"),
+        Tensor(_OSS + "experts.down_proj_bias", "{layer}/mlp/wo_bias", "expert embed"),
+    )
+    + _ATTN[-2:]
+)
+
 _H = "transformer.h.{i}."
 
 # GPT-2's Conv1D stores weights (in, out), and q, k and v fused in c_attn.
@@ -253,6 +274,7 @@ __all__ = [
     "MIXTRAL",
     "QWEN3_MOE",
     "MIXTRAL_FUSED",
+    "GPT_OSS",
     "QWEN3_MOE_FUSED",
     "LLAMA_EXTRA",
     "GEMMA3_EXTRA",

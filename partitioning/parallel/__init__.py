@@ -31,7 +31,7 @@ Example::
     (8, 64, 64)
 """
 
-from partitioning.parallel.experts import expert_capacity, moe_ffn
+from partitioning.parallel.experts import clamped_swiglu, expert_capacity, moe_ffn
 from partitioning.parallel.pipeline import (
     LayerStack,
     PipelineError,
@@ -57,4 +57,5 @@ __all__ = [
     "bubble_fraction",
     "moe_ffn",
     "expert_capacity",
+    "clamped_swiglu",
 ]

@@ -68,18 +68,28 @@ def expert_capacity(tokens: int, experts: int, top_k: int, capacity_factor: floa
     return max(1, min(int(tokens), math.ceil(capacity_factor * tokens * top_k / experts)))
 
 
-def route(logits: jax.Array, top_k: int, norm_topk_prob: bool | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+ROUTINGS = ("softmax_topk", "topk_softmax")
+
+
+def route(
+    logits: jax.Array, top_k: int, norm_topk_prob: bool | None = None, routing: str = "softmax_topk"
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(gates (G, S, k), experts (G, S, k), load-balancing loss)`` from router logits ``(G, S, E)``.
 
-    Softmax over all experts in float32, then the top ``k``; their probabilities are renormalised to
-    sum to 1 when ``norm_topk_prob`` (None: when ``k > 1``), as Mixtral and Qwen3-MoE's
-    ``norm_topk_prob: true`` do; else the gates are the raw probabilities.
+    ``softmax_topk``: softmax over all experts in float32, then the top ``k``; their probabilities are
+    renormalised to sum to 1 when ``norm_topk_prob`` (None: when ``k > 1``), as Mixtral and Qwen3-MoE's
+    ``norm_topk_prob: true`` do; else the gates are the raw probabilities. ``topk_softmax`` (GPT-OSS): the
+    top ``k`` logits, then a softmax over those ``k``.
     """
     e = logits.shape[-1]
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    top, idx = _top_k(probs, top_k)
-    norm = top_k > 1 if norm_topk_prob is None else norm_topk_prob
-    gates = top / jnp.sum(top, axis=-1, keepdims=True) if norm else top
+    if routing == "topk_softmax":
+        top, idx = _top_k(logits.astype(jnp.float32), top_k)
+        gates = jax.nn.softmax(top, axis=-1)
+    else:
+        top, idx = _top_k(probs, top_k)
+        norm = top_k > 1 if norm_topk_prob is None else norm_topk_prob
+        gates = top / jnp.sum(top, axis=-1, keepdims=True) if norm else top
     share = jnp.mean(jax.nn.one_hot(idx, e, dtype=jnp.float32), axis=(0, 1, 2))  # f_e (sums to 1)
     aux = e * jnp.sum(share * jnp.mean(probs, axis=(0, 1)))
     return gates, idx, aux
@@ -146,6 +156,8 @@ def moe_ffn(
     capacity: int | None = None,
     expert_fn: Callable[..., jax.Array] | None = None,
     norm_topk_prob: bool | None = None,
+    router_bias: jax.Array | None = None,
+    routing: str = "softmax_topk",
 ) -> tuple[jax.Array, jax.Array]:
     """A mixture-of-experts FFN over ``x`` ``(G, S, D)``: ``(y (G, S, D), load-balancing loss)``.
 
@@ -153,7 +165,8 @@ def moe_ffn(
     ``E`` axis, for ``expert_fn(buffer (G, E, C, D), *weights) -> (G, E, C, D)``
     (default: SwiGLU with ``wi_0, wi_1 (E, D, M)``, ``wo (E, M, D)``).
     ``capacity``: tokens per expert and group (:func:`expert_capacity`); None: dropless
-    (``S``). ``norm_topk_prob``: see :func:`route`. Name the weights' expert dimension ``expert`` and the rules decide
+    (``S``). ``norm_topk_prob``, ``routing``: see :func:`route`; ``router_bias`` ``(E,)`` is added to the router's
+    logits (GPT-OSS). Name the weights' expert dimension ``expert`` and the rules decide
     where the experts live; the tokens follow (module docstring).
 
     Example::
@@ -170,10 +183,12 @@ def moe_ffn(
     e = router.shape[-1]
     capacity = x.shape[1] if capacity is None else int(capacity)
     logits = jnp.einsum("gsd,de->gse", x, router.astype(x.dtype)).astype(jnp.float32)
+    if router_bias is not None:
+        logits = logits + router_bias.astype(jnp.float32)
     # Every token's scores for all experts where the token is: top-k needs the whole row, so a router
     # split over `expert` is gathered (D x E), not the tokens' logits (tokens x E).
     logits = with_logical_constraint(logits, ("batch", "length", None))
-    gates, idx, aux = route(logits, top_k, norm_topk_prob)
+    gates, idx, aux = route(logits, top_k, norm_topk_prob, routing)
     buf, slots, keep = dispatch(x, idx, e, capacity)
     _record(x, e, top_k, capacity)
     # To the devices holding each expert (an all-to-all over `expert` when the rules split it) ...
@@ -195,6 +210,32 @@ def swiglu(buf: jax.Array, wi_0: jax.Array, wi_1: jax.Array, wo: jax.Array) -> j
     return jnp.einsum("gecm,emd->gecd", h, wo.astype(dt))
 
 
+def clamped_swiglu(limit: float, alpha: float) -> Callable[..., jax.Array]:
+    """GPT-OSS's experts: ``(up + 1) * gate * sigmoid(alpha * gate)`` with ``gate <= limit`` and
+    ``|up| <= limit``, each projection with its bias when given:
+    ``expert_fn(buf, wi_0, wi_1, wo[, wi_0_bias, wi_1_bias, wo_bias])`` (biases ``(E, M)``, ``(E, M)``, ``(E, D)``).
+
+    Example::
+
+        >>> buf, w = jnp.ones((1, 2, 3, 4)), jnp.ones((2, 4, 5)) * 10
+        >>> fn = pt.parallel.clamped_swiglu(7.0, 1.702)
+        >>> out = fn(buf, w, w, jnp.ones((2, 5, 4)), jnp.zeros((2, 5)), jnp.zeros((2, 5)), jnp.zeros((2, 4)))
+        >>> round(float(out[0, 0, 0, 0]), 2)                  # 5 x (7 + 1) x 7 sigmoid(1.702 x 7): both clamped
+        280.0
+    """
+
+    def fn(buf, wi_0, wi_1, wo, *biases):
+        dt = buf.dtype
+        b0, b1, bo = (b.astype(dt)[:, None] for b in biases) if biases else (0, 0, 0)
+        gate = jnp.einsum("gecd,edm->gecm", buf, wi_0.astype(dt)) + b0
+        up = jnp.einsum("gecd,edm->gecm", buf, wi_1.astype(dt)) + b1
+        gate, up = jnp.minimum(gate, limit), jnp.clip(up, -limit, limit)
+        h = with_logical_constraint((up + 1) * gate * jax.nn.sigmoid(gate * alpha), ("batch", "expert", None, "mlp"))
+        return jnp.einsum("gecm,emd->gecd", h, wo.astype(dt)) + bo
+
+    return fn
+
+
 def _record(x: jax.Array, experts: int, top_k: int, cap: int) -> None:
     rules = get_logical_axis_rules()
     tokens = rules.resolve(TOKENS) if rules else None
@@ -212,4 +253,15 @@ def _record(x: jax.Array, experts: int, top_k: int, cap: int) -> None:
     )
 
 
-__all__ = ["expert_capacity", "route", "dispatch", "combine", "moe_ffn", "swiglu", "DISPATCHED", "TOKENS"]
+__all__ = [
+    "clamped_swiglu",
+    "ROUTINGS",
+    "expert_capacity",
+    "route",
+    "dispatch",
+    "combine",
+    "moe_ffn",
+    "swiglu",
+    "DISPATCHED",
+    "TOKENS",
+]

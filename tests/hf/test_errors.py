@@ -76,9 +76,9 @@ def test_unknown_architecture(tmp_path):
         pt.hf.load_hf(path)
     assert one_line(e) == (
         f"{path / 'config.json'}: architecture 'FalconForCausalLM' is not supported; supported: GPT2LMHeadModel, "
-        "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, LlamaForCausalLM, "
-        "MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, "
-        "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, SmolLM3ForCausalLM"
+        "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, GptOssForCausalLM, "
+        "LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, "
+        "Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, SmolLM3ForCausalLM"
     )
     with pytest.raises(pt.CheckpointError, match="architecture 'FalconForCausalLM'"):
         pt.hf.hf_model(path)

@@ -28,10 +28,11 @@ WARNING = "Involuntary full rematerialization"
 # One family per kind of block on fsdp_tp (where the tensor split meets the batch split): dense (Llama), mixed
 # local/global with local RoPE (Gemma 3), post-norm with all-heads q/k norms and YaRN (OLMo-3), NoPE layers
 # (SmolLM3); Llama on dp and fsdp; the experts on every layout (Mixtral) and per block (Qwen3-MoE's dense layer
-# between sparse ones) on ep. Each compile takes 10-15 s on a 2-core machine: every family on every layout
-# (21 compiles, 4 minutes) passed once, then the set was cut to these.
+# between sparse ones) on ep; GPT-OSS on fsdp_tp and ep. Each compile takes 10-15 s on a 2-core machine: every
+# family on every layout (21 compiles, 4 minutes) passed once, then the set was cut to these.
 CASES = [(f, "fsdp_tp") for f in ("llama", "gemma3", "olmo3", "smollm3")] + [("llama", "dp"), ("llama", "fsdp")]
 CASES += [("mixtral", p) for p in ("dp", "fsdp", "fsdp_tp", "ep")] + [("qwen3_moe_mixed", "ep")]
+CASES += [("gpt_oss", "fsdp_tp"), ("gpt_oss", "ep")]  # sinks, biased experts, the clamped SwiGLU
 
 
 def xla_log(compile_fn) -> str:
