@@ -100,3 +100,27 @@ def test_generate_gives_transformers_greedy_tokens():
     want = np.load(fixture("gpt_oss") / "greedy.npy").tolist()
     got = pt.decode.generate(model, variables["params"], prompt, mesh=mesh, rules="fsdp_tp", max_tokens=len(want))
     assert got == want
+
+
+def test_the_published_configs_give_the_model_cards_parameter_counts(capsys, repo, monkeypatch):
+    """gpt-oss-120b: 116.83B total, 5.13B active; gpt-oss-20b: 20.91B total, 3.61B active (OpenAI's model card,
+    whose active count leaves out the embedding table, 201,088 x 2,880 = 579,133,440: a token reads one row).
+
+    A layer: attention 26,550,144 (q 2,880 x 4,096 + k, v 2,880 x 512 + o 4,096 x 2,880, their biases, 64 sinks),
+    2 norms of 2,880, a router 2,880 x E + E, E experts of 24,891,840 (gate_up 2,880 x 5,760 + 5,760,
+    down 2,880 x 2,880 + 2,880); untied embedding and lm_head 2 x 579,133,440, the final norm 2,880.
+    """
+    from partitioning.cli import main
+    from tests.hf.test_families import count
+
+    monkeypatch.chdir(repo)
+    assert (
+        count(repo / "configs/hf/gpt-oss-20b") == 24 * (26_555_904 + 92_192 + 32 * 24_891_840) + 2_880 + 2 * 579_133_440
+    )
+    assert count(repo / "configs/hf/gpt-oss-20b") == 20_914_757_184
+    assert main(["plan", "configs/gpt_oss_120b_hf.yaml", "--no-compile"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    total = 36 * (26_555_904 + 368_768 + 128 * 24_891_840) + 2_880 + 2 * 579_133_440
+    active = 36 * (26_555_904 + 368_768 + 4 * 24_891_840) + 2_880 + 2 * 579_133_440
+    assert (total, active - 579_133_440) == (116_829_156_672, 5_132_849_472)  # the card's 116.83B and 5.13B
+    assert f"({total:,} parameters, {active:,} active per token)" in first, first
