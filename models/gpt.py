@@ -46,6 +46,7 @@ from partitioning.models.checks import choice, divides, float_dtype, positive
 from partitioning.models.fused_attention import check_attention, resolve_attention
 from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
 from partitioning.models.lora import LoRA, adapt, checks_targets, for_call
+from partitioning.models.mla import MLA, MLAShape
 from partitioning.models.moe import MoE, MoeMlp, check_moe_layers
 from partitioning.models.variants import (
     LOCAL,
@@ -109,6 +110,7 @@ class Block(nn.Module):
     mixed_window: bool = False  # layer_types: the window on the local layers only
     mixed_rope: bool = False  # nope_layers: some layers without RoPE
     attn_sinks: bool = False
+    mla: MLAShape | None = None
 
     @nn.compact
     def __call__(self, x, segment_ids=None, positions=None, layer=None):
@@ -116,32 +118,47 @@ class Block(nn.Module):
         local = layer_flag(layer, LOCAL, self.mixed_window)
         nope = layer_flag(layer, NOPE, self.mixed_rope)
         y = pre_norm(self, x, "attn", make_norm)
-        y = Attention(
-            self.heads,
-            self.kv_heads,
-            self.head_dim,
-            self.rope_theta,
-            self.dtype,
-            self.param_dtype,
-            qkv_bias=self.qkv_bias,
-            out_bias=self.out_bias,
-            rope=self.rope,
-            rope_scaling=self.rope_scaling,
-            window=self.sliding_window,
-            scale=self.attn_scale,
-            decode=self.decode,
-            impl=self.attention,
-            out_in=self.out_in,
-            lora=self.lora,
-            qk_norm=self.qk_norm,
-            norm=self.norm,
-            norm_eps=self.norm_eps,
-            softcap=self.attn_softcap,
-            local_rope=self.local_rope,
-            rotary_dim=self.rotary_dim,
-            sinks=self.attn_sinks,
-            name="attn",
-        )(y, segment_ids, positions, local=local, nope=nope)
+        if self.mla is not None:  # DeepSeek's multi-head latent attention (models/mla.py)
+            y = MLA(
+                self.heads,
+                self.mla,
+                self.rope_theta,
+                self.dtype,
+                self.param_dtype,
+                rope_scaling=self.rope_scaling,
+                bias=self.qkv_bias,
+                norm_eps=self.norm_eps,
+                decode=self.decode,
+                out_in=self.out_in,
+                name="attn",
+            )(y, segment_ids, positions)
+        else:
+            y = Attention(
+                self.heads,
+                self.kv_heads,
+                self.head_dim,
+                self.rope_theta,
+                self.dtype,
+                self.param_dtype,
+                qkv_bias=self.qkv_bias,
+                out_bias=self.out_bias,
+                rope=self.rope,
+                rope_scaling=self.rope_scaling,
+                window=self.sliding_window,
+                scale=self.attn_scale,
+                decode=self.decode,
+                impl=self.attention,
+                out_in=self.out_in,
+                lora=self.lora,
+                qk_norm=self.qk_norm,
+                norm=self.norm,
+                norm_eps=self.norm_eps,
+                softcap=self.attn_softcap,
+                local_rope=self.local_rope,
+                rotary_dim=self.rotary_dim,
+                sinks=self.attn_sinks,
+                name="attn",
+            )(y, segment_ids, positions, local=local, nope=nope)
         x = x + post_norm(self, y, "attn", make_norm)
         y = pre_norm(self, x, "mlp", make_norm)
         if self.moe is not None:
@@ -210,6 +227,7 @@ class GPT(nn.Module):
     partial_rotary_factor: float = 1.0  # RoPE on the first fraction of each head's features (Phi-4-mini: 0.75)
     nope_layers: tuple[int, ...] | None = None  # layers without RoPE (SmolLM3's NoPE layers)
     attn_sinks: bool = False  # a learned logit per head in every attention softmax (GPT-OSS): `sinks (heads,)`
+    mla: Any = None  # {q_lora_rank, kv_lora_rank, qk_rope_head_dim, ...}: multi-head latent attention (models/mla.py)
 
     def __post_init__(self):
         positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
@@ -243,6 +261,7 @@ class GPT(nn.Module):
             choice(self, "qk_norm", QK_NORMS)
         check_layer_types(self)
         check_nope_layers(self)
+        MLAShape.parse(self.mla)
         if not 0 < self.partial_rotary_factor <= 1:
             raise ConfigError(
                 f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor!r}",
@@ -328,6 +347,7 @@ class GPT(nn.Module):
             out_in=self.kernel_order == "out_in",
             lora=for_call(self.lora, deterministic),
             rotary_dim=rotary_dim(head_dim, self.partial_rotary_factor),
+            mla=MLAShape.parse(self.mla),
             **variant_options(self, parse_rope_scaling),
         )
         flags = layer_flags(self.layer_types, self.nope_layers, self.layers)

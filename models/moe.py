@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +27,8 @@ import flax.linen as nn
 
 from partitioning.boxes import with_logical_partitioning
 from partitioning.errors import ConfigError, did_you_mean
-from partitioning.parallel.experts import ROUTINGS, clamped_swiglu, expert_capacity, moe_ffn
+from partitioning.models.layers import MlpBlock
+from partitioning.parallel.experts import ROUTINGS, clamped_swiglu, expert_capacity, group_route, moe_ffn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +63,14 @@ class MoE:
     routing: str = "softmax_topk"
     swiglu_limit: float | None = None
     swiglu_alpha: float | None = None
+    # DeepSeek-V3 (routing: sigmoid_group, partitioning.parallel.experts.group_route): expert groups, how many
+    # a token may use, the gates' scale, a score correction bias ``router_correction (expert,)``, and a shared
+    # expert every token passes through (``shared``: a dense SwiGLU MLP this wide).
+    groups: int = 1
+    topk_groups: int = 1
+    routed_scaling: float = 1.0
+    correction_bias: bool = False
+    shared_mlp: int | None = None
 
     @classmethod
     def parse(cls, options: Any) -> MoE | None:
@@ -87,6 +97,10 @@ class MoE:
                 "mlp": (int, type(None)),
                 "router_bias": (bool,),
                 "expert_bias": (bool,),
+                "correction_bias": (bool,),
+                "groups": (int,),
+                "topk_groups": (int,),
+                "shared_mlp": (int, type(None)),
                 "routing": (str,),
             }.get(k, (int, float, type(None)))
             if isinstance(v, bool) != (bool in kinds) or not isinstance(v, kinds):
@@ -112,6 +126,12 @@ class MoE:
             raise ConfigError(f"moe.mlp must be >= 1 (or null: the model's mlp), got {moe.mlp}", arg="moe")
         if moe.routing not in ROUTINGS:
             raise ConfigError(f"moe.routing must be one of {', '.join(ROUTINGS)}, got {moe.routing!r}", arg="moe")
+        if moe.groups < 1 or moe.experts % moe.groups or not 1 <= moe.topk_groups <= moe.groups:
+            raise ConfigError(
+                f"moe needs groups dividing experts and 1 <= topk_groups <= groups, got groups {moe.groups}, "
+                f"topk_groups {moe.topk_groups}, experts {moe.experts}",
+                arg="moe",
+            )
         if (moe.swiglu_limit is None) != (moe.swiglu_alpha is None):
             raise ConfigError("moe.swiglu_limit and moe.swiglu_alpha go together (the clamped SwiGLU)", arg="moe")
         if not moe.dropless and (moe.capacity_factor is None or moe.capacity_factor <= 0):
@@ -184,6 +204,19 @@ class MoeMlp(nn.Module):
                 bias("wi_1_bias", ("expert", "mlp"), (e, m)),
                 bias("wo_bias", ("expert", "embed"), (e, d)),
             )
+        route_fn = None
+        if self.moe.routing == "sigmoid_group":
+            correction = bias("router_correction", ("expert",), (e,)) if self.moe.correction_bias else None
+            o = self.moe
+            route_fn = functools.partial(
+                group_route,
+                correction=correction,
+                top_k=o.top_k,
+                groups=o.groups,
+                topk_groups=o.topk_groups,
+                norm_topk_prob=bool(o.norm_topk_prob),
+                scale=float(o.routed_scaling),
+            )
         fn = None
         if self.moe.swiglu_limit is not None:
             fn = clamped_swiglu(float(self.moe.swiglu_limit), float(self.moe.swiglu_alpha or 1.0))
@@ -197,7 +230,10 @@ class MoeMlp(nn.Module):
             router_bias=router_bias,
             routing=self.moe.routing,
             expert_fn=fn,
+            route_fn=route_fn,
         )
+        if self.moe.shared_mlp:  # DeepSeek's shared expert: every token, no gate
+            y = y + MlpBlock(self.moe.shared_mlp, self.dtype, pd, name="shared")(x).astype(y.dtype)
         self.sow("losses", "moe_aux_loss", self.moe.aux_loss_weight * aux)
         return y.astype(self.dtype)
 

@@ -490,13 +490,64 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "gpt2",
         {},
     ),
+    # DeepSeek-V3: multi-head latent attention (q and kv latents, interleaved RoPE, YaRN with mscale_all_dim);
+    # 1 dense layer then 2 MoE layers of 8 experts in 4 groups (top-2 groups, top-2 experts, sigmoid scores with a
+    # random correction bias, routed_scaling_factor 2.5) beside a shared expert; one tensor per expert on disk.
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_shared_experts=1,
+            n_routed_experts=8,
+            n_group=4,
+            topk_group=2,
+            num_experts_per_tok=2,
+            first_k_dense_replace=1,
+            q_lora_rank=24,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=10000.0,
+                factor=4.0,
+                mscale=1.0,
+                mscale_all_dim=1.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                original_max_position_embeddings=8,
+            ),
+        ),
+        "llama",
+        {},
+    ),
 }
 
 # Fixtures that also get `greedy.npy`: transformers' greedy continuation of their first GREEDY_PROMPT tokens
 # (past the 5-token windows), the reference for cached decoding (`generate`).
 # (phi4_mini's LongRoPE switches every position's frequencies once the sequence passes 8 tokens, which a
 # cached decode cannot redo for the keys it already holds: its greedy tokens are not compared.)
-GREEDY = ("qwen3", "gemma2", "gemma3", "gemma3_mm", "phi3", "olmo2", "phi4", "olmo3", "smollm3", "gpt_oss")
+GREEDY = (
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "gemma3_mm",
+    "phi3",
+    "olmo2",
+    "phi4",
+    "olmo3",
+    "smollm3",
+    "gpt_oss",
+    "deepseek_v3",
+)
 GREEDY_PROMPT, GREEDY_TOKENS = 5, 12
 
 # Tokenizer family -> (special tokens in id order, bos, eos, add_bos)
@@ -565,6 +616,9 @@ def randomize(model: torch.nn.Module, family: str, seed: int) -> None:
                 p.copy_(0.5 * noise)
             else:
                 p.copy_(noise / p.shape[-1] ** 0.5 if "c_" not in name else noise / p.shape[0] ** 0.5)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek's routing correction: a saved buffer
+                b.copy_(0.1 * torch.randn(b.shape, generator=g, dtype=torch.float32))
 
 
 def logits_of(model_dir: Path, tokens: np.ndarray) -> np.ndarray:

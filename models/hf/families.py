@@ -26,8 +26,10 @@ from typing import Any
 from partitioning.errors import ConfigError
 from partitioning.models.hf.fields import _LLAMA_DEFAULTS, ACTS, _act, _decoder, _rope  # noqa: F401 (re-exported)
 from partitioning.models.hf.gemmas import gemma, gemma2, gemma3, text_config
-from partitioning.models.hf.moes import gpt_oss, mixtral, qwen3_moe
+from partitioning.models.hf.moes import deepseek_v3, gpt_oss, mixtral, mtp_layers, qwen3_moe
 from partitioning.models.hf.tables import (
+    DEEPSEEK_V3,
+    DEEPSEEK_V3_FUSED,
     GEMMA2,
     GEMMA3_EXTRA,
     GPT2,
@@ -63,6 +65,13 @@ class Family:
     # Another name map the files may follow instead (transformers 5's fused experts): read when they
     # hold its first per-layer tensor; saving always writes ``tensors``.
     fused: tuple[Tensor, ...] = ()
+    # Tensors a checkpoint of this config holds that the model does not use, beyond ``extra`` (DeepSeek's
+    # multi-token-prediction layers): name patterns from the ``config.json``.
+    extra_of: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
+
+    def skipped(self, cfg: Mapping[str, Any]) -> tuple[str, ...]:
+        """The name patterns of the tensors loading skips for ``cfg``."""
+        return self.extra + (self.extra_of(cfg) if self.extra_of else ())
 
 
 def llama(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -280,6 +289,15 @@ FAMILIES = {
         Family("mixtral", ("MixtralForCausalLM",), mixtral, MIXTRAL, LLAMA_EXTRA, fused=MIXTRAL_FUSED),
         Family("qwen3_moe", ("Qwen3MoeForCausalLM",), qwen3_moe, QWEN3_MOE, LLAMA_EXTRA, fused=QWEN3_MOE_FUSED),
         Family("gpt_oss", ("GptOssForCausalLM",), gpt_oss, GPT_OSS, LLAMA_EXTRA),
+        Family(
+            "deepseek_v3",
+            ("DeepseekV3ForCausalLM",),
+            deepseek_v3,
+            DEEPSEEK_V3,
+            LLAMA_EXTRA,
+            fused=DEEPSEEK_V3_FUSED,
+            extra_of=mtp_layers,
+        ),
     )
 }
 ARCHITECTURES = {a: f for f in FAMILIES.values() for a in f.architectures}
@@ -295,11 +313,10 @@ def family_of(cfg: Mapping[str, Any]) -> Family:
         'qwen2'
         >>> family_of({"architectures": ["BertModel"]})
         Traceback (most recent call last):
-        partitioning.errors.ConfigError: architecture 'BertModel' is not supported; supported: GPT2LMHeadModel, \
-Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, GptOssForCausalLM, \
-LlamaForCausalLM, \
-MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, \
-Qwen3ForCausalLM, Qwen3MoeForCausalLM, SmolLM3ForCausalLM
+        partitioning.errors.ConfigError: architecture 'BertModel' is not supported; supported: DeepseekV3ForCausalLM, \
+GPT2LMHeadModel, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, \
+GptOssForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, \
+Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, SmolLM3ForCausalLM
     """
     archs = cfg.get("architectures") or []
     if not archs:
@@ -338,4 +355,5 @@ __all__ = [
     "mixtral",
     "qwen3_moe",
     "gpt_oss",
+    "deepseek_v3",
 ]

@@ -49,6 +49,23 @@ class HFDecoder(GPT):
         """Experts per MoE layer (0: a dense model): the name map's ``{e}``."""
         return int(self.moe["experts"]) if self.moe else 0
 
+    # Multi-head latent attention's sizes, for the name map (DeepSeek-V3: `when` and `split`).
+    @property
+    def q_lora_rank(self) -> int | None:
+        return self.mla["q_lora_rank"] if self.mla else None
+
+    @property
+    def kv_lora_rank(self) -> int:
+        return int(self.mla["kv_lora_rank"]) if self.mla else 0
+
+    @property
+    def qk_rope_head_dim(self) -> int:
+        return int(self.mla["qk_rope_head_dim"]) if self.mla else 0
+
+    @property
+    def shared_expert(self) -> bool:
+        return bool(self.moe and self.moe.get("shared_mlp"))
+
     def moe_layer(self, i: int) -> bool:
         """Whether layer ``i``'s MLP is a mixture of experts (the name map's ``when="moe_layer"``)."""
         return self.moe is not None and (self.moe_layers is None or i in self.moe_layers)

@@ -1,4 +1,4 @@
-"""``config.json`` readers of the mixture-of-experts families: Mixtral, Qwen3-MoE.
+"""``config.json`` readers of the mixture-of-experts families: Mixtral, Qwen3-MoE, GPT-OSS, DeepSeek-V3.
 
 Example::
 
@@ -162,4 +162,76 @@ def gpt_oss(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["mixtral", "qwen3_moe", "gpt_oss"]
+_DEEPSEEK_V3_DEFAULTS: dict[str, Any] = {
+    **_LLAMA_DEFAULTS,
+    "vocab_size": 129280,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "num_experts_per_tok": 8,
+    "router_aux_loss_coef": 0.001,
+}
+_MLA_DEFAULTS = {
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "rope_interleave": True,
+}
+
+
+def deepseek_v3(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V3 / R1: multi-head latent attention (`q_lora_rank`, `kv_lora_rank`, `qk_rope_head_dim`,
+    `qk_nope_head_dim`, `v_head_dim`, interleaved RoPE, YaRN's `mscale_all_dim` on the scale) caching its latent;
+    `first_k_dense_replace` dense layers, then experts routed by sigmoid scores with a correction bias within the
+    best `topk_group` of `n_group` groups, scaled by `routed_scaling_factor`, beside a shared expert. The
+    multi-token-prediction layer (`num_nextn_predict_layers`) is not built: its tensors are skipped."""
+    d = _DEEPSEEK_V3_DEFAULTS
+    if cfg.get("scoring_func", "sigmoid") != "sigmoid":
+        raise ConfigError(
+            f"scoring_func {cfg['scoring_func']!r} is not supported (DeepSeek-V3 routes by sigmoid scores)",
+            arg="scoring_func",
+        )
+
+    def get(key, default):
+        v = cfg.get(key)
+        return default if v is None else v
+
+    mla = {k: get(k, v) for k, v in _MLA_DEFAULTS.items()}
+    out = _decoder(cfg, d)
+    head = int(mla["qk_nope_head_dim"]) + int(mla["qk_rope_head_dim"])
+    bias = bool(cfg.get("attention_bias", False))
+    out.update(head_dim=head, mla=mla, qkv_bias=bias, out_bias=bias)
+    experts = int(get("n_routed_experts", 256))
+    m = int(get("moe_intermediate_size", 2048))
+    out["moe"] = _moe(
+        cfg,
+        experts,
+        d,
+        mlp=m,
+        norm_topk_prob=bool(get("norm_topk_prob", True)),
+        routing="sigmoid_group",
+        groups=int(get("n_group", 8)),
+        topk_groups=int(get("topk_group", 4)),
+        routed_scaling=float(get("routed_scaling_factor", 2.5)),
+        correction_bias=True,
+        shared_mlp=m * int(get("n_shared_experts", 1)) or None,
+    )
+    first = int(get("first_k_dense_replace", 3))
+    if first:
+        out["moe_layers"] = tuple(range(first, out["layers"]))
+    return out
+
+
+def mtp_layers(cfg: Mapping[str, Any]) -> tuple[str, ...]:
+    """Name patterns of a DeepSeek checkpoint's multi-token-prediction layers (after the last decoder layer), which
+    the causal LM does not use (transformers skips them too)."""
+    n = int(cfg.get("num_nextn_predict_layers") or cfg.get("num_mtp_layers") or 0)
+    first = int(cfg.get("num_hidden_layers") or 61)
+    return tuple(rf"^model\.layers\.{first + i}\." for i in range(n))
+
+
+__all__ = ["mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "mtp_layers"]

@@ -230,6 +230,48 @@ GPT_OSS = (
     + _ATTN[-2:]
 )
 
+# DeepSeek-V3: multi-head latent attention (models/mla.py); kv_a_proj_with_mqa fuses the kv latent and the shared
+# RoPE key part ([kv_lora, rope] rows: split); dense layers first (Llama's MLP), then a router with a score
+# correction bias, one tensor per routed expert and a shared expert.
+_SA = _L + "self_attn."
+_KV_A = ("kv_lora_rank", "qk_rope_head_dim")
+_MLA = (
+    Tensor(_L + "input_layernorm.weight", "{layer}/attn_norm/scale", "embed"),
+    Tensor(_SA + "q_proj.weight", "{layer}/attn/q", "(heads kv) embed", when="!q_lora_rank"),
+    Tensor(_SA + "q_a_proj.weight", "{layer}/attn/q_a", "q_lora embed", when="q_lora_rank"),
+    Tensor(_SA + "q_a_proj.bias", "{layer}/attn/q_a_bias", "q_lora", when="qkv_bias"),
+    Tensor(_SA + "q_a_layernorm.weight", "{layer}/attn/q_a_norm/scale", "q_lora", when="q_lora_rank"),
+    Tensor(_SA + "q_b_proj.weight", "{layer}/attn/q_b", "(heads kv) q_lora", when="q_lora_rank"),
+    Tensor(_SA + "kv_a_proj_with_mqa.weight", "{layer}/attn/kv_a", "kv_lora embed", 0, split=_KV_A),
+    Tensor(_SA + "kv_a_proj_with_mqa.weight", "{layer}/attn/k_rope", "kv embed", 1, split=_KV_A),
+    Tensor(_SA + "kv_a_proj_with_mqa.bias", "{layer}/attn/kv_a_bias", "kv_lora", 0, "qkv_bias", _KV_A),
+    Tensor(_SA + "kv_a_proj_with_mqa.bias", "{layer}/attn/k_rope_bias", "kv", 1, "qkv_bias", _KV_A),
+    Tensor(_SA + "kv_a_layernorm.weight", "{layer}/attn/kv_a_norm/scale", "kv_lora"),
+    Tensor(_SA + "kv_b_proj.weight", "{layer}/attn/kv_b", "(heads kv) kv_lora"),
+    Tensor(_SA + "o_proj.weight", "{layer}/attn/o", "embed (heads kv)"),
+    Tensor(_SA + "o_proj.bias", "{layer}/attn/o_bias", "embed", when="qkv_bias"),
+    Tensor(_L + "post_attention_layernorm.weight", "{layer}/mlp_norm/scale", "embed"),
+)
+_DS = _L + "mlp."
+DEEPSEEK_V3 = (
+    (LLAMA[0],)
+    + _MLA
+    + _DENSE
+    + (
+        Tensor(_DS + "gate.weight", "{layer}/mlp/router", "expert embed", when="moe_layer"),
+        Tensor(_DS + "gate.e_score_correction_bias", "{layer}/mlp/router_correction", "expert", when="moe_layer"),
+        Tensor(_DS + "experts.{e}.gate_proj.weight", "{layer}/mlp/wi_0", "mlp embed", when="moe_layer"),
+        Tensor(_DS + "experts.{e}.up_proj.weight", "{layer}/mlp/wi_1", "mlp embed", when="moe_layer"),
+        Tensor(_DS + "experts.{e}.down_proj.weight", "{layer}/mlp/wo", "embed mlp", when="moe_layer"),
+        Tensor(_DS + "shared_experts.gate_proj.weight", "{layer}/mlp/shared/wi_0", "mlp embed", when="moe_layer"),
+        Tensor(_DS + "shared_experts.up_proj.weight", "{layer}/mlp/shared/wi_1", "mlp embed", when="moe_layer"),
+        Tensor(_DS + "shared_experts.down_proj.weight", "{layer}/mlp/shared/wo", "embed mlp", when="moe_layer"),
+    )
+    + _ATTN[-2:]
+)
+# transformers 5's in-memory layout (save_original_format=False): each layer's routed experts fused.
+DEEPSEEK_V3_FUSED = tuple(r for r in DEEPSEEK_V3 if ".experts.{e}." not in r.hf)[:-2] + _FUSED[1:] + _ATTN[-2:]
+
 _H = "transformer.h.{i}."
 
 # GPT-2's Conv1D stores weights (in, out), and q, k and v fused in c_attn.
@@ -275,6 +317,8 @@ __all__ = [
     "QWEN3_MOE",
     "MIXTRAL_FUSED",
     "GPT_OSS",
+    "DEEPSEEK_V3",
+    "DEEPSEEK_V3_FUSED",
     "QWEN3_MOE_FUSED",
     "LLAMA_EXTRA",
     "GEMMA3_EXTRA",

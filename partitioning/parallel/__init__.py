@@ -31,7 +31,7 @@ Example::
     (8, 64, 64)
 """
 
-from partitioning.parallel.experts import clamped_swiglu, expert_capacity, moe_ffn
+from partitioning.parallel.experts import clamped_swiglu, expert_capacity, group_route, moe_ffn
 from partitioning.parallel.pipeline import (
     LayerStack,
     PipelineError,
@@ -58,4 +58,5 @@ __all__ = [
     "moe_ffn",
     "expert_capacity",
     "clamped_swiglu",
+    "group_route",
 ]

@@ -68,7 +68,7 @@ def expert_capacity(tokens: int, experts: int, top_k: int, capacity_factor: floa
     return max(1, min(int(tokens), math.ceil(capacity_factor * tokens * top_k / experts)))
 
 
-ROUTINGS = ("softmax_topk", "topk_softmax")
+ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group")
 
 
 def route(
@@ -93,6 +93,44 @@ def route(
     share = jnp.mean(jax.nn.one_hot(idx, e, dtype=jnp.float32), axis=(0, 1, 2))  # f_e (sums to 1)
     aux = e * jnp.sum(share * jnp.mean(probs, axis=(0, 1)))
     return gates, idx, aux
+
+
+def group_route(
+    logits: jax.Array,
+    correction: jax.Array | None,
+    top_k: int,
+    groups: int,
+    topk_groups: int,
+    norm_topk_prob: bool,
+    scale: float,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """DeepSeek-V3's routing: sigmoid scores; the ``topk_groups`` of ``groups`` expert groups whose two best
+    scores (plus the ``correction`` bias) sum highest; the top ``k`` experts within them by corrected score;
+    gates their uncorrected scores (renormalised when ``norm_topk_prob``), times ``scale``
+    (``routed_scaling_factor``). Returns ``(gates, experts, load-balancing loss)`` as :func:`route`.
+
+    Example::
+
+        >>> logits = jnp.array([[[4.0, 3.0, 0.0, 0.0, 5.0, -9.0, 0.0, 0.0]]])   # 4 groups of 2 experts
+        >>> gates, idx, _ = pt.parallel.group_route(logits, None, 2, 4, 1, True, 2.5)
+        >>> idx.tolist()                                   # group 0 (4 + 3) beats group 2 (5 - 9): experts 0, 1
+        [[[0, 1]]]
+    """
+    e = logits.shape[-1]
+    scores = jax.nn.sigmoid(logits.astype(jnp.float32))
+    choice = scores if correction is None else scores + correction.astype(jnp.float32)
+    grouped = choice.reshape(*choice.shape[:-1], groups, e // groups)
+    best_two = jnp.sum(_top_k(grouped, min(2, e // groups))[0], axis=-1)  # (G, S, groups)
+    _, chosen = _top_k(best_two, topk_groups)
+    keep = jnp.any(jax.nn.one_hot(chosen, groups, dtype=jnp.bool_), axis=-2)  # (G, S, groups)
+    masked = jnp.where(jnp.repeat(keep, e // groups, axis=-1), choice, -jnp.inf)
+    _, idx = _top_k(masked, top_k)
+    gates = jnp.take_along_axis(scores, idx, axis=-1)
+    if norm_topk_prob:
+        gates = gates / (jnp.sum(gates, axis=-1, keepdims=True) + 1e-20)
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    share = jnp.mean(jax.nn.one_hot(idx, e, dtype=jnp.float32), axis=(0, 1, 2))
+    return gates * scale, idx, e * jnp.sum(share * jnp.mean(probs, axis=(0, 1)))
 
 
 def _top_k(probs: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -158,6 +196,7 @@ def moe_ffn(
     norm_topk_prob: bool | None = None,
     router_bias: jax.Array | None = None,
     routing: str = "softmax_topk",
+    route_fn: Callable[[jax.Array], tuple[jax.Array, jax.Array, jax.Array]] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """A mixture-of-experts FFN over ``x`` ``(G, S, D)``: ``(y (G, S, D), load-balancing loss)``.
 
@@ -188,7 +227,10 @@ def moe_ffn(
     # Every token's scores for all experts where the token is: top-k needs the whole row, so a router
     # split over `expert` is gathered (D x E), not the tokens' logits (tokens x E).
     logits = with_logical_constraint(logits, ("batch", "length", None))
-    gates, idx, aux = route(logits, top_k, norm_topk_prob, routing)
+    if route_fn is not None:  # another routing rule (DeepSeek's: group_route)
+        gates, idx, aux = route_fn(logits)
+    else:
+        gates, idx, aux = route(logits, top_k, norm_topk_prob, routing)
     buf, slots, keep = dispatch(x, idx, e, capacity)
     _record(x, e, top_k, capacity)
     # To the devices holding each expert (an all-to-all over `expert` when the rules split it) ...
@@ -255,6 +297,7 @@ def _record(x: jax.Array, experts: int, top_k: int, cap: int) -> None:
 
 __all__ = [
     "clamped_swiglu",
+    "group_route",
     "ROUTINGS",
     "expert_capacity",
     "route",

@@ -75,10 +75,11 @@ def test_unknown_architecture(tmp_path):
     with pytest.raises(pt.CheckpointError) as e:
         pt.hf.load_hf(path)
     assert one_line(e) == (
-        f"{path / 'config.json'}: architecture 'FalconForCausalLM' is not supported; supported: GPT2LMHeadModel, "
-        "Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, GptOssForCausalLM, "
-        "LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, "
-        "Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, SmolLM3ForCausalLM"
+        f"{path / 'config.json'}: architecture 'FalconForCausalLM' is not supported; supported: "
+        "DeepseekV3ForCausalLM, GPT2LMHeadModel, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, "
+        "GemmaForCausalLM, GptOssForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, "
+        "Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+        "Qwen3MoeForCausalLM, SmolLM3ForCausalLM"
     )
     with pytest.raises(pt.CheckpointError, match="architecture 'FalconForCausalLM'"):
         pt.hf.hf_model(path)
