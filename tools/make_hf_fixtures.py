@@ -529,6 +529,43 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "llama",
         {},
     ),
+    # The same DeepSeek-V3 as transformers 5 holds it in memory: each layer's routed experts fused.
+    "deepseek_v3_fused": (
+        "DeepseekV3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_shared_experts=1,
+            n_routed_experts=8,
+            n_group=4,
+            topk_group=2,
+            num_experts_per_tok=2,
+            first_k_dense_replace=1,
+            q_lora_rank=24,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=10000.0,
+                factor=4.0,
+                mscale=1.0,
+                mscale_all_dim=1.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                original_max_position_embeddings=8,
+            ),
+        ),
+        "llama",
+        {"save_original_format": False},
+    ),
 }
 
 # Fixtures that also get `greedy.npy`: transformers' greedy continuation of their first GREEDY_PROMPT tokens

@@ -143,3 +143,19 @@ def test_the_published_config_gives_671b(repo):
     assert count(repo / "configs/hf/deepseek-v3") == total == 671_026_419_200
     active = total - 58 * 248 * expert  # 8 of 256 routed experts a token (the shared one always)
     assert active == 37_552_297_472  # the card's 37B; 36.6B without the embedding table
+
+
+def test_fused_experts_as_transformers_5_holds_them(tmp_path):
+    """save_pretrained(save_original_format=False) fuses each layer's routed experts: read too, saved per expert."""
+    mesh = pt.make_mesh(MESHES["ep"])
+    model, variables = pt.hf.load_hf(fixture("deepseek_v3_fused"), mesh, "ep")
+    tokens, want = expected("deepseek_v3_fused")
+    np.testing.assert_allclose(logits(model, variables, tokens, mesh, "ep"), want, atol=1e-4, rtol=0)
+    fused = tensors_of(fixture("deepseek_v3_fused"))
+    out = tensors_of(pt.hf.save_hf(model, variables, tmp_path / "per_expert"))
+    gate_up = fused["model.layers.2.mlp.experts.gate_up_proj"]  # (experts, 2 mlp, embed): gate, then up
+    assert np.array_equal(out["model.layers.2.mlp.experts.5.gate_proj.weight"], gate_up[5, :16])
+    assert np.array_equal(out["model.layers.2.mlp.experts.5.up_proj.weight"], gate_up[5, 16:])
+    assert np.array_equal(
+        out["model.layers.2.mlp.experts.5.down_proj.weight"], fused["model.layers.2.mlp.experts.down_proj"][5]
+    )
