@@ -219,6 +219,7 @@ class Attention(nn.Module):
     impl: str = "xla"  # xla | cudnn (models/fused_attention.py): where cuDNN applies, else the einsums
     rotary_dim: int | None = None  # partial rotary: the features RoPE rotates (None: all)
     sinks: bool = False  # attention sinks (GPT-OSS): a learned logit per head, `sinks (heads,)`
+    gate: bool = False  # an output gate (Qwen3.5, Qwen3-Next): out * sigmoid(x W_q_gate), `q_gate` shaped as `q`
 
     @nn.compact
     def __call__(self, x, segment_ids=None, positions=None, local=None, nope=None):
@@ -234,6 +235,10 @@ class Attention(nn.Module):
         q = project(self, "q", f"btd,{order(oi, 'd', 'hk')}->bthk", x, wq, dt, self.lora, embed, heads, oi)
         kk = project(self, "k", f"btd,{order(oi, 'd', 'gk')}->btgk", x, wk, dt, self.lora, embed, groups, oi)
         v = project(self, "v", f"btd,{order(oi, 'd', 'gk')}->btgk", x, wv, dt, self.lora, embed, groups, oi)
+        gate = None
+        if self.gate:
+            wg = kernel(self, "q_gate", embed, heads, pd, d, oi)
+            gate = jnp.einsum(f"btd,{order(oi, 'd', 'hk')}->bthk", x, wg.astype(dt))
         if self.qkv_bias:
             q = q + bias_param(self, "q_bias", ("heads", "kv"), (h, k), pd).astype(dt)
             kk = kk + bias_param(self, "k_bias", ("kv_heads", "kv"), (g, k), pd).astype(dt)
@@ -259,6 +264,8 @@ class Attention(nn.Module):
             out = cudnn_attention(q, kk, v, scale, window)
         else:
             out = self._einsum_attention(q, kk, v, scale, window, segment_ids, local, positions, sinks)
+        if gate is not None:
+            out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
         out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
         eq = f"bthk,{order(oi, 'hk', 'd')}->btd"
         y = adapt(self, "o", row_parallel(eq, out, wo.astype(dt)), out, eq, self.lora, heads, embed, oi)

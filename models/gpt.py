@@ -45,6 +45,7 @@ from partitioning.models.attention import Attention, packed_args, parse_rope_sca
 from partitioning.models.checks import choice, divides, float_dtype, positive
 from partitioning.models.fused_attention import check_attention, resolve_attention
 from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
+from partitioning.models.linear_attention import GatedDeltaNet, LinearShape, check_linear_layers
 from partitioning.models.lora import LoRA, adapt, checks_targets, for_call
 from partitioning.models.mla import MLA, MLAShape
 from partitioning.models.moe import MoE, MoeMlp, check_moe_layers
@@ -111,6 +112,8 @@ class Block(nn.Module):
     mixed_rope: bool = False  # nope_layers: some layers without RoPE
     attn_sinks: bool = False
     mla: MLAShape | None = None
+    attn_gate: bool = False
+    linear: LinearShape | None = None  # this layer is a gated-delta-rule linear attention (models/linear_attention.py)
 
     @nn.compact
     def __call__(self, x, segment_ids=None, positions=None, layer=None):
@@ -118,7 +121,17 @@ class Block(nn.Module):
         local = layer_flag(layer, LOCAL, self.mixed_window)
         nope = layer_flag(layer, NOPE, self.mixed_rope)
         y = pre_norm(self, x, "attn", make_norm)
-        if self.mla is not None:  # DeepSeek's multi-head latent attention (models/mla.py)
+        if self.linear is not None:  # Qwen3.5's linear-attention layers
+            y = GatedDeltaNet(
+                self.linear,
+                self.dtype,
+                self.param_dtype,
+                norm_eps=self.norm_eps,
+                decode=self.decode,
+                out_in=self.out_in,
+                name="attn",
+            )(y, segment_ids, positions)
+        elif self.mla is not None:  # DeepSeek's multi-head latent attention (models/mla.py)
             y = MLA(
                 self.heads,
                 self.mla,
@@ -157,6 +170,7 @@ class Block(nn.Module):
                 local_rope=self.local_rope,
                 rotary_dim=self.rotary_dim,
                 sinks=self.attn_sinks,
+                gate=self.attn_gate,
                 name="attn",
             )(y, segment_ids, positions, local=local, nope=nope)
         x = x + post_norm(self, y, "attn", make_norm)
@@ -228,6 +242,9 @@ class GPT(nn.Module):
     nope_layers: tuple[int, ...] | None = None  # layers without RoPE (SmolLM3's NoPE layers)
     attn_sinks: bool = False  # a learned logit per head in every attention softmax (GPT-OSS): `sinks (heads,)`
     mla: Any = None  # {q_lora_rank, kv_lora_rank, qk_rope_head_dim, ...}: multi-head latent attention (models/mla.py)
+    attn_gate: bool = False  # the attention's output gated by sigmoid(x W_q_gate) (Qwen3.5, Qwen3-Next)
+    linear_attn: Any = None  # {key_heads, value_heads, key_dim, value_dim, conv_kernel, chunk}: gated delta rule
+    linear_layers: tuple[int, ...] | None = None  # the layers that are linear attention (needs scan_layers: false)
 
     def __post_init__(self):
         positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
@@ -262,6 +279,7 @@ class GPT(nn.Module):
         check_layer_types(self)
         check_nope_layers(self)
         MLAShape.parse(self.mla)
+        check_linear_layers(self.linear_layers, LinearShape.parse(self.linear_attn), self.layers, self.scan_layers)
         if not 0 < self.partial_rotary_factor <= 1:
             raise ConfigError(
                 f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor!r}",
@@ -348,6 +366,7 @@ class GPT(nn.Module):
             lora=for_call(self.lora, deterministic),
             rotary_dim=rotary_dim(head_dim, self.partial_rotary_factor),
             mla=MLAShape.parse(self.mla),
+            attn_gate=self.attn_gate,
             **variant_options(self, parse_rope_scaling),
         )
         flags = layer_flags(self.layer_types, self.nope_layers, self.layers)
@@ -355,10 +374,12 @@ class GPT(nn.Module):
             # nn.scan over a `layers` axis; a GPipe pipeline when the mesh has a `stage` axis.
             x, _ = LayerStack(block, self.layers, kw, name="blocks", layer_data=flags)(x, *packed)
         else:
+            linear = LinearShape.parse(self.linear_attn)
             for i in range(self.layers):
                 moe = kw["moe"] if self.moe_layers is None or i in self.moe_layers else None
                 layer = {"layer": flags[i]} if flags else {}
-                x, _ = block(**{**kw, "moe": moe}, name=f"block_{i}")(x, *packed, **layer)
+                lin = linear if self.linear_layers and i in self.linear_layers else None
+                x, _ = block(**{**kw, "moe": moe, "linear": lin}, name=f"block_{i}")(x, *packed, **layer)
         x = make_norm(self.norm, dt, pd, "final_norm", self.norm_eps)(x)
         if self.tie_embeddings:
             logits = jnp.einsum("btd,vd->btv", x, emb.astype(dt)).astype(jnp.float32)

@@ -566,6 +566,30 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "llama",
         {"save_original_format": False},
     ),
+    # Qwen3.5 (text): linear-attention layers (gated delta rule: 2 key heads shared by 4 value heads of 8, a 4-tap
+    # convolution) at 0 and 2, full-attention layers (gated output, per-head (1 + w) q/k norms, a quarter of each
+    # 16-wide head rotated) at 1 and 3.
+    "qwen3_5": (
+        "Qwen3_5TextConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            linear_conv_kernel_dim=4,
+            layer_types=["linear_attention", "full_attention"] * 2,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        "qwen2",
+        {},
+    ),
 }
 
 # Fixtures that also get `greedy.npy`: transformers' greedy continuation of their first GREEDY_PROMPT tokens
@@ -584,6 +608,7 @@ GREEDY = (
     "smollm3",
     "gpt_oss",
     "deepseek_v3",
+    "qwen3_5",
 )
 GREEDY_PROMPT, GREEDY_TOKENS = 5, 12
 

@@ -26,6 +26,7 @@ from typing import Any
 from partitioning.errors import ConfigError
 from partitioning.models.hf.fields import _LLAMA_DEFAULTS, ACTS, _act, _decoder, _rope  # noqa: F401 (re-exported)
 from partitioning.models.hf.gemmas import gemma, gemma2, gemma3, text_config
+from partitioning.models.hf.hybrids import qwen3_5
 from partitioning.models.hf.moes import deepseek_v3, gpt_oss, mixtral, mtp_layers, qwen3_moe
 from partitioning.models.hf.tables import (
     DEEPSEEK_V3,
@@ -42,6 +43,8 @@ from partitioning.models.hf.tables import (
     OLMO2,
     PHI3,
     QWEN3,
+    QWEN3_5,
+    QWEN3_5_EXTRA,
     QWEN3_MOE,
     QWEN3_MOE_FUSED,
     Tensor,
@@ -290,6 +293,14 @@ FAMILIES = {
         Family("qwen3_moe", ("Qwen3MoeForCausalLM",), qwen3_moe, QWEN3_MOE, LLAMA_EXTRA, fused=QWEN3_MOE_FUSED),
         Family("gpt_oss", ("GptOssForCausalLM",), gpt_oss, GPT_OSS, LLAMA_EXTRA),
         Family(
+            "qwen3_5",
+            ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"),
+            qwen3_5,
+            QWEN3_5,
+            QWEN3_5_EXTRA,
+            aliases=(("model.", "model.language_model."),),
+        ),
+        Family(
             "deepseek_v3",
             ("DeepseekV3ForCausalLM",),
             deepseek_v3,
@@ -316,7 +327,8 @@ def family_of(cfg: Mapping[str, Any]) -> Family:
         partitioning.errors.ConfigError: architecture 'BertModel' is not supported; supported: DeepseekV3ForCausalLM, \
 GPT2LMHeadModel, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, \
 GptOssForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, \
-Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, SmolLM3ForCausalLM
+Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3_5ForCausalLM, \
+Qwen3_5ForConditionalGeneration, SmolLM3ForCausalLM
     """
     archs = cfg.get("architectures") or []
     if not archs:
@@ -356,4 +368,5 @@ __all__ = [
     "qwen3_moe",
     "gpt_oss",
     "deepseek_v3",
+    "qwen3_5",
 ]

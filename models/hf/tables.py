@@ -272,6 +272,33 @@ DEEPSEEK_V3 = (
 # transformers 5's in-memory layout (save_original_format=False): each layer's routed experts fused.
 DEEPSEEK_V3_FUSED = tuple(r for r in DEEPSEEK_V3 if ".experts.{e}." not in r.hf)[:-2] + _FUSED[1:] + _ATTN[-2:]
 
+# Qwen3.5: full-attention layers with an output gate fused in q_proj (each head's query rows, then its gate rows)
+# and per-head (1 + w) q/k norms; linear-attention layers (models/linear_attention.py) under `linear_attn.`.
+_LA = _L + "linear_attn."
+_FULL = "!linear_layer"
+QWEN3_5 = (
+    LLAMA[0],
+    LLAMA[1],
+    Tensor(_SA + "q_proj.weight", "{layer}/attn/q", "(heads 2 kv) embed", part=0, when=_FULL),
+    Tensor(_SA + "q_proj.weight", "{layer}/attn/q_gate", "(heads 2 kv) embed", part=1, when=_FULL),
+    Tensor(_SA + "k_proj.weight", "{layer}/attn/k", "(kv_heads kv) embed", when=_FULL),
+    Tensor(_SA + "v_proj.weight", "{layer}/attn/v", "(kv_heads kv) embed", when=_FULL),
+    Tensor(_SA + "o_proj.weight", "{layer}/attn/o", "embed (heads kv)", when=_FULL),
+    Tensor(_SA + "q_norm.weight", "{layer}/attn/q_norm/scale", "kv", when=_FULL),
+    Tensor(_SA + "k_norm.weight", "{layer}/attn/k_norm/scale", "kv", when=_FULL),
+    Tensor(_LA + "in_proj_qkv.weight", "{layer}/attn/qkv", "linear_qkv embed", when="linear_layer"),
+    Tensor(_LA + "in_proj_z.weight", "{layer}/attn/z", "(linear_heads linear_v) embed", when="linear_layer"),
+    Tensor(_LA + "in_proj_b.weight", "{layer}/attn/b", "linear_heads embed", when="linear_layer"),
+    Tensor(_LA + "in_proj_a.weight", "{layer}/attn/a", "linear_heads embed", when="linear_layer"),
+    Tensor(_LA + "conv1d.weight", "{layer}/attn/conv", "linear_qkv 1 conv", when="linear_layer"),
+    Tensor(_LA + "dt_bias", "{layer}/attn/dt_bias", "linear_heads", when="linear_layer"),
+    Tensor(_LA + "A_log", "{layer}/attn/A_log", "linear_heads", when="linear_layer"),
+    Tensor(_LA + "norm.weight", "{layer}/attn/norm_scale", "linear_v", when="linear_layer"),
+    Tensor(_LA + "out_proj.weight", "{layer}/attn/o", "embed (linear_heads linear_v)", when="linear_layer"),
+    *(r for r in LLAMA if "post_attention_layernorm" in r.hf or (".mlp." in r.hf and r.when is None)),
+    *_ATTN[-2:],
+)
+
 _H = "transformer.h.{i}."
 
 # GPT-2's Conv1D stores weights (in, out), and q, k and v fused in c_attn.
@@ -303,6 +330,8 @@ GPT2 = (
 LLAMA_EXTRA = (r"(^|\.)rotary_emb\.inv_freq$",)
 # A Gemma3ForConditionalGeneration checkpoint: the vision tower and its projector (not loaded).
 GEMMA3_EXTRA = LLAMA_EXTRA + (r"^(model\.)?(vision_tower|multi_modal_projector)\.",)
+# A Qwen3_5ForConditionalGeneration checkpoint: the vision tower (not loaded); the multi-token-prediction head.
+QWEN3_5_EXTRA = LLAMA_EXTRA + (r"^(model\.)?visual\.", r"^mtp\.")
 GPT2_EXTRA = (r"(^|\.)attn\.(bias|masked_bias)$",)
 
 __all__ = [
@@ -319,6 +348,8 @@ __all__ = [
     "GPT_OSS",
     "DEEPSEEK_V3",
     "DEEPSEEK_V3_FUSED",
+    "QWEN3_5",
+    "QWEN3_5_EXTRA",
     "QWEN3_MOE_FUSED",
     "LLAMA_EXTRA",
     "GEMMA3_EXTRA",
