@@ -34,6 +34,7 @@ CASES = [(f, "fsdp_tp") for f in ("llama", "gemma3", "olmo3", "smollm3")] + [("l
 CASES += [("mixtral", p) for p in ("dp", "fsdp", "fsdp_tp", "ep")] + [("qwen3_moe_mixed", "ep")]
 CASES += [("gpt_oss", "fsdp_tp"), ("gpt_oss", "ep")]  # sinks, biased experts, the clamped SwiGLU
 CASES += [("deepseek_v3", "fsdp_tp"), ("deepseek_v3", "ep")]  # latent attention, group routing, a shared expert
+CASES += [("qwen3_5", "fsdp_tp")]  # linear-attention layers (a chunked scan) between gated full ones
 
 
 def xla_log(compile_fn) -> str:
