@@ -30,10 +30,10 @@ _QWEN3_5_DEFAULTS: dict[str, Any] = {
 
 
 def qwen3_5(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Qwen3.5 (text, or the text tower of a `Qwen3_5ForConditionalGeneration`: its vision tower is not loaded):
-    gated delta rule linear-attention layers (`linear_*` sizes, a causal convolution) between full-attention ones
-    (`layer_types`; by default every 4th full), the full layers' output gated and RoPE partial (0.25), `(1 + w)`
-    norms, per-head q/k norms."""
+    """Qwen3.5: gated delta rule linear-attention layers (`linear_*` sizes, a causal convolution) between
+    full-attention ones (`layer_types`; by default every 4th full), the full layers' output gated and RoPE partial
+    (0.25), `(1 + w)` norms, per-head q/k norms; a `Qwen3_5ForConditionalGeneration` loads its text tower only (the
+    vision tower and the multi-token-prediction head are not loaded)."""
     cfg = text_config(cfg)
     rp = dict(cfg.get("rope_parameters") or {})
     if rp:
