@@ -590,6 +590,39 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "qwen2",
         {},
     ),
+    # The text tower of a Qwen3.5 multimodal checkpoint (model.language_model.* beside a tiny vision tower).
+    "qwen3_5_mm": (
+        "Qwen3_5Config",
+        dict(
+            text_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                linear_key_head_dim=8,
+                linear_value_head_dim=8,
+                layer_types=["linear_attention", "full_attention"],
+                max_position_embeddings=64,
+            ),
+            vision_config=dict(
+                depth=1,
+                hidden_size=16,
+                intermediate_size=32,
+                num_heads=2,
+                out_hidden_size=32,
+                patch_size=4,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+            ),
+            tie_word_embeddings=False,
+        ),
+        "qwen2",
+        {"model_class": "Qwen3_5ForConditionalGeneration"},
+    ),
 }
 
 # Fixtures that also get `greedy.npy`: transformers' greedy continuation of their first GREEDY_PROMPT tokens
@@ -683,19 +716,21 @@ def randomize(model: torch.nn.Module, family: str, seed: int) -> None:
                 b.copy_(0.1 * torch.randn(b.shape, generator=g, dtype=torch.float32))
 
 
+def model_class(model_dir: Path) -> type:
+    """The checkpoint's own class (a multimodal one's ``...ForConditionalGeneration``), else the auto class."""
+    arch = (json.loads((model_dir / "config.json").read_text()).get("architectures") or [""])[0]
+    return getattr(transformers, arch, transformers.AutoModelForCausalLM)
+
+
 def logits_of(model_dir: Path, tokens: np.ndarray) -> np.ndarray:
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    model = model_class(model_dir).from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         return model(torch.from_numpy(tokens.astype(np.int64))).logits.float().numpy()
 
 
 def greedy_of(model_dir: Path, prompt: np.ndarray, n: int) -> np.ndarray:
     """transformers' greedy continuation of ``prompt`` (``n`` tokens, recomputing the sequence, no stop token)."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    model = model_class(model_dir).from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     ids = torch.from_numpy(prompt.astype(np.int64))[None]
     with torch.no_grad():
         for _ in range(n):
@@ -731,7 +766,10 @@ def make(name: str, seed: int) -> None:
     else:
         config = getattr(transformers, cls_name)(vocab_size=VOCAB, **kwargs, **special)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    if "model_class" in save:  # a multimodal checkpoint the causal-LM auto class would build as its text model
+        model = getattr(transformers, save["model_class"])._from_config(config, attn_implementation="eager")
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     randomize(model, family, seed)
     model.tie_weights()
     if "dtype" in save:

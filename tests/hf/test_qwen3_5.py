@@ -86,3 +86,22 @@ def test_packed_rows_are_refused_in_linear_layers():
     tokens = np.zeros((1, 8), np.int32)
     with pytest.raises(pt.ConfigError, match="packed rows"):
         model.apply(variables, tokens, segment_ids=np.ones((1, 8), np.int32))
+
+
+def test_the_text_tower_of_a_multimodal_checkpoint(tmp_path):
+    mesh = mesh_for("fsdp_tp")
+    model, variables = pt.hf.load_hf(fixture("qwen3_5_mm"), mesh, "fsdp_tp")
+    tokens, want = expected("qwen3_5_mm")
+    np.testing.assert_allclose(logits(model, variables, tokens, mesh, "fsdp_tp"), want, atol=1e-4, rtol=0)
+    # Saved as the text model it is (the vision tower was never loaded): Qwen3_5ForCausalLM, model.* names.
+    out = pt.hf.save_hf(model, variables, tmp_path / "text")
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["architectures"], cfg["model_type"], cfg["num_hidden_layers"]) == (
+        ["Qwen3_5ForCausalLM"],
+        "qwen3_5_text",
+        2,
+    )
+    original, saved = tensors_of(fixture("qwen3_5_mm")), tensors_of(out)
+    text = {k.replace("model.language_model.", "model."): v for k, v in original.items() if "visual" not in k}
+    assert sorted(saved) == sorted(text)
+    assert all(np.array_equal(saved[k].view(np.uint8), text[k].view(np.uint8)) for k in text)
