@@ -623,6 +623,44 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "qwen2",
         {"model_class": "Qwen3_5ForConditionalGeneration"},
     ),
+    # DeepSeek-V3's architecture without a query latent (q_proj straight from the hidden state), every layer
+    # sparse (first_k_dense_replace 0: the layers scan).
+    "deepseek_v3_noq": (
+        "DeepseekV3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_shared_experts=1,
+            n_routed_experts=8,
+            n_group=4,
+            topk_group=2,
+            num_experts_per_tok=2,
+            first_k_dense_replace=0,
+            q_lora_rank=None,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=10000.0,
+                factor=4.0,
+                mscale=1.0,
+                mscale_all_dim=1.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                original_max_position_embeddings=8,
+            ),
+        ),
+        "llama",
+        {},
+    ),
 }
 
 # Fixtures that also get `greedy.npy`: transformers' greedy continuation of their first GREEDY_PROMPT tokens

@@ -201,6 +201,8 @@ def deepseek_v3(cfg: Mapping[str, Any]) -> dict[str, Any]:
         return default if v is None else v
 
     mla = {k: get(k, v) for k, v in _MLA_DEFAULTS.items()}
+    if "q_lora_rank" in cfg:  # null: the queries come straight from the hidden state (no query latent)
+        mla["q_lora_rank"] = cfg["q_lora_rank"]
     out = _decoder(cfg, d)
     head = int(mla["qk_nope_head_dim"]) + int(mla["qk_rope_head_dim"])
     bias = bool(cfg.get("attention_bias", False))

@@ -159,3 +159,14 @@ def test_fused_experts_as_transformers_5_holds_them(tmp_path):
     assert np.array_equal(
         out["model.layers.2.mlp.experts.5.down_proj.weight"], fused["model.layers.2.mlp.experts.down_proj"][5]
     )
+
+
+def test_without_a_query_latent_every_layer_sparse_and_scanned():
+    # q_lora_rank null: q_proj straight from the hidden state; first_k_dense_replace 0: every layer alike, scanned.
+    mesh = pt.make_mesh(MESHES["ep"])
+    model, variables = pt.hf.load_hf(fixture("deepseek_v3_noq"), mesh, "ep")
+    assert model.scan_layers and model.moe_layers is None and model.mla["q_lora_rank"] is None
+    attn = variables["params"]["blocks"]["attn"]
+    assert "q" in attn and "q_a" not in attn and attn["q"].shape == (2, 4, 16, 32)  # (layers, heads, kv, embed)
+    tokens, want = expected("deepseek_v3_noq")
+    np.testing.assert_allclose(logits(model, variables, tokens, mesh, "ep"), want, atol=1e-4, rtol=0)
