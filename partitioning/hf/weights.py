@@ -181,7 +181,7 @@ def load_hf(
         attention=attention,
         context_parallel=context_parallel,
     )
-    directory, _, family = _config(path)
+    directory, cfg, family = _config(path)
     rows: list[Any] = []
     if adapter is not None:
         from partitioning.hf.peft import adapter_maps, match_adapter, with_adapter
@@ -201,7 +201,7 @@ def load_hf(
     flat_shardings = traverse_util.flatten_dict(shardings)
     maps, shapes, all_shapes, all_names, fresh = weight_maps(model, family, stored, abstract)
     adapters = {k: flat_shardings[k] for k in fresh}
-    extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
+    extra = family.skipped(cfg) + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     found = match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
     if adapter is not None:  # the adapters come from the PEFT file, not a fresh init
         lora_maps = adapter_maps(rows, model, all_names)
@@ -243,11 +243,11 @@ def check_hf_files(path: str | os.PathLike, **options: Any) -> Path:
     ``options``: ``dtype``, ``param_dtype``, ``scan_layers``, ``remat`` as for ``load_hf``.
     """
     model = hf_model(path, **options)
-    directory, _, family = _config(path)
+    directory, cfg, family = _config(path)
     stored = discover(directory)  # reads and validates every header (truncation, damage)
     maps, shapes, *_ = weight_maps(model, family, stored, _abstract(model))
     check_params(maps, shapes, family.name)
-    extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
+    extra = family.skipped(cfg) + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
     return directory
 

@@ -35,7 +35,7 @@ Example::
 """
 
 from partitioning.parallel.context import balance, context_attention, context_axes
-from partitioning.parallel.experts import expert_capacity, moe_ffn
+from partitioning.parallel.experts import clamped_swiglu, expert_capacity, group_route, moe_ffn
 from partitioning.parallel.pipeline import (
     LayerStack,
     PipelineError,
@@ -64,4 +64,6 @@ __all__ = [
     "context_attention",
     "context_axes",
     "balance",
+    "clamped_swiglu",
+    "group_route",
 ]

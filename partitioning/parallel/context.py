@@ -48,7 +48,7 @@ from jax.sharding import PartitionSpec as P
 from partitioning.boxes import constrain
 from partitioning.context import logical_to_mesh_axes
 from partitioning.errors import ConfigError
-from partitioning.parallel.ring import attend, group, ring_attention, visible
+from partitioning.parallel.ring import attend, group, ring_attention, sink_correction, visible
 from partitioning.resolve import axes_tuple, mesh_axis_sizes
 
 STRATEGIES = ("all_gather", "ring")
@@ -128,17 +128,31 @@ def check_strategy(value: str) -> None:
 # -- the two strategies, per device ------------------------------------------------------------------
 
 
-def _local(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, *, strategy, axes, c, opts):
+def _local(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, sinks, *, strategy, axes, c, opts, has_sinks):
     g = k.shape[2]
     scale, window, softcap = opts
     if strategy == "all_gather":
         k, v, k_pos, k_seg = (jax.lax.all_gather(x, axes, axis=1, tiled=True) for x in (k, v, k_pos, k_seg))
-        return attend(
-            q, k, v, q_pos, k_pos, q_seg, k_seg, scale=scale, window=window, windowed=windowed, softcap=softcap
+        out, lse = attend(
+            q,
+            k,
+            v,
+            q_pos,
+            k_pos,
+            q_seg,
+            k_seg,
+            scale=scale,
+            window=window,
+            windowed=windowed,
+            softcap=softcap,
+            with_lse=True,
         )
-    out = ring_attention(group(q, g), k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts)  # (b, g, r, t, d)
-    b, _, r, t, d = out.shape
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, g * r, d).astype(q.dtype)
+    else:
+        o, m = ring_attention(group(q, g), k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts)  # (b, g, r, t, .)
+        b, _, r, t, d = o.shape
+        out = o.transpose(0, 3, 1, 2, 4).reshape(b, t, g * r, d).astype(q.dtype)
+        lse = m.transpose(0, 3, 1, 2).reshape(b, t, g * r)
+    return sink_correction(out, lse, sinks) if has_sinks else out
 
 
 def context_attention(
@@ -156,6 +170,7 @@ def context_attention(
     softcap: float | None = None,
     strategy: str = "ring",
     axes: Sequence[str] | None = None,
+    sinks: jax.Array | None = None,
 ) -> jax.Array:
     """Attention of ``q (batch, length, heads, dim)`` over ``k, v (batch, length, kv_heads, dim)`` whose
     ``length`` is split over the context axes (default: :func:`context_axes`), exactly.
@@ -163,7 +178,8 @@ def context_attention(
     ``q_pos`` / ``k_pos (batch, length)``: each token's position (any order: the masks read positions);
     ``q_seg`` / ``k_seg``: packed rows' segment ids (None: one example a row); ``window``: a sliding window
     (``windowed``: a traced bool turning it on per layer); ``softcap``: ``cap * tanh(scores / cap)``;
-    ``scale``: default ``dim ** -0.5``. Without a split ``length`` this is plain attention.
+    ``scale``: default ``dim ** -0.5``; ``sinks (heads,)``: a learned logit per head that joins every softmax
+    (GPT-OSS). Without a split ``length`` this is plain attention.
 
     Example::
 
@@ -180,24 +196,40 @@ def context_attention(
     if q_seg is None or k_seg is None:
         q_seg, k_seg = jnp.zeros(q_pos.shape, jnp.int32), jnp.zeros(k_pos.shape, jnp.int32)
     if not axes:
-        return attend(
-            q, k, v, q_pos, k_pos, q_seg, k_seg, scale=scale, window=window, windowed=windowed, softcap=softcap
+        out, lse = attend(
+            q,
+            k,
+            v,
+            q_pos,
+            k_pos,
+            q_seg,
+            k_seg,
+            scale=scale,
+            window=window,
+            windowed=windowed,
+            softcap=softcap,
+            with_lse=True,
         )
+        return out if sinks is None else sink_correction(out, lse, sinks)
     windowed = jnp.asarray(True if windowed is None else windowed)
     c = context_size(axes)
     batch = _split(("batch",), q.shape[:1])[0]
     heads, kv_heads = _head_axes(q.shape[2], k.shape[2])
     seq, qs, kvs = P(batch, axes), P(batch, axes, heads), P(batch, axes, kv_heads)
-    fn = functools.partial(_local, strategy=strategy, axes=axes, c=c, opts=(scale, window, softcap))
-    specs = (qs, kvs, kvs, seq, seq, seq, seq)
-    args = [constrain(x, spec) for x, spec in zip((q, k, v, q_pos, k_pos, q_seg, k_seg), specs, strict=True)]
+    fn = functools.partial(
+        _local, strategy=strategy, axes=axes, c=c, opts=(scale, window, softcap), has_sinks=sinks is not None
+    )
+    specs = (qs, kvs, kvs, seq, seq, seq, seq, P(heads))
+    sinks = jnp.zeros((q.shape[2],), jnp.float32) if sinks is None else sinks
+    operands = (q, k, v, q_pos, k_pos, q_seg, k_seg, sinks)
+    args = [constrain(x, spec) for x, spec in zip(operands, specs, strict=True)]
     return jax.shard_map(  # type: ignore[call-arg]
         fn,
         mesh=jax.sharding.get_abstract_mesh(),
-        in_specs=(*specs, P()),
+        in_specs=(*specs[:7], P(), specs[7]),
         out_specs=qs,
         axis_names=_manual(seq, qs, kvs),
-    )(*args, windowed)
+    )(*args[:7], windowed, args[7])
 
 
 def _split(names: Sequence[str], shape: Sequence[int]) -> tuple[Any, ...]:

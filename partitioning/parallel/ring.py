@@ -59,8 +59,11 @@ def group(q, g):
     return q.reshape(b, t, g, h // g, d)
 
 
-def attend(q, k, v, q_pos, k_pos, q_seg=None, k_seg=None, *, scale, window=None, windowed=None, softcap=None):
-    """Plain masked attention of ``q (b, t, h, d)`` over ``k, v (b, s, g, d)`` (what each strategy computes).
+def attend(
+    q, k, v, q_pos, k_pos, q_seg=None, k_seg=None, *, scale, window=None, windowed=None, softcap=None, with_lse=False
+):
+    """Plain masked attention of ``q (b, t, h, d)`` over ``k, v (b, s, g, d)`` (what each strategy computes);
+    ``with_lse``: also each query's log-sum-exp of its scores ``(b, t, h)``.
 
     Example::
 
@@ -76,7 +79,26 @@ def attend(q, k, v, q_pos, k_pos, q_seg=None, k_seg=None, *, scale, window=None,
     s = jnp.where(mask, s, _HIDDEN)
     p = jnp.where(mask, jax.nn.softmax(s, axis=-1), 0.0)
     out = jnp.einsum("bgrts,bsgd->btgrd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return out.reshape(q.shape).astype(q.dtype)
+    out = out.reshape(q.shape).astype(q.dtype)
+    if not with_lse:
+        return out
+    lse = jax.nn.logsumexp(s, axis=-1)  # (b, g, r, t)
+    b, gg, r, t = lse.shape
+    return out, lse.transpose(0, 3, 1, 2).reshape(b, t, gg * r)
+
+
+def sink_correction(out: jax.Array, lse: jax.Array, sinks: jax.Array) -> jax.Array:
+    """``out (b, t, h, d)`` as if each head's sink logit ``sinks (h,)`` had joined its softmax (GPT-OSS): the
+    keys' share of the mass is ``sigmoid(lse - sink)``, ``lse (b, t, h)`` their log-sum-exp.
+
+    Example::
+
+        >>> from partitioning.parallel.ring import sink_correction
+        >>> sink_correction(jnp.ones((1, 1, 2, 1)), jnp.zeros((1, 1, 2)), jnp.array([0.0, -100.0]))[0, 0, :, 0]
+        Array([0.5, 1. ], dtype=float32)
+    """
+    share = jax.nn.sigmoid(lse.astype(jnp.float32) - sinks.astype(jnp.float32))
+    return (out.astype(jnp.float32) * share[..., None]).astype(out.dtype)
 
 
 # -- the ring --------------------------------------------------------------------------------------
@@ -141,19 +163,20 @@ def _unfold(q, do, lse, dsum, block, q_pos, q_seg, windowed, opts):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8, 9, 10))
 def _ring(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts):
-    out, _ = _ring_forward(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts)
-    return out
+    return _ring_forward(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts)
 
 
 def _ring_fwd(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts):
     out, lse = _ring_forward(q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, axes, c, opts)
-    return out, (q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, out, lse)
+    return (out, lse), (q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, out, lse)
 
 
-def _ring_bwd(axes, c, opts, res, do):
+def _ring_bwd(axes, c, opts, res, cotangents):
     q, k, v, q_pos, k_pos, q_seg, k_seg, windowed, out, lse = res
+    do, dlse = cotangents
     do = do.astype(jnp.float32)
-    dsum = jnp.sum(do * out, axis=-1)
+    # d lse / d score = p: a cotangent on the log-sum-exp (a sink's share uses it) joins the softmax's own.
+    dsum = jnp.sum(do * out, axis=-1) - dlse.astype(jnp.float32)
     dq = jnp.zeros_like(q, jnp.float32)
     grads = (jnp.zeros_like(k, jnp.float32), jnp.zeros_like(v, jnp.float32))
 
@@ -175,4 +198,4 @@ _ring.defvjp(_ring_fwd, _ring_bwd)
 ring_attention = _ring
 
 
-__all__ = ["attend", "visible", "group", "ring_attention"]
+__all__ = ["attend", "visible", "group", "ring_attention", "sink_correction"]

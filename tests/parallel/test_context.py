@@ -125,10 +125,13 @@ def test_gpt_loss_and_gradients_under_fsdp_cp_equal_the_unsharded_model(mesh, st
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_a_hugging_face_family_with_grouped_query_heads_gives_the_same_logits(mesh):
-    path = FIXTURES / "hf" / "llama"
+# Llama: grouped-query heads; Gemma 2: soft-capped scores, local and global layers; GPT-OSS: sinks, sliding
+# layers, experts; SmolLM3: layers without RoPE.
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_oss", "smollm3"])
+def test_hugging_face_families_give_the_same_logits(mesh, family):
+    path = FIXTURES / "hf" / family
     model, variables = pt.hf.load_hf(path)
-    assert model.kv_heads < model.heads
+    assert model.kv_heads is None or model.kv_heads <= model.heads
     tokens = jax.random.randint(jax.random.key(1), (2, 32), 0, model.vocab_size)
     want = model.apply(variables, tokens)
     _, sharded = pt.hf.load_hf(path, mesh, "fsdp_cp")  # every weight born in its fsdp x context shard
@@ -286,3 +289,29 @@ def test_lora_adapters_train_the_same_under_context_parallelism(mesh):
     np.testing.assert_allclose(got, want, rtol=1e-5)
     a = got_g["blocks"]["attn"]["q_lora_a"]
     np.testing.assert_allclose(a, want_g["blocks"]["attn"]["q_lora_a"], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_attention_sinks_join_the_split_softmax(mesh, qkv, strategy):
+    """GPT-OSS's sinks: a logit per head in every row's softmax, carried by each query's log-sum-exp."""
+    from partitioning.models.variants import sink_softmax
+
+    q, k, v, w, pos, _, _ = qkv
+    sinks = jnp.array([0.5, -1.0, 2.0, 0.0])
+
+    def whole(q, k, v, sinks):
+        s = jnp.einsum("btgrd,bsgd->bgrts", q.reshape(2, 32, 2, 2, 8), k) * 8**-0.5
+        s = jnp.where((pos[:, None, :] <= pos[:, :, None])[:, None, None], s, -1e30)
+        p = sink_softmax(s, sinks)
+        return jnp.einsum("bgrts,bsgd->btgrd", p, v).reshape(q.shape)
+
+    def split(q, k, v, sinks):
+        return context_attention(q, k, v, pos, pos, strategy=strategy, sinks=sinks)
+
+    with pt.sharding_context(mesh, "fsdp_cp"):
+        got = jax.jit(split)(q, k, v, sinks)
+        grads = jax.jit(jax.grad(lambda *a: jnp.sum(split(*a) * w), argnums=(0, 1, 2, 3)))(q, k, v, sinks)
+    np.testing.assert_allclose(got, whole(q, k, v, sinks), rtol=1e-5, atol=1e-6)
+    want = jax.grad(lambda *a: jnp.sum(whole(*a) * w), argnums=(0, 1, 2, 3))(q, k, v, sinks)
+    for g_, w_ in zip(grads, want, strict=True):
+        np.testing.assert_allclose(g_, w_, rtol=1e-4, atol=1e-5)
