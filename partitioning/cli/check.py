@@ -74,9 +74,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if cfg.mesh.nodes:
         print(nodes_line(node_layout(mesh, cfg.mesh.nodes)))
-    for note in (ready.remat_note, ready.context_note):
-        if note:
-            print(note)
+    for line in ready.default_notes:
+        print(line)
     if ready.budget is not None:
         print(f"memory: {ready.budget.describe()}")
     if ready.resume_step is not None:

@@ -15,7 +15,7 @@ from typing import Any
 from partitioning.cli.args import config_args, say
 from partitioning.cli.compiling import compile_args, compiled, setup_devices, write_json
 from partitioning.cli.render import console, render_plan
-from partitioning.config.context import split_axes, takes_context
+from partitioning.config.defaults import split_axes, takes_context
 from partitioning.config.load import load_config
 from partitioning.config.planning import plan_from_config
 from partitioning.config.remat import is_auto

@@ -117,7 +117,7 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
     ready, _ = pre_flight(cfg, locks, devices=args.devices, resume=resume, resume_from=args.resume_from)
     assert ready is not None  # without every=True the first problem was raised
     locks.acquire()
-    cfg = ready.cfg  # with `model.remat: auto` resolved
+    cfg = ready.cfg  # with every `auto` default decided
     trainer, mesh, run_dir = ready.trainer, ready.mesh, ready.run_dir
     assert trainer is not None  # preflight (unlike preflight_abstract) builds the trainer
     train_batches, eval_batches = ready.train_batches, ready.eval_batches
@@ -145,9 +145,8 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
         ids = mesh_node_ids(mesh)  # several processes: where the axes landed, from each device's process
         if ids is not None:
             print(nodes_line(node_layout(dict(mesh.shape), ids=ids), configured=False), flush=True)
-        for note in (ready.remat_note, ready.context_note):
-            if note:
-                print(note, flush=True)
+        for line in ready.default_notes:
+            print(line, flush=True)
         if ready.budget is not None and ready.budget.budget is not None:
             print(f"memory: {ready.budget.describe()}", flush=True)
         for note in (ready.resume_note, ready.data_note, getattr(train_batches, "note", None)):

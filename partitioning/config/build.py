@@ -173,6 +173,16 @@ def model_options_resolved(cfg: Config) -> dict[str, Any]:
     }
 
 
+def grad_accum(cfg: Config) -> int:
+    """``train.grad_accum`` as a count: ``auto`` counts as 1 until the run resolves it (config/defaults.py)."""
+    return cfg.train.grad_accum if isinstance(cfg.train.grad_accum, int) else 1
+
+
+def microbatches(cfg: Config) -> int | None:
+    """``train.microbatches`` as the Trainer takes it: None (``auto``, unresolved: the stage count) or a count."""
+    return cfg.train.microbatches if isinstance(cfg.train.microbatches, int) else None
+
+
 def config_devices(cfg: Config, override: int | None = None) -> int | None:
     """Devices a config asks for: ``override`` (--devices), else mesh.devices, else the product of fixed sizes."""
     if override:
@@ -361,8 +371,8 @@ def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh, dataset: Any = Non
             seed=t.seed,
             optimizer_rules=cfg.optimizer_rules,
             on_indivisible=cfg.on_indivisible,
-            grad_accum=t.grad_accum,
-            microbatches=t.microbatches,
+            grad_accum=grad_accum(cfg),
+            microbatches=microbatches(cfg),
             on_nonfinite=t.on_nonfinite,
             pipeline_repeats=t.pipeline_repeats,
             trainable=t.trainable,
@@ -374,19 +384,7 @@ def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh, dataset: Any = Non
 
 
 __all__ = [
-    "AUTO",
-    "at_key",
-    "model_options_resolved",
-    "model_from_config",
-    "config_devices",
-    "mesh_from_config",
-    "optimizer_from_config",
-    "abstract_model",
-    "dataset_from_config",
-    "batch_from_config",
-    "task_from_config",
-    "trainer_from_config",
-    "trainable_keys",
-    "PIPELINE_KEYS",
-    "RULES_KEY",
+    *("AUTO", "at_key", "model_options_resolved", "model_from_config", "grad_accum", "microbatches"),
+    *("config_devices", "mesh_from_config", "optimizer_from_config", "abstract_model", "dataset_from_config"),
+    *("batch_from_config", "task_from_config", "trainer_from_config", "trainable_keys", "PIPELINE_KEYS", "RULES_KEY"),
 ]

@@ -26,6 +26,8 @@ from partitioning.config.build import (
     PIPELINE_KEYS,
     at_key,
     batch_from_config,
+    grad_accum,
+    microbatches,
     model_from_config,
     model_options_resolved,
     optimizer_from_config,
@@ -79,14 +81,14 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
     batch, task = batch_from_config(cfg), task_from_config(cfg)
     params, opt_state, frozen = _abstract_state(cfg, model, batch, task)
     # What one forward pass sees (grad_accum splits the batch), pipelined as the Trainer would.
-    g = max(1, cfg.train.grad_accum)
+    g = grad_accum(cfg)
     forward = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // g, *x.shape[1:]), x.dtype), batch)
     abstract = abstract_mesh(sizes, cfg.mesh.axis_types)
     try:
         m, _, _ = check_microbatches(
             abstract,
             cfg.rules,
-            cfg.train.microbatches,
+            microbatches(cfg),
             cfg.train.batch_size // g,
             f"batch_size {cfg.train.batch_size}",
             cfg.train.pipeline_repeats,

@@ -1,11 +1,11 @@
-"""The pre-flight: every check ``train`` would make, before anything is compiled, allocated or written.
+"""The pre-flight: every check ``train`` would make, before anything is written.
 
 ``partitioning check`` is the pre-flight; ``partitioning train`` runs the same
 checks first, so a run that passes ``check`` does not fail on a config
 mistake later, and a run that fails changes nothing on disk. In order:
 
-1. the mesh fits the devices (sizes, ``-1``, ``--devices``); ``model.remat: auto`` becomes a policy
-   (:mod:`partitioning.config.remat`);
+1. the mesh fits the devices (sizes, ``-1``, ``--devices``); every ``auto`` default (``model.remat``, ...)
+   becomes a choice, by a cached verdict or tune's estimate (:mod:`partitioning.config.defaults`);
 2. the model builds (options checked against its constructor) and every
    parameter divides over the mesh axes its rules give it;
 3. the batch (and micro-batch) divides over the batch axes;
@@ -15,7 +15,8 @@ mistake later, and a run that fails changes nothing on disk. In order:
    nothing but checkpoints (:mod:`partitioning.config.rundir`), and the trackers' packages are installed;
 6. an existing checkpoint fits the model, if the run would resume from it;
 7. the model traces: the train step is lowered (a model that fails is one ``ModelError`` line);
-8. the per-device peak fits the memory budget (compiled when a budget is set).
+8. the per-device peak fits the memory budget (compiled when a budget is set);
+9. then, when measuring pays, the ``auto`` defaults' fitting choices are timed on the devices (cached).
 
 Example::
 
@@ -49,15 +50,15 @@ from partitioning.config.build import (
     at_key,
     batch_from_config,
     dataset_from_config,
+    grad_accum,
     mesh_from_config,
     model_from_config,
     task_from_config,
     trainer_from_config,
 )
-from partitioning.config.context import resolve_context
+from partitioning.config.defaults import resolve_defaults, time_defaults
 from partitioning.config.planning import plan_from_config
 from partitioning.config.positions import check_positions
-from partitioning.config.remat import resolve_remat
 from partitioning.config.resume import compare_run
 from partitioning.config.run import data_from_config, data_resume_note
 from partitioning.config.rundir import foreign_entries
@@ -90,8 +91,7 @@ class Ready:
     plan: Plan
     data_note: str | None = None  # how the data differs from the checkpoint's, when resuming
     resume_note: str | None = None  # how the config differs from the checkpoint's, when resuming
-    remat_note: str | None = None  # which policy `remat: auto` became, and why
-    context_note: str | None = None  # which strategy `context_parallel: auto` became, and why
+    default_notes: list[str] = dataclasses.field(default_factory=list)  # what each `auto` became, and why
 
 
 def writable_dir(path: Path, where: str) -> None:
@@ -236,14 +236,14 @@ def _mesh(cfg: Config, devices: int | None):
 
 def _batch_divides(cfg: Config, sizes: dict[str, int]) -> None:
     """The batch (or micro-batch) splits over the batch axes of a mesh of these sizes."""
-    t = cfg.train
-    micro = t.batch_size // t.grad_accum if t.grad_accum and t.batch_size % t.grad_accum == 0 else None
+    t, g = cfg.train, grad_accum(cfg)
+    micro = t.batch_size // g if t.batch_size % g == 0 else None
     if micro is None:
         raise ShardingError(
             f"{cfg.where('train', 'grad_accum')}: batch_size {t.batch_size} must be a positive "
-            f"multiple of grad_accum {t.grad_accum}"
+            f"multiple of grad_accum {g}"
         )
-    what = f"batch_size {t.batch_size}" if t.grad_accum == 1 else f"micro-batch {micro}"
+    what = f"batch_size {t.batch_size}" if g == 1 else f"micro-batch {micro}"
     try:
         batch_specs(batch_from_config(cfg), cfg.rules, sizes, micro_batch=micro, what=what)
     except ShardingError as e:
@@ -293,8 +293,8 @@ def preflight(
     run_dir, ckpt_dir = _dirs(cfg)  # the folders first: a look at them costs nothing, the model a build
     check_positions(cfg)  # before the model is traced at train.seq_len
     check_tokenizer_vocab(cfg)  # before the corpus is tokenized (and cached)
-    cfg, remat_note = resolve_remat(cfg, mesh)
-    cfg, context_note = resolve_context(cfg, mesh)  # after remat: the strategies are priced with its policy
+    decided = resolve_defaults(asked := cfg, mesh)  # estimated or cached: timed below, once every check passed
+    cfg = decided.cfg
     dataset = dataset_from_config(cfg)
     trainer = trainer_from_config(cfg, mesh, dataset)
     _, train, evals = data_from_config(cfg, trainer, dataset)
@@ -322,22 +322,14 @@ def preflight(
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
+    if decided.pending and complete is None:  # the defaults' choices timed: nothing is written but their verdicts
+        decided = time_defaults(asked, mesh, decided, trainer, train, dataset, budget)
+        if decided.trainer is not trainer:
+            cfg, trainer = decided.cfg, decided.trainer or trainer_from_config(decided.cfg, mesh, dataset)
+            compiled = memory_stats(trainer.lower_train_step().compile()) if budget is not None else None
+            fit = check_budget(plan, budget, compiled)  # a timed choice's compiled peak fits the budget
     ready = Ready(
-        cfg,
-        mesh,
-        dataset,
-        trainer,
-        train,
-        evals,
-        run_dir,
-        ckpt_dir,
-        step,
-        fit,
-        plan,
-        note,
-        changed,
-        remat_note,
-        context_note,
+        cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed, decided.notes()
     )
     if complete is not None and step is not None:
         raise RunComplete(complete, step=step, ready=ready)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from partitioning.config.build import AUTO, model_from_config
+from partitioning.config.build import AUTO, grad_accum, microbatches, model_from_config
 from partitioning.config.planning import tune_inputs
 from partitioning.config.schema import Config
 from partitioning.errors import PartitioningError
@@ -39,6 +39,7 @@ from partitioning.plan.budget import device_memory
 from partitioning.tune.hardware import hardware
 from partitioning.tune.measure import local_profile
 from partitioning.tune.remat import choose_remat
+from partitioning.tune.trial import Choices
 from partitioning.tune.workload import REMATS
 
 
@@ -86,12 +87,14 @@ def price_remat(
     budget: int,
     policies: tuple[str, ...] | None = None,
     microbatches: int | None = None,
+    inputs: Any = None,
 ) -> Any:
     """``choose_remat`` of this config's model and layout on mesh axis ``sizes``, hardware ``hw`` and memory
     ``budget``: every policy in ``policies`` (default: all the model takes) priced, the fastest that fits chosen.
-    ``microbatches``: the pipeline's, as ``check_microbatches`` resolved them (default 1)."""
+    ``microbatches``: the pipeline's, as ``check_microbatches`` resolved them (default 1); ``inputs``: the
+    config's :func:`~partitioning.config.planning.tune_inputs`, when already made."""
     t = cfg.train
-    inputs = tune_inputs(cfg)
+    inputs = inputs or tune_inputs(cfg)
     return choose_remat(
         inputs.params,
         inputs.opt_state,
@@ -102,7 +105,7 @@ def price_remat(
         budget,
         policies=policies or remat_policies(cfg),
         optimizer_rules=cfg.optimizer_rules,
-        grad_accum=t.grad_accum,
+        grad_accum=grad_accum(cfg),
         microbatches=microbatches or 1,
         repeats=t.pipeline_repeats,
         records=inputs.records,
@@ -112,31 +115,44 @@ def price_remat(
     )
 
 
-def resolve_remat(cfg: Config, mesh: Any) -> tuple[Config, str | None]:
-    """``(cfg with a concrete remat policy, the one-line note saying which and why)``; ``(cfg, None)`` when the
-    config names its policy. ``mesh``: the run's ``jax.sharding.Mesh``."""
+def remat_choices(
+    cfg: Config, sizes: dict[str, int], hw: Any, source: str, budget: int, inputs: Any = None
+) -> Choices | None:
+    """The config's remat policies as tune prices them on ``hw`` for mesh axis ``sizes`` (None: the config names
+    its policy, the model has none, or the layout itself is wrong: the checks that follow say what to change)."""
     if not is_auto(cfg):
-        return cfg, None
+        return None
     policies = remat_policies(cfg)
     if not policies:
-        return cfg, None
-    sizes = {a: int(n) for a, n in mesh.shape.items()}
+        return None
+    t = cfg.train
+    try:
+        m, _, _ = check_microbatches(
+            sizes, cfg.rules, microbatches(cfg), t.batch_size // grad_accum(cfg), repeats=t.pipeline_repeats
+        )
+        choice = price_remat(cfg, sizes, hw, budget, policies, microbatches=m, inputs=inputs)
+    except PartitioningError:
+        return None
+    fitting = {r.candidate.remat: r.step_time for r in choice.results if r.analytic is not None and r.fits}
+    unfit = {
+        str(r.candidate.remat): r.reason or "not priced" for r in choice.results if r.candidate.remat not in fitting
+    }
+    line = choice.describe().removeprefix(f"{choice.policy}: ")
+    return Choices("remat", "policies", dict(fitting), choice.policy, f"{line}; {source}", unfit)
+
+
+def resolve_remat(cfg: Config, mesh: Any) -> tuple[Config, str | None]:
+    """``(cfg with a concrete remat policy, the one-line note saying which and why)`` by tune's estimate alone;
+    ``(cfg, None)`` when the config names its policy. ``mesh``: the run's ``jax.sharding.Mesh``. A run decides
+    by measurement where it can (:func:`partitioning.config.defaults.resolve_defaults`)."""
     hw, source = local_profile(mesh.size)
     if hw is None:
         hw, source = hardware("h100"), f"{source}: priced as an h100"
     budget = cfg.mesh.memory_bytes or device_memory() or hw.memory
-    t = cfg.train
-    try:
-        m, _, _ = check_microbatches(
-            mesh, cfg.rules, t.microbatches, t.batch_size // max(1, t.grad_accum), repeats=t.pipeline_repeats
-        )
-        choice = price_remat(cfg, sizes, hw, budget, policies, microbatches=m)
-    except PartitioningError:
-        # The layout itself is wrong: the model is built with the model's default and the checks that
-        # follow (the trainer's) say what to change.
+    choices = remat_choices(cfg, {str(a): int(n) for a, n in mesh.shape.items()}, hw, source, budget)
+    if choices is None:
         return cfg, None
-    note = f"remat: auto -> {choice.describe()}; {source}"
-    return with_remat(cfg, choice.policy), note
+    return with_remat(cfg, choices.pick), f"remat: auto -> {choices.pick}: {choices.line}"
 
 
-__all__ = ["is_auto", "with_remat", "remat_policies", "price_remat", "resolve_remat"]
+__all__ = ["is_auto", "with_remat", "remat_policies", "price_remat", "remat_choices", "resolve_remat"]

@@ -18,7 +18,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
@@ -190,9 +190,11 @@ class TrainConfig(Section):
     steps: StrictInt = Field(default=200, ge=1)
     batch_size: StrictInt = Field(default=32, ge=1, description="global; divisible by the batch mesh axes")
     seq_len: StrictInt = Field(default=128, ge=1)
-    grad_accum: StrictInt = Field(default=1, ge=1)
-    microbatches: StrictInt | None = Field(
-        default=None, ge=1, description="pipeline micro-batches when the mesh has a `stage` axis (default: its size)"
+    grad_accum: Annotated[StrictInt, Field(ge=1)] | Literal["auto"] = Field(
+        default="auto", description="micro-batches per step; auto: the fastest count that fits (1 when it fits)"
+    )
+    microbatches: Annotated[StrictInt, Field(ge=1)] | Literal["auto"] | None = Field(
+        default=None, description="pipeline micro-batches (a `stage` axis); null / auto: the fastest that fits"
     )
     pipeline_repeats: StrictInt = Field(
         default=1, ge=1, description="layer chunks per pipeline stage: 1 GPipe, more the circular schedule"
@@ -219,6 +221,9 @@ class TrainConfig(Section):
         default=None,
         description="regexes (re.search) over the param paths `plan` prints: only those params train; the others "
         "are frozen (no gradient, no optimizer state, saved once per run). Default: all, or the LoRA adapters",
+    )
+    measure_defaults: StrictBool | None = Field(
+        default=None, description="time the auto defaults' choices at start (cached); null: when the run is long enough"
     )
     max_skipped_steps: StrictInt = Field(
         default=10,
@@ -330,13 +335,8 @@ class Config:
         self.annotations = annotations  # partitioning.Annotations (rows with their file:line), or None
         self.model_name, self.model_options, self.model_target = model_name, model_options, model_target
         self.mesh, self.rules, self.optimizer_rules, self.on_indivisible = mesh, rules, optimizer_rules, on_indivisible
-        self.data, self.optimizer, self.train, self.checkpoint, self.run_dir = (
-            data,
-            optimizer,
-            train,
-            checkpoint,
-            run_dir,
-        )
+        self.data, self.optimizer, self.train = data, optimizer, train
+        self.checkpoint, self.run_dir = checkpoint, run_dir
 
     def where(self, *key: Any) -> str:
         """``file:line: dotted.key`` of a key of this config (or the ``--set`` flag that set it)."""
@@ -384,17 +384,7 @@ class Config:
         return dump_yaml(self.resolved(mesh_sizes, model_options))
 
 
-__all__ = [
-    "Config",
-    "RunConfig",
-    "MeshConfig",
-    "DataConfig",
-    "HfModelConfig",
-    "OptimizerConfig",
-    "TrainConfig",
-    "CheckpointConfig",
-    "SECTIONS",
-    "TOP_KEYS",
-    "REQUIRED",
-    "json_schema",
+__all__ = [  # noqa: RUF022 (grouped: the config, its sections, the schema)
+    *("Config", "RunConfig", "MeshConfig", "DataConfig", "HfModelConfig", "OptimizerConfig", "TrainConfig"),
+    *("CheckpointConfig", "SECTIONS", "TOP_KEYS", "REQUIRED", "json_schema"),
 ]

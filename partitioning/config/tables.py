@@ -28,7 +28,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
-from partitioning.config.build import batch_from_config
+from partitioning.config.build import batch_from_config, grad_accum
 from partitioning.config.load import load_config
 from partitioning.config.planning import plan_from_config
 from partitioning.config.schema import Config
@@ -80,7 +80,7 @@ def _fits(path: str, sets: Sequence[str], devices: int) -> tuple[Config, Plan] |
         if plan.errors:
             return plan.errors[0]
         t = cfg.train
-        micro = t.batch_size // max(1, t.grad_accum)
+        micro = t.batch_size // grad_accum(cfg)
         batch_specs(batch_from_config(cfg), cfg.rules, plan.mesh, micro_batch=micro)
     except PartitioningError as e:
         return str(e).splitlines()[0]
@@ -118,7 +118,7 @@ def table_layout(
         first = None
         # The batch must divide over the batch axes: checked here for every mesh (cheap), planned for the first few.
         batch_axes = Rules.parse(table, path).batch_axes
-        micro = base.train.batch_size // max(1, base.train.grad_accum)
+        micro = base.train.batch_size // grad_accum(base)
         sized = [own, *candidates(own, devices)]
         fitting = [m for m in sized[1:] if micro % math.prod(m.get(a, 1) for a in batch_axes) == 0]
         for sizes in [own, *fitting][:MAX_TRIES]:
