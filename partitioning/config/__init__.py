@@ -16,9 +16,10 @@ Modules:
 - :mod:`~partitioning.config.run` — Config -> a run's batches, checkpoint hook and trackers.
 - :mod:`~partitioning.config.planning` — Config -> the plan and the compiled view of the train step; the
   tuner's inputs.
-- :mod:`~partitioning.config.remat` — ``model.remat: auto`` (the default) -> the policy tune prices fastest here.
-- :mod:`~partitioning.config.context` — ``model.context_parallel: auto`` -> the attention strategy tune prices
-  faster for a split ``length`` (ring or all_gather).
+- :mod:`~partitioning.config.remat` — ``model.remat: auto`` (the default): the policies the model takes, priced.
+- :mod:`~partitioning.config.defaults` — every ``auto`` default (remat, context_parallel, attention, grad_accum,
+  pipeline micro-batches) -> the fastest choice that fits: timed on the run's devices where that pays (cached),
+  else tune's estimate.
 - :mod:`~partitioning.config.axes` — every mesh axis does work: one no rule uses is an error (did-you-mean).
 - :mod:`~partitioning.config.resume` — a run resuming its run dir's checkpoint is that experiment, further on;
   anything else (nothing to train, another model or optimizer) says what to do.

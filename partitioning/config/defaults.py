@@ -35,6 +35,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
 from partitioning.config.build import AUTO, grad_accum, microbatches, model_options_resolved, trainer_from_config
 from partitioning.config.planning import tune_inputs
 from partitioning.config.remat import remat_choices
@@ -44,7 +47,6 @@ from partitioning.data.order import LoggedBatches
 from partitioning.errors import PartitioningError
 from partitioning.fmt import fmt_bytes
 from partitioning.model.registry import constructor_options, model_class
-from partitioning.models.fused_attention import resolve_attention
 from partitioning.parallel.pipeline import check_microbatches, pipeline_stages
 from partitioning.plan.budget import device_memory
 from partitioning.plan.plan import build_plan
@@ -97,7 +99,7 @@ def _candidate(cfg: Config, p: Priced, **change: Any) -> Candidate:
     """The run's own layout as tune's candidate (its decided options; an undecided one as the model's default)."""
     options = model_options_resolved(cfg)
     remat = options.get("remat")
-    context = options.get("context_parallel") if _splits_length(cfg, p.sizes) else None
+    context = options.get("context_parallel") if split_axes(cfg, p.sizes) else None
     base = Candidate(
         tuple(p.sizes.items()),
         "run",
@@ -110,9 +112,7 @@ def _candidate(cfg: Config, p: Priced, **change: Any) -> Candidate:
     return dataclasses.replace(base, **change)
 
 
-def _priced_choices(
-    name: str, unit: str, results: dict[str, Any], show: Callable[[str], str], source: str
-) -> Choices | None:
+def _priced_choices(name: str, unit: str, results: dict[str, Any], source: str) -> Choices | None:
     """Choices from priced results: the fastest that fits (else the smallest peak), each estimate in the line."""
     priced = {k: r for k, r in results.items() if r.analytic is not None}
     if not priced:
@@ -123,9 +123,7 @@ def _priced_choices(
     else:
         pick, why = min(priced, key=lambda k: priced[k].peak), "smallest peak (none fits)"
     r = priced[pick]
-    others = ", ".join(
-        f"{show(k)} {_ms(o.step_time)}, peak {fmt_bytes(o.peak)}" for k, o in priced.items() if k != pick
-    )
+    others = ", ".join(f"{k} {_ms(o.step_time)}, peak {fmt_bytes(o.peak)}" for k, o in priced.items() if k != pick)
     line = f"est. {_ms(r.step_time)} per step ({why}; peak {fmt_bytes(r.peak)}), {others}; {source}"
     unfit = {k: r.reason or "not priced" for k, r in results.items() if k not in fitting}
     return Choices(name, unit, {k: o.step_time for k, o in fitting.items()}, pick, line, unfit)
@@ -150,10 +148,6 @@ def _takes(cfg: Config, option: str) -> bool:
         return False
 
 
-def _splits_length(cfg: Config, sizes: dict[str, int]) -> bool:
-    return any(sizes.get(a, 1) > 1 for a in length_axes(cfg.rules))
-
-
 def split_axes(cfg: Config, sizes: dict[str, int]) -> tuple[str, ...]:
     """The mesh axes of size > 1 the config's rules split ``length`` over."""
     return tuple(a for a in length_axes(cfg.rules) if sizes.get(a, 1) > 1)
@@ -170,16 +164,17 @@ def _context(cfg: Config, p: Priced) -> Choices | None:
     if not split_axes(cfg, p.sizes):
         return None
     cands = {s: _candidate(cfg, p, context=s) for s in CONTEXT_STRATEGIES}
-    return _priced_choices("context_parallel", "strategies", p.results(cfg, cands), str, p.source)
+    return _priced_choices("context_parallel", "strategies", p.results(cfg, cands), p.source)
 
 
 def _attention(cfg: Config, p: Priced) -> Choices | None:
     if not _takes(cfg, "attention") or cfg.model_options.get("attention", AUTO) != AUTO:
         return None
-    dtype = model_options_resolved(cfg).get("dtype") or "float32"
-    rule = resolve_attention(AUTO, dtype)
-    if rule == "xla":  # cuDNN's kernel does not apply here: nothing to choose
-        return None
+    # The models' own rule for auto (models/fused_attention.py, which config/ leaves to config/build.py to import).
+    dtype = jnp.dtype(model_options_resolved(cfg).get("dtype") or "float32")
+    if jax.default_backend() != "gpu" or dtype not in (jnp.bfloat16, jnp.float16):
+        return None  # cuDNN's kernel does not apply here: nothing to choose
+    rule = "cudnn"
     line = "cuDNN's kernel where it applies (a GPU, a 16-bit dtype), not priced"
     return Choices("attention", "kernels", {"xla": None, "cudnn": None}, rule, line)
 
@@ -192,7 +187,7 @@ def _accumulation(cfg: Config, p: Priced) -> Choices | None:
     if len(counts) < 2:
         return None
     results = p.results(cfg, {str(g): _candidate(cfg, p, grad_accum=g) for g in counts})
-    choices = _priced_choices("grad_accum", "micro-batch counts", results, str, p.source)
+    choices = _priced_choices("grad_accum", "micro-batch counts", results, p.source)
     if choices is None:
         return None
     choices.margin = 1.1  # accumulating costs every pass again: only a count priced within 10% is worth a trial
@@ -224,7 +219,7 @@ def _pipeline(cfg: Config, p: Priced) -> Choices | None:
     if len(ok) < 2:
         return None
     results = p.results(cfg, {str(m): _candidate(cfg, p, microbatches=m) for m in ok})
-    return _priced_choices("microbatches", "micro-batch counts", results, str, p.source)
+    return _priced_choices("microbatches", "micro-batch counts", results, p.source)
 
 
 def _with_model(key: str) -> Callable[[Config, str], Config]:
@@ -294,8 +289,7 @@ class Defaults:
 
 def built_key(cfg: Config) -> str:
     """The options that make one trainer differ from another of the same config (for :attr:`Trial.trainers`)."""
-    t = cfg.train
-    return json.dumps([cfg.model_options, t.grad_accum, t.microbatches], sort_keys=True, default=str)
+    return json.dumps([cfg.model_options, cfg.train.grad_accum, cfg.train.microbatches], sort_keys=True, default=str)
 
 
 def run_key(cfg: Config, sizes: dict[str, int]) -> dict[str, Any]:

@@ -5,6 +5,8 @@ Modules:
 - :mod:`~partitioning.train.state` — ``TrainState``, the abstract (``eval_shape``) state, host-side step.
 - :mod:`~partitioning.train.step` — ``Trainer``: the sharded init and the jitted train / eval steps.
 - :mod:`~partitioning.train.lowering` — what a Trainer shows without running: layouts, lowered steps, init peak, FLOPs.
+- :mod:`~partitioning.train.timing` — train steps timed side by side: each choice compiled in threads, stepped in
+  turns on one real batch and one state (how the ``auto`` defaults learn which choice is fastest here).
 - :mod:`~partitioning.train.optimizer` — optax optimizers and learning-rate schedules.
 - :mod:`~partitioning.train.loop` — ``fit``: steps, evals, hooks, progress, clean stops.
 - :mod:`~partitioning.train.nonfinite` — divergence: the non-finite flag tallied on device; stop or skip_step.

@@ -228,11 +228,14 @@ def test_check_resolves_auto_to_a_priced_strategy(tmp_path, monkeypatch, run_cli
         "model.embed=32",
         "--set",
         "model.mlp=64",
+        "--set",
+        "train.measure_defaults=false",  # the estimate alone (tests/config/test_defaults.py times the choices)
     )
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("context_parallel: auto -> "))
     assert line.split(": est.")[0] in ("context_parallel: auto -> ring", "context_parallel: auto -> all_gather")
     assert ("ring " in line) != line.startswith("context_parallel: auto -> ring")  # the other one, priced
+    assert line.endswith("; estimated, not measured: train.measure_defaults is false")
 
 
 def test_a_config_names_its_strategy_and_a_wrong_one_is_one_line(tmp_path, monkeypatch, run_cli_in_process):
