@@ -12,7 +12,9 @@ and runs its forward pass again. Which is fastest depends on the hardware:
 - on the CPU a step pays for every byte of fresh temporary memory (the
   runtime maps it anew each step and the kernel zeroes it:
   ``Hardware.alloc_bandwidth``), so saving many activations can cost more than
-  recomputing them.
+  recomputing them; and a recomputed forward pass costs about what it saves: the
+  backward pass reads back less (calibrated on this kind of machine, see
+  :data:`CPU_RECOMPUTE`), so the policies differ by the memory they keep.
 
 :func:`choose_remat` prices the run's own layout (mesh, rules, micro-batches:
 nothing else changes) once per policy with :func:`partitioning.tune.price.price`
@@ -50,6 +52,7 @@ from partitioning.errors import PartitioningError
 from partitioning.fmt import fmt_bytes
 from partitioning.plan.plan import build_plan
 from partitioning.rules import Rules
+from partitioning.tune.comm import bubble_time
 from partitioning.tune.hardware import Hardware
 from partitioning.tune.price import price
 from partitioning.tune.search import Search
@@ -57,6 +60,12 @@ from partitioning.tune.space import Candidate, Result
 from partitioning.tune.workload import Workload
 
 RUN = "run"  # the rules name of the run's own layout
+# What a recomputed forward pass costs on the ``cpu`` profile, as a share of its priced compute. Measured with
+# benchmarks/bench_remat.py (sizes S and M, fsdp and fsdp_tp, 8 simulated devices on 2 cores, device-seconds):
+# full and the dots policies took within 3% of one another (full first in 3 of 4) while their FLOPs priced full
+# 10-19% slower: on the CPU the step is bound by memory traffic, not by its matmuls, and what the backward pass
+# recomputes it no longer reads back. So the policies are told apart by their temporaries (none's were 6-33% slower).
+CPU_RECOMPUTE = 0.0
 
 
 @dataclasses.dataclass
@@ -160,6 +169,12 @@ def choose_remat(
         )
         for p in policies
     ]
+    if hw.name == "cpu":
+        none = next((r for r in results if r.candidate.remat == "none"), None)
+        if none is None:  # the baseline every policy's backward pass is priced from (see CPU_RECOMPUTE)
+            c = Candidate(tuple(sizes.items()), RUN, "none", grad_accum, False, microbatches, repeats)
+            none = price(params, opt_state, c, rules, w, hw, budget, optimizer_rules=optimizer_rules, plan=plan)
+        _calibrate_cpu(results, none)
     n = math.prod(sizes.values())
     best = Search(results, hw, int(budget), w, n).best
     if best is not None:
@@ -172,4 +187,17 @@ def choose_remat(
     return RematChoice(str(policies[0]), results, hw, budget, f"not priced: {reason}", n)
 
 
-__all__ = ["RematChoice", "choose_remat"]
+def _calibrate_cpu(results: list[Result], none: Result) -> None:
+    """Each policy's backward pass priced as ``none``'s plus :data:`CPU_RECOMPUTE` of its recomputation."""
+    if none.analytic is None:
+        return
+    base = none.analytic.compute["bwd"]
+    for r in results:
+        if r.analytic is not None:
+            a, c = r.analytic, r.candidate
+            compute = {**a.compute, "bwd": base + CPU_RECOMPUTE * (a.compute["bwd"] - base)}
+            other = {**a.other, **bubble_time(compute, c.stages, c.microbatches, c.repeats)}  # of this compute
+            r.analytic = dataclasses.replace(a, compute=compute, other=other)
+
+
+__all__ = ["RematChoice", "choose_remat", "CPU_RECOMPUTE"]
