@@ -234,11 +234,9 @@ def decide(
     """
     names = choices.candidates()
     if len(names) < 2:
-        alone = (
-            "the only choice that fits"
-            if len(choices.estimates) < 2
-            else f"the others are priced over {choices.margin:g}x"
-        )
+        alone = "the only choice that fits"
+        if len(choices.estimates) > 1:
+            alone = f"the others are priced over {choices.margin:g}x slower"
         return Verdict(choices, choices.pick, "estimated", why_not=alone)
     key = verdict_key(what, mesh, names)
     hit = _cached(choices, key, names, directory) if cache else None
