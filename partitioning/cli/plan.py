@@ -15,7 +15,7 @@ from typing import Any
 from partitioning.cli.args import config_args, say
 from partitioning.cli.compiling import compile_args, compiled, setup_devices, write_json
 from partitioning.cli.render import console, render_plan
-from partitioning.config.defaults import split_axes, takes_context
+from partitioning.config.defaults import split_axes, takes
 from partitioning.config.load import load_config
 from partitioning.config.planning import plan_from_config
 from partitioning.config.remat import is_auto
@@ -95,7 +95,7 @@ def _context_note(cfg: Any, plan: Any) -> str | None:
     """What ``context_parallel: auto`` means for a plan: resolved at train time, planned with the model's rule."""
     sizes = dict(plan.mesh)
     axes = split_axes(cfg, sizes)
-    if not takes_context(cfg) or cfg.model_options.get("context_parallel", "auto") != "auto" or not axes:
+    if not takes(cfg, "context_parallel") or cfg.model_options.get("context_parallel", "auto") != "auto" or not axes:
         return None
     planned = resolve_strategy("auto", cfg.train.seq_len, axes, mesh=sizes)
     return (

@@ -14,7 +14,7 @@ An option the config leaves unset (or writes as ``auto``) is decided by
 :func:`partitioning.tune.trial.decide`: tune's estimate of every choice on this process's hardware
 (:func:`~partitioning.tune.measure.local_profile`), a verdict cached for the same run and devices, or the
 fitting choices timed on the run's devices — when ``train.measure_defaults`` allows (``null``: when the run
-has at least 30 steps per choice timed, so measuring pays for itself). Each decided option is one line
+has at least 100 steps per choice timed, so measuring costs at most a tenth of it). Each decided option is one line
 (``train`` and ``check`` print them). What a run computes does not depend on how: the choice is the
 config's own option, as if written.
 
@@ -23,8 +23,8 @@ Example::
     >>> from partitioning.config.defaults import resolve_defaults
     >>> cfg = pt.load_config("configs/quickstart.yaml", ["rules=fsdp_cp", "mesh.shape={data: 1, fsdp: 2, context: 4}"])
     >>> resolved = resolve_defaults(cfg, pt.make_mesh({"data": 1, "fsdp": 2, "context": 4}))   # estimates only
-    >>> resolved.cfg.model_options["context_parallel"] in ("ring", "all_gather"), resolved.notes()[-1]
-    (True, 'context_parallel: auto -> ...: est. ... per step (...); estimated, not measured: ...')
+    >>> resolved.cfg.model_options["context_parallel"] in ("ring", "all_gather"), resolved.notes()[1]
+    (True, 'context_parallel: auto -> ...: est. ... per step (...), ...; estimated, not measured: no run to time ...')
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def _ms(seconds: float) -> str:
 # -- the defaults ----------------------------------------------------------------------------------------------
 
 
-def _takes(cfg: Config, option: str) -> bool:
+def takes(cfg: Config, option: str) -> bool:
     """The config's model has ``option`` (the reference GPT and every Hugging Face family take each of these)."""
     if cfg.model_hf is not None:
         return True
@@ -153,13 +153,8 @@ def split_axes(cfg: Config, sizes: dict[str, int]) -> tuple[str, ...]:
     return tuple(a for a in length_axes(cfg.rules) if sizes.get(a, 1) > 1)
 
 
-def takes_context(cfg: Config) -> bool:
-    """The config's model has a ``context_parallel`` option (the reference GPT and every Hugging Face family)."""
-    return _takes(cfg, "context_parallel")
-
-
 def _context(cfg: Config, p: Priced) -> Choices | None:
-    if not takes_context(cfg) or cfg.model_options.get("context_parallel", AUTO) != AUTO:
+    if not takes(cfg, "context_parallel") or cfg.model_options.get("context_parallel", AUTO) != AUTO:
         return None
     if not split_axes(cfg, p.sizes):
         return None
@@ -168,7 +163,7 @@ def _context(cfg: Config, p: Priced) -> Choices | None:
 
 
 def _attention(cfg: Config, p: Priced) -> Choices | None:
-    if not _takes(cfg, "attention") or cfg.model_options.get("attention", AUTO) != AUTO:
+    if not takes(cfg, "attention") or cfg.model_options.get("attention", AUTO) != AUTO:
         return None
     # The models' own rule for auto (models/fused_attention.py, which config/ leaves to config/build.py to import).
     dtype = jnp.dtype(model_options_resolved(cfg).get("dtype") or "float32")
@@ -191,7 +186,8 @@ def _accumulation(cfg: Config, p: Priced) -> Choices | None:
     if choices is None:
         return None
     choices.margin = 1.1  # accumulating costs every pass again: only a count priced within 10% is worth a trial
-    return None if choices.pick == "1" and len(choices.candidates()) < 2 else choices  # one step: nothing to say
+    choices.usual = "1"
+    return choices
 
 
 def _divides(cfg: Config, sizes: dict[str, int], rows: int) -> bool:
@@ -279,7 +275,8 @@ class Defaults:
     priced: Priced | None = None
 
     def notes(self) -> list[str]:
-        return [v.note() for v in self.verdicts]
+        """One line per decision (none for the usual choice, estimated: grad_accum 1)."""
+        return [v.note() for v in self.verdicts if v.how != "estimated" or v.choice != v.choices.usual]
 
     @property
     def pending(self) -> bool:
@@ -394,5 +391,5 @@ __all__ = [
     "DEFAULTS",
     "run_key",
     "split_axes",
-    "takes_context",
+    "takes",
 ]

@@ -48,7 +48,9 @@ from partitioning.tune.measure import cache_dir
 
 MARGIN = 1.5  # choices priced slower than the best by more than this are not timed
 BUDGET = 3.0  # wall seconds of timed steps per choice
-STEPS_PER_CHOICE = 30  # measuring pays for itself in a run of at least this many steps per choice timed
+# A choice's compile and timed steps cost some 10-20 steps of a small model's run: from this many steps per choice
+# timed, measuring costs at most a tenth of the run (a cached verdict, nothing).
+STEPS_PER_CHOICE = 100
 
 
 @dataclasses.dataclass
@@ -63,6 +65,7 @@ class Choices:
     line: str
     unfit: dict[str, str] = dataclasses.field(default_factory=dict)
     margin: float = MARGIN
+    usual: str | None = None  # the choice that goes without a line when the estimate picks it (grad_accum 1)
 
     def candidates(self) -> list[str]:
         """The fitting choices worth timing: those priced within ``margin`` of the best (all when unpriced)."""
