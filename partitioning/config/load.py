@@ -217,7 +217,10 @@ def _messages(
         elif "literal_error" in kinds:
             err = next(x for x in errs if x["type"] == "literal_error")
             choices = re.findall(r"'([^']*)'", str(err["ctx"].get("expected", "")))
-            out.append(f"{here}: must be one of {', '.join(choices)}, got {value!r}{did_you_mean(str(value), choices)}")
+            either = "an int or " if kinds & {"int_type", "int_parsing"} else ""  # e.g. grad_accum: 4 or auto
+            out.append(
+                f"{here}: must be {either}one of {', '.join(choices)}, got {value!r}{did_you_mean(str(value), choices)}"
+            )
         elif "value_error" in kinds:
             err = next(x for x in errs if x["type"] == "value_error")
             out.append(f"{here}: {str(err['msg']).removeprefix('Value error, ')}")
