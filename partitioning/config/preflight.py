@@ -64,7 +64,7 @@ from partitioning.config.schema import Config
 from partitioning.data.batch import batch_specs
 from partitioning.errors import CheckpointError, ConfigError, MeshError, PartitioningError, ShardingError
 from partitioning.outdir import file_in_the_way
-from partitioning.plan.budget import Budget, check_budget, device_memory
+from partitioning.plan.budget import Budget, HostBudget, check_budget, check_host, device_memory, host_memory
 from partitioning.plan.compiled import memory_stats
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.resolve import REMEDY
@@ -89,6 +89,7 @@ class Ready:
     data_note: str | None = None  # how the data differs from the checkpoint's, when resuming
     resume_note: str | None = None  # how the config differs from the checkpoint's, when resuming
     remat_note: str | None = None  # which policy `remat: auto` became, and why
+    host: HostBudget | None = None  # the offloaded state's host memory (train.offload), None without it
 
 
 def writable_dir(path: Path, where: str) -> None:
@@ -273,6 +274,22 @@ def _budget(cfg: Config) -> int | None:
     return cfg.mesh.memory_bytes if cfg.mesh.memory_bytes is not None else device_memory()
 
 
+def check_host_memory(cfg: Config, plan: Plan, devices: int, compiled: Any = None) -> HostBudget | None:
+    """The offloaded state's host memory for a process driving ``devices`` devices against ``mesh.host_memory``
+    (default: this machine's RAM), refused in one line when it does not fit; None without offload."""
+    if not plan.offload:
+        return None
+    host = check_host(plan, cfg.mesh.host_bytes or host_memory(), devices, compiled)
+    if not host.fits:
+        raise host.error(host_where(cfg))
+    return host
+
+
+def host_where(cfg: Config) -> str:
+    """Where a host-memory refusal points: ``mesh.host_memory`` when set, else ``train.offload``."""
+    return cfg.where("mesh", "host_memory") if cfg.mesh.host_memory is not None else cfg.where("train", "offload")
+
+
 def preflight(
     cfg: Config,
     *,
@@ -302,7 +319,14 @@ def preflight(
     budget = _budget(cfg)
     a = trainer.abstract_state
     plan = build_plan(
-        a.params, a.opt_state, mesh, cfg.rules, optimizer_rules=cfg.optimizer_rules, on_indivisible=cfg.on_indivisible
+        a.params,
+        a.opt_state,
+        mesh,
+        cfg.rules,
+        optimizer_rules=cfg.optimizer_rules,
+        on_indivisible=cfg.on_indivisible,
+        offload=cfg.train.offload,
+        offload_update=cfg.train.offload_update,
     )
     check_axes_used(cfg, plan.mesh, plan.params + plan.opt_state)
     # The train step is traced (and lowered) here, so a model that fails to trace stops the run before
@@ -318,8 +342,9 @@ def preflight(
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
+    host = check_host_memory(cfg, plan, len(mesh.local_devices), compiled)
     ready = Ready(
-        cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed, remat_note
+        cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed, remat_note, host
     )
     if complete is not None and step is not None:
         raise RunComplete(complete, step=step, ready=ready)
@@ -353,7 +378,8 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, re
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
-    ready = Ready(cfg, sizes, None, None, None, None, run_dir, ckpt_dir, step, fit, plan)
+    host = check_host_memory(cfg, plan, min(devices, jax.local_device_count()))
+    ready = Ready(cfg, sizes, None, None, None, None, run_dir, ckpt_dir, step, fit, plan, host=host)
     if complete is not None and step is not None:
         raise RunComplete(complete, step=step, ready=ready)
     return ready

@@ -43,6 +43,11 @@ class MeshConfig(Section):
     device_memory: StrictInt | StrictStr | None = Field(
         default=None, description="per-device memory budget, e.g. 80GiB (default: what the device reports)"
     )
+    host_memory: StrictInt | StrictStr | None = Field(
+        default=None,
+        description="per-process host memory budget for offloaded state (train.offload), e.g. 1TiB "
+        "(default: this machine's RAM)",
+    )
     unused_axes: list[StrictStr] = Field(
         default_factory=list,
         description="mesh axes no rule uses, kept on purpose (every device along them repeats the same work)",
@@ -71,7 +76,7 @@ class MeshConfig(Section):
                 )
         return self
 
-    @field_validator("device_memory")
+    @field_validator("device_memory", "host_memory")
     @classmethod
     def _memory(cls, v: Any) -> Any:
         if v is not None and parse_bytes(v) < 1:
@@ -81,6 +86,10 @@ class MeshConfig(Section):
     @property
     def memory_bytes(self) -> int | None:
         return None if self.device_memory is None else parse_bytes(self.device_memory)
+
+    @property
+    def host_bytes(self) -> int | None:
+        return None if self.host_memory is None else parse_bytes(self.host_memory)
 
 
 class DataConfig(Section):
@@ -220,6 +229,19 @@ class TrainConfig(Section):
         default=10,
         ge=0,
         description="skip_step: more consecutive skipped steps than this stop the run (exit 2): it diverges",
+    )
+    offload: list[Literal["optimizer", "params"]] = Field(
+        default_factory=list,
+        description="state kept in host memory (pinned_host) between steps, in the rule table's layout: "
+        "optimizer (its state comes to the device only for the update, or stays on the host: offload_update) "
+        "and/or params (moved to the device for each step's passes); plan, check and tune show device and "
+        "host bytes apart",
+    )
+    offload_update: Literal["device", "host"] = Field(
+        default="device",
+        description="where the update of an offloaded optimizer state runs: device (the state moves there "
+        "after the gradients, and back) | host (compute_on: gradients and params cross instead, the device "
+        "never holds the optimizer state)",
     )
 
 

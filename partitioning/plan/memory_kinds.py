@@ -10,9 +10,10 @@ as always, in host memory. Two views of the split:
   device, so the compiled memory figures can be split: XLA's CPU backend folds
   host buffers into its ``argument`` / ``output`` sizes (every memory is RAM
   there), accelerators report them apart (``host_argument_size_in_bytes``, ...).
-- **planned**: :func:`state_split` sums a plan's per-device bytes by where the
-  state lives: gradients always on the device, offloaded params / optimizer
-  state on the host.
+- **planned**: :func:`state_split` splits a plan's per-device state bytes by
+  where they are in each phase of a step: gradients always on the device,
+  offloaded params / optimizer state on the host between steps and where the
+  update runs.
 
 Example::
 
@@ -115,19 +116,53 @@ def split_compiled(stats: Mapping[str, int], text: str, reported: Mapping[str, i
     return out
 
 
-def state_split(plan: Any, offload: Any = ()) -> dict[str, Any]:
-    """Per-device state bytes of ``plan`` by memory kind, with ``offload`` (names of
-    :data:`~partitioning.train.offload.OFFLOADABLE`) on the host: ``{"device": {...}, "host": {...}}``, each by
-    category (``params``, ``optimizer``, ``gradients``) with its ``total``."""
+def state_split(
+    params: float, optimizer: float, gradients: float, offload: Any = (), update: str = "device"
+) -> dict[str, float]:
+    """Per-device state bytes by memory kind, with ``offload`` (names of
+    :data:`~partitioning.train.offload.OFFLOADABLE`) on the host and the optimizer update run where ``update``
+    says (:mod:`partitioning.train.offload`):
+
+    - ``passes``: on the device during the forward and backward passes (offloaded params come to the
+      device for them; an offloaded optimizer state does not);
+    - ``update``: on the device during the optimizer update (an offloaded optimizer state comes to it with
+      ``update="device"``);
+    - ``device``: the larger; ``host``: on the host (the stored state, and with ``update="host"`` the
+      gradients and params copied over for the update).
+
+    Example::
+
+        >>> from partitioning.plan.memory_kinds import state_split
+        >>> state_split(100, 200, 100, ["optimizer"])     # the update brings the optimizer state back
+        {'passes': 200, 'update': 400, 'device': 400, 'host': 200}
+        >>> state_split(100, 200, 100, ["optimizer"], update="host")
+        {'passes': 200, 'update': 200, 'device': 200, 'host': 400}
+    """
     off = set(offload or ())
-    totals = plan.totals
-    out: dict[str, dict[str, float]] = {"device": {}, "host": {}}
-    for cat, name in (("params", "params"), ("optimizer", "optimizer"), ("gradients", None)):
-        where = "host" if name in off else "device"
-        out[where][cat] = float(totals[cat]["per_device"])
-    for side in out.values():
-        side["total"] = sum(side.values())
-    return out
+    off_p, off_o = "params" in off, "optimizer" in off
+    host_update = off_o and update == "host"
+    passes = params + gradients + (0 if off_o else optimizer)
+    on_update = params + gradients + (0 if host_update else optimizer)
+    host = (params if off_p else 0) + (optimizer if off_o else 0)
+    if host_update:
+        host += gradients + (0 if off_p else params)
+    return {"passes": passes, "update": on_update, "device": max(passes, on_update), "host": host}
 
 
-__all__ = ["host_buffers", "split_compiled", "state_split", "HOST_SPACE"]
+def per_array(plan: Any) -> dict[str, tuple[int, int]]:
+    """``{param path: (device bytes, host bytes)}`` per device: each parameter with its gradient and its
+    optimizer state, by where each is during the forward and backward passes."""
+    off = set(plan.offload)
+    out = {}
+    for leaf in plan.params:
+        grad = leaf.per_device_bytes if plan.trains(leaf) else 0
+        stored = leaf.per_device_bytes
+        out[leaf.path] = [grad + stored * ("params" not in off), stored * ("params" in off)]
+    for leaf in plan.opt_state:
+        owner = next((p for p in out if leaf.path.endswith("/" + p[len("params/") :])), None)
+        if owner is not None:
+            out[owner][1 if "optimizer" in off else 0] += leaf.per_device_bytes
+    return {p: (int(d), int(h)) for p, (d, h) in out.items()}
+
+
+__all__ = ["host_buffers", "split_compiled", "state_split", "per_array", "HOST_SPACE"]
