@@ -64,6 +64,10 @@ REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    # The projections' outputs (what `dots` and `dots_no_batch` both keep) saved in host memory; the attention
+    # products `dots` also keeps are recomputed rather than sent over the host link (the scores are
+    # O(length^2), and on the cuDNN path a flash kernel saves none). docs/scaling.md says more.
+    "offload": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
 }
 
 
@@ -159,7 +163,7 @@ class GPT(nn.Module):
     rope_theta: float = 10000.0
     norm: str = "rms"  # rms | layer | rms_offset
     scan_layers: bool = True
-    remat: str = "none"  # none | full | dots | dots_no_batch
+    remat: str = "none"  # none | full | dots | dots_no_batch | offload
     dtype: str = "float32"  # compute dtype, e.g. bfloat16
     param_dtype: str = "float32"
     moe: Any = None  # {experts, top_k, capacity_factor | dropless, aux_loss_weight}: MoE MLPs

@@ -140,7 +140,7 @@ class HfModelConfig(Section):
 
     hf: StrictStr = Field(description="a checkpoint folder (config.json, safetensors) or a config.json file")
     scan_layers: StrictBool = Field(default=True, description="stack the layers and scan over them")
-    remat: Literal["auto", "none", "full", "dots", "dots_no_batch"] = Field(
+    remat: Literal["auto", "none", "full", "dots", "dots_no_batch", "offload"] = Field(
         default="auto", description="auto: the fastest policy that fits, as for the reference GPT"
     )
     dtype: StrictStr | None = Field(default=None, description="compute dtype; null: float32")

@@ -79,6 +79,13 @@ class Hardware:
     efficiency: float = 1.0
     description: str = ""
     sources: tuple[str, ...] = ()
+    # The host, for offloaded state (train.offload) and activations (remat: offload): bytes/s between host
+    # memory and one device in each direction (PCIe), host RAM per device, and a device's share of the host's
+    # memory bandwidth (an optimizer update on the host streams the state through it). None where no figure is
+    # published: offload is not priced on that profile (a hardware file can give them).
+    host_bandwidth: float | None = None
+    host_memory: int | None = None
+    host_memory_bandwidth: float | None = None
 
     @property
     def matmul_flops(self) -> float:
@@ -212,6 +219,23 @@ _SB_TPU = "https://jax-ml.github.io/scaling-book/tpus/"
 _SB_TRAIN = "https://jax-ml.github.io/scaling-book/training/"
 _SB_GPU = "https://jax-ml.github.io/scaling-book/gpus/"
 
+# DGX H100 / H200: each GPU on PCIe Gen5 x16 (the H100 / H200 datasheets: 128 GB/s, both directions together),
+# 2 TB of system memory and 2x Xeon Platinum 8480C (8 channels of DDR5-4800 each, 38.4 GB/s a channel) for 8 GPUs
+# (the DGX pages; NVIDIA's MLPerf system description of an 8x H200 node lists the same host).
+_DGX_H100 = "https://www.nvidia.com/en-us/data-center/dgx-h100/"
+_DGX_H200 = (
+    "https://github.com/mlcommons/inference_results_v4.1/blob/main/closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json"
+)
+_XEON_8480 = (
+    "https://www.intel.com/content/www/us/en/products/sku/231746/"
+    "intel-xeon-platinum-8480-processor-105m-cache-2-00-ghz/specifications.html"
+)
+_DGX_H_HOST: dict[str, Any] = {
+    "host_bandwidth": 64e9,
+    "host_memory": 2 * 10**12 // 8,
+    "host_memory_bandwidth": 2 * 8 * 38.4e9 / 8,
+}
+
 PROFILES: dict[str, Hardware] = {
     "h100": Hardware(
         name="h100",
@@ -225,10 +249,13 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=450e9,  # NVLink 4: 900 GB/s bidirectional = 450 GB/s egress (SB Part 12)
         network_bandwidth=50e9,  # one 400 Gb/s NIC per GPU: node egress 400 GB/s / 8 (SB Part 12)
         latency=1e-5,
+        **_DGX_H_HOST,
         sources=(
             "https://www.nvidia.com/en-us/data-center/h100/",
             _SB_GPU,
             "https://docs.nvidia.com/dgx-superpod-reference-architecture-dgx-h100.pdf",
+            _DGX_H100,
+            _XEON_8480,
         ),
     ),
     "h200": Hardware(
@@ -243,7 +270,14 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=450e9,
         network_bandwidth=50e9,
         latency=1e-5,
-        sources=("https://www.nvidia.com/en-us/data-center/h200/", _SB_GPU),
+        **_DGX_H_HOST,
+        sources=(
+            "https://www.nvidia.com/en-us/data-center/h200/",
+            _SB_GPU,
+            "https://www.nvidia.com/en-us/data-center/dgx-h200/",
+            _DGX_H200,
+            _XEON_8480,
+        ),
     ),
     "a100-80g": Hardware(
         name="a100-80g",
@@ -257,9 +291,14 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=300e9,  # NVLink 3: 600 GB/s bidirectional = 300 GB/s egress
         network_bandwidth=25e9,  # DGX A100: one 200 Gb/s HDR NIC per GPU
         latency=1e-5,
+        host_bandwidth=32e9,  # datasheet: PCIe Gen4 64 GB/s (both directions together)
+        host_memory=10**12 // 8,  # DGX A100: 1 TB of system memory (2 TB optional) for 8 GPUs
+        host_memory_bandwidth=2 * 8 * 25.6e9 / 8,  # 2x EPYC 7742: 8 channels of DDR4-3200 each, for 8 GPUs
         sources=(
             "https://www.nvidia.com/en-us/data-center/a100/",
             "https://docs.nvidia.com/dgx-superpod-reference-architecture-dgx-a100.pdf",
+            "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/nvidia-dgx-a100-datasheet.pdf",
+            "https://www.amd.com/en/products/processors/server/epyc/7002-series/amd-epyc-7742.html",
         ),
     ),
     "v4": Hardware(
@@ -290,6 +329,7 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=1e11,  # ICI 5e10 one-way per link, 1e11 both ways (SB Part 2)
         network_bandwidth=2.5e10 / 8,  # DCN ~2.5e10 per host of 8 chips (4x2 hosts)
         latency=1e-5,
+        host_memory=512 * GIB // 8,  # Cloud docs: 512 GiB of DRAM per host of 8 chips (no host link figure)
         sources=(_SB_TPU, "https://cloud.google.com/tpu/docs/v5e"),
     ),
     "v5p": Hardware(
@@ -307,6 +347,7 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=1.8e11,
         network_bandwidth=2.5e10 / 4,  # DCN ~2.5e10 per host of 4 chips (SB Part 5, "Scaling between pods")
         latency=1e-5,
+        host_memory=448 * GB // 4,  # Cloud docs: a v5p VM has 448 GB of RAM for its 4 chips (no host link figure)
         sources=(_SB_TRAIN, _SB_TPU, "https://cloud.google.com/tpu/docs/v5p"),
     ),
 }

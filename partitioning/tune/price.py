@@ -32,12 +32,14 @@ from typing import Any
 from partitioning.errors import PartitioningError
 from partitioning.fmt import fmt_bytes
 from partitioning.parallel.experts import DISPATCHED, TOKENS
+from partitioning.plan.memory_kinds import state_split
 from partitioning.plan.parallel import costs_from_records, stacked_bytes
 from partitioning.plan.plan import Plan, build_plan
 from partitioning.resolve import axes_tuple
 from partitioning.rules import Rules
 from partitioning.tune.cost import analytic_estimate, shared_axes, token_axes
 from partitioning.tune.hardware import Hardware
+from partitioning.tune.host import host_bytes, host_transfers, unpriced
 from partitioning.tune.space import Candidate, Result
 from partitioning.tune.workload import Workload, activation_bytes
 
@@ -141,6 +143,10 @@ def price(
     if plan.errors:
         r.reason = f"indivisible: {plan.errors[0]}"
         return r
+    why = unpriced(c, hw)
+    if why:
+        r.reason = why
+        return r
     tot = plan.totals
     r.state = {k: float(tot[k]["per_device"]) for k in ("params", "optimizer", "gradients")}
     tokens = token_axes(rules, c.sizes, w)
@@ -157,7 +163,12 @@ def price(
         microbatches=c.microbatches,
         repeats=c.repeats,
     )
-    r.peak = sum(r.state.values()) + r.activations["total"]
+    # Offloaded state is on the device only where the step uses it: the larger of the passes (with the
+    # activations) and the update.
+    host_act = r.activations.pop("host", 0.0)
+    split = state_split(r.state["params"], r.state["optimizer"], r.state["gradients"], c.offload, c.offload_update)
+    r.peak = max(split["passes"] + r.activations["total"], split["update"])
+    r.host = host_bytes(c, r.state, host_act)
     parallel = (
         costs_from_records(
             _records_for(records, rules, c), c.sizes, passes=c.grad_accum, stage_weight_bytes=stacked_bytes(plan.params)
@@ -178,9 +189,17 @@ def price(
         temp_bytes=r.activations["total"],
         parallel=parallel,
     )
+    comm, other = host_transfers(c, r.state, host_act, hw)
+    r.analytic.comm += comm
+    r.analytic.other.update(other)
     if r.peak > budget:
         r.reason = (
             f"memory: needs {fmt_bytes(r.peak)} per device (estimate), more than the budget of {fmt_bytes(budget)}"
+        )
+    elif hw.host_memory and r.host > hw.host_memory:
+        r.reason = (
+            f"host memory: needs {fmt_bytes(r.host)} per device (estimate), more than the "
+            f"{fmt_bytes(hw.host_memory)} of host memory a {hw.name} has per device"
         )
     return r
 

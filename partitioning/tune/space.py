@@ -58,6 +58,8 @@ class Candidate:
     zero1: bool = False
     microbatches: int = 1  # pipeline micro-batches (a `stage` axis of size > 1)
     repeats: int = 1  # pipeline repeats: chunks of layers per stage (circular for > 1)
+    offload: tuple[str, ...] = ()  # state in host memory (train.offload)
+    offload_update: str = "device"  # where an offloaded optimizer state is updated (train.offload_update)
 
     @property
     def stages(self) -> int:
@@ -80,6 +82,9 @@ class Candidate:
             parts.append(f"x{self.grad_accum} micro-batches")
         if self.stages > 1:
             parts.append(f"M={self.microbatches}" + (f" R={self.repeats}" if self.repeats > 1 else ""))
+        if self.offload:
+            host = " (update on host)" if "optimizer" in self.offload and self.offload_update == "host" else ""
+            parts.append(f"offload {'+'.join(self.offload)}{host}")
         return " ".join(parts)
 
     def overrides(self, rules: Rules, optimizer_rules: Rules | None) -> list[str]:
@@ -95,6 +100,9 @@ class Candidate:
         ]
         if self.remat is not None:
             sets.append(f"model.remat={self.remat}")
+        sets.append(f"train.offload=[{', '.join(self.offload)}]")
+        if self.offload:
+            sets.append(f"train.offload_update={self.offload_update}")
         return sets
 
     def to_json(self) -> dict[str, Any]:
@@ -106,6 +114,8 @@ class Candidate:
             "grad_accum": self.grad_accum,
             "microbatches": self.microbatches,
             "repeats": self.repeats,
+            "offload": list(self.offload),
+            "offload_update": self.offload_update,
             "label": self.label,
         }
 
@@ -234,6 +244,7 @@ class Result:
     state: dict[str, float] = dataclasses.field(default_factory=dict)
     activations: dict[str, float] = dataclasses.field(default_factory=dict)
     peak: float = 0.0
+    host: float = 0.0  # bytes per device in host memory (offloaded state and activations)
     peak_source: str = "estimate"
     reason: str | None = None
     analytic: Estimate | None = None
@@ -266,6 +277,7 @@ class Result:
             "state_bytes": self.state,
             "activation_bytes": self.activations,
             "peak_bytes": self.peak,
+            "host_bytes": self.host,
             "peak_source": self.peak_source,
             "fits": self.fits,
             "reason": self.reason,
