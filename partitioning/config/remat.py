@@ -110,6 +110,8 @@ def price_remat(
         activations=inputs.names,
         on_indivisible=cfg.on_indivisible,
         frozen=inputs.frozen,
+        offload=t.offload,
+        offload_update=t.offload_update,
     )
 
 
