@@ -202,6 +202,38 @@ def apply_update(
     return _update(tx, grads, opt_state, params, keep)
 
 
+def check_host_update(tx: Any, params: Any, opt_state: Any, param_shardings: Any, opt_shardings: Any) -> None:
+    """Refuses (one line) an optimizer whose update cannot run on the host: traced abstractly, as the step would.
+
+    Arrays an update makes afresh (``jnp.zeros_like``, optax's ``clip_by_global_norm`` taking a norm) are placed
+    in device memory by JAX, and an operation mixing them with the host's arrays fails; the update on the device
+    has no such limit. ``params`` / ``opt_state``: the abstract (unboxed) trainable params and optimizer state.
+    """
+
+    def on(tree: Any, shardings: Any) -> Any:
+        return jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, _kind(shardings, HOST)
+        )
+
+    try:
+        jax.eval_shape(
+            on_host(functools.partial(_update, tx)),
+            on(params, param_shardings),
+            on(opt_state, opt_shardings),
+            on(params, param_shardings),
+            None,
+        )
+    except ValueError as e:
+        if "memory_space" not in str(e):
+            raise
+        raise ConfigError(
+            "offload_update: host: this optimizer's update makes arrays JAX places in device memory (a gradient "
+            "clip by global norm does: optimizer.clip_norm), which the host's arrays cannot meet; update on the "
+            "device (offload_update: device) or drop the clip",
+            arg="offload_update",
+        ) from None
+
+
 def _mesh(shardings: Any) -> Any:
     return next(s.mesh for s in jax.tree.leaves(shardings))
 
@@ -221,5 +253,6 @@ __all__ = [
     "on_host",
     "init_optimizer",
     "apply_update",
+    "check_host_update",
     "device_lr",
 ]

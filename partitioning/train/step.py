@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from partitioning.boxes import unbox
 from partitioning.data.batch import batch_shapes, batch_size_of, batch_specs, micro_batches, place, stream_keys
 from partitioning.errors import ShardingError
 from partitioning.finetune.trainable import subset_of
@@ -60,7 +61,7 @@ from partitioning.rules import as_rules
 from partitioning.train.init import Init
 from partitioning.train.lowering import Lowering
 from partitioning.train.nonfinite import FLAG, check_policy, keep_if_finite, nonfinite_flag
-from partitioning.train.offload import Offload, apply_update, device_lr, to_device
+from partitioning.train.offload import Offload, apply_update, check_host_update, device_lr, to_device
 from partitioning.train.optimizer import current_lr
 from partitioning.train.state import TrainState, strip_foreign_boxes
 
@@ -210,6 +211,10 @@ class Trainer(Lowering, Init):
             collections=tree_shardings(a.collections, mesh, self.rules, **quiet),
         )
         self.replicated = replicated
+        if off.host_update:  # an update that cannot run on the host is refused now, in one line
+            train = self.subset.trainable(unbox(a.params))
+            shardings = self.subset.trainable(self.state_shardings.params)
+            check_host_update(tx, train, unbox(a.opt_state), shardings, self.state_shardings.opt_state)
         s = self.state_shardings
         # Two phases: params (random init, with its temporaries), then the optimizer
         # state from them. The RNG's scratch space never coexists with the

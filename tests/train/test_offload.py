@@ -134,6 +134,20 @@ def test_bad_values_are_one_line():
     assert Offload.of("params").names == ("params",)
 
 
+def test_an_update_the_host_cannot_run_is_refused_when_built():
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2))  # the clip's norm makes a device array
+    model = GPT(embed=32, heads=4, mlp=64, layers=2)
+    mesh = pt.make_mesh({"data": 1, "fsdp": 8})
+    with pytest.raises(pt.ConfigError) as e:
+        Trainer(model, tx, mesh, "fsdp", batch_size=8, seq_len=16, offload=("optimizer",), offload_update="host")
+    assert str(e.value) == (
+        "offload_update: host: this optimizer's update makes arrays JAX places in device memory (a gradient clip by "
+        "global norm does: optimizer.clip_norm), which the host's arrays cannot meet; update on the device "
+        "(offload_update: device) or drop the clip"
+    )
+    Trainer(model, tx, mesh, "fsdp", batch_size=8, seq_len=16, offload=("optimizer",))  # on the device: fine
+
+
 def test_devices_without_host_memory_are_refused(monkeypatch):
     monkeypatch.setattr("partitioning.train.offload.host_memory_kinds", lambda device=None: ["device"])
     with pytest.raises(pt.ConfigError) as e:
