@@ -157,7 +157,8 @@ class Plan:
         out["trainable"] = cat(trainable)
         out["frozen"] = cat([leaf for leaf in self.params if not self.trains(leaf)])
         # The total again, by memory kind (device: the larger of the passes' and the update's state).
-        split = state_split(*(out[c]["per_device"] for c in CATEGORIES), self.offload, self.offload_update)
+        p, o, g = (out[c]["per_device"] for c in CATEGORIES)
+        split = state_split(p, o, g, self.offload, self.offload_update)
         out["device"] = {"per_device": split["device"], "passes": split["passes"], "update": split["update"]}
         out["host"] = {"per_device": split["host"]}
         return out
