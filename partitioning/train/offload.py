@@ -63,7 +63,14 @@ FIELDS = {"optimizer": "opt_state", "params": "params"}
 
 
 def host_memory_kinds(device: Any = None) -> list[str]:
-    """The memory kinds a device can address (``device``, ``pinned_host``, ...)."""
+    """The memory kinds a device can address (``device``, ``pinned_host``, ...).
+
+    Example::
+
+        >>> from partitioning.train.offload import host_memory_kinds
+        >>> "pinned_host" in host_memory_kinds()      # the CPU backend has it too
+        True
+    """
     device = device if device is not None else jax.devices()[0]
     return [str(m.kind) for m in device.addressable_memories()]
 
@@ -144,17 +151,35 @@ class Offload:
 
 
 def to_device(tree: Any, shardings: Any) -> Any:
-    """``tree`` moved to device memory in ``shardings``' layout (a no-op for what is already there)."""
+    """``tree`` moved to device memory in ``shardings``' layout (a no-op for what is already there).
+
+    Example::
+
+        >>> from partitioning.train.offload import to_device, to_host
+        >>> s = jax.NamedSharding(pt.make_mesh({"fsdp": -1}), jax.P("fsdp"))
+        >>> x = to_host(jnp.arange(16.0), s)
+        >>> x.sharding.memory_kind, x.sharding.spec, to_device(x, s).sharding.memory_kind
+        ('pinned_host', P('fsdp',), 'device')
+    """
     return jax.device_put(tree, _kind(shardings, DEVICE))
 
 
 def to_host(tree: Any, shardings: Any) -> Any:
-    """``tree`` moved to ``pinned_host`` memory in ``shardings``' layout."""
+    """``tree`` moved to ``pinned_host`` memory in ``shardings``' layout (example: :func:`to_device`)."""
     return jax.device_put(tree, _kind(shardings, HOST))
 
 
 def on_host(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` compiled to run on the host, its arguments and results in host memory (``compute_on``)."""
+    """``fn`` compiled to run on the host, its arguments and results in host memory (``compute_on``).
+
+    Example::
+
+        >>> from partitioning.train.offload import on_host, to_host
+        >>> s = jax.NamedSharding(pt.make_mesh({"fsdp": -1}), jax.P("fsdp"))
+        >>> y = jax.jit(on_host(lambda x: x * 2))(to_host(jnp.ones(16), s))
+        >>> y.sharding.memory_kind, float(y.sum())
+        ('pinned_host', 32.0)
+    """
     return compute_on("device_host")(jax.jit(fn))
 
 

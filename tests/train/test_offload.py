@@ -193,3 +193,18 @@ def test_a_skipped_step_keeps_the_offloaded_state(update):
     after = [np.asarray(v) for v in jax.tree.leaves((state.params, state.opt_state))]
     assert float(m["nonfinite"]) == 1.0 and all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
     assert state.params["w"].sharding.memory_kind == "pinned_host"
+
+
+def test_remat_offload_in_a_hugging_face_family():
+    """A pretrained family (Llama's, from its config.json) takes ``remat: offload`` like the reference GPT."""
+    mesh = pt.make_mesh({"data": 1, "fsdp": 8})
+    out = {}
+    for remat in ("dots_no_batch", "offload"):
+        model, variables = pt.hf.load_hf("tests/fixtures/hf/llama", mesh, "fsdp", remat=remat)
+        tr = Trainer(model, optax.adamw(1e-3), mesh, "fsdp", batch_size=8, seq_len=16)
+        with pt.sharding_context(mesh, tr.rules):
+            jaxpr = str(jax.make_jaxpr(tr._step_fn)(*tr.abstract_inputs()))
+        batch = pt.data.TokenBatches(np.arange(8192) % 100, 8, 16, tr.batch_sharding).batch_at(0)
+        _, m = tr.train_step(tr.init_from(variables["params"]), batch)
+        out[remat] = (float(m["loss"]), "<host>" in jaxpr)
+    assert out["offload"] == (out["dots_no_batch"][0], True) and out["dots_no_batch"][1] is False
