@@ -20,7 +20,7 @@ from partitioning.config.load import load_config
 from partitioning.config.planning import plan_from_config
 from partitioning.config.preflight import host_where
 from partitioning.config.remat import is_auto
-from partitioning.plan.budget import check_budget, check_host, device_memory, host_memory
+from partitioning.plan.budget import check_budget, check_host, device_memory, host_budget
 from partitioning.plan.plot import plot_plan
 
 HELP = "every parameter's layout, per-device memory and communication, before running"
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     }
     host = None
     if plan.offload:  # the offloaded state's host memory, for a process driving this machine's devices
-        host = check_host(plan, cfg.mesh.host_bytes or host_memory(), min(devices, jax.local_device_count()), mem)
+        host = check_host(plan, host_budget(cfg.mesh.host_memory), min(devices, jax.local_device_count()), mem)
         report["host_memory"] = {"budget": host.budget, "per_device": host.per_device, "devices": host.devices}
         report["host_memory"].update(need=host.need, source=host.source, fits=host.fits)
     render_plan(report, console())

@@ -64,7 +64,7 @@ from partitioning.config.schema import Config
 from partitioning.data.batch import batch_specs
 from partitioning.errors import CheckpointError, ConfigError, MeshError, PartitioningError, ShardingError
 from partitioning.outdir import file_in_the_way
-from partitioning.plan.budget import Budget, HostBudget, check_budget, check_host, device_memory, host_memory
+from partitioning.plan.budget import Budget, HostBudget, check_budget, check_host, device_memory, host_budget
 from partitioning.plan.compiled import memory_stats
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.resolve import REMEDY
@@ -279,7 +279,7 @@ def check_host_memory(cfg: Config, plan: Plan, devices: int, compiled: Any = Non
     (default: this machine's RAM), refused in one line when it does not fit; None without offload."""
     if not plan.offload:
         return None
-    host = check_host(plan, cfg.mesh.host_bytes or host_memory(), devices, compiled)
+    host = check_host(plan, host_budget(cfg.mesh.host_memory), devices, compiled)
     if not host.fits:
         raise host.error(host_where(cfg))
     return host

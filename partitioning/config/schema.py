@@ -44,9 +44,7 @@ class MeshConfig(Section):
         default=None, description="per-device memory budget, e.g. 80GiB (default: what the device reports)"
     )
     host_memory: StrictInt | StrictStr | None = Field(
-        default=None,
-        description="per-process host memory budget for offloaded state (train.offload), e.g. 1TiB "
-        "(default: this machine's RAM)",
+        default=None, description="per-process host memory for offloaded state, e.g. 1TiB (default: this machine's RAM)"
     )
     unused_axes: list[StrictStr] = Field(
         default_factory=list,
@@ -86,10 +84,6 @@ class MeshConfig(Section):
     @property
     def memory_bytes(self) -> int | None:
         return None if self.device_memory is None else parse_bytes(self.device_memory)
-
-    @property
-    def host_bytes(self) -> int | None:
-        return None if self.host_memory is None else parse_bytes(self.host_memory)
 
 
 class DataConfig(Section):
@@ -231,17 +225,10 @@ class TrainConfig(Section):
         description="skip_step: more consecutive skipped steps than this stop the run (exit 2): it diverges",
     )
     offload: list[Literal["optimizer", "params"]] = Field(
-        default_factory=list,
-        description="state kept in host memory (pinned_host) between steps, in the rule table's layout: "
-        "optimizer (its state comes to the device only for the update, or stays on the host: offload_update) "
-        "and/or params (moved to the device for each step's passes); plan, check and tune show device and "
-        "host bytes apart",
+        default_factory=list, description="state kept in host memory between steps, in its layout: optimizer, params"
     )
     offload_update: Literal["device", "host"] = Field(
-        default="device",
-        description="where the update of an offloaded optimizer state runs: device (the state moves there "
-        "after the gradients, and back) | host (compute_on: gradients and params cross instead, the device "
-        "never holds the optimizer state)",
+        default="device", description="an offloaded optimizer state's update: device (moved in and back) | host"
     )
 
 
@@ -348,13 +335,8 @@ class Config:
         self.annotations = annotations  # partitioning.Annotations (rows with their file:line), or None
         self.model_name, self.model_options, self.model_target = model_name, model_options, model_target
         self.mesh, self.rules, self.optimizer_rules, self.on_indivisible = mesh, rules, optimizer_rules, on_indivisible
-        self.data, self.optimizer, self.train, self.checkpoint, self.run_dir = (
-            data,
-            optimizer,
-            train,
-            checkpoint,
-            run_dir,
-        )
+        self.data, self.optimizer, self.train = data, optimizer, train
+        self.checkpoint, self.run_dir = checkpoint, run_dir
 
     def where(self, *key: Any) -> str:
         """``file:line: dotted.key`` of a key of this config (or the ``--set`` flag that set it)."""

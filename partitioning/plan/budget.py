@@ -32,7 +32,7 @@ import os
 import jax
 
 from partitioning.errors import ShardingError
-from partitioning.fmt import fmt_bytes
+from partitioning.fmt import fmt_bytes, parse_bytes
 from partitioning.plan.plan import Plan
 
 
@@ -118,6 +118,12 @@ def host_memory() -> int | None:
         return None
 
 
+def host_budget(setting: int | str | None) -> int | None:
+    """A process's host memory: ``setting`` (``mesh.host_memory``: bytes, or a size such as ``1TiB``), else this
+    machine's RAM (:func:`host_memory`)."""
+    return parse_bytes(setting) if setting is not None else host_memory()
+
+
 @dataclasses.dataclass(frozen=True)
 class HostBudget:
     """The host memory offloaded state needs per process (``per_device`` x the ``devices`` a process drives).
@@ -169,4 +175,13 @@ def check_host(plan: Plan, budget: int | None, devices: int, compiled: dict[str,
     return HostBudget(budget, int(plan.totals["host"]["per_device"]), int(devices), "analytic")
 
 
-__all__ = ["Budget", "HostBudget", "check_budget", "check_host", "consumers", "device_memory", "host_memory"]
+__all__ = [
+    "Budget",
+    "HostBudget",
+    "check_budget",
+    "check_host",
+    "consumers",
+    "device_memory",
+    "host_budget",
+    "host_memory",
+]

@@ -56,10 +56,10 @@ def test_check_refuses_a_host_share_that_does_not_fit(config, run_cli_in_process
 
 
 def test_without_a_budget_the_machine_s_ram_is_the_host_s(config, run_cli_in_process, one_line_error, monkeypatch):
-    monkeypatch.setattr("partitioning.config.preflight.host_memory", lambda: 2**16)
+    monkeypatch.setattr("partitioning.plan.budget.host_memory", lambda: 2**16)
     line = one_line_error(run_cli_in_process("check", str(config)))
     assert line == f"error: {config}:14: train.offload: {NEEDS}, more than the 64.00 KiB there is; {FIX}"
-    monkeypatch.setattr("partitioning.config.preflight.host_memory", lambda: 2**30)
+    monkeypatch.setattr("partitioning.plan.budget.host_memory", lambda: 2**30)
     r = run_cli_in_process("check", str(config))
     assert r.returncode == 0, r.stderr
     assert "memory: host: 384.12 KiB per process (48.02 KiB per device x 8 devices, analytic), budget 1.00 GiB" in (
