@@ -184,10 +184,9 @@ def on_host(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def init_optimizer(tx: Any, params: Any, off: Offload, shardings: Any) -> Any:
-    """``tx.init(params)``; with the optimizer state offloaded, built on the host (never whole on the device)."""
-    if not off.optimizer:
-        return tx.init(to_device(params, shardings) if off.params else params)
-    return on_host(tx.init)(to_host(params, shardings))
+    """``tx.init(params)`` on the device (offloaded params brought there first); an offloaded optimizer state
+    goes to the host through the init's ``out_shardings``, buffer by buffer, as MaxText's init does."""
+    return tx.init(to_device(params, shardings) if off.params else params)
 
 
 def _update(tx: Any, grads: Any, opt_state: Any, params: Any, flag: jax.Array | None) -> tuple[Any, Any]:

@@ -329,7 +329,7 @@ class Trainer(Lowering, Init):
         metrics = {"loss": loss, "grad_norm": grad_norm, **aux, FLAG: flag}
         lr = current_lr(opt_state)
         if lr is not None:
-            metrics["lr"] = device_lr(lr)
+            metrics["lr"] = device_lr(lr) if off.optimizer else jnp.asarray(lr, jnp.float32)
         new = TrainState(step=state.step + 1, params=params, opt_state=opt_state, collections=collections)
         return new, metrics
 
