@@ -12,7 +12,7 @@ mistake later, and a run that fails changes nothing on disk. In order:
 4. the data is there, of the right type, holds at least one batch for training and for eval, and
    (token arrays) every token is inside the model's vocabulary;
 5. ``run_dir`` and ``checkpoint.dir`` are folders (or can be made) and writable, ``checkpoint.dir`` holds
-   nothing but checkpoints (:mod:`partitioning.config.ckptdir`), and the trackers' packages are installed;
+   nothing but checkpoints (:mod:`partitioning.config.rundir`), and the trackers' packages are installed;
 6. an existing checkpoint fits the model, if the run would resume from it;
 7. the model traces: the train step is lowered (a model that fails is one ``ModelError`` line);
 8. the per-device peak fits the memory budget (compiled when a budget is set).
@@ -54,17 +54,19 @@ from partitioning.config.build import (
     task_from_config,
     trainer_from_config,
 )
-from partitioning.config.ckptdir import foreign_entries
+from partitioning.config.context import resolve_context
 from partitioning.config.planning import plan_from_config
 from partitioning.config.positions import check_positions
 from partitioning.config.remat import resolve_remat
 from partitioning.config.resume import compare_run
 from partitioning.config.run import data_from_config, data_resume_note
+from partitioning.config.rundir import foreign_entries
 from partitioning.config.schema import Config
 from partitioning.data.batch import batch_specs
 from partitioning.errors import CheckpointError, ConfigError, MeshError, PartitioningError, ShardingError
+from partitioning.mesh import MeshSpec
 from partitioning.outdir import file_in_the_way
-from partitioning.plan.budget import Budget, HostBudget, check_budget, check_host, device_memory, host_budget
+from partitioning.plan.budget import Budget, HostBudget, check_budget, device_memory, refuse_host
 from partitioning.plan.compiled import memory_stats
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.resolve import REMEDY
@@ -89,6 +91,7 @@ class Ready:
     data_note: str | None = None  # how the data differs from the checkpoint's, when resuming
     resume_note: str | None = None  # how the config differs from the checkpoint's, when resuming
     remat_note: str | None = None  # which policy `remat: auto` became, and why
+    context_note: str | None = None  # which strategy `context_parallel: auto` became, and why
     host: HostBudget | None = None  # the offloaded state's host memory (train.offload), None without it
 
 
@@ -274,22 +277,6 @@ def _budget(cfg: Config) -> int | None:
     return cfg.mesh.memory_bytes if cfg.mesh.memory_bytes is not None else device_memory()
 
 
-def check_host_memory(cfg: Config, plan: Plan, devices: int, compiled: Any = None) -> HostBudget | None:
-    """The offloaded state's host memory for a process driving ``devices`` devices against ``mesh.host_memory``
-    (default: this machine's RAM), refused in one line when it does not fit; None without offload."""
-    if not plan.offload:
-        return None
-    host = check_host(plan, host_budget(cfg.mesh.host_memory), devices, compiled)
-    if not host.fits:
-        raise host.error(host_where(cfg))
-    return host
-
-
-def host_where(cfg: Config) -> str:
-    """Where a host-memory refusal points: ``mesh.host_memory`` when set, else ``train.offload``."""
-    return cfg.where("mesh", "host_memory") if cfg.mesh.host_memory is not None else cfg.where("train", "offload")
-
-
 def preflight(
     cfg: Config,
     *,
@@ -308,6 +295,7 @@ def preflight(
     check_positions(cfg)  # before the model is traced at train.seq_len
     check_tokenizer_vocab(cfg)  # before the corpus is tokenized (and cached)
     cfg, remat_note = resolve_remat(cfg, mesh)
+    cfg, context_note = resolve_context(cfg, mesh)  # after remat: the strategies are priced with its policy
     dataset = dataset_from_config(cfg)
     trainer = trainer_from_config(cfg, mesh, dataset)
     _, train, evals = data_from_config(cfg, trainer, dataset)
@@ -319,15 +307,9 @@ def preflight(
     budget = _budget(cfg)
     a = trainer.abstract_state
     plan = build_plan(
-        a.params,
-        a.opt_state,
-        mesh,
-        cfg.rules,
-        optimizer_rules=cfg.optimizer_rules,
-        on_indivisible=cfg.on_indivisible,
-        offload=cfg.train.offload,
-        offload_update=cfg.train.offload_update,
+        a.params, a.opt_state, mesh, cfg.rules, optimizer_rules=cfg.optimizer_rules, on_indivisible=cfg.on_indivisible
     )
+    plan.offload, plan.offload_update = tuple(cfg.train.offload), cfg.train.offload_update  # the trainer's
     check_axes_used(cfg, plan.mesh, plan.params + plan.opt_state)
     # The train step is traced (and lowered) here, so a model that fails to trace stops the run before
     # anything is written; the compile for the memory figure reuses it.
@@ -342,9 +324,24 @@ def preflight(
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
-    host = check_host_memory(cfg, plan, len(mesh.local_devices), compiled)
+    host = refuse_host(plan, cfg.mesh.host_memory, len(mesh.local_devices), cfg.where, compiled)
     ready = Ready(
-        cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed, remat_note, host
+        cfg,
+        mesh,
+        dataset,
+        trainer,
+        train,
+        evals,
+        run_dir,
+        ckpt_dir,
+        step,
+        fit,
+        plan,
+        note,
+        changed,
+        remat_note,
+        context_note,
+        host,
     )
     if complete is not None and step is not None:
         raise RunComplete(complete, step=step, ready=ready)
@@ -355,8 +352,10 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, re
     """The pre-flight for a mesh larger than this process can hold: from shapes only, nothing simulated."""
     try:
         sizes = mesh_sizes(cfg.mesh.shape, devices)
+        MeshSpec.from_mapping(sizes, nodes=cfg.mesh.nodes)  # the nodes split the resolved sizes too
     except MeshError as e:
-        raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
+        key = "nodes" if e.arg == "nodes" else "shape"
+        raise MeshError(f"{cfg.where('mesh', key)}: {str(e).removeprefix('nodes: ')}", arg=e.arg) from None
     plan, _ = plan_from_config(cfg, devices)
     if plan.errors:  # every array that does not divide, at the rules (as the trainer's walk says it)
         raise at_key(cfg, ShardingError(f"{'; '.join(plan.errors)}; {REMEDY}", arg="on_indivisible"), RULES_KEY)
@@ -378,7 +377,7 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, re
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
-    host = check_host_memory(cfg, plan, min(devices, jax.local_device_count()))
+    host = refuse_host(plan, cfg.mesh.host_memory, min(devices, jax.local_device_count()), cfg.where)
     ready = Ready(cfg, sizes, None, None, None, None, run_dir, ckpt_dir, step, fit, plan, host=host)
     if complete is not None and step is not None:
         raise RunComplete(complete, step=step, ready=ready)

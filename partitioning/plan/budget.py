@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 
 import jax
 
@@ -175,6 +176,29 @@ def check_host(plan: Plan, budget: int | None, devices: int, compiled: dict[str,
     return HostBudget(budget, int(plan.totals["host"]["per_device"]), int(devices), "analytic")
 
 
+def host_key(setting: int | str | None, where: Callable[..., str]) -> str:
+    """Where a host-memory refusal points: ``mesh.host_memory`` when it is set, else ``train.offload``
+    (``where``: a config's ``file:line: key`` of a key, :meth:`Config.where`)."""
+    return where("mesh", "host_memory") if setting is not None else where("train", "offload")
+
+
+def refuse_host(
+    plan: Plan,
+    setting: int | str | None,
+    devices: int,
+    where: Callable[..., str],
+    compiled: dict[str, int] | None = None,
+) -> HostBudget | None:
+    """:func:`check_host` against :func:`host_budget` of ``setting`` (``mesh.host_memory``), raised at
+    :func:`host_key` when it does not fit; None without offload."""
+    if not plan.offload:
+        return None
+    host = check_host(plan, host_budget(setting), devices, compiled)
+    if not host.fits:
+        raise host.error(host_key(setting, where))
+    return host
+
+
 __all__ = [
     "Budget",
     "HostBudget",
@@ -183,5 +207,7 @@ __all__ = [
     "consumers",
     "device_memory",
     "host_budget",
+    "host_key",
     "host_memory",
+    "refuse_host",
 ]

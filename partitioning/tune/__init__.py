@@ -8,6 +8,7 @@ Modules:
 - :mod:`~partitioning.tune.measure` — the ``cpu`` profile, measured on the spot in device-seconds (and cached);
   the profile of this process's devices.
 - :mod:`~partitioning.tune.workload` — the model's shape from its logical names; FLOPs; the activation estimate.
+- :mod:`~partitioning.tune.nodes` — the placements of a mesh's axes on a cluster's nodes (``mesh.nodes``).
 - :mod:`~partitioning.tune.space` — the candidates: meshes x rule tables x ZeRO-1 x remat x micro-batches.
 - :mod:`~partitioning.tune.comm` — the analytic communication terms (FSDP, data, tensor, sequence, pipeline
   stages, experts): which collectives a layout runs, per phase and axis.
@@ -15,6 +16,7 @@ Modules:
 - :mod:`~partitioning.tune.compiled` — the same roofline from a compiled step's ops and collectives.
 - :mod:`~partitioning.tune.price` — one layout priced, no search: plan, memory, fit, analytic step time.
 - :mod:`~partitioning.tune.host` — the host link: offloaded state and activations, their transfers and cost.
+- :mod:`~partitioning.tune.host_link` — the built-in profiles' host links (PCIe, host RAM), with their sources.
 - :mod:`~partitioning.tune.search` — price every candidate, reject with the reason, rank; fold in compiled views.
 - :mod:`~partitioning.tune.remat` — ``model.remat: auto``: every remat policy priced for one layout, the fastest
   that fits.
@@ -41,6 +43,7 @@ from partitioning.tune.crossover import crossover
 from partitioning.tune.hardware import PROFILES, Hardware, hardware, profile_names
 from partitioning.tune.hardware_file import load_hardware
 from partitioning.tune.measure import measure_cpu
+from partitioning.tune.nodes import placements
 from partitioning.tune.plot import plot_search
 from partitioning.tune.price import price
 from partitioning.tune.search import Result, Search, search
@@ -64,6 +67,7 @@ __all__ = [
     "search",
     "price",
     "crossover",
+    "placements",
     "measure_cpu",
     "plot_search",
 ]

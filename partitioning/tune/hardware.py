@@ -39,6 +39,7 @@ from typing import Any
 
 from partitioning.errors import ConfigError, did_you_mean
 from partitioning.plan.flops import PEAK_TFLOPS
+from partitioning.tune.host_link import host_link
 
 GB, GIB = 10**9, 2**30
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -79,10 +80,8 @@ class Hardware:
     efficiency: float = 1.0
     description: str = ""
     sources: tuple[str, ...] = ()
-    # The host, for offloaded state (train.offload) and activations (remat: offload): bytes/s between host
-    # memory and one device in each direction (PCIe), host RAM per device, and a device's share of the host's
-    # memory bandwidth (an optimizer update on the host streams the state through it). None where no figure is
-    # published: offload is not priced on that profile (a hardware file can give them).
+    # The host (offload): bytes/s between host memory and one device each way, host RAM per device, a device's
+    # share of the host's memory bandwidth; None: not published (tune/host_link.py), offload is not priced.
     host_bandwidth: float | None = None
     host_memory: int | None = None
     host_memory_bandwidth: float | None = None
@@ -123,16 +122,36 @@ class Hardware:
             out[name] = spans or ({0} if size > 1 else set())
         return out
 
-    def bandwidth(self, mesh: Mapping[str, int], axes: Sequence[str], kind: str = "all-gather") -> float:
-        """Bytes/s per device for a collective over ``axes`` of ``mesh`` (``{axis: size}``, in order)."""
+    def bandwidth(
+        self,
+        mesh: Mapping[str, int],
+        axes: Sequence[str],
+        kind: str = "all-gather",
+        nodes: Mapping[str, int] | None = None,
+    ) -> float:
+        """Bytes/s per device for a collective over ``axes`` of ``mesh`` (``{axis: size}``, in order).
+
+        ``nodes`` (``{axis: nodes it spans}``, a mesh's ``nodes``) places the
+        mesh on nodes as a hybrid mesh does; without it the devices are laid
+        out as ``jax.make_mesh`` does (consecutive devices share a node).
+
+        Example::
+
+            >>> h100 = pt.tune.hardware("h100")
+            >>> h100.bandwidth({"data": 4, "fsdp": 8}, ["fsdp"]) / 1e9                       # NVLink
+            450.0
+            >>> h100.bandwidth({"data": 4, "fsdp": 8}, ["fsdp"], nodes={"fsdp": 4}) / 1e9    # 2 GPUs per node
+            100.0
+        """
         axes = [a for a in axes if mesh.get(a, 1) > 1]
         if kind in self.collective_bandwidth:
             return float(self.collective_bandwidth[kind])
         if not axes:
             return math.inf
-        inside, group = _members_per_node(mesh, axes, self.node_size), math.prod(mesh[a] for a in axes)
+        inside, group = self.members_per_node(mesh, axes, nodes), math.prod(mesh[a] for a in axes)
         if self.topology == "torus":
-            spanned = set().union(*(self._torus_axes(mesh)[a] for a in axes))
+            local_mesh = {a: s // (nodes or {}).get(a, 1) for a, s in mesh.items()} if nodes else mesh
+            spanned = set().union(*(self._torus_axes(local_mesh)[a] for a in axes if local_mesh[a] > 1))
             local = max(1, len(spanned)) * self.link_bandwidth
         else:
             local = self.link_bandwidth
@@ -141,6 +160,20 @@ class Hardware:
         # Across nodes / pods a hierarchical collective splits the buffer over the
         # group's members in one node, each sending its part over its own NIC share.
         return min(local, self.network_bandwidth * inside)
+
+    def members_per_node(
+        self, mesh: Mapping[str, int], axes: Sequence[str], nodes: Mapping[str, int] | None = None
+    ) -> int:
+        """How many devices of one collective group over ``axes`` share a node (see :meth:`bandwidth`).
+
+        Example::
+
+            >>> pt.tune.hardware("h100").members_per_node({"data": 4, "fsdp": 8}, ["fsdp"], {"fsdp": 4})
+            2
+        """
+        if nodes is None:
+            return _members_per_node(mesh, axes, self.node_size)
+        return math.prod(int(mesh[a]) // int(nodes.get(a, 1)) for a in axes if a in mesh)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -219,23 +252,6 @@ _SB_TPU = "https://jax-ml.github.io/scaling-book/tpus/"
 _SB_TRAIN = "https://jax-ml.github.io/scaling-book/training/"
 _SB_GPU = "https://jax-ml.github.io/scaling-book/gpus/"
 
-# DGX H100 / H200: each GPU on PCIe Gen5 x16 (the H100 / H200 datasheets: 128 GB/s, both directions together),
-# 2 TB of system memory and 2x Xeon Platinum 8480C (8 channels of DDR5-4800 each, 38.4 GB/s a channel) for 8 GPUs
-# (the DGX pages; NVIDIA's MLPerf system description of an 8x H200 node lists the same host).
-_DGX_H100 = "https://www.nvidia.com/en-us/data-center/dgx-h100/"
-_DGX_H200 = (
-    "https://github.com/mlcommons/inference_results_v4.1/blob/main/closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json"
-)
-_XEON_8480 = (
-    "https://www.intel.com/content/www/us/en/products/sku/231746/"
-    "intel-xeon-platinum-8480-processor-105m-cache-2-00-ghz/specifications.html"
-)
-_DGX_H_HOST: dict[str, Any] = {
-    "host_bandwidth": 64e9,
-    "host_memory": 2 * 10**12 // 8,
-    "host_memory_bandwidth": 2 * 8 * 38.4e9 / 8,
-}
-
 PROFILES: dict[str, Hardware] = {
     "h100": Hardware(
         name="h100",
@@ -249,13 +265,10 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=450e9,  # NVLink 4: 900 GB/s bidirectional = 450 GB/s egress (SB Part 12)
         network_bandwidth=50e9,  # one 400 Gb/s NIC per GPU: node egress 400 GB/s / 8 (SB Part 12)
         latency=1e-5,
-        **_DGX_H_HOST,
         sources=(
             "https://www.nvidia.com/en-us/data-center/h100/",
             _SB_GPU,
             "https://docs.nvidia.com/dgx-superpod-reference-architecture-dgx-h100.pdf",
-            _DGX_H100,
-            _XEON_8480,
         ),
     ),
     "h200": Hardware(
@@ -270,14 +283,7 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=450e9,
         network_bandwidth=50e9,
         latency=1e-5,
-        **_DGX_H_HOST,
-        sources=(
-            "https://www.nvidia.com/en-us/data-center/h200/",
-            _SB_GPU,
-            "https://www.nvidia.com/en-us/data-center/dgx-h200/",
-            _DGX_H200,
-            _XEON_8480,
-        ),
+        sources=("https://www.nvidia.com/en-us/data-center/h200/", _SB_GPU),
     ),
     "a100-80g": Hardware(
         name="a100-80g",
@@ -291,14 +297,9 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=300e9,  # NVLink 3: 600 GB/s bidirectional = 300 GB/s egress
         network_bandwidth=25e9,  # DGX A100: one 200 Gb/s HDR NIC per GPU
         latency=1e-5,
-        host_bandwidth=32e9,  # datasheet: PCIe Gen4 64 GB/s (both directions together)
-        host_memory=10**12 // 8,  # DGX A100: 1 TB of system memory (2 TB optional) for 8 GPUs
-        host_memory_bandwidth=2 * 8 * 25.6e9 / 8,  # 2x EPYC 7742: 8 channels of DDR4-3200 each, for 8 GPUs
         sources=(
             "https://www.nvidia.com/en-us/data-center/a100/",
             "https://docs.nvidia.com/dgx-superpod-reference-architecture-dgx-a100.pdf",
-            "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/nvidia-dgx-a100-datasheet.pdf",
-            "https://www.amd.com/en/products/processors/server/epyc/7002-series/amd-epyc-7742.html",
         ),
     ),
     "v4": Hardware(
@@ -329,7 +330,6 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=1e11,  # ICI 5e10 one-way per link, 1e11 both ways (SB Part 2)
         network_bandwidth=2.5e10 / 8,  # DCN ~2.5e10 per host of 8 chips (4x2 hosts)
         latency=1e-5,
-        host_memory=512 * GIB // 8,  # Cloud docs: 512 GiB of DRAM per host of 8 chips (no host link figure)
         sources=(_SB_TPU, "https://cloud.google.com/tpu/docs/v5e"),
     ),
     "v5p": Hardware(
@@ -347,10 +347,12 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=1.8e11,
         network_bandwidth=2.5e10 / 4,  # DCN ~2.5e10 per host of 4 chips (SB Part 5, "Scaling between pods")
         latency=1e-5,
-        host_memory=448 * GB // 4,  # Cloud docs: a v5p VM has 448 GB of RAM for its 4 chips (no host link figure)
         sources=(_SB_TRAIN, _SB_TPU, "https://cloud.google.com/tpu/docs/v5p"),
     ),
 }
+
+# The host link of each profile that publishes one, and its sources (partitioning.tune.host_link).
+PROFILES = {k: dataclasses.replace(p, **host_link(k, p.sources)) for k, p in PROFILES.items()}
 
 ALIASES = {"a100": "a100-80g", "v4p": "v4", "tpu-v4": "v4", "tpu-v5e": "v5e", "tpu-v5p": "v5p", "h100-sxm": "h100"}
 

@@ -153,7 +153,15 @@ def choose_remat(
             params,
             opt_state,
             Candidate(
-                tuple(sizes.items()), RUN, p, grad_accum, False, microbatches, repeats, tuple(offload), offload_update
+                tuple(sizes.items()),
+                RUN,
+                p,
+                grad_accum,
+                False,
+                microbatches,
+                repeats,
+                offload=tuple(offload),
+                offload_update=offload_update,
             ),
             rules,
             w,
