@@ -77,6 +77,7 @@ REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
+    "offload": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),  # docs/scaling.md
 }
 
 
@@ -211,7 +212,7 @@ class GPT(nn.Module):
     rope_theta: float = 10000.0
     norm: str = "rms"  # rms | layer | rms_offset
     scan_layers: bool = True
-    remat: str = "none"  # none | full | dots | dots_no_batch
+    remat: str = "none"  # none | full | dots | dots_no_batch | offload
     dtype: str = "float32"  # compute dtype, e.g. bfloat16
     param_dtype: str = "float32"
     moe: Any = None  # {experts, top_k, capacity_factor | dropless, aux_loss_weight}: MoE MLPs
