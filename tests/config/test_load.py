@@ -90,7 +90,8 @@ def test_overrides(write, base_config):
             "tie_embeddings, qkv_bias, out_bias, mlp_bias, mlp_act, mlp_glu, embed_scale, positions, max_positions, "
             "rope_scaling, sliding_window, attn_scale, attention, context_parallel, decode, kernel_order, lora, "
             "moe_layers, qk_norm, "
-            "norm_placement, attn_softcap, final_softcap, layer_types, local_rope_theta, local_rope_scaling); "
+            "norm_placement, attn_softcap, final_softcap, layer_types, local_rope_theta, local_rope_scaling, "
+            "partial_rotary_factor, nope_layers, attn_sinks, mla, attn_gate, linear_attn, linear_layers); "
             "did you mean 'embed'?",
         ),
         (
