@@ -67,7 +67,7 @@ from partitioning.data.batch import batch_specs
 from partitioning.errors import CheckpointError, ConfigError, MeshError, PartitioningError, ShardingError
 from partitioning.mesh import MeshSpec
 from partitioning.outdir import file_in_the_way
-from partitioning.plan.budget import Budget, check_budget, device_memory
+from partitioning.plan.budget import Budget, HostBudget, check_budget, device_memory, refuse_host
 from partitioning.plan.compiled import memory_stats
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.resolve import REMEDY
@@ -92,6 +92,7 @@ class Ready:
     data_note: str | None = None  # how the data differs from the checkpoint's, when resuming
     resume_note: str | None = None  # how the config differs from the checkpoint's, when resuming
     default_notes: list[str] = dataclasses.field(default_factory=list)  # what each `auto` became, and why
+    host: HostBudget | None = None  # the offloaded state's host memory (train.offload), None without it
 
 
 def writable_dir(path: Path, where: str) -> None:
@@ -308,6 +309,7 @@ def preflight(
     plan = build_plan(
         a.params, a.opt_state, mesh, cfg.rules, optimizer_rules=cfg.optimizer_rules, on_indivisible=cfg.on_indivisible
     )
+    plan.offload, plan.offload_update = tuple(cfg.train.offload), cfg.train.offload_update  # the trainer's
     check_axes_used(cfg, plan.mesh, plan.params + plan.opt_state)
     # The train step is traced (and lowered) here, so a model that fails to trace stops the run before
     # anything is written; the compile for the memory figure reuses it.
@@ -328,9 +330,9 @@ def preflight(
             cfg, trainer = decided.cfg, decided.trainer or trainer_from_config(decided.cfg, mesh, dataset)
             compiled = memory_stats(trainer.lower_train_step().compile()) if budget is not None else None
             fit = check_budget(plan, budget, compiled)  # a timed choice's compiled peak fits the budget
-    ready = Ready(
-        cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed, decided.notes()
-    )
+    host = refuse_host(plan, cfg.mesh.host_memory, len(mesh.local_devices), cfg.where, compiled)
+    run = (cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed)
+    ready = Ready(*run, default_notes=decided.notes(), host=host)
     if complete is not None and step is not None:
         raise RunComplete(complete, step=step, ready=ready)
     return ready
@@ -365,7 +367,8 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, re
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
-    ready = Ready(cfg, sizes, None, None, None, None, run_dir, ckpt_dir, step, fit, plan)
+    host = refuse_host(plan, cfg.mesh.host_memory, min(devices, jax.local_device_count()), cfg.where)
+    ready = Ready(cfg, sizes, None, None, None, None, run_dir, ckpt_dir, step, fit, plan, host=host)
     if complete is not None and step is not None:
         raise RunComplete(complete, step=step, ready=ready)
     return ready

@@ -3,7 +3,9 @@
 Modules:
 
 - :mod:`~partitioning.train.state` — ``TrainState``, the abstract (``eval_shape``) state, host-side step.
-- :mod:`~partitioning.train.step` — ``Trainer``: the sharded init and the jitted train / eval steps.
+- :mod:`~partitioning.train.step` — ``Trainer``: the jitted train / eval steps.
+- :mod:`~partitioning.train.init` — the sharded init (params, then the optimizer state) and ``init_from``.
+- :mod:`~partitioning.train.offload` — host offload: state in ``pinned_host`` memory, the update where it runs.
 - :mod:`~partitioning.train.lowering` — what a Trainer shows without running: layouts, lowered steps, init peak, FLOPs.
 - :mod:`~partitioning.train.timing` — train steps timed side by side: each choice compiled in threads, stepped in
   turns on one real batch and one state (how the ``auto`` defaults learn which choice is fastest here).
