@@ -367,6 +367,8 @@ def resolve_defaults(cfg: Config, mesh: Any, trial: Trial | None = None, priced:
         )
         verdicts.append(v)
         cfg = apply(cfg, v.choice)
+    if cfg.train.grad_accum == AUTO:  # one count divides the batch: the recorded config says which
+        cfg = _with_train("grad_accum")(cfg, "1")
     trainer = trial.trainers.get(built_key(cfg)) if trial is not None else None
     return Defaults(cfg, verdicts, trainer, p)
 
@@ -383,13 +385,4 @@ def time_defaults(
     return resolve_defaults(cfg, mesh, trial, decided.priced)
 
 
-__all__ = [
-    "resolve_defaults",
-    "time_defaults",
-    "Defaults",
-    "Trial",
-    "DEFAULTS",
-    "run_key",
-    "split_axes",
-    "takes",
-]
+__all__ = ["resolve_defaults", "time_defaults", "Defaults", "Trial", "DEFAULTS", "run_key", "split_axes", "takes"]
