@@ -14,7 +14,7 @@ An option the config leaves unset (or writes as ``auto``) is decided by
 :func:`partitioning.tune.trial.decide`: tune's estimate of every choice on this process's hardware
 (:func:`~partitioning.tune.measure.local_profile`), a verdict cached for the same run and devices, or the
 fitting choices timed on the run's devices — when ``train.measure_defaults`` allows (``null``: when the run
-has at least 100 steps per choice timed, so measuring costs at most a tenth of it). Each decided option is one line
+has at least 1,000 steps per choice timed, so measuring costs at most a tenth of it). Each decided option is one line
 (``train`` and ``check`` print them). What a run computes does not depend on how: the choice is the
 config's own option, as if written.
 
@@ -24,7 +24,7 @@ Example::
     >>> cfg = pt.load_config("configs/quickstart.yaml", ["rules=fsdp_cp", "mesh.shape={data: 1, fsdp: 2, context: 4}"])
     >>> resolved = resolve_defaults(cfg, pt.make_mesh({"data": 1, "fsdp": 2, "context": 4}))   # estimates only
     >>> resolved.cfg.model_options["context_parallel"] in ("ring", "all_gather"), resolved.notes()[1]
-    (True, 'context_parallel: auto -> ...: est. ... per step (...), ...; estimated, not measured: no run to time ...')
+    (True, 'context_parallel: auto -> ...: est. ... per step (...), ...; estimated, not measured: a 200-step run ...')
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from partitioning.tune.price import price
 from partitioning.tune.space import CONTEXT_STRATEGIES, PIPELINE_MICROBATCHES, Candidate, length_axes
 from partitioning.tune.trial import STEPS_PER_CHOICE, Choices, Verdict, decide
 
-NOT_HERE = "no run to time them in (the estimate was asked for)"
+NOT_HERE = "not timed here (check estimates; train times them)"
 OFF = "train.measure_defaults is false"
 
 
@@ -309,8 +309,8 @@ def run_key(cfg: Config, sizes: dict[str, int]) -> dict[str, Any]:
 
 
 def _measurable(cfg: Config, trial: Trial | None, count: int, unit: str) -> str | None:
-    if trial is None:
-        return NOT_HERE
+    """None when the choices are timed; else why not (the same words with or without a trial, so ``check`` and
+    ``train`` say the same of a short run)."""
     ask = cfg.train.measure_defaults
     if ask is False:
         return OFF
@@ -319,7 +319,7 @@ def _measurable(cfg: Config, trial: Trial | None, count: int, unit: str) -> str 
             f"a {cfg.train.steps}-step run is too short to pay for timing {count} {unit} "
             f"(train.measure_defaults: true times them anyway)"
         )
-    return None
+    return NOT_HERE if trial is None else None
 
 
 def _profile(cfg: Config, mesh: Any) -> Priced:

@@ -284,8 +284,11 @@ def preflight(
     resume: bool | None,
     compile_memory: bool | None = None,
     resume_from: int | None = None,
+    measure: bool = True,
 ) -> Ready:
     """Runs every check ``train`` needs on this process's devices; raises the first problem as one line.
+
+    ``measure``: False, the ``auto`` defaults are estimated or read from the cache, never timed.
 
     ``compile_memory``: compile the step for XLA's memory figure (default:
     only when there is a budget to compare it with).
@@ -324,7 +327,9 @@ def preflight(
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
-    if decided.pending and complete is None:  # the defaults' choices timed: nothing is written but their verdicts
+    if (
+        measure and decided.pending and complete is None
+    ):  # the defaults' choices timed: nothing is written but their verdicts
         decided = time_defaults(asked, mesh, decided, trainer, train, dataset, budget)
         if decided.trainer is not trainer:
             cfg, trainer = decided.cfg, decided.trainer or trainer_from_config(decided.cfg, mesh, dataset)

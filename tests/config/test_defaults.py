@@ -5,6 +5,7 @@ import contextlib
 import io
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,9 @@ def test_train_times_the_policies_and_says_which_won_by_how_much(runs):
     assert code == 0, err
     line, policy = runs["line"], runs["policy"]
     assert policy in ("none", "dots", "dots_no_batch", "full")
-    assert line.startswith(f"remat: auto -> {policy}: measured, the fastest of ")
+    assert re.match(
+        rf"remat: auto -> {policy}: measured, (the fastest|within \d\.\d% of the fastest) of \d policies", line
+    )
     others = [p for p in ("none", "dots", "dots_no_batch", "full") if p != policy and f" {p} " in line]
     assert others and all("%" in line.split(f" {p} ")[1].split(")")[0] for p in others)  # each one's margin
     assert "; CPU time per simulated device" in line and " steps each in " in line and "budget 3 s each)" in line
@@ -96,7 +99,7 @@ def test_the_next_run_reads_the_verdict_and_computes_what_naming_the_policy_comp
     assert code == 0, err
     line = next(x for x in out.splitlines() if x.startswith("remat: auto -> "))
     cached = runs["line"].rsplit("; cached in ", 1)[1]
-    assert line.startswith(f"remat: auto -> {runs['policy']}: measured, the fastest of ")
+    assert line.startswith(runs["line"].split(" per step ")[0])  # the same verdict, its numbers
     assert line.endswith(f"; from the cache {cached}") and " steps each in " not in line
     assert runs["named"][0] == 0 and not any(x.startswith("remat:") for x in runs["named"][1].splitlines())
     root = runs["root"]
