@@ -1,7 +1,7 @@
 """Peer benchmark: the toolkit against MaxText on matched configs, both on 8 simulated CPU devices.
 
     python benchmarks/bench_peer.py [--steps 30] [--runs 2] [--sizes S M] [--json out.json]
-    python benchmarks/bench_peer.py --smoke          # 6 steps, size S, FSDP, full remat: proves both run
+    python benchmarks/bench_peer.py --smoke          # 6 steps, size S, FSDP, default vs default: proves both run
 
 MaxText is a benchmark-only dependency, never the project's: a venv outside the
 repository (``--venv``, default ``~/.cache/partitioning-bench/maxtext-venv``),
@@ -19,7 +19,13 @@ unembedding) of the same shapes in both — S: embed 128, 4 heads, MLP 512,
 8 / ``ici_fsdp_parallelism=8``) and FSDP x tensor (``fsdp_tp`` {fsdp 4,
 tensor 2} / ``ici_fsdp_parallelism=4 ici_tensor_parallelism=2``). Remat
 pairings: ``full`` vs ``full``; ``dots_no_batch`` vs ``minimal``; each tool's
-default (``auto`` vs MaxText's ``remat_policy`` default). Data: one fixed batch
+default (every ``auto`` default of ours, decided as ``partitioning train``
+decides it, against MaxText's defaults). Before the default pairing one
+untimed process of ours times its ``auto`` defaults and caches the verdicts
+(``train.measure_defaults: true``, what a run long enough to pay for measuring
+does; ``--no-measure-defaults``: the estimate alone, a short first run's
+default); the timed runs read them, with a cache of the benchmark's own (the
+machine's CPU profile copied in). Data: one fixed batch
 for both (MaxText's ``dataset_type=synthetic``; the toolkit's trainer steps on
 one batch of real tokens).
 
@@ -206,10 +212,11 @@ def run_maxtext(venv: Path, size: dict, layout: str, remat: str | None, steps: i
     }
 
 
-def run_ours(size: dict, layout: str, remat: str | None, steps: int) -> dict:
-    """One toolkit run in a fresh process: the config's Trainer stepping on one fixed batch of real tokens."""
+def run_ours(size: dict, layout: str, remat: str | None, steps: int, measure: bool = False) -> dict:
+    """One toolkit run in a fresh process: the config's Trainer stepping on one fixed batch of real tokens
+    (``measure``: instead, the ``auto`` defaults timed and their verdicts cached, as a long run does)."""
     code = f"{RSS_SNIPPET}\n" + OURS.format(
-        repo=str(REPO), size=size, layout=layout, remat=remat, steps=steps, batch=BATCH, vocab=VOCAB
+        repo=str(REPO), size=size, layout=layout, remat=remat, steps=steps, batch=BATCH, vocab=VOCAB, measure=measure
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), cwd=REPO)
     out = p.stdout + p.stderr
@@ -229,7 +236,7 @@ sys.path.insert(0, {repo!r})
 import jax
 from partitioning.config.build import mesh_from_config, trainer_from_config
 from partitioning.config.load import load_config
-from partitioning.config.remat import resolve_remat
+from partitioning.config.defaults import Trial, resolve_defaults
 from partitioning.data.corpus import load_corpus
 size = {size!r}
 sets = ["model.embed=%d" % size["embed"], "model.heads=%d" % size["heads"], "model.mlp=%d" % size["mlp"],
@@ -239,12 +246,18 @@ sets = ["model.embed=%d" % size["embed"], "model.heads=%d" % size["heads"], "mod
                          else "{{data: 1, fsdp: 4, tensor: 2}}")]
 if {remat!r} is not None:
     sets.append("model.remat={remat}")
-cfg = load_config("configs/quickstart.yaml", sets)
-mesh = mesh_from_config(cfg)
-cfg, note = resolve_remat(cfg, mesh)
+asked = load_config("configs/quickstart.yaml", sets)
+mesh = mesh_from_config(asked)
+decided = resolve_defaults(asked, mesh)  # as `train` decides: a cached verdict, else the estimate
+cfg, note = decided.cfg, "; ".join(decided.notes())
 trainer = trainer_from_config(cfg, mesh)
 data = load_corpus().batches("train", cfg.train.batch_size, cfg.train.seq_len, trainer.batch_sharding, seed=0)
 batch = data.batch_at(0)
+if {measure!r}:  # the defaults timed and cached (train.measure_defaults: true), nothing stepped
+    asked = load_config("configs/quickstart.yaml", sets + ["train.measure_defaults=true"])
+    note = "; ".join(resolve_defaults(asked, mesh, Trial(batch=lambda: batch)).notes())
+    print("RESULT " + json.dumps({{"note": note}}), flush=True)
+    sys.exit(0)
 state = trainer.init(jax.random.key(0))
 steps = []
 first = None
@@ -280,9 +293,12 @@ def _median_tail(xs: list[float]) -> float:
     return statistics.median(tail)
 
 
-def pairing(name, size_name, layout, ours_remat, mt_remat, runs, steps, venv, workdir) -> dict:
+def pairing(name, size_name, layout, ours_remat, mt_remat, runs, steps, venv, workdir, measure=True) -> dict:
     size = SIZES[size_name]
     ours, theirs = [], []
+    verdict = None
+    if ours_remat is None and measure:  # untimed: the verdict a run long enough to measure caches
+        verdict = run_ours(size, layout, None, 0, measure=True)["note"]
     for _ in range(runs):  # alternate: a drift in the machine's load hits both alike
         ours.append(run_ours(size, layout, ours_remat, steps))
         theirs.append(run_maxtext(venv, size, layout, mt_remat, steps, workdir))
@@ -298,6 +314,8 @@ def pairing(name, size_name, layout, ours_remat, mt_remat, runs, steps, venv, wo
         "shape": size_name,
         "layout": layout,
         "ours_remat": ours[0].get("remat"),
+        "ours_note": ours[0].get("note"),  # how each auto default was decided (cached, estimated)
+        "ours_verdict": verdict,  # the measurement that cached it
         "maxtext_remat": mt_remat or "default",
         "ours_step_s": o_step,
         "maxtext_step_s": m_step,
@@ -319,13 +337,32 @@ def pairing(name, size_name, layout, ours_remat, mt_remat, runs, steps, venv, wo
     }
 
 
+def _own_cache(workdir: Path) -> None:
+    """Our runs' verdict cache: the benchmark's own (no verdict of an earlier run decides), with this machine's
+    CPU profile copied in (measured once per machine, as a user's runs find it)."""
+    sys.path.insert(0, str(REPO))
+    from partitioning.tune.measure import cache_dir
+
+    own = workdir / "cache"
+    own.mkdir()
+    for f in Path(cache_dir()).glob("cpu-*.json"):
+        shutil.copy(f, own / f.name)
+    os.environ["PARTITIONING_CACHE"] = str(own)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=30, help="steps per run (medians of steps 11..N)")
     p.add_argument("--runs", type=int, default=2, help="runs of each tool per pairing, alternating")
     p.add_argument("--sizes", nargs="+", default=["S", "M"], choices=list(SIZES))
     p.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
-    p.add_argument("--smoke", action="store_true", help="6 steps, one run, size S, fsdp, full remat")
+    p.add_argument("--smoke", action="store_true", help="6 steps, one run, size S, fsdp, default vs default")
+    p.add_argument(
+        "--measure-defaults",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="before the default pairing, time our auto defaults once (untimed; cached as a long run caches them)",
+    )
     p.add_argument("--venv", type=Path, default=VENV, help=f"MaxText's venv (default {VENV})")
     p.add_argument("--python", default=None, help="a Python >= 3.12 to make MaxText's venv with")
     p.add_argument("--json", default=None)
@@ -337,12 +374,15 @@ def main(argv=None) -> int:
         return 0
     plan = [(name, s, lay, o, m) for s in args.sizes for lay in args.layouts for name, o, m in REMATS]
     if args.smoke:
-        plan, args.steps, args.runs = [("full vs full", "S", "fsdp", "full", "full")], 6, 1
+        plan, args.steps, args.runs = [("default vs default", "S", "fsdp", None, None)], 6, 1
     out = []
     with tempfile.TemporaryDirectory() as workdir:
+        _own_cache(Path(workdir))
         for name, s, lay, o, m in plan:
             print(f"{name}, {s}, {lay} ...", file=sys.stderr, flush=True)
-            out.append(pairing(name, s, lay, o, m, args.runs, args.steps, args.venv, Path(workdir)))
+            out.append(
+                pairing(name, s, lay, o, m, args.runs, args.steps, args.venv, Path(workdir), args.measure_defaults)
+            )
     print(f"{'pairing':<26} {'size':>4} {'layout':>8} {'step ours/MT':>13} {'rss ours/MT':>12} {'compile':>8}")
     for r in out:
         rss = f"{r['rss_ratio']:.2f}" if r["rss_ratio"] else "-"
