@@ -68,7 +68,8 @@ def test_overrides(write, base_config):
             [],
             "{f}:12: train.stpes: unknown key (valid: steps, batch_size, seq_len, grad_accum, microbatches, "
             "pipeline_repeats, log_every, eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs, "
-            "on_nonfinite, trainable, max_skipped_steps, offload, offload_update); did you mean 'steps'?",
+            "on_nonfinite, trainable, measure_defaults, max_skipped_steps, offload, offload_update); "
+            "did you mean 'steps'?",
         ),
         (lambda base: base + "train:\n  steps: many\n", [], "{f}:12: train.steps: expected int, got str 'many'"),
         (
