@@ -3,9 +3,8 @@
 Input is abstract (``jax.eval_shape`` of the init: boxed params and optimizer
 state) and a mesh — a real ``Mesh``, an ``AbstractMesh`` or just
 ``{axis: size}``, so a 16384-device mesh is planned without any device.
-Output is a :class:`Plan`: one :class:`~partitioning.shardings.LeafLayout` per
-array, totals per device for params, optimizer state and gradients beside the
-ideal ``total / devices``, and warnings:
+Output is a :class:`Plan`: one :class:`~partitioning.shardings.LeafLayout` per array, totals per
+device for params, optimizer state and gradients beside the ideal ``total / devices``, and warnings:
 
 - the largest parameters left fully replicated (with their gradient and
   optimizer state, what each costs per device and its share of the total);
