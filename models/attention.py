@@ -38,6 +38,7 @@ from partitioning.errors import ConfigError
 from partitioning.models.fused_attention import cudnn_attention, fused_applies
 from partitioning.models.layers import bias_param, kernel, order, row_parallel
 from partitioning.models.lora import adapt, project
+from partitioning.models.per_layer import value_norm
 from partitioning.models.rope import SCALINGS, attention_factor, scaled_frequencies
 from partitioning.models.variants import local_mask, local_rope, qk_norms, sink_softmax, skip_rope, softcap
 from partitioning.parallel.context import context_attention, context_axes, context_size
@@ -223,6 +224,8 @@ class Attention(nn.Module):
     rotary_dim: int | None = None  # partial rotary: the features RoPE rotates (None: all)
     sinks: bool = False  # attention sinks (GPT-OSS): a learned logit per head, `sinks (heads,)`
     gate: bool = False  # an output gate (Qwen3.5, Qwen3-Next): out * sigmoid(x W_q_gate), `q_gate` shaped as `q`
+    v_norm: bool = False  # Gemma 4: values RMS-normed per head, no scale (models/per_layer.py)
+    k_eq_v: bool = False  # Gemma 4's global layers (attention_k_eq_v): no `v`, the values are the keys' projection
 
     @nn.compact
     def __call__(self, x, segment_ids=None, positions=None, local=None, nope=None):
@@ -233,11 +236,16 @@ class Attention(nn.Module):
         embed, heads, groups = (("embed", d),), (("heads", h), ("kv", k)), (("kv_heads", g), ("kv", k))
         wq = kernel(self, "q", embed, heads, pd, d, oi)
         wk = kernel(self, "k", embed, groups, pd, d, oi)
-        wv = kernel(self, "v", embed, groups, pd, d, oi)
+        wv = None if self.k_eq_v else kernel(self, "v", embed, groups, pd, d, oi)
         wo = kernel(self, "o", heads, embed, pd, h * k, oi)
         q = project(self, "q", f"btd,{order(oi, 'd', 'hk')}->bthk", x, wq, dt, self.lora, embed, heads, oi)
         kk = project(self, "k", f"btd,{order(oi, 'd', 'gk')}->btgk", x, wk, dt, self.lora, embed, groups, oi)
-        v = project(self, "v", f"btd,{order(oi, 'd', 'gk')}->btgk", x, wv, dt, self.lora, embed, groups, oi)
+        if wv is None:  # the keys before their norm and RoPE
+            v = kk
+        else:
+            v = project(self, "v", f"btd,{order(oi, 'd', 'gk')}->btgk", x, wv, dt, self.lora, embed, groups, oi)
+        if self.v_norm:
+            v = value_norm(v, self.norm_eps)
         gate = None
         if self.gate:
             wg = kernel(self, "q_gate", embed, heads, pd, d, oi)

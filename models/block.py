@@ -19,6 +19,7 @@ from partitioning.models.linear_attention import GatedDeltaNet, LinearShape
 from partitioning.models.lora import LoRA
 from partitioning.models.mla import MLA, MLAShape
 from partitioning.models.moe import MoE, MoeMlp
+from partitioning.models.per_layer import PerLayerResidual, layer_scalar
 from partitioning.models.variants import LOCAL, NOPE, layer_flag, post_norm, pre_norm
 
 
@@ -58,9 +59,14 @@ class Block(nn.Module):
     mla: MLAShape | None = None
     attn_gate: bool = False
     linear: LinearShape | None = None  # this layer is a gated-delta-rule linear attention (models/linear_attention.py)
+    # Gemma 4 (models/per_layer.py): value norm, values = keys, a per-layer input residual of this width, a scalar.
+    v_norm: bool = False
+    k_eq_v: bool = False
+    per_layer: int | None = None
+    layer_scalar: bool = False
 
     @nn.compact
-    def __call__(self, x, segment_ids=None, positions=None, layer=None):
+    def __call__(self, x, segment_ids=None, positions=None, layer=None, per_layer_input=None):
         # `layer`: this layer's flags in a mixed stack (LayerStack's layer_data; models/variants.py's LOCAL, NOPE).
         local = layer_flag(layer, LOCAL, self.mixed_window)
         nope = layer_flag(layer, NOPE, self.mixed_rope)
@@ -116,6 +122,8 @@ class Block(nn.Module):
                 rotary_dim=self.rotary_dim,
                 sinks=self.attn_sinks,
                 gate=self.attn_gate,
+                v_norm=self.v_norm,
+                k_eq_v=self.k_eq_v,
                 name="attn",
             )(y, segment_ids, positions, local=local, nope=nope)
         x = x + post_norm(self, y, "attn", make_norm)
@@ -135,6 +143,12 @@ class Block(nn.Module):
                 name="mlp",
             )(y)
         x = x + post_norm(self, y, "mlp", make_norm)
+        if self.per_layer:
+            act, eps, oi = self.mlp_act, self.norm_eps, self.out_in
+            res = PerLayerResidual(self.per_layer, self.dtype, self.param_dtype, act, eps, oi, name="per_layer")
+            x = res(x, per_layer_input)
+        if self.layer_scalar:
+            x = layer_scalar(self, x)
         x = with_logical_constraint(x, ("batch", "length", "embed"))
         return x, None
 

@@ -70,6 +70,10 @@ class HFDecoder(GPT):
         """Whether layer ``i`` is a linear-attention layer (Qwen3.5; the name map's ``when="linear_layer"``)."""
         return self.linear_layers is not None and i in self.linear_layers
 
+    def v_layer(self, i: int) -> bool:
+        """Whether layer ``i`` has a value projection (not a Gemma 4 global layer whose values are its keys)."""
+        return not (self.global_k_eq_v and self.layer_types is not None and self.layer_types[i] == "full_attention")
+
     def moe_layer(self, i: int) -> bool:
         """Whether layer ``i``'s MLP is a mixture of experts (the name map's ``when="moe_layer"``)."""
         return self.moe is not None and (self.moe_layers is None or i in self.moe_layers)
@@ -101,8 +105,9 @@ def build(
                 arg="capacity_factor",
             )
         opts["moe"] = {**opts["moe"], "dropless": False, "capacity_factor": float(capacity_factor)}
-    if opts.get("moe_layers") is not None or opts.get("linear_layers"):
-        # Dense layers between sparse ones: a scanned stack repeats one block (docs/pipeline-experts.md).
+    if opts.get("moe_layers") is not None or opts.get("linear_layers") or opts.get("global_head_dim"):
+        # Dense layers between sparse ones, Gemma 4's global layers of their own size: a scanned stack repeats
+        # one block (docs/pipeline-experts.md).
         scan_layers = False
     return HFDecoder(
         **opts,
@@ -129,6 +134,8 @@ def export_config(model: Any) -> dict[str, Any]:
         if own.get("text_config") is not None and family_of(own).name == "gemma3":
             # A multimodal checkpoint's text tower (the only part loaded) is saved as the text model it is.
             return {**text_config(own), "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}
+        if own.get("text_config") is not None and family_of(own).name == "gemma4":
+            return {**text_config(own), "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text"}
         if own.get("text_config") is not None and family_of(own).name == "qwen3_5":
             return {**text_config(own), "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text"}
         return own
