@@ -40,7 +40,8 @@ def test_the_layers_and_their_options():
     assert model.rope_scaling == {"rope_type": "proportional", "partial_rotary_factor": 0.25}
     assert (model.rope_theta, model.local_rope_theta, model.attn_scale, model.final_softcap) == (1e6, 1e4, 1.0, 30.0)
     _, variables = pt.hf.load_hf(fixture("gemma4"))
-    shapes = {k: v.shape for k, v in pt.unbox(variables)["params"]["block_1"]["attn"].items() if not isinstance(v, dict)}
+    attn = pt.unbox(variables)["params"]["block_1"]["attn"]
+    shapes = {k: v.shape for k, v in attn.items() if not isinstance(v, dict)}
     assert shapes == {"q": (4, 16, 32), "k": (1, 16, 32), "o": (32, 4, 16)}  # a global layer: no v
     assert pt.unbox(variables)["params"]["block_0"]["attn"]["v"].shape == (2, 8, 32)
 
