@@ -77,7 +77,12 @@ def _global_sizes(cfg: Mapping[str, Any], types: tuple[str, ...]) -> tuple[int, 
 
 
 def gemma4(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Gemma 4 (text): see the module docstring; mixture-of-experts layers and shared kv layers are refused."""
+    """Gemma 4 (text, or the text tower of a ``Gemma4ForConditionalGeneration``, whose vision and audio towers are
+    not loaded): Gemma 3's block with ``x * w`` norms, no attention scale, values RMS-normed, global layers of their
+    own head size (``global_head_dim`` / ``per_layer_config``) and kv heads (``num_global_key_value_heads`` with
+    ``attention_k_eq_v``: values from the keys), proportional RoPE on the global layers, per-layer inputs
+    (``hidden_size_per_layer_input``), a scalar per layer; refused: mixture-of-experts layers (``enable_moe_block``),
+    layers sharing kv (``num_kv_shared_layers``), bidirectional attention."""
     cfg = text_config(cfg)
     for key, why in (
         ("enable_moe_block", "mixture-of-experts layers (Gemma 4 26B-A4B) are not supported"),
