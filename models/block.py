@@ -64,13 +64,15 @@ class Block(nn.Module):
     k_eq_v: bool = False
     per_layer: int | None = None
     layer_scalar: bool = False
+    store_kv: bool = False  # return this layer's (keys, values) for the layers that reuse them (num_kv_shared_layers)
 
     @nn.compact
-    def __call__(self, x, segment_ids=None, positions=None, layer=None, per_layer_input=None):
+    def __call__(self, x, segment_ids=None, positions=None, layer=None, per_layer_input=None, shared_kv=None):
         # `layer`: this layer's flags in a mixed stack (LayerStack's layer_data; models/variants.py's LOCAL, NOPE).
         local = layer_flag(layer, LOCAL, self.mixed_window)
         nope = layer_flag(layer, NOPE, self.mixed_rope)
         y = pre_norm(self, x, "attn", make_norm)
+        stored = None
         if self.linear is not None:  # Qwen3.5's linear-attention layers
             y = GatedDeltaNet(
                 self.linear,
@@ -124,8 +126,11 @@ class Block(nn.Module):
                 gate=self.attn_gate,
                 v_norm=self.v_norm,
                 k_eq_v=self.k_eq_v,
+                store_kv=self.store_kv,
                 name="attn",
-            )(y, segment_ids, positions, local=local, nope=nope)
+            )(y, segment_ids, positions, local=local, nope=nope, shared_kv=shared_kv)
+            if self.store_kv:
+                y, stored = y
         x = x + post_norm(self, y, "attn", make_norm)
         y = pre_norm(self, x, "mlp", make_norm)
         if self.moe is not None:
@@ -150,7 +155,7 @@ class Block(nn.Module):
         if self.layer_scalar:
             x = layer_scalar(self, x)
         x = with_logical_constraint(x, ("batch", "length", "embed"))
-        return x, None
+        return x, stored
 
 
 __all__ = ["Block"]

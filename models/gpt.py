@@ -54,7 +54,7 @@ from partitioning.models.linear_attention import LinearShape, check_linear_layer
 from partitioning.models.lora import LoRA, adapt, checks_targets, for_call
 from partitioning.models.mla import MLAShape
 from partitioning.models.moe import MoE, check_moe_layers
-from partitioning.models.per_layer import PerLayerInputs, check_per_layer, layer_shape, per_layer_kwargs
+from partitioning.models.per_layer import PerLayerInputs, check_per_layer, kv_sharing, layer_shape, per_layer_kwargs
 from partitioning.models.variants import (
     NORM_PLACEMENTS,
     QK_NORMS,
@@ -144,6 +144,8 @@ class GPT(nn.Module):
     per_layer_input: int | None = None
     per_layer_vocab: int | None = None  # rows of the per-layer input table (None: vocab_size)
     layer_scalar: bool = False
+    kv_shared_layers: int = 0  # the last n layers reuse the keys and values of the last earlier layer of their type
+    shared_wide_mlp: bool = False  # ... and their MLP is twice as wide (use_double_wide_mlp)
 
     def __post_init__(self):
         positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
@@ -296,15 +298,18 @@ class GPT(nn.Module):
             x, _ = LayerStack(block, self.layers, kw, name="blocks", layer_data=flags)(x, *packed)
         else:
             linear = LinearShape.parse(self.linear_attn)
+            modes, shared = kv_sharing(self.layer_types, self.layers, self.kv_shared_layers), {}
             for i in range(self.layers):
                 moe = kw["moe"] if self.moe_layers is None or i in self.moe_layers else None
                 layer = {"layer": flags[i]} if flags else {}
                 lin = linear if self.linear_layers and i in self.linear_layers else None
-                layer.update(per_layer_kwargs(ple, i))
-                own = layer_shape(self, i, head_dim, kv_heads)  # Gemma 4's global layers: their own sizes
+                layer.update(per_layer_kwargs(ple, i, shared, self.layer_types, modes))
+                own = layer_shape(self, i, head_dim, kv_heads, modes)  # Gemma 4's global and shared layers
                 if own:
                     own["rotary_dim"] = rotary_dim(own.get("head_dim", head_dim), self.partial_rotary_factor)
-                x, _ = block(**{**kw, "moe": moe, "linear": lin, **own}, name=f"block_{i}")(x, *packed, **layer)
+                x, kv = block(**{**kw, "moe": moe, "linear": lin, **own}, name=f"block_{i}")(x, *packed, **layer)
+                if kv is not None:
+                    shared[self.layer_types[i]] = kv
         if balanced:
             x = balance(x, split, inverse=True)
         x = make_norm(self.norm, dt, pd, "final_norm", self.norm_eps)(x)

@@ -9,6 +9,9 @@
   ``norm(W_up(act(W_gate x) * input_i))``, its own slice ``input_i`` of those vectors.
 - **value norm** (:func:`value_norm`): an RMSNorm without a scale of each value head.
 - **layer scalar**: every layer's output is multiplied by a stored scalar (``layer_scalar``, ``(1,)``).
+- **shared keys and values** (:func:`kv_sharing`): the last ``kv_shared_layers`` layers have no key or value
+  projections; each attends with its own queries to the keys and values of the last earlier layer of its type
+  (decoding, it caches them too: the same values, so the same logits; the memory transformers saves is not saved).
 
 Example::
 
@@ -113,17 +116,55 @@ def check_per_layer(model: Any) -> None:
         raise ConfigError(
             f"global_kv_heads {model.global_kv_heads} must divide heads {model.heads}", arg="global_kv_heads"
         )
-    sized = glob + (["per_layer_input"] if model.per_layer_input else [])
+    if model.kv_shared_layers and not 0 < model.kv_shared_layers < model.layers:
+        raise ConfigError(
+            f"kv_shared_layers must be below layers ({model.layers}), got {model.kv_shared_layers!r}",
+            arg="kv_shared_layers",
+        )
+    kv_sharing(model.layer_types, model.layers, model.kv_shared_layers)
+    sized = glob + [n for n in ("per_layer_input", "kv_shared_layers") if getattr(model, n)]
     if sized and model.scan_layers:
         raise ConfigError(f"{sized[0]} needs scan_layers: false (its layers differ)", arg="scan_layers")
 
 
-def layer_shape(model: Any, i: int, head_dim: int, kv_heads: int) -> dict[str, Any]:
+def kv_sharing(layer_types: Any, layers: int, shared: int) -> tuple[str | None, ...]:
+    """Each layer's part in kv sharing, as transformers' ``kv_sharing_modes``: the last ``shared`` layers ``reuse``
+    the keys and values of the last earlier layer of their type (``store``); None for the others.
+
+    Example::
+
+        >>> from partitioning.models.per_layer import kv_sharing
+        >>> kv_sharing(["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"], 4, 1)
+        (None, 'store', 'store', 'reuse')
+    """
+    if not shared:
+        return (None,) * layers
+    types = list(layer_types or ["full_attention"] * layers)
+    first = layers - shared
+    modes: list[str | None] = [None if i < first else "reuse" for i in range(layers)]
+    for kind in set(types):
+        earlier = [i for i in range(first) if types[i] == kind]
+        if not earlier:
+            raise ConfigError(
+                f"kv_shared_layers {shared}: no earlier {kind} layer to share keys and values with",
+                arg="kv_shared_layers",
+            )
+        modes[earlier[-1]] = "store"
+    return tuple(modes)
+
+
+def layer_shape(model: Any, i: int, head_dim: int, kv_heads: int, modes: tuple = ()) -> dict[str, Any]:
     """Layer ``i``'s :class:`~partitioning.models.block.Block` options that differ from the model's (a global layer
-    of Gemma 4: its head size, kv heads, values from the keys); ``{}`` for the others."""
-    if model.layer_types is None or model.layer_types[i] != "full_attention":
-        return {}
+    of Gemma 4: its head size, kv heads, values from the keys; a layer storing or reusing shared keys and values);
+    ``{}`` for the others."""
     own: dict[str, Any] = {}
+    mode = modes[i] if modes else None
+    if mode == "store":
+        own["store_kv"] = True
+    if mode == "reuse" and model.shared_wide_mlp:
+        own["mlp"] = 2 * model.mlp
+    if model.layer_types is None or model.layer_types[i] != "full_attention":
+        return own
     if model.global_head_dim and model.global_head_dim != head_dim:
         own["head_dim"] = model.global_head_dim
     if model.global_kv_heads and model.global_kv_heads != kv_heads:
@@ -133,9 +174,12 @@ def layer_shape(model: Any, i: int, head_dim: int, kv_heads: int) -> dict[str, A
     return own
 
 
-def per_layer_kwargs(ple: jax.Array | None, i: int) -> dict[str, Any]:
-    """Layer ``i``'s call arguments: its slice of the per-layer inputs, if the model has them."""
-    return {} if ple is None else {"per_layer_input": ple[:, :, i]}
+def per_layer_kwargs(ple: Any, i: int, shared: dict, types: Any, modes: tuple) -> dict[str, Any]:
+    """Layer ``i``'s call arguments: its slice of the per-layer inputs, the keys and values it reuses."""
+    out: dict[str, Any] = {} if ple is None else {"per_layer_input": ple[:, :, i]}
+    if modes and modes[i] == "reuse":
+        out["shared_kv"] = shared[(types or ["full_attention"] * len(modes))[i]]
+    return out
 
 
 def layer_scalar(module: nn.Module, x: jax.Array) -> jax.Array:
@@ -150,6 +194,7 @@ __all__ = [
     "PerLayerInputs",
     "PerLayerResidual",
     "check_per_layer",
+    "kv_sharing",
     "layer_scalar",
     "layer_shape",
     "per_layer_kwargs",

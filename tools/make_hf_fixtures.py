@@ -720,6 +720,32 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "gemma",
         {"model_class": "Gemma4ForConditionalGeneration"},
     ),
+    # Gemma 4 as its small (E2B, E4B) checkpoints are: the last 2 of 5 layers reuse the keys and values of the last
+    # earlier layer of their type (layers 2 and 1), with MLPs twice as wide; per-layer inputs; the global layers'
+    # own values.
+    "gemma4_shared": (
+        "Gemma4TextConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=32,
+            num_hidden_layers=5,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=8,
+            global_head_dim=16,
+            num_kv_shared_layers=2,
+            use_double_wide_mlp=True,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=VOCAB,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
+            + ["full_attention"],
+            sliding_window=5,
+            final_logit_softcapping=30.0,
+            max_position_embeddings=64,
+        ),
+        "gemma",
+        {},
+    ),
 }
 
 # Fixtures that also get `greedy.npy`: transformers' greedy continuation of their first GREEDY_PROMPT tokens
@@ -740,6 +766,7 @@ GREEDY = (
     "deepseek_v3",
     "qwen3_5",
     "gemma4",
+    "gemma4_shared",
 )
 GREEDY_PROMPT, GREEDY_TOKENS = 5, 12
 

@@ -81,12 +81,12 @@ def gemma4(cfg: Mapping[str, Any]) -> dict[str, Any]:
     not loaded): Gemma 3's block with ``x * w`` norms, no attention scale, values RMS-normed, global layers of their
     own head size (``global_head_dim`` / ``per_layer_config``) and kv heads (``num_global_key_value_heads`` with
     ``attention_k_eq_v``: values from the keys), proportional RoPE on the global layers, per-layer inputs
-    (``hidden_size_per_layer_input``), a scalar per layer; refused: mixture-of-experts layers (``enable_moe_block``),
-    layers sharing kv (``num_kv_shared_layers``), bidirectional attention."""
+    (``hidden_size_per_layer_input``), a scalar per layer, the last layers reusing earlier layers' keys and values
+    (``num_kv_shared_layers``, with ``use_double_wide_mlp``); refused: mixture-of-experts layers
+    (``enable_moe_block``), bidirectional attention."""
     cfg = text_config(cfg)
     for key, why in (
         ("enable_moe_block", "mixture-of-experts layers (Gemma 4 26B-A4B) are not supported"),
-        ("num_kv_shared_layers", "layers sharing another layer's keys and values are not supported"),
         ("use_bidirectional_attention", "bidirectional attention is not supported (the decoder is causal)"),
     ):
         if cfg.get(key):
@@ -128,6 +128,9 @@ def gemma4(cfg: Mapping[str, Any]) -> dict[str, Any]:
         global_k_eq_v=bool(cfg.get("attention_k_eq_v", False)),
         layer_scalar=True,
     )
+    shared = int(cfg.get("num_kv_shared_layers") or 0)
+    if shared:
+        out.update(kv_shared_layers=shared, shared_wide_mlp=bool(cfg.get("use_double_wide_mlp")))
     if width:
         vocab = cfg.get("vocab_size_per_layer_input")
         out.update(per_layer_input=width, per_layer_vocab=int(vocab or 262144))
@@ -137,8 +140,8 @@ def gemma4(cfg: Mapping[str, Any]) -> dict[str, Any]:
 _L = "model.layers.{i}."
 _SA = _L + "self_attn."
 _PL, _PLE = "per_layer_input", "(per_layer_layers per_layer)"
-# transformers' names; the global layers of an `attention_k_eq_v` checkpoint have no v_proj (`kv_layer`: the
-# layers that do), v_norm has no weight.
+# transformers' names; the layers reusing shared keys and values have no k_proj / v_proj / k_norm (`kv_layer`: the
+# layers that do), the global layers of an `attention_k_eq_v` checkpoint no v_proj (`v_layer`), v_norm no weight.
 GEMMA4 = (
     LLAMA[0],
     Tensor(
@@ -150,11 +153,11 @@ GEMMA4 = (
     Tensor("model.per_layer_projection_norm.weight", "ple/per_layer_norm/scale", "per_layer", when=_PL),
     LLAMA[1],
     Tensor(_SA + "q_proj.weight", "{layer}/attn/q", "(heads kv) embed"),
-    Tensor(_SA + "k_proj.weight", "{layer}/attn/k", "(kv_heads kv) embed"),
+    Tensor(_SA + "k_proj.weight", "{layer}/attn/k", "(kv_heads kv) embed", when="kv_layer"),
     Tensor(_SA + "v_proj.weight", "{layer}/attn/v", "(kv_heads kv) embed", when="v_layer"),
     Tensor(_SA + "o_proj.weight", "{layer}/attn/o", "embed (heads kv)"),
     Tensor(_SA + "q_norm.weight", "{layer}/attn/q_norm/scale", "kv"),
-    Tensor(_SA + "k_norm.weight", "{layer}/attn/k_norm/scale", "kv"),
+    Tensor(_SA + "k_norm.weight", "{layer}/attn/k_norm/scale", "kv", when="kv_layer"),
     Tensor(_L + "post_attention_layernorm.weight", "{layer}/attn_post_norm/scale", "embed"),
     Tensor(_L + "pre_feedforward_layernorm.weight", "{layer}/mlp_norm/scale", "embed"),
     *(r for r in LLAMA if ".mlp." in r.hf and r.when is None),

@@ -70,9 +70,14 @@ class HFDecoder(GPT):
         """Whether layer ``i`` is a linear-attention layer (Qwen3.5; the name map's ``when="linear_layer"``)."""
         return self.linear_layers is not None and i in self.linear_layers
 
+    def kv_layer(self, i: int) -> bool:
+        """Whether layer ``i`` has key (and value) projections: not one of Gemma 4's last layers reusing shared ones."""
+        return i < self.layers - self.kv_shared_layers
+
     def v_layer(self, i: int) -> bool:
         """Whether layer ``i`` has a value projection (not a Gemma 4 global layer whose values are its keys)."""
-        return not (self.global_k_eq_v and self.layer_types is not None and self.layer_types[i] == "full_attention")
+        glob = self.global_k_eq_v and self.layer_types is not None and self.layer_types[i] == "full_attention"
+        return self.kv_layer(i) and not glob
 
     def moe_layer(self, i: int) -> bool:
         """Whether layer ``i``'s MLP is a mixture of experts (the name map's ``when="moe_layer"``)."""

@@ -17,6 +17,19 @@ from tests.hf.test_roundtrip import HF_PYTHON, same_bits
 
 
 @pytest.mark.parametrize("preset", ["fsdp", "fsdp_tp", "tp"])
+def test_shared_kv_layers_logits_match_transformers(preset):
+    # gemma4_shared: layers 3 and 4 reuse the keys and values of layers 2 and 1 (E2B / E4B's num_kv_shared_layers).
+    mesh = mesh_for(preset)
+    model, variables = pt.hf.load_hf(fixture("gemma4_shared"), mesh, preset)
+    tokens, want = expected("gemma4_shared")
+    np.testing.assert_allclose(logits(model, variables, tokens, mesh, preset), want, atol=1e-4, rtol=0)
+    p = pt.unbox(variables)["params"]
+    assert set(p["block_3"]["attn"]) == {"q", "o", "q_norm"}  # no keys or values of its own
+    assert p["block_3"]["mlp"]["wi_0"].shape == (64, 32)  # twice as wide (use_double_wide_mlp)
+    assert p["block_2"]["mlp"]["wi_0"].shape == (32, 32)
+
+
+@pytest.mark.parametrize("preset", ["fsdp", "fsdp_tp", "tp"])
 def test_logits_match_transformers(preset):
     mesh = mesh_for(preset)
     model, variables = pt.hf.load_hf(fixture("gemma4"), mesh, preset)
@@ -61,10 +74,11 @@ def test_each_new_part_changes_the_logits():
         assert np.abs(logits(model.clone(**option), variables, tokens) - want).max() > 1e-2
 
 
-def test_round_trip_is_bit_exact_and_transformers_reads_it(tmp_path, repo):
-    model, variables = pt.hf.load_hf(fixture("gemma4"), mesh_for("fsdp"), "fsdp")
-    out = pt.hf.save_hf(model, variables, tmp_path / "gemma4")
-    want, got = tensors_of(fixture("gemma4")), tensors_of(out)
+@pytest.mark.parametrize("name", ["gemma4", "gemma4_shared"])
+def test_round_trip_is_bit_exact_and_transformers_reads_it(tmp_path, repo, name):
+    model, variables = pt.hf.load_hf(fixture(name), mesh_for("fsdp"), "fsdp")
+    out = pt.hf.save_hf(model, variables, tmp_path / name)
+    want, got = tensors_of(fixture(name)), tensors_of(out)
     assert sorted(got) == sorted(want)
     assert all(np.array_equal(got[k].view(np.uint8), want[k].view(np.uint8)) for k in want)
     assert json.loads((out / "config.json").read_text())["architectures"] == ["Gemma4ForCausalLM"]
@@ -72,17 +86,18 @@ def test_round_trip_is_bit_exact_and_transformers_reads_it(tmp_path, repo):
     assert same_bits(again, variables)
     if HF_PYTHON:
         tool = str(repo / "tools" / "make_hf_fixtures.py")
-        check = [tool, "--check", str(out), "--expect", str(fixture("gemma4"))]
+        check = [tool, "--check", str(out), "--expect", str(fixture(name))]
         r = subprocess.run([HF_PYTHON, *check], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
         assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_generate_gives_transformers_greedy_tokens():
-    # fsdp: the fixture's global layers have one kv head, which a tensor axis of 2 cannot split in the cache.
+@pytest.mark.parametrize("name", ["gemma4", "gemma4_shared"])
+def test_generate_gives_transformers_greedy_tokens(name):
+    # fsdp: the fixtures' layers have one kv head, which a tensor axis of 2 cannot split in the cache.
     mesh = mesh_for("fsdp")
-    model, variables = pt.hf.load_hf(fixture("gemma4"), mesh, "fsdp")
-    prompt = [int(t) for t in np.load(fixture("gemma4") / "tokens.npy")[0, :5]]
-    want = np.load(fixture("gemma4") / "greedy.npy").tolist()
+    model, variables = pt.hf.load_hf(fixture(name), mesh, "fsdp")
+    prompt = [int(t) for t in np.load(fixture(name) / "tokens.npy")[0, :5]]
+    want = np.load(fixture(name) / "greedy.npy").tolist()
     got = pt.decode.generate(model, variables["params"], prompt, mesh=mesh, rules="fsdp", max_tokens=len(want))
     assert got == want
 
@@ -91,7 +106,8 @@ def test_generate_gives_transformers_greedy_tokens():
     "change, message",
     [
         ({"enable_moe_block": True}, "enable_moe_block: mixture-of-experts layers"),
-        ({"num_kv_shared_layers": 2}, "num_kv_shared_layers: layers sharing"),
+        ({"num_kv_shared_layers": 4}, "kv_shared_layers must be below layers"),
+        ({"num_kv_shared_layers": 3}, "no earlier full_attention layer to share"),
         ({"per_layer_config": {"0": {"head_dim": 16}}}, "per_layer_config must give every full_attention layer"),
         ({"rope_parameters": {"full_attention": {"rope_type": "yarn"}}}, "rope_type 'yarn' is not supported"),
     ],
