@@ -240,7 +240,8 @@ class Attention(nn.Module):
         wo = kernel(self, "o", heads, embed, pd, h * k, oi)
         q = project(self, "q", f"btd,{order(oi, 'd', 'hk')}->bthk", x, wq, dt, self.lora, embed, heads, oi)
         own = shared_kv is None  # Gemma 4's layers that reuse another's keys and values have no k / v of their own
-        kk = v = None
+        kk: Any = None
+        v: Any = None
         if own:
             wk = kernel(self, "k", embed, groups, pd, d, oi)
             kk = project(self, "k", f"btd,{order(oi, 'd', 'gk')}->btgk", x, wk, dt, self.lora, embed, groups, oi)

@@ -298,7 +298,8 @@ class GPT(nn.Module):
             x, _ = LayerStack(block, self.layers, kw, name="blocks", layer_data=flags)(x, *packed)
         else:
             linear = LinearShape.parse(self.linear_attn)
-            modes, shared = kv_sharing(self.layer_types, self.layers, self.kv_shared_layers), {}
+            modes = kv_sharing(self.layer_types, self.layers, self.kv_shared_layers)
+            shared: dict[str, Any] = {}  # layer type -> the (keys, values) its shared layers reuse
             for i in range(self.layers):
                 moe = kw["moe"] if self.moe_layers is None or i in self.moe_layers else None
                 layer = {"layer": flags[i]} if flags else {}

@@ -44,8 +44,8 @@ def value_norm(v: jax.Array, eps: float) -> jax.Array:
     Example::
 
         >>> from partitioning.models.per_layer import value_norm
-        >>> value_norm(jnp.array([[3.0, 4.0]]), 1e-6).round(4).tolist()     # RMS 3.5355
-        [[0.8485, 1.1314]]
+        >>> [round(float(v), 4) for v in value_norm(jnp.array([3.0, 4.0]), 1e-6)]     # RMS 3.5355
+        [0.8485, 1.1314]
     """
     v32 = v.astype(jnp.float32)
     return (v32 * jax.lax.rsqrt(jnp.mean(v32 * v32, axis=-1, keepdims=True) + eps)).astype(v.dtype)

@@ -24,8 +24,9 @@ Example::
     >>> f = scaled_frequencies(8, 10000.0, yarn, 16)
     >>> [round(float(f[i]), 5) for i in (0, -1)]               # the fastest kept, the slowest interpolated
     [1.0, 0.00025]
-    >>> scaled_frequencies(8, 10000.0, {"rope_type": "proportional", "partial_rotary_factor": 0.5}).tolist()
-    [1.0, 0.009999999776482582, 0.0, 0.0]
+    >>> half = scaled_frequencies(8, 10000.0, {"rope_type": "proportional", "partial_rotary_factor": 0.5})
+    >>> [round(float(v), 4) for v in half]                      # 2 of the 4 frequencies, the others 0
+    [1.0, 0.1, 0.0, 0.0]
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from partitioning.models.hf.fields import _LLAMA_DEFAULTS, _decoder, _plain
 from partitioning.models.hf.gemmas import text_config
 from partitioning.models.hf.tables import GEMMA3_EXTRA, LLAMA, Tensor
 
-_DEFAULTS = {
+_DEFAULTS: dict[str, Any] = {
     **_LLAMA_DEFAULTS,
     "vocab_size": 262144,
     "hidden_size": 2304,
