@@ -83,14 +83,16 @@ def gemma4(cfg: Mapping[str, Any]) -> dict[str, Any]:
     ``attention_k_eq_v``: values from the keys), proportional RoPE on the global layers, per-layer inputs
     (``hidden_size_per_layer_input``), a scalar per layer, the last layers reusing earlier layers' keys and values
     (``num_kv_shared_layers``, with ``use_double_wide_mlp``); refused: mixture-of-experts layers
-    (``enable_moe_block``), bidirectional attention."""
+    (``enable_moe_block``), bidirectional attention over text (``use_bidirectional_attention: all``)."""
     cfg = text_config(cfg)
-    for key, why in (
-        ("enable_moe_block", "mixture-of-experts layers (Gemma 4 26B-A4B) are not supported"),
-        ("use_bidirectional_attention", "bidirectional attention is not supported (the decoder is causal)"),
-    ):
+    for key, why in (("enable_moe_block", "mixture-of-experts layers (Gemma 4 26B-A4B) are not supported"),):
         if cfg.get(key):
             raise ConfigError(f"{key}: {why}", arg=key)
+    if cfg.get("use_bidirectional_attention") == "all":  # "vision": image tokens only; text stays causal
+        raise ConfigError(
+            "use_bidirectional_attention: all is not supported (the decoder is causal)",
+            arg="use_bidirectional_attention",
+        )
     out = _decoder({**cfg, "rope_parameters": None, "rope_theta": 10000.0, "layer_types": None}, _DEFAULTS)
     n = out["layers"]
     pattern = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n)]

@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 import partitioning as pt
 from partitioning.models.hf.model import build
 from tests.hf.conftest import expected, fixture, logits, mesh_for, tensors_of
+from tests.hf.test_families import count
 from tests.hf.test_roundtrip import HF_PYTHON, same_bits
 
 
@@ -110,6 +111,7 @@ def test_generate_gives_transformers_greedy_tokens(name):
         ({"num_kv_shared_layers": 3}, "no earlier full_attention layer to share"),
         ({"per_layer_config": {"0": {"head_dim": 16}}}, "per_layer_config must give every full_attention layer"),
         ({"rope_parameters": {"full_attention": {"rope_type": "yarn"}}}, "rope_type 'yarn' is not supported"),
+        ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention: all is not supported"),
     ],
 )
 def test_what_is_refused_is_named(change, message):
@@ -136,3 +138,21 @@ def test_the_text_tower_of_a_multimodal_checkpoint(tmp_path):
     text = {k.replace("model.language_model.", "model."): v for k, v in original.items() if "language_model" in k}
     assert sorted(saved) == sorted(text)
     assert all(np.array_equal(saved[k].view(np.uint8), text[k].view(np.uint8)) for k in text)
+
+
+def test_the_31b_config_gives_transformers_parameter_count(repo):
+    # configs/hf/gemma-4-31b: the text_config fields public sources quote for google/gemma-4-31B (not a verbatim
+    # download). transformers' Gemma4ForCausalLM of it has 30,697,345,280 parameters (the card's 30.7B): tied
+    # 262,144 x 5,376 = 1,409,286,144 embedding ones; 50 sliding layers x 478,959,104 (q, k, v, o of 32 / 16 / 16
+    # heads of 256, GeGLU 3 x 5,376 x 21,504, 4 norms, q/k norms) and 10 global ones x 534,009,856 (32 heads and
+    # 4 kv heads of 512, values from the keys: no v) + the final norm = 29,288,059,136. Here each layer's scalar
+    # (transformers' `layer_scalar` buffer, saved in the checkpoint) is a parameter too: 60 more.
+    total = 1_409_286_144 + 50 * 478_959_104 + 10 * 534_009_856 + 5_376
+    assert count(repo / "configs/hf/gemma-4-31b") == total + 60 == 30_697_345_280 + 60
+    model = pt.hf.hf_model(repo / "configs/hf/gemma-4-31b")
+    assert (model.global_kv_heads, model.global_k_eq_v, model.per_layer_input, model.sliding_window) == (
+        4,
+        True,
+        None,
+        1024,
+    )
