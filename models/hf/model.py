@@ -160,6 +160,10 @@ def export_config(model: Any) -> dict[str, Any]:
         "attn_softcap": model.attn_softcap is not None,
         "final_softcap": model.final_softcap is not None,
         "layer_types": model.layer_types is not None,
+        "v_norm": model.v_norm,
+        "per_layer_input": model.per_layer_input is not None,
+        "layer_scalar": model.layer_scalar,
+        "kv_shared_layers": model.kv_shared_layers > 0,
     }
     bad = [k for k, v in unsupported.items() if v]
     if bad or (model.sliding_window and (model.qkv_bias or model.mlp_bias)):

@@ -156,3 +156,12 @@ def test_the_31b_config_gives_transformers_parameter_count(repo):
         None,
         1024,
     )
+
+
+def test_plan_prints_the_31b_from_its_run_config(repo, monkeypatch, run_cli_in_process):
+    monkeypatch.chdir(repo)
+    r = run_cli_in_process("plan", "configs/gemma4_31b_hf.yaml", "--no-compile")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith(
+        "hf/gemma-4-31b (30,697,345,340 parameters) on mesh {'data': 1, 'fsdp': 32, 'tensor': 4}"
+    )
