@@ -746,6 +746,36 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "gemma",
         {},
     ),
+    # Gemma 4 as the 31B is (no per-layer inputs, values from the keys on the global layers), with what no published
+    # checkpoint has but the config allows: attention biases (q/k/v/o), untied logits, proportional RoPE with a
+    # factor, no soft-cap.
+    "gemma4_dense": (
+        "Gemma4TextConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            global_head_dim=16,
+            num_global_key_value_heads=2,
+            attention_k_eq_v=True,
+            attention_bias=True,
+            hidden_size_per_layer_input=0,
+            layer_types=["sliding_attention", "full_attention", "full_attention"],
+            sliding_window=5,
+            rope_parameters=dict(
+                full_attention=dict(rope_type="proportional", partial_rotary_factor=0.5, factor=2.0, rope_theta=5e5),
+                sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+            ),
+            final_logit_softcapping=None,
+            tie_word_embeddings=False,
+            max_position_embeddings=64,
+        ),
+        "gemma",
+        {},
+    ),
 }
 
 # Fixtures that also get `greedy.npy`: transformers' greedy continuation of their first GREEDY_PROMPT tokens

@@ -79,6 +79,14 @@ class HFDecoder(GPT):
         glob = self.global_k_eq_v and self.layer_types is not None and self.layer_types[i] == "full_attention"
         return self.kv_layer(i) and not glob
 
+    def k_bias_layer(self, i: int) -> bool:
+        """Whether layer ``i`` has a key bias (``attention_bias`` on a layer with keys of its own)."""
+        return self.qkv_bias and self.kv_layer(i)
+
+    def v_bias_layer(self, i: int) -> bool:
+        """Whether layer ``i`` has a value bias (``attention_bias`` on a layer with a value projection)."""
+        return self.qkv_bias and self.v_layer(i)
+
     def moe_layer(self, i: int) -> bool:
         """Whether layer ``i``'s MLP is a mixture of experts (the name map's ``when="moe_layer"``)."""
         return self.moe is not None and (self.moe_layers is None or i in self.moe_layers)

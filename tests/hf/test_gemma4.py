@@ -31,6 +31,19 @@ def test_shared_kv_layers_logits_match_transformers(preset):
 
 
 @pytest.mark.parametrize("preset", ["fsdp", "fsdp_tp", "tp"])
+def test_the_31b_shape_with_biases_matches_transformers(preset):
+    # gemma4_dense: no per-layer inputs, values from the keys on the global layers, q/k/v/o biases (the global
+    # layers' values are their biased keys), untied logits, proportional RoPE with a factor of 2.
+    mesh = mesh_for(preset)
+    model, variables = pt.hf.load_hf(fixture("gemma4_dense"), mesh, preset)
+    tokens, want = expected("gemma4_dense")
+    np.testing.assert_allclose(logits(model, variables, tokens, mesh, preset), want, atol=1e-4, rtol=0)
+    p = pt.unbox(variables)["params"]
+    assert "ple" not in p and "unembed" in p and "per_layer" not in p["block_0"]
+    assert {k for k in p["block_1"]["attn"] if "bias" in k} == {"q_bias", "k_bias", "o_bias"}
+
+
+@pytest.mark.parametrize("preset", ["fsdp", "fsdp_tp", "tp"])
 def test_logits_match_transformers(preset):
     mesh = mesh_for(preset)
     model, variables = pt.hf.load_hf(fixture("gemma4"), mesh, preset)
@@ -75,7 +88,7 @@ def test_each_new_part_changes_the_logits():
         assert np.abs(logits(model.clone(**option), variables, tokens) - want).max() > 1e-2
 
 
-@pytest.mark.parametrize("name", ["gemma4", "gemma4_shared"])
+@pytest.mark.parametrize("name", ["gemma4", "gemma4_shared", "gemma4_dense"])
 def test_round_trip_is_bit_exact_and_transformers_reads_it(tmp_path, repo, name):
     model, variables = pt.hf.load_hf(fixture(name), mesh_for("fsdp"), "fsdp")
     out = pt.hf.save_hf(model, variables, tmp_path / name)
