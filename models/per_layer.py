@@ -33,9 +33,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from partitioning.boxes import param_for_compute, with_logical_constraint, with_logical_partitioning
+from partitioning.boxes import logical_spec, param_for_compute, with_logical_constraint, with_logical_partitioning
 from partitioning.errors import ConfigError
-from partitioning.models.layers import ACTIVATIONS, Norm, kernel, order
+from partitioning.models.layers import ACTIVATIONS, Norm, kernel, order, row_parallel
 
 
 def value_norm(v: jax.Array, eps: float) -> jax.Array:
@@ -70,7 +70,8 @@ class PerLayerInputs(nn.Module):
         table = param_for_compute(table, names)
         b, t, d = x.shape
         flat = table.reshape(self.vocab, self.layers * self.width)
-        looked = jnp.take(flat, tokens, axis=0)
+        spec = logical_spec(("batch", "length", None))  # Explicit axes: the gather's output layout, named
+        looked = jnp.take(flat, tokens, axis=0) if spec is None else flat.at[tokens].get(out_sharding=spec, mode="fill")
         looked = looked.reshape(b, t, self.layers, self.width).astype(self.dtype)
         looked = looked * jnp.asarray(self.width**0.5, self.dtype)  # rounded to the compute dtype, as transformers
         outs = (("per_layer_layers", self.layers), ("per_layer", self.width))
@@ -99,7 +100,7 @@ class PerLayerResidual(nn.Module):
         wg = kernel(self, "gate", embed, width, self.param_dtype, d, oi)
         wu = kernel(self, "up", width, embed, self.param_dtype, self.width, oi)
         h = ACTIVATIONS[self.act](jnp.einsum(f"btd,{order(oi, 'd', 'p')}->btp", x, wg.astype(dt)))
-        h = jnp.einsum(f"btp,{order(oi, 'p', 'd')}->btd", h * per_layer_input.astype(dt), wu.astype(dt))
+        h = row_parallel(f"btp,{order(oi, 'p', 'd')}->btd", h * per_layer_input.astype(dt), wu.astype(dt))
         return x + Norm("rms", self.eps, dt, self.param_dtype, name="norm")(h)
 
 

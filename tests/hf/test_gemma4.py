@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 import partitioning as pt
 from partitioning.models.hf.model import build
-from tests.hf.conftest import expected, fixture, logits, mesh_for, tensors_of
+from tests.hf.conftest import MESHES, expected, fixture, logits, mesh_for, tensors_of
 from tests.hf.test_families import count
 from tests.hf.test_roundtrip import HF_PYTHON, same_bits
 
@@ -178,3 +178,13 @@ def test_plan_prints_the_31b_from_its_run_config(repo, monkeypatch, run_cli_in_p
     assert r.stdout.startswith(
         "hf/gemma-4-31b (30,697,345,340 parameters) on mesh {'data': 1, 'fsdp': 32, 'tensor': 4}"
     )
+
+
+def test_explicit_axes_name_the_per_layer_inputs_gather_and_contraction():
+    # On Explicit axes JAX cannot infer the per-layer table's gather (its vocab split over tensor) nor the
+    # per-layer projection back to embed (its width split over tensor): both are named.
+    mesh = pt.make_mesh(MESHES["fsdp_tp"], axis_types="explicit")
+    model, variables = pt.hf.load_hf(fixture("gemma4_mm"), mesh, "fsdp_tp")
+    tokens, want = expected("gemma4_mm")
+    tokens, want = np.tile(tokens, (2, 1)), np.tile(want, (2, 1, 1))  # the batch splits over fsdp (4)
+    np.testing.assert_allclose(logits(model, variables, tokens, mesh, "fsdp_tp"), want, atol=1e-4, rtol=0)
