@@ -37,6 +37,7 @@ from partitioning.plan.parallel import costs_from_records, stacked_bytes
 from partitioning.plan.plan import Plan, build_plan
 from partitioning.resolve import axes_tuple
 from partitioning.rules import Rules
+from partitioning.tune.compute import attention_kind
 from partitioning.tune.cost import analytic_estimate, shared_axes, token_axes
 from partitioning.tune.hardware import Hardware
 from partitioning.tune.nodes import placements
@@ -44,10 +45,14 @@ from partitioning.tune.space import Candidate, Result
 from partitioning.tune.workload import Workload, activation_bytes
 
 
-def _gathered_layer_bytes(plan: Plan, tokens: Sequence[str], layers: int) -> float:
+def _gathered_layer_bytes(plan: Plan, tokens: Sequence[str], layers: int, itemsize: int = 0) -> float:
+    """One layer's weights gathered over the token axes (FSDP), in ``itemsize``-byte elements where that is
+    smaller than the params' own (an accelerator casts a weight to the compute dtype before gathering it)."""
     mesh = plan.mesh
     total = sum(
-        leaf.per_device_bytes * math.prod(mesh[a] for a in shared_axes(leaf, mesh) if a in tokens)
+        leaf.per_device_bytes
+        * math.prod(mesh[a] for a in shared_axes(leaf, mesh) if a in tokens)
+        * (min(1.0, itemsize / leaf.dtype.itemsize) if itemsize else 1.0)
         for leaf in plan.params
         if any(a in tokens for a in shared_axes(leaf, mesh))
     )
@@ -98,12 +103,15 @@ def price(
     flops: Mapping[str, Mapping[str, float]] | None = None,
     records: Sequence[Mapping[str, Any]] = (),
     frozen: Collection[str] = (),
+    recompute: float | None = None,
 ) -> Result:
     """One layout priced, no search: ``c``'s mesh, remat, micro-batches with ``rules`` (and ``optimizer_rules``).
 
     The steps of the module docstring for one candidate: its plan (or ``plan``, already built), memory,
     fit against ``budget`` and the analytic estimate. A layout the rules cannot split comes back with
-    its ``reason``. Arguments as for :func:`search` (``frozen``: paths of params that do not train).
+    its ``reason``. Arguments as for :func:`search` (``frozen``: paths of params that do not train;
+    ``recompute``: the share of the forward matmuls the backward pass runs again, for a remat policy the
+    toolkit has no name for, priced with ``c.remat``'s memory).
 
     Example::
 
@@ -146,19 +154,24 @@ def price(
     tot = plan.totals
     r.state = {k: float(tot[k]["per_device"]) for k in ("params", "optimizer", "gradients")}
     tokens = token_axes(rules, c.sizes, w)
+    frozen = frozenset(frozen) | plan.frozen
+    attention = attention_kind(w, hw)
+    cast = 0 if hw.measured else w.compute_bytes  # XLA:CPU gathers the params' dtype; accelerators the compute's
     r.activations = activation_bytes(
         w,
         rules,
         c.sizes,
         remat=c.remat or "none",
         micro_batch=w.batch // c.grad_accum,
-        gathered_layer_bytes=_gathered_layer_bytes(plan, tokens, w.layers // c.stages),
+        gathered_layer_bytes=_gathered_layer_bytes(plan, tokens, w.layers // c.stages, cast),
+        gathered_grad_bytes=_gathered_layer_bytes(plan, tokens, w.layers // c.stages),
         grad_bytes=r.state["gradients"],
         grad_accum=c.grad_accum,
         stages=c.stages,
         microbatches=c.microbatches,
         repeats=c.repeats,
         context=c.context,
+        attention=attention,
     )
     r.peak = sum(r.state.values()) + r.activations["total"]
     parallel = (
@@ -188,6 +201,8 @@ def price(
             parallel=parallel,
             context=c.context,
             nodes=spot,
+            frozen=frozen,
+            recompute=recompute,
         )
         if spot is not None:
             r.placements.append((spot, est.step_time))
