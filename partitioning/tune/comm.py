@@ -73,7 +73,7 @@ def priced_comm(
         >>> h100, mesh = pt.tune.hardware("h100"), {"data": 4, "fsdp": 8}
         >>> c = priced_comm(h100, mesh, {"fsdp": 4}, ("fsdp",), "all-gather", "fwd", 1e9, 1, "weights")
         >>> c.nodes, round(c.seconds * 1e3, 2)       # 4 nodes of 2 fsdp devices: 2 NICs at 47 of 50 GB/s
-        (4, 10.67)
+        (4, 10.68)
     """
     kind, phase, nbytes, count, what = args
     group = math.prod(mesh[a] for a in axes) if axes else 1

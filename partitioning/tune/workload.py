@@ -36,8 +36,8 @@ log-sum-exp per query and head, not the ``T x T`` scores;
 
 plus the float32 logits (three copies: logits, softmax, their gradient; of one
 micro-batch when pipelined, as the recomputed layer), the weights one layer
-gathers under FSDP (twice, in the compute dtype on an accelerator, and its
-gradient in the params' dtype before the reduce-scatter) and, with
+gathers under FSDP (twice, in the compute dtype on an accelerator, and the
+largest one's gradient in the params' dtype before its reduce-scatter) and, with
 micro-batches, a float32 gradient accumulator. An estimate, within about 25% of XLA's compiled ``temp`` for the
 reference GPT in float32 on the CPU (tests/tune/test_workload.py); XLA's CPU
 backend computes bfloat16 in float32, so its compiled figure for a bfloat16
@@ -315,8 +315,9 @@ def activation_bytes(
 
     ``attention``: ``xla`` or ``fused`` (default: the workload's; ``auto`` counts as ``xla`` here, the
     tuner resolves it per hardware). A fused kernel keeps a float32 log-sum-exp per query and head instead
-    of the ``T x T`` scores. ``gathered_grad_bytes``: the gathered layer's gradient (default
-    ``gathered_layer_bytes``: the weights gathered in the params' own dtype).
+    of the ``T x T`` scores. ``gathered_grad_bytes``: the gathered gradient held before its reduce-scatter
+    (default ``gathered_layer_bytes``: the layer's weights in the params' own dtype; the tuner gives the
+    largest single weight's, each gradient being reduced as the backward pass makes it).
 
     Pipelined (``stages`` S > 1, ``microbatches`` M, ``repeats`` R) a device keeps, for each of the
     ``R M + S - 1`` iterations of the schedule, the activations of one chunk of ``layers / (S R)``
