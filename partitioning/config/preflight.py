@@ -66,7 +66,7 @@ from partitioning.data.batch import batch_specs
 from partitioning.errors import CheckpointError, ConfigError, MeshError, PartitioningError, ShardingError
 from partitioning.mesh import MeshSpec
 from partitioning.outdir import file_in_the_way
-from partitioning.plan.budget import Budget, check_budget, device_memory
+from partitioning.plan.budget import Budget, HostBudget, check_budget, device_memory, refuse_host
 from partitioning.plan.compiled import memory_stats
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.resolve import REMEDY
@@ -92,6 +92,7 @@ class Ready:
     resume_note: str | None = None  # how the config differs from the checkpoint's, when resuming
     remat_note: str | None = None  # which policy `remat: auto` became, and why
     context_note: str | None = None  # which strategy `context_parallel: auto` became, and why
+    host: HostBudget | None = None  # the offloaded state's host memory (train.offload), None without it
 
 
 def writable_dir(path: Path, where: str) -> None:
@@ -308,6 +309,7 @@ def preflight(
     plan = build_plan(
         a.params, a.opt_state, mesh, cfg.rules, optimizer_rules=cfg.optimizer_rules, on_indivisible=cfg.on_indivisible
     )
+    plan.offload, plan.offload_update = tuple(cfg.train.offload), cfg.train.offload_update  # the trainer's
     check_axes_used(cfg, plan.mesh, plan.params + plan.opt_state)
     # The train step is traced (and lowered) here, so a model that fails to trace stops the run before
     # anything is written; the compile for the memory figure reuses it.
@@ -322,6 +324,7 @@ def preflight(
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
+    host = refuse_host(plan, cfg.mesh.host_memory, len(mesh.local_devices), cfg.where, compiled)
     ready = Ready(
         cfg,
         mesh,
@@ -338,6 +341,7 @@ def preflight(
         changed,
         remat_note,
         context_note,
+        host,
     )
     if complete is not None and step is not None:
         raise RunComplete(complete, step=step, ready=ready)
@@ -373,7 +377,8 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, re
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
-    ready = Ready(cfg, sizes, None, None, None, None, run_dir, ckpt_dir, step, fit, plan)
+    host = refuse_host(plan, cfg.mesh.host_memory, min(devices, jax.local_device_count()), cfg.where)
+    ready = Ready(cfg, sizes, None, None, None, None, run_dir, ckpt_dir, step, fit, plan, host=host)
     if complete is not None and step is not None:
         raise RunComplete(complete, step=step, ready=ready)
     return ready

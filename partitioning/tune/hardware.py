@@ -40,6 +40,7 @@ from typing import Any
 from partitioning.errors import ConfigError, did_you_mean
 from partitioning.plan.flops import PEAK_TFLOPS
 from partitioning.tune.efficiency import GemmTable, model_table, sm90
+from partitioning.tune.host_link import host_link
 from partitioning.tune.links import (
     Link,
     alpha_beta,
@@ -89,6 +90,11 @@ class Hardware:
     efficiency: float = 1.0
     description: str = ""
     sources: tuple[str, ...] = ()
+    # The host (offload): bytes/s between host memory and one device each way, host RAM per device, a device's
+    # share of the host's memory bandwidth; None: not published (tune/host_link.py), offload is not priced.
+    host_bandwidth: float | None = None
+    host_memory: int | None = None
+    host_memory_bandwidth: float | None = None
     gemm: GemmTable | None = None  # the share of peak each GEMM shape reaches (None: every shape at peak)
     links: tuple[Link, ...] = ()  # collectives by message size: inside a node, across nodes (none: the peaks)
     # The share of a collective's time the compute beside it loses (GPUs: NCCL's kernels run on the SMs the
@@ -329,6 +335,9 @@ PROFILES: dict[str, Hardware] = {
         sources=(_SB_TRAIN, _SB_TPU, "https://cloud.google.com/tpu/docs/v5p"),
     ),
 }
+
+# The host link of each profile that publishes one, and its sources (partitioning.tune.host_link).
+PROFILES = {k: dataclasses.replace(p, **host_link(k, p.sources)) for k, p in PROFILES.items()}
 
 ALIASES = {"a100": "a100-80g", "v4p": "v4", "tpu-v4": "v4", "tpu-v5e": "v5e", "tpu-v5p": "v5p", "h100-sxm": "h100"}
 

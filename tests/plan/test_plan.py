@@ -170,7 +170,10 @@ def test_plan_json_keys(make_plan, make_mlp):
         "warnings",
         "errors",
     }
-    assert set(j["totals"]) == {"params", "optimizer", "gradients", "total", "trainable", "frozen"}
+    assert set(j["totals"]) == {"params", "optimizer", "gradients", "total", "trainable", "frozen", "device", "host"}
+    assert j["totals"]["device"]["per_device"] == j["totals"]["total"]["per_device"] and j["totals"]["host"] == {
+        "per_device": 0
+    }
     assert j["totals"]["trainable"] == j["totals"]["params"] and j["totals"]["frozen"]["total"] == 0
     assert set(j["totals"]["params"]) == {"per_device", "total", "ideal"}
     assert set(j["warnings"]) == {
@@ -193,6 +196,7 @@ def test_plan_json_keys(make_plan, make_mlp):
         "total_bytes": 32 * 256 * 4,
         "replicated": False,
         "named_by": None,
+        "memory_kind": "device",
     }
 
 
