@@ -158,8 +158,8 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
 
 def memory_kinds_line(report: dict[str, Any]) -> str:
     """One line: the state per device on the device (during the passes, during the update) and on the host."""
-    totals, off = report["totals"], report["offload"]
-    dev, host = totals["device"], totals["host"]["per_device"]
+    kinds, off = report["memory_kinds"], report["offload"]
+    dev, host = kinds["device"], kinds["host"]["per_device"]
     update = (
         "the update brings the optimizer state to the device"
         if "optimizer" in off["state"] and off["update"] == "device"

@@ -105,7 +105,7 @@ def check_budget(plan: Plan, budget: int | None, compiled: dict[str, int] | None
         peak = int(plan.totals["total"]["per_device"])
         source = "analytic: params + gradients + optimizer state; activations not included"
     else:
-        peak = int(plan.totals["device"]["per_device"])
+        peak = int(plan.memory_kinds["device"]["per_device"])
         source = f"analytic: the state on the device, {', '.join(plan.offload)} offloaded; activations not included"
     return Budget(budget=budget, peak=peak, source=source, top=consumers(plan, compiled))
 
@@ -173,7 +173,7 @@ def check_host(plan: Plan, budget: int | None, devices: int, compiled: dict[str,
     ``budget`` (compiled figures when given: the step's host buffers)."""
     if compiled and "host" in compiled:
         return HostBudget(budget, int(compiled["host"]), int(devices), "compiled")
-    return HostBudget(budget, int(plan.totals["host"]["per_device"]), int(devices), "analytic")
+    return HostBudget(budget, int(plan.memory_kinds["host"]["per_device"]), int(devices), "analytic")
 
 
 def host_key(setting: int | str | None, where: Callable[..., str]) -> str:

@@ -157,12 +157,22 @@ class Plan:
         # The params again, split: not part of the total.
         out["trainable"] = cat(trainable)
         out["frozen"] = cat([leaf for leaf in self.params if not self.trains(leaf)])
-        # The total again, by memory kind (device: the larger of the passes' and the update's state).
-        p, o, g = (out[c]["per_device"] for c in CATEGORIES)
-        split = state_split(p, o, g, self.offload, self.offload_update)
-        out["device"] = {"per_device": split["device"], "passes": split["passes"], "update": split["update"]}
-        out["host"] = {"per_device": split["host"]}
         return out
+
+    @property
+    def memory_kinds(self) -> dict[str, dict[str, float]]:
+        """The state per device by memory kind (``train.offload``), kept apart from :attr:`totals`.
+
+        ``device``: ``per_device`` is the larger of ``passes`` (forward and backward) and ``update``;
+        ``host``: ``per_device`` held in pinned host memory between steps.
+        """
+        totals = self.totals
+        p, o, g = (totals[c]["per_device"] for c in CATEGORIES)
+        split = state_split(p, o, g, self.offload, self.offload_update)
+        return {
+            "device": {"per_device": split["device"], "passes": split["passes"], "update": split["update"]},
+            "host": {"per_device": split["host"]},
+        }
 
     def memory_kind(self, leaf: LeafLayout) -> str:
         """Where an array of the state lives between steps: ``device`` or ``pinned_host`` (offloaded)."""
@@ -252,6 +262,7 @@ class Plan:
             "leaves": [{**r, **_kinds(split.get(r["path"]))} for r in self.rows("params")],
             "optimizer_leaves": self.rows("optimizer"),
             "totals": self.totals,
+            "memory_kinds": self.memory_kinds,
             "offload": {"state": list(self.offload), "update": self.offload_update},
             "replicated_share": self.replicated_share,
             "warnings": {
@@ -331,7 +342,7 @@ def build_plan(
     expert costs (:func:`partitioning.plan.parallel.costs_from_records`).
     ``frozen`` are the paths (without ``params/``) of params that do not train
     (``trainer.frozen``): no gradient is priced for them. ``offload`` / ``offload_update``: the state kept in
-    host memory and where its update runs (``train.offload``): the totals' ``device`` and ``host`` entries.
+    host memory and where its update runs (``train.offload``): see :attr:`Plan.memory_kinds`.
 
     Example::
 

@@ -24,8 +24,9 @@ def test_plan_shows_device_and_host_bytes(config, tmp_path, run_cli_in_process):
     params, opt = t["params"]["per_device"], t["optimizer"]["per_device"]
     assert j["offload"] == {"state": ["optimizer"], "update": "device"}
     # The passes hold params and gradients; the update brings the optimizer state to the device; the host keeps it.
-    assert t["device"] == {"per_device": 2 * params + opt, "passes": 2 * params, "update": 2 * params + opt}
-    assert t["host"] == {"per_device": opt}
+    kinds = j["memory_kinds"]
+    assert kinds["device"] == {"per_device": 2 * params + opt, "passes": 2 * params, "update": 2 * params + opt}
+    assert j["memory_kinds"]["host"] == {"per_device": opt}
     wi = next(row for row in j["leaves"] if row["path"] == "params/wi_0")
     assert wi["memory_kind"] == "device" and wi["host_bytes"] == 2 * wi["per_device_bytes"]  # adam's mu and nu
     assert wi["device_bytes"] == 2 * wi["per_device_bytes"]  # the param and its gradient

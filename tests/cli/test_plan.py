@@ -20,6 +20,7 @@ PLAN_KEYS = {
     "leaves",
     "optimizer_leaves",
     "totals",
+    "memory_kinds",
     "replicated_share",
     "warnings",
     "errors",
