@@ -17,10 +17,9 @@ device for params, optimizer state and gradients beside the ideal ``total / devi
 - dimensions the rules could not split (indivisible sizes) — errors when
   ``on_indivisible='error'``, since the train step would refuse them.
 
-Gradients are laid out like the params they differentiate (the train step's
-reduction produces them in the params' shardings), so they cost what the
-params cost — trainable ones only: a ``frozen`` param (:mod:`partitioning.finetune.trainable`) costs its stored
-bytes, no gradient, no optimizer state. The totals split ``params`` into ``trainable`` and ``frozen``.
+Gradients are laid out like the params (the train step's reduction produces them in the params' shardings) and cost
+what they cost — trainable ones only: a ``frozen`` param (:mod:`partitioning.finetune.trainable`) costs its stored
+bytes, no gradient or optimizer state. The totals split ``params`` into ``trainable`` and ``frozen``.
 
 Example::
 
