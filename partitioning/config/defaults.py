@@ -112,14 +112,19 @@ def _candidate(cfg: Config, p: Priced, **change: Any) -> Candidate:
     return dataclasses.replace(base, **change)
 
 
-def _priced_choices(name: str, unit: str, results: dict[str, Any], source: str) -> Choices | None:
-    """Choices from priced results: the fastest that fits (else the smallest peak), each estimate in the line."""
+def _priced_choices(
+    name: str, unit: str, results: dict[str, Any], source: str, usual: str | None = None, by: float = 1.0
+) -> Choices | None:
+    """Choices from priced results: the fastest that fits (else the smallest peak), each estimate in the line;
+    ``usual`` (when it fits) unless another is priced faster by more than ``by``."""
     priced = {k: r for k, r in results.items() if r.analytic is not None}
     if not priced:
         return None
     fitting = {k: r for k, r in priced.items() if r.fits}
     if fitting:
         pick, why = min(fitting, key=lambda k: fitting[k].step_time), "fastest that fits"
+        if usual in fitting and usual != pick and fitting[usual].step_time <= by * fitting[pick].step_time:
+            pick, why = usual, f"fits; none priced over {(by - 1) * 100:.0f}% faster"
     else:
         pick, why = min(priced, key=lambda k: priced[k].peak), "smallest peak (none fits)"
     r = priced[pick]
@@ -182,10 +187,12 @@ def _accumulation(cfg: Config, p: Priced) -> Choices | None:
     if len(counts) < 2:
         return None
     results = p.results(cfg, {str(g): _candidate(cfg, p, grad_accum=g) for g in counts})
-    choices = _priced_choices("grad_accum", "micro-batch counts", results, p.source)
+    # Accumulating costs every pass again: one pass stays unless a count is priced 10% faster, and only the
+    # counts priced within 10% are worth a trial.
+    choices = _priced_choices("grad_accum", "micro-batch counts", results, p.source, usual="1", by=1.1)
     if choices is None:
         return None
-    choices.margin = 1.1  # accumulating costs every pass again: only a count priced within 10% is worth a trial
+    choices.margin = 1.1
     choices.usual = "1"
     return choices
 
