@@ -11,7 +11,7 @@ before it resolved):
 - ``train.microbatches``: the pipeline's micro-batches (``S, 2S, 4S, 8S``) with a ``stage`` axis.
 
 An option the config leaves unset (or writes as ``auto``) is decided by
-:func:`partitioning.tune.trial.decide`: tune's estimate of every choice on this process's hardware
+:func:`partitioning.train.trial.decide`: tune's estimate of every choice on this process's hardware
 (:func:`~partitioning.tune.measure.local_profile`), a verdict cached for the same run and devices, or the
 fitting choices timed on the run's devices — when ``train.measure_defaults`` allows (``null``: when the run
 has at least 1,000 steps per choice timed, so measuring costs at most a tenth of it). Each decided option is one line
@@ -50,11 +50,11 @@ from partitioning.model.registry import constructor_options, model_class
 from partitioning.parallel.pipeline import check_microbatches, pipeline_stages
 from partitioning.plan.budget import device_memory
 from partitioning.plan.plan import build_plan
+from partitioning.train.trial import STEPS_PER_CHOICE, Choices, Verdict, decide
 from partitioning.tune.hardware import hardware
 from partitioning.tune.measure import local_profile
 from partitioning.tune.price import price
 from partitioning.tune.space import CONTEXT_STRATEGIES, PIPELINE_MICROBATCHES, Candidate, length_axes
-from partitioning.tune.trial import STEPS_PER_CHOICE, Choices, Verdict, decide
 
 NOT_HERE = "not timed here (check estimates; train times them)"
 OFF = "train.measure_defaults is false"
@@ -273,7 +273,7 @@ class Trial:
 
 @dataclasses.dataclass
 class Defaults:
-    """The config with every ``auto`` default decided, each decision's :class:`~partitioning.tune.trial.Verdict`,
+    """The config with every ``auto`` default decided, each decision's :class:`~partitioning.train.trial.Verdict`,
     and the trainer of the decided config when one was built on the way (its step compiled)."""
 
     cfg: Config

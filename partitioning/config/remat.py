@@ -36,11 +36,11 @@ from partitioning.errors import PartitioningError
 from partitioning.model.registry import constructor_options, model_class
 from partitioning.parallel.pipeline import check_microbatches
 from partitioning.plan.budget import device_memory
+from partitioning.train.trial import Choices
 from partitioning.tune.hardware import hardware
 from partitioning.tune.host import priced_remats
 from partitioning.tune.measure import local_profile
 from partitioning.tune.remat import choose_remat
-from partitioning.tune.trial import Choices
 from partitioning.tune.workload import REMATS
 
 

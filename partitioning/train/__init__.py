@@ -7,6 +7,8 @@ Modules:
 - :mod:`~partitioning.train.init` — the sharded init (params, then the optimizer state) and ``init_from``.
 - :mod:`~partitioning.train.offload` — host offload: state in ``pinned_host`` memory, the update where it runs.
 - :mod:`~partitioning.train.lowering` — what a Trainer shows without running: layouts, lowered steps, init peak, FLOPs.
+- :mod:`~partitioning.train.trial` — a default's fitting choices timed on the run's devices, the fastest kept and
+  cached by run and devices (every ``auto`` default decides through it).
 - :mod:`~partitioning.train.timing` — train steps timed side by side: each choice compiled in threads, stepped in
   turns on one real batch and one state (how the ``auto`` defaults learn which choice is fastest here).
 - :mod:`~partitioning.train.optimizer` — optax optimizers and learning-rate schedules.

@@ -1,7 +1,7 @@
 """Timing train steps side by side: each choice's step compiled (in threads), stepped on one real batch, in turns.
 
 :func:`time_steps` is how a default that trades speed for memory (``model.remat: auto`` and the others,
-:mod:`partitioning.tune.trial`) learns which of its choices is fastest *here*, on the run's own devices:
+:mod:`partitioning.train.trial`) learns which of its choices is fastest *here*, on the run's own devices:
 
 1. every choice's train step is lowered (in turn: tracing is Python) and compiled in threads, all at
    once (XLA compiles without the GIL); a choice whose compiled peak exceeds ``memory`` is not run;

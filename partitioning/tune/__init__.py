@@ -26,8 +26,6 @@ Modules:
 - :mod:`~partitioning.tune.search` — price every candidate, reject with the reason, rank; fold in compiled views.
 - :mod:`~partitioning.tune.remat` — ``model.remat: auto``: every remat policy priced for one layout, the fastest
   that fits.
-- :mod:`~partitioning.tune.trial` — a default's fitting choices timed on the run's devices, the fastest kept and
-  cached by run and devices (every ``auto`` default decides through it).
 - :mod:`~partitioning.tune.crossover` — the per-device batch below which a layout becomes communication-bound.
 - :mod:`~partitioning.tune.plot` — the candidates' PNG: peak memory against estimated step time, the budget line.
 

@@ -65,7 +65,8 @@ def test_train_writes_metrics_config_and_plot(write, tmp_path, run_cli_in_proces
     assert -1 not in saved["mesh"]["shape"].values() and saved["rules"]["extra"][0] == ["batch", ["data", "fsdp"]]
     assert saved["rules"]["follows"] == "activations"
     again = load_config(run / "config.yaml")
-    assert again.train == load_config(path, ["data.seed=3"]).train and list(again.rules) == list(
+    # grad_accum: auto recorded as the count the run used (1: one pass fits)
+    assert again.train == load_config(path, ["data.seed=3", "train.grad_accum=1"]).train and list(again.rules) == list(
         load_config(path).rules
     )
     assert out.splitlines()[0].startswith("train: gpt (")

@@ -144,7 +144,7 @@ def test_grad_accum_auto_accumulates_when_one_pass_does_not_fit(tmp_path):
     assert (d.cfg.model_options["remat"], d.cfg.train.grad_accum) == ("full", 2)
     remat, accum = d.notes()
     assert remat.startswith("remat: auto -> full: the smallest peak (none fits) of 4 policies, est. ")
-    assert accum.startswith("grad_accum: auto -> 2: est. ") and "(fastest that fits; peak 1.21 MiB), 1 " in accum
+    assert accum.startswith("grad_accum: auto -> 2: est. ") and "(fastest that fits; peak 1.17 MiB), 1 " in accum
     assert accum.endswith("; estimated, not measured: the others are priced over 1.1x slower")
     fits = resolve_defaults(load_config(str(tmp_path / "run.yaml")), mesh_from_config(cfg))
     assert fits.cfg.train.grad_accum == 1 and len(fits.notes()) == 1  # one pass fits: 1, without a line

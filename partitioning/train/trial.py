@@ -12,7 +12,7 @@ the same way (:mod:`partitioning.config.defaults` says which choices each one ha
    :data:`MARGIN` of the best estimate are compiled and timed side by side
    (:func:`partitioning.train.timing.time_steps`: a few steps each on a real batch, within a
    budget of seconds per choice); the fastest wins and the verdict is cached
-   (``$PARTITIONING_CACHE/defaults/``, see :func:`partitioning.tune.measure.cache_dir`; delete a
+   (``$PARTITIONING_CACHE/defaults/``, see :func:`cache_dir`; delete a
    file to measure again);
 4. else the estimate decides, and the line says so and why.
 
@@ -21,7 +21,7 @@ read from the cache or estimated.
 
 Example::
 
-    >>> from partitioning.tune.trial import Choices, decide
+    >>> from partitioning.train.trial import Choices, decide
     >>> choices = Choices("remat", "policies", {"full": 0.10, "dots": 0.09}, pick="dots", line="dots: est. 90 ms")
     >>> mesh = pt.make_mesh({"data": -1})
     >>> decide(choices, what={"model": "example"}, mesh=mesh, measurable="no devices here").note()
@@ -44,7 +44,6 @@ import jax
 import numpy as np
 
 from partitioning.train.timing import Timings, agreed, time_steps
-from partitioning.tune.measure import cache_dir
 
 MARGIN = 1.5  # choices priced slower than the best by more than this are not timed
 BUDGET = 3.0  # wall seconds of timed steps per choice
@@ -168,6 +167,14 @@ def verdict_key(what: Mapping[str, Any], mesh: Any, choices: list[str]) -> dict[
     return {"run": dict(what), "devices": device_fingerprint(mesh), "choices": sorted(choices)}
 
 
+def cache_dir() -> Path:
+    """The cache folder, where :func:`partitioning.tune.measure.cache_dir` keeps the CPU profile (tune sits above
+    train): ``$PARTITIONING_CACHE``, else ``$XDG_CACHE_HOME/partitioning``, else ``~/.cache/partitioning``."""
+    if os.environ.get("PARTITIONING_CACHE"):
+        return Path(os.environ["PARTITIONING_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")) / "partitioning"
+
+
 def _path(name: str, key: Mapping[str, Any], directory: str | Path | None) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return Path(directory if directory is not None else cache_dir()) / "defaults" / f"{name}-{digest}.json"
@@ -239,7 +246,7 @@ def decide(
     devices of ``mesh`` and the choices; ``measurable``: None when the run's devices are here and
     measuring pays, else why not; ``build(choice)``: the choice's :class:`~partitioning.train.step.Trainer`;
     ``batch()``: one real global batch; ``memory``: per-device bytes a compiled choice may use;
-    ``directory``: the cache (default :func:`~partitioning.tune.measure.cache_dir`); ``cache``: False, the
+    ``directory``: the cache (default :func:`cache_dir`); ``cache``: False, the
     estimate decides (no verdict is read or written).
     """
     names = choices.candidates()

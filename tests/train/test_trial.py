@@ -1,4 +1,4 @@
-"""Defaults decided by trial (partitioning/tune/trial.py): the estimate, the cache and the measurement, in one line."""
+"""Defaults decided by trial (partitioning/train/trial.py): the estimate, the cache and the measurement, in one line."""
 
 import json
 
@@ -10,7 +10,7 @@ import pytest
 import partitioning as pt
 from partitioning.models import GPT
 from partitioning.train.timing import Timings
-from partitioning.tune.trial import Choices, Verdict, decide, read_verdict, verdict_key, write_verdict
+from partitioning.train.trial import Choices, Verdict, decide, read_verdict, verdict_key, write_verdict
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_a_lead_within_the_noise_keeps_the_estimates_pick(mesh, tmp_path, monkey
     def timed(trainers, batch, **kw):  # injected timings: the verdict, not the clock, is under test
         return Timings(dict(measured), {c: 3 for c in measured}, {}, {}, "cpu", compile_s=1.0, spent_s=2.0)
 
-    monkeypatch.setattr("partitioning.tune.trial.time_steps", timed)
+    monkeypatch.setattr("partitioning.train.trial.time_steps", timed)
     kw = dict(mesh=mesh, measurable=None, build=lambda c: c, batch=lambda: 0, directory=tmp_path)
     measured.update(full=0.100, dots=0.101)  # the estimate picked dots; full leads by 1%
     v = decide(_choices(full=0.10, dots=0.09), what={"m": 4}, **kw)
