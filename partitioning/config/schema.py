@@ -143,7 +143,9 @@ class HfModelConfig(Section):
     lora: dict[str, Any] | None = Field(
         default=None,
         description="LoRA adapters: {rank, alpha (default: rank), targets: [regex over parameter paths, ...], "
-        "dropout, rslora, dtype (default: float32)}; the same key works for name: gpt and _target_ models",
+        "dropout, rslora, dtype (default: float32), base_dtype (int8 | nf4: the frozen base's kernels stored "
+        "quantized, QLoRA; default: the param dtype), base_block (values per scale, default 64)}; the same key "
+        "works for name: gpt and _target_ models (base_dtype: gpt and Hugging Face families only)",
     )
     adapter: StrictStr | None = Field(
         default=None,

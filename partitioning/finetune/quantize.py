@@ -1,0 +1,234 @@
+"""A frozen base stored quantized (QLoRA): int8 and NF4 codes with block-wise absmax scales.
+
+``model.lora.base_dtype: int8 | nf4`` stores each projection kernel of the
+base as codes plus one float32 scale per block of ``base_block`` (64) values
+along the kernel's **last stored axis**; the layers dequantize it in their
+forward pass (:mod:`partitioning.models.quantized`), so only the layer being
+computed holds float weights.
+
+- ``int8``: ``q = round(127 w / absmax)``, ``w ~ q * absmax / 127`` (1 byte a value, + 4 / block bytes).
+- ``nf4``: QLoRA's NormalFloat4 (Dettmers et al. 2023; bitsandbytes' table :data:`NF4`): each value
+  ``w / absmax`` rounded to the nearest of 16 levels, two 4-bit codes a byte (the even index in the low
+  nibble, the odd one in the high nibble) along the last axis: 0.5 byte a value, + 4 / block bytes.
+
+Codes and scales keep the kernel's rank and logical names: the last axis of
+the codes has ``n`` (int8) or ``n / 2`` (nf4) entries and that of the scale
+``n / block``, so a rule that splits the kernel's last axis ``k`` ways splits
+codes and scales at the same block boundaries (when ``n / block`` divides by
+``k``) and every device dequantizes its own shard alone.
+
+Why not Qwix: its quantized arrays' scales carry no logical names (nothing a
+rule table could lay out), it quantizes by intercepting ``dot_general`` at
+trace time (the reference models read their weights through the rule context
+and a pipelined stack applies its block outside the model's scope), it has no
+NF4 code book, and it is not installed here.
+
+Example::
+
+    >>> from partitioning.finetune.quantize import quantize, dequantize
+    >>> w = jnp.array([[0.5, -1.0, 0.25, 0.0]])
+    >>> codes, scale = quantize(w, "nf4", 4)
+    >>> codes.dtype, codes.shape, scale.tolist()
+    (dtype('uint8'), (1, 2), [[1.0]])
+    >>> dequantize(codes, scale, "nf4", 4).round(4).tolist()       # the nearest levels: 0.4407, 0.2461
+    [[0.4407, -1.0, 0.2461, 0.0]]
+    >>> codes, scale = quantize(w, "int8", 4)
+    >>> codes.tolist(), dequantize(codes, scale, "int8", 4).round(4).tolist()
+    ([[64, -127, 32, 0]], [[0.5039, -1.0, 0.252, 0.0]])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from partitioning.errors import ConfigError
+
+BASE_DTYPES = ("int8", "nf4")
+DEFAULT_BLOCK = 64
+# The scale of a quantized kernel sits beside it: <name>_qscale.
+SCALE_SUFFIX = "_qscale"
+# bitsandbytes' NormalFloat4 levels (csrc/kernels.cu): the quantiles of N(0, 1) scaled to [-1, 1], 0 exact.
+NF4 = np.array(
+    [
+        -1.0,
+        -0.6961928009986877,
+        -0.5250730514526367,
+        -0.39491748809814453,
+        -0.28444138169288635,
+        -0.18477343022823334,
+        -0.09105003625154495,
+        0.0,
+        0.07958029955625534,
+        0.16093020141124725,
+        0.24611230194568634,
+        0.33791524171829224,
+        0.44070982933044434,
+        0.5626170039176941,
+        0.7229568362236023,
+        1.0,
+    ],
+    np.float32,
+)
+_NF4_MIDPOINTS = (NF4[1:] + NF4[:-1]) / 2
+
+
+def stored_shapes(shape: tuple[int, ...], kind: str, block: int) -> tuple[tuple[int, ...], Any, tuple[int, ...]]:
+    """``(codes shape, codes dtype, scale shape)`` of a kernel of ``shape`` stored as ``kind``.
+
+    Example::
+
+        >>> from partitioning.finetune.quantize import stored_shapes
+        >>> stored_shapes((80, 8192, 28672), "nf4", 64)
+        ((80, 8192, 14336), dtype('uint8'), (80, 8192, 448))
+    """
+    *lead, n = shape
+    codes = (*lead, n // 2 if kind == "nf4" else n)
+    return codes, np.dtype(np.uint8 if kind == "nf4" else np.int8), (*lead, n // block)
+
+
+def check_blocks(path: str, shape: tuple[int, ...], names: tuple, block: int) -> None:
+    """A ConfigError (``arg="lora.base_block"``) when the kernel's last axis does not divide into blocks.
+
+    Example::
+
+        >>> from partitioning.finetune.quantize import check_blocks
+        >>> check_blocks("blocks/attn/o", (2, 32, 4, 8), ("layers", "embed", "heads", "kv"), 64)
+        Traceback (most recent call last):
+        partitioning.errors.ConfigError: lora.base_block: blocks/attn/o's last axis (kv) has 8 values, \
+not a multiple of the block 64: set model.lora.base_block to an even divisor of it (e.g. 8)
+    """
+    n = shape[-1]
+    if n % block:
+        name = names[-1] if len(names) == len(shape) else None
+        even = [b for b in range(2, n + 1, 2) if n % b == 0 and b <= block]
+        hint = f" (e.g. {even[-1]})" if even else ""
+        raise ConfigError(
+            f"lora.base_block: {path}'s last axis ({name}) has {n} values, not a multiple of the block {block}: "
+            f"set model.lora.base_block to an even divisor of it{hint}",
+            arg="lora.base_block",
+        )
+
+
+def _blocks(w: jax.Array, block: int) -> jax.Array:
+    *lead, n = w.shape
+    return w.reshape(*lead, n // block, block)
+
+
+def quantize(w: jax.Array, kind: str, block: int = DEFAULT_BLOCK) -> tuple[jax.Array, jax.Array]:
+    """``(codes, scale)`` of ``w`` blocked along its last axis (:func:`stored_shapes`); absmax per block.
+
+    An all-zero block gets scale 0 (``nf4``: absmax; ``int8``: absmax / 127) and codes of zero.
+    """
+    blocks = _blocks(jnp.asarray(w, jnp.float32), block)
+    absmax = jnp.max(jnp.abs(blocks), axis=-1)
+    safe = jnp.where(absmax > 0, absmax, 1.0)[..., None]
+    if kind == "int8":
+        q = jnp.clip(jnp.round(blocks / safe * 127.0), -127, 127).astype(jnp.int8)
+        return q.reshape(w.shape), absmax / 127.0
+    idx = jnp.searchsorted(jnp.asarray(_NF4_MIDPOINTS), blocks / safe).astype(jnp.uint8).reshape(w.shape)
+    return idx[..., 0::2] | (idx[..., 1::2] << 4), absmax
+
+
+def dequantize(
+    codes: jax.Array, scale: jax.Array, kind: str, block: int = DEFAULT_BLOCK, dtype: Any = None
+) -> jax.Array:
+    """The kernel ``codes * scale`` (int8) or ``NF4[codes] * scale`` (nf4) stand for, in ``dtype`` (float32)."""
+    if kind == "int8":
+        values = codes.astype(jnp.float32)
+    else:
+        idx = jnp.stack([codes & 15, codes >> 4], axis=-1).reshape(*codes.shape[:-1], codes.shape[-1] * 2)
+        values = jnp.asarray(NF4)[idx]
+    w = (_blocks(values, block) * scale[..., None].astype(jnp.float32)).reshape(values.shape)
+    return w.astype(dtype or jnp.float32)
+
+
+def stored_bytes(params: int, kind: str | None, block: int = DEFAULT_BLOCK, dtype_bytes: int = 2) -> float:
+    """Bytes a frozen kernel of ``params`` values takes: ``dtype_bytes`` each unquantized, else codes + scales.
+
+    Example::
+
+        >>> from partitioning.finetune.quantize import stored_bytes
+        >>> stored_bytes(64, "nf4"), stored_bytes(64, "int8"), stored_bytes(64, None)
+        (36.0, 68.0, 128.0)
+    """
+    if kind is None:
+        return float(params * dtype_bytes)
+    return params * (0.5 if kind == "nf4" else 1.0) + params / block * 4
+
+
+def quantized_paths(flat: dict[tuple[str, ...], Any]) -> list[tuple[str, ...]]:
+    """The paths of a flat params dict that hold codes: those with a ``<name>_qscale`` beside them."""
+    return [k for k in flat if k[:-1] + (k[-1] + SCALE_SUFFIX,) in flat]
+
+
+def without_base_dtype(model: Any) -> Any:
+    """``model`` with its ``lora.base_dtype`` unset (its base in the param dtype); ``model`` itself otherwise."""
+    from partitioning.finetune.lora import LoRA
+
+    lora = LoRA.parse(getattr(model, "lora", None))
+    if lora is None or lora.base_dtype is None:
+        return model
+    return model.clone(lora=dataclasses.replace(lora, base_dtype=None))
+
+
+def dequantize_base(model: Any, variables: Any) -> tuple[Any, dict[str, Any]]:
+    """``(the model with a float base, {"params": ...})``: each quantized kernel dequantized, its scale dropped.
+
+    The kernels come back in the dtype of the unquantized model's params (its ``param_dtype``), each
+    on its codes' sharding; a model without a quantized base is returned as it is.
+
+    Example::
+
+        >>> from partitioning.finetune.quantize import dequantize_base
+        >>> from partitioning.models import GPT
+        >>> lora = {"rank": 2, "targets": ["attn/q$"], "base_dtype": "int8", "base_block": 16}
+        >>> model = GPT(embed=32, heads=2, mlp=64, layers=1, vocab_size=64, lora=lora)
+        >>> variables = model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+        >>> plain, out = dequantize_base(model, variables)
+        >>> attn = out["params"]["blocks"]["attn"]
+        >>> plain.lora.base_dtype, attn["q"].dtype, "q_qscale" in attn
+        (None, dtype('float32'), False)
+    """
+    from partitioning.finetune.lora import LoRA
+
+    plain = without_base_dtype(model)
+    lora = LoRA.parse(getattr(model, "lora", None))
+    params = variables.get("params", variables) if hasattr(variables, "get") else variables
+    if plain is model or lora is None:
+        return model, {"params": params}
+    from flax import traverse_util
+
+    from partitioning.boxes import unbox
+    from partitioning.model.interface import abstract_params
+
+    flat = traverse_util.flatten_dict(unbox(params))
+    want = traverse_util.flatten_dict(unbox(abstract_params(plain)))
+    out = {k: v for k, v in flat.items() if not k[-1].endswith(SCALE_SUFFIX)}
+    for k in quantized_paths(flat):
+        codes, scale = flat[k], flat[k[:-1] + (k[-1] + SCALE_SUFFIX,)]
+        sharding = codes.sharding if isinstance(codes, jax.Array) else None
+        fn = functools.partial(dequantize, kind=lora.base_dtype, block=lora.base_block, dtype=want[k].dtype)
+        out[k] = jax.jit(fn, out_shardings=sharding)(codes, scale)
+    return plain, {"params": traverse_util.unflatten_dict(out)}
+
+
+__all__ = [
+    "BASE_DTYPES",
+    "DEFAULT_BLOCK",
+    "SCALE_SUFFIX",
+    "NF4",
+    "stored_shapes",
+    "check_blocks",
+    "quantize",
+    "dequantize",
+    "stored_bytes",
+    "quantized_paths",
+    "without_base_dtype",
+    "dequantize_base",
+]
