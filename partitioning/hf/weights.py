@@ -267,7 +267,7 @@ def check_hf_files(path: str | os.PathLike, **options: Any) -> Path:
 
     ``options``: ``dtype``, ``param_dtype``, ``scan_layers``, ``remat`` as for ``load_hf``.
     """
-    model = hf_model(path, **options)
+    model = without_base_dtype(hf_model(path, **options))  # the files hold the float weights
     directory, cfg, family = _config(path)
     stored = discover(directory)  # reads and validates every header (truncation, damage)
     maps, shapes, *_ = weight_maps(model, family, stored, _abstract(model))
