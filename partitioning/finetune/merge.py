@@ -16,7 +16,7 @@ from flax import traverse_util
 from partitioning.boxes import unbox
 from partitioning.errors import CheckpointError, ConfigError
 from partitioning.finetune.lora import A_SUFFIX, B_SUFFIX, RANK_AXIS, LoRA
-from partitioning.finetune.quantize import dequantize_base
+from partitioning.finetune.quantized_base import dequantize_base
 from partitioning.model.interface import abstract_params as _abstract
 from partitioning.model.interface import param_names as _names
 

@@ -39,8 +39,7 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-import functools
+from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -162,60 +161,36 @@ def stored_bytes(params: int, kind: str | None, block: int = DEFAULT_BLOCK, dtyp
     return params * (0.5 if kind == "nf4" else 1.0) + params / block * 4
 
 
-def quantized_paths(flat: dict[tuple[str, ...], Any]) -> list[tuple[str, ...]]:
-    """The paths of a flat params dict that hold codes: those with a ``<name>_qscale`` beside them."""
-    return [k for k in flat if k[:-1] + (k[-1] + SCALE_SUFFIX,) in flat]
+def weight_counts(leaves: Iterable[Any]) -> dict[str, int]:
+    """``{leaf.path: the weights it stores}`` for leaves with ``path``, ``size``, ``dtype`` (a plan's LeafLayouts).
 
-
-def without_base_dtype(model: Any) -> Any:
-    """``model`` with its ``lora.base_dtype`` unset (its base in the param dtype); ``model`` itself otherwise."""
-    from partitioning.finetune.lora import LoRA
-
-    lora = LoRA.parse(getattr(model, "lora", None))
-    if lora is None or lora.base_dtype is None:
-        return model
-    return model.clone(lora=dataclasses.replace(lora, base_dtype=None))
-
-
-def dequantize_base(model: Any, variables: Any) -> tuple[Any, dict[str, Any]]:
-    """``(the model with a float base, {"params": ...})``: each quantized kernel dequantized, its scale dropped.
-
-    The kernels come back in the dtype of the unquantized model's params (its ``param_dtype``), each
-    on its codes' sharding; a model without a quantized base is returned as it is.
+    NF4 codes hold two weights an element, a scale none: the parameter counts (and FLOPs) of a quantized
+    model are its float twin's.
 
     Example::
 
-        >>> from partitioning.finetune.quantize import dequantize_base
-        >>> from partitioning.models import GPT
-        >>> lora = {"rank": 2, "targets": ["attn/q$"], "base_dtype": "int8", "base_block": 16}
-        >>> model = GPT(embed=32, heads=2, mlp=64, layers=1, vocab_size=64, lora=lora)
-        >>> variables = model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
-        >>> plain, out = dequantize_base(model, variables)
-        >>> attn = out["params"]["blocks"]["attn"]
-        >>> plain.lora.base_dtype, attn["q"].dtype, "q_qscale" in attn
-        (None, dtype('float32'), False)
+        >>> from types import SimpleNamespace as L
+        >>> from partitioning.finetune.quantize import weight_counts
+        >>> weight_counts([L(path="q", size=8, dtype=np.uint8), L(path="q_qscale", size=1, dtype=np.float32),
+        ...                L(path="norm", size=4, dtype=np.float32)])
+        {'q': 16, 'q_qscale': 0, 'norm': 4}
     """
-    from partitioning.finetune.lora import LoRA
+    leaves = list(leaves)
+    paths = {leaf.path for leaf in leaves}
+    out = {}
+    for leaf in leaves:
+        if leaf.path.endswith(SCALE_SUFFIX) and leaf.path[: -len(SCALE_SUFFIX)] in paths:
+            out[leaf.path] = 0
+        elif leaf.path + SCALE_SUFFIX in paths and np.dtype(leaf.dtype) == np.uint8:
+            out[leaf.path] = 2 * leaf.size
+        else:
+            out[leaf.path] = leaf.size
+    return out
 
-    plain = without_base_dtype(model)
-    lora = LoRA.parse(getattr(model, "lora", None))
-    params = variables.get("params", variables) if hasattr(variables, "get") else variables
-    if plain is model or lora is None:
-        return model, {"params": params}
-    from flax import traverse_util
 
-    from partitioning.boxes import unbox
-    from partitioning.model.interface import abstract_params
-
-    flat = traverse_util.flatten_dict(unbox(params))
-    want = traverse_util.flatten_dict(unbox(abstract_params(plain)))
-    out = {k: v for k, v in flat.items() if not k[-1].endswith(SCALE_SUFFIX)}
-    for k in quantized_paths(flat):
-        codes, scale = flat[k], flat[k[:-1] + (k[-1] + SCALE_SUFFIX,)]
-        sharding = codes.sharding if isinstance(codes, jax.Array) else None
-        fn = functools.partial(dequantize, kind=lora.base_dtype, block=lora.base_block, dtype=want[k].dtype)
-        out[k] = jax.jit(fn, out_shardings=sharding)(codes, scale)
-    return plain, {"params": traverse_util.unflatten_dict(out)}
+def quantized_paths(flat: dict[tuple[str, ...], Any]) -> list[tuple[str, ...]]:
+    """The paths of a flat params dict that hold codes: those with a ``<name>_qscale`` beside them."""
+    return [k for k in flat if k[:-1] + (k[-1] + SCALE_SUFFIX,) in flat]
 
 
 __all__ = [
@@ -228,7 +203,6 @@ __all__ = [
     "quantize",
     "dequantize",
     "stored_bytes",
+    "weight_counts",
     "quantized_paths",
-    "without_base_dtype",
-    "dequantize_base",
 ]

@@ -42,7 +42,8 @@ from partitioning.boxes import unbox
 from partitioning.context import get_logical_axis_rules
 from partitioning.errors import CheckpointError, ConfigError
 from partitioning.finetune.lora import LoRA, is_adapter
-from partitioning.finetune.quantize import SCALE_SUFFIX, quantize, quantized_paths, without_base_dtype
+from partitioning.finetune.quantize import SCALE_SUFFIX, quantize, quantized_paths
+from partitioning.finetune.quantized_base import without_base_dtype
 from partitioning.hf.check import arch_hint, check_config_keys, check_hf_path
 from partitioning.hf.files import DTYPES, discover, parse_size, read_config
 from partitioning.hf.name_map import check_params, expand, match

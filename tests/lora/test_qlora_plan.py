@@ -32,6 +32,7 @@ def test_an_nf4_base_of_70b_fits_2_x_80gib():
     assert fit.fits and fit.budget == 80 * GIB
     t = plan.totals
     assert KERNELS + OTHERS == 70_553_706_496  # every weight of the model, once
+    assert plan.num_params == KERNELS + OTHERS + ADAPTERS  # codes count their weights, scales none
     # NF4: half a byte a weight + a float32 absmax per 64; the rest bfloat16
     assert t["frozen"]["total"] == KERNELS // 2 + KERNELS // 64 * 4 + 2 * OTHERS
     assert t["trainable"]["total"] == t["gradients"]["total"] == 4 * ADAPTERS
