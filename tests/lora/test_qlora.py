@@ -141,3 +141,19 @@ def test_no_gradient_reaches_the_base_and_the_adapters_get_one():
     attn = params["blocks"]["attn"]
     g_scale, g_a = jax.grad(loss, argnums=(0, 1))(attn["q_qscale"], attn["q_lora_a"])
     assert not np.asarray(g_scale).any() and np.abs(np.asarray(g_a)).max() > 0
+
+
+def test_the_quantized_base_cannot_be_made_trainable():
+    from partitioning.finetune.trainable import subset_of
+
+    lora = {"rank": 2, "targets": ["attn/q$"], "base_dtype": "nf4", "base_block": 16}
+    model = GPT(embed=32, heads=2, mlp=64, layers=1, vocab_size=64, lora=lora)
+    params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 4), jnp.int32))["params"]
+    assert "blocks/attn/q" in subset_of(params, None).frozen  # the default: the adapters only
+    assert "embedding" not in subset_of(params, ["_lora_", "embedding"]).frozen  # a float leaf may train
+    with pytest.raises(pt.ConfigError) as e:
+        subset_of(params, ["attn/"])
+    assert str(e.value) == (
+        "trainable: blocks/attn/k is part of the quantized base (model.lora.base_dtype), which cannot train; "
+        "match the adapters only (the default with model.lora: _lora_[ab]$)"
+    )
