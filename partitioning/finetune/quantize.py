@@ -30,10 +30,10 @@ Example::
     >>> codes, scale = quantize(w, "nf4", 4)
     >>> codes.dtype, codes.shape, scale.tolist()
     (dtype('uint8'), (1, 2), [[1.0]])
-    >>> dequantize(codes, scale, "nf4", 4).round(4).tolist()       # the nearest levels: 0.4407, 0.2461
+    >>> np.asarray(dequantize(codes, scale, "nf4", 4), np.float64).round(4).tolist()   # the nearest levels
     [[0.4407, -1.0, 0.2461, 0.0]]
     >>> codes, scale = quantize(w, "int8", 4)
-    >>> codes.tolist(), dequantize(codes, scale, "int8", 4).round(4).tolist()
+    >>> codes.tolist(), np.asarray(dequantize(codes, scale, "int8", 4), np.float64).round(4).tolist()
     ([[64, -127, 32, 0]], [[0.5039, -1.0, 0.252, 0.0]])
 """
 
@@ -130,7 +130,11 @@ def quantize(w: jax.Array, kind: str, block: int = DEFAULT_BLOCK) -> tuple[jax.A
     if kind == "int8":
         q = jnp.clip(jnp.round(blocks / safe * 127.0), -127, 127).astype(jnp.int8)
         return q.reshape(w.shape), absmax / 127.0
-    idx = jnp.searchsorted(jnp.asarray(_NF4_MIDPOINTS), blocks / safe).astype(jnp.uint8).reshape(w.shape)
+    x = blocks / safe
+    # The nearest level: how many midpoints lie below. Elementwise against scalars (no gather, no sort), so it
+    # keeps any sharding, Explicit axes included.
+    idx = sum(((x > float(m)).astype(jnp.uint8) for m in _NF4_MIDPOINTS), jnp.zeros(x.shape, jnp.uint8))
+    idx = idx.reshape(w.shape)
     return idx[..., 0::2] | (idx[..., 1::2] << 4), absmax
 
 
@@ -138,13 +142,25 @@ def dequantize(
     codes: jax.Array, scale: jax.Array, kind: str, block: int = DEFAULT_BLOCK, dtype: Any = None
 ) -> jax.Array:
     """The kernel ``codes * scale`` (int8) or ``NF4[codes] * scale`` (nf4) stand for, in ``dtype`` (float32)."""
+    *lead, n = codes.shape
     if kind == "int8":
-        values = codes.astype(jnp.float32)
+        values = _blocks(codes, block).astype(jnp.float32)
     else:
-        idx = jnp.stack([codes & 15, codes >> 4], axis=-1).reshape(*codes.shape[:-1], codes.shape[-1] * 2)
-        values = jnp.asarray(NF4)[idx]
-    w = (_blocks(values, block) * scale[..., None].astype(jnp.float32)).reshape(values.shape)
+        n *= 2
+        packed = codes.reshape(*lead, n // block, block // 2)
+        values = _levels(jnp.stack([packed & 15, packed >> 4], axis=-1)).reshape(*lead, n // block, block)
+    w = (values * scale[..., None].astype(jnp.float32)).reshape(*lead, n)
     return w.astype(dtype or jnp.float32)
+
+
+def _levels(idx: jax.Array) -> jax.Array:
+    """``NF4[idx]`` as a tree of selects on the four bits: a gather would need its output layout named on
+    Explicit axes; 15 elementwise selects keep the codes' sharding."""
+    values: list[Any] = [float(v) for v in NF4]
+    for bit in range(4):
+        on = ((idx >> bit) & 1).astype(bool)
+        values = [jnp.where(on, values[2 * i + 1], values[2 * i]) for i in range(len(values) // 2)]
+    return jnp.asarray(values[0], jnp.float32)
 
 
 def stored_bytes(params: int, kind: str | None, block: int = DEFAULT_BLOCK, dtype_bytes: int = 2) -> float:

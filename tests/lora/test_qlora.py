@@ -157,3 +157,21 @@ def test_the_quantized_base_cannot_be_made_trainable():
         "trainable: blocks/attn/k is part of the quantized base (model.lora.base_dtype), which cannot train; "
         "match the adapters only (the default with model.lora: _lora_[ab]$)"
     )
+
+
+def test_an_nf4_base_runs_on_explicit_axes_with_the_same_logits():
+    # Dequantizing is elementwise (no gather): on Explicit axes the codes keep their layout.
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    lora = {"rank": 4, "targets": ["attn/(q|v)$", "mlp/"], "base_dtype": "nf4", "base_block": 8}
+    auto = pt.make_mesh({"data": 1, "fsdp": 4, "tensor": 2})
+    model, variables = pt.hf.load_hf(LLAMA, auto, "fsdp_tp", lora=lora)
+    tokens = jnp.arange(32).reshape(4, 8) * 7 % 320
+    with pt.sharding_context(auto, "fsdp_tp"):
+        want = np.asarray(jax.jit(model.apply)(variables, tokens))
+    mesh = pt.make_mesh({"data": 1, "fsdp": 4, "tensor": 2}, axis_types="explicit")
+    moved = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, x.sharding.spec)), variables)
+    with pt.sharding_context(mesh, "fsdp_tp"):
+        got = jax.jit(model.apply)(moved, jax.device_put(tokens, NamedSharding(mesh, P(("data", "fsdp")))))
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
