@@ -63,3 +63,12 @@ def test_scales_are_split_where_their_kernels_are(rules, shape, wo, q):
     for name, spec in (("blocks/mlp/wo", wo), ("blocks/attn/q", q)):
         codes, scale = leaves[f"params/{name}"], leaves[f"params/{name}_qscale"]
         assert codes.names == scale.names and codes.spec == scale.spec == spec
+
+
+def test_tune_prices_the_float_weights_flops_and_the_stored_bytes():
+    plan, _ = plan_of()
+    nf4 = pt.tune.workload(plan.params, batch_size=8, seq_len=2048)
+    bf16, _ = plan_of("model.lora.base_dtype=null")
+    assert nf4.params == plan.num_params == bf16.num_params  # the codes count their weights, the scales none
+    assert nf4.matmul_params == pt.tune.workload(bf16.params, batch_size=8, seq_len=2048).matmul_params
+    assert plan.totals["frozen"]["total"] < 0.31 * bf16.totals["frozen"]["total"]
