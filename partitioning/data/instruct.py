@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from partitioning.data.corpus import Corpus
+from partitioning.data.jsonl import jsonl_files, read_rows
 from partitioning.errors import DataError
 
 FORMATS = ("text", "chat", "prompt_completion")
@@ -83,45 +83,6 @@ class Examples:
         tokens = np.concatenate([t for t, _ in parts]) if parts else np.zeros(0, np.int32)
         mask = np.concatenate([m for _, m in parts]) if parts else np.zeros(0, np.uint8)
         return Examples(tokens, mask, offsets, source or self.source, self.skipped_turns)
-
-
-def jsonl_files(path: str | Path, arg: str = "path") -> list[Path]:
-    """A ``.jsonl`` file, or the ``*.jsonl`` files under a folder (sorted by relative path)."""
-    p = Path(path).expanduser()
-    if p.is_file():
-        return [p]
-    if p.is_dir():
-        files = sorted((f for f in p.rglob("*.jsonl") if f.is_file()), key=lambda f: f.relative_to(p).as_posix())
-        if not files:
-            raise DataError(f"{str(path)!r}: folder holds no .jsonl files", arg=arg)
-        return files
-    raise DataError(f"{str(path)!r}: no such file or folder", arg=arg)
-
-
-def read_rows(files: Sequence[Path], arg: str = "path") -> list[tuple[str, dict[str, Any]]]:
-    """``(file:line, row)`` of every non-blank line; a line that is not a JSON object is a DataError."""
-    rows = []
-    for f in files:
-        try:
-            text = f.read_text(encoding="utf-8")
-        except OSError as e:
-            raise DataError(f"{str(f)!r}: cannot read: {e.strerror}", arg=arg) from None
-        except UnicodeDecodeError as e:
-            raise DataError(f"{f}: not UTF-8 text (byte {e.start}); JSONL files are UTF-8", arg=arg) from None
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            where = f"{f}:{n}"
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                raise DataError(f"{where}: not valid JSON ({' '.join(str(e).split())})", arg=arg) from None
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: expected a JSON object per line, got {type(row).__name__}", arg=arg)
-            rows.append((where, row))
-    if not rows:
-        raise DataError(f"{', '.join(str(f) for f in files)}: no rows (one JSON object per line)", arg=arg)
-    return rows
 
 
 def _messages(row: dict[str, Any], where: str, arg: str) -> list[dict[str, Any]]:
