@@ -72,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if ready.remat_note:
         print(ready.remat_note)
+    if small and getattr(ready.train_batches, "note", None):
+        print(ready.train_batches.note)  # how the rows are packed and cut, as `train` says it
+    if ready.data_warning:
+        say(f"warning: {ready.data_warning}")
     if ready.budget is not None:
         print(f"memory: {ready.budget.describe()}")
     if ready.resume_step is not None:

@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-progress",
         action="store_true",
-        help="no progress bar: one plain line per logged step (the default when not on a terminal)",
+        help="no progress bar: one plain line per logged step (the default when not on a terminal); "
+        "tokenizing data says nothing until it is done",
     )
     p.add_argument(
         "--peak-tflops",
@@ -111,7 +112,9 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
     cfg = load_with_devices(args)  # sets up (simulated) devices before any jax computation
     resume = resume_of(args)
     # Every check first, the same as `check` makes (cli/preflight.py): a run that fails here has written nothing.
-    ready, _ = pre_flight(cfg, locks, devices=args.devices, resume=resume, resume_from=args.resume_from)
+    ready, _ = pre_flight(
+        cfg, locks, devices=args.devices, resume=resume, resume_from=args.resume_from, progress=not args.no_progress
+    )
     assert ready is not None  # without every=True the first problem was raised
     locks.acquire()
     cfg = ready.cfg  # with `model.remat: auto` resolved
@@ -146,6 +149,8 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
         for note in (ready.resume_note, ready.data_note, getattr(train_batches, "note", None)):
             if note:
                 print(note, flush=True)
+        if ready.data_warning:
+            say(f"warning: {ready.data_warning}")
     logger, trackers = trackers_from_config(cfg, run_dir, resolved)
     plot = LossPlot(logger, run_dir / "loss.png", title=plot_title(cfg))
     # Restore (or init) directly, so a resumed run never holds a fresh init and

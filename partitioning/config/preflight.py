@@ -9,8 +9,9 @@ mistake later, and a run that fails changes nothing on disk. In order:
 2. the model builds (options checked against its constructor) and every
    parameter divides over the mesh axes its rules give it;
 3. the batch (and micro-batch) divides over the batch axes;
-4. the data is there, of the right type, holds at least one batch for training and for eval, and
-   (token arrays) every token is inside the model's vocabulary;
+4. the data is there, of the right type, holds at least one batch for training and for eval,
+   (token arrays) every token is inside the model's vocabulary, and (instruction rows) the loss counts
+   some token at ``train.seq_len`` (:func:`~partitioning.config.run.check_loss_tokens`);
 5. ``run_dir`` and ``checkpoint.dir`` are folders (or can be made) and writable, ``checkpoint.dir`` holds
    nothing but checkpoints (:mod:`partitioning.config.ckptdir`), and the trackers' packages are installed;
 6. an existing checkpoint fits the model, if the run would resume from it;
@@ -89,6 +90,7 @@ class Ready:
     data_note: str | None = None  # how the data differs from the checkpoint's, when resuming
     resume_note: str | None = None  # how the config differs from the checkpoint's, when resuming
     remat_note: str | None = None  # which policy `remat: auto` became, and why
+    data_warning: str | None = None  # truncation cuts more of the answers than data.max_truncated_answers
 
 
 def writable_dir(path: Path, where: str) -> None:
@@ -280,18 +282,19 @@ def preflight(
     resume: bool | None,
     compile_memory: bool | None = None,
     resume_from: int | None = None,
+    progress: bool | str = False,
 ) -> Ready:
     """Runs every check ``train`` needs on this process's devices; raises the first problem as one line.
 
     ``compile_memory``: compile the step for XLA's memory figure (default:
-    only when there is a budget to compare it with).
+    only when there is a budget to compare it with). ``progress``: how tokenizing data shows progress.
     """
     mesh = _mesh(cfg, devices)
     run_dir, ckpt_dir = _dirs(cfg)  # the folders first: a look at them costs nothing, the model a build
     check_positions(cfg)  # before the model is traced at train.seq_len
     check_tokenizer_vocab(cfg)  # before the corpus is tokenized (and cached)
     cfg, remat_note = resolve_remat(cfg, mesh)
-    dataset = dataset_from_config(cfg)
+    dataset = dataset_from_config(cfg, progress)
     trainer = trainer_from_config(cfg, mesh, dataset)
     _, train, evals = data_from_config(cfg, trainer, dataset)
     target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
@@ -321,6 +324,7 @@ def preflight(
     ready = Ready(
         cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed, remat_note
     )
+    ready.data_warning = getattr(train, "warning", None)
     if complete is not None and step is not None:
         raise RunComplete(complete, step=step, ready=ready)
     return ready

@@ -1,9 +1,8 @@
 """The run config's typed sections: pydantic v2 models with every default and every range.
 
-Unknown keys are errors (``extra="forbid"``), types are strict (``steps: "10"``
-is not an int; an int is fine where a float is expected) and every number has
-its range. :func:`json_schema` is what ``partitioning config schema`` prints,
-so editors can complete and check YAML configs.
+Unknown keys are errors (``extra="forbid"``), types are strict (``steps: "10"`` is not an int; an int is
+fine where a float is expected) and every number has its range. :func:`json_schema` is what
+``partitioning config schema`` prints, so editors can complete and check YAML configs.
 
 Example::
 
@@ -102,7 +101,7 @@ class DataConfig(Section):
         "checkpoint's tokenizer.json with model.hf",
     )
     cache_dir: StrictStr | None = Field(
-        default=None, description="where tokenized text is cached; null: $XDG_CACHE_HOME/partitioning/tokens"
+        default=None, description="where tokenized data is cached; null: $XDG_CACHE_HOME/partitioning/tokens"
     )
     log_batches: StrictBool = Field(
         default=False, description="debug: a digest of each step's batch in RUN_DIR/batches.N.jsonl"
@@ -122,6 +121,12 @@ class DataConfig(Section):
         default=None,
         description="chat: a folder with tokenizer_config.json / chat_template.jinja, or a .jinja file; "
         "null: the tokenizer's folder",
+    )
+    truncation: Literal["right", "left", "drop"] | None = Field(
+        default=None, description="an example over seq_len + 1 tokens loses its end (right), start (left) or all (drop)"
+    )
+    max_truncated_answers: float = Field(
+        default=0.1, ge=0, le=1, description="warn when truncation at seq_len cuts more of the answer tokens than this"
     )
     target: dict[str, Any] | None = Field(default=None, exclude=True)  # {_target_: module.fn, ...}
 
@@ -326,13 +331,8 @@ class Config:
         self.annotations = annotations  # partitioning.Annotations (rows with their file:line), or None
         self.model_name, self.model_options, self.model_target = model_name, model_options, model_target
         self.mesh, self.rules, self.optimizer_rules, self.on_indivisible = mesh, rules, optimizer_rules, on_indivisible
-        self.data, self.optimizer, self.train, self.checkpoint, self.run_dir = (
-            data,
-            optimizer,
-            train,
-            checkpoint,
-            run_dir,
-        )
+        self.data, self.optimizer, self.train = data, optimizer, train
+        self.checkpoint, self.run_dir = checkpoint, run_dir
 
     def where(self, *key: Any) -> str:
         """``file:line: dotted.key`` of a key of this config (or the ``--set`` flag that set it)."""

@@ -1,0 +1,150 @@
+"""No run trains on nothing: instruction data whose loss would count no token is refused before the first step,
+by `train` and `check` alike, in one line with its fix; heavy truncation is a warning with the numbers; a
+message the template drops is named; a step (or an eval) that counts no token is never logged as loss 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from partitioning.data.instruct import load_instructions
+from partitioning.train.loop import format_line
+from partitioning.train.metrics import evaluate, without_empty_loss
+
+REPO = Path(__file__).resolve().parents[2]
+LLAMA = REPO / "tests" / "fixtures" / "hf" / "llama"
+QWEN2 = REPO / "tests" / "fixtures" / "hf" / "qwen2"
+MISTRAL = REPO / "tests" / "fixtures" / "chat" / "mistral"
+QWEN2_TEMPLATE = REPO / "tests" / "fixtures" / "chat" / "qwen2"
+WORDS = ["red", "blue", "green", "cat", "dog", "sun", "moon", "tree"]
+
+
+def config(hf: Path = LLAMA, seq_len: int = 64, extra: str = "") -> str:
+    template = f"  chat_template: {MISTRAL if hf == LLAMA else QWEN2_TEMPLATE}\n"
+    return (
+        f"model: {{hf: {hf}, remat: none}}\nmesh: {{shape: {{data: 1, fsdp: -1}}, devices: 8}}\nrules: fsdp\n"
+        f"data:\n  format: chat\n  path: chat.jsonl\n{template}{extra}"
+        f"train: {{steps: 2, batch_size: 8, seq_len: {seq_len}, eval_batches: 0, tracker: [jsonl]}}\n"
+        "run_dir: runs/chat\n"
+    )
+
+
+def rows(n: int = 64, prompt_words: int = 80, user: str = "user", assistant: str = "assistant") -> list[dict]:
+    rng = np.random.default_rng(0)
+    return [
+        {
+            "messages": [
+                {"role": user, "content": " ".join(rng.choice(WORDS, prompt_words))},
+                {"role": assistant, "content": " ".join(rng.choice(WORDS, 3))},
+            ]
+        }
+        for _ in range(n)
+    ]
+
+
+def write(folder: Path, cfg: str, data: list[dict]) -> None:
+    (folder / "run.yaml").write_text(cfg)
+    (folder / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+
+
+def lines(text: str) -> list[str]:
+    return [x for x in text.splitlines() if x.strip() and not x.startswith("simulating ")]
+
+
+@pytest.fixture
+def here(tmp_path, tmp_path_factory, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+    load_instructions.cache_clear()
+    yield tmp_path
+    load_instructions.cache_clear()
+
+
+def both_refuse(run, folder: Path) -> str:
+    """`check` and `train` exit 2 with the same one line; nothing is written into the folder."""
+    before = sorted(p.name for p in folder.iterdir())
+    checked, trained = run("check", "run.yaml"), run("train", "run.yaml", "--no-progress")
+    assert (checked.returncode, trained.returncode) == (2, 2), (checked.stderr, trained.stderr)
+    assert lines(trained.stderr) == lines(checked.stderr)[:1] and len(lines(trained.stderr)) == 1, trained.stderr
+    assert sorted(p.name for p in folder.iterdir()) == before  # the token cache lives elsewhere
+    return lines(trained.stderr)[0]
+
+
+def test_truncation_that_cuts_every_answer_is_refused_by_train_and_check(here, run_cli_in_process):
+    write(here, config(), rows())
+    line = both_refuse(run_cli_in_process, here)
+    assert line == (
+        "error: run.yaml:8: train.seq_len: chat.jsonl (train): the loss would count no token: 61 of 61 examples lost "
+        "their whole answer at seq_len 64 (longest prompt 318 tokens); 100.0% of the answer tokens are cut; raise "
+        "train.seq_len above 318, or set data.truncation: left or drop"
+    )
+
+
+def test_rows_without_an_assistant_turn_are_refused(here, run_cli_in_process):
+    data = [{"messages": [{"role": "user", "content": "hi"}]} for _ in range(40)]
+    write(here, config(), data)
+    assert both_refuse(run_cli_in_process, here) == (
+        "error: run.yaml:6: data.path: chat.jsonl (train): none of its 38 examples has a token for the loss to "
+        "count: no row has an assistant turn or a completion (the loss counts only the answers; ShareGPT's human "
+        "/ gpt roles are user / assistant; data.train_on_prompt: true counts every token)"
+    )
+
+
+def test_sharegpt_roles_the_template_drops_are_named_with_their_row(here, run_cli_in_process):
+    # Qwen2's template renders only system / user / assistant / tool: `human` and `gpt` vanish without a word.
+    write(here, config(QWEN2, 128), rows(40, 5, user="human", assistant="gpt"))
+    assert both_refuse(run_cli_in_process, here) == (
+        f"error: run.yaml:6: data.path: chat.jsonl:1: message 0 (role 'human') is not in the rendering of the chat "
+        f"template of {QWEN2_TEMPLATE / 'tokenizer_config.json'}: the template leaves it out (a role it does not "
+        "render? ShareGPT's human / gpt are user / assistant)"
+    )
+
+
+def test_heavy_truncation_is_a_warning_with_the_numbers_from_check_and_train(here, run_cli_in_process):
+    data = rows(32) + rows(32, 2)  # half the examples lose their whole answer at seq_len 64, half fit
+    write(here, config(), data)
+    checked, trained = run_cli_in_process("check", "run.yaml"), run_cli_in_process("train", "run.yaml", "--no-progress")
+    assert (checked.returncode, trained.returncode) == (0, 0), (checked.stderr, trained.stderr)
+    warning = (
+        "warning: data: chat.jsonl (train): 32 of 61 examples lost their whole answer at seq_len 64 (longest prompt "
+        "318 tokens); 53.0% of the answer tokens are cut, more than data.max_truncated_answers 0.1 (truncation: "
+        "right); raise train.seq_len, or set data.truncation: left or drop"
+    )
+    assert warning in lines(checked.stderr) and warning in lines(trained.stderr)
+    note = "chat.jsonl (train): 61 examples packed into"
+    assert note in checked.stdout and note in trained.stdout  # how the rows are cut: `check` says it too
+    assert "32 examples longer than 65 tokens cut to that length (their end cut)" in checked.stdout
+
+
+def test_left_truncation_keeps_the_answers_and_trains(here, run_cli_in_process):
+    write(here, config(extra="  truncation: left\n"), rows())
+    r = run_cli_in_process("train", "run.yaml", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr
+    assert "61 examples longer than 65 tokens cut to that length (their start cut)" in r.stdout
+    records = [json.loads(x) for x in Path("runs/chat/metrics.jsonl").read_text().splitlines()]
+    assert all(rec["loss_tokens"] > 0 and rec["loss"] > 0 for rec in records)
+
+
+def test_a_step_that_counts_no_token_has_no_loss():
+    host = {"step": 3, "loss": 0.0, "accuracy": 0.0, "loss_tokens": 0.0, "grad_norm": 0.0}
+    assert without_empty_loss(host) == {"step": 3, "loss_tokens": 0.0, "grad_norm": 0.0}
+    assert format_line(without_empty_loss(host), 10) == "step 3/10  loss -  loss_tokens 0  grad_norm 0"
+
+
+def test_an_eval_weighs_batches_by_their_tokens_and_one_without_any_has_no_loss():
+    class Trainer:
+        def __init__(self, results):
+            self.results = iter(results)
+
+        def eval_step(self, state, batch):
+            return next(self.results)
+
+    two = [{"loss": 1.0, "accuracy": 1.0, "loss_tokens": 30.0}, {"loss": 4.0, "accuracy": 0.0, "loss_tokens": 10.0}]
+    got = evaluate(Trainer(two), None, [0, 1])
+    assert got == {"eval_loss": 1.75, "eval_accuracy": 0.75, "eval_loss_tokens": 20.0}
+    none = [{"loss": 0.0, "accuracy": 0.0, "loss_tokens": 0.0}] * 2
+    assert evaluate(Trainer(none), None, [0, 1]) == {"eval_loss_tokens": 0.0}
