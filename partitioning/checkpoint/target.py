@@ -182,10 +182,12 @@ def layout_target(
     on_indivisible: str = "error",
     unnamed: str = "saved",
     names: Mapping[str, Any] | None = None,
+    frozen: bool = True,
 ) -> tuple[Any, dict[str, Any]]:
     """(target, names): checkpoint ``ref`` laid out for ``mesh`` and ``rules`` (see the module docstring).
 
     ``names``: logical names by path for arrays whose metadata records none (e.g. the new model's).
+    ``frozen=False``: the step's own arrays only, not the frozen params it refers to.
     """
     if unnamed not in UNNAMED:
         raise ValueError(f"unnamed must be one of {UNNAMED}, got {unnamed!r}")
@@ -199,6 +201,8 @@ def layout_target(
         found.setdefault(p, n)
     names_for_moments(saved, found)
     target = reshard_target(saved, found, mesh, rules, optimizer_rules, on_indivisible, tree, unnamed)
+    if not frozen:
+        return target, found
     return with_frozen_target(ref, target, found, mesh, rules, on_indivisible=on_indivisible, unnamed=unnamed)
 
 

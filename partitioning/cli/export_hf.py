@@ -12,9 +12,10 @@ export leaves nothing behind.
 
 A LoRA run (``model.lora``, or ``model.adapter``) is written as a PEFT
 adapter (``adapter_config.json`` + ``adapter_model.safetensors``, loadable by
-``PeftModel.from_pretrained`` on the base; :func:`partitioning.hf.save_peft`);
+``PeftModel.from_pretrained`` on the base; :func:`partitioning.hf.save_peft`): only the
+adapters are read, so the run's frozen base need not be there;
 ``--merge`` writes the merged full weights (``W + scale * B A``) as a plain
-Hugging Face checkpoint instead, with the tokenizer files.
+Hugging Face checkpoint instead, with the tokenizer files (a missing or foreign base is refused).
 """
 
 from __future__ import annotations
@@ -46,12 +47,16 @@ def _check_out(out: Path, force: bool) -> None:
     check_out_dir(out, "OUT_DIR", force="--force", replaceable=lambda _: force)
 
 
-def _restore_params(ref: Any, meta: dict[str, Any], model: Any) -> Any:
-    """The checkpoint's params on the mesh and rules it was saved with (simulated CPU devices if needed)."""
+def _restore_params(ref: Any, meta: dict[str, Any], model: Any, adapters: bool = False) -> Any:
+    """The checkpoint's params on the mesh and rules it was saved with (simulated CPU devices if needed).
+
+    ``adapters``: the LoRA adapters alone, the step's own arrays (the frozen base is not read, nor needed)."""
     import jax
 
     from partitioning.checkpoint.restore import abstract_target, restore_checkpoint
     from partitioning.devices import simulate_devices
+    from partitioning.finetune.lora import is_adapter
+    from partitioning.finetune.trainable import split_tree
     from partitioning.mesh import make_mesh
     from partitioning.model.interface import as_model
     from partitioning.rules import Rules
@@ -67,9 +72,11 @@ def _restore_params(ref: Any, meta: dict[str, Any], model: Any) -> Any:
     rules = Rules.parse(meta["rules"] if meta.get("rules") else "fsdp")
     tokens = jax.ShapeDtypeStruct((1, 8), jax.numpy.int32)
     abstract = as_model(model).abstract((tokens,), {})["params"]
+    if adapters:
+        abstract = split_tree(abstract, is_adapter)[0]
     on_indivisible = (meta.get("config") or {}).get("on_indivisible", "error")
     target = abstract_target(abstract, mesh, rules, on_indivisible=on_indivisible)
-    return restore_checkpoint(ref.path, target, params_only=True)
+    return restore_checkpoint(ref.path, target, params_only=True, frozen=not adapters)
 
 
 def export_hf(
@@ -89,7 +96,7 @@ def export_hf(
     out = Path(out_dir)
     if not Path(run_dir).exists():
         raise CheckpointError(f"{run_dir}: no such run dir")
-    ref = resolve_checkpoint(run_dir, step)
+    ref = resolve_checkpoint(run_dir, step, base=merge)  # a PEFT adapter is the step's own arrays: no base needed
     meta = read_metadata(ref)
     hf = meta.get("hf")
     if not hf:
@@ -111,7 +118,7 @@ def export_hf(
         (tmp / "source" / "config.json").write_text(json.dumps(hf["config"]))
         model = hf_model(tmp / "source", **hf.get("options", {}))
         shutil.rmtree(tmp / "source")
-        params = _restore_params(ref, meta, model)
+        params = _restore_params(ref, meta, model, adapters=bool(lora) and not merge)
         if lora and not merge:
             save_peft(model, {"params": params}, tmp / "out", base=hf.get("source"))
         else:
