@@ -5,9 +5,10 @@ its checkpoints record that checkpoint's ``config.json`` and the model options,
 so the model is rebuilt without the source folder. The params (only) are
 restored onto the mesh and rules the run saved with, then written by
 :func:`partitioning.hf.save_hf` (``config.json`` + safetensors, one tensor
-gathered at a time); the tokenizer files of the run's tokenizer are copied
-beside them when they are still there. Everything is written into a
-temporary folder next to ``OUT_DIR`` and renamed at the end, so a failed
+gathered at a time); the run's tokenizer is written beside them as transformers 5 saves it
+(:func:`partitioning.hf.save_tokenizer`: ``tokenizer.json``, ``tokenizer_config.json``,
+``chat_template.jinja`` -- the template the run trained with -- and ``generation_config.json``).
+Everything is written into a temporary folder next to ``OUT_DIR`` and renamed at the end, so a failed
 export leaves nothing behind.
 
 A LoRA run (``model.lora``, or ``model.adapter``) is written as a PEFT
@@ -30,17 +31,6 @@ from typing import Any
 
 from partitioning.errors import CheckpointError
 from partitioning.outdir import check_out_dir
-
-# Files of a Hugging Face checkpoint that are not weights: copied from the source as they are.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "generation_config.json",
-)
 
 
 def _check_out(out: Path, force: bool) -> None:
@@ -91,6 +81,7 @@ def export_hf(
     """
     from partitioning.checkpoint.disk import read_metadata, resolve_checkpoint
     from partitioning.hf.peft import save_peft
+    from partitioning.hf.tokenizer import save_tokenizer
     from partitioning.hf.weights import hf_model, save_hf
 
     out = Path(out_dir)
@@ -125,9 +116,9 @@ def export_hf(
             save_hf(model, {"params": params}, tmp / "out", merge=merge)
         tokenizer = hf.get("tokenizer")
         source = Path(tokenizer).parent if tokenizer else Path(hf.get("source", ""))
-        for name in TOKENIZER_FILES if not lora or merge else ():  # an adapter is used with its base's tokenizer
-            if (source / name).is_file() and not (tmp / "out" / name).exists():
-                shutil.copy2(source / name, tmp / "out" / name)
+        if not lora or merge:  # an adapter is used with its base's tokenizer
+            trained = (hf.get("chat_template") or {}).get("template")  # the template the run trained with
+            save_tokenizer(source, tmp / "out", chat_template=trained, config=hf["config"])
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()
         os.replace(tmp / "out", out)
@@ -158,4 +149,4 @@ def add_parser(sub: Any) -> None:
     )
 
 
-__all__ = ["export_hf", "cmd_export_hf", "add_parser", "TOKENIZER_FILES"]
+__all__ = ["export_hf", "cmd_export_hf", "add_parser"]

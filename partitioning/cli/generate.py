@@ -25,7 +25,7 @@ from typing import Any
 from partitioning.cli.args import config_args, load_with_devices, say
 from partitioning.config.build import abstract_model, mesh_from_config, model_from_config
 from partitioning.config.hf import hf_params_from_config, run_checkpoints, tokenizer_from_config
-from partitioning.config.positions import check_generate_length
+from partitioning.config.positions import check_generate_length, past_trained_positions
 from partitioning.config.schema import Config
 from partitioning.errors import CheckpointError, ConfigError, DataError
 
@@ -182,7 +182,11 @@ def run(args: argparse.Namespace) -> int:
     stops = stop_ids(folder if cfg.model_hf is not None else None, tok)
     longest = max(len(p) for p in prompts)
     # generate's own length against the model's positions (train.seq_len is the training length: not checked)
-    length = check_generate_length(cfg, longest, args.max_tokens, "--prompts" if args.prompts else "--prompt")
+    flag = "--prompts" if args.prompts else "--prompt"
+    length = check_generate_length(cfg, longest, args.max_tokens, flag)
+    beyond = past_trained_positions(cfg, longest, args.max_tokens, flag)
+    if beyond is not None:
+        say(f"warning: {beyond}")
     params, source = _params(cfg, args, mesh, length)
     start = time.perf_counter()
     try:

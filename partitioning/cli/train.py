@@ -98,10 +98,23 @@ def plot_title(cfg: Config) -> str:
 
 def run(args: argparse.Namespace) -> int:
     locks = RunLocks()  # one writer per run directory
+    done = False
     try:
-        return _train(args, locks)
+        code = _train(args, locks)
+        done = True
+        return code
     finally:
-        locks.release()
+        # A run refused before it wrote anything leaves no lock file behind (nor the run dir it made for it).
+        locks.release(undo=not done and not _wrote(locks))
+
+
+def _wrote(locks: RunLocks) -> bool:
+    """Whether the run wrote anything beside its lock files (then they stay, naming their last holder)."""
+    for lock in locks.locks:
+        folder = lock.directory
+        if folder.is_dir() and any(p != lock.path for p in folder.iterdir()):
+            return True
+    return False
 
 
 def _train(args: argparse.Namespace, locks: RunLocks) -> int:

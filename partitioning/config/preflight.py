@@ -305,7 +305,13 @@ def preflight(
     budget = _budget(cfg)
     a = trainer.abstract_state
     plan = build_plan(
-        a.params, a.opt_state, mesh, cfg.rules, optimizer_rules=cfg.optimizer_rules, on_indivisible=cfg.on_indivisible
+        a.params,
+        a.opt_state,
+        mesh,
+        cfg.rules,
+        optimizer_rules=cfg.optimizer_rules,
+        on_indivisible=cfg.on_indivisible,
+        frozen=trainer.frozen or (),  # priced as `plan` prices them: stored, no gradient, no optimizer state
     )
     check_axes_used(cfg, plan.mesh, plan.params + plan.opt_state)
     # The train step is traced (and lowered) here, so a model that fails to trace stops the run before

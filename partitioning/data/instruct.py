@@ -329,6 +329,9 @@ def load_instructions(
         >>> data.loss_tokens("train", 32).kept        # the answers' tokens and their </s>: what the loss counts
         18
     """
+    from partitioning.data.tokenize import default_cache_dir
+
+    cache = str(Path(cache_dir).expanduser().absolute() if cache_dir is not None else default_cache_dir())
     return _load_instructions(
         path,
         fmt,
@@ -339,9 +342,25 @@ def load_instructions(
         train_on_prompt,
         packing,
         truncation,
-        cache_dir,
+        cache,
         progress,
+        _stamp(path, eval_path),
     )
+
+
+def _stamp(*paths: str | None) -> tuple:
+    """What names the files behind ``paths`` (absolute path, size, time): the in-process cache's key, so the same
+    relative path in another folder (or a file rewritten) is read again."""
+    out = []
+    for p in paths:
+        if p is None:
+            continue
+        root = Path(p).expanduser()
+        files = sorted(root.rglob("*.jsonl")) if root.is_dir() else [root]
+        for f in files:
+            st = f.stat() if f.exists() else None
+            out.append((str(f.absolute()), st.st_size if st else -1, st.st_mtime_ns if st else -1))
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=4)
@@ -355,10 +374,11 @@ def _load_instructions(
     train_on_prompt: bool,
     packing: bool,
     truncation: str,
-    cache_dir: str | None,
+    cache_dir: str,
     progress: bool | str,
+    stamp: tuple,
 ) -> InstructionCorpus:
-    from partitioning.data.tokenize import default_cache_dir, load_tokenizer
+    from partitioning.data.tokenize import load_tokenizer
     from partitioning.data.truncation import MODES
 
     if not 0 < eval_fraction < 1:
@@ -367,8 +387,7 @@ def _load_instructions(
         raise DataError(f"truncation must be one of {', '.join(MODES)}, got {truncation!r}", arg="truncation")
     tok = load_tokenizer(tokenizer)
     template = template_for(Path(tok.path).parent, chat_template) if fmt == "chat" else None
-    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    kw: dict[str, Any] = {"train_on_prompt": train_on_prompt, "cache_dir": cache, "progress": progress}
+    kw: dict[str, Any] = {"train_on_prompt": train_on_prompt, "cache_dir": Path(cache_dir), "progress": progress}
     files = jsonl_files(path, "path")
     train = load_examples(files, fmt, tok, template, arg="path", **kw)
     if eval_path is not None:

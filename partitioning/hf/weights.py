@@ -233,10 +233,11 @@ def weight_maps(model: Any, family: Any, stored: Any, abstract: Any) -> tuple[li
     return maps, shapes, all_shapes, all_names, adapters
 
 
-def check_hf_files(path: str | os.PathLike, **options: Any) -> Path:
+def check_hf_files(path: str | os.PathLike, adapter: str | os.PathLike | None = None, **options: Any) -> Path:
     """Every check :func:`~partitioning.hf.load_hf` makes before reading weights; returns the checkpoint folder.
 
-    ``options``: ``dtype``, ``param_dtype``, ``scan_layers``, ``remat`` as for ``load_hf``.
+    ``options``: ``dtype``, ``param_dtype``, ``scan_layers``, ``remat`` as for ``load_hf``; ``adapter``: a PEFT
+    adapter folder, whose tensors are checked against the base too (an adapter made for another base).
     """
     model = hf_model(path, **options)
     directory, _, family = _config(path)
@@ -245,6 +246,12 @@ def check_hf_files(path: str | os.PathLike, **options: Any) -> Path:
     check_params(maps, shapes, family.name)
     extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
+    if adapter is not None:  # as load_hf reads it: its tensors' names and shapes against the base's
+        from partitioning.hf.peft import adapter_maps, match_adapter, with_adapter
+
+        peft_adapter, rows, adapted = with_adapter(adapter, family, model)
+        _, _, all_shapes, all_names, _ = weight_maps(adapted, family, stored, _abstract(adapted))
+        match_adapter(peft_adapter, adapter_maps(rows, adapted, all_names), all_shapes, directory)
     return directory
 
 
