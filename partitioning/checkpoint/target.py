@@ -41,6 +41,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from partitioning.annotations import factored_names
 from partitioning.checkpoint.disk import (
     CheckpointRef,
     flat_saved,
@@ -141,7 +142,8 @@ def names_for_moments(saved: Mapping[str, Any], names: dict[str, Any]) -> None:
 
     Checkpoints written by plain orbax carry no logical names; optax moments
     mirror the params tree, so a path ending in a parameter's path with the
-    parameter's shape is laid out like that parameter.
+    parameter's shape is laid out like that parameter, and a factored one (one
+    dimension less) takes its names less the one the optimizer dropped.
     """
     params = {p[len("params/") :]: p for p in names if p.startswith("params/")}
     for p, md in saved.items():
@@ -150,8 +152,12 @@ def names_for_moments(saved: Mapping[str, Any], names: dict[str, Any]) -> None:
         parts = p.split("/")
         for i in range(1, len(parts)):
             q = params.get("/".join(parts[i:]))
-            if q is not None and q in saved and tuple(saved[q].shape) == tuple(md.shape):
-                names[p] = names[q]
+            if q is None or q not in saved:
+                continue
+            own, shape = tuple(saved[q].shape), tuple(md.shape)
+            found = names[q] if own == shape else factored_names(names[q], own, shape, p)
+            if found is not None:
+                names[p] = list(found)
                 break
 
 
