@@ -58,6 +58,9 @@ from partitioning.errors import DataError
 
 FORMATS = ("text", "chat", "prompt_completion")
 GROUP_ROWS = 256  # rows rendered, then tokenized together (in parallel) and written
+# ... and at most about this many bytes of them: a tokenizer's encodings take ~100 bytes a token (offsets, token
+# strings), so a group's memory is bounded by its text, not by the file.
+GROUP_BYTES = 256 << 10
 
 
 def _messages(row: dict[str, Any], where: str, arg: str) -> list[dict[str, Any]]:
@@ -194,6 +197,11 @@ def load_examples(
     writer: Any = ExampleWriter(folder, tok.dtype) if folder is not None else MemoryWriter(tok.dtype)
     skipped = 0
     group: list[tuple[str, dict[str, Any]]] = []
+    read = [0]  # bytes of the rows in the group
+
+    def on_bytes(n: int) -> None:
+        read[0] += n
+        bar.update(n)
 
     def flush() -> int:
         if fmt == "chat":
@@ -202,12 +210,12 @@ def load_examples(
         return 0
 
     try:
-        for where, row in iter_rows(files, arg, on_bytes=bar.update):
+        for where, row in iter_rows(files, arg, on_bytes=on_bytes):
             group.append((where, row))
-            if len(group) >= GROUP_ROWS:
+            if len(group) >= GROUP_ROWS or read[0] >= GROUP_BYTES:
                 skipped += flush()
                 bar.update(0, rows=len(group))
-                group = []
+                group, read[0] = [], 0
         skipped += flush()
         examples = writer.finish(source, skipped)
     except BaseException:
