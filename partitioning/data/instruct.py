@@ -47,13 +47,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from partitioning.data.corpus import Corpus
 from partitioning.data.examples import Examples, ExampleWriter, MemoryWriter, cache_key, read_examples
 from partitioning.data.jsonl import iter_rows, jsonl_files, read_rows
-from partitioning.data.masks import assistant_spans, check_rendered, token_mask
 from partitioning.data.progress import Progress
+from partitioning.data.rows import chat_example, chat_group, completion_group, prompt_completion_example
 from partitioning.errors import DataError
 
 FORMATS = ("text", "chat", "prompt_completion")
@@ -61,97 +59,6 @@ GROUP_ROWS = 256  # rows rendered, then tokenized together (in parallel) and wri
 # ... and at most about this many bytes of them: a tokenizer's encodings take ~100 bytes a token (offsets, token
 # strings), so a group's memory is bounded by its text, not by the file.
 GROUP_BYTES = 256 << 10
-
-
-def _messages(row: dict[str, Any], where: str, arg: str) -> list[dict[str, Any]]:
-    messages = row.get("messages")
-    if not isinstance(messages, list) or not messages:
-        got = "no messages key" if "messages" not in row else f"messages is {type(messages).__name__}"
-        if isinstance(messages, list):
-            got = "messages is empty"
-        raise DataError(
-            f'{where}: a chat row needs "messages": a non-empty list of {{"role", "content"}} ({got})', arg=arg
-        )
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            what = (
-                type(m).__name__
-                if not isinstance(m, dict)
-                else "no role"
-                if not isinstance(m.get("role"), str)
-                else "no string content"
-            )
-            raise DataError(f'{where}: message {i} needs a string "role" and "content" ({what})', arg=arg)
-    return messages
-
-
-def _text(row: dict[str, Any], key: str, where: str, arg: str) -> str:
-    value = row.get(key)
-    if not isinstance(value, str):
-        got = f"no {key} key" if key not in row else f"{key} is {type(value).__name__}"
-        raise DataError(f'{where}: a prompt_completion row needs string "prompt" and "completion" ({got})', arg=arg)
-    return value
-
-
-def _encode(tok: Any, texts: list[str]) -> list[Any]:
-    """``tokenizers.Encoding`` s of ``texts`` (no special tokens added: a template writes its own), in parallel."""
-    return list(tok.tokenizer.encode_batch(texts, add_special_tokens=False)) if texts else []
-
-
-def _chat_group(
-    group: list[tuple[str, dict[str, Any]]], tok: Any, template: Any, train_on_prompt: bool, arg: str, writer: Any
-) -> int:
-    """Renders and tokenizes a group of chat rows into ``writer``; returns the assistant turns skipped."""
-    rendered = []
-    for where, row in group:
-        messages = _messages(row, where, arg)
-        full = template.render(messages, where=where)
-        check_rendered(messages, full, where, template.source, arg)
-        rendered.append((messages, full))
-    skipped = 0
-    for (messages, full), enc in zip(rendered, _encode(tok, [full for _, full in rendered]), strict=True):
-        ids = np.asarray(enc.ids, np.int64)
-        if train_on_prompt:
-            writer.add(ids, np.ones(len(ids), np.uint8))
-            continue
-        spans, s = assistant_spans(template, messages, full)
-        skipped += s
-        writer.add(ids, token_mask(enc, spans))
-    return skipped
-
-
-def _completion_group(
-    group: list[tuple[str, dict[str, Any]]], tok: Any, train_on_prompt: bool, arg: str, writer: Any
-) -> None:
-    """BOS + prompt, completion + EOS (the mask's part) of each prompt / completion row, into ``writer``."""
-    pairs = [(_text(row, "prompt", where, arg), _text(row, "completion", where, arg)) for where, row in group]
-    heads = _encode(tok, [p for p, _ in pairs])
-    tails = _encode(tok, [c for _, c in pairs])
-    bos = [tok.bos_id] if tok.bos_id is not None else []
-    stop = [tok.stop_id] if tok.stop_id is not None else []
-    for head, tail in zip(heads, tails, strict=True):
-        a, b = bos + list(head.ids), list(tail.ids) + stop
-        mask = np.concatenate([np.full(len(a), int(train_on_prompt), np.uint8), np.ones(len(b), np.uint8)])
-        writer.add(np.asarray(a + b, np.int64), mask)
-
-
-def chat_example(
-    row: dict[str, Any], where: str, tok: Any, template: Any, train_on_prompt: bool = False, arg: str = "path"
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """(tokens, mask, assistant turns skipped) of one chat row."""
-    writer = MemoryWriter(np.int32)
-    skipped = _chat_group([(where, row)], tok, template, train_on_prompt, arg, writer)
-    tokens, mask = writer.finish(where, skipped).example(0)
-    return tokens, mask, skipped
-
-
-def prompt_completion_example(
-    row: dict[str, Any], where: str, tok: Any, train_on_prompt: bool = False, arg: str = "path"
-) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens, mask) of one prompt / completion row: BOS + prompt, completion + EOS (the mask's part)."""
-    writer = MemoryWriter(np.int32)
-    _completion_group([(where, row)], tok, train_on_prompt, arg, writer)
-    return writer.finish(where, 0).example(0)
 
 
 def _source(files: Sequence[Path]) -> str:
@@ -205,8 +112,8 @@ def load_examples(
 
     def flush() -> int:
         if fmt == "chat":
-            return _chat_group(group, tok, template, train_on_prompt, arg, writer)
-        _completion_group(group, tok, train_on_prompt, arg, writer)
+            return chat_group(group, tok, template, train_on_prompt, arg, writer)
+        completion_group(group, tok, train_on_prompt, arg, writer)
         return 0
 
     try:

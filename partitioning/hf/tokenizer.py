@@ -143,6 +143,17 @@ def save_tokenizer(
     ``chat_template``: the Jinja text the model was trained with (default: ``source``'s own); ``config``: the
     model's ``config.json`` (its token ids make ``generation_config.json`` when ``source`` has none). Files
     already in ``out_dir`` under these names are replaced.
+
+    Example::
+
+        >>> import json, pathlib, tempfile
+        >>> out = pathlib.Path(tempfile.mkdtemp())
+        >>> config = json.loads(pathlib.Path("tests/fixtures/hf/llama/config.json").read_text())
+        >>> pt.hf.save_tokenizer("tests/fixtures/hf/llama", out, chat_template="{{ messages[0].content }}</s>",
+        ...                      config=config)
+        ['chat_template.jinja', 'generation_config.json', 'tokenizer.json', 'tokenizer_config.json']
+        >>> json.loads((out / "generation_config.json").read_text())["eos_token_id"]   # config.json's
+        2
     """
     out = Path(out_dir)
     written = []

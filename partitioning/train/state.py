@@ -89,7 +89,7 @@ def strip_foreign_boxes(opt_state: Any, params: Any, annotations: Any = None) ->
     dimension the optimizer dropped (:func:`~partitioning.annotations.factored_names`); any other (the ``(1,)``
     placeholders) is unboxed and stays replicated. ``annotations``' rows for optimizer-state paths
     (``opt_state/...``) then name the moments they match, as :func:`~partitioning.tree_layouts` of a whole state
-    applies them.
+    applies them (a table, its rows, or the annotated model adapter that carries one).
     """
     shapes = {
         path_str(kp): tuple(b.value.shape)
@@ -112,7 +112,7 @@ def strip_foreign_boxes(opt_state: Any, params: Any, annotations: Any = None) ->
         return x.replace(names=names) if names is not None else x.value
 
     named = jax.tree_util.tree_map_with_path(fix, opt_state, is_leaf=is_box)
-    table = as_annotations(annotations)
+    table = as_annotations(getattr(annotations, "annotations", annotations))  # a table, or a model carrying one
     return table.apply_moments(named) if table else named
 
 
@@ -152,7 +152,7 @@ def abstract_train_state(
     def init(rng):
         params = adapter.boxed(rng, args, kwargs)["params"]
         train = subset_of(params, trainable).trainable(params)
-        return params, strip_foreign_boxes(tx.init(train), train, getattr(adapter, "annotations", None))
+        return params, strip_foreign_boxes(tx.init(train), train, adapter)
 
     return jax.eval_shape(init, jax.random.key(0))
 
