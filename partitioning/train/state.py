@@ -27,7 +27,7 @@ import flax
 import jax
 import numpy as np
 
-from partitioning.annotations import as_annotations, factored_names
+from partitioning.annotations import Annotations, as_annotations, factored_names
 from partitioning.boxes import is_box, is_logical_box
 from partitioning.data.batch import batch_shapes
 from partitioning.finetune.trainable import subset_of
@@ -112,7 +112,9 @@ def strip_foreign_boxes(opt_state: Any, params: Any, annotations: Any = None) ->
         return x.replace(names=names) if names is not None else x.value
 
     named = jax.tree_util.tree_map_with_path(fix, opt_state, is_leaf=is_box)
-    table = as_annotations(getattr(annotations, "annotations", annotations))  # a table, or a model carrying one
+    if annotations is not None and not isinstance(annotations, (Annotations, list, tuple)):
+        annotations = getattr(annotations, "annotations", None)  # a model adapter: the table it carries, if any
+    table = as_annotations(annotations)
     return table.apply_moments(named) if table else named
 
 
