@@ -302,6 +302,10 @@ def _load_instructions(
         raise DataError(f"truncation must be one of {', '.join(MODES)}, got {truncation!r}", arg="truncation")
     tok = load_tokenizer(tokenizer)
     template = template_for(Path(tok.path).parent, chat_template) if fmt == "chat" else None
+    import jax
+
+    # Every process tokenizes (the cache is shared, written whole by whichever finishes first); one says so.
+    progress = progress if jax.process_index() == 0 else False
     kw: dict[str, Any] = {"train_on_prompt": train_on_prompt, "cache_dir": Path(cache_dir), "progress": progress}
     files = jsonl_files(path, "path")
     train = load_examples(files, fmt, tok, template, arg="path", **kw)
