@@ -5,12 +5,15 @@
   with the options of the published families (biases, tied embeddings, LayerNorm, GeGLU, learned positions, ...).
 - :mod:`partitioning.models.layers` — norms, the embedding lookup, gated and plain MLPs, parameter helpers.
 - :mod:`partitioning.models.attention` — causal attention: RoPE (``llama3`` / ``linear`` scaling), GQA, sliding window.
+- :mod:`partitioning.models.mla` — multi-head latent attention (DeepSeek-V3) and its latent cache.
+- :mod:`partitioning.models.linear_attention` — the gated delta rule (Qwen3.5's linear attention) as a chunked scan.
+- :mod:`partitioning.models.rope` — the long-context RoPE scalings: YaRN and LongRoPE (their attention factors).
 - :mod:`partitioning.models.hf` — the Hugging Face families: ``config.json`` readers and name maps (``load_hf``).
 - :mod:`partitioning.models.checks` — option checks on construction: bad values are errors at their config key.
 - :mod:`partitioning.models.moe` — ``MoE`` options and the GPT's mixture-of-experts MLP (``moe:``).
 - :mod:`partitioning.decode.cache` — decode mode's KV cache (the ``cache`` collection) for ``generate``.
 - :mod:`partitioning.models.variants` — the newer families' options: q/k norms, soft-caps, norm placement,
-  local/global layers carried through the layer scan as data.
+  local/global and NoPE layers carried through the layer scan as data.
 - :mod:`partitioning.models.lora` — LoRA adapters on the decoder's projections (``lora:``), the activation path.
 - :mod:`partitioning.models.fused_attention` — ``attention: xla | cudnn | auto``: cuDNN's flash kernel where it applies.
 

@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,14 +33,16 @@ import jax
 import jax.numpy as jnp
 
 from partitioning.boxes import logical_spec, with_logical_constraint
-from partitioning.decode.cache import cache_positions, cached_kv
+from partitioning.decode.cache import cache_length, cache_positions, cached_kv
 from partitioning.errors import ConfigError
 from partitioning.models.fused_attention import cudnn_attention, fused_applies
 from partitioning.models.layers import bias_param, kernel, order, row_parallel
 from partitioning.models.lora import adapt, project
-from partitioning.models.variants import local_mask, local_rope, qk_norms, softcap
+from partitioning.models.rope import SCALINGS, attention_factor, scaled_frequencies
+from partitioning.models.variants import local_mask, local_rope, qk_norms, sink_softmax, skip_rope, softcap
+from partitioning.parallel.context import context_attention, context_axes, context_size
 
-# rope_type -> the keys it needs besides rope_type.
+# rope_type -> the keys it needs besides rope_type (yarn and longrope: models/rope.py's SCALINGS).
 ROPE_SCALINGS = {
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "linear": ("factor",),
@@ -64,23 +67,35 @@ def parse_rope_scaling(value: Any) -> tuple | None:
     kind = value.get("rope_type", value.get("type", "default"))
     if kind == "default":
         return None
-    if kind not in ROPE_SCALINGS:
-        raise ConfigError(
-            f"rope_type {kind!r} is not supported; supported: default, {', '.join(ROPE_SCALINGS)}", arg="rope_scaling"
-        )
-    missing = [k for k in ROPE_SCALINGS[kind] if value.get(k) is None]
+    required: tuple[str, ...] = ROPE_SCALINGS.get(kind, ())
+    optional: tuple[str, ...] = ()
+    if kind in SCALINGS:
+        required, optional = SCALINGS[kind]
+    elif kind not in ROPE_SCALINGS:
+        supported = ", ".join([*ROPE_SCALINGS, *SCALINGS])
+        raise ConfigError(f"rope_type {kind!r} is not supported; supported: default, {supported}", arg="rope_scaling")
+    missing = [k for k in required if value.get(k) is None]
     if missing:
         raise ConfigError(f"rope_scaling of type {kind!r} needs {', '.join(missing)}", arg="rope_scaling")
-    return (("rope_type", kind),) + tuple((k, float(value[k])) for k in ROPE_SCALINGS[kind])
+
+    def number(v: Any) -> Any:
+        # Hashable: LongRoPE's per-frequency factors become tuples.
+        return v if isinstance(v, bool) else tuple(map(float, v)) if isinstance(v, list | tuple) else float(v)
+
+    keys = [*required, *(k for k in optional if value.get(k) is not None)]
+    return (("rope_type", kind),) + tuple((k, number(value[k])) for k in keys)
 
 
-def rope_frequencies(dim: int, theta: float, scaling: tuple | None = None) -> jax.Array:
-    """The ``dim // 2`` inverse frequencies, rescaled as ``transformers`` does for ``llama3`` / ``linear``."""
+def rope_frequencies(dim: int, theta: float, scaling: tuple | None = None, length: Any = None) -> jax.Array:
+    """The ``dim // 2`` inverse frequencies, rescaled as ``transformers`` does for ``llama3`` / ``linear`` (and
+    ``yarn`` / ``longrope``: :mod:`partitioning.models.rope`; ``length``, the sequence's, picks LongRoPE's factors)."""
     half = dim // 2
     freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
     if not scaling:
         return freqs
     s = dict(scaling)
+    if s["rope_type"] in SCALINGS:
+        return scaled_frequencies(dim, theta, s, length)
     if s["rope_type"] == "linear":
         return freqs / s["factor"]
     # Llama 3.1: long wavelengths divided by `factor`, short ones kept, a smooth ramp between.
@@ -98,18 +113,24 @@ def rope_frequencies(dim: int, theta: float, scaling: tuple | None = None) -> ja
     return jnp.where(medium, smoothed, scaled)
 
 
-def rope(x, theta: float, scaling: tuple | None = None, positions=None):
+def rope(x, theta: float, scaling: tuple | None = None, positions=None, rotary_dim: int | None = None):
     """Rotary position embedding over the last axis of ``(batch, length, heads, dim)``.
 
-    ``positions`` (``(length,)`` or ``(batch, length)``) default to ``0 .. length - 1``.
+    ``positions`` (``(length,)`` or ``(batch, length)``) default to ``0 .. length - 1``. ``rotary_dim``
+    (partial rotary, Phi-4-mini): only the first ``rotary_dim`` features rotate, with that many frequencies;
+    the rest pass through.
     """
+    if rotary_dim is not None and rotary_dim < x.shape[-1]:
+        rotated = rope(x[..., :rotary_dim], theta, scaling, positions)
+        return jnp.concatenate([rotated, x[..., rotary_dim:]], axis=-1)
     t, k = x.shape[1], x.shape[-1]
     half = k // 2
-    freqs = rope_frequencies(k, theta, scaling)
     pos = jnp.arange(t, dtype=jnp.float32) if positions is None else jnp.asarray(positions, jnp.float32)
+    freqs = rope_frequencies(k, theta, scaling, t if positions is None else jnp.max(pos) + 1)
     angles = pos[..., None] * freqs
     angles = angles[None, :, None, :] if angles.ndim == 2 else angles[:, :, None, :]
-    sin, cos = jnp.sin(angles), jnp.cos(angles)
+    factor = attention_factor(dict(scaling)) if scaling else 1.0
+    sin, cos = jnp.sin(angles) * factor, jnp.cos(angles) * factor
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
@@ -197,9 +218,15 @@ class Attention(nn.Module):
     softcap: float | None = None
     local_rope: tuple | None = None
     impl: str = "xla"  # xla | cudnn (models/fused_attention.py): where cuDNN applies, else the einsums
+    # all_gather | ring: attention over a `length` the rules split (partitioning/parallel/context.py)
+    context_parallel: str = "ring"
+    rotary_dim: int | None = None  # partial rotary: the features RoPE rotates (None: all)
+    sinks: bool = False  # attention sinks (GPT-OSS): a learned logit per head, `sinks (heads,)`
+    gate: bool = False  # an output gate (Qwen3.5, Qwen3-Next): out * sigmoid(x W_q_gate), `q_gate` shaped as `q`
 
     @nn.compact
-    def __call__(self, x, segment_ids=None, positions=None, local=None):
+    def __call__(self, x, segment_ids=None, positions=None, local=None, nope=None):
+        # `nope`: True (or traced) on a layer without RoPE (SmolLM3's NoPE layers).
         b, t, d = x.shape
         h, g, k = self.heads, self.kv_heads, self.head_dim
         pd, dt, oi = self.param_dtype, self.dtype, self.out_in
@@ -211,6 +238,10 @@ class Attention(nn.Module):
         q = project(self, "q", f"btd,{order(oi, 'd', 'hk')}->bthk", x, wq, dt, self.lora, embed, heads, oi)
         kk = project(self, "k", f"btd,{order(oi, 'd', 'gk')}->btgk", x, wk, dt, self.lora, embed, groups, oi)
         v = project(self, "v", f"btd,{order(oi, 'd', 'gk')}->btgk", x, wv, dt, self.lora, embed, groups, oi)
+        gate = None
+        if self.gate:
+            wg = kernel(self, "q_gate", embed, heads, pd, d, oi)
+            gate = jnp.einsum(f"btd,{order(oi, 'd', 'hk')}->bthk", x, wg.astype(dt))
         if self.qkv_bias:
             q = q + bias_param(self, "q_bias", ("heads", "kv"), (h, k), pd).astype(dt)
             kk = kk + bias_param(self, "k_bias", ("kv_heads", "kv"), (g, k), pd).astype(dt)
@@ -221,19 +252,52 @@ class Attention(nn.Module):
         if self.decode:
             positions = cache_positions(self, t)
         q0, k0 = q, kk
-        if self.rope:
-            q = rope(q, self.rope_theta, self.rope_scaling, positions)
-            kk = rope(kk, self.rope_theta, self.rope_scaling, positions)
-            q = local_rope(q0, q, local, self.local_rope, positions, rope)
-            kk = local_rope(k0, kk, local, self.local_rope, positions, rope)
+        if self.rope and nope is not True:
+            rot = functools.partial(rope, rotary_dim=self.rotary_dim)
+            q = rot(q, self.rope_theta, self.rope_scaling, positions)
+            kk = rot(kk, self.rope_theta, self.rope_scaling, positions)
+            q = skip_rope(q0, local_rope(q0, q, local, self.local_rope, positions, rot), nope)
+            kk = skip_rope(k0, local_rope(k0, kk, local, self.local_rope, positions, rot), nope)
         # `local` given (mixed local/global layers): the window applies on local layers only.
         window = self.window if local is None else None
         v = with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
         scale = k**-0.5 if self.scale is None else self.scale
-        if self.impl == "cudnn" and fused_applies(self.decode, segment_ids, local, self.softcap):
+        sinks = bias_param(self, "sinks", ("heads",), (h,), pd) if self.sinks else None
+        split = context_axes()
+        # Decoding, a prefill chunk that splits over the context devices attends to the (split) cache the same way;
+        # a one-token step, or a chunk that does not split, keeps the einsums.
+        if split and self.decode:
+            c, cached = context_size(split), cache_length(self)
+            if positions is None or cached is None or t % c or cached % c:
+                split = ()
+        if split:  # the rules split `length`: every device holds a block of the sequence
+            q_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32) if positions is None else positions, (b, t))
+            k_pos, k_seg = q_pos, segment_ids
+            if self.decode:  # the chunk written into the cache; its queries see every cached position so far
+                kk, v, _ = cached_kv(self, kk, v, positions, window)
+                k_pos = jnp.broadcast_to(jnp.arange(kk.shape[1], dtype=jnp.int32), kk.shape[:2])
+            out = context_attention(
+                q,
+                kk,
+                v,
+                q_pos,
+                k_pos,
+                segment_ids,
+                k_seg,
+                scale=scale,
+                window=self.window,
+                windowed=local,
+                softcap=self.softcap,
+                strategy=self.context_parallel,
+                axes=split,
+                sinks=sinks,
+            )
+        elif self.impl == "cudnn" and sinks is None and fused_applies(self.decode, segment_ids, local, self.softcap):
             out = cudnn_attention(q, kk, v, scale, window)
         else:
-            out = self._einsum_attention(q, kk, v, scale, window, segment_ids, local, positions)
+            out = self._einsum_attention(q, kk, v, scale, window, segment_ids, local, positions, sinks)
+        if gate is not None:
+            out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
         out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
         eq = f"bthk,{order(oi, 'hk', 'd')}->btd"
         y = adapt(self, "o", row_parallel(eq, out, wo.astype(dt)), out, eq, self.lora, heads, embed, oi)
@@ -241,7 +305,7 @@ class Attention(nn.Module):
             y = y + bias_param(self, "o_bias", ("embed",), (d,), pd).astype(dt)
         return y
 
-    def _einsum_attention(self, q, kk, v, scale, window, segment_ids, local, positions):
+    def _einsum_attention(self, q, kk, v, scale, window, segment_ids, local, positions, sinks=None):
         """``softmax(q k^T * scale) v`` with the causal / window / segment masks, as einsums with named layouts."""
         b, t, h, k = q.shape
         g, dt = kk.shape[2], self.dtype
@@ -259,7 +323,7 @@ class Attention(nn.Module):
         )
         scores = softcap(scores.astype(jnp.float32) * scale, self.softcap)
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        probs = sink_softmax(scores, sinks).astype(dt)
         out = jnp.einsum(
             "bgrts,bsgk->btgrk", probs, v, out_sharding=logical_spec(("batch", "length", "kv_heads", None, None))
         ).reshape(b, t, h, k)

@@ -45,19 +45,32 @@ from partitioning.models.attention import Attention, packed_args, parse_rope_sca
 from partitioning.models.checks import choice, divides, float_dtype, positive
 from partitioning.models.fused_attention import check_attention, resolve_attention
 from partitioning.models.layers import ACTIVATIONS, NORMS, MlpBlock, embed_lookup, kernel, make_norm, order
+from partitioning.models.linear_attention import GatedDeltaNet, LinearShape, check_linear_layers
 from partitioning.models.lora import LoRA, adapt, checks_targets, for_call
+from partitioning.models.mla import MLA, MLAShape
 from partitioning.models.moe import MoE, MoeMlp, check_moe_layers
 from partitioning.models.variants import (
+    LOCAL,
+    NOPE,
     NORM_PLACEMENTS,
     QK_NORMS,
     check_layer_types,
-    local_layers,
+    check_nope_layers,
+    layer_flag,
+    layer_flags,
     post_norm,
     pre_norm,
     softcap,
     variant_options,
 )
+from partitioning.parallel.context import balance, balances, check_strategy, context_axes, resolve_strategy, whole_rows
 from partitioning.parallel.pipeline import LayerStack
+
+
+def rotary_dim(head_dim: int, fraction: float) -> int | None:
+    """The features RoPE rotates: ``int(head_dim * fraction)`` as transformers computes it (None: all)."""
+    return None if fraction >= 1 else int(head_dim * fraction)
+
 
 REMAT_POLICIES = {
     "none": None,
@@ -95,35 +108,74 @@ class Block(nn.Module):
     attn_softcap: float | None = None
     local_rope: tuple | None = None
     attention: str = "xla"
+    context_parallel: str = "ring"
+    rotary_dim: int | None = None
+    mixed_window: bool = False  # layer_types: the window on the local layers only
+    mixed_rope: bool = False  # nope_layers: some layers without RoPE
+    attn_sinks: bool = False
+    mla: MLAShape | None = None
+    attn_gate: bool = False
+    linear: LinearShape | None = None  # this layer is a gated-delta-rule linear attention (models/linear_attention.py)
 
     @nn.compact
     def __call__(self, x, segment_ids=None, positions=None, layer=None):
-        # `layer`: True on a local (sliding-window) layer of a mixed stack (LayerStack's layer_data).
+        # `layer`: this layer's flags in a mixed stack (LayerStack's layer_data; models/variants.py's LOCAL, NOPE).
+        local = layer_flag(layer, LOCAL, self.mixed_window)
+        nope = layer_flag(layer, NOPE, self.mixed_rope)
         y = pre_norm(self, x, "attn", make_norm)
-        y = Attention(
-            self.heads,
-            self.kv_heads,
-            self.head_dim,
-            self.rope_theta,
-            self.dtype,
-            self.param_dtype,
-            qkv_bias=self.qkv_bias,
-            out_bias=self.out_bias,
-            rope=self.rope,
-            rope_scaling=self.rope_scaling,
-            window=self.sliding_window,
-            scale=self.attn_scale,
-            decode=self.decode,
-            impl=self.attention,
-            out_in=self.out_in,
-            lora=self.lora,
-            qk_norm=self.qk_norm,
-            norm=self.norm,
-            norm_eps=self.norm_eps,
-            softcap=self.attn_softcap,
-            local_rope=self.local_rope,
-            name="attn",
-        )(y, segment_ids, positions, local=layer)
+        if self.linear is not None:  # Qwen3.5's linear-attention layers
+            y = GatedDeltaNet(
+                self.linear,
+                self.dtype,
+                self.param_dtype,
+                norm_eps=self.norm_eps,
+                decode=self.decode,
+                out_in=self.out_in,
+                name="attn",
+            )(y, segment_ids, positions)
+        elif self.mla is not None:  # DeepSeek's multi-head latent attention (models/mla.py)
+            y = MLA(
+                self.heads,
+                self.mla,
+                self.rope_theta,
+                self.dtype,
+                self.param_dtype,
+                rope_scaling=self.rope_scaling,
+                bias=self.qkv_bias,
+                norm_eps=self.norm_eps,
+                decode=self.decode,
+                out_in=self.out_in,
+                name="attn",
+            )(y, segment_ids, positions)
+        else:
+            y = Attention(
+                self.heads,
+                self.kv_heads,
+                self.head_dim,
+                self.rope_theta,
+                self.dtype,
+                self.param_dtype,
+                qkv_bias=self.qkv_bias,
+                out_bias=self.out_bias,
+                rope=self.rope,
+                rope_scaling=self.rope_scaling,
+                window=self.sliding_window,
+                scale=self.attn_scale,
+                decode=self.decode,
+                impl=self.attention,
+                context_parallel=self.context_parallel,
+                out_in=self.out_in,
+                lora=self.lora,
+                qk_norm=self.qk_norm,
+                norm=self.norm,
+                norm_eps=self.norm_eps,
+                softcap=self.attn_softcap,
+                local_rope=self.local_rope,
+                rotary_dim=self.rotary_dim,
+                sinks=self.attn_sinks,
+                gate=self.attn_gate,
+                name="attn",
+            )(y, segment_ids, positions, local=local, nope=nope)
         x = x + post_norm(self, y, "attn", make_norm)
         y = pre_norm(self, x, "mlp", make_norm)
         if self.moe is not None:
@@ -177,6 +229,8 @@ class GPT(nn.Module):
     sliding_window: int | None = None  # query i sees keys i - w < j <= i
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attention: str = "xla"  # xla (einsums) | cudnn (jax.nn.dot_product_attention's flash kernel) | auto
+    # With `length` split by the rules (a `context` axis): ring | all_gather | auto (partitioning.parallel.context)
+    context_parallel: str = "auto"
     decode: bool = False  # KV cache in the `cache` collection, for generation (partitioning.decode.generate)
     kernel_order: str = "in_out"  # in_out | out_in: projection weights stored outputs first (torch's Linear)
     lora: Any = None  # {rank, alpha, targets, dropout, rslora, dtype}: LoRA adapters (partitioning.models.lora)
@@ -189,6 +243,13 @@ class GPT(nn.Module):
     layer_types: Any = None  # per layer full_attention | sliding_attention: sliding_window on the sliding ones
     local_rope_theta: float | None = None  # RoPE base of the sliding layers (default: rope_theta)
     local_rope_scaling: Any = None  # their rope_scaling (with local_rope_theta; default: none)
+    partial_rotary_factor: float = 1.0  # RoPE on the first fraction of each head's features (Phi-4-mini: 0.75)
+    nope_layers: tuple[int, ...] | None = None  # layers without RoPE (SmolLM3's NoPE layers)
+    attn_sinks: bool = False  # a learned logit per head in every attention softmax (GPT-OSS): `sinks (heads,)`
+    mla: Any = None  # {q_lora_rank, kv_lora_rank, qk_rope_head_dim, ...}: multi-head latent attention (models/mla.py)
+    attn_gate: bool = False  # the attention's output gated by sigmoid(x W_q_gate) (Qwen3.5, Qwen3-Next)
+    linear_attn: Any = None  # {key_heads, value_heads, key_dim, value_dim, conv_kernel, chunk}: gated delta rule
+    linear_layers: tuple[int, ...] | None = None  # the layers that are linear attention (needs scan_layers: false)
 
     def __post_init__(self):
         positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
@@ -221,8 +282,24 @@ class GPT(nn.Module):
         if self.qk_norm is not None:
             choice(self, "qk_norm", QK_NORMS)
         check_layer_types(self)
+        check_nope_layers(self)
+        MLAShape.parse(self.mla)
+        check_linear_layers(self.linear_layers, LinearShape.parse(self.linear_attn), self.layers, self.scan_layers)
+        if not 0 < self.partial_rotary_factor <= 1:
+            raise ConfigError(
+                f"partial_rotary_factor must be in (0, 1], got {self.partial_rotary_factor!r}",
+                arg="partial_rotary_factor",
+            )
+        rd = rotary_dim(head_dim, self.partial_rotary_factor)
+        if rd is not None and (rd < 2 or rd % 2):
+            raise ConfigError(
+                f"partial_rotary_factor {self.partial_rotary_factor} rotates {rd} of head_dim {head_dim} features; "
+                "RoPE needs an even number",
+                arg="partial_rotary_factor",
+            )
         parse_rope_scaling(self.local_rope_scaling)
         check_attention(self.attention, self.dtype)
+        check_strategy(self.context_parallel)
         float_dtype(self, "dtype", "param_dtype")
         MoE.parse(self.moe)  # a bad `moe:` option fails at construction, naming `moe`
         check_moe_layers(self.moe_layers, self.layers, self.scan_layers)
@@ -265,6 +342,16 @@ class GPT(nn.Module):
             else:  # packed rows: each example's positions restart at 0
                 x = x + jnp.take(pos, packed[1], axis=0).astype(dt)
         x = with_logical_constraint(x, ("batch", "length", "embed"))
+        # `length` split by the rules: attention reads positions (any order), and where the length allows, each
+        # device holds chunks i and 2C - 1 - i of the sequence, so causal attention gives every device equal work.
+        split = () if self.decode else context_axes()
+        # Latent (MLA) and linear attention read the sequence in order: they keep it (XLA gathers what they need).
+        ordered = self.mla is not None or bool(self.linear_layers)
+        balanced = bool(split) and not ordered and balances(tokens.shape[1], split)
+        if split:
+            packed = packed or whole_rows(tokens.shape)
+        if balanced:
+            x, packed = balance(x, split), tuple(balance(a, split) for a in packed)
 
         block = Block
         if self.remat != "none":
@@ -291,19 +378,27 @@ class GPT(nn.Module):
             attn_scale=self.attn_scale,
             decode=self.decode,
             attention=resolve_attention(self.attention, self.dtype),
+            context_parallel=resolve_strategy(self.context_parallel, tokens.shape[1], split),
             out_in=self.kernel_order == "out_in",
             lora=for_call(self.lora, deterministic),
+            rotary_dim=rotary_dim(head_dim, self.partial_rotary_factor),
+            mla=MLAShape.parse(self.mla),
+            attn_gate=self.attn_gate,
             **variant_options(self, parse_rope_scaling),
         )
-        local = local_layers(self.layer_types, self.layers)
+        flags = layer_flags(self.layer_types, self.nope_layers, self.layers)
         if self.scan_layers:
             # nn.scan over a `layers` axis; a GPipe pipeline when the mesh has a `stage` axis.
-            x, _ = LayerStack(block, self.layers, kw, name="blocks", layer_data=local)(x, *packed)
+            x, _ = LayerStack(block, self.layers, kw, name="blocks", layer_data=flags)(x, *packed)
         else:
+            linear = LinearShape.parse(self.linear_attn)
             for i in range(self.layers):
                 moe = kw["moe"] if self.moe_layers is None or i in self.moe_layers else None
-                layer = {"layer": local[i]} if local else {}
-                x, _ = block(**{**kw, "moe": moe}, name=f"block_{i}")(x, *packed, **layer)
+                layer = {"layer": flags[i]} if flags else {}
+                lin = linear if self.linear_layers and i in self.linear_layers else None
+                x, _ = block(**{**kw, "moe": moe, "linear": lin}, name=f"block_{i}")(x, *packed, **layer)
+        if balanced:
+            x = balance(x, split, inverse=True)
         x = make_norm(self.norm, dt, pd, "final_norm", self.norm_eps)(x)
         if self.tie_embeddings:
             logits = jnp.einsum("btd,vd->btv", x, emb.astype(dt)).astype(jnp.float32)

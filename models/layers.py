@@ -81,12 +81,13 @@ class Norm(nn.Module):
     eps: float = 1e-6
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
+    axis: str = "embed"  # the logical name of the normalised dimension (MLA's latents: q_lora, kv_lora)
 
     @nn.compact
     def __call__(self, x):
         def vector(name, init):
-            box = with_logical_partitioning(init, ("embed",))
-            return param_for_compute(self.param(name, box, (x.shape[-1],), self.param_dtype), ("embed",))
+            box = with_logical_partitioning(init, (self.axis,))
+            return param_for_compute(self.param(name, box, (x.shape[-1],), self.param_dtype), (self.axis,))
 
         x32 = x.astype(jnp.float32)
         if self.kind == "rms_offset":

@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +27,8 @@ import flax.linen as nn
 
 from partitioning.boxes import with_logical_partitioning
 from partitioning.errors import ConfigError, did_you_mean
-from partitioning.parallel.experts import expert_capacity, moe_ffn
+from partitioning.models.layers import MlpBlock
+from partitioning.parallel.experts import ROUTINGS, clamped_swiglu, expert_capacity, group_route, moe_ffn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +56,21 @@ class MoE:
     aux_loss_weight: float = 0.01
     norm_topk_prob: bool | None = None
     mlp: int | None = None
+    # GPT-OSS: a router bias, biases on every expert projection, the top-k logits' softmax as gates, the
+    # clamped SwiGLU (``swiglu_limit`` / ``swiglu_alpha``; partitioning.parallel.experts.clamped_swiglu).
+    router_bias: bool = False
+    expert_bias: bool = False
+    routing: str = "softmax_topk"
+    swiglu_limit: float | None = None
+    swiglu_alpha: float | None = None
+    # DeepSeek-V3 (routing: sigmoid_group, partitioning.parallel.experts.group_route): expert groups, how many
+    # a token may use, the gates' scale, a score correction bias ``router_correction (expert,)``, and a shared
+    # expert every token passes through (``shared``: a dense SwiGLU MLP this wide).
+    groups: int = 1
+    topk_groups: int = 1
+    routed_scaling: float = 1.0
+    correction_bias: bool = False
+    shared_mlp: int | None = None
 
     @classmethod
     def parse(cls, options: Any) -> MoE | None:
@@ -78,9 +95,24 @@ class MoE:
                 "dropless": (bool,),
                 "norm_topk_prob": (bool, type(None)),
                 "mlp": (int, type(None)),
+                "router_bias": (bool,),
+                "expert_bias": (bool,),
+                "correction_bias": (bool,),
+                "groups": (int,),
+                "topk_groups": (int,),
+                "shared_mlp": (int, type(None)),
+                "routing": (str,),
             }.get(k, (int, float, type(None)))
             if isinstance(v, bool) != (bool in kinds) or not isinstance(v, kinds):
-                want = "a number" if float in kinds else "true or false" if bool in kinds else "an integer"
+                want = (
+                    "a number"
+                    if float in kinds
+                    else "true or false"
+                    if bool in kinds
+                    else f"one of {', '.join(ROUTINGS)}"
+                    if str in kinds
+                    else "an integer"
+                )
                 raise ConfigError(f"moe.{k} must be {want}, got {v!r}", arg="moe")
         moe = cls(**dict(options))
         if moe.aux_loss_weight is None or moe.aux_loss_weight < 0:
@@ -92,6 +124,16 @@ class MoE:
             )
         if moe.mlp is not None and moe.mlp < 1:
             raise ConfigError(f"moe.mlp must be >= 1 (or null: the model's mlp), got {moe.mlp}", arg="moe")
+        if moe.routing not in ROUTINGS:
+            raise ConfigError(f"moe.routing must be one of {', '.join(ROUTINGS)}, got {moe.routing!r}", arg="moe")
+        if moe.groups < 1 or moe.experts % moe.groups or not 1 <= moe.topk_groups <= moe.groups:
+            raise ConfigError(
+                f"moe needs groups dividing experts and 1 <= topk_groups <= groups, got groups {moe.groups}, "
+                f"topk_groups {moe.topk_groups}, experts {moe.experts}",
+                arg="moe",
+            )
+        if (moe.swiglu_limit is None) != (moe.swiglu_alpha is None):
+            raise ConfigError("moe.swiglu_limit and moe.swiglu_alpha go together (the clamped SwiGLU)", arg="moe")
         if not moe.dropless and (moe.capacity_factor is None or moe.capacity_factor <= 0):
             raise ConfigError("moe.capacity_factor must be > 0 (or set dropless: true)", arg="moe")
         return moe
@@ -146,11 +188,38 @@ class MoeMlp(nn.Module):
             return self.param(name, with_logical_partitioning(init, names), shape, pd)
 
         router = param("router", ("embed", "expert"), (d, e), d)
-        experts = (
+        experts: tuple[Any, ...] = (
             param("wi_0", ("expert", "embed", "mlp"), (e, d, m), d),
             param("wi_1", ("expert", "embed", "mlp"), (e, d, m), d),
             param("wo", ("expert", "mlp", "embed"), (e, m, d), m),
         )
+
+        def bias(name, names, shape):
+            return self.param(name, with_logical_partitioning(nn.initializers.zeros, names), shape, pd)
+
+        router_bias = bias("router_bias", ("expert",), (e,)) if self.moe.router_bias else None
+        if self.moe.expert_bias:
+            experts += (
+                bias("wi_0_bias", ("expert", "mlp"), (e, m)),
+                bias("wi_1_bias", ("expert", "mlp"), (e, m)),
+                bias("wo_bias", ("expert", "embed"), (e, d)),
+            )
+        route_fn = None
+        if self.moe.routing == "sigmoid_group":
+            correction = bias("router_correction", ("expert",), (e,)) if self.moe.correction_bias else None
+            o = self.moe
+            route_fn = functools.partial(
+                group_route,
+                correction=correction,
+                top_k=o.top_k,
+                groups=o.groups,
+                topk_groups=o.topk_groups,
+                norm_topk_prob=bool(o.norm_topk_prob),
+                scale=float(o.routed_scaling),
+            )
+        fn = None
+        if self.moe.swiglu_limit is not None:
+            fn = clamped_swiglu(float(self.moe.swiglu_limit), float(self.moe.swiglu_alpha or 1.0))
         y, aux = moe_ffn(
             x,
             router,
@@ -158,7 +227,13 @@ class MoeMlp(nn.Module):
             top_k=self.moe.top_k,
             capacity=self.moe.capacity(x.shape[1]),
             norm_topk_prob=self.moe.norm_topk_prob,
+            router_bias=router_bias,
+            routing=self.moe.routing,
+            expert_fn=fn,
+            route_fn=route_fn,
         )
+        if self.moe.shared_mlp:  # DeepSeek's shared expert: every token, no gate
+            y = y + MlpBlock(self.moe.shared_mlp, self.dtype, pd, name="shared")(x).astype(y.dtype)
         self.sow("losses", "moe_aux_loss", self.moe.aux_loss_weight * aux)
         return y.astype(self.dtype)
 

@@ -17,6 +17,9 @@
   ``scan_layers`` keeps compile time flat in depth whatever the pattern (Gemma 3 27B's 62
   layers are not a whole number of its 6-layer groups). The price: both RoPE variants of q and
   k are computed on every layer (elementwise work, small beside the projections).
+- **attention sinks** (:func:`sink_softmax`, GPT-OSS): a learned logit per head in every softmax row.
+- **NoPE layers** (SmolLM3): ``nope_layers`` get no RoPE at all, carried as data the same way
+  (a layer's flags: :data:`LOCAL`, :data:`NOPE`).
 
 Example::
 
@@ -85,6 +88,31 @@ def softcap(x: jax.Array, cap: float | None) -> jax.Array:
     return x if not cap else jnp.tanh(x / cap) * cap
 
 
+def sink_softmax(scores: jax.Array, sinks: jax.Array | None) -> jax.Array:
+    """The attention softmax over the keys (last axis) of ``(..., groups, group_heads, t, s)`` float32 ``scores``, with
+    attention sinks (GPT-OSS): one learned logit per head (``(heads,)``, ``heads = groups * group_heads``) that joins
+    every row's softmax and takes its share of the mass without a value. ``sinks`` None: the plain softmax.
+
+    Any attention path can call it on its scores (as transformers' eager attention does: the sink's column
+    concatenated, the softmax taken, the column dropped).
+
+    Example::
+
+        >>> from partitioning.models.variants import sink_softmax
+        >>> scores = jnp.zeros((1, 1, 2, 1, 3))                          # 2 heads, 3 keys, all equal
+        >>> probs = sink_softmax(scores, jnp.array([0.0, -100.0]))[0, 0, :, 0]
+        >>> [[round(float(p), 3) for p in row] for row in probs]         # the sink takes a share; a -100 one none
+        [[0.25, 0.25, 0.25], [0.333, 0.333, 0.333]]
+    """
+    if sinks is None:
+        return jax.nn.softmax(scores, axis=-1)
+    g, r = scores.shape[-4], scores.shape[-3]
+    sink = sinks.astype(jnp.float32).reshape(g, r)[..., None, None]
+    top = jnp.maximum(jnp.max(scores, axis=-1, keepdims=True), sink)
+    e = jnp.exp(scores - top)
+    return e / (jnp.sum(e, axis=-1, keepdims=True) + jnp.exp(sink - top))
+
+
 def local_rope(x: jax.Array, rotated: jax.Array, local: Any, spec: tuple | None, positions: Any, rope: Any) -> Any:
     """``rotated`` (the global RoPE) on global layers, ``x`` rotated by ``rope`` with ``spec = (theta, scaling)``
     (the local RoPE) on local ones (``rope``: attention's, which imports this module)."""
@@ -125,6 +153,34 @@ def local_layers(layer_types: Any, layers: int) -> tuple[bool, ...] | None:
     return tuple(t == "sliding_attention" for t in layer_types)
 
 
+# The bits of a layer's flags (the per-layer data a scanned stack carries): a sliding-window layer of a mixed
+# stack, a layer without RoPE (SmolLM3's NoPE layers).
+LOCAL, NOPE = 1, 2
+
+
+def layer_flags(layer_types: Any, nope_layers: Any, layers: int) -> tuple[int, ...] | None:
+    """Per-layer flags (:data:`LOCAL` | :data:`NOPE`), or None when every layer is alike."""
+    local = local_layers(layer_types, layers)
+    if local is None and not nope_layers:
+        return None
+    nope = set(nope_layers or ())
+    return tuple((LOCAL if local and local[i] else 0) | (NOPE if i in nope else 0) for i in range(layers))
+
+
+def layer_flag(flags: Any, bit: int, mixed: bool) -> Any:
+    """One bit of a layer's ``flags`` (a Python int unscanned, traced in a scan); None when not ``mixed``."""
+    if not mixed or flags is None:
+        return None
+    return bool(flags & bit) if isinstance(flags, int) else (flags & bit) != 0
+
+
+def skip_rope(x: jax.Array, rotated: jax.Array, nope: Any) -> jax.Array:
+    """``x`` unrotated on a NoPE layer (``nope`` a bool or traced), ``rotated`` elsewhere."""
+    if nope is None or nope is False:
+        return rotated
+    return x if nope is True else jnp.where(nope, x, rotated)
+
+
 def check_layer_types(model: Any) -> None:
     """``layer_types``: one of :data:`LAYER_TYPES` per layer (ConfigError naming the field otherwise)."""
     types = model.layer_types
@@ -139,6 +195,21 @@ def check_layer_types(model: Any) -> None:
         )
 
 
+def check_nope_layers(model: Any) -> None:
+    """``nope_layers``: distinct layer numbers (ConfigError naming the field otherwise)."""
+    nope = model.nope_layers
+    if nope is None:
+        return
+    bad = isinstance(nope, str) or any(isinstance(i, bool) or not isinstance(i, int) for i in nope)
+    if bad or len(set(nope)) != len(nope) or any(not 0 <= i < model.layers for i in nope):
+        raise ConfigError(
+            f"nope_layers must be distinct layer numbers 0..{model.layers - 1} (the layers without RoPE), got {nope!r}",
+            arg="nope_layers",
+        )
+    if model.positions != "rope":
+        raise ConfigError("nope_layers needs positions: rope", arg="nope_layers")
+
+
 def variant_options(model: Any, parse_rope_scaling: Any) -> dict[str, Any]:
     """The :class:`~partitioning.models.gpt.Block` options of these variants, from the GPT's fields
     (``parse_rope_scaling``: attention's, which imports this module)."""
@@ -146,7 +217,13 @@ def variant_options(model: Any, parse_rope_scaling: Any) -> dict[str, Any]:
     if model.local_rope_theta is not None:
         spec = (float(model.local_rope_theta), parse_rope_scaling(model.local_rope_scaling))
     return dict(
-        norm_placement=model.norm_placement, qk_norm=model.qk_norm, attn_softcap=model.attn_softcap, local_rope=spec
+        norm_placement=model.norm_placement,
+        qk_norm=model.qk_norm,
+        attn_softcap=model.attn_softcap,
+        local_rope=spec,
+        mixed_window=model.layer_types is not None,
+        mixed_rope=bool(model.nope_layers),
+        attn_sinks=model.attn_sinks,
     )
 
 
@@ -154,14 +231,21 @@ __all__ = [
     "QKNorm",
     "qk_norms",
     "softcap",
+    "sink_softmax",
     "local_rope",
     "local_mask",
     "pre_norm",
     "post_norm",
     "local_layers",
+    "layer_flags",
+    "layer_flag",
+    "skip_rope",
     "check_layer_types",
+    "check_nope_layers",
     "variant_options",
     "QK_NORMS",
     "NORM_PLACEMENTS",
     "LAYER_TYPES",
+    "LOCAL",
+    "NOPE",
 ]

@@ -68,12 +68,14 @@ def _is_explicit(mesh: Any) -> bool:
 
 
 def compute_spec(names: Sequence[Any], rules: Any = None, mesh: Any = None) -> PartitionSpec:
-    """A param's spec for computing with it: its rule spec minus :attr:`Rules.batch_axes`.
+    """A param's spec for computing with it: its rule spec minus :attr:`Rules.token_axes`.
 
-    Those axes split the batch, so a param sharded over them (FSDP) must be
-    gathered before use; its other axes (tensor parallelism) stay sharded.
-    ``batch_axes`` are declared with the rule table, or read off its ``batch``
-    rules. Mesh-axis names resolve against ``mesh`` (else the context mesh).
+    Those axes split the tokens (the batch, and the sequence under context
+    parallelism), so a param sharded over them (FSDP) must be gathered before
+    use; its other axes (tensor parallelism) stay sharded. ``batch_axes`` are
+    declared with the rule table, or read off its ``batch`` rules; the
+    ``length`` rules add theirs. Mesh-axis names resolve against ``mesh`` (else
+    the context mesh).
 
     Example::
 
@@ -82,11 +84,11 @@ def compute_spec(names: Sequence[Any], rules: Any = None, mesh: Any = None) -> P
         P(None, 'tensor')
     """
     rules = as_rules(rules) if rules is not None else get_logical_axis_rules()
-    batch_axes = set(rules.batch_axes)
+    token_axes = set(rules.token_axes)
     out = []
     mesh = mesh if mesh is not None else jax.sharding.get_abstract_mesh()
     for entry in _constraint_spec(tuple(names), rules, mesh):
-        kept = tuple(a for a in axes_tuple(entry) if a not in batch_axes)
+        kept = tuple(a for a in axes_tuple(entry) if a not in token_axes)
         out.append(None if not kept else kept[0] if len(kept) == 1 else kept)
     return PartitionSpec(*out)
 

@@ -1,4 +1,11 @@
-"""Meshes from ordered ``{axis: size}`` mappings, and the mesh + rules context.
+"""Meshes from ordered ``{axis: size}`` mappings, where their axes span nodes, and the mesh + rules context.
+
+On a cluster ``nodes`` says which axes (or which factor of an axis' size)
+span nodes (processes; slices on TPUs): the mesh is then built with
+:func:`jax.experimental.mesh_utils.create_hybrid_device_mesh`, so each
+node's devices fill the rest of the mesh and the chatty axes (fsdp, tensor)
+stay on the fast links inside it. With one process it is a plan only: the
+mesh is the same, and ``plan`` and ``tune`` price the split.
 
 Example::
 
@@ -19,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AbstractMesh, AxisType, Mesh
 
 from partitioning.context import axis_rules
@@ -42,9 +51,15 @@ class MeshSpec:
 
     axes: tuple[tuple[str, int], ...]
     axis_types: str = "auto"
+    nodes: tuple[tuple[str, int], ...] = ()  # axis -> nodes it spans (size > 1 only), in mesh order
 
     @classmethod
-    def from_mapping(cls, shape: Mapping[str, int] | Sequence[tuple[str, int]], axis_types: str = "auto") -> MeshSpec:
+    def from_mapping(
+        cls,
+        shape: Mapping[str, int] | Sequence[tuple[str, int]],
+        axis_types: str = "auto",
+        nodes: Mapping[str, int] | None = None,
+    ) -> MeshSpec:
         items: list[tuple[str, int]] = list(shape.items()) if isinstance(shape, Mapping) else [(n, s) for n, s in shape]
         if not items:
             raise MeshError("mesh needs at least one axis, e.g. {data: -1}")
@@ -65,11 +80,20 @@ class MeshSpec:
                 f"axis_types must be one of {sorted(AXIS_TYPES)}, got {axis_types!r}"
                 f"{did_you_mean(str(axis_types), AXIS_TYPES)}"
             )
-        return cls(tuple((n, int(s)) for n, s in items), axis_types)
+        problem = nodes_problem(dict(items), nodes or {})
+        if problem:
+            raise MeshError(f"nodes: {problem}", arg="nodes")
+        spans = tuple((n, int((nodes or {}).get(n, 1))) for n in names if int((nodes or {}).get(n, 1)) > 1)
+        return cls(tuple((n, int(s)) for n, s in items), axis_types, spans)
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(n for n, _ in self.axes)
+
+    @property
+    def node_count(self) -> int:
+        """How many nodes the mesh spans (1: no ``nodes``)."""
+        return math.prod(n for _, n in self.nodes)
 
     def resolve(self, n_devices: int) -> dict[str, int]:
         """The concrete ``{axis: size}`` for ``n_devices`` devices."""
@@ -92,16 +116,145 @@ class MeshSpec:
     def describe(self) -> str:
         return fmt_mesh(self.axes)
 
+    def split(self, n_devices: int) -> tuple[dict[str, int], dict[str, int]]:
+        """``(inside, across)``: each axis' size inside one node and its number of nodes (sizes multiply).
+
+        Example::
+
+            >>> from partitioning.mesh import MeshSpec
+            >>> MeshSpec.from_mapping({"data": 4, "fsdp": -1}, nodes={"data": 2}).split(32)
+            ({'data': 2, 'fsdp': 8}, {'data': 2, 'fsdp': 1})
+        """
+        sizes = self.resolve(n_devices)
+        problem = nodes_problem(sizes, dict(self.nodes))
+        if problem:
+            raise MeshError(f"nodes: {problem}", arg="nodes")
+        across = {a: dict(self.nodes).get(a, 1) for a in sizes}
+        return {a: s // across[a] for a, s in sizes.items()}, across
+
+
+def nodes_problem(shape: Mapping[str, int], nodes: Mapping[str, int]) -> str | None:
+    """What is wrong with ``nodes`` for a mesh ``shape`` (sizes, ``-1`` not yet resolved), or None.
+
+    Example::
+
+        >>> from partitioning.mesh import nodes_problem
+        >>> nodes_problem({"data": 4, "fsdp": 8}, {"data": 3})
+        'data: 3 nodes do not divide its size 4; use 1, 2 or 4'
+    """
+    for axis, n in nodes.items():
+        if axis not in shape:
+            return f"{axis!r} is not a mesh axis ({', '.join(shape)}){did_you_mean(str(axis), [str(a) for a in shape])}"
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            return f"{axis}: the number of nodes must be a positive integer, got {n!r}"
+        size = shape[axis]
+        if size != -1 and size % n:
+            divisors = [d for d in range(1, size + 1) if size % d == 0]
+            if len(divisors) > 6:  # the nearest ones: a long list hides the answer
+                near = [max(d for d in divisors if d < n), min((d for d in divisors if d > n), default=size)]
+                return f"{axis}: {n} nodes do not divide its size {size}; use a divisor of {size}, e.g. {_either(near)}"
+            return f"{axis}: {n} nodes do not divide its size {size}; use {_either(divisors)}"
+    return None
+
+
+def _either(xs: Sequence[Any]) -> str:
+    xs = [str(x) for x in xs]
+    return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " or " + xs[-1]
+
+
+def _granule(device: Any) -> int:
+    """A device's node: its slice on TPUs (slices meet over the data-centre network), else its process."""
+    if device.platform == "tpu" and getattr(device, "slice_index", None) is not None:
+        return int(device.slice_index)
+    return int(device.process_index)
+
+
+def node_ids(sizes: Mapping[str, int], nodes: Mapping[str, int]) -> np.ndarray:
+    """The node of each mesh position (an array of the mesh's shape) when ``nodes`` splits it as
+    :func:`~jax.experimental.mesh_utils.create_hybrid_device_mesh` does: along an axis of ``s`` devices over
+    ``n`` nodes, positions ``0 .. s/n - 1`` are on the first node.
+
+    Example::
+
+        >>> from partitioning.mesh import node_ids
+        >>> node_ids({"data": 2, "fsdp": 4}, {"fsdp": 2}).tolist()
+        [[0, 0, 1, 1], [0, 0, 1, 1]]
+    """
+    shape, across = [int(s) for s in sizes.values()], [int(nodes.get(a, 1)) for a in sizes]
+    coords = [c // (s // n) for c, s, n in zip(np.indices(shape), shape, across, strict=True)]
+    return np.ravel_multi_index(tuple(coords), across)
+
+
+def mesh_node_ids(mesh: Mesh) -> np.ndarray | None:
+    """The node (process; slice on TPUs) of each device of a built mesh; None when all are on one node.
+
+    Example::
+
+        >>> from partitioning.mesh import mesh_node_ids
+        >>> mesh_node_ids(pt.make_mesh({"data": 2, "fsdp": 4})) is None   # one process
+        True
+    """
+    ids = np.vectorize(_granule, otypes=[int])(mesh.devices)
+    return ids if len(np.unique(ids)) > 1 else None
+
+
+def _hybrid(spec: MeshSpec, devices: Sequence[Any], sizes: dict[str, int]) -> np.ndarray | None:
+    """``spec``'s devices laid out over its nodes (None: one node, the ordinary layout); refused, with what
+    would work, when its nodes are not the processes (slices)."""
+    keys = sorted({_granule(d) for d in devices})
+    if not spec.nodes or len(keys) == 1:
+        return None
+    inside, across = spec.split(len(devices))
+    unit = "slices" if devices[0].platform == "tpu" else "processes"
+    if spec.node_count != len(keys):
+        hint = _suggest(sizes, len(keys), [a for a, _ in spec.nodes])
+        raise MeshError(
+            f"nodes: {fmt_mesh(spec.nodes)} puts the mesh on {spec.node_count} nodes, but its devices belong to "
+            f"{len(keys)} {unit} (one per node); "
+            + (f"use nodes {fmt_mesh(hint)}" if hint else f"no split of {fmt_mesh(sizes)} makes {len(keys)} nodes"),
+            arg="nodes",
+        )
+    held = [sum(1 for d in devices if _granule(d) == k) for k in keys]
+    if set(held) != {math.prod(inside.values())}:
+        raise MeshError(
+            f"nodes: {fmt_mesh(spec.nodes)} needs {math.prod(inside.values())} devices on each of "
+            f"{len(keys)} nodes, but the {unit} hold {', '.join(map(str, held))}",
+            arg="nodes",
+        )
+    return mesh_utils.create_hybrid_device_mesh(
+        list(inside.values()),
+        list(across.values()),
+        devices,
+        process_is_granule=devices[0].platform != "tpu",
+        allow_split_physical_axes=True,
+    )
+
+
+def _suggest(sizes: Mapping[str, int], count: int, prefer: Sequence[str]) -> dict[str, int] | None:
+    """``nodes`` for ``count`` nodes: one axis of ``prefer`` if it can, else the outer axes first."""
+    for a in [a for a in prefer if a in sizes] + [a for a in sizes if a not in prefer]:
+        if sizes[a] % count == 0:
+            return {a: count}
+    left, out = count, {}
+    for a in sizes:
+        if (g := math.gcd(left, sizes[a])) > 1:
+            out[a], left = g, left // g
+    return out if left == 1 else None
+
 
 def make_mesh(
     shape: Mapping[str, int] | Sequence[tuple[str, int]] | MeshSpec,
     axis_types: str = "auto",
     devices: Sequence[Any] | None = None,
+    nodes: Mapping[str, int] | None = None,
 ) -> Mesh:
     """A :class:`jax.sharding.Mesh` from an ordered ``{axis: size}`` mapping.
 
     One size may be ``-1`` (filled from the device count). Device order comes
-    from :func:`jax.make_mesh`, which knows the hardware topology.
+    from :func:`jax.make_mesh`, which knows the hardware topology. ``nodes``
+    (``{axis: number of nodes}``) says which axes span nodes on a cluster, one
+    process per node (slices on TPUs): the rest of the mesh stays inside a node
+    (see the module docstring).
 
     Example::
 
@@ -109,8 +262,16 @@ def make_mesh(
         >>> mesh = make_mesh({"data": 2, "fsdp": -1})
         >>> dict(mesh.shape)
         {'data': 2, 'fsdp': 4}
+        >>> dict(make_mesh({"data": 2, "fsdp": -1}, nodes={"data": 2}).shape)   # one process: the same mesh
+        {'data': 2, 'fsdp': 4}
+        >>> make_mesh({"data": 2, "fsdp": -1}, nodes={"data": 4})
+        Traceback (most recent call last):
+        partitioning.errors.MeshError: nodes: data: 4 nodes do not divide its size 2; use 1 or 2
     """
-    spec = shape if isinstance(shape, MeshSpec) else MeshSpec.from_mapping(shape, axis_types)
+    if isinstance(shape, MeshSpec):
+        spec = shape if nodes is None else MeshSpec.from_mapping(shape.axes, shape.axis_types, nodes)
+    else:
+        spec = MeshSpec.from_mapping(shape, axis_types, nodes)
     visible = devices is None
     devices = list(devices) if devices is not None else jax.devices()
     try:
@@ -120,6 +281,15 @@ def make_mesh(
             raise
         raise MeshError(f"{e}{_simulate_hint(spec, len(devices))}") from None
     types = (AXIS_TYPES[spec.axis_types],) * len(sizes)
+    spec.split(len(devices))  # a -1 axis the nodes do not divide is refused, on one process too
+    try:
+        hybrid = _hybrid(spec, devices, sizes)
+    except ValueError as e:
+        if isinstance(e, MeshError):
+            raise
+        raise MeshError(f"nodes: {fmt_mesh(spec.nodes)}: {' '.join(str(e).split())}", arg="nodes") from None
+    if hybrid is not None:
+        return Mesh(hybrid, tuple(sizes), axis_types=types)
     return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=types, devices=devices)
 
 
@@ -183,4 +353,13 @@ def sharding_context(mesh: Mesh, rules: Any):
         yield mesh, rules
 
 
-__all__ = ["MeshSpec", "make_mesh", "abstract_mesh", "sharding_context", "AXIS_TYPES"]
+__all__ = [
+    "MeshSpec",
+    "make_mesh",
+    "abstract_mesh",
+    "sharding_context",
+    "AXIS_TYPES",
+    "nodes_problem",
+    "node_ids",
+    "mesh_node_ids",
+]

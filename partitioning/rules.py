@@ -264,6 +264,23 @@ class Rules(TableWalk, tuple):
         return tuple(dict.fromkeys(a for n, axes in self if n == "batch" for a in axes_tuple(axes)))
 
     @property
+    def token_axes(self) -> tuple[str, ...]:
+        """The mesh axes that split the activations' tokens: :attr:`batch_axes`, then those ``length`` takes.
+
+        A parameter is computed with in its rule spec minus these axes (:func:`partitioning.boxes.compute_spec`):
+        a device holding some of the tokens needs the whole weight, so a weight stored split over them (FSDP
+        over ``fsdp``, and over ``context`` in ``fsdp_cp``) is gathered before use.
+
+        Example::
+
+            >>> pt.Rules.preset("fsdp_cp").token_axes, pt.Rules.preset("fsdp_tp").token_axes
+            (('data', 'fsdp', 'context'), ('data', 'fsdp'))
+        """
+        spec = self.resolve(("batch", "length"))
+        length = axes_tuple(spec[1]) if spec is not None and len(spec) > 1 else ()
+        return tuple(dict.fromkeys((*self.batch_axes, *length)))
+
+    @property
     def batch_axes_origin(self) -> str:
         """Where :attr:`batch_axes` come from, for ``explain``."""
         if self.declared_batch_axes is not None:

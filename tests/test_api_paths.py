@@ -67,7 +67,8 @@ READERS = {
     ),
     "preset-misspelt": (
         lambda: pt.Rules.preset("fsdpp"),
-        "unknown rule preset 'fsdpp' (presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp); did you mean 'fsdp'?",
+        "unknown rule preset 'fsdpp' (presets: dp, ep, fsdp, fsdp_cp, fsdp_tp, pp, pp_fsdp, seq, tp); "
+        "did you mean 'fsdp'?",
     ),
     "table_mesh-folder": (lambda: pt.rules.table_mesh("empty"), "empty: is a folder, not a rules file"),
     "table_mesh-binary": (

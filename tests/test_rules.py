@@ -250,7 +250,7 @@ def test_presets_load_and_resolve():
     assert Rules.preset("seq").resolve(("batch", "length", "embed")) == P(("data", "fsdp"), "tensor", None)
     with pytest.raises(
         pt.RuleError,
-        match=r"unknown rule preset 'fsdpp' \(presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp\); "
+        match=r"unknown rule preset 'fsdpp' \(presets: dp, ep, fsdp, fsdp_cp, fsdp_tp, pp, pp_fsdp, seq, tp\); "
         r"did you mean 'fsdp'\?",
     ):
         Rules.preset("fsdpp")

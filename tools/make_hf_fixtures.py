@@ -372,11 +372,315 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "llama",
         {"save_original_format": False},
     ),
+    # --- issue 37's dense families ---
+    # Phi-4: fused qkv_proj split [heads*d, kv*d, kv*d] with fewer kv heads (2) than heads (4).
+    "phi4": (
+        "Phi3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            original_max_position_embeddings=64,
+            tie_word_embeddings=False,
+            pad_token_id=0,
+            rope_parameters=dict(rope_type="default", rope_theta=250000.0),
+        ),
+        "llama",
+        {},
+    ),
+    # Phi-4-mini: GQA, partial rotary (0.75 of head_dim 8: 6 features) and LongRoPE whose original length (8)
+    # the test sequence (16) passes: the long factors and the attention factor bite.
+    "phi4_mini": (
+        "Phi3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            original_max_position_embeddings=8,
+            tie_word_embeddings=True,
+            pad_token_id=0,
+            rope_parameters=dict(
+                rope_type="longrope",
+                rope_theta=10000.0,
+                partial_rotary_factor=0.75,
+                short_factor=[1.0, 1.5, 2.0],
+                long_factor=[1.0, 4.0, 16.0],
+                original_max_position_embeddings=8,
+            ),
+        ),
+        "llama",
+        {},
+    ),
+    # OLMo-3: OLMo-2's block, sliding (window 5) and full layers mixed (3 of 4 sliding), YaRN on the full layers.
+    "olmo3": (
+        "Olmo3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            sliding_window=5,
+            rope_parameters=dict(
+                full_attention=dict(
+                    rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=8
+                ),
+                sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+            ),
+        ),
+        "gpt2",
+        {},
+    ),
+    # SmolLM3: NoPE on every 2nd layer (1, 3), those layers sliding (window 5), GQA, tied embeddings.
+    "smollm3": (
+        "SmolLM3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            no_rope_layer_interval=2,
+            pad_token_id=0,
+            use_sliding_window=True,
+            sliding_window=5,
+            tie_word_embeddings=True,
+            rope_parameters=dict(rope_type="default", rope_theta=2000000.0),
+        ),
+        "gpt2",
+        {},
+    ),
+    # --- issue 37's mixtures of experts ---
+    # GPT-OSS: sinks, q/k/v/o biases, sliding (window 5) and full layers alternating, YaRN (truncate false); 4
+    # experts top-2 with router and expert biases, gates the softmax of the top-2 logits, a SwiGLU clamped at 0.5
+    # (small enough to bite); experts fused and interleaved (gate_up_proj) as transformers saves them.
+    "gpt_oss": (
+        "GptOssConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=24,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=5,
+            max_position_embeddings=64,
+            swiglu_limit=0.5,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=150000.0,
+                factor=4.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                truncate=False,
+                original_max_position_embeddings=16,
+            ),
+        ),
+        "gpt2",
+        {},
+    ),
+    # DeepSeek-V3: multi-head latent attention (q and kv latents, interleaved RoPE, YaRN with mscale_all_dim);
+    # 1 dense layer then 2 MoE layers of 8 experts in 4 groups (top-2 groups, top-2 experts, sigmoid scores with a
+    # random correction bias, routed_scaling_factor 2.5) beside a shared expert; one tensor per expert on disk.
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_shared_experts=1,
+            n_routed_experts=8,
+            n_group=4,
+            topk_group=2,
+            num_experts_per_tok=2,
+            first_k_dense_replace=1,
+            q_lora_rank=24,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=10000.0,
+                factor=4.0,
+                mscale=1.0,
+                mscale_all_dim=1.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                original_max_position_embeddings=8,
+            ),
+        ),
+        "llama",
+        {},
+    ),
+    # The same DeepSeek-V3 as transformers 5 holds it in memory: each layer's routed experts fused.
+    "deepseek_v3_fused": (
+        "DeepseekV3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_shared_experts=1,
+            n_routed_experts=8,
+            n_group=4,
+            topk_group=2,
+            num_experts_per_tok=2,
+            first_k_dense_replace=1,
+            q_lora_rank=24,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=10000.0,
+                factor=4.0,
+                mscale=1.0,
+                mscale_all_dim=1.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                original_max_position_embeddings=8,
+            ),
+        ),
+        "llama",
+        {"save_original_format": False},
+    ),
+    # Qwen3.5 (text): linear-attention layers (gated delta rule: 2 key heads shared by 4 value heads of 8, a 4-tap
+    # convolution) at 0 and 2, full-attention layers (gated output, per-head (1 + w) q/k norms, a quarter of each
+    # 16-wide head rotated) at 1 and 3.
+    "qwen3_5": (
+        "Qwen3_5TextConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=8,
+            linear_conv_kernel_dim=4,
+            layer_types=["linear_attention", "full_attention"] * 2,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        ),
+        "qwen2",
+        {},
+    ),
+    # The text tower of a Qwen3.5 multimodal checkpoint (model.language_model.* beside a tiny vision tower).
+    "qwen3_5_mm": (
+        "Qwen3_5Config",
+        dict(
+            text_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                linear_num_key_heads=2,
+                linear_num_value_heads=4,
+                linear_key_head_dim=8,
+                linear_value_head_dim=8,
+                layer_types=["linear_attention", "full_attention"],
+                max_position_embeddings=64,
+            ),
+            vision_config=dict(
+                depth=1,
+                hidden_size=16,
+                intermediate_size=32,
+                num_heads=2,
+                out_hidden_size=32,
+                patch_size=4,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+            ),
+            tie_word_embeddings=False,
+        ),
+        "qwen2",
+        {"model_class": "Qwen3_5ForConditionalGeneration"},
+    ),
+    # DeepSeek-V3's architecture without a query latent (q_proj straight from the hidden state), every layer
+    # sparse (first_k_dense_replace 0: the layers scan).
+    "deepseek_v3_noq": (
+        "DeepseekV3Config",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_shared_experts=1,
+            n_routed_experts=8,
+            n_group=4,
+            topk_group=2,
+            num_experts_per_tok=2,
+            first_k_dense_replace=0,
+            q_lora_rank=None,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=12,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            rope_parameters=dict(
+                rope_type="yarn",
+                rope_theta=10000.0,
+                factor=4.0,
+                mscale=1.0,
+                mscale_all_dim=1.0,
+                beta_fast=32.0,
+                beta_slow=1.0,
+                original_max_position_embeddings=8,
+            ),
+        ),
+        "llama",
+        {},
+    ),
 }
 
 # Fixtures that also get `greedy.npy`: transformers' greedy continuation of their first GREEDY_PROMPT tokens
 # (past the 5-token windows), the reference for cached decoding (`generate`).
-GREEDY = ("qwen3", "gemma2", "gemma3", "gemma3_mm", "phi3", "olmo2")
+# (phi4_mini's LongRoPE switches every position's frequencies once the sequence passes 8 tokens, which a
+# cached decode cannot redo for the keys it already holds: its greedy tokens are not compared.)
+GREEDY = (
+    "qwen3",
+    "gemma2",
+    "gemma3",
+    "gemma3_mm",
+    "phi3",
+    "olmo2",
+    "phi4",
+    "olmo3",
+    "smollm3",
+    "gpt_oss",
+    "deepseek_v3",
+    "qwen3_5",
+)
 GREEDY_PROMPT, GREEDY_TOKENS = 5, 12
 
 # Tokenizer family -> (special tokens in id order, bos, eos, add_bos)
@@ -445,21 +749,26 @@ def randomize(model: torch.nn.Module, family: str, seed: int) -> None:
                 p.copy_(0.5 * noise)
             else:
                 p.copy_(noise / p.shape[-1] ** 0.5 if "c_" not in name else noise / p.shape[0] ** 0.5)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek's routing correction: a saved buffer
+                b.copy_(0.1 * torch.randn(b.shape, generator=g, dtype=torch.float32))
+
+
+def model_class(model_dir: Path) -> type:
+    """The checkpoint's own class (a multimodal one's ``...ForConditionalGeneration``), else the auto class."""
+    arch = (json.loads((model_dir / "config.json").read_text()).get("architectures") or [""])[0]
+    return getattr(transformers, arch, transformers.AutoModelForCausalLM)
 
 
 def logits_of(model_dir: Path, tokens: np.ndarray) -> np.ndarray:
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    model = model_class(model_dir).from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         return model(torch.from_numpy(tokens.astype(np.int64))).logits.float().numpy()
 
 
 def greedy_of(model_dir: Path, prompt: np.ndarray, n: int) -> np.ndarray:
     """transformers' greedy continuation of ``prompt`` (``n`` tokens, recomputing the sequence, no stop token)."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    model = model_class(model_dir).from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     ids = torch.from_numpy(prompt.astype(np.int64))[None]
     with torch.no_grad():
         for _ in range(n):
@@ -495,7 +804,10 @@ def make(name: str, seed: int) -> None:
     else:
         config = getattr(transformers, cls_name)(vocab_size=VOCAB, **kwargs, **special)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    if "model_class" in save:  # a multimodal checkpoint the causal-LM auto class would build as its text model
+        model = getattr(transformers, save["model_class"])._from_config(config, attn_implementation="eager")
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     randomize(model, family, seed)
     model.tie_weights()
     if "dtype" in save:

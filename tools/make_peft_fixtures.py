@@ -48,6 +48,13 @@ FIXTURES: dict[str, tuple[str, dict]] = {
     ),
     # Another family: q/k/v biases in the base (the adapters add none), tied embeddings.
     "qwen2": ("qwen2", dict(r=4, lora_alpha=8, target_modules=ALL)),
+    # Issue 37's families. OLMo-3 and SmolLM3: every linear (NoPE and sliding layers alike).
+    "olmo3": ("olmo3", dict(r=4, lora_alpha=8, target_modules=ALL)),
+    "smollm3": ("smollm3", dict(r=4, lora_alpha=8, target_modules=ALL)),
+    # Phi-4: the unfused projections (an adapter on the fused qkv_proj / gate_up_proj is not read).
+    "phi4": ("phi4", dict(r=4, lora_alpha=8, target_modules=["o_proj", "down_proj"])),
+    # GPT-OSS: the attention's projections (the experts are fused parameters, not Linear modules).
+    "gpt_oss": ("gpt_oss", dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])),
 }
 
 
@@ -134,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         got = logits(base_model(args.check_merged), tokens)
         return compare(f"merged {args.check_merged}", got, np.load(args.expect / "merged_logits.npy"), args.atol)
     print(f"peft {peft.__version__}, transformers {transformers.__version__}, torch {torch.__version__}")
-    for i, name in enumerate(args.names or FIXTURES):
-        make(name, seed=100 + i)
+    for name in args.names or FIXTURES:
+        make(name, seed=100 + list(FIXTURES).index(name))  # the same seed whichever fixtures are made
     return 0
 
 

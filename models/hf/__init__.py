@@ -8,7 +8,9 @@ tables; it knows patterns and shapes, not model classes.
 
 - :mod:`partitioning.models.hf.tables` — the name maps: HF tensor name -> parameter path + einops-like pattern.
 - :mod:`partitioning.models.hf.families` — the ``Family`` rows: ``config.json`` -> GPT options for Llama, Mistral,
-  Qwen2, Qwen3, Phi-3, OLMo-2, GPT-2 (and the Gemmas').
+  Qwen2, Qwen3, Phi-3 / Phi-4, OLMo-2, OLMo-3, SmolLM3, GPT-2 (and the Gemmas' and the MoEs').
+- :mod:`partitioning.models.hf.moes` — the readers of the mixture-of-experts families (Mixtral, Qwen3-MoE).
+- :mod:`partitioning.models.hf.hybrids` — the reader of Qwen3.5 (linear-attention layers between full ones).
 - :mod:`partitioning.models.hf.gemmas` — the readers of Gemma, Gemma 2 and Gemma 3 (text and multimodal).
 - :mod:`partitioning.models.hf.fields` — what every reader shares: activations, RoPE in both dialects, sizes.
 - :mod:`partitioning.models.hf.catalog` — the docs' table of families, generated from the rows.

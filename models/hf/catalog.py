@@ -50,6 +50,12 @@ def decoder_options(family: str) -> list[str]:
             continue
         if k == "layer_types":
             v = f"{sum(t == 'sliding_attention' for t in v)} of {len(v)} sliding"
+        elif k == "nope_layers":
+            v = f"{len(v)} of {opts['layers']} without RoPE"
+        elif k == "moe_layers":
+            v = f"{len(v)} of {opts['layers']} sparse"
+        elif k == "linear_layers":
+            v = f"{len(v)} of {opts['layers']} linear attention"
         elif isinstance(v, dict):
             v = ", ".join(f"{a}={b}" for a, b in v.items())
         elif isinstance(v, float):
@@ -59,10 +65,18 @@ def decoder_options(family: str) -> list[str]:
 
 
 def _tensors(family: str) -> str:
-    """A layer's weight names (those the default options ask for)."""
-    opts = {**_defaults(), **_options(family)}
+    """A layer's weight names (those the default options ask for): the last layer's, and for families whose layers
+    differ (dense and sparse, linear and full attention) the first's too."""
+    from partitioning.models.hf.model import build
+
+    f = FAMILIES[family]
+    model = build({"architectures": [f.architectures[0]]})
     prefixes = ("model.layers.{i}.", "transformer.h.{i}.")
-    rows = [t for t in FAMILIES[family].tensors if "{i}" in t.hf and t.wanted(opts.get)]
+    rows = [
+        t
+        for t in f.tensors
+        if "{i}" in t.hf and any(t.wanted(lambda o: getattr(model, o), i) for i in (0, model.layers - 1))
+    ]
     names = sorted({t.hf.removeprefix(prefixes[0]).removeprefix(prefixes[1]) for t in rows})
     return ", ".join(f"`{n.removesuffix('.weight')}`" for n in names if n.endswith(".weight"))
 

@@ -26,11 +26,16 @@ from typing import Any
 from partitioning.errors import ConfigError
 from partitioning.models.hf.fields import _LLAMA_DEFAULTS, ACTS, _act, _decoder, _rope  # noqa: F401 (re-exported)
 from partitioning.models.hf.gemmas import gemma, gemma2, gemma3, text_config
+from partitioning.models.hf.hybrids import qwen3_5
+from partitioning.models.hf.moes import deepseek_v3, gpt_oss, mixtral, mtp_layers, qwen3_moe
 from partitioning.models.hf.tables import (
+    DEEPSEEK_V3,
+    DEEPSEEK_V3_FUSED,
     GEMMA2,
     GEMMA3_EXTRA,
     GPT2,
     GPT2_EXTRA,
+    GPT_OSS,
     LLAMA,
     LLAMA_EXTRA,
     MIXTRAL,
@@ -38,6 +43,8 @@ from partitioning.models.hf.tables import (
     OLMO2,
     PHI3,
     QWEN3,
+    QWEN3_5,
+    QWEN3_5_EXTRA,
     QWEN3_MOE,
     QWEN3_MOE_FUSED,
     Tensor,
@@ -61,6 +68,13 @@ class Family:
     # Another name map the files may follow instead (transformers 5's fused experts): read when they
     # hold its first per-layer tensor; saving always writes ``tensors``.
     fused: tuple[Tensor, ...] = ()
+    # Tensors a checkpoint of this config holds that the model does not use, beyond ``extra`` (DeepSeek's
+    # multi-token-prediction layers): name patterns from the ``config.json``.
+    extra_of: Callable[[Mapping[str, Any]], tuple[str, ...]] | None = None
+
+    def skipped(self, cfg: Mapping[str, Any]) -> tuple[str, ...]:
+        """The name patterns of the tensors loading skips for ``cfg``."""
+        return self.extra + (self.extra_of(cfg) if self.extra_of else ())
 
 
 def llama(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -113,8 +127,9 @@ def _qwen_window(cfg: Mapping[str, Any], out: dict[str, Any]) -> dict[str, Any]:
 
 
 def phi3(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Phi-3: fused ``qkv_proj`` / ``gate_up_proj`` (split on load, fused on export), ``sliding_window`` on every
-    layer; q, k and v of equal size only (``num_key_value_heads == num_attention_heads``)."""
+    """Phi-3 and Phi-4: fused ``qkv_proj`` (``[heads*d, kv*d, kv*d]``: fewer kv heads than heads in Phi-4) and
+    ``gate_up_proj`` (split on load, fused on export), ``partial_rotary_factor`` (Phi-4-mini), LongRoPE,
+    ``sliding_window`` on every layer."""
     defaults = {
         **_LLAMA_DEFAULTS,
         "vocab_size": 32064,
@@ -122,13 +137,22 @@ def phi3(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "intermediate_size": 8192,
         "rms_norm_eps": 1e-5,
     }
-    out = _decoder(cfg, defaults)
-    if out["kv_heads"] != out["heads"]:
-        raise ConfigError(
-            f"num_key_value_heads {out['kv_heads']} != num_attention_heads {out['heads']} is not supported for Phi-3 "
-            "(its fused qkv_proj is split in three equal parts)",
-            arg="num_key_value_heads",
-        )
+    key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
+    rp = cfg.get(key)
+    if isinstance(rp, Mapping) and rp.get("rope_type", rp.get("type")) in ("su", "yarn"):
+        # transformers reads Phi-3's legacy names of LongRoPE as longrope.
+        cfg = {**cfg, key: {**rp, "rope_type": "longrope", "type": "longrope"}}
+    out = _decoder(cfg, defaults, partial=True)
+    scaling = out["rope_scaling"] or {}
+    if scaling.get("rope_type") == "longrope":
+        rotated = int(out["head_dim"] * out["partial_rotary_factor"])
+        short, long = len(scaling["short_factor"]), len(scaling["long_factor"])
+        if short != rotated // 2 or long != rotated // 2:
+            raise ConfigError(
+                f"{key}: longrope's short_factor and long_factor need {rotated // 2} entries each (half of the "
+                f"{rotated} rotated features), got {short} and {long}",
+                arg=key,
+            )
     window = cfg.get("sliding_window")
     return {**out, "sliding_window": int(window) if window else None}
 
@@ -141,93 +165,73 @@ def olmo2(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {**out, "qkv_bias": bias, "out_bias": bias, "qk_norm": "all", "norm_placement": "post"}
 
 
-def _experts(cfg: Mapping[str, Any], default: int) -> int:
-    """``num_experts`` / ``num_local_experts``: transformers 5 maps each name to the other (it writes the latter)."""
-    v = cfg.get("num_local_experts", cfg.get("num_experts"))
-    return default if v is None else int(v)
-
-
-def _moe(cfg: Mapping[str, Any], experts: int, defaults: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
-    """The ``moe`` options of Mixtral / Qwen3-MoE: dropless, so no token is ever dropped (logits as transformers').
-
-    The router's load-balancing loss joins the objective only where transformers adds it
-    (``output_router_logits``), weighted by ``router_aux_loss_coef``; ``router_jitter_noise``
-    (training-time input noise) is not implemented.
-    """
-
-    def get(key):
-        v = cfg.get(key)
-        return defaults.get(key) if v is None else v
-
-    if cfg.get("router_jitter_noise"):
+def _layer_types(cfg: Mapping[str, Any], n: int, default: list[str]) -> tuple[str, ...]:
+    types = cfg.get("layer_types") or default
+    if len(types) != n or any(t not in ("full_attention", "sliding_attention") for t in types):
         raise ConfigError(
-            f"router_jitter_noise {cfg['router_jitter_noise']} is not supported (only 0: no router noise)",
-            arg="router_jitter_noise",
+            f"layer_types must list full_attention or sliding_attention for each of the {n} layers", arg="layer_types"
         )
-    weight = float(get("router_aux_loss_coef")) if cfg.get("output_router_logits") else 0.0
-    return dict(
-        experts=experts,
-        top_k=int(get("num_experts_per_tok")),
-        dropless=True,
-        capacity_factor=None,
-        aux_loss_weight=weight,
-        **extra,
-    )
+    return tuple(types)
 
 
-_MIXTRAL_DEFAULTS: dict[str, Any] = {
-    **_LLAMA_DEFAULTS,
-    "intermediate_size": 14336,
-    "num_key_value_heads": 8,
-    "rms_norm_eps": 1e-5,
-    "num_experts_per_tok": 2,
-    "router_aux_loss_coef": 0.001,
-}
-
-
-def mixtral(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Mixtral: Mistral's attention, a sparse MoE MLP in every layer (softmax, top-k, gates renormalised)."""
-    window = cfg.get("sliding_window")
-    out = {**_decoder(cfg, _MIXTRAL_DEFAULTS), "sliding_window": int(window) if window else None}
-    out["moe"] = _moe(cfg, _experts(cfg, 8), _MIXTRAL_DEFAULTS, norm_topk_prob=True)
+def olmo3(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """OLMo-3: OLMo-2's block with sliding-window layers beside full ones (``layer_types``; by default every 4th
+    layer full, ``sliding_window`` 4096), the full layers' RoPE scaling (YaRN) apart from the sliding layers' plain
+    RoPE of the same base."""
+    rp = cfg.get("rope_parameters") or {}
+    if "full_attention" in rp or "sliding_attention" in rp:  # transformers 5: one RoPE per layer kind
+        full = {**cfg, "rope_parameters": {"rope_theta": 500000.0, **(rp.get("full_attention") or {})}}
+        theta = full["rope_parameters"]["rope_theta"]
+        local = {"rope_theta": (rp.get("sliding_attention") or {}).get("rope_theta", theta)}
+    else:  # transformers 4: rope_theta + rope_scaling for the full layers, the same base plain for the sliding ones
+        full = {**cfg, "rope_theta": cfg.get("rope_theta", 500000.0), "layer_types": None}
+        local = {"rope_theta": full["rope_theta"]}
+    out = olmo2({**full, "layer_types": None})
+    n = out["layers"]
+    types = _layer_types(cfg, n, ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(n)])
+    window = cfg.get("sliding_window", 4096)
+    if window and "sliding_attention" in types:
+        out.update(sliding_window=int(window), layer_types=types)
+        if out["rope_scaling"] or float(local["rope_theta"]) != out["rope_theta"]:
+            out.update(local_rope_theta=float(local["rope_theta"]), local_rope_scaling=None)
     return out
 
 
-_QWEN3_MOE_DEFAULTS: dict[str, Any] = {
-    **_LLAMA_DEFAULTS,
-    "vocab_size": 151936,
-    "hidden_size": 2048,
-    "intermediate_size": 6144,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "num_experts_per_tok": 8,
-    "moe_intermediate_size": 768,
-    "decoder_sparse_step": 1,
-    "router_aux_loss_coef": 0.001,
-}
-
-
-def qwen3_moe(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Qwen3-MoE: Qwen3's attention, MoE layers by `decoder_sparse_step` / `mlp_only_layers`, `norm_topk_prob`."""
-    # Experts are moe_intermediate_size wide, dense layers intermediate_size; dense layers between
-    # sparse ones build the layers unscanned (a scanned stack repeats one block).
-    d = _QWEN3_MOE_DEFAULTS
-    out = {**_decoder(cfg, d), "qk_norm": "head"}
-    if cfg.get("attention_bias"):
-        out.update(qkv_bias=True, out_bias=True)
-    if cfg.get("use_sliding_window"):
-        window = cfg.get("sliding_window", 4096)
-        out["sliding_window"] = int(window) if window else None
-    experts = _experts(cfg, 128)
-    step = int(cfg.get("decoder_sparse_step") or d["decoder_sparse_step"])
-    dense = set(cfg.get("mlp_only_layers") or ())
-    sparse = tuple(i for i in range(out["layers"]) if i not in dense and experts > 0 and (i + 1) % step == 0)
-    if sparse:
-        mlp = int(cfg.get("moe_intermediate_size") or d["moe_intermediate_size"])
-        out["moe"] = _moe(cfg, experts, d, norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), mlp=mlp)
-        if len(sparse) < out["layers"]:
-            out["moe_layers"] = sparse
+def smollm3(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """SmolLM3: Llama's block, RoPE off on the ``no_rope_layers`` (by default every 4th layer, NoPE), sliding windows
+    on the NoPE layers with ``use_sliding_window``."""
+    defaults = {
+        **_LLAMA_DEFAULTS,
+        "vocab_size": 128256,
+        "hidden_size": 2048,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "tie_word_embeddings": True,
+    }
+    rp = cfg.get("rope_parameters")
+    if rp:  # SmolLM3's default base is 2,000,000
+        cfg = {**cfg, "rope_parameters": {"rope_theta": 2000000.0, **rp}}
+    else:
+        cfg = {**cfg, "rope_theta": cfg.get("rope_theta", 2000000.0)}
+    bias = bool(cfg.get("attention_bias", False))
+    out = {**_decoder({**cfg, "layer_types": None}, defaults), "qkv_bias": bias, "out_bias": bias}
+    out["mlp_bias"] = bool(cfg.get("mlp_bias"))
+    n = out["layers"]
+    interval = int(cfg.get("no_rope_layer_interval") or 4)
+    flags = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(n)]
+    if len(flags) != n:
+        raise ConfigError(f"no_rope_layers must have one 0 or 1 for each of the {n} layers", arg="no_rope_layers")
+    nope = tuple(i for i, f in enumerate(flags) if not f)
+    if nope:
+        out["nope_layers"] = nope
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    if window:
+        default = ["sliding_attention" if not flags[i] else "full_attention" for i in range(n)]
+        types = _layer_types(cfg, n, default)
+        if "sliding_attention" in types:
+            out.update(sliding_window=int(window), layer_types=types)
     return out
 
 
@@ -283,8 +287,28 @@ FAMILIES = {
         ),
         Family("phi3", ("Phi3ForCausalLM",), phi3, PHI3, LLAMA_EXTRA),
         Family("olmo2", ("Olmo2ForCausalLM",), olmo2, OLMO2, LLAMA_EXTRA),
+        Family("olmo3", ("Olmo3ForCausalLM",), olmo3, OLMO2, LLAMA_EXTRA),
+        Family("smollm3", ("SmolLM3ForCausalLM",), smollm3, LLAMA, LLAMA_EXTRA),
         Family("mixtral", ("MixtralForCausalLM",), mixtral, MIXTRAL, LLAMA_EXTRA, fused=MIXTRAL_FUSED),
         Family("qwen3_moe", ("Qwen3MoeForCausalLM",), qwen3_moe, QWEN3_MOE, LLAMA_EXTRA, fused=QWEN3_MOE_FUSED),
+        Family("gpt_oss", ("GptOssForCausalLM",), gpt_oss, GPT_OSS, LLAMA_EXTRA),
+        Family(
+            "qwen3_5",
+            ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"),
+            qwen3_5,
+            QWEN3_5,
+            QWEN3_5_EXTRA,
+            aliases=(("model.", "model.language_model."),),
+        ),
+        Family(
+            "deepseek_v3",
+            ("DeepseekV3ForCausalLM",),
+            deepseek_v3,
+            DEEPSEEK_V3,
+            LLAMA_EXTRA,
+            fused=DEEPSEEK_V3_FUSED,
+            extra_of=mtp_layers,
+        ),
     )
 }
 ARCHITECTURES = {a: f for f in FAMILIES.values() for a in f.architectures}
@@ -300,10 +324,11 @@ def family_of(cfg: Mapping[str, Any]) -> Family:
         'qwen2'
         >>> family_of({"architectures": ["BertModel"]})
         Traceback (most recent call last):
-        partitioning.errors.ConfigError: architecture 'BertModel' is not supported; supported: GPT2LMHeadModel, \
-Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, LlamaForCausalLM, \
-MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
-Qwen3MoeForCausalLM
+        partitioning.errors.ConfigError: architecture 'BertModel' is not supported; supported: DeepseekV3ForCausalLM, \
+GPT2LMHeadModel, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, \
+GptOssForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, \
+Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3_5ForCausalLM, \
+Qwen3_5ForConditionalGeneration, SmolLM3ForCausalLM
     """
     archs = cfg.get("architectures") or []
     if not archs:
@@ -335,8 +360,13 @@ __all__ = [
     "gemma3",
     "phi3",
     "olmo2",
+    "olmo3",
+    "smollm3",
     "gpt2",
     "text_config",
     "mixtral",
     "qwen3_moe",
+    "gpt_oss",
+    "deepseek_v3",
+    "qwen3_5",
 ]

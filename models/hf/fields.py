@@ -34,8 +34,9 @@ def _act(cfg: Mapping[str, Any], key: str, default: str) -> str:
     return ACTS[name]
 
 
-def _rope(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """``rope_theta`` and ``rope_scaling`` from either dialect."""
+def _rope(cfg: Mapping[str, Any], partial: bool = False) -> dict[str, Any]:
+    """``rope_theta`` and ``rope_scaling`` from either dialect (and ``partial_rotary_factor`` where the family
+    has partial rotary: ``partial``)."""
     key = "rope_parameters" if cfg.get("rope_parameters") else "rope_scaling"
     rp = dict(cfg.get(key) or {})
     layer_types = set(cfg.get("layer_types") or ())
@@ -43,22 +44,38 @@ def _rope(cfg: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"{key} per layer type ({', '.join(sorted(layer_types & set(rp)))}) is not supported", arg=key
         )
-    partial = rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    if partial not in (None, 1, 1.0):
-        raise ConfigError(f"partial_rotary_factor {partial} is not supported (only 1.0: rotate every feature)", arg=key)
+    fraction = rp.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor") or 1.0
+    if fraction not in (1, 1.0) and not partial:
+        raise ConfigError(
+            f"partial_rotary_factor {fraction} is not supported (only 1.0: rotate every feature)", arg=key
+        )
     theta = float(rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     kind = rp.get("rope_type", rp.get("type", "default"))
+    original = cfg.get("original_max_position_embeddings")
     if kind == "llama3":
         rp.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings"))
+    elif kind in ("yarn", "longrope"):
+        rp.setdefault("original_max_position_embeddings", original or cfg.get("max_position_embeddings"))
+        rp.setdefault("max_position_embeddings", cfg.get("max_position_embeddings"))
     try:
         scaling = parse_rope_scaling(None if kind == "default" else {**rp, "rope_type": kind})
     except ConfigError as e:
         raise ConfigError(f"{key}: {e}", arg=key) from e
-    return {"rope_theta": theta, "rope_scaling": dict(scaling) if scaling else None}
+    out = {"rope_theta": theta, "rope_scaling": _plain(scaling)}
+    if partial:
+        out["partial_rotary_factor"] = float(fraction)
+    return out
 
 
-def _decoder(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """The options every Llama-shaped family shares."""
+def _plain(scaling: tuple | None) -> dict[str, Any] | None:
+    """A parsed scaling as the plain mapping a GPT option holds (LongRoPE's factor tuples as lists)."""
+    if not scaling:
+        return None
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in scaling}
+
+
+def _decoder(cfg: Mapping[str, Any], defaults: Mapping[str, Any], partial: bool = False) -> dict[str, Any]:
+    """The options every Llama-shaped family shares (``partial``: the family has partial rotary)."""
 
     def get(key):
         v = cfg.get(key)
@@ -78,7 +95,7 @@ def _decoder(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, A
         mlp_act=_act(cfg, "hidden_act", defaults["hidden_act"]),
         # torch's Linear stores weights (out, in): the same order here makes loading a reshape.
         kernel_order="out_in",
-        **_rope(cfg),
+        **_rope(cfg, partial),
     )
 
 

@@ -49,6 +49,27 @@ class HFDecoder(GPT):
         """Experts per MoE layer (0: a dense model): the name map's ``{e}``."""
         return int(self.moe["experts"]) if self.moe else 0
 
+    # Multi-head latent attention's sizes, for the name map (DeepSeek-V3: `when` and `split`).
+    @property
+    def q_lora_rank(self) -> int | None:
+        return self.mla["q_lora_rank"] if self.mla else None
+
+    @property
+    def kv_lora_rank(self) -> int:
+        return int(self.mla["kv_lora_rank"]) if self.mla else 0
+
+    @property
+    def qk_rope_head_dim(self) -> int:
+        return int(self.mla["qk_rope_head_dim"]) if self.mla else 0
+
+    @property
+    def shared_expert(self) -> bool:
+        return bool(self.moe and self.moe.get("shared_mlp"))
+
+    def linear_layer(self, i: int) -> bool:
+        """Whether layer ``i`` is a linear-attention layer (Qwen3.5; the name map's ``when="linear_layer"``)."""
+        return self.linear_layers is not None and i in self.linear_layers
+
     def moe_layer(self, i: int) -> bool:
         """Whether layer ``i``'s MLP is a mixture of experts (the name map's ``when="moe_layer"``)."""
         return self.moe is not None and (self.moe_layers is None or i in self.moe_layers)
@@ -64,6 +85,7 @@ def build(
     lora: Any = None,
     capacity_factor: float | None = None,
     attention: str = "xla",
+    context_parallel: str = "auto",
 ) -> HFDecoder:
     """The decoder a ``config.json`` describes (float32 unless ``dtype`` / ``param_dtype`` say otherwise);
     ``lora``: LoRA adapters (:mod:`partitioning.models.lora`).
@@ -79,7 +101,7 @@ def build(
                 arg="capacity_factor",
             )
         opts["moe"] = {**opts["moe"], "dropless": False, "capacity_factor": float(capacity_factor)}
-    if opts.get("moe_layers") is not None:
+    if opts.get("moe_layers") is not None or opts.get("linear_layers"):
         # Dense layers between sparse ones: a scanned stack repeats one block (docs/pipeline-experts.md).
         scan_layers = False
     return HFDecoder(
@@ -88,6 +110,7 @@ def build(
         remat=remat,
         lora=lora,
         attention=attention,
+        context_parallel=context_parallel,
         dtype=dtype or "float32",
         param_dtype=param_dtype or "float32",
         hf_config=json.dumps(dict(cfg)),
@@ -106,6 +129,8 @@ def export_config(model: Any) -> dict[str, Any]:
         if own.get("text_config") is not None and family_of(own).name == "gemma3":
             # A multimodal checkpoint's text tower (the only part loaded) is saved as the text model it is.
             return {**text_config(own), "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}
+        if own.get("text_config") is not None and family_of(own).name == "qwen3_5":
+            return {**text_config(own), "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text"}
         return own
     if not isinstance(model, GPT):
         raise ConfigError(f"save_hf needs a model built by hf_model / load_hf or a GPT, got {type(model).__name__}")

@@ -13,6 +13,10 @@ A row is ``Tensor(hf, param, axes, part=None, when=None)``:
   has, of which the row is part ``part`` (GPT-2's fused ``c_attn`` holds q, k and v as parts
   0, 1, 2 of ``(3 heads kv)``). Sizes come from the parameter's shape.
 - ``when``: the GPT option that must be true for the tensor to exist (``"!opt"``: false).
+- ``split``: for a fused tensor whose parts differ in size (Phi-3's ``qkv_proj`` with fewer kv heads than
+  heads, ``[heads*d, kv*d, kv*d]``), the GPT options giving each part's size along the file's first
+  dimension, in units of its first atom (``("heads", "kv_heads", "kv_heads")``); ``part`` picks one. The
+  axes are then the part's own (``"(kv_heads kv) embed"``), with no integer.
 
 Example::
 
@@ -35,6 +39,7 @@ class Tensor(NamedTuple):
     axes: str
     part: int | None = None
     when: str | None = None
+    split: tuple[str, ...] | None = None
 
     def wanted(self, option: Callable[[str], Any], layer: int = 0) -> bool:
         """Whether the row's ``when`` holds for a model whose options ``option(name)`` gives; an option that is a
@@ -116,15 +121,17 @@ GEMMA2 = _replace(
     },
 )
 
-# Phi-3: q, k and v fused in qkv_proj (parts 0, 1, 2 of equal size: heads == kv_heads), gate and up in
-# gate_up_proj (parts 0 and 1); each shard reads its slice of a part, export fuses them again.
+# Phi-3 / Phi-4: q, k and v fused in qkv_proj as [heads*d, kv_heads*d, kv_heads*d] rows (fewer kv heads than
+# heads in Phi-4), gate and up in gate_up_proj (parts 0 and 1); each shard reads its slice of a part, export
+# fuses them again.
+_QKV = ("heads", "kv_heads", "kv_heads")
 PHI3 = _replace(
     LLAMA,
     {
         "self_attn.q_proj.weight": (
-            Tensor(_L + "self_attn.qkv_proj.weight", "{layer}/attn/q", "(3 heads kv) embed", part=0),
-            Tensor(_L + "self_attn.qkv_proj.weight", "{layer}/attn/k", "(3 kv_heads kv) embed", part=1),
-            Tensor(_L + "self_attn.qkv_proj.weight", "{layer}/attn/v", "(3 kv_heads kv) embed", part=2),
+            Tensor(_L + "self_attn.qkv_proj.weight", "{layer}/attn/q", "(heads kv) embed", part=0, split=_QKV),
+            Tensor(_L + "self_attn.qkv_proj.weight", "{layer}/attn/k", "(kv_heads kv) embed", part=1, split=_QKV),
+            Tensor(_L + "self_attn.qkv_proj.weight", "{layer}/attn/v", "(kv_heads kv) embed", part=2, split=_QKV),
         ),
         "self_attn.q_proj.bias": (),
         "self_attn.k_proj.weight": (),
@@ -202,6 +209,96 @@ MIXTRAL_FUSED = tuple(r for r in MIXTRAL if "block_sparse_moe" not in r.hf)[:-2]
 QWEN3_MOE_FUSED = tuple(r for r in QWEN3_MOE if ".experts." not in r.hf and ".mlp.gate." not in r.hf)[:-2]
 QWEN3_MOE_FUSED += _FUSED + _ATTN[-2:]
 
+# GPT-OSS: Llama's attention with biases and a sink logit per head; a router with a bias; each layer's experts
+# fused as transformers holds them, gate and up interleaved in the last dimension of gate_up_proj ((mlp 2): gate
+# at the even columns, up at the odd ones), (in, out) order, a bias per projection.
+_OSS = _L + "mlp."
+GPT_OSS = (
+    _ATTN[:10]
+    + (Tensor(_L + "self_attn.sinks", "{layer}/attn/sinks", "heads"),)
+    + _ATTN[10:-2]
+    + (
+        Tensor(_OSS + "router.weight", "{layer}/mlp/router", "expert embed"),
+        Tensor(_OSS + "router.bias", "{layer}/mlp/router_bias", "expert"),
+        Tensor(_OSS + "experts.gate_up_proj", "{layer}/mlp/wi_0", "expert embed (mlp 2)", part=0),
+        Tensor(_OSS + "experts.gate_up_proj", "{layer}/mlp/wi_1", "expert embed (mlp 2)", part=1),
+        Tensor(_OSS + "experts.gate_up_proj_bias", "{layer}/mlp/wi_0_bias", "expert (mlp 2)", part=0),
+        Tensor(_OSS + "experts.gate_up_proj_bias", "{layer}/mlp/wi_1_bias", "expert (mlp 2)", part=1),
+        Tensor(_OSS + "experts.down_proj", "{layer}/mlp/wo", "expert mlp embed"),
+        Tensor(_OSS + "experts.down_proj_bias", "{layer}/mlp/wo_bias", "expert embed"),
+    )
+    + _ATTN[-2:]
+)
+
+# DeepSeek-V3: multi-head latent attention (models/mla.py); kv_a_proj_with_mqa fuses the kv latent and the shared
+# RoPE key part ([kv_lora, rope] rows: split); dense layers first (Llama's MLP), then a router with a score
+# correction bias, one tensor per routed expert and a shared expert.
+_SA = _L + "self_attn."
+_KV_A = ("kv_lora_rank", "qk_rope_head_dim")
+_MLA = (
+    Tensor(_L + "input_layernorm.weight", "{layer}/attn_norm/scale", "embed"),
+    Tensor(_SA + "q_proj.weight", "{layer}/attn/q", "(heads kv) embed", when="!q_lora_rank"),
+    Tensor(_SA + "q_a_proj.weight", "{layer}/attn/q_a", "q_lora embed", when="q_lora_rank"),
+    Tensor(_SA + "q_a_proj.bias", "{layer}/attn/q_a_bias", "q_lora", when="qkv_bias"),
+    Tensor(_SA + "q_a_layernorm.weight", "{layer}/attn/q_a_norm/scale", "q_lora", when="q_lora_rank"),
+    Tensor(_SA + "q_b_proj.weight", "{layer}/attn/q_b", "(heads kv) q_lora", when="q_lora_rank"),
+    Tensor(_SA + "kv_a_proj_with_mqa.weight", "{layer}/attn/kv_a", "kv_lora embed", 0, split=_KV_A),
+    Tensor(_SA + "kv_a_proj_with_mqa.weight", "{layer}/attn/k_rope", "kv embed", 1, split=_KV_A),
+    Tensor(_SA + "kv_a_proj_with_mqa.bias", "{layer}/attn/kv_a_bias", "kv_lora", 0, "qkv_bias", _KV_A),
+    Tensor(_SA + "kv_a_proj_with_mqa.bias", "{layer}/attn/k_rope_bias", "kv", 1, "qkv_bias", _KV_A),
+    Tensor(_SA + "kv_a_layernorm.weight", "{layer}/attn/kv_a_norm/scale", "kv_lora"),
+    Tensor(_SA + "kv_b_proj.weight", "{layer}/attn/kv_b", "(heads kv) kv_lora"),
+    Tensor(_SA + "o_proj.weight", "{layer}/attn/o", "embed (heads kv)"),
+    Tensor(_SA + "o_proj.bias", "{layer}/attn/o_bias", "embed", when="qkv_bias"),
+    Tensor(_L + "post_attention_layernorm.weight", "{layer}/mlp_norm/scale", "embed"),
+)
+_DS = _L + "mlp."
+DEEPSEEK_V3 = (
+    (LLAMA[0],)
+    + _MLA
+    + _DENSE
+    + (
+        Tensor(_DS + "gate.weight", "{layer}/mlp/router", "expert embed", when="moe_layer"),
+        Tensor(_DS + "gate.e_score_correction_bias", "{layer}/mlp/router_correction", "expert", when="moe_layer"),
+        Tensor(_DS + "experts.{e}.gate_proj.weight", "{layer}/mlp/wi_0", "mlp embed", when="moe_layer"),
+        Tensor(_DS + "experts.{e}.up_proj.weight", "{layer}/mlp/wi_1", "mlp embed", when="moe_layer"),
+        Tensor(_DS + "experts.{e}.down_proj.weight", "{layer}/mlp/wo", "embed mlp", when="moe_layer"),
+        Tensor(_DS + "shared_experts.gate_proj.weight", "{layer}/mlp/shared/wi_0", "mlp embed", when="moe_layer"),
+        Tensor(_DS + "shared_experts.up_proj.weight", "{layer}/mlp/shared/wi_1", "mlp embed", when="moe_layer"),
+        Tensor(_DS + "shared_experts.down_proj.weight", "{layer}/mlp/shared/wo", "embed mlp", when="moe_layer"),
+    )
+    + _ATTN[-2:]
+)
+# transformers 5's in-memory layout (save_original_format=False): each layer's routed experts fused.
+DEEPSEEK_V3_FUSED = tuple(r for r in DEEPSEEK_V3 if ".experts.{e}." not in r.hf)[:-2] + _FUSED[1:] + _ATTN[-2:]
+
+# Qwen3.5: full-attention layers with an output gate fused in q_proj (each head's query rows, then its gate rows)
+# and per-head (1 + w) q/k norms; linear-attention layers (models/linear_attention.py) under `linear_attn.`.
+_LA = _L + "linear_attn."
+_FULL = "!linear_layer"
+QWEN3_5 = (
+    LLAMA[0],
+    LLAMA[1],
+    Tensor(_SA + "q_proj.weight", "{layer}/attn/q", "(heads 2 kv) embed", part=0, when=_FULL),
+    Tensor(_SA + "q_proj.weight", "{layer}/attn/q_gate", "(heads 2 kv) embed", part=1, when=_FULL),
+    Tensor(_SA + "k_proj.weight", "{layer}/attn/k", "(kv_heads kv) embed", when=_FULL),
+    Tensor(_SA + "v_proj.weight", "{layer}/attn/v", "(kv_heads kv) embed", when=_FULL),
+    Tensor(_SA + "o_proj.weight", "{layer}/attn/o", "embed (heads kv)", when=_FULL),
+    Tensor(_SA + "q_norm.weight", "{layer}/attn/q_norm/scale", "kv", when=_FULL),
+    Tensor(_SA + "k_norm.weight", "{layer}/attn/k_norm/scale", "kv", when=_FULL),
+    Tensor(_LA + "in_proj_qkv.weight", "{layer}/attn/qkv", "linear_qkv embed", when="linear_layer"),
+    Tensor(_LA + "in_proj_z.weight", "{layer}/attn/z", "(linear_heads linear_v) embed", when="linear_layer"),
+    Tensor(_LA + "in_proj_b.weight", "{layer}/attn/b", "linear_heads embed", when="linear_layer"),
+    Tensor(_LA + "in_proj_a.weight", "{layer}/attn/a", "linear_heads embed", when="linear_layer"),
+    Tensor(_LA + "conv1d.weight", "{layer}/attn/conv", "linear_qkv 1 conv", when="linear_layer"),
+    Tensor(_LA + "dt_bias", "{layer}/attn/dt_bias", "linear_heads", when="linear_layer"),
+    Tensor(_LA + "A_log", "{layer}/attn/A_log", "linear_heads", when="linear_layer"),
+    Tensor(_LA + "norm.weight", "{layer}/attn/norm_scale", "linear_v", when="linear_layer"),
+    Tensor(_LA + "out_proj.weight", "{layer}/attn/o", "embed (linear_heads linear_v)", when="linear_layer"),
+    *(r for r in LLAMA if "post_attention_layernorm" in r.hf or (".mlp." in r.hf and r.when is None)),
+    *_ATTN[-2:],
+)
+
 _H = "transformer.h.{i}."
 
 # GPT-2's Conv1D stores weights (in, out), and q, k and v fused in c_attn.
@@ -233,6 +330,8 @@ GPT2 = (
 LLAMA_EXTRA = (r"(^|\.)rotary_emb\.inv_freq$",)
 # A Gemma3ForConditionalGeneration checkpoint: the vision tower and its projector (not loaded).
 GEMMA3_EXTRA = LLAMA_EXTRA + (r"^(model\.)?(vision_tower|multi_modal_projector)\.",)
+# A Qwen3_5ForConditionalGeneration checkpoint: the vision tower (not loaded); the multi-token-prediction head.
+QWEN3_5_EXTRA = LLAMA_EXTRA + (r"^(model\.)?visual\.", r"^mtp\.")
 GPT2_EXTRA = (r"(^|\.)attn\.(bias|masked_bias)$",)
 
 __all__ = [
@@ -246,6 +345,11 @@ __all__ = [
     "MIXTRAL",
     "QWEN3_MOE",
     "MIXTRAL_FUSED",
+    "GPT_OSS",
+    "DEEPSEEK_V3",
+    "DEEPSEEK_V3_FUSED",
+    "QWEN3_5",
+    "QWEN3_5_EXTRA",
     "QWEN3_MOE_FUSED",
     "LLAMA_EXTRA",
     "GEMMA3_EXTRA",

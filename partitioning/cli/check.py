@@ -15,7 +15,9 @@ from partitioning.cli.args import config_args, load_with_devices, resume_args, r
 from partitioning.cli.compiling import IN_PROCESS_MAX, plan_devices
 from partitioning.cli.faults import RunLocks
 from partitioning.cli.preflight import pre_flight
+from partitioning.cli.render import nodes_line
 from partitioning.config.preflight import RunComplete
+from partitioning.plan.axes import node_layout
 
 HELP = "the pre-flight: every check train would make (config, mesh, rules, batch, data, dirs, checkpoint, memory)"
 EXAMPLES = """examples:
@@ -70,8 +72,11 @@ def run(args: argparse.Namespace) -> int:
         f"OK: {cfg.path}: model {cfg.model_name} ({plan.num_params:,} parameters, {len(plan.params)} arrays) "
         f"on mesh {mesh} ({devices} devices) with {len(cfg.rules)} rules"
     )
-    if ready.remat_note:
-        print(ready.remat_note)
+    if cfg.mesh.nodes:
+        print(nodes_line(node_layout(mesh, cfg.mesh.nodes)))
+    for note in (ready.remat_note, ready.context_note):
+        if note:
+            print(note)
     if small and getattr(ready.train_batches, "note", None):
         print(ready.train_batches.note)  # how the rows are packed and cut, as `train` says it
     if ready.data_warning:

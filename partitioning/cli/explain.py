@@ -49,9 +49,11 @@ def run(args: argparse.Namespace) -> int:
     )
     rules = cfg.rules
     axes = ", ".join(rules.batch_axes) or "none"
+    length = [a for a in rules.token_axes if a not in rules.batch_axes]
+    over = f"; and the sequence axes {', '.join(length)}" if length else ""
     print(
         f"compute layout: parameters are gathered over the batch axes ({axes}; "
-        f"{rules.batch_axes_origin}) before use: 'compute spec' above"
+        f"{rules.batch_axes_origin}{over}) before use: 'compute spec' above"
     )
     cov = rule_coverage(layouts, rules, acts, mesh)
     if cov.uncovered:

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from partitioning.cli.args import config_args, say
 from partitioning.cli.compiling import compile_args, compiled, setup_devices, write_json
 from partitioning.cli.render import console, render_plan
+from partitioning.config.context import split_axes, takes_context
 from partitioning.config.load import load_config
 from partitioning.config.planning import plan_from_config
 from partitioning.config.remat import is_auto
+from partitioning.parallel.context import resolve_strategy
+from partitioning.plan.axes import node_layout
 from partitioning.plan.budget import check_budget, device_memory
 from partitioning.plan.plot import plot_plan
 
@@ -45,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
             f"remat: auto is resolved when train starts, on the devices it runs on; planned here as {policy} "
             f"(--set model.remat=... plans another)"
         )
+    context_note = _context_note(cfg, plan)
     t1 = time.perf_counter()
     view = compiled(cfg, args, devices, here, plan)
     t2 = time.perf_counter()
@@ -57,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         "compiled": view,
         "timing": {"table_s": round(t1 - t0, 3), "compiled_s": round(t2 - t1, 3)},
     }
+    if cfg.mesh.nodes:
+        report["nodes"] = node_layout(plan.mesh, cfg.mesh.nodes)
     budget = cfg.mesh.memory_bytes if cfg.mesh.memory_bytes is not None else device_memory()
     fit = check_budget(plan, budget, view.get("memory") if view.get("status") == "ok" else None)
     report["memory_budget"] = {
@@ -67,8 +74,9 @@ def run(args: argparse.Namespace) -> int:
         "largest": [list(x) for x in fit.top],
     }
     render_plan(report, console())
-    if remat_note:  # with the table on stdout: stderr stays one line when something fails
-        print(remat_note)
+    for note in (remat_note, context_note):  # with the table on stdout: stderr stays one line when something fails
+        if note:
+            print(note)
     print(f"memory: {fit.describe()}")
     if args.json:
         write_json(args.json, report)
@@ -81,3 +89,16 @@ def run(args: argparse.Namespace) -> int:
             else f"{cfg.path}: the devices' memory"
         )
     return 0
+
+
+def _context_note(cfg: Any, plan: Any) -> str | None:
+    """What ``context_parallel: auto`` means for a plan: resolved at train time, planned with the model's rule."""
+    sizes = dict(plan.mesh)
+    axes = split_axes(cfg, sizes)
+    if not takes_context(cfg) or cfg.model_options.get("context_parallel", "auto") != "auto" or not axes:
+        return None
+    planned = resolve_strategy("auto", cfg.train.seq_len, axes, mesh=sizes)
+    return (
+        f"context_parallel: auto is resolved when train starts (priced for its devices); planned here as {planned} "
+        f"(--set model.context_parallel=ring|all_gather plans another)"
+    )

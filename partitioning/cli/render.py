@@ -20,7 +20,7 @@ from rich.console import Console, JustifyMethod
 from rich.markup import escape
 from rich.table import Table
 
-from partitioning.fmt import fmt_bytes, fmt_rule
+from partitioning.fmt import fmt_bytes, fmt_mesh, fmt_rule
 from partitioning.layout import LeafLayout
 
 
@@ -164,8 +164,12 @@ def render_axes(report: dict[str, Any], console: Any) -> None:
     """Per mesh axis: what it splits and the collectives over it; the pipeline's and the experts' costs."""
     axes, view = report.get("axes") or {}, report.get("compiled") or {}
     by_axis = view.get("collectives_by_axis") or {}
+    nodes = report.get("nodes")
+    if nodes:
+        console.print(nodes_line(nodes), highlight=False)
     t = Table(title="per mesh axis (state per device; collectives per step and device, compiled)")
-    for col in ("axis", "size", "splits", "state it splits", "without it", "collectives over it"):
+    cols = ("axis", "size", "splits", "state it splits", "without it", "collectives over it")
+    for col in cols + (("across nodes",) if nodes else ()):
         t.add_column(col, justify="right" if col in ("size", "state it splits", "without it") else "left")
     for name in list(axes) + [k for k in by_axis if k not in axes]:
         a = axes.get(name, {})
@@ -175,14 +179,18 @@ def render_axes(report: dict[str, Any], console: Any) -> None:
             )
             or "-"
         )
-        t.add_row(
+        row = [
             name,
             str(a.get("size", "")),
             ", ".join(a.get("splits", [])) or "-",
             fmt_bytes(a["per_device_bytes"]) if a else "",
             fmt_bytes(a["unsplit_bytes"]) if a else "",
             colls,
-        )
+        ]
+        if nodes:
+            spans = max((nodes["axes"].get(x, 1) for x in name.split("+")), default=1)
+            row.append(f"yes: {spans} nodes" if spans > 1 else "no")
+        t.add_row(*row)
     console.print(t)
 
     def compiled(kind: str, axis: str) -> str:
@@ -201,6 +209,46 @@ def render_axes(report: dict[str, Any], console: Any) -> None:
             + (compiled("all-to-all", "expert") if e["expert_shards"] > 1 else ""),
             highlight=False,
         )
+
+
+def nodes_line(nodes: Mapping[str, Any], configured: bool = True) -> str:
+    """``nodes: 4 x 8 devices (mesh.nodes {data: 4}); across nodes: data (4 nodes); inside one node: fsdp``
+    (``configured=False``: the layout a run found on its devices, without naming the key)."""
+    across = [f"{a} ({n} nodes)" for a, n in nodes["axes"].items() if n > 1]
+    inside = [a for a, n in nodes["axes"].items() if n == 1]
+    key = f" (mesh.nodes {fmt_mesh(nodes['split'])})" if configured else ""
+    return (
+        f"nodes: {nodes['count']} x {nodes['per_node']} devices{key}; across nodes: {', '.join(across) or 'nothing'}"
+        f"; inside one node: {', '.join(inside) or 'nothing'}"
+    )
+
+
+def render_across_nodes(view: Mapping[str, Any], console: Any) -> None:
+    """The compiled step's collectives by kind, mesh axes and nodes spanned: which cross nodes, and their bytes."""
+    rows: dict[tuple[str, str, int], list[int]] = {}
+    for c in view.get("collective_ops") or []:
+        if "nodes" not in c:
+            return
+        r = rows.setdefault((c["kind"], c["axes"], c["nodes"]), [0, 0, 0])
+        r[0] += c["executions"]
+        r[1] += c["executions"] * c["bytes"]
+        r[2] += c["executions"] * c["across_bytes"]
+    t = Table(title="collectives per step (per device): which cross nodes")
+    for col in ("collective", "over", "crosses nodes", "count", "bytes", "bytes across nodes"):
+        t.add_column(col, justify="right" if col in ("count", "bytes", "bytes across nodes") else "left")
+    for (kind, axes, spans), (count, nbytes, across) in sorted(rows.items(), key=lambda kv: (-kv[1][2], kv[0])):
+        t.add_row(
+            kind, axes, f"yes: {spans} nodes" if spans > 1 else "no", f"{count:,}", fmt_bytes(nbytes), fmt_bytes(across)
+        )
+    console.print(t)
+    total = sum(v["bytes"] for v in view["across_nodes"].values())
+    every = sum(v[1] for v in rows.values())
+    console.print(
+        f"across nodes: {fmt_bytes(total)} of {fmt_bytes(every)} per step and device ({total / every:.1%})"
+        if every
+        else "across nodes: no collectives",
+        highlight=False,
+    )
 
 
 def pipeline_line(p: dict[str, Any]) -> str:
@@ -250,6 +298,8 @@ def render_compiled(view: dict[str, Any], console: Any) -> None:
     for k, v in view["collectives"].items():
         t.add_row(k, f"{v['count']:,}", fmt_bytes(v["bytes"]))
     console.print(t)
+    if view.get("across_nodes"):
+        render_across_nodes(view, console)
     chk = view.get("sharding_check")
     if chk:
         if not chk["mismatches"]:
@@ -267,4 +317,4 @@ def render_compiled(view: dict[str, Any], console: Any) -> None:
                 )
 
 
-__all__ = ["console", "explain_table", "render_plan", "render_axes", "render_compiled"]
+__all__ = ["console", "explain_table", "render_plan", "render_axes", "render_compiled", "nodes_line"]

@@ -27,6 +27,7 @@ from partitioning import peers
 from partitioning.cli.args import config_args, distributed_args, load_with_devices, resume_args, resume_of, say
 from partitioning.cli.faults import RunLocks, checkpoint_note, closing_summary, diverged
 from partitioning.cli.preflight import pre_flight
+from partitioning.cli.render import nodes_line
 from partitioning.config.build import model_options_resolved
 from partitioning.config.hf import hf_params_from_config
 from partitioning.config.run import checkpoint_hook_from_config, trackers_from_config
@@ -34,6 +35,8 @@ from partitioning.config.rundir import move_previous_run, write_file
 from partitioning.config.schema import Config
 from partitioning.data.corpus import Corpus
 from partitioning.errors import ConfigError
+from partitioning.mesh import mesh_node_ids
+from partitioning.plan.axes import node_layout
 from partitioning.plan.flops import peak_tflops, transformer_flops
 from partitioning.train.loop import fit
 from partitioning.train.nonfinite import NonFiniteError
@@ -155,8 +158,12 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
             f"run_dir {run_dir}",
             flush=True,
         )
-        if ready.remat_note:
-            print(ready.remat_note, flush=True)
+        ids = mesh_node_ids(mesh)  # several processes: where the axes landed, from each device's process
+        if ids is not None:
+            print(nodes_line(node_layout(dict(mesh.shape), ids=ids), configured=False), flush=True)
+        for note in (ready.remat_note, ready.context_note):
+            if note:
+                print(note, flush=True)
         if ready.budget is not None and ready.budget.budget is not None:
             print(f"memory: {ready.budget.describe()}", flush=True)
         for note in (ready.resume_note, ready.data_note, getattr(train_batches, "note", None)):

@@ -50,7 +50,7 @@ HELP = "the best layout for a device count and memory budget: every candidate pr
 EXAMPLES = """examples:
   partitioning tune configs/llama3_70b.yaml --devices 2048 --hardware v5p --out best.yaml
   partitioning tune configs/quickstart.yaml --hardware cpu --json tune.json --png tune.png"""
-PRESETS = ("dp", "fsdp", "tp", "fsdp_tp", "seq")
+PRESETS = ("dp", "fsdp", "tp", "fsdp_tp", "seq", "fsdp_cp")
 MEASURE_DEVICES = 8
 
 

@@ -58,7 +58,7 @@ def _row(i: int, r: Result, budget: int) -> list[str]:
     return [
         str(i),
         c.rules_name + (" +zero1" if c.zero1 else ""),
-        fmt_mesh(c.mesh),
+        fmt_mesh(c.mesh) + (f" nodes {fmt_mesh(c.nodes)}" if c.nodes else ""),
         c.remat or "-",
         str(c.grad_accum) + (f", M={c.microbatches}" if c.stages > 1 else ""),
         peak,
@@ -78,6 +78,20 @@ def why(r: Result) -> str:
     other = "".join(f"; {k} {fmt_seconds(v)}" for k, v in e.other.items())
     how = "max(compute, comm) per phase" if e.overlap else "compute + comm per phase (not overlapped)"
     return f"{phases}{other}; step = {how} = {fmt_seconds(e.step_time)}"
+
+
+def nodes_note(r: Result, node_size: int) -> str:
+    """Where the best layout's axes sit on nodes, what each link level costs, and the other placements priced."""
+    e, c = _estimate(r), r.candidate
+    across = sum(x.seconds for x in e.comm if x.nodes > 1)
+    inside = sum(x.seconds for x in e.comm if x.nodes <= 1)
+    count = c.devices // node_size
+    others = ", ".join(f"{fmt_mesh(n)} {fmt_seconds(t)}" for n, t in r.placements if n != dict(c.nodes or ()) and t > 0)
+    return (
+        f"nodes: {fmt_mesh(c.nodes or {})} on {count} nodes of {node_size} devices: comm across nodes "
+        f"{fmt_seconds(across)}, inside a node {fmt_seconds(inside)} per step"
+        + (f"; other placements (analytic step): {others}" if others else "")
+    )
 
 
 def render_search(report: dict[str, Any], s: Search, top: int, console: Any) -> None:
@@ -136,6 +150,8 @@ def render_search(report: dict[str, Any], s: Search, top: int, console: Any) -> 
             highlight=False,
         )
         console.print(f"  why: {why(b)}", highlight=False, markup=False)
+        if b.placements:
+            console.print(f"  {nodes_note(b, hw.node_size)}", highlight=False, markup=False)
         view = b.compiled_view or {}
         if view and view.get("status") != "ok":
             console.print(f"  compiled view {view.get('status')}: {view.get('reason')}", highlight=False, markup=False)
@@ -176,4 +192,4 @@ def write_best(cfg: Config, sets: list[str], best: Result, path: str, report: di
     return write_text(path, text, "--out")
 
 
-__all__ = ["render_search", "write_best", "fmt_seconds", "why"]
+__all__ = ["render_search", "write_best", "fmt_seconds", "why", "nodes_note"]

@@ -17,14 +17,16 @@ Modules:
 - :mod:`~partitioning.config.planning` — Config -> the plan and the compiled view of the train step; the
   tuner's inputs.
 - :mod:`~partitioning.config.remat` — ``model.remat: auto`` (the default) -> the policy tune prices fastest here.
+- :mod:`~partitioning.config.context` — ``model.context_parallel: auto`` -> the attention strategy tune prices
+  faster for a split ``length`` (ring or all_gather).
 - :mod:`~partitioning.config.axes` — every mesh axis does work: one no rule uses is an error (did-you-mean).
 - :mod:`~partitioning.config.resume` — a run resuming its run dir's checkpoint is that experiment, further on;
   anything else (nothing to train, another model or optimizer) says what to do.
-- :mod:`~partitioning.config.rundir` — starting over moves the previous run whole into ``RUN_DIR/previous/``.
+- :mod:`~partitioning.config.rundir` — starting over moves the previous run whole into ``RUN_DIR/previous/``;
+  ``checkpoint.dir`` holds checkpoints only, not the user's own files.
 - :mod:`~partitioning.config.positions` — a model's learned-position limit against ``train.seq_len`` (and
   ``generate``'s own length), both sources named.
 - :mod:`~partitioning.config.foreign` — a file that is not a run config (``tokenizer.json``, ...): one line.
-- :mod:`~partitioning.config.ckptdir` — ``checkpoint.dir`` holds checkpoints only, not the user's own files.
 - :mod:`~partitioning.config.preflight` — every check ``train`` makes, before anything is compiled or written.
 - :mod:`~partitioning.config.tables` — a config laid out with other rule tables, each on a mesh that uses its
   axes (``compare``).

@@ -186,12 +186,14 @@ def config_devices(cfg: Config, override: int | None = None) -> int | None:
 
 
 def mesh_from_config(cfg: Config, devices: int | None = None) -> jax.sharding.Mesh:
-    """The config's mesh over its device count (``--devices`` overrides); errors at ``mesh.shape``'s file:line."""
+    """The config's mesh over its device count (``--devices`` overrides), its ``nodes`` spanning the processes;
+    errors at ``mesh.shape``'s (or ``mesh.nodes``') file:line."""
     n = config_devices(cfg, devices)
     try:
-        return make_mesh(cfg.mesh.shape, cfg.mesh.axis_types, devices=jax.devices()[:n] if n else None)
+        return make_mesh(cfg.mesh.shape, cfg.mesh.axis_types, jax.devices()[:n] if n else None, cfg.mesh.nodes)
     except MeshError as e:
-        raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
+        key = "nodes" if e.arg == "nodes" else "shape"
+        raise MeshError(f"{cfg.where('mesh', key)}: {str(e).removeprefix('nodes: ')}", arg=e.arg) from None
 
 
 def optimizer_from_config(cfg: Config) -> Any:

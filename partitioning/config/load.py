@@ -47,6 +47,7 @@ from partitioning.config.hf import hf_source
 from partitioning.config.merge import GLUED, glued_keys, merge, paths, unglue
 from partitioning.config.schema import REQUIRED, SECTIONS, TOP_KEYS, Config, DataConfig, HfModelConfig
 from partitioning.errors import ConfigError, PartitioningError, RuleError, did_you_mean
+from partitioning.mesh import nodes_problem
 from partitioning.rules import Rules
 from partitioning.yamlfile import Lines, load_value, read_yaml
 from partitioning.yamlfile import where as _where
@@ -326,6 +327,9 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
     opt_rules = None
     if data.get("optimizer_rules") is not None:
         opt_rules = _parse_rules("optimizer_rules", data["optimizer_rules"], path_s, lines, errors)
+    problem = None if mesh_errors else nodes_problem(sections["mesh"].shape, sections["mesh"].nodes or {})
+    if problem:
+        errors.append(f"{_where(path_s, lines, ('mesh', 'nodes'))}: {problem}")
     if not mesh_errors:  # a broken mesh would only add noise to the rules' errors
         for key, table in (("rules", rules), ("optimizer_rules", opt_rules)):
             if table is None:

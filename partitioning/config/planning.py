@@ -118,13 +118,14 @@ def compiled_from_config(cfg: Config, devices: int, plan: Plan | None = None) ->
     """The compiled view of the config's train step on the first ``devices`` devices of this process."""
     if plan is None:
         plan, _ = plan_from_config(cfg, devices)
-    mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axis_types, devices=jax.devices()[:devices])
+    mesh = make_mesh(cfg.mesh.shape, cfg.mesh.axis_types, devices=jax.devices()[:devices], nodes=cfg.mesh.nodes)
     trainer = trainer_from_config(cfg, mesh)
     view = compiled_view(
         trainer.lower_train_step,
         expected=plan.expected_specs(),
         input_names=("", "batch"),
         output_names=("", "metrics"),
+        nodes=cfg.mesh.nodes,
     )
     if view.get("flops") and trainer.seq_len:
         view["flops"]["six_n_tokens"] = transformer_flops(trainer.num_params, trainer.batch_size * trainer.seq_len)

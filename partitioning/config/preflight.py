@@ -13,7 +13,7 @@ mistake later, and a run that fails changes nothing on disk. In order:
    (token arrays) every token is inside the model's vocabulary, and (instruction rows) the loss counts
    some token at ``train.seq_len`` (:func:`~partitioning.config.run.check_loss_tokens`);
 5. ``run_dir`` and ``checkpoint.dir`` are folders (or can be made) and writable, ``checkpoint.dir`` holds
-   nothing but checkpoints (:mod:`partitioning.config.ckptdir`), and the trackers' packages are installed;
+   nothing but checkpoints (:mod:`partitioning.config.rundir`), and the trackers' packages are installed;
 6. an existing checkpoint fits the model, if the run would resume from it;
 7. the model traces: the train step is lowered (a model that fails is one ``ModelError`` line);
 8. the per-device peak fits the memory budget (compiled when a budget is set).
@@ -55,15 +55,17 @@ from partitioning.config.build import (
     task_from_config,
     trainer_from_config,
 )
-from partitioning.config.ckptdir import foreign_entries
+from partitioning.config.context import resolve_context
 from partitioning.config.planning import plan_from_config
 from partitioning.config.positions import check_positions
 from partitioning.config.remat import resolve_remat
 from partitioning.config.resume import compare_run
 from partitioning.config.run import data_from_config, data_resume_note
+from partitioning.config.rundir import foreign_entries
 from partitioning.config.schema import Config
 from partitioning.data.batch import batch_specs
 from partitioning.errors import CheckpointError, ConfigError, MeshError, PartitioningError, ShardingError
+from partitioning.mesh import MeshSpec
 from partitioning.outdir import file_in_the_way
 from partitioning.plan.budget import Budget, check_budget, device_memory
 from partitioning.plan.compiled import memory_stats
@@ -90,6 +92,7 @@ class Ready:
     data_note: str | None = None  # how the data differs from the checkpoint's, when resuming
     resume_note: str | None = None  # how the config differs from the checkpoint's, when resuming
     remat_note: str | None = None  # which policy `remat: auto` became, and why
+    context_note: str | None = None  # which strategy `context_parallel: auto` became, and why
     data_warning: str | None = None  # truncation cuts more of the answers than data.max_truncated_answers
 
 
@@ -294,6 +297,7 @@ def preflight(
     check_positions(cfg)  # before the model is traced at train.seq_len
     check_tokenizer_vocab(cfg)  # before the corpus is tokenized (and cached)
     cfg, remat_note = resolve_remat(cfg, mesh)
+    cfg, context_note = resolve_context(cfg, mesh)  # after remat: the strategies are priced with its policy
     dataset = dataset_from_config(cfg, progress)
     trainer = trainer_from_config(cfg, mesh, dataset)
     _, train, evals = data_from_config(cfg, trainer, dataset)
@@ -304,15 +308,9 @@ def preflight(
     note, changed, complete = _continuation(cfg, ckpt_dir, step, resume, dict(mesh.shape))
     budget = _budget(cfg)
     a = trainer.abstract_state
-    plan = build_plan(
-        a.params,
-        a.opt_state,
-        mesh,
-        cfg.rules,
-        optimizer_rules=cfg.optimizer_rules,
-        on_indivisible=cfg.on_indivisible,
-        frozen=trainer.frozen or (),  # priced as `plan` prices them: stored, no gradient, no optimizer state
-    )
+    opts: dict[str, Any] = {"optimizer_rules": cfg.optimizer_rules, "on_indivisible": cfg.on_indivisible}
+    # The frozen params priced as `plan` prices them: stored, no gradient, no optimizer state.
+    plan = build_plan(a.params, a.opt_state, mesh, cfg.rules, frozen=trainer.frozen or (), **opts)
     check_axes_used(cfg, plan.mesh, plan.params + plan.opt_state)
     # The train step is traced (and lowered) here, so a model that fails to trace stops the run before
     # anything is written; the compile for the memory figure reuses it.
@@ -328,7 +326,21 @@ def preflight(
             else f"{cfg.path}: the devices' memory"
         )
     ready = Ready(
-        cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed, remat_note
+        cfg,
+        mesh,
+        dataset,
+        trainer,
+        train,
+        evals,
+        run_dir,
+        ckpt_dir,
+        step,
+        fit,
+        plan,
+        note,
+        changed,
+        remat_note,
+        context_note,
     )
     ready.data_warning = getattr(train, "warning", None)
     if complete is not None and step is not None:
@@ -340,8 +352,10 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, re
     """The pre-flight for a mesh larger than this process can hold: from shapes only, nothing simulated."""
     try:
         sizes = mesh_sizes(cfg.mesh.shape, devices)
+        MeshSpec.from_mapping(sizes, nodes=cfg.mesh.nodes)  # the nodes split the resolved sizes too
     except MeshError as e:
-        raise MeshError(f"{cfg.where('mesh', 'shape')}: {e}") from None
+        key = "nodes" if e.arg == "nodes" else "shape"
+        raise MeshError(f"{cfg.where('mesh', key)}: {str(e).removeprefix('nodes: ')}", arg=e.arg) from None
     plan, _ = plan_from_config(cfg, devices)
     if plan.errors:  # every array that does not divide, at the rules (as the trainer's walk says it)
         raise at_key(cfg, ShardingError(f"{'; '.join(plan.errors)}; {REMEDY}", arg="on_indivisible"), RULES_KEY)

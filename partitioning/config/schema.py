@@ -32,7 +32,7 @@ class Section(BaseModel):
 
 
 class MeshConfig(Section):
-    """``mesh:``: axis names and sizes, axis types, devices and their memory."""
+    """``mesh:``: axis names and sizes, axis types, the nodes they span, devices and their memory."""
 
     shape: dict[StrictStr, StrictInt] = Field(
         default_factory=lambda: {"data": 1, "fsdp": -1}, description="ordered {axis: size}; at most one -1 (the rest)"
@@ -46,6 +46,7 @@ class MeshConfig(Section):
         default_factory=list,
         description="mesh axes no rule uses, kept on purpose (every device along them repeats the same work)",
     )
+    nodes: dict[StrictStr, StrictInt] | None = Field(default=None, description="{axis: nodes}: axes that span nodes")
 
     @field_validator("shape")
     @classmethod
@@ -163,6 +164,9 @@ class HfModelConfig(Section):
         description="attention kernel: xla (the toolkit's einsums, every option), cudnn "
         "(jax.nn.dot_product_attention's flash kernel: an NVIDIA GPU and a bfloat16 / float16 dtype), "
         "auto (cudnn where it applies)",
+    )
+    context_parallel: Literal["ring", "all_gather", "auto"] = Field(
+        default="auto", description="attention over a `length` the rules split (fsdp_cp): ring | all_gather | auto"
     )
 
 

@@ -51,6 +51,13 @@ def cache_positions(mod: nn.Module, t: int) -> jax.Array | None:
     return mod.get_variable(CACHE, "cache_index") + jnp.arange(t)
 
 
+def cache_length(mod: nn.Module) -> int | None:
+    """The positions a layer's cache holds (``max_len``); None before the cache exists."""
+    if not mod.has_variable(CACHE, "cached_key"):
+        return None
+    return int(mod.get_variable(CACHE, "cached_key").shape[1])
+
+
 def cached_kv(
     mod: nn.Module, k: jax.Array, v: jax.Array, positions: jax.Array | None, window: int | None
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -92,4 +99,4 @@ def position_offset(mod: nn.Module, t: int) -> jax.Array:
     return start
 
 
-__all__ = ["cache_positions", "cached_kv", "position_offset", "CACHE", "NAMES"]
+__all__ = ["cache_positions", "cache_length", "cached_kv", "position_offset", "CACHE", "NAMES"]

@@ -42,6 +42,7 @@ from partitioning.decode.sampling import Sampling, choose
 from partitioning.errors import ConfigError
 from partitioning.layout import tree_shardings
 from partitioning.mesh import sharding_context
+from partitioning.parallel.context import context_axes, context_size
 from partitioning.parallel.pipeline import pipeline_stages
 from partitioning.rules import as_rules
 
@@ -117,7 +118,11 @@ class Decoder:
     ):
         self.model, self.mesh, self.rules = decoder_of(model, mesh), mesh, as_rules(rules).validate(mesh)
         shards = batch_rows(mesh, self.rules)
-        self.rows, self.max_len = -(-max(int(batch), 1) // shards) * shards, int(max_len)
+        with sharding_context(mesh, self.rules):
+            split = context_axes()
+            # A cache whose length splits over the context devices: its prefill is ring / all_gather attention.
+            c = context_size(split) if split else 1
+        self.rows, self.max_len = -(-max(int(batch), 1) // shards) * shards, -(-int(max_len) // c) * c
         tokens = jax.ShapeDtypeStruct((self.rows, self.max_len), jnp.int32)
         with sharding_context(mesh, self.rules):
             abstract = jax.eval_shape(lambda: self.model.init(jax.random.key(0), tokens))

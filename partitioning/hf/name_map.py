@@ -37,10 +37,13 @@ missing (expected shape [64, 32] from config.json)
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from partitioning.errors import CheckpointError
 from partitioning.hf.files import Stored
@@ -60,6 +63,27 @@ class ParamMap:
     stacked: bool
     expert_axis: int | None = None  # the parameter's `expert` axis when each expert is its own file tensor ({e})
     experts: int = 0
+    # A fused tensor whose parts differ in size (Phi-3's qkv_proj with fewer kv heads than heads): each part's
+    # extent along the file's first dimension, in units of that dimension's first atom; ``part`` picks one.
+    split: tuple[int, ...] = ()
+
+    def file_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The whole file tensor's shape for one of its parameters of ``shape`` (all parts of a fused one)."""
+        want = self.pattern.file_shape(shape)
+        if not self.split:
+            return want
+        unit = want[0] // self.split[self.part or 0]
+        return (unit * sum(self.split),) + want[1:]
+
+    def view(self, s: Stored) -> Stored:
+        """This parameter's rows of a fused file tensor ``s`` as a tensor of their own (``s`` itself if unfused)."""
+        if not self.split:
+            return s
+        p = self.part or 0
+        unit = s.shape[0] // sum(self.split)
+        row = int(np.prod(s.shape[1:], dtype=np.int64)) * s.dtype.itemsize
+        start = s.start + sum(self.split[:p]) * unit * row
+        return dataclasses.replace(s, start=start, shape=(self.split[p] * unit,) + s.shape[1:])
 
     @property
     def counts(self) -> tuple[int, ...]:
@@ -108,7 +132,9 @@ def expand(
             raise CheckpointError(f"the name map has one tensor per expert for {param}, which has no expert axis")
         axis = names[path].index("expert") if "{e}" in r.hf else None
         dst = tuple(n for j, n in enumerate(names[path]) if j != axis and not (stacked and j == 0))
-        maps.append(ParamMap(path, Pattern.parse(f"{r.axes} -> {' '.join(dst)}"), r.part, hf, stacked, axis, experts))
+        split = tuple(int(option(n)) for n in r.split) if getattr(r, "split", None) else ()
+        pattern = Pattern.parse(f"{r.axes} -> {' '.join(dst)}")
+        maps.append(ParamMap(path, pattern, r.part, hf, stacked, axis, experts, split))
 
     def kept(r: Any, i: int) -> bool:
         return r.wanted(option, i)
@@ -178,7 +204,7 @@ def match(
     """Canonical file tensor name -> its stored tensor; CheckpointError for a missing, extra or misshaped one."""
     found: dict[str, Stored] = {}
     for m in maps:
-        want = m.pattern.file_shape(layer_shape(m, shapes[m.path]))
+        want = m.file_shape(layer_shape(m, shapes[m.path]))
         for name in m.hf:
             s = lookup(name, stored, aliases)
             if s is None:

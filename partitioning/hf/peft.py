@@ -99,7 +99,7 @@ def match_adapter(
     stored = read_header(file)
     found = {}
     for m in maps:
-        want = m.pattern.file_shape(layer_shape(m, shapes[m.path]))
+        want = m.file_shape(layer_shape(m, shapes[m.path]))
         for name in m.hf:
             s = stored.get(name)
             if s is None:

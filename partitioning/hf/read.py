@@ -229,9 +229,9 @@ class Reader:
                     if all(box[a][0] <= i < box[a][1] for a, i in at.items())
                 ]
                 flat = int(np.ravel_multi_index(ix, counts))
-                self.tensor(stored[flat], m.pattern, m.part, sub_shape, targets)
+                self.tensor(m.view(stored[flat]), m.pattern, m.part, sub_shape, targets)
         else:
-            self.tensor(stored[0], m.pattern, m.part, tuple(shape), [(box, bufs[box]) for box in boxes])
+            self.tensor(m.view(stored[0]), m.pattern, m.part, tuple(shape), [(box, bufs[box]) for box in boxes])
         host, places = [], []
         for box, devices in boxes.items():
             for d in devices:

@@ -54,7 +54,7 @@ from partitioning.model.interface import param_names as _names
 from partitioning.outdir import check_out_dir
 
 # Errors about the caller's own arguments, not about config.json.
-_ARGS = {"dtype", "param_dtype", "remat", "scan_layers", "capacity_factor", "attention"}
+_ARGS = {"dtype", "param_dtype", "remat", "scan_layers", "capacity_factor", "attention", "context_parallel"}
 
 
 def _families() -> Any:
@@ -97,6 +97,7 @@ def hf_model(
     lora: Any = None,
     capacity_factor: float | None = None,
     attention: str = "xla",
+    context_parallel: str = "auto",
 ) -> Any:
     """The Flax module a checkpoint's ``config.json`` describes, without reading any weights.
 
@@ -124,6 +125,7 @@ def hf_model(
             capacity_factor=capacity_factor,
             lora=lora,
             attention=attention,
+            context_parallel=context_parallel,
         )
     except ConfigError as e:
         if e.arg in _ARGS:
@@ -145,6 +147,7 @@ def load_hf(
     lora: Any = None,
     capacity_factor: float | None = None,
     attention: str = "xla",
+    context_parallel: str = "auto",
 ) -> tuple[Any, dict[str, Any]]:
     """``(model, {"params": ...})`` from a Hugging Face checkpoint, every array born in its shard.
 
@@ -176,8 +179,9 @@ def load_hf(
         capacity_factor=capacity_factor,
         lora=lora,
         attention=attention,
+        context_parallel=context_parallel,
     )
-    directory, _, family = _config(path)
+    directory, cfg, family = _config(path)
     rows: list[Any] = []
     if adapter is not None:
         from partitioning.hf.peft import adapter_maps, match_adapter, with_adapter
@@ -197,7 +201,7 @@ def load_hf(
     flat_shardings = traverse_util.flatten_dict(shardings)
     maps, shapes, all_shapes, all_names, fresh = weight_maps(model, family, stored, abstract)
     adapters = {k: flat_shardings[k] for k in fresh}
-    extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
+    extra = family.skipped(cfg) + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     found = match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
     if adapter is not None:  # the adapters come from the PEFT file, not a fresh init
         lora_maps = adapter_maps(rows, model, all_names)
@@ -240,11 +244,11 @@ def check_hf_files(path: str | os.PathLike, adapter: str | os.PathLike | None = 
     adapter folder, whose tensors are checked against the base too (an adapter made for another base).
     """
     model = hf_model(path, **options)
-    directory, _, family = _config(path)
+    directory, cfg, family = _config(path)
     stored = discover(directory)  # reads and validates every header (truncation, damage)
     maps, shapes, *_ = weight_maps(model, family, stored, _abstract(model))
     check_params(maps, shapes, family.name)
-    extra = family.extra + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
+    extra = family.skipped(cfg) + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
     if adapter is not None:  # as load_hf reads it: its tensors' names and shapes against the base's
         from partitioning.hf.peft import adapter_maps, match_adapter, with_adapter

@@ -136,7 +136,7 @@ def save_tensors(
     for name in order:
         m, _ = parts[name][0]
         shape = layer_shape(m, tuple(params[m.path].shape))
-        entries[name] = (name, np.dtype(dtype or params[m.path].dtype), m.pattern.file_shape(shape))
+        entries[name] = (name, np.dtype(dtype or params[m.path].dtype), m.file_shape(shape))
     sizes = [(n, int(np.prod(e[2])) * e[1].itemsize) for n, e in entries.items()]
     shards = plan_shards(sizes, max_shard_size)
     names = [file_name] if file_name is not None and len(shards) == 1 else file_names(len(shards))
@@ -144,7 +144,11 @@ def save_tensors(
     def arrays(tensors: list[str]) -> Iterator[np.ndarray]:
         for t in tensors:
             (m, _), *_ = parts[t]
-            yield m.pattern.to_file([host_value(params[p.path], at) for p, at in parts[t]])
+            values = [host_value(params[p.path], at) for p, at in parts[t]]
+            if m.split:  # parts of unequal sizes: each its own rows, one after the other
+                yield np.concatenate([p.pattern.to_file([v]) for (p, _), v in zip(parts[t], values, strict=True)])
+            else:
+                yield m.pattern.to_file(values)
 
     writer = jax.process_index() == 0
     files = dict(extra_files or {})

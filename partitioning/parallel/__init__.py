@@ -1,7 +1,7 @@
-"""Parallelism over the layers and the experts: the ``stage`` and ``expert`` mesh axes.
+"""Parallelism over the layers, the experts and the sequence: the ``stage``, ``expert`` and ``context`` mesh axes.
 
-Both are chosen like every other layout — a mesh axis plus rules — and the
-model only marks where its layers stack and where its experts sit:
+Each is chosen like every other layout — a mesh axis plus rules — and the
+model only marks where its layers stack, where its experts sit and where it attends:
 
 - :mod:`~partitioning.parallel.schedule` — ``gpipe``: the GPipe / circular schedule as a pure function (vmap over
   stages with ``spmd_axis_name="stage"``, a collective-permute shift), and ``bubble_fraction``.
@@ -11,6 +11,9 @@ model only marks where its layers stack and where its experts sit:
   rules), shared by the Trainer, ``check`` and ``plan``; ``PipelineError``.
 - :mod:`~partitioning.parallel.experts` — mixture-of-experts routing (top-k, load-balancing loss), capacity,
   dispatch / combine; the dispatched tokens' layout is the rules' (``expert`` axis: all-to-all).
+- :mod:`~partitioning.parallel.context` — attention over a sequence split across the ``context`` axis:
+  all-gathered or a ring of key/value blocks, exact, and the load-balanced causal order (``balance``).
+- :mod:`~partitioning.parallel.ring` — the masks by position, one masked block, the ring and its backward pass.
 - :mod:`~partitioning.parallel.trace` — records of the stacks (and expert layers) a forward pass traced,
   for the plan's analytic costs.
 
@@ -31,7 +34,8 @@ Example::
     (8, 64, 64)
 """
 
-from partitioning.parallel.experts import expert_capacity, moe_ffn
+from partitioning.parallel.context import balance, context_attention, context_axes
+from partitioning.parallel.experts import clamped_swiglu, expert_capacity, group_route, moe_ffn
 from partitioning.parallel.pipeline import (
     LayerStack,
     PipelineError,
@@ -57,4 +61,9 @@ __all__ = [
     "bubble_fraction",
     "moe_ffn",
     "expert_capacity",
+    "context_attention",
+    "context_axes",
+    "balance",
+    "clamped_swiglu",
+    "group_route",
 ]

@@ -68,21 +68,69 @@ def expert_capacity(tokens: int, experts: int, top_k: int, capacity_factor: floa
     return max(1, min(int(tokens), math.ceil(capacity_factor * tokens * top_k / experts)))
 
 
-def route(logits: jax.Array, top_k: int, norm_topk_prob: bool | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_group")
+
+
+def route(
+    logits: jax.Array, top_k: int, norm_topk_prob: bool | None = None, routing: str = "softmax_topk"
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(gates (G, S, k), experts (G, S, k), load-balancing loss)`` from router logits ``(G, S, E)``.
 
-    Softmax over all experts in float32, then the top ``k``; their probabilities are renormalised to
-    sum to 1 when ``norm_topk_prob`` (None: when ``k > 1``), as Mixtral and Qwen3-MoE's
-    ``norm_topk_prob: true`` do; else the gates are the raw probabilities.
+    ``softmax_topk``: softmax over all experts in float32, then the top ``k``; their probabilities are
+    renormalised to sum to 1 when ``norm_topk_prob`` (None: when ``k > 1``), as Mixtral and Qwen3-MoE's
+    ``norm_topk_prob: true`` do; else the gates are the raw probabilities. ``topk_softmax`` (GPT-OSS): the
+    top ``k`` logits, then a softmax over those ``k``.
     """
     e = logits.shape[-1]
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
-    top, idx = _top_k(probs, top_k)
-    norm = top_k > 1 if norm_topk_prob is None else norm_topk_prob
-    gates = top / jnp.sum(top, axis=-1, keepdims=True) if norm else top
+    if routing == "topk_softmax":
+        top, idx = _top_k(logits.astype(jnp.float32), top_k)
+        gates = jax.nn.softmax(top, axis=-1)
+    else:
+        top, idx = _top_k(probs, top_k)
+        norm = top_k > 1 if norm_topk_prob is None else norm_topk_prob
+        gates = top / jnp.sum(top, axis=-1, keepdims=True) if norm else top
     share = jnp.mean(jax.nn.one_hot(idx, e, dtype=jnp.float32), axis=(0, 1, 2))  # f_e (sums to 1)
     aux = e * jnp.sum(share * jnp.mean(probs, axis=(0, 1)))
     return gates, idx, aux
+
+
+def group_route(
+    logits: jax.Array,
+    correction: jax.Array | None,
+    top_k: int,
+    groups: int,
+    topk_groups: int,
+    norm_topk_prob: bool,
+    scale: float,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """DeepSeek-V3's routing: sigmoid scores; the ``topk_groups`` of ``groups`` expert groups whose two best
+    scores (plus the ``correction`` bias) sum highest; the top ``k`` experts within them by corrected score;
+    gates their uncorrected scores (renormalised when ``norm_topk_prob``), times ``scale``
+    (``routed_scaling_factor``). Returns ``(gates, experts, load-balancing loss)`` as :func:`route`.
+
+    Example::
+
+        >>> logits = jnp.array([[[4.0, 3.0, 0.0, 0.0, 5.0, -9.0, 0.0, 0.0]]])   # 4 groups of 2 experts
+        >>> gates, idx, _ = pt.parallel.group_route(logits, None, 2, 4, 1, True, 2.5)
+        >>> idx.tolist()                                   # group 0 (4 + 3) beats group 2 (5 - 9): experts 0, 1
+        [[[0, 1]]]
+    """
+    e = logits.shape[-1]
+    scores = jax.nn.sigmoid(logits.astype(jnp.float32))
+    choice = scores if correction is None else scores + correction.astype(jnp.float32)
+    grouped = choice.reshape(*choice.shape[:-1], groups, e // groups)
+    best_two = jnp.sum(_top_k(grouped, min(2, e // groups))[0], axis=-1)  # (G, S, groups)
+    _, chosen = _top_k(best_two, topk_groups)
+    keep = jnp.any(jax.nn.one_hot(chosen, groups, dtype=jnp.bool_), axis=-2)  # (G, S, groups)
+    masked = jnp.where(jnp.repeat(keep, e // groups, axis=-1), choice, -jnp.inf)
+    _, idx = _top_k(masked, top_k)
+    gates = jnp.take_along_axis(scores, idx, axis=-1)
+    if norm_topk_prob:
+        gates = gates / (jnp.sum(gates, axis=-1, keepdims=True) + 1e-20)
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    share = jnp.mean(jax.nn.one_hot(idx, e, dtype=jnp.float32), axis=(0, 1, 2))
+    return gates * scale, idx, e * jnp.sum(share * jnp.mean(probs, axis=(0, 1)))
 
 
 def _top_k(probs: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -116,7 +164,9 @@ def dispatch(x: jax.Array, idx: jax.Array, experts: int, cap: int) -> tuple[jax.
         token = jnp.full((experts * cap,), s, jnp.int32)
         token = token.at[slots.reshape(-1)].set(jnp.repeat(jnp.arange(s, dtype=jnp.int32), ig.shape[1]), mode="drop")
         padded = jnp.concatenate([xg, jnp.zeros((1, xg.shape[-1]), xg.dtype)])  # row s: an empty slot
-        return padded[token].reshape(experts, cap, -1), slots, keep
+        # Gathered straight into (experts, capacity, embed): a reshape of the gathered (experts * capacity) rows
+        # would merge the dimension the buffer's `expert` layout splits, which XLA rematerializes in full.
+        return padded[token.reshape(experts, cap)], slots, keep
 
     return jax.vmap(one)(x, idx)
 
@@ -125,8 +175,10 @@ def combine(y: jax.Array, slots: jax.Array, keep: jax.Array, gates: jax.Array) -
     """``(G, S, D)``: each token's experts' outputs (``y``: ``(G, E, C, D)``) summed with its gates."""
 
     def one(yg, sg, kg, gg):
-        flat = yg.reshape(-1, yg.shape[-1])
-        picked = flat[jnp.minimum(sg, flat.shape[0] - 1)]  # (S, k, D)
+        # Indexed by (expert, position), not through a reshape to (experts * capacity) rows (see dispatch).
+        e, c = yg.shape[0], yg.shape[1]
+        slot = jnp.minimum(sg, e * c - 1)
+        picked = yg[slot // c, slot % c]  # (S, k, D)
         w = (gg * kg).astype(picked.dtype)
         return jnp.einsum("skd,sk->sd", picked, w)
 
@@ -142,6 +194,9 @@ def moe_ffn(
     capacity: int | None = None,
     expert_fn: Callable[..., jax.Array] | None = None,
     norm_topk_prob: bool | None = None,
+    router_bias: jax.Array | None = None,
+    routing: str = "softmax_topk",
+    route_fn: Callable[[jax.Array], tuple[jax.Array, jax.Array, jax.Array]] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """A mixture-of-experts FFN over ``x`` ``(G, S, D)``: ``(y (G, S, D), load-balancing loss)``.
 
@@ -149,7 +204,8 @@ def moe_ffn(
     ``E`` axis, for ``expert_fn(buffer (G, E, C, D), *weights) -> (G, E, C, D)``
     (default: SwiGLU with ``wi_0, wi_1 (E, D, M)``, ``wo (E, M, D)``).
     ``capacity``: tokens per expert and group (:func:`expert_capacity`); None: dropless
-    (``S``). ``norm_topk_prob``: see :func:`route`. Name the weights' expert dimension ``expert`` and the rules decide
+    (``S``). ``norm_topk_prob``, ``routing``: see :func:`route`; ``router_bias`` ``(E,)`` is added to the router's
+    logits (GPT-OSS). Name the weights' expert dimension ``expert`` and the rules decide
     where the experts live; the tokens follow (module docstring).
 
     Example::
@@ -166,10 +222,15 @@ def moe_ffn(
     e = router.shape[-1]
     capacity = x.shape[1] if capacity is None else int(capacity)
     logits = jnp.einsum("gsd,de->gse", x, router.astype(x.dtype)).astype(jnp.float32)
+    if router_bias is not None:
+        logits = logits + router_bias.astype(jnp.float32)
     # Every token's scores for all experts where the token is: top-k needs the whole row, so a router
     # split over `expert` is gathered (D x E), not the tokens' logits (tokens x E).
     logits = with_logical_constraint(logits, ("batch", "length", None))
-    gates, idx, aux = route(logits, top_k, norm_topk_prob)
+    if route_fn is not None:  # another routing rule (DeepSeek's: group_route)
+        gates, idx, aux = route_fn(logits)
+    else:
+        gates, idx, aux = route(logits, top_k, norm_topk_prob, routing)
     buf, slots, keep = dispatch(x, idx, e, capacity)
     _record(x, e, top_k, capacity)
     # To the devices holding each expert (an all-to-all over `expert` when the rules split it) ...
@@ -191,6 +252,32 @@ def swiglu(buf: jax.Array, wi_0: jax.Array, wi_1: jax.Array, wo: jax.Array) -> j
     return jnp.einsum("gecm,emd->gecd", h, wo.astype(dt))
 
 
+def clamped_swiglu(limit: float, alpha: float) -> Callable[..., jax.Array]:
+    """GPT-OSS's experts: ``(up + 1) * gate * sigmoid(alpha * gate)`` with ``gate <= limit`` and
+    ``|up| <= limit``, each projection with its bias when given:
+    ``expert_fn(buf, wi_0, wi_1, wo[, wi_0_bias, wi_1_bias, wo_bias])`` (biases ``(E, M)``, ``(E, M)``, ``(E, D)``).
+
+    Example::
+
+        >>> buf, w = jnp.ones((1, 2, 3, 4)), jnp.ones((2, 4, 5)) * 10
+        >>> fn = pt.parallel.clamped_swiglu(7.0, 1.702)
+        >>> out = fn(buf, w, w, jnp.ones((2, 5, 4)), jnp.zeros((2, 5)), jnp.zeros((2, 5)), jnp.zeros((2, 4)))
+        >>> round(float(out[0, 0, 0, 0]), 2)                  # 5 x (7 + 1) x 7 sigmoid(1.702 x 7): both clamped
+        280.0
+    """
+
+    def fn(buf, wi_0, wi_1, wo, *biases):
+        dt = buf.dtype
+        b0, b1, bo = (b.astype(dt)[:, None] for b in biases) if biases else (0, 0, 0)
+        gate = jnp.einsum("gecd,edm->gecm", buf, wi_0.astype(dt)) + b0
+        up = jnp.einsum("gecd,edm->gecm", buf, wi_1.astype(dt)) + b1
+        gate, up = jnp.minimum(gate, limit), jnp.clip(up, -limit, limit)
+        h = with_logical_constraint((up + 1) * gate * jax.nn.sigmoid(gate * alpha), ("batch", "expert", None, "mlp"))
+        return jnp.einsum("gecm,emd->gecd", h, wo.astype(dt)) + bo
+
+    return fn
+
+
 def _record(x: jax.Array, experts: int, top_k: int, cap: int) -> None:
     rules = get_logical_axis_rules()
     tokens = rules.resolve(TOKENS) if rules else None
@@ -208,4 +295,16 @@ def _record(x: jax.Array, experts: int, top_k: int, cap: int) -> None:
     )
 
 
-__all__ = ["expert_capacity", "route", "dispatch", "combine", "moe_ffn", "swiglu", "DISPATCHED", "TOKENS"]
+__all__ = [
+    "clamped_swiglu",
+    "group_route",
+    "ROUTINGS",
+    "expert_capacity",
+    "route",
+    "dispatch",
+    "combine",
+    "moe_ffn",
+    "swiglu",
+    "DISPATCHED",
+    "TOKENS",
+]

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from partitioning.mesh import node_ids
 from partitioning.plan.hlo import KINDS
 from partitioning.resolve import axes_tuple
 
@@ -128,6 +129,71 @@ def collectives_by_axis(
     return out
 
 
+def group_nodes(text: str, ids: np.ndarray, permute: bool = False) -> tuple[int, float]:
+    """``(nodes, share)``: how many nodes the widest device group of a collective spans (1: inside one node) and
+    the share of its traffic that crosses nodes (a permute's pairs that cross; else 1 or 0). ``ids``: the node
+    of each mesh position, flat (:func:`partitioning.mesh.node_ids`).
+
+    Example::
+
+        >>> from partitioning.plan.axes import group_nodes
+        >>> ids = np.array([0, 0, 0, 0, 1, 1, 1, 1])       # {data: 2, fsdp: 4} with nodes {data: 2}
+        >>> group_nodes("[2,4]<=[8]", ids), group_nodes("[4,2]<=[2,4]T(1,0)", ids)   # over fsdp, over data
+        ((1, 0.0), (2, 1.0))
+        >>> group_nodes("{{0,1},{1,2},{2,3},{3,4},{4,5},{5,6},{6,7},{7,0}}", ids, permute=True)
+        (2, 0.25)
+    """
+    n = len(ids)
+    groups = device_groups(text, n)
+    if permute:
+        pairs = [g for g in groups if len(g) == 2 and max(g) < n]
+        crossing = sum(1 for a, b in pairs if ids[a] != ids[b])
+        return (2 if crossing else 1), (crossing / len(pairs) if pairs else 0.0)
+    widest = max((len({int(ids[d]) for d in g if d < n}) for g in groups), default=1)
+    return widest, 1.0 if widest > 1 else 0.0
+
+
+def nodes_by_axis(ids: np.ndarray, names: Sequence[str]) -> dict[str, int]:
+    """Per mesh axis: how many nodes each of its groups spans (1: the axis stays inside a node). ``ids``: the
+    node of each mesh position, in the mesh's shape.
+
+    Example::
+
+        >>> from partitioning.mesh import node_ids
+        >>> from partitioning.plan.axes import nodes_by_axis
+        >>> nodes_by_axis(node_ids({"data": 4, "fsdp": 8}, {"data": 2, "fsdp": 2}), ["data", "fsdp"])
+        {'data': 2, 'fsdp': 2}
+    """
+    out = {}
+    for i, name in enumerate(names):
+        moved = np.moveaxis(ids, i, -1).reshape(-1, ids.shape[i])
+        out[name] = max(len(set(row.tolist())) for row in moved) if moved.size else 1
+    return out
+
+
+def node_layout(sizes: Mapping[str, int], nodes: Mapping[str, int] | None = None, ids: Any = None) -> dict[str, Any]:
+    """How a mesh of ``sizes`` sits on nodes: their count, devices per node, the split (``{axis: nodes}``) and per
+    axis the nodes its groups span (what ``plan``, ``check`` and ``train`` print). From ``nodes`` (the plan of
+    a ``mesh.nodes``) or ``ids`` (each device's node, :func:`partitioning.mesh.mesh_node_ids`: what was built).
+
+    Example::
+
+        >>> from partitioning.plan.axes import node_layout
+        >>> node_layout({"data": 4, "fsdp": 8}, {"data": 4})
+        {'count': 4, 'per_node': 8, 'split': {'data': 4}, 'axes': {'data': 4, 'fsdp': 1}}
+    """
+    if ids is None:
+        ids = node_ids(sizes, {a: int(n) for a, n in (nodes or {}).items()})
+    axes = nodes_by_axis(np.asarray(ids).reshape([int(s) for s in sizes.values()]), list(sizes))
+    count = len(np.unique(ids))
+    return {
+        "count": count,
+        "per_node": math.prod(sizes.values()) // count,
+        "split": {a: n for a, n in axes.items() if n > 1},
+        "axes": axes,
+    }
+
+
 def memory_by_axis(layouts: Sequence[Any], mesh: Mapping[str, int]) -> dict[str, dict[str, Any]]:
     """Per mesh axis: the logical names it splits, the per-device bytes of the arrays it splits, and those
     bytes were the axis to split nothing (its saving).
@@ -162,4 +228,12 @@ def memory_by_axis(layouts: Sequence[Any], mesh: Mapping[str, int]) -> dict[str,
     return out
 
 
-__all__ = ["device_groups", "group_axes", "collectives_by_axis", "memory_by_axis"]
+__all__ = [
+    "device_groups",
+    "group_axes",
+    "collectives_by_axis",
+    "memory_by_axis",
+    "group_nodes",
+    "nodes_by_axis",
+    "node_layout",
+]

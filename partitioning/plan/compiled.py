@@ -41,9 +41,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from partitioning.fmt import fmt_spec
 from partitioning.layout import path_str
-from partitioning.plan.axes import collectives_by_axis
+from partitioning.mesh import mesh_node_ids, node_ids
+from partitioning.plan.axes import collectives_by_axis, group_axes, group_nodes, nodes_by_axis
 from partitioning.plan.flops import step_flops
-from partitioning.plan.hlo import collectives, summarize
+from partitioning.plan.hlo import KINDS, collectives, summarize
 from partitioning.plan.hlo_cost import op_costs, summarize_ops
 from partitioning.resolve import axes_tuple
 
@@ -168,8 +169,13 @@ def compiled_view(
     expected: Mapping[str, PartitionSpec] | None = None,
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
+    nodes: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Lowers (``lower_fn()``), compiles, and reports memory, FLOPs, collectives and the sharding self-check.
+
+    Which collectives cross nodes comes from ``nodes`` (``{axis: nodes}``, the
+    mesh's ``nodes`` as on the cluster) or, without it, from the processes
+    the compiled mesh's devices belong to (:func:`across_nodes`).
 
     Example::
 
@@ -205,12 +211,53 @@ def compiled_view(
     mesh = _mesh_shape(compiled)
     if mesh:
         view["collectives_by_axis"] = collectives_by_axis(ops, mesh)
+        ids = node_ids(mesh, nodes) if nodes else _built_nodes(compiled)
+        if ids is not None:
+            view.update(across_nodes(ops, view["collective_ops"], ids, list(mesh)))
     costs = op_costs(text)
     view["cost"] = summarize_ops(costs)  # FLOPs and bytes per phase, loops counted
     view["cost_ops"] = [c.to_json() for c in costs]
     if expected is not None:
         view["sharding_check"] = sharding_check(compiled, expected, input_names=input_names, output_names=output_names)
     return view
+
+
+def across_nodes(ops: Sequence[Any], records: list[dict[str, Any]], ids: Any, names: Sequence[str]) -> dict[str, Any]:
+    """What crosses nodes: each collective's record gets ``nodes`` (how many its widest group spans) and
+    ``across_bytes`` (per device and execution, the share that crosses) and ``axes`` (the mesh axes it runs
+    over); ``nodes`` says per mesh axis
+    how many nodes its groups span, ``across_nodes`` sums the crossing collectives per kind.
+
+    Example::
+
+        >>> from partitioning.mesh import node_ids
+        >>> from partitioning.plan.compiled import across_nodes
+        >>> from partitioning.plan.hlo import Collective
+        >>> op = Collective("all-gather", "all-gather", "ag", "main", ("f32[8]",), 32, 2, 1, "", groups="[4,2]<=[8]")
+        >>> out = across_nodes([op], [op.to_json()], node_ids({"data": 2, "fsdp": 4}, {"data": 2}), ["data", "fsdp"])
+        >>> out["nodes"], out["across_nodes"]["all-gather"]
+        ({'count': 2, 'axes': {'data': 2, 'fsdp': 1}}, {'count': 0, 'bytes': 0})
+    """
+    flat, sizes = ids.reshape(-1), dict(zip(names, ids.shape, strict=True))
+    totals = {k: {"count": 0, "bytes": 0} for k in KINDS}
+    for op, rec in zip(ops, records, strict=True):
+        permute = op.kind == "collective-permute"
+        spans, share = group_nodes(op.groups, flat, permute=permute)
+        rec["nodes"], rec["across_bytes"] = spans, round(op.bytes * share)
+        rec["axes"] = "+".join(group_axes(op.groups, sizes, permute=permute)) or "?"
+        if spans > 1:
+            totals[op.kind]["count"] += op.executions
+            totals[op.kind]["bytes"] += op.executions * rec["across_bytes"]
+    count = len(set(flat.tolist()))
+    return {"nodes": {"count": count, "axes": nodes_by_axis(ids, names)}, "across_nodes": totals}
+
+
+def _built_nodes(compiled: Any) -> Any:
+    """The node of each position of the compiled step's mesh, from its devices (None: one node)."""
+    for s in jax.tree.leaves(compiled.input_shardings):
+        if isinstance(s, NamedSharding) and isinstance(s.mesh, jax.sharding.Mesh):
+            return mesh_node_ids(s.mesh)
+    return None
 
 
 def _mesh_shape(compiled: Any) -> dict[str, int] | None:
@@ -285,6 +332,7 @@ def write_and_exit(path: str, view: Mapping[str, Any]) -> None:
 
 __all__ = [
     "compiled_view",
+    "across_nodes",
     "sharding_check",
     "memory_stats",
     "normalize_spec",

@@ -120,8 +120,9 @@ class Plan:
     def active_params(self) -> int | None:
         """Parameters one token uses: each expert weight counts ``top_k / experts`` of itself (None without experts).
 
-        An expert weight is a leaf named ``expert`` and ``mlp`` (``(expert, embed, mlp)``); the router
-        ``(embed, expert)`` is used whole by every token.
+        An expert weight is a leaf with an ``expert`` axis before its last (``(expert, embed, mlp)``, GPT-OSS's
+        biases ``(expert, mlp)`` / ``(expert, embed)``); a router ends with it (``(embed, expert)``, its bias
+        ``(expert,)``: a score for every expert) and is used whole by every token.
         """
         experts = (self.parallel or {}).get("experts")
         if not experts:
@@ -130,7 +131,7 @@ class Plan:
 
         def used(leaf: LeafLayout) -> int:
             names = leaf.names or ()
-            return leaf.size // e * k if "expert" in names and "mlp" in names else leaf.size
+            return leaf.size // e * k if "expert" in names[:-1] else leaf.size
 
         return sum(used(leaf) for leaf in self.params)
 

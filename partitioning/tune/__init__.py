@@ -8,6 +8,7 @@ Modules:
 - :mod:`~partitioning.tune.measure` — the ``cpu`` profile, measured on the spot in device-seconds (and cached);
   the profile of this process's devices.
 - :mod:`~partitioning.tune.workload` — the model's shape from its logical names; FLOPs; the activation estimate.
+- :mod:`~partitioning.tune.nodes` — the placements of a mesh's axes on a cluster's nodes (``mesh.nodes``).
 - :mod:`~partitioning.tune.space` — the candidates: meshes x rule tables x ZeRO-1 x remat x micro-batches.
 - :mod:`~partitioning.tune.comm` — the analytic communication terms (FSDP, data, tensor, sequence, pipeline
   stages, experts): which collectives a layout runs, per phase and axis.
@@ -40,6 +41,7 @@ from partitioning.tune.crossover import crossover
 from partitioning.tune.hardware import PROFILES, Hardware, hardware, profile_names
 from partitioning.tune.hardware_file import load_hardware
 from partitioning.tune.measure import measure_cpu
+from partitioning.tune.nodes import placements
 from partitioning.tune.plot import plot_search
 from partitioning.tune.price import price
 from partitioning.tune.search import Result, Search, search
@@ -63,6 +65,7 @@ __all__ = [
     "search",
     "price",
     "crossover",
+    "placements",
     "measure_cpu",
     "plot_search",
 ]

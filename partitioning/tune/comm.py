@@ -48,10 +48,33 @@ class Comm:
     group: int
     seconds: float
     what: str = ""
+    nodes: int = 1  # how many nodes one group spans: 1 on the fast links inside a node, more over the network
 
     @property
     def label(self) -> str:
         return "+".join(self.axes) or "?"
+
+
+def priced_comm(
+    hw: Hardware, mesh: Mapping[str, int], nodes: Mapping[str, int] | None, axes: tuple[str, ...], *args: Any
+) -> Comm:
+    """A :class:`Comm` over ``axes`` priced at their link level: ``args`` are kind, phase, bytes, count, what.
+
+    Example::
+
+        >>> from partitioning.tune.comm import priced_comm
+        >>> h100, mesh = pt.tune.hardware("h100"), {"data": 4, "fsdp": 8}
+        >>> c = priced_comm(h100, mesh, {"fsdp": 4}, ("fsdp",), "all-gather", "fwd", 1e9, 1, "weights")
+        >>> c.nodes, round(c.seconds * 1e3, 2)       # 4 nodes of 2 fsdp devices: 2 x 50 GB/s
+        (4, 10.01)
+    """
+    kind, phase, nbytes, count, what = args
+    group = math.prod(mesh[a] for a in axes) if axes else 1
+    bw = hw.bandwidth(mesh, axes, kind, nodes)
+    spans = max(1, group // max(1, hw.members_per_node(mesh, axes, nodes))) if axes else 1
+    return Comm(
+        axes, kind, phase, nbytes, count, group, collective_time(hw, kind, nbytes, group, bw, count), what, spans
+    )
 
 
 def token_axes(rules: Rules, mesh: Mapping[str, int], w: Workload) -> list[str]:
@@ -119,8 +142,16 @@ def analytic_comm(
     grad_accum: int = 1,
     microbatches: int = 1,
     repeats: int = 1,
+    context: str | None = None,
+    nodes: Mapping[str, int] | None = None,
 ) -> list[Comm]:
-    """The collectives of one step, per device (see the module docstring).
+    """The collectives of one step, per device (see the module docstring), each priced at the link level it runs
+    on: inside a node or across nodes, as ``nodes`` (the mesh's ``nodes``; default ``jax.make_mesh``'s layout)
+    places the mesh.
+
+    ``context``: how attention runs over a split ``length`` (``all_gather`` when None; ``ring``: each of
+    the ``C`` devices passes ``C - 1`` key/value blocks on in the forward pass, and ``C`` blocks with their
+    float32 gradients in the backward pass).
 
     ``microbatches`` / ``repeats``: the pipeline's ``M`` / ``R``. A device runs one chunk of ``L/(S R)``
     of its stage's layers in each of the schedule's ``R M + S - 1`` iterations, on one micro-batch each:
@@ -198,22 +229,42 @@ def analytic_comm(
         layers = w.layers // pipelined
         iters = repeats * microbatches + pipelined - 1
         share = iters / (repeats * microbatches) if pipelined > 1 else 1.0
-        gathered = 2 * kv * w.compute_bytes * math.prod(mesh[a] for a in seq) * layers * share
+        c = math.prod(mesh[a] for a in seq)
         runs = layers * (iters / repeats if pipelined > 1 else 1)
-        add(seq, "all-gather", "fwd", gathered, 2 * runs, "keys and values (sequence split)")
-        add(seq, "reduce-scatter", "bwd", gathered, 2 * runs, "key and value gradients (sequence split)")
-    out = []
-    for (axes, kind, phase, what), (nbytes, count) in buckets.items():
-        group = math.prod(mesh[a] for a in axes)
-        bw = hw.bandwidth(mesh, axes, kind)
-        out.append(
-            Comm(axes, kind, phase, nbytes, count, group, collective_time(hw, kind, nbytes, group, bw, count), what)
-        )
-    return out
+        if context == "ring":
+            sent = 2 * kv * layers * share
+            add(
+                seq,
+                "collective-permute",
+                "fwd",
+                sent * w.compute_bytes * (c - 1),
+                2 * (c - 1) * runs,
+                "key/value blocks around the ring",
+            )
+            add(
+                seq,
+                "collective-permute",
+                "bwd",
+                sent * (w.compute_bytes + 4) * c,
+                4 * c * runs,
+                "key/value blocks and their gradients around the ring",
+            )
+        else:
+            gathered = 2 * kv * w.compute_bytes * c * layers * share
+            add(seq, "all-gather", "fwd", gathered, 2 * runs, "keys and values (sequence split)")
+            add(seq, "reduce-scatter", "bwd", gathered, 2 * runs, "key and value gradients (sequence split)")
+    return [
+        priced_comm(hw, mesh, nodes, axes, kind, phase, nbytes, count, what)
+        for (axes, kind, phase, what), (nbytes, count) in buckets.items()
+    ]
 
 
 def parallel_comm(
-    costs: Mapping[str, Any], mesh: Mapping[str, int], hw: Hardware, expert_axes: Sequence[str] = ("expert",)
+    costs: Mapping[str, Any],
+    mesh: Mapping[str, int],
+    hw: Hardware,
+    expert_axes: Sequence[str] = ("expert",),
+    nodes: Mapping[str, int] | None = None,
 ) -> list[Comm]:
     """The pipeline's and the experts' collectives from their analytic costs per step and device
     (:func:`partitioning.plan.parallel.costs_from_records`), half forward and half backward."""
@@ -223,21 +274,8 @@ def parallel_comm(
         axes = _ordered(mesh, [a for a in axes if mesh.get(a, 1) > 1])
         if not axes or not nbytes:
             return
-        group = math.prod(mesh[a] for a in axes)
-        bw = hw.bandwidth(mesh, axes, kind)
         for phase in ("fwd", "bwd"):
-            out.append(
-                Comm(
-                    axes,
-                    kind,
-                    phase,
-                    nbytes / 2,
-                    count / 2,
-                    group,
-                    collective_time(hw, kind, nbytes / 2, group, bw, count / 2),
-                    what,
-                )
-            )
+            out.append(priced_comm(hw, mesh, nodes, axes, kind, phase, nbytes / 2, count / 2, what))
 
     pipe, experts = costs.get("pipeline"), costs.get("experts")
     if pipe and pipe["stages"] > 1:
@@ -280,4 +318,14 @@ def _expert_axes(rules: Rules, mesh: Mapping[str, int]) -> list[str]:
     return [a for a in axes_tuple(spec[1]) if mesh.get(a, 1) > 1] if spec is not None and len(spec) > 1 else []
 
 
-__all__ = ["PHASES", "Comm", "token_axes", "leaf_axes", "shared_axes", "analytic_comm", "parallel_comm", "bubble_time"]
+__all__ = [
+    "PHASES",
+    "Comm",
+    "priced_comm",
+    "token_axes",
+    "leaf_axes",
+    "shared_axes",
+    "analytic_comm",
+    "parallel_comm",
+    "bubble_time",
+]

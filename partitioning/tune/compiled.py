@@ -27,11 +27,14 @@ from itertools import combinations
 from typing import Any
 
 from partitioning.plan.hlo_cost import phase_of
-from partitioning.tune.cost import PHASES, Comm, Estimate, temporaries_time
-from partitioning.tune.hardware import Hardware, collective_time
+from partitioning.tune.comm import priced_comm
+from partitioning.tune.cost import PHASES, Estimate, temporaries_time
+from partitioning.tune.hardware import Hardware
 
 
-def axes_of_group(mesh: Mapping[str, int], group: int | None, hw: Hardware) -> tuple[str, ...]:
+def axes_of_group(
+    mesh: Mapping[str, int], group: int | None, hw: Hardware, nodes: Mapping[str, int] | None = None
+) -> tuple[str, ...]:
     """The mesh axes whose sizes multiply to a collective's group size (the slowest such set when several do)."""
     names = [a for a, s in mesh.items() if s > 1]
     if not group or group <= 1:
@@ -41,7 +44,7 @@ def axes_of_group(mesh: Mapping[str, int], group: int | None, hw: Hardware) -> t
     ]
     if not found:
         return tuple(names)
-    return min(found, key=lambda c: hw.bandwidth(mesh, c))
+    return min(found, key=lambda c: hw.bandwidth(mesh, c, nodes=nodes))
 
 
 def compiled_estimate(
@@ -53,6 +56,7 @@ def compiled_estimate(
     model_flops: float,
     temp_bytes: float = 0.0,
     analytic: Estimate | None = None,
+    nodes: Mapping[str, int] | None = None,
 ) -> Estimate:
     """The :class:`Estimate` of a compiled step.
 
@@ -107,19 +111,14 @@ def compiled_estimate(
         )
     buckets: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for c in collective_ops:
-        axes = axes_of_group(mesh, c.get("group_size"), hw)
+        axes = axes_of_group(mesh, c.get("group_size"), hw, nodes)
         key = (axes, c["kind"], phase_of(c.get("source", "")))
         buckets[key][0] += c["bytes"] * c["executions"]
         buckets[key][1] += c["executions"]
-    comm = []
-    for (axes, kind, phase), (nbytes, count) in buckets.items():
-        group = math.prod(mesh[a] for a in axes) if axes else 1
-        bw = hw.bandwidth(mesh, axes, kind)
-        comm.append(
-            Comm(
-                axes, kind, phase, nbytes, count, group, collective_time(hw, kind, nbytes, group, bw, count), "compiled"
-            )
-        )
+    comm = [
+        priced_comm(hw, mesh, nodes, axes, kind, phase, nbytes, count, "compiled")
+        for (axes, kind, phase), (nbytes, count) in buckets.items()
+    ]
     return Estimate(
         "compiled",
         flops,

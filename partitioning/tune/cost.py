@@ -37,7 +37,8 @@ plan's layouts; "token axes" split the batch (or the sequence):
   activation in the forward pass), after it expand from it (column-parallel:
   one all-reduce of the activation's gradient per module in the backward pass);
 - a sequence split over an axis (``length``) all-gathers keys and values for
-  attention in the forward pass and reduce-scatters their gradients;
+  attention in the forward pass and reduce-scatters their gradients; as a ring
+  (``context="ring"``) it passes key/value blocks on (collective-permutes) instead;
 - a split of a stacked ``layers`` dimension (pipeline stages) or of an
   ``expert`` dimension is the device's own share of the work: it is never
   gathered; instead (:func:`parallel_comm`) the stages pass each micro-batch's
@@ -208,8 +209,11 @@ def analytic_estimate(
     flops_total: Mapping[str, float] | None = None,
     temp_bytes: float = 0.0,
     parallel: Mapping[str, Any] | None = None,
+    context: str | None = None,
+    nodes: Mapping[str, int] | None = None,
 ) -> Estimate:
-    """The analytic :class:`Estimate` of one layout.
+    """The analytic :class:`Estimate` of one layout (``nodes``: where its axes sit on nodes, see
+    :func:`~partitioning.tune.comm.analytic_comm`).
 
     ``state_bytes``: per-device ``params``, ``gradients``, ``optimizer`` bytes
     (the plan's totals). ``flops_total``: whole-step ``fwd`` / ``bwd`` FLOPs
@@ -217,6 +221,7 @@ def analytic_estimate(
     ``temp_bytes``: the step's temporaries per device (see :func:`temporaries_time`).
     ``parallel``: the pipeline's and experts' analytic costs
     (:func:`partitioning.plan.parallel.costs_from_records`): their collectives and the bubble.
+    ``context``: attention over a split ``length`` (``ring`` or ``all_gather``, :func:`analytic_comm`).
     """
     devices = math.prod(mesh.values())
     micro = w.batch // grad_accum
@@ -239,9 +244,19 @@ def analytic_estimate(
     pipe = (parallel or {}).get("pipeline") or {}
     stages, m, r = int(pipe.get("stages", 1)), int(pipe.get("microbatches", 1)), int(pipe.get("repeats", 1))
     comm = analytic_comm(
-        params, mesh, rules, w, hw, micro_batch=micro, grad_accum=grad_accum, microbatches=m, repeats=r
+        params,
+        mesh,
+        rules,
+        w,
+        hw,
+        micro_batch=micro,
+        grad_accum=grad_accum,
+        microbatches=m,
+        repeats=r,
+        context=context,
+        nodes=nodes,
     )
-    comm += parallel_comm(parallel or {}, mesh, hw, _expert_axes(rules, mesh))
+    comm += parallel_comm(parallel or {}, mesh, hw, _expert_axes(rules, mesh), nodes)
     other = {**temporaries_time(hw, temp_bytes), **bubble_time(compute, stages, m, r)}
     return Estimate(
         "analytic",

@@ -116,16 +116,36 @@ class Hardware:
             out[name] = spans or ({0} if size > 1 else set())
         return out
 
-    def bandwidth(self, mesh: Mapping[str, int], axes: Sequence[str], kind: str = "all-gather") -> float:
-        """Bytes/s per device for a collective over ``axes`` of ``mesh`` (``{axis: size}``, in order)."""
+    def bandwidth(
+        self,
+        mesh: Mapping[str, int],
+        axes: Sequence[str],
+        kind: str = "all-gather",
+        nodes: Mapping[str, int] | None = None,
+    ) -> float:
+        """Bytes/s per device for a collective over ``axes`` of ``mesh`` (``{axis: size}``, in order).
+
+        ``nodes`` (``{axis: nodes it spans}``, a mesh's ``nodes``) places the
+        mesh on nodes as a hybrid mesh does; without it the devices are laid
+        out as ``jax.make_mesh`` does (consecutive devices share a node).
+
+        Example::
+
+            >>> h100 = pt.tune.hardware("h100")
+            >>> h100.bandwidth({"data": 4, "fsdp": 8}, ["fsdp"]) / 1e9                       # NVLink
+            450.0
+            >>> h100.bandwidth({"data": 4, "fsdp": 8}, ["fsdp"], nodes={"fsdp": 4}) / 1e9    # 2 GPUs per node
+            100.0
+        """
         axes = [a for a in axes if mesh.get(a, 1) > 1]
         if kind in self.collective_bandwidth:
             return float(self.collective_bandwidth[kind])
         if not axes:
             return math.inf
-        inside, group = _members_per_node(mesh, axes, self.node_size), math.prod(mesh[a] for a in axes)
+        inside, group = self.members_per_node(mesh, axes, nodes), math.prod(mesh[a] for a in axes)
         if self.topology == "torus":
-            spanned = set().union(*(self._torus_axes(mesh)[a] for a in axes))
+            local_mesh = {a: s // (nodes or {}).get(a, 1) for a, s in mesh.items()} if nodes else mesh
+            spanned = set().union(*(self._torus_axes(local_mesh)[a] for a in axes if local_mesh[a] > 1))
             local = max(1, len(spanned)) * self.link_bandwidth
         else:
             local = self.link_bandwidth
@@ -134,6 +154,20 @@ class Hardware:
         # Across nodes / pods a hierarchical collective splits the buffer over the
         # group's members in one node, each sending its part over its own NIC share.
         return min(local, self.network_bandwidth * inside)
+
+    def members_per_node(
+        self, mesh: Mapping[str, int], axes: Sequence[str], nodes: Mapping[str, int] | None = None
+    ) -> int:
+        """How many devices of one collective group over ``axes`` share a node (see :meth:`bandwidth`).
+
+        Example::
+
+            >>> pt.tune.hardware("h100").members_per_node({"data": 4, "fsdp": 8}, ["fsdp"], {"fsdp": 4})
+            2
+        """
+        if nodes is None:
+            return _members_per_node(mesh, axes, self.node_size)
+        return math.prod(int(mesh[a]) // int(nodes.get(a, 1)) for a in axes if a in mesh)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

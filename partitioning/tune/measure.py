@@ -60,6 +60,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -125,7 +126,10 @@ def measure_cpu(
         >>> hw.peak_flops > 0, hw.memory_bandwidth > 0, sorted(hw.collective_bandwidth)
         (True, True, ['all-gather', 'all-reduce', 'reduce-scatter'])
     """
-    devs = jax.devices()[: devices or jax.device_count()]
+    # Several processes: this one's own devices (the others' would make each process time its own number of
+    # collectives that all must join).
+    pool = jax.local_devices() if jax.process_count() > 1 else jax.devices()
+    devs = pool[: devices or len(pool)]
     n = len(devs)
     mesh = jax.make_mesh((n,), ("d",), devices=devs)
     split = NamedSharding(mesh, P("d"))
@@ -249,6 +253,12 @@ def cpu_profile(devices: int, directory: str | Path | None = None) -> tuple[Hard
         >>> cpu_profile(8)[1].replace(str(cache_dir()), "CACHE")    # from then on: read back
         'cpu profile cached in CACHE/cpu-8.json'
     """
+    if jax.process_count() > 1:
+        return _agreed(devices, directory)
+    return _cached_or_measured(devices, directory)
+
+
+def _cached_or_measured(devices: int, directory: str | Path | None) -> tuple[Hardware, str]:
     path = Path(directory) if directory is not None else cache_dir()
     path = path / f"cpu-{devices}.json"
     key = _fingerprint(devices)
@@ -270,6 +280,24 @@ def cpu_profile(devices: int, directory: str | Path | None = None) -> tuple[Hard
         return hw, f"cpu profile measured now, cached in {path}"
     except OSError:
         return hw, "cpu profile measured now (not cached: the cache folder is not writable)"
+
+
+def _agreed(devices: int, directory: str | Path | None) -> tuple[Hardware, str]:
+    """Several processes: process 0's profile (cached, or measured on its own devices) for every process, so
+    that each makes the choices the others make (a remat policy: one program for all)."""
+    from jax.experimental import multihost_utils
+
+    blob, source = b"", ""
+    if jax.process_index() == 0:
+        hw, source = _cached_or_measured(devices, directory)
+        blob = json.dumps(hw.to_json()).encode()
+    size = int(multihost_utils.broadcast_one_to_all(np.int32(len(blob))))
+    mine = np.frombuffer(blob, np.uint8) if blob else np.zeros(size, np.uint8)
+    data = json.loads(bytes(np.asarray(multihost_utils.broadcast_one_to_all(mine), np.uint8)).decode())
+    data["collective_bandwidth"] = dict(data.get("collective_bandwidth") or {})
+    data["sources"] = tuple(data.get("sources") or ())
+    hw = Hardware(**{k: v for k, v in data.items() if k in _FIELDS})
+    return hw, source or "cpu profile of process 0 (every process uses the same)"
 
 
 _FIELDS = {f.name for f in dataclasses.fields(Hardware)}

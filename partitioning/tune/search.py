@@ -143,6 +143,7 @@ class Search:
                 model_flops=self.workload.flops_per_step("none")["model"],
                 temp_bytes=float((mem or {}).get("temp", 0)),
                 analytic=result.analytic,
+                nodes=dict(result.candidate.nodes) if result.candidate.nodes else None,
             )
             scale = self.calibration
             for r in self.results:
@@ -278,6 +279,7 @@ def search(
         layers=layers,
         rejected=rejected,
         model_axes=model_axes,
+        seq_len=w.seq_len,
     )
     results = [Result(c, tables[c.rules_name], None, reason=why) for c, why in rejected]
     plans: dict[tuple, Plan | PartitioningError] = {}

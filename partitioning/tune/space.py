@@ -33,7 +33,8 @@ from partitioning.rules import Rules
 from partitioning.tune.cost import Estimate
 
 # Mesh order, outermost first: pipeline stages across hosts, tensor parallelism on the fastest links.
-AXES = ("stage", "data", "fsdp", "expert", "tensor")
+AXES = ("stage", "data", "fsdp", "context", "expert", "tensor")
+CONTEXT_STRATEGIES = ("all_gather", "ring")  # attention over a split `length` (partitioning.parallel.context)
 PIPELINE_MICROBATCHES = (1, 2, 4, 8)  # M / S
 PIPELINE_REPEATS = (1, 2, 4)  # R: chunks of layers per stage
 # Large dimensions only: a ZeRO-1 split that does not divide would make the train step refuse the layout.
@@ -58,6 +59,9 @@ class Candidate:
     zero1: bool = False
     microbatches: int = 1  # pipeline micro-batches (a `stage` axis of size > 1)
     repeats: int = 1  # pipeline repeats: chunks of layers per stage (circular for > 1)
+    context: str | None = None  # ring | all_gather: attention over a `length` the mesh splits; None: not split
+    # The axes that span nodes ({axis: nodes}, mesh.nodes): None until priced on a cluster, () on one node.
+    nodes: tuple[tuple[str, int], ...] | None = None
 
     @property
     def stages(self) -> int:
@@ -80,6 +84,10 @@ class Candidate:
             parts.append(f"x{self.grad_accum} micro-batches")
         if self.stages > 1:
             parts.append(f"M={self.microbatches}" + (f" R={self.repeats}" if self.repeats > 1 else ""))
+        if self.context is not None:
+            parts.append(f"attention {self.context}")
+        if self.nodes:
+            parts.append(f"nodes {fmt_mesh(self.nodes)}")
         return " ".join(parts)
 
     def overrides(self, rules: Rules, optimizer_rules: Rules | None) -> list[str]:
@@ -92,9 +100,12 @@ class Candidate:
             f"train.grad_accum={self.grad_accum}",
             f"train.microbatches={self.microbatches if self.stages > 1 else 'null'}",
             f"train.pipeline_repeats={self.repeats if self.stages > 1 else 1}",
+            f"mesh.nodes={fmt_mesh(self.nodes) if self.nodes else 'null'}",
         ]
         if self.remat is not None:
             sets.append(f"model.remat={self.remat}")
+        if self.context is not None:
+            sets.append(f"model.context_parallel={self.context}")
         return sets
 
     def to_json(self) -> dict[str, Any]:
@@ -106,6 +117,8 @@ class Candidate:
             "grad_accum": self.grad_accum,
             "microbatches": self.microbatches,
             "repeats": self.repeats,
+            "context": self.context,
+            "nodes": dict(self.nodes) if self.nodes else None,
             "label": self.label,
         }
 
@@ -119,6 +132,12 @@ def _flow(pairs: Any) -> str:
         return "null" if x is None else "[" + ", ".join(one(y) for y in x) + "]" if isinstance(x, list) else str(x)
 
     return one(pairs)
+
+
+def length_axes(rules: Rules) -> tuple[str, ...]:
+    """The mesh axes a rule table splits the activations' ``length`` over."""
+    spec = rules.resolve(("batch", "length"))
+    return axes_tuple(spec[1]) if spec is not None and len(spec) > 1 else ()
 
 
 def table_axes(rules: Rules) -> list[str]:
@@ -153,6 +172,7 @@ def candidates(
     layers: int = 0,
     rejected: list[tuple[Candidate, str]] | None = None,
     model_axes: Sequence[str] = (),
+    seq_len: int = 0,
 ) -> list[Candidate]:
     """Every layout of ``devices`` over the rule ``tables`` (see the module docstring).
 
@@ -168,11 +188,14 @@ def candidates(
 
     Layouts whose batch does not split (``batch_size / grad_accum`` not a
     multiple of the batch shards, or of the pipeline micro-batches times
-    them) or whose ``layers`` (the stacked layer count) do not split into the
-    ``stage`` axis go to ``rejected`` with the reason.
+    them), whose ``layers`` (the stacked layer count) do not split into the
+    ``stage`` axis or whose ``seq_len`` does not split over the axes ``length``
+    takes go to ``rejected`` with the reason. A layout that splits ``length`` is
+    priced with each attention strategy (:data:`CONTEXT_STRATEGIES`).
     """
     out = []
     for name, rules in tables.items():
+        seq_axes = length_axes(rules)
         axes = table_axes(rules)
         if "data" not in axes:
             axes = ["data", *axes]
@@ -193,6 +216,13 @@ def candidates(
                         else "stages: the model has no stacked `layers` axis to split into pipeline stages"
                     )
                     rejected.append((Candidate(mesh, name, remats[0], 1, False, stages), why))
+                continue
+            split = math.prod(sizes.get(a, 1) for a in seq_axes)
+            contexts: tuple[str | None, ...] = CONTEXT_STRATEGIES if split > 1 else (None,)
+            if split > 1 and seq_len and seq_len % split:
+                if rejected is not None:
+                    why = f"length: {seq_len} tokens do not split over the {split} devices of {', '.join(seq_axes)}"
+                    rejected.append((Candidate(mesh, name, remats[0], 1, False, context=contexts[0]), why))
                 continue
             g = 1
             while g <= max_grad_accum and batch_size % g == 0:
@@ -216,7 +246,12 @@ def candidates(
                                 )
                             continue
                         rs = [r for r in PIPELINE_REPEATS if layers % (stages * r) == 0] if stages > 1 else [1]
-                        out += [Candidate(mesh, name, remat, g, zero1, m, r) for m in fits for r in rs]
+                        out += [
+                            Candidate(mesh, name, remat, g, zero1, m, r, ctx)
+                            for m in fits
+                            for r in rs
+                            for ctx in contexts
+                        ]
                 g *= 2
     return out
 
@@ -240,6 +275,8 @@ class Result:
     compiled: Estimate | None = None
     compiled_view: dict[str, Any] | None = None
     scale: float = 1.0  # analytic estimates: times the compiled / analytic ratio of compiled layouts
+    # Every placement of the mesh on nodes that was priced ({axis: nodes}, analytic step time), the chosen first.
+    placements: list[tuple[dict[str, int], float]] = dataclasses.field(default_factory=list)
 
     @property
     def fits(self) -> bool:
@@ -262,6 +299,7 @@ class Result:
             "rules_table": self.rules.to_list(),
             "optimizer_rules": self.optimizer_rules.to_list() if self.optimizer_rules is not None else None,
             "step_time_s": self.step_time,
+            "placements": [{"nodes": n, "step_time_s": t} for n, t in self.placements],
             "analytic_scale": self.scale if not self.compiled else 1.0,
             "state_bytes": self.state,
             "activation_bytes": self.activations,

@@ -221,6 +221,13 @@ def local_elements(rules: Rules, mesh: Mapping[str, int], names: Sequence[Any], 
     return math.prod(shape) / split
 
 
+def context_split(rules: Rules, mesh: Mapping[str, int]) -> int:
+    """``C``: the devices one sequence's ``length`` is split over under ``rules`` on ``mesh`` (1: not split)."""
+    spec = rules.resolve(("batch", "length"))
+    axes = axes_tuple(spec[1]) if spec is not None and len(spec) > 1 else ()
+    return math.prod(mesh.get(a, 1) for a in axes)
+
+
 def activation_shapes(w: Workload, micro_batch: int) -> dict[str, tuple[tuple[str | None, ...], tuple[int, ...]]]:
     """The activations of one block (names, global shape) that the estimate counts."""
     b, t = micro_batch, w.seq_len
@@ -268,12 +275,17 @@ def activation_bytes(
     stages: int = 1,
     microbatches: int = 1,
     repeats: int = 1,
+    context: str | None = None,
 ) -> dict[str, float]:
     """Per-device activation memory of one step, by part (see the module docstring), and ``total``.
 
     Pipelined (``stages`` S > 1, ``microbatches`` M, ``repeats`` R) a device keeps, for each of the
     ``R M + S - 1`` iterations of the schedule, the activations of one chunk of ``layers / (S R)``
     layers on one micro-batch.
+
+    A ``length`` split over ``C`` devices (context parallelism) holds the scores of its own queries:
+    with ``context="all_gather"`` a ``T/C x T`` block, kept for the backward pass like any other; with
+    ``"ring"`` one ``T/C x T/C`` block at a time, never kept (the ring's backward pass recomputes it).
     """
     loc = {
         k: local_elements(rules, mesh, names, shape) for k, (names, shape) in activation_shapes(w, micro_batch).items()
@@ -282,11 +294,17 @@ def activation_bytes(
     if w.experts:
         M *= w.experts * w.expert_fraction  # expert hidden activations: experts x capacity slots per group
     s = w.compute_bytes
+    c = context_split(rules, mesh)
+    S /= c  # a device's queries only
+    block = S / c if context == "ring" and c > 1 else 0.0
+    if block:
+        S = 0.0  # the ring keeps inputs, output and log-sum-exp; its blocks live one at a time
     none = s * (6 * R + 2 * Q + 2 * KV + 4 * M) + (8 + s) * S + 8 * R
     saved = saved_bytes(none, R, Q, KV, M, S, s).get(remat, none)
     parts = {
         "layers": w.layers * saved * (1 if stages <= 1 else pipeline_share(stages, microbatches, repeats)),
         "recompute": none if remat != "none" else 0.0,
+        "attention_block": (8 + s) * block,
         "logits": 3 * 4 * loc.get("V", 0.0),
         "gathered_weights": 3 * gathered_layer_bytes,
         "grad_accumulator": grad_bytes if grad_accum > 1 else 0.0,
@@ -301,6 +319,7 @@ __all__ = [
     "activation_bytes",
     "activation_shapes",
     "local_elements",
+    "context_split",
     "pipeline_share",
     "REMATS",
 ]

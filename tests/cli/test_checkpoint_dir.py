@@ -1,5 +1,5 @@
 """`checkpoint.dir` naming a folder of the user's own files is refused by the one pre-flight (check and train
-alike, the same line, file:line of the key), before anything is written (partitioning.config.ckptdir)."""
+alike, the same line, file:line of the key), before anything is written (partitioning.config.rundir)."""
 
 from pathlib import Path
 

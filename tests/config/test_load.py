@@ -88,7 +88,8 @@ def test_overrides(write, base_config):
             "{f}:3: model.embedd: model 'gpt' has no option 'embedd' (options: vocab_size, embed, heads, kv_heads, "
             "head_dim, mlp, layers, rope_theta, norm, scan_layers, remat, dtype, param_dtype, moe, norm_eps, "
             "tie_embeddings, qkv_bias, out_bias, mlp_bias, mlp_act, mlp_glu, embed_scale, positions, max_positions, "
-            "rope_scaling, sliding_window, attn_scale, attention, decode, kernel_order, lora, moe_layers, qk_norm, "
+            "rope_scaling, sliding_window, attn_scale, attention, context_parallel, decode, kernel_order, lora, "
+            "moe_layers, qk_norm, "
             "norm_placement, attn_softcap, final_softcap, layer_types, local_rope_theta, local_rope_scaling); "
             "did you mean 'embed'?",
         ),
@@ -100,7 +101,8 @@ def test_overrides(write, base_config):
         (
             lambda base: base.replace("rules: fsdp", "rules: fsd"),
             [],
-            "{f}:10: rules: unknown rule preset 'fsd' (presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp); did "
+            "{f}:10: rules: unknown rule preset 'fsd' (presets: dp, ep, fsdp, fsdp_cp, fsdp_tp, pp, pp_fsdp, seq, "
+            "tp); did "
             "you mean 'fsdp'?",
         ),
         (
@@ -111,7 +113,8 @@ def test_overrides(write, base_config):
         (
             lambda base: base.replace("rules: fsdp", "rules: 3"),
             [],
-            "{f}:10: rules: rules must be a preset name (dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, seq, tp), a list of "
+            "{f}:10: rules: rules must be a preset name (dp, ep, fsdp, fsdp_cp, fsdp_tp, pp, pp_fsdp, seq, tp), "
+            "a list of "
             "[logical, mesh_axes] pairs, or {preset: NAME, extra: [...]}; got int",
         ),
         (
@@ -144,7 +147,8 @@ def test_override_errors_point_at_the_flag(write, base_config):
     with pytest.raises(pt.ConfigError) as e:
         load_config(path, ["rules=tpp"])
     assert str(e.value) == (
-        f"{path} (--set rules=tpp): rules: unknown rule preset 'tpp' (presets: dp, ep, fsdp, fsdp_tp, pp, pp_fsdp, "
+        f"{path} (--set rules=tpp): rules: unknown rule preset 'tpp' (presets: dp, ep, fsdp, fsdp_cp, fsdp_tp, pp, "
+        "pp_fsdp, "
         "seq, tp); "
         "did you mean 'tp'?"
     )

@@ -13,6 +13,9 @@ from partitioning.hf.files import discover, write_safetensors
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "hf"
 # Issue 27's dense families (gemma3_mm, the text tower of a multimodal checkpoint, is tested on its own).
 NEW_FAMILIES = ["qwen3", "gemma2", "gemma3", "phi3", "olmo2"]
+# Issue 37's dense families: Phi-4 (GQA in the fused qkv_proj), Phi-4-mini (partial rotary, LongRoPE), OLMo-3
+# (sliding and full layers, YaRN), SmolLM3 (NoPE layers).
+NEW_FAMILIES += ["phi4", "phi4_mini", "olmo3", "smollm3"]
 FAMILIES = ["llama", "llama_tied", "mistral", "qwen2", "gemma", "gpt2", *NEW_FAMILIES]
 MESHES = {
     "fsdp": {"data": 1, "fsdp": 8},

@@ -79,7 +79,7 @@ def test_config_json_is_validated_by_every_entry_point(ckpt, fn, changes, error)
 def test_checkpoint_paths_are_validated_like_the_cli(tmp_path, monkeypatch, fn):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CheckpointError) as e:
-        getattr(pt, fn)(
+        getattr(pt.checkpoint, fn)(
             "nope", **({"mesh": pt.make_mesh({"data": 1, "fsdp": -1})} if fn == "restore_checkpoint" else {})
         )
     assert str(e.value) == "nope: no such checkpoint (expected a run dir, a checkpoints dir or a step dir)"

@@ -24,6 +24,7 @@ def test_family_names_and_relative_paths(monkeypatch):
     assert [pt.hf.hf_family(fixture(n)) for n in FAMILIES] == [
         *("llama", "llama", "mistral", "qwen2", "gemma", "gpt2"),
         *("qwen3", "gemma2", "gemma3", "phi3", "olmo2"),
+        *("phi3", "phi3", "olmo3", "smollm3"),
     ]
     assert pt.hf.hf_family(fixture("gemma3_mm")) == "gemma3"
     monkeypatch.chdir(fixture("gpt2").parent)

@@ -119,6 +119,13 @@ def test_published_configs_give_the_model_cards_parameter_counts(repo):
     assert count(repo / "configs/hf/gemma-3-27b") == 1_409_630_208 + 25_599_716_096 == 27_009_346_304
 
 
+def test_phi4_published_config_gives_its_parameter_count(repo):
+    # Phi-4 (14.7B): untied 2 x 100,352 x 5,120 = 1,027,604,480 embedding parameters; 40 layers x 340,797,440
+    # (qkv_proj 5,120 x (40 + 2 x 10) x 128, o_proj 5,120^2, gate_up_proj 2 x 17,920 x 5,120, down_proj, 2 norms)
+    # + the final norm = 13,631,902,720.
+    assert count(repo / "configs/hf/phi-4") == 1_027_604_480 + 13_631_902_720 == 14_659_507_200
+
+
 def test_plan_prints_them_from_the_run_configs(repo, monkeypatch, run_cli_in_process):
     monkeypatch.chdir(repo)
     r = run_cli_in_process("plan", "configs/qwen3_8b_hf.yaml", "--no-compile")
@@ -157,3 +164,61 @@ def test_the_new_options_are_checked_and_never_exported_as_llama():
         with pytest.raises(pt.ConfigError) as e:
             export_config(GPT(layers=2, **option))
         assert e.value.arg == next(iter(option))
+
+
+def test_phi4_fused_qkv_splits_heads_then_kv_heads():
+    # qkv_proj rows are [heads*d, kv*d, kv*d] = [32, 16, 16] (4 heads, 2 kv heads of 8): each shard reads its rows.
+    model, variables = pt.hf.load_hf(fixture("phi4"), mesh_for("fsdp_tp"), "fsdp_tp")
+    attn = variables["params"]["blocks"]["attn"]
+    assert (model.heads, model.kv_heads, model.rope_theta) == (4, 2, 250000.0)
+    assert attn["k"].sharding.spec == P(None, "tensor", None, "fsdp")  # (layers, kv_heads, kv, embed)
+    fused = tensors_of(fixture("phi4"))["model.layers.1.self_attn.qkv_proj.weight"]
+    assert fused.shape == (64, 32)
+    np.testing.assert_array_equal(np.asarray(attn["q"][1]).reshape(32, 32), fused[:32])
+    np.testing.assert_array_equal(np.asarray(attn["k"][1]).reshape(16, 32), fused[32:48])
+    np.testing.assert_array_equal(np.asarray(attn["v"][1]).reshape(16, 32), fused[48:])
+
+
+def test_phi4_mini_rotates_part_of_each_head_with_longrope():
+    model = pt.hf.hf_model(fixture("phi4_mini"))
+    assert model.partial_rotary_factor == 0.75 and model.rope_scaling["rope_type"] == "longrope"
+    assert model.rope_scaling["long_factor"] == [1.0, 4.0, 16.0]
+    _, variables = pt.hf.load_hf(fixture("phi4_mini"))
+    tokens, want = expected("phi4_mini")
+    long_as_short = {**model.rope_scaling, "long_factor": [1.0, 1.5, 2.0]}
+    # Plain RoPE, every feature rotated, or the short factors past the original 8 positions: other models.
+    for wrong in (
+        model.clone(rope_scaling=None),
+        model.clone(rope_scaling=None, partial_rotary_factor=1.0),
+        model.clone(rope_scaling=long_as_short),
+    ):
+        assert np.abs(logits(wrong, variables, tokens) - want).max() > 0.05
+    # A sequence of 8 (the original length) takes the short factors.
+    np.testing.assert_allclose(
+        logits(model, variables, tokens[:, :8]),
+        logits(model.clone(rope_scaling=long_as_short), variables, tokens)[:, :8],
+        atol=1e-5,
+    )
+
+
+def test_olmo3_mixes_sliding_and_full_layers_with_yarn_on_the_full_ones():
+    model = pt.hf.hf_model(fixture("olmo3"))
+    assert model.layer_types == ("sliding_attention",) * 3 + ("full_attention",)
+    assert (model.sliding_window, model.norm_placement, model.qk_norm) == (5, "post", "all")
+    assert model.rope_scaling["rope_type"] == "yarn" and model.rope_scaling["factor"] == 4.0
+    assert (model.local_rope_theta, model.local_rope_scaling) == (10000.0, None)  # the sliding layers: plain RoPE
+
+
+def test_smollm3_leaves_rope_off_its_nope_layers():
+    model = pt.hf.hf_model(fixture("smollm3"))
+    assert model.nope_layers == (1, 3) and model.layer_types == ("full_attention", "sliding_attention") * 2
+    assert (model.rope_theta, model.tie_embeddings, model.sliding_window) == (2000000.0, True, 5)
+    _, variables = pt.hf.load_hf(fixture("smollm3"))
+    tokens, want = expected("smollm3")
+    assert np.abs(logits(model.clone(nope_layers=None), variables, tokens) - want).max() > 0.05
+    # Unscanned, each block gets its flags as Python values: the same logits.
+    blocks, variables = pt.hf.load_hf(fixture("smollm3"), scan_layers=False)
+    np.testing.assert_allclose(logits(blocks, variables, tokens), want, atol=1e-4, rtol=0)
+    with pytest.raises(pt.ConfigError) as e:
+        build({**json.loads((fixture("smollm3") / "config.json").read_text()), "no_rope_layers": [1, 0]})
+    assert str(e.value) == "no_rope_layers must have one 0 or 1 for each of the 4 layers"

@@ -20,6 +20,9 @@ CASES = [
     ("llama_rslora", "llama", "fsdp", False),
 ]
 CASES += [("qwen2", "qwen2", "fsdp_tp", True)]
+# Issue 37's families: NoPE and sliding layers, the post-norm block, Phi-4's unfused projections, GPT-OSS's attention.
+CASES += [("olmo3", "olmo3", "fsdp_tp", True), ("smollm3", "smollm3", "fsdp", True)]
+CASES += [("phi4", "phi4", "fsdp_tp", True), ("gpt_oss", "gpt_oss", "fsdp_tp", True)]
 
 
 def tensors(file) -> dict[str, np.ndarray]:

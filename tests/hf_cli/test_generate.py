@@ -74,7 +74,16 @@ def test_cached_greedy_decoding_equals_recomputing_the_sequence(repo, monkeypatc
 
 @pytest.mark.parametrize(
     "family,rules",
-    [("gemma3", "fsdp_tp"), ("gemma2", "fsdp"), ("qwen3", "fsdp"), ("phi3", "fsdp_tp"), ("olmo2", "fsdp_tp")],
+    [
+        ("gemma3", "fsdp_tp"),
+        ("gemma2", "fsdp"),
+        ("qwen3", "fsdp"),
+        ("phi3", "fsdp_tp"),
+        ("olmo2", "fsdp_tp"),
+        ("phi4", "fsdp_tp"),
+        ("olmo3", "fsdp_tp"),
+        ("smollm3", "fsdp"),
+    ],
 )
 def test_cached_greedy_decoding_gives_transformers_greedy_tokens(repo, monkeypatch, family, rules):
     # The newer families against transformers' own greedy continuation (tools/make_hf_fixtures.py's

@@ -18,6 +18,18 @@ def make_trainer(mesh):
     return Trainer(model, tx, mesh, "fsdp", batch_size=8, seq_len=32)
 
 
+def losses_on(mesh, steps=STEPS):
+    """Trains ``steps`` steps of the shared run on ``mesh``; returns the losses (host floats)."""
+    trainer = make_trainer(mesh)
+    state = trainer.init(jax.random.key(0))
+    batches = load_corpus().batches("train", 8, 32, trainer.batch_sharding, seed=0)
+    losses = []
+    for step in range(steps):
+        state, metrics = trainer.train_step(state, batches.batch_at(step))
+        losses.append(float(metrics["loss"]))
+    return losses
+
+
 def losses_and_checkpoint(ckpt_dir=None):
     """Trains STEPS steps on 8 global devices; returns the losses (host floats)."""
     mesh = pt.make_mesh({"data": 1, "fsdp": -1})
