@@ -3,6 +3,7 @@
 - :mod:`partitioning.models.mlp` — ``MLP``: a byte-level MLP language model, the smallest model with real layouts.
 - :mod:`partitioning.models.gpt` — ``GPT``: a Llama-shaped decoder (RMSNorm, SwiGLU, RoPE, GQA, scanned layers),
   with the options of the published families (biases, tied embeddings, LayerNorm, GeGLU, learned positions, ...).
+- :mod:`partitioning.models.block` — one decoder layer: attention (full, latent or linear), MLP or experts, norms.
 - :mod:`partitioning.models.layers` — norms, the embedding lookup, gated and plain MLPs, parameter helpers.
 - :mod:`partitioning.models.attention` — causal attention: RoPE (``llama3`` / ``linear`` scaling), GQA, sliding window.
 - :mod:`partitioning.models.mla` — multi-head latent attention (DeepSeek-V3) and its latent cache.

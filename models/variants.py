@@ -211,7 +211,7 @@ def check_nope_layers(model: Any) -> None:
 
 
 def variant_options(model: Any, parse_rope_scaling: Any) -> dict[str, Any]:
-    """The :class:`~partitioning.models.gpt.Block` options of these variants, from the GPT's fields
+    """The :class:`~partitioning.models.block.Block` options of these variants, from the GPT's fields
     (``parse_rope_scaling``: attention's, which imports this module)."""
     spec = None
     if model.local_rope_theta is not None:

@@ -50,3 +50,21 @@ def test_attention_remat_fit_and_load_hf(report):
     assert h["ratio"] > 0 and h["load_hf_gib_per_s"] > 0
     assert "load_hf" in text and "remat full" in text
     assert results["device"].startswith("cpu")
+
+
+def test_offload_against_none(report):
+    results, text = report
+    variants = results["sections"]["offload"]["variants"]
+    assert list(variants) == ["none", "optimizer", "optimizer_host_update", "remat_offload"]
+    none = variants["none"]
+    for name in ("optimizer", "optimizer_host_update"):
+        v = variants[name]
+        opt = v["host_bytes"]  # the optimizer state: what the offloaded variants hold on the host
+        assert v["offload"] == ["optimizer"] and v["remat"] == none["remat"] and opt > 0
+        assert none["device_peak_bytes"] - v["device_peak_bytes"] >= opt
+        assert v["first_loss"] == none["first_loss"] and v["ratio_to_none"] > 0
+        assert v["tune"]["step_s"] is None  # the CPU has no host link to price
+    assert variants["optimizer_host_update"]["offload_update"] == "host"
+    assert variants["remat_offload"]["remat"] == "offload" and variants["remat_offload"]["step_s"] > 0
+    assert none["tune"]["step_s"] > 0 and none["host_bytes"] == 0
+    assert "offload optimizer_host_update (" in text

@@ -26,6 +26,12 @@ left (``--budget-s``, default 420 s) is too short for it:
    values, written here) loaded by ``partitioning.hf.load_hf`` against ``safetensors.numpy.load_file`` +
    ``jax.device_put`` of every tensor, both from the page cache, alternating, median GiB/s of each and the ratio
    (target >= 0.8).
+5. ``offload``: host offload on one device, the same model at sequence 2,048 and one remat policy (the one
+   ``remat: auto`` picks without offload): no offload against ``train.offload: [optimizer]`` updated on the
+   device and on the host (``offload_update``), and ``remat: offload`` (activations in host memory). Per
+   variant: step time (median), its ratio to no offload, the compiled step's device peak and host bytes, the
+   loss of its first step (the same for every variant), and tune's estimate on the device's profile. No
+   variant clips gradients (``optimizer.clip_norm: null``): an update on the host cannot take that clip.
 
 Every section works under JAX 0.10 and 0.11. Nothing here is imported by the package or its tests except
 through ``--cpu`` (tests/test_bench_gpu.py).
@@ -59,6 +65,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "fit_budget": [],  # the device's own memory
         "hf_gib": 4.0,
         "hf_rounds": 2,
+        "offload": {"seq": 2048, "batch_size": 4, "steps": 5, "rounds": 3},
     },
     "cpu": {
         "train": {"seqs": (64,), "tokens": 512, "steps": 1, "rounds": 1},
@@ -76,10 +83,11 @@ SIZES: dict[str, dict[str, Any]] = {
         "fit_max_layers": 8,
         "hf_gib": 0.004,
         "hf_rounds": 1,
+        "offload": {"seq": 64, "batch_size": 4, "steps": 1, "rounds": 1},
     },
 }
 # Seconds each section needs at least on the GPU (compiles included), to skip what cannot finish.
-NEEDS = {"train": 150, "attention": 90, "load_hf": 40, "remat_fit": 120}
+NEEDS = {"train": 150, "attention": 90, "load_hf": 40, "remat_fit": 120, "offload": 150}
 NO_GPU = "no GPU visible to jax (run with --cpu for the tiny CPU sizes)"
 
 
@@ -493,6 +501,94 @@ def bench_load_hf(size: dict[str, Any], workdir: Path) -> dict[str, Any]:
     }
 
 
+# -- 5. host offload ---------------------------------------------------------------------------------------------
+
+OFFLOAD_VARIANTS = {
+    "none": [],
+    "optimizer": ["train.offload=[optimizer]", "train.offload_update=device"],
+    "optimizer_host_update": ["train.offload=[optimizer]", "train.offload_update=host"],
+    "remat_offload": ["model.remat=offload"],
+}
+
+
+def offload_estimate(cfg, mesh) -> dict[str, Any]:
+    """tune's price of this config's own layout (its remat, its offload) on the device's profile."""
+    from partitioning.config.planning import tune_inputs
+    from partitioning.plan.budget import device_memory
+    from partitioning.tune.hardware import hardware
+    from partitioning.tune.measure import local_profile
+    from partitioning.tune.price import price
+    from partitioning.tune.space import Candidate
+
+    hw, _ = local_profile(mesh.size)
+    hw = hw or hardware("h100")
+    inputs, t = tune_inputs(cfg), cfg.train
+    sizes = tuple((a, int(n)) for a, n in mesh.shape.items())
+    c = Candidate(
+        sizes, "run", cfg.model_options.get("remat"), offload=tuple(t.offload), offload_update=t.offload_update
+    )
+    budget = cfg.mesh.memory_bytes or device_memory() or hw.memory
+    r = price(inputs.params, inputs.opt_state, c, cfg.rules, inputs.workload, hw, budget, records=inputs.records)
+    return {
+        "profile": hw.name,
+        "step_s": r.step_time if r.analytic else None,
+        "peak_bytes": r.peak,
+        "host_bytes": r.host,
+    }
+
+
+def bench_offload(size: dict[str, Any]) -> dict[str, Any]:
+    """Each variant built, compiled, stepped and freed before the next (two 1.1B states do not share a device
+    comfortably); the remat policy is the baseline's, so only where the state lives changes."""
+    import gc
+
+    import jax
+
+    from partitioning.plan.compiled import memory_stats
+
+    o = size["offload"]
+    # No global-norm clip in any variant: an update on the host cannot take one (partitioning.train.offload).
+    base = [
+        *size["model"],
+        f"train.seq_len={o['seq']}",
+        f"train.batch_size={o['batch_size']}",
+        "optimizer.clip_norm=null",
+    ]
+    policy, rows = None, {}
+    for name, sets in OFFLOAD_VARIANTS.items():
+        extra = list(sets) if policy is None or name == "remat_offload" else [*sets, f"model.remat={policy}"]
+        try:
+            cfg, resolved, mesh, trainer, _ = build([*base, *extra])
+            policy = policy or resolved.model_options.get("remat")
+            row: dict[str, Any] = {"remat": resolved.model_options.get("remat"), "offload": resolved.train.offload}
+            row["offload_update"] = resolved.train.offload_update
+            row["tune"] = offload_estimate(resolved, mesh)
+            compiled = trainer.lower_train_step().compile()
+            mem = memory_stats(compiled) or {}
+            row["device_peak_bytes"], row["host_bytes"] = mem.get("peak_estimate"), mem.get("host")
+            batch = random_batch(trainer, resolved)
+            box = {"s": trainer.init(jax.random.key(0))}
+
+            def step(box=box, compiled=compiled, batch=batch):
+                box["s"], m = compiled(box["s"], batch)
+                return m
+
+            row["first_loss"] = float(step()["loss"])
+            row["times"] = [timed(step, o["steps"]) for _ in range(o["rounds"])]
+            row["step_s"] = statistics.median(row["times"])
+            box.clear()
+        except Exception as e:  # out of memory or an unsupported transfer is a result; the others still run
+            row = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+        gc.collect()
+        rows[name] = row
+        print(f"   {name}: {row.get('step_s') or row.get('error')}", flush=True)
+    none = rows["none"].get("step_s")
+    for row in rows.values():
+        if none and row.get("step_s"):
+            row["ratio_to_none"] = row["step_s"] / none
+    return {"seq_len": o["seq"], "batch_size": o["batch_size"], "variants": rows}
+
+
 # -- report ------------------------------------------------------------------------------------------------------
 
 
@@ -532,6 +628,15 @@ def table(results: dict[str, Any]) -> str:
             f"{f(r.get('compiled_peak_bytes') and r['compiled_peak_bytes'] / 2**30)} GiB, ran: {r.get('ran')}"
             + (f"; {r['fallback']['layers']} layers ran: {r['fallback'].get('ran')}" if "fallback" in r else "")
         )
+    for name, r in sec.get("offload", {}).get("variants", {}).items():
+        if "error" in r:
+            lines.append(f"offload {name}: {r['error'][:120]}")
+            continue
+        lines.append(
+            f"offload {name} ({r['remat']}): {f(r['step_s'])} s, x{f(r.get('ratio_to_none'))} of none; device "
+            f"peak {f(r['device_peak_bytes'] and r['device_peak_bytes'] / 2**30)} GiB, host "
+            f"{f(r['host_bytes'] and r['host_bytes'] / 2**30)} GiB; tune est. {f(r['tune']['step_s'])} s"
+        )
     h = sec.get("load_hf", {})
     if "ratio" in h:
         lines.append(
@@ -556,6 +661,7 @@ def run_section(name: str, cpu: bool) -> dict[str, Any]:
                 "train": lambda: bench_train(size, [] if cpu else ["model.attention=auto"]),
                 "attention": lambda: bench_attention(size, cpu),
                 "load_hf": lambda: bench_load_hf(size, Path(tmp)),
+                "offload": lambda: bench_offload(size),
             }[name]()
         dev = jax.devices()[0]
         return {**out, "device": f"{dev.platform}: {getattr(dev, 'device_kind', '')}", "jax": jax.__version__}

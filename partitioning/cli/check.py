@@ -83,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         say(f"warning: {ready.data_warning}")
     if ready.budget is not None:
         print(f"memory: {ready.budget.describe()}")
+    if ready.host is not None:
+        print(f"memory: {ready.host.describe()}")
     if ready.resume_step is not None:
         print(f"resume: train would continue from the checkpoint at step {ready.resume_step} in {ready.checkpoint_dir}")
         for note in (ready.resume_note, ready.data_note):

@@ -12,6 +12,8 @@ import argparse
 import time
 from typing import Any
 
+import jax
+
 from partitioning.cli.args import config_args, say
 from partitioning.cli.compiling import compile_args, compiled, setup_devices, write_json
 from partitioning.cli.render import console, render_plan
@@ -21,7 +23,7 @@ from partitioning.config.planning import plan_from_config
 from partitioning.config.remat import is_auto
 from partitioning.parallel.context import resolve_strategy
 from partitioning.plan.axes import node_layout
-from partitioning.plan.budget import check_budget, device_memory
+from partitioning.plan.budget import check_budget, check_host, device_memory, host_budget, host_key
 from partitioning.plan.plot import plot_plan
 
 HELP = "every parameter's layout, per-device memory and communication, before running"
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     if cfg.mesh.nodes:
         report["nodes"] = node_layout(plan.mesh, cfg.mesh.nodes)
     budget = cfg.mesh.memory_bytes if cfg.mesh.memory_bytes is not None else device_memory()
-    fit = check_budget(plan, budget, view.get("memory") if view.get("status") == "ok" else None)
+    mem = view.get("memory") if view.get("status") == "ok" else None
+    fit = check_budget(plan, budget, mem)
     report["memory_budget"] = {
         "budget": fit.budget,
         "peak": fit.peak,
@@ -73,11 +76,18 @@ def run(args: argparse.Namespace) -> int:
         "fits": fit.fits,
         "largest": [list(x) for x in fit.top],
     }
+    host = None
+    if plan.offload:  # the offloaded state's host memory, for a process driving this machine's devices
+        host = check_host(plan, host_budget(cfg.mesh.host_memory), min(devices, jax.local_device_count()), mem)
+        report["host_memory"] = {"budget": host.budget, "per_device": host.per_device, "devices": host.devices}
+        report["host_memory"].update(need=host.need, source=host.source, fits=host.fits)
     render_plan(report, console())
     for note in (remat_note, context_note):  # with the table on stdout: stderr stays one line when something fails
         if note:
             print(note)
     print(f"memory: {fit.describe()}")
+    if host is not None:
+        print(f"memory: {host.describe()}")
     if args.json:
         write_json(args.json, report)
     if args.png:
@@ -88,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
+    if host is not None and not host.fits:
+        raise host.error(host_key(cfg.mesh.host_memory, cfg.where))
     return 0
 
 

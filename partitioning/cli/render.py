@@ -97,6 +97,9 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
         ("per device", "right"),
         ("total", "right"),
     )
+    offload = (report.get("offload") or {}).get("state")
+    if offload:  # each param with its gradient and optimizer state, by where they live
+        columns += (("+grad, opt: device", "right"), ("host", "right"))
     for col, just in columns:
         t.add_column(col, justify=just, overflow="fold")
     rows = annotation_labels(report["leaves"])
@@ -105,6 +108,7 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
         if r.get("named_by"):
             logical += f" {rows[r['named_by']]}"
         per = fmt_bytes(r["per_device_bytes"])
+        kinds = [fmt_bytes(r["device_bytes"]), fmt_bytes(r["host_bytes"])] if offload else []
         t.add_row(
             r["path"],
             str(tuple(r["shape"])),
@@ -114,6 +118,7 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
             _claimed(r),
             f"[red]{per}[/red]" if r["replicated"] and report["devices"] > 1 and r["total_bytes"] > 4 else per,
             fmt_bytes(r["total_bytes"]),
+            *kinds,
         )
     console.print(t)
     console.print("rules: " + "  ".join(f"r{i}={fmt_rule(p)}" for i, p in enumerate(report["rules"])), markup=False)
@@ -136,6 +141,8 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
             f"(stored dtype, no gradient, no optimizer state)",
             highlight=False,
         )
+    if offload:
+        console.print(memory_kinds_line(report), highlight=False)
     console.print(f"replicated share of per-device memory: {report['replicated_share']:.1%}")
 
     render_axes(report, console)
@@ -147,6 +154,23 @@ def render_plan(report: dict[str, Any], console: Any) -> None:
     render_compiled(report["compiled"], console)
     tm = report["timing"]
     console.print(f"timing: table {tm['table_s']:.1f} s, compiled view {tm['compiled_s']:.1f} s")
+
+
+def memory_kinds_line(report: dict[str, Any]) -> str:
+    """One line: the state per device on the device (during the passes, during the update) and on the host."""
+    kinds, off = report["memory_kinds"], report["offload"]
+    dev, host = kinds["device"], kinds["host"]["per_device"]
+    update = (
+        "the update brings the optimizer state to the device"
+        if "optimizer" in off["state"] and off["update"] == "device"
+        else "the update runs on the host"
+        if "optimizer" in off["state"]
+        else "the update runs on the device"
+    )
+    return (
+        f"offload {', '.join(off['state'])}: device {fmt_bytes(dev['passes'])} per device during the passes, "
+        f"{fmt_bytes(dev['update'])} during the update ({update}); host {fmt_bytes(host)} per device"
+    )
 
 
 def annotation_labels(leaves: Sequence[dict[str, Any]]) -> dict[str, str]:
@@ -283,6 +307,9 @@ def render_compiled(view: dict[str, Any], console: Any) -> None:
             "XLA memory per device: "
             + ", ".join(f"{k} {fmt_bytes(m[k])}" for k in ("argument", "output", "alias", "temp", "peak_estimate"))
         )
+        if m.get("host"):  # offloaded state: XLA's host buffers (pinned_host), apart from device memory
+            keys = ("host_argument", "host_output", "host_alias", "host_temp", "host")
+            console.print("XLA host memory per device: " + ", ".join(f"{k} {fmt_bytes(m.get(k, 0))}" for k in keys))
     f = view.get("flops")
     if f:
         line = (

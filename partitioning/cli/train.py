@@ -166,6 +166,8 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
                 print(note, flush=True)
         if ready.budget is not None and ready.budget.budget is not None:
             print(f"memory: {ready.budget.describe()}", flush=True)
+        if ready.host is not None:  # train.offload: the state in host memory, against the host's budget
+            print(f"memory: {ready.host.describe()}", flush=True)
         for note in (ready.resume_note, ready.data_note, getattr(train_batches, "note", None)):
             if note:
                 print(note, flush=True)

@@ -44,6 +44,7 @@ from partitioning.plan.plan import build_plan, mesh_sizes
 from partitioning.rules import Rules, preset_names
 from partitioning.tune.hardware import Hardware, hardware
 from partitioning.tune.hardware_file import load_hardware
+from partitioning.tune.host import priced_remats
 from partitioning.tune.search import Search, search
 
 HELP = "the best layout for a device count and memory budget: every candidate priced, ranked, explained"
@@ -234,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
         w,
         hw,
         budget,
-        remats=remat_policies(cfg) or (None,),
+        remats=priced_remats(remat_policies(cfg), hw) or (None,),
         activations={n: names for n in tables},
         on_indivisible=cfg.on_indivisible,
         records=records,

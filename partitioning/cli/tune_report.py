@@ -52,7 +52,15 @@ def _estimate(r: Result) -> Estimate:
     return r.estimate
 
 
-def _row(i: int, r: Result, budget: int) -> list[str]:
+def _host(r: Result) -> str:
+    """The offloaded state (and activations) in host memory per device, and what is offloaded."""
+    c = r.candidate
+    what = list(c.offload) + (["activations"] if c.remat == "offload" else [])
+    where = " (update on host)" if "optimizer" in c.offload and c.offload_update == "host" else ""
+    return f"{fmt_bytes(r.host)}: {', '.join(what)}{where}" if what else "-"
+
+
+def _row(i: int, r: Result, budget: int, host: bool = False) -> list[str]:
     c, e = r.candidate, _estimate(r)
     peak = f"{fmt_bytes(r.peak)} / {fmt_bytes(budget)}" + (" *" if r.peak_source == "compiled" else "")
     return [
@@ -68,7 +76,7 @@ def _row(i: int, r: Result, budget: int) -> list[str]:
         f"{e.mfu * e.step_time / r.step_time:.0%}",
         e.bottleneck,
         e.source if e.source == "compiled" or r.scale == 1 else f"analytic x{r.scale:.2f}",
-    ]
+    ] + ([_host(r)] if host else [])
 
 
 def why(r: Result) -> str:
@@ -119,15 +127,24 @@ def render_search(report: dict[str, Any], s: Search, top: int, console: Any) -> 
         ("bound by", "left"),
         ("estimate", "left"),
     )
+    host = any(r.host for r in ranked[:top])  # a column of its own only when something is offloaded
+    columns += (("host memory", "left"),) if host else ()
     for col, just in columns:
         t.add_column(col, justify=just, overflow="fold")
     for i, r in enumerate(ranked[:top], 1):
-        t.add_row(*_row(i, r, s.budget))
+        t.add_row(*_row(i, r, s.budget, host))
     console.print(t)
     unit = "; times in device-seconds (CPU time / devices)" if cpu else ""
     console.print(
         "peak: params + gradients + optimizer state (exact) + activations (estimate); * XLA's compiled "
-        "peak. step: the roofline of cost.py" + unit,
+        "peak. step: the roofline of cost.py"
+        + unit
+        + (
+            "; host memory: offloaded state and activations per device, "
+            "their transfers priced on the host link (comm 'host')"
+            if host
+            else ""
+        ),
         highlight=False,
     )
     if s.duplicates:
@@ -146,7 +163,8 @@ def render_search(report: dict[str, Any], s: Search, top: int, console: Any) -> 
         console.print(
             f"[bold]best:[/bold] {b.candidate.label}: {fmt_seconds(b.step_time)} per step "
             f"({_estimate(b).source}), MFU {_estimate(b).mfu:.0%}, bound by {_estimate(b).bottleneck}; peak "
-            f"{fmt_bytes(b.peak)} of {fmt_bytes(s.budget)} ({b.peak_source})",
+            f"{fmt_bytes(b.peak)} of {fmt_bytes(s.budget)} ({b.peak_source})"
+            + (f"; host memory {_host(b)} per device" if b.host else ""),
             highlight=False,
         )
         console.print(f"  why: {why(b)}", highlight=False, markup=False)

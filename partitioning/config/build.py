@@ -341,6 +341,9 @@ def abstract_model(cfg: Config, dataset: Any = None, seq_len: int | None = None)
 # -- training ----------------------------------------------------------------------------------
 
 
+OFFLOAD_KEYS = {"offload": ("train", "offload"), "offload_update": ("train", "offload_update")}
+
+
 def trainable_keys(cfg: Config) -> dict[str, tuple[Any, ...]]:
     """A trainable-subset error's ``arg`` (``trainable/<i>``) -> its config key, for ``file:line``."""
     keys: dict[str, tuple[Any, ...]] = {"trainable": ("train", "trainable")}
@@ -371,9 +374,11 @@ def trainer_from_config(cfg: Config, mesh: jax.sharding.Mesh, dataset: Any = Non
             on_nonfinite=t.on_nonfinite,
             pipeline_repeats=t.pipeline_repeats,
             trainable=t.trainable,
+            offload=t.offload,
+            offload_update=t.offload_update,
         )
     except ConfigError as e:
-        raise at_key(cfg, e, trainable_keys(cfg)) from None
+        raise at_key(cfg, e, {**trainable_keys(cfg), **OFFLOAD_KEYS}) from None
     except (ShardingError, PipelineError) as e:
         raise at_key(cfg, e, {**BATCH_KEYS, **PIPELINE_KEYS, **RULES_KEY}) from None
 

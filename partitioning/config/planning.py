@@ -108,6 +108,8 @@ def plan_from_config(cfg: Config, devices: int) -> tuple[Plan, Any]:
         on_indivisible=cfg.on_indivisible,
         activations=acts,
         frozen=frozen,
+        offload=cfg.train.offload,
+        offload_update=cfg.train.offload_update,
     )
     check_axes_used(cfg, sizes, plan.params + plan.opt_state)
     plan.parallel = costs_from_records(stacks, sizes, passes=g, stage_weight_bytes=stacked_bytes(plan.params))

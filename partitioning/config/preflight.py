@@ -67,7 +67,7 @@ from partitioning.data.batch import batch_specs
 from partitioning.errors import CheckpointError, ConfigError, MeshError, PartitioningError, ShardingError
 from partitioning.mesh import MeshSpec
 from partitioning.outdir import file_in_the_way
-from partitioning.plan.budget import Budget, check_budget, device_memory
+from partitioning.plan.budget import Budget, HostBudget, check_budget, device_memory, refuse_host
 from partitioning.plan.compiled import memory_stats
 from partitioning.plan.plan import Plan, build_plan, mesh_sizes
 from partitioning.resolve import REMEDY
@@ -93,6 +93,7 @@ class Ready:
     resume_note: str | None = None  # how the config differs from the checkpoint's, when resuming
     remat_note: str | None = None  # which policy `remat: auto` became, and why
     context_note: str | None = None  # which strategy `context_parallel: auto` became, and why
+    host: HostBudget | None = None  # the offloaded state's host memory (train.offload), None without it
     data_warning: str | None = None  # truncation cuts more of the answers than data.max_truncated_answers
 
 
@@ -311,6 +312,7 @@ def preflight(
     opts: dict[str, Any] = {"optimizer_rules": cfg.optimizer_rules, "on_indivisible": cfg.on_indivisible}
     # The frozen params priced as `plan` prices them: stored, no gradient, no optimizer state.
     plan = build_plan(a.params, a.opt_state, mesh, cfg.rules, frozen=trainer.frozen or (), **opts)
+    plan.offload, plan.offload_update = tuple(cfg.train.offload), cfg.train.offload_update  # the trainer's
     check_axes_used(cfg, plan.mesh, plan.params + plan.opt_state)
     # The train step is traced (and lowered) here, so a model that fails to trace stops the run before
     # anything is written; the compile for the memory figure reuses it.
@@ -325,23 +327,9 @@ def preflight(
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
-    ready = Ready(
-        cfg,
-        mesh,
-        dataset,
-        trainer,
-        train,
-        evals,
-        run_dir,
-        ckpt_dir,
-        step,
-        fit,
-        plan,
-        note,
-        changed,
-        remat_note,
-        context_note,
-    )
+    host = refuse_host(plan, cfg.mesh.host_memory, len(mesh.local_devices), cfg.where, compiled)
+    ready = Ready(cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed)
+    ready.remat_note, ready.context_note, ready.host = remat_note, context_note, host
     ready.data_warning = getattr(train, "warning", None)
     if complete is not None and step is not None:
         raise RunComplete(complete, step=step, ready=ready)
@@ -377,7 +365,8 @@ def preflight_abstract(cfg: Config, devices: int, resume: bool | None = None, re
             if cfg.mesh.device_memory is not None
             else f"{cfg.path}: the devices' memory"
         )
-    ready = Ready(cfg, sizes, None, None, None, None, run_dir, ckpt_dir, step, fit, plan)
+    host = refuse_host(plan, cfg.mesh.host_memory, min(devices, jax.local_device_count()), cfg.where)
+    ready = Ready(cfg, sizes, None, None, None, None, run_dir, ckpt_dir, step, fit, plan, host=host)
     if complete is not None and step is not None:
         raise RunComplete(complete, step=step, ready=ready)
     return ready

@@ -15,7 +15,7 @@ Example::
     >>> from partitioning.config.remat import is_auto, remat_policies, resolve_remat
     >>> cfg = pt.load_config("configs/quickstart.yaml")       # its model names no remat policy
     >>> is_auto(cfg), remat_policies(cfg)
-    (True, ('none', 'dots', 'dots_no_batch', 'full'))
+    (True, ('none', 'dots', 'dots_no_batch', 'offload', 'full'))
     >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1, "tensor": 1})
     >>> resolved, note = resolve_remat(cfg, mesh)            # the first time on a machine: the CPU is measured
     >>> resolved.model_options["remat"] in remat_policies(cfg), note
@@ -37,6 +37,7 @@ from partitioning.model.registry import constructor_options, model_class
 from partitioning.parallel.pipeline import check_microbatches
 from partitioning.plan.budget import device_memory
 from partitioning.tune.hardware import hardware
+from partitioning.tune.host import priced_remats
 from partitioning.tune.measure import local_profile
 from partitioning.tune.remat import choose_remat
 from partitioning.tune.workload import REMATS
@@ -100,7 +101,7 @@ def price_remat(
         inputs.workload,
         hw,
         budget,
-        policies=policies or remat_policies(cfg),
+        policies=priced_remats(policies or remat_policies(cfg), hw),
         optimizer_rules=cfg.optimizer_rules,
         grad_accum=t.grad_accum,
         microbatches=microbatches or 1,
@@ -109,6 +110,8 @@ def price_remat(
         activations=inputs.names,
         on_indivisible=cfg.on_indivisible,
         frozen=inputs.frozen,
+        offload=t.offload,
+        offload_update=t.offload_update,
     )
 
 

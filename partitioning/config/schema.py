@@ -42,6 +42,9 @@ class MeshConfig(Section):
     device_memory: StrictInt | StrictStr | None = Field(
         default=None, description="per-device memory budget, e.g. 80GiB (default: what the device reports)"
     )
+    host_memory: StrictInt | StrictStr | None = Field(
+        default=None, description="per-process host memory for offloaded state, e.g. 1TiB (default: this machine's RAM)"
+    )
     unused_axes: list[StrictStr] = Field(
         default_factory=list,
         description="mesh axes no rule uses, kept on purpose (every device along them repeats the same work)",
@@ -71,7 +74,7 @@ class MeshConfig(Section):
                 )
         return self
 
-    @field_validator("device_memory")
+    @field_validator("device_memory", "host_memory")
     @classmethod
     def _memory(cls, v: Any) -> Any:
         if v is not None and parse_bytes(v) < 1:
@@ -137,7 +140,7 @@ class HfModelConfig(Section):
 
     hf: StrictStr = Field(description="a checkpoint folder (config.json, safetensors) or a config.json file")
     scan_layers: StrictBool = Field(default=True, description="stack the layers and scan over them")
-    remat: Literal["auto", "none", "full", "dots", "dots_no_batch"] = Field(
+    remat: Literal["auto", "none", "full", "dots", "dots_no_batch", "offload"] = Field(
         default="auto", description="auto: the fastest policy that fits, as for the reference GPT"
     )
     dtype: StrictStr | None = Field(default=None, description="compute dtype; null: float32")
@@ -230,6 +233,12 @@ class TrainConfig(Section):
         ge=0,
         description="skip_step: more consecutive skipped steps than this stop the run (exit 2): it diverges",
     )
+    offload: list[Literal["optimizer", "params"]] = Field(
+        default_factory=list, description="state kept in host memory between steps, in its layout: optimizer, params"
+    )
+    offload_update: Literal["device", "host"] = Field(
+        default="device", description="an offloaded optimizer state's update: device (moved in and back) | host"
+    )
 
 
 class CheckpointConfig(Section):
@@ -276,13 +285,9 @@ class RunConfig(Section):
     base: StrictStr | None = Field(default=None, description="a config this one extends (its keys win)")
 
 
-SECTIONS: dict[str, type[Section]] = {
-    "mesh": MeshConfig,
-    "data": DataConfig,
-    "optimizer": OptimizerConfig,
-    "train": TrainConfig,
-    "checkpoint": CheckpointConfig,
-}
+SECTIONS: dict[str, type[Section]] = dict(
+    mesh=MeshConfig, data=DataConfig, optimizer=OptimizerConfig, train=TrainConfig, checkpoint=CheckpointConfig
+)
 TOP_KEYS = list(RunConfig.model_fields)
 REQUIRED = ["model", "mesh", "rules"]
 

@@ -9,6 +9,7 @@ Modules:
 - :mod:`~partitioning.plan.flops` — FLOPs of a compiled step (loops counted), 6·N·tokens, device peaks, MFU.
 - :mod:`~partitioning.plan.hlo_cost` — FLOPs and bytes of every op of a compiled step, loops counted, by phase.
 - :mod:`~partitioning.plan.budget` — the memory budget: does the per-device peak fit, and what takes the room.
+- :mod:`~partitioning.plan.memory_kinds` — device and host bytes: offloaded state, a compiled step's host buffers.
 - :mod:`~partitioning.plan.plot` — the plan PNG: per-device memory and the mesh.
 - :mod:`~partitioning.plan.axes` — per mesh axis: what it splits, and the compiled collectives that run over it.
 - :mod:`~partitioning.plan.parallel` — analytic pipeline (bubble, collective-permute) and expert (all-to-all) costs.

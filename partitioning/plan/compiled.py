@@ -46,6 +46,7 @@ from partitioning.plan.axes import collectives_by_axis, group_axes, group_nodes,
 from partitioning.plan.flops import step_flops
 from partitioning.plan.hlo import KINDS, collectives, summarize
 from partitioning.plan.hlo_cost import op_costs, summarize_ops
+from partitioning.plan.memory_kinds import split_compiled
 from partitioning.resolve import axes_tuple
 
 # XLA's CPU backend refuses programs for more devices than this ("Multiprocess
@@ -145,20 +146,31 @@ def sharding_check(
 
 
 def memory_stats(compiled: Any) -> dict[str, int] | None:
-    """XLA's per-device memory analysis (bytes), with ``peak_estimate`` = args + outputs - aliased + temp."""
+    """XLA's per-device memory analysis (bytes) of device memory, with ``peak_estimate`` = args + outputs -
+    aliased + temp; host memory apart (``host_argument``, ``host_output``, ``host_alias``, ``host_temp`` and their
+    ``host`` peak): offloaded state (:mod:`partitioning.plan.memory_kinds`)."""
     try:
         m = compiled.memory_analysis()
     except Exception:  # some backends do not implement it
         return None
     if m is None:
         return None
-    out = {
+    xla = {
         "argument": int(m.argument_size_in_bytes),
         "output": int(m.output_size_in_bytes),
         "alias": int(m.alias_size_in_bytes),
         "temp": int(m.temp_size_in_bytes),
-        "generated_code": int(m.generated_code_size_in_bytes),
     }
+    reported = {
+        k: int(getattr(m, f"{k}_size_in_bytes", 0) or 0)
+        for k in ("host_argument", "host_output", "host_alias", "host_temp")
+    }
+    try:
+        text = compiled.as_text() or ""
+    except Exception:  # an executable without HLO text: no host buffers read off it
+        text = ""
+    out = split_compiled(xla, text, reported)
+    out["generated_code"] = int(m.generated_code_size_in_bytes)
     out["peak_estimate"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
     return out
 

@@ -49,6 +49,7 @@ from partitioning.layout import LeafLayout, name_failures, tree_layouts
 from partitioning.mesh import MeshSpec
 from partitioning.plan.axes import memory_by_axis
 from partitioning.plan.coverage import UnusedRule, rule_coverage
+from partitioning.plan.memory_kinds import per_array, state_split
 from partitioning.plan.waste import IdleAxis, Replicated, idle_axes, replicated_params
 from partitioning.resolve import REMEDY, IndivisibleWarning, mesh_axis_sizes
 from partitioning.rules import Rules, as_rules
@@ -99,6 +100,9 @@ class Plan:
     parallel: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Paths (without `params/`) of the frozen params: no gradient, no optimizer state.
     frozen: frozenset[str] = frozenset()
+    # State kept in host memory (partitioning.train.offload) and where the optimizer update runs.
+    offload: tuple[str, ...] = ()
+    offload_update: str = "device"
 
     def trains(self, leaf: LeafLayout) -> bool:
         """Whether a param layout trains (has a gradient)."""
@@ -154,6 +158,26 @@ class Plan:
         out["trainable"] = cat(trainable)
         out["frozen"] = cat([leaf for leaf in self.params if not self.trains(leaf)])
         return out
+
+    @property
+    def memory_kinds(self) -> dict[str, dict[str, float]]:
+        """The state per device by memory kind (``train.offload``), kept apart from :attr:`totals`.
+
+        ``device``: ``per_device`` is the larger of ``passes`` (forward and backward) and ``update``;
+        ``host``: ``per_device`` held in pinned host memory between steps.
+        """
+        totals = self.totals
+        p, o, g = (totals[c]["per_device"] for c in CATEGORIES)
+        split = state_split(p, o, g, self.offload, self.offload_update)
+        return {
+            "device": {"per_device": split["device"], "passes": split["passes"], "update": split["update"]},
+            "host": {"per_device": split["host"]},
+        }
+
+    def memory_kind(self, leaf: LeafLayout) -> str:
+        """Where an array of the state lives between steps: ``device`` or ``pinned_host`` (offloaded)."""
+        name = "params" if leaf.path.startswith("params/") else "optimizer"
+        return "pinned_host" if name in self.offload else "device"
 
     @property
     def replicated_share(self) -> float:
@@ -221,10 +245,11 @@ class Plan:
 
     def rows(self, which: str = "params") -> list[dict[str, Any]]:
         layouts = self.params if which == "params" else self.opt_state
-        return [_row(leaf) for leaf in layouts]
+        return [{**_row(leaf), "memory_kind": self.memory_kind(leaf)} for leaf in layouts]
 
     def to_json(self) -> dict[str, Any]:
         """Everything, JSON-serialisable (see the README for the keys)."""
+        split = per_array(self) if self.offload else {}
         return {
             "mesh": dict(self.mesh),
             "devices": self.devices,
@@ -234,9 +259,11 @@ class Plan:
             "parameters": self.num_params,
             "trainable_parameters": sum(leaf.size for leaf in self.trainable_params),
             "active_parameters": self.active_params,
-            "leaves": self.rows("params"),
+            "leaves": [{**r, **_kinds(split.get(r["path"]))} for r in self.rows("params")],
             "optimizer_leaves": self.rows("optimizer"),
             "totals": self.totals,
+            "memory_kinds": self.memory_kinds,
+            "offload": {"state": list(self.offload), "update": self.offload_update},
             "replicated_share": self.replicated_share,
             "warnings": {
                 "replicated": [dataclasses.asdict(r) for r in self.replicated],
@@ -250,6 +277,11 @@ class Plan:
             "axes": memory_by_axis(self.params + self.opt_state, self.mesh),
             "parallel": dict(self.parallel),
         }
+
+
+def _kinds(split: tuple[int, int] | None) -> dict[str, int]:
+    # Offloaded: the param with its gradient and optimizer state, on the device and on the host.
+    return {} if split is None else {"device_bytes": split[0], "host_bytes": split[1]}
 
 
 def _row(leaf: LeafLayout) -> dict[str, Any]:
@@ -299,6 +331,8 @@ def build_plan(
     top: int = TOP_REPLICATED,
     parallel: dict[str, Any] | None = None,
     frozen: Iterable[str] = (),
+    offload: Iterable[str] = (),
+    offload_update: str = "device",
 ) -> Plan:
     """The plan for abstract (boxed) ``params`` and ``opt_state`` on ``mesh`` under ``rules``.
 
@@ -307,7 +341,8 @@ def build_plan(
     ``batch`` rule is not reported as unused. ``parallel`` are the pipeline /
     expert costs (:func:`partitioning.plan.parallel.costs_from_records`).
     ``frozen`` are the paths (without ``params/``) of params that do not train
-    (``trainer.frozen``): no gradient is priced for them.
+    (``trainer.frozen``): no gradient is priced for them. ``offload`` / ``offload_update``: the state kept in
+    host memory and where its update runs (``train.offload``): see :attr:`Plan.memory_kinds`.
 
     Example::
 
@@ -343,6 +378,8 @@ def build_plan(
         replicated=[],
         parallel=dict(parallel or {}),
         frozen=frozenset(frozen),
+        offload=tuple(offload),
+        offload_update=offload_update,
     )
     plan.replicated = replicated_params(plan, top)
     plan.idle_axes = idle_axes(plan)

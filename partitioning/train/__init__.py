@@ -3,7 +3,9 @@
 Modules:
 
 - :mod:`~partitioning.train.state` — ``TrainState``, the abstract (``eval_shape``) state, host-side step.
-- :mod:`~partitioning.train.step` — ``Trainer``: the sharded init and the jitted train / eval steps.
+- :mod:`~partitioning.train.step` — ``Trainer``: the jitted train / eval steps.
+- :mod:`~partitioning.train.init` — the sharded init (params, then the optimizer state) and ``init_from``.
+- :mod:`~partitioning.train.offload` — host offload: state in ``pinned_host`` memory, the update where it runs.
 - :mod:`~partitioning.train.lowering` — what a Trainer shows without running: layouts, lowered steps, init peak, FLOPs.
 - :mod:`~partitioning.train.optimizer` — optax optimizers and learning-rate schedules.
 - :mod:`~partitioning.train.loop` — ``fit``: steps, evals, hooks, progress, clean stops.

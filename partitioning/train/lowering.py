@@ -46,6 +46,7 @@ class Lowering:
     _step_jit: Any
     _eval_jit: Any
     subset: Any
+    offload: Any
 
     def state_layouts(self) -> list[LeafLayout]:
         """One :class:`LeafLayout` per array of params, optimizer state and collections."""
@@ -84,7 +85,10 @@ class Lowering:
         first, second = (memory_stats(lowered.compile()) for lowered in self.lower_init())
         if first is None or second is None:
             raise NotImplementedError(f"the {jax.default_backend()} backend reports no memory analysis")
+        # Device bytes only: offloaded params are in host memory (the phases' figures split them off too).
+        on_device = not self.offload.params
         params = sum(leaf.per_device_bytes for leaf in self.state_layouts() if leaf.path.startswith("params/"))
+        params *= on_device
         phase1 = first["peak_estimate"]
         # The params stay alive through phase 2 whether or not it reads them
         # (jit drops unused arguments, e.g. for adam's zeros_like).

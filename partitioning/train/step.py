@@ -33,7 +33,6 @@ Example::
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,13 +58,15 @@ from partitioning.parallel.pipeline import (
     pipeline_stages,
 )
 from partitioning.rules import as_rules
+from partitioning.train.init import Init
 from partitioning.train.lowering import Lowering
 from partitioning.train.nonfinite import FLAG, check_policy, keep_if_finite, nonfinite_flag
+from partitioning.train.offload import Offload, apply_update, check_host_update, device_lr, to_device
 from partitioning.train.optimizer import current_lr
 from partitioning.train.state import TrainState, strip_foreign_boxes
 
 
-class Trainer(Lowering):
+class Trainer(Lowering, Init):
     """Builds the sharded init and the jitted train / eval steps.
 
     Args:
@@ -100,6 +101,10 @@ class Trainer(Lowering):
         LoRA adapters (``_lora_[ab]$``) when the model has some.
       annotations: an :class:`~partitioning.Annotations` (or its rows) naming the model's
         variables by path; the optimizer state mirrors the names (:mod:`partitioning.annotations`).
+      offload: ``("optimizer",)``, ``("params",)`` or both: that state keeps its layout but lives in
+        ``pinned_host`` memory between steps (:mod:`partitioning.train.offload`).
+      offload_update: where the update of an offloaded optimizer state runs: ``"device"`` (moved there
+        for it) or ``"host"`` (``compute_on``).
 
     Scalars the model sows into its ``losses`` collection (an MoE load-balancing
     loss) are added to the objective and reported as metrics under their names;
@@ -143,9 +148,13 @@ class Trainer(Lowering):
         pipeline_repeats: int = 1,
         trainable: Sequence[str] | str | None = None,
         annotations: Any = None,
+        offload: Sequence[str] = (),
+        offload_update: str = "device",
     ):
         self.model, self.tx, self.mesh, self._trainable_arg = annotated_model(model, annotations), tx, mesh, trainable
         self.on_nonfinite = check_policy(on_nonfinite)
+        self.offload = Offload.of(offload, offload_update)
+        self.offload.check_backend(mesh)
         self.task = as_task(task if task is not None else loss_fn)
         self.rules = as_rules(rules).validate(mesh)
         self.optimizer_rules = as_rules(optimizer_rules).validate(mesh) if optimizer_rules is not None else self.rules
@@ -187,15 +196,25 @@ class Trainer(Lowering):
         # Wrapped in {"params": ...} so error messages name `params/...` paths, as `check` does.
         # The params warn when most of them would be replicated (ReplicationWarning; their optimizer
         # state follows them, so one warning says it all).
-        a = self.abstract_state
+        a, off = self.abstract_state, self.offload
         quiet: dict[str, Any] = {"on_indivisible": on_indivisible, "warn_replicated": False}
-        self.state_shardings = TrainState(
+        self.state_shardings = TrainState(  # offloaded parts: the same layouts, in host memory
             step=replicated,
-            params=tree_shardings({"params": a.params}, mesh, self.rules, on_indivisible=on_indivisible)["params"],
-            opt_state=tree_shardings({"opt_state": a.opt_state}, mesh, self.optimizer_rules, **quiet)["opt_state"],
+            params=off.stored(
+                tree_shardings({"params": a.params}, mesh, self.rules, on_indivisible=on_indivisible)["params"],
+                "params",
+            ),
+            opt_state=off.stored(
+                tree_shardings({"opt_state": a.opt_state}, mesh, self.optimizer_rules, **quiet)["opt_state"],
+                "opt_state",
+            ),
             collections=tree_shardings(a.collections, mesh, self.rules, **quiet),
         )
         self.replicated = replicated
+        if off.host_update:  # an update that cannot run on the host is refused now, in one line
+            train = self.subset.trainable(unbox(a.params))
+            shardings = self.subset.trainable(self.state_shardings.params)
+            check_host_update(tx, train, unbox(a.opt_state), shardings, self.state_shardings.opt_state)
         s = self.state_shardings
         # Two phases: params (random init, with its temporaries), then the optimizer
         # state from them. The RNG's scratch space never coexists with the
@@ -240,15 +259,6 @@ class Trainer(Lowering):
         return place(host_batch, self.batch_shardings)
 
     # -- traced functions --------------------------------------------------------
-    def _init_params_fn(self, rng):
-        args, kwargs = self._model_args(self._micro_abstract())
-        variables = dict(self.model.init(rng, args, kwargs))
-        return variables.pop("params"), variables
-
-    def _init_opt_fn(self, params):
-        # Unboxed params give the unboxed optimizer state: the structure of state_shardings.opt_state.
-        return jnp.zeros((), jnp.int32), self.tx.init(self.subset.trainable(params))
-
     def _loss(self, params, collections, batch, rngs, train: bool):
         updated, sown = dict(collections), dict[str, Any]()
 
@@ -293,78 +303,43 @@ class Trainer(Lowering):
 
     def _step_fn(self, state: TrainState, batch):
         # Only the trainable part is differentiated and updated; frozen params pass through untouched.
-        trainable, frozen = self.subset.split(state.params)
-        (loss, (aux, collections)), grads = self._grads(trainable, frozen, state.collections, batch, state.step)
-        updates, opt_state = self.tx.update(grads, state.opt_state, trainable)
-        params = self.subset.merge(optax.apply_updates(trainable, updates), frozen)
+        # Offloaded params come to the device for the passes; the update runs where `offload` says.
+        off, shardings = self.offload, self.state_shardings
+        stored, frozen = self.subset.split(state.params)
+        trainable, used_frozen = self.subset.split(
+            to_device(state.params, shardings.params) if off.params else state.params
+        )
+        (loss, (aux, collections)), grads = self._grads(trainable, used_frozen, state.collections, batch, state.step)
         grad_norm = optax.tree.norm(grads)
         flag = nonfinite_flag(loss, grad_norm)
-        if self.on_nonfinite == "skip_step":
-            # Drop the whole update on device: the state stays the last finite one.
-            params, opt_state, collections = keep_if_finite(
-                flag, (params, opt_state, collections), (state.params, state.opt_state, state.collections)
-            )
+        skip = self.on_nonfinite == "skip_step"  # drop a non-finite step's whole update: the last finite state
+        new, opt_state = apply_update(
+            self.tx,
+            grads,
+            state.opt_state,
+            stored if off.host_update else trainable,
+            off=off,
+            param_shardings=self.subset.trainable(shardings.params),
+            opt_shardings=shardings.opt_state,
+            keep=flag if skip else None,
+        )
+        params = self.subset.merge(new, frozen)
+        if skip:
+            collections = keep_if_finite(flag, collections, state.collections)
         metrics = {"loss": loss, "grad_norm": grad_norm, **aux, FLAG: flag}
         lr = current_lr(opt_state)
         if lr is not None:
-            metrics["lr"] = jnp.asarray(lr, jnp.float32)
+            metrics["lr"] = device_lr(lr) if off.optimizer else jnp.asarray(lr, jnp.float32)
         new = TrainState(step=state.step + 1, params=params, opt_state=opt_state, collections=collections)
         return new, metrics
 
     def _eval_fn(self, params, collections, batch):
+        if self.offload.params:
+            params = to_device(params, self.state_shardings.params)
         loss, (aux, _) = self._loss(params, collections, batch, stream_keys(self.seed, 0, self.rng_streams), False)
         return {"loss": loss, **aux}
 
     # -- public steps --------------------------------------------------------------
-    def init(self, rng: jax.Array) -> TrainState:
-        """A fresh TrainState, every array created directly in its shard."""
-        with sharding_context(self.mesh, self.rules):
-            params, collections = self._init_params_jit(rng)
-            step, opt_state = self._init_opt_jit(params)
-        return TrainState(step=step, params=params, opt_state=opt_state, collections=collections)
-
-    def init_from(self, params: Any) -> TrainState:
-        """A TrainState at step 0 starting from ``params`` (e.g. pretrained weights), the optimizer state
-        initialised from them. ``params`` has the structure of the model's params (boxed or not); arrays
-        already in this trainer's layout and dtype are used as they are (:func:`partitioning.hf.load_hf` with the
-        trainer's mesh and rules makes them so), others are cast and moved there.
-
-        Example::
-
-            >>> import optax
-            >>> mesh = pt.make_mesh({"data": 1, "fsdp": -1})
-            >>> model, variables = pt.hf.load_hf("tests/fixtures/hf/llama", mesh, "fsdp")
-            >>> trainer = pt.Trainer(model, optax.adamw(1e-3), mesh, "fsdp", batch_size=8, seq_len=16)
-            >>> state = trainer.init_from(variables["params"])
-            >>> int(state.step), state.params["embedding"] is variables["params"]["embedding"]   # in place: used as is
-            (0, True)
-            >>> state.opt_state[0].mu["embedding"].sharding.spec          # Adam's moments laid out like their params
-            P(None, 'fsdp')
-        """
-        params = unbox(params)
-        shardings, abstract = self.state_shardings.params, unbox(self.abstract_state.params)
-        want: Any = jax.tree.structure(abstract)  # PyTreeDef compares, whatever its stubs say
-        got = jax.tree.structure(params)
-        if want != got:
-            raise ValueError(f"init_from: params do not have the model's structure: {got} vs the model's {want}")
-
-        def fit(x, a, s):
-            x = x if x.dtype == a.dtype else x.astype(a.dtype)
-            return x if isinstance(x, jax.Array) and x.sharding == s else jax.device_put(x, s)
-
-        params = jax.tree.map(fit, params, abstract, shardings)
-        with sharding_context(self.mesh, self.rules):
-            step, opt_state = self._init_opt_jit(params)
-            collections = self._collections_template
-            if jax.tree.leaves(collections):  # the model's other collections (batch statistics, ...) as at init
-                collections = self._init_collections_jit(jax.random.key(self.seed))
-        return TrainState(step=step, params=params, opt_state=opt_state, collections=collections)
-
-    @functools.cached_property
-    def _init_collections_jit(self):
-        # The params of this init are dead code: XLA drops them.
-        return jax.jit(lambda rng: self._init_params_fn(rng)[1], out_shardings=self.state_shardings.collections)
-
     def train_step(self, state: TrainState, batch: Any) -> tuple[TrainState, dict[str, jax.Array]]:
         """One optimizer step (the input state is donated). Metrics are device scalars."""
         with sharding_context(self.mesh, self.rules):
@@ -383,10 +358,6 @@ class Trainer(Lowering):
     def evaluate_state(self, state: TrainState, batch: Any) -> dict[str, jax.Array]:
         """:meth:`eval_step` of a whole train state (its params and collections)."""
         return self.eval_step(state.params, batch, state.collections)
-
-    @functools.cached_property
-    def _collections_template(self) -> Any:
-        return unbox(self.abstract_state.collections)
 
     def _empty_collections(self) -> Any:
         if not jax.tree.leaves(self._collections_template):

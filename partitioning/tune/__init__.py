@@ -15,6 +15,8 @@ Modules:
 - :mod:`~partitioning.tune.cost` — the roofline: compute and per-axis communication per phase, overlapped or not.
 - :mod:`~partitioning.tune.compiled` — the same roofline from a compiled step's ops and collectives.
 - :mod:`~partitioning.tune.price` — one layout priced, no search: plan, memory, fit, analytic step time.
+- :mod:`~partitioning.tune.host` — the host link: offloaded state and activations, their transfers and cost.
+- :mod:`~partitioning.tune.host_link` — the built-in profiles' host links (PCIe, host RAM), with their sources.
 - :mod:`~partitioning.tune.search` — price every candidate, reject with the reason, rank; fold in compiled views.
 - :mod:`~partitioning.tune.remat` — ``model.remat: auto``: every remat policy priced for one layout, the fastest
   that fits.

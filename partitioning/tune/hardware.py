@@ -39,6 +39,7 @@ from typing import Any
 
 from partitioning.errors import ConfigError, did_you_mean
 from partitioning.plan.flops import PEAK_TFLOPS
+from partitioning.tune.host_link import host_link
 
 GB, GIB = 10**9, 2**30
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -79,6 +80,11 @@ class Hardware:
     efficiency: float = 1.0
     description: str = ""
     sources: tuple[str, ...] = ()
+    # The host (offload): bytes/s between host memory and one device each way, host RAM per device, a device's
+    # share of the host's memory bandwidth; None: not published (tune/host_link.py), offload is not priced.
+    host_bandwidth: float | None = None
+    host_memory: int | None = None
+    host_memory_bandwidth: float | None = None
 
     @property
     def matmul_flops(self) -> float:
@@ -344,6 +350,9 @@ PROFILES: dict[str, Hardware] = {
         sources=(_SB_TRAIN, _SB_TPU, "https://cloud.google.com/tpu/docs/v5p"),
     ),
 }
+
+# The host link of each profile that publishes one, and its sources (partitioning.tune.host_link).
+PROFILES = {k: dataclasses.replace(p, **host_link(k, p.sources)) for k, p in PROFILES.items()}
 
 ALIASES = {"a100": "a100-80g", "v4p": "v4", "tpu-v4": "v4", "tpu-v5e": "v5e", "tpu-v5p": "v5p", "h100-sxm": "h100"}
 

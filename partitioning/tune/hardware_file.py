@@ -87,7 +87,7 @@ def _value(key: str, v: Any, parse_bytes: Any) -> Any:
         if v not in ("nodes", "torus"):
             raise ValueError(f"expected 'nodes' or 'torus', got {v!r}")
         return v
-    if key == "alloc_bandwidth":
+    if key in ("alloc_bandwidth", "host_bandwidth", "host_memory_bandwidth"):
         return None if v is None else _positive(v)
     if key in ("description",):
         return str(v)
@@ -106,7 +106,9 @@ def _value(key: str, v: Any, parse_bytes: Any) -> Any:
         if v > 1:
             raise ValueError(f"expected a share of peak_flops in (0, 1], got {v!r}")
         return v
-    if key in ("memory",):
+    if key == "host_memory" and v is None:
+        return None
+    if key in ("memory", "host_memory"):
         n = parse_bytes(v)
         if n < 1:
             raise ValueError("must be at least 1 byte")

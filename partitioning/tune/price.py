@@ -33,12 +33,14 @@ from typing import Any
 from partitioning.errors import PartitioningError
 from partitioning.fmt import fmt_bytes
 from partitioning.parallel.experts import DISPATCHED, TOKENS
+from partitioning.plan.memory_kinds import state_split
 from partitioning.plan.parallel import costs_from_records, stacked_bytes
 from partitioning.plan.plan import Plan, build_plan
 from partitioning.resolve import axes_tuple
 from partitioning.rules import Rules
 from partitioning.tune.cost import analytic_estimate, shared_axes, token_axes
 from partitioning.tune.hardware import Hardware
+from partitioning.tune.host import host_bytes, host_transfers, unpriced
 from partitioning.tune.nodes import placements
 from partitioning.tune.space import Candidate, Result
 from partitioning.tune.workload import Workload, activation_bytes
@@ -143,6 +145,10 @@ def price(
     if plan.errors:
         r.reason = f"indivisible: {plan.errors[0]}"
         return r
+    why = unpriced(c, hw)
+    if why:
+        r.reason = why
+        return r
     tot = plan.totals
     r.state = {k: float(tot[k]["per_device"]) for k in ("params", "optimizer", "gradients")}
     tokens = token_axes(rules, c.sizes, w)
@@ -160,7 +166,12 @@ def price(
         repeats=c.repeats,
         context=c.context,
     )
-    r.peak = sum(r.state.values()) + r.activations["total"]
+    # Offloaded state is on the device only where the step uses it: the larger of the passes (with the
+    # activations) and the update.
+    host_act = r.activations.pop("host", 0.0)
+    split = state_split(r.state["params"], r.state["optimizer"], r.state["gradients"], c.offload, c.offload_update)
+    r.peak = max(split["passes"] + r.activations["total"], split["update"])
+    r.host = host_bytes(c, r.state, host_act)
     parallel = (
         costs_from_records(
             _records_for(records, rules, c), c.sizes, passes=c.grad_accum, stage_weight_bytes=stacked_bytes(plan.params)
@@ -189,6 +200,9 @@ def price(
             context=c.context,
             nodes=spot,
         )
+        comm, other = host_transfers(c, r.state, host_act, hw)  # the host link, where offload uses it
+        est.comm += comm
+        est.other.update(other)
         if spot is not None:
             r.placements.append((spot, est.step_time))
         if r.analytic is None or est.step_time < r.analytic.step_time * 0.999:
@@ -198,6 +212,11 @@ def price(
     if r.peak > budget:
         r.reason = (
             f"memory: needs {fmt_bytes(r.peak)} per device (estimate), more than the budget of {fmt_bytes(budget)}"
+        )
+    elif hw.host_memory and r.host > hw.host_memory:
+        r.reason = (
+            f"host memory: needs {fmt_bytes(r.host)} per device (estimate), more than the "
+            f"{fmt_bytes(hw.host_memory)} of host memory a {hw.name} has per device"
         )
     return r
 

@@ -122,12 +122,15 @@ def choose_remat(
     activations: Sequence[Any] = (),
     on_indivisible: str = "error",
     frozen: Collection[str] = (),
+    offload: Sequence[str] = (),
+    offload_update: str = "device",
 ) -> RematChoice:
     """The fastest of ``policies`` that fits ``budget`` for this layout (see the module docstring).
 
     ``params`` / ``opt_state``: the boxed abstract state; ``mesh``: ``{axis: size}``; ``records``: one
     traced forward pass (pipeline and expert costs), as for :func:`partitioning.tune.search.search`;
-    ``microbatches`` / ``repeats``: the pipeline's ``M`` / ``R``; ``frozen``: paths of params that do not train.
+    ``microbatches`` / ``repeats``: the pipeline's ``M`` / ``R``; ``frozen``: paths of params that do not train;
+    ``offload`` / ``offload_update``: the run's ``train.offload`` (its state's device bytes are priced as such).
     """
     if not policies:
         raise ValueError("choose_remat: no policies to choose from")
@@ -149,7 +152,17 @@ def choose_remat(
         price(
             params,
             opt_state,
-            Candidate(tuple(sizes.items()), RUN, p, grad_accum, False, microbatches, repeats),
+            Candidate(
+                tuple(sizes.items()),
+                RUN,
+                p,
+                grad_accum,
+                False,
+                microbatches,
+                repeats,
+                offload=tuple(offload),
+                offload_update=offload_update,
+            ),
             rules,
             w,
             hw,

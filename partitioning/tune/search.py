@@ -12,6 +12,11 @@ For each :class:`~partitioning.tune.space.Candidate`:
    pass, :func:`partitioning.parallel.trace.recording`), their collectives and
    the bubble from :func:`partitioning.plan.parallel.costs_from_records`.
 
+A layout that does not fit its device memory is priced again with its
+optimizer state in host memory (``train.offload: [optimizer]``, updated on the
+device and on the host: :mod:`partitioning.tune.host` prices the host link),
+when the hardware profile gives the link's bandwidth.
+
 The fitting candidates are ranked by estimated step time (then peak memory).
 :meth:`Search.add_compiled` folds in a compiled view of a finalist: XLA's
 memory replaces the estimate (a finalist that does not fit is rejected) and the
@@ -51,7 +56,8 @@ from partitioning.tune.price import price
 from partitioning.tune.space import Candidate, Result, candidates, zero1_rules
 from partitioning.tune.workload import Workload
 
-REMAT_ORDER = {None: 0, "none": 0, "dots": 1, "dots_no_batch": 2, "full": 3}
+OFFLOAD_UPDATES = ("device", "host")  # the offloaded candidates of a layout that does not fit
+REMAT_ORDER = {None: 0, "none": 0, "dots": 1, "dots_no_batch": 2, "offload": 3, "full": 4}
 
 
 @dataclasses.dataclass
@@ -92,7 +98,7 @@ class Search:
     @property
     def ranked(self) -> list[Result]:
         """Fitting candidates, fastest first; within 0.1% of each other the simpler layout first
-        (fewer micro-batches, no ZeRO-1, less recomputation), then the smaller peak."""
+        (fewer micro-batches, no ZeRO-1, no offload, less recomputation), then the smaller peak."""
         fit = [r for r in self.results if r.fits]
         if not fit:
             return []
@@ -106,6 +112,7 @@ class Search:
                 c.microbatches,
                 c.repeats,
                 c.zero1,
+                len(c.offload),
                 REMAT_ORDER.get(c.remat, 0),
                 r.peak,
             )
@@ -310,21 +317,13 @@ def search(
                 duplicates += 1
                 continue
             seen.add(key)
-        results.append(
-            price(
-                params,
-                opt_state,
-                c,
-                rules,
-                w,
-                hw,
-                budget,
-                optimizer_rules=opt_rules,
-                plan=plan,
-                flops=flops,
-                records=records,
-            )
-        )
+        kw: dict[str, Any] = {"optimizer_rules": opt_rules, "plan": plan, "flops": flops, "records": records}
+        results.append(price(params, opt_state, c, rules, w, hw, budget, **kw))
+        # A layout its device memory cannot hold may fit with the optimizer state in host memory.
+        if (results[-1].reason or "").startswith("memory") and hw.host_bandwidth and opt_state is not None:
+            for update in OFFLOAD_UPDATES:
+                off = dataclasses.replace(c, offload=("optimizer",), offload_update=update)
+                results.append(price(params, opt_state, off, rules, w, hw, budget, **kw))
     return Search(results, hw, int(budget), w, devices, time.perf_counter() - t0, duplicates)
 
 

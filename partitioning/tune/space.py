@@ -62,6 +62,8 @@ class Candidate:
     context: str | None = None  # ring | all_gather: attention over a `length` the mesh splits; None: not split
     # The axes that span nodes ({axis: nodes}, mesh.nodes): None until priced on a cluster, () on one node.
     nodes: tuple[tuple[str, int], ...] | None = None
+    offload: tuple[str, ...] = ()  # state in host memory (train.offload)
+    offload_update: str = "device"  # where an offloaded optimizer state is updated (train.offload_update)
 
     @property
     def stages(self) -> int:
@@ -88,6 +90,9 @@ class Candidate:
             parts.append(f"attention {self.context}")
         if self.nodes:
             parts.append(f"nodes {fmt_mesh(self.nodes)}")
+        if self.offload:
+            host = " (update on host)" if "optimizer" in self.offload and self.offload_update == "host" else ""
+            parts.append(f"offload {'+'.join(self.offload)}{host}")
         return " ".join(parts)
 
     def overrides(self, rules: Rules, optimizer_rules: Rules | None) -> list[str]:
@@ -106,6 +111,9 @@ class Candidate:
             sets.append(f"model.remat={self.remat}")
         if self.context is not None:
             sets.append(f"model.context_parallel={self.context}")
+        sets.append(f"train.offload=[{', '.join(self.offload)}]")
+        if self.offload:
+            sets.append(f"train.offload_update={self.offload_update}")
         return sets
 
     def to_json(self) -> dict[str, Any]:
@@ -119,6 +127,8 @@ class Candidate:
             "repeats": self.repeats,
             "context": self.context,
             "nodes": dict(self.nodes) if self.nodes else None,
+            "offload": list(self.offload),
+            "offload_update": self.offload_update,
             "label": self.label,
         }
 
@@ -269,6 +279,7 @@ class Result:
     state: dict[str, float] = dataclasses.field(default_factory=dict)
     activations: dict[str, float] = dataclasses.field(default_factory=dict)
     peak: float = 0.0
+    host: float = 0.0  # bytes per device in host memory (offloaded state and activations)
     peak_source: str = "estimate"
     reason: str | None = None
     analytic: Estimate | None = None
@@ -304,6 +315,7 @@ class Result:
             "state_bytes": self.state,
             "activation_bytes": self.activations,
             "peak_bytes": self.peak,
+            "host_bytes": self.host,
             "peak_source": self.peak_source,
             "fits": self.fits,
             "reason": self.reason,

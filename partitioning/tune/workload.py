@@ -28,6 +28,10 @@ tensor's per-device size from the rule walk of its activation names:
   not the attention products): ``s (2R + Q + 2KV + 2M)``;
 - ``full`` keeps only each layer's input ``s R`` and recomputes one layer
   (the ``none`` set once) in the backward pass;
+- ``offload`` keeps each layer's input ``s R`` on the device and what
+  ``dots_no_batch`` keeps in host memory (``host``, not in the device total:
+  written in the forward pass and read back in the backward one), recomputing
+  the attention products as ``dots_no_batch`` does;
 
 plus the float32 logits (three copies: logits, softmax, their gradient),
 the weights one layer gathers under FSDP (twice, and its float32 gradient
@@ -65,7 +69,7 @@ from partitioning.layout import LeafLayout
 from partitioning.resolve import IndivisibleWarning, axes_tuple
 from partitioning.rules import Rules
 
-REMATS = ("none", "dots", "dots_no_batch", "full")
+REMATS = ("none", "dots", "dots_no_batch", "offload", "full")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +116,7 @@ class Workload:
         """Analytic FLOPs of one step: ``fwd``, ``bwd``, ``recompute``, ``total`` and ``model`` (for MFU)."""
         attn = 4 * self.seq_len * self.heads * self.head_dim * self.layers
         fwd = self.tokens * (2 * self.active_matmul_params + attn)
-        recompute = {"full": fwd, "dots_no_batch": self.tokens * attn}.get(remat, 0.0)
+        recompute = {"full": fwd, "dots_no_batch": self.tokens * attn, "offload": self.tokens * attn}.get(remat, 0.0)
         return {
             "fwd": float(fwd),
             "bwd": 2.0 * fwd,
@@ -253,11 +257,13 @@ def pipeline_share(stages: int, microbatches: int, repeats: int = 1) -> float:
 
 
 def saved_bytes(none: float, R: float, Q: float, KV: float, M: float, S: float, s: int) -> dict[str, float]:
-    """Per policy, the bytes one layer keeps for the backward pass (see the module docstring)."""
+    """Per policy, the bytes one layer keeps on the device for the backward pass (see the module docstring);
+    ``offload`` keeps ``dots_no_batch``'s on the host instead."""
     return {
         "none": none,
         "dots": s * (2 * R + 2 * Q + 2 * KV + 2 * M + S),
         "dots_no_batch": s * (2 * R + Q + 2 * KV + 2 * M),
+        "offload": s * R,
         "full": s * R,
     }
 
@@ -300,9 +306,11 @@ def activation_bytes(
     if block:
         S = 0.0  # the ring keeps inputs, output and log-sum-exp; its blocks live one at a time
     none = s * (6 * R + 2 * Q + 2 * KV + 4 * M) + (8 + s) * S + 8 * R
-    saved = saved_bytes(none, R, Q, KV, M, S, s).get(remat, none)
+    kept = saved_bytes(none, R, Q, KV, M, S, s)
+    saved = kept.get(remat, none)
+    share = 1 if stages <= 1 else pipeline_share(stages, microbatches, repeats)
     parts = {
-        "layers": w.layers * saved * (1 if stages <= 1 else pipeline_share(stages, microbatches, repeats)),
+        "layers": w.layers * saved * share,
         "recompute": none if remat != "none" else 0.0,
         "attention_block": (8 + s) * block,
         "logits": 3 * 4 * loc.get("V", 0.0),
@@ -310,6 +318,8 @@ def activation_bytes(
         "grad_accumulator": grad_bytes if grad_accum > 1 else 0.0,
     }
     parts["total"] = sum(parts.values())
+    if remat == "offload":  # in host memory: not part of the device total
+        parts["host"] = w.layers * kept["dots_no_batch"] * share
     return parts
 
 

@@ -220,7 +220,8 @@ def test_the_checkpoint_records_the_names_and_restores_onto_another_layout(runs)
         (
             "annotations:\n  - ['Dense_0/kernel$', [embed, mpl]]\n",
             "bad.yaml:2: annotations[0]: no rule table knows the logical name 'mpl' (names: batch, data, embed, "
-            "expert, fsdp, heads, joined_kv, kv, kv_heads, layers, length, lora, mlp, vocab); did you mean 'mlp'?",
+            "expert, fsdp, heads, joined_kv, kv, kv_heads, kv_lora, layers, length, linear_heads, linear_qkv, lora, "
+            "mlp, q_lora, vocab); did you mean 'mlp'?",
         ),
         (
             "annotations:\n  rows:\n    - ['Dense_0/kernel$', [embed, mlp]]\n    - ['Dense_9/kernel$', [embed, mlp]]\n"

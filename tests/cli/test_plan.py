@@ -20,6 +20,7 @@ PLAN_KEYS = {
     "leaves",
     "optimizer_leaves",
     "totals",
+    "memory_kinds",
     "replicated_share",
     "warnings",
     "errors",
@@ -28,6 +29,7 @@ PLAN_KEYS = {
     "memory_budget",
     "axes",
     "parallel",
+    "offload",
 }
 
 
@@ -67,7 +69,15 @@ def test_plan_table_json_png(write, tmp_path, run_cli_in_process, small_config, 
     assert set(j["compiled"]) >= COMPILED_KEYS and j["compiled"]["status"] == "ok"
     assert j["compiled"]["collectives"]["all-gather"]["count"] >= 1
     assert j["compiled"]["sharding_check"]["mismatches"] == []
-    assert set(j["compiled"]["memory"]) == {"argument", "output", "alias", "temp", "generated_code", "peak_estimate"}
+    assert set(j["compiled"]["memory"]) == {
+        "argument",
+        "output",
+        "alias",
+        "temp",
+        "generated_code",
+        "peak_estimate",
+    } | {"host_argument", "host_output", "host_alias", "host_temp", "host"}
+    assert j["compiled"]["memory"]["host"] == 0 and j["offload"] == {"state": [], "update": "device"}
     # the state is donated: XLA's argument bytes are the plan's params + optimizer state (+ batch, scalars)
     state = j["totals"]["params"]["per_device"] + j["totals"]["optimizer"]["per_device"]
     assert state <= j["compiled"]["memory"]["argument"] <= state + 1024

@@ -68,7 +68,7 @@ def test_overrides(write, base_config):
             [],
             "{f}:12: train.stpes: unknown key (valid: steps, batch_size, seq_len, grad_accum, microbatches, "
             "pipeline_repeats, log_every, eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs, "
-            "on_nonfinite, trainable, max_skipped_steps); did you mean 'steps'?",
+            "on_nonfinite, trainable, max_skipped_steps, offload, offload_update); did you mean 'steps'?",
         ),
         (lambda base: base + "train:\n  steps: many\n", [], "{f}:12: train.steps: expected int, got str 'many'"),
         (
@@ -90,7 +90,8 @@ def test_overrides(write, base_config):
             "tie_embeddings, qkv_bias, out_bias, mlp_bias, mlp_act, mlp_glu, embed_scale, positions, max_positions, "
             "rope_scaling, sliding_window, attn_scale, attention, context_parallel, decode, kernel_order, lora, "
             "moe_layers, qk_norm, "
-            "norm_placement, attn_softcap, final_softcap, layer_types, local_rope_theta, local_rope_scaling); "
+            "norm_placement, attn_softcap, final_softcap, layer_types, local_rope_theta, local_rope_scaling, "
+            "partial_rotary_factor, nope_layers, attn_sinks, mla, attn_gate, linear_attn, linear_layers); "
             "did you mean 'embed'?",
         ),
         (

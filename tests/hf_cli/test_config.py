@@ -42,6 +42,7 @@ def test_the_shipped_plan_only_configs_find_their_config_json(repo, monkeypatch)
         "param_dtype": "float32",
         "capacity_factor": None,
         "attention": "xla",
+        "context_parallel": "auto",
     }
     assert cfg.resolved()["model"] == {"hf": "hf/llama-3.1-70b", **cfg.model_options}
     assert load_config("configs/llama3_8b_hf.yaml").model_hf == Path("configs/hf/llama-3.1-8b")
@@ -71,7 +72,7 @@ def test_a_relative_path_is_looked_for_beside_the_config_then_in_the_cwd(tmp_pat
         (
             "ckpt",
             "  remat: some\n",
-            "a.yaml:3: model.remat: must be one of auto, none, full, dots, dots_no_batch, got 'some'",
+            "a.yaml:3: model.remat: must be one of auto, none, full, dots, dots_no_batch, offload, got 'some'",
         ),
         ("ckpt", "  scan_layers: 1\n", "a.yaml:3: model.scan_layers: expected true or false, got int 1"),
         ("ckpt", "  name: gpt\n", "a.yaml:1: model: expected a mapping with a 'name' key"),

@@ -207,7 +207,7 @@ def test_tune_prices_both_strategies_and_the_ring_holds_less():
     kinds = {(c.kind, c.axes) for c in ring.estimate.comm if "ring" in c.what}
     assert kinds == {("collective-permute", ("context",))}
     assert any(c.kind == "all-gather" and "keys and values" in c.what for c in gather.estimate.comm)
-    assert ring.candidate.overrides(rules, None)[-1] == "model.context_parallel=ring"
+    assert "model.context_parallel=ring" in ring.candidate.overrides(rules, None)
     rejected = []
     candidates(8, {"fsdp_cp": rules}, batch_size=8, seq_len=1001, rejected=rejected)
     assert any(why == "length: 1001 tokens do not split over the 2 devices of context" for _, why in rejected)

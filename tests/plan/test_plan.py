@@ -166,11 +166,15 @@ def test_plan_json_keys(make_plan, make_mlp):
         "leaves",
         "optimizer_leaves",
         "totals",
+        "memory_kinds",
         "replicated_share",
         "warnings",
         "errors",
     }
     assert set(j["totals"]) == {"params", "optimizer", "gradients", "total", "trainable", "frozen"}
+    assert all(set(v) == {"per_device", "total", "ideal"} for v in j["totals"].values())
+    kinds = j["memory_kinds"]
+    assert kinds["device"]["per_device"] == j["totals"]["total"]["per_device"] and kinds["host"] == {"per_device": 0}
     assert j["totals"]["trainable"] == j["totals"]["params"] and j["totals"]["frozen"]["total"] == 0
     assert set(j["totals"]["params"]) == {"per_device", "total", "ideal"}
     assert set(j["warnings"]) == {
@@ -193,6 +197,7 @@ def test_plan_json_keys(make_plan, make_mlp):
         "total_bytes": 32 * 256 * 4,
         "replicated": False,
         "named_by": None,
+        "memory_kind": "device",
     }
 
 
