@@ -1,9 +1,8 @@
 """Config -> objects: the only code that turns a run config into a mesh, a model, a trainer, ...
 
-Everything below this module takes explicit arguments; the CLI calls these
-builders. Errors a builder's arguments cause are re-raised with the config
-key's ``file:line`` (``PartitioningError.arg`` names the argument). This is
-also the one library module that imports the reference models
+Everything below this module takes explicit arguments; the CLI calls these builders. Errors a builder's
+arguments cause are re-raised with the config key's ``file:line`` (``PartitioningError.arg`` names the
+argument). This is also the one library module that imports the reference models
 (:mod:`partitioning.models`), so a config can name ``gpt`` or ``mlp``.
 
 Example::
@@ -210,8 +209,7 @@ _DATA_KEYS = {
 
 
 def dataset_from_config(cfg: Config, progress: bool | str = False) -> Any:
-    """The config's data: the embedded corpus, text or token arrays (``data.path``), or ``data._target_``.
-
+    """The config's data: the embedded corpus, text or token arrays (``data.path``), or ``data._target_``;
     ``progress``: how tokenizing instruction rows shows progress (:mod:`partitioning.data.progress`)."""
     d = cfg.data
     if d.target is not None:

@@ -127,7 +127,7 @@ class DataConfig(Section):
         "null: the tokenizer's folder",
     )
     truncation: Literal["right", "left", "drop"] | None = Field(
-        default=None, description="an example over seq_len + 1 tokens loses its end (right), start (left) or all (drop)"
+        default=None, description="an example over seq_len + 1 tokens: cut its end (right), start (left) or drop it"
     )
     max_truncated_answers: float = Field(
         default=0.1, ge=0, le=1, description="warn when truncation at seq_len cuts more of the answer tokens than this"
@@ -229,9 +229,7 @@ class TrainConfig(Section):
         "are frozen (no gradient, no optimizer state, saved once per run). Default: all, or the LoRA adapters",
     )
     max_skipped_steps: StrictInt = Field(
-        default=10,
-        ge=0,
-        description="skip_step: more consecutive skipped steps than this stop the run (exit 2): it diverges",
+        default=10, ge=0, description="skip_step: more skipped steps in a row stop the run (exit 2): it diverges"
     )
     offload: list[Literal["optimizer", "params"]] = Field(
         default_factory=list, description="state kept in host memory between steps, in its layout: optimizer, params"
@@ -335,8 +333,7 @@ class Config:
         annotations: Any = None,
     ):
         self.path, self.raw, self.lines = path, raw, lines
-        # ``model: {hf: ...}``: the checkpoint folder (or config.json), found beside the config or in the cwd.
-        self.model_hf = model_hf
+        self.model_hf = model_hf  # model: {hf: ...}: the checkpoint folder (or config.json), found for the config
         self.annotations = annotations  # partitioning.Annotations (rows with their file:line), or None
         self.model_name, self.model_options, self.model_target = model_name, model_options, model_target
         self.mesh, self.rules, self.optimizer_rules, self.on_indivisible = mesh, rules, optimizer_rules, on_indivisible
@@ -375,10 +372,8 @@ class Config:
         if self.annotations is not None:
             out["annotations"] = self.annotations.to_config()
         out["on_indivisible"] = self.on_indivisible
-        data = self.data.model_dump(by_alias=True)
-        if self.data.target is not None:
-            data = {**self.data.target, "seed": self.data.seed}
-        out["data"] = data
+        target = self.data.target
+        out["data"] = self.data.model_dump(by_alias=True) if target is None else {**target, "seed": self.data.seed}
         for name in ("optimizer", "train", "checkpoint"):
             out[name] = getattr(self, name).model_dump(by_alias=True)
         out["run_dir"] = self.run_dir

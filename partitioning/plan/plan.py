@@ -1,8 +1,7 @@
 """The plan: every array's layout and per-device memory, before anything is allocated.
 
-Input is abstract (``jax.eval_shape`` of the init: boxed params and optimizer
-state) and a mesh — a real ``Mesh``, an ``AbstractMesh`` or just
-``{axis: size}``, so a 16384-device mesh is planned without any device.
+Input is abstract (``jax.eval_shape`` of the init: boxed params and optimizer state) and a mesh — a real
+``Mesh``, an ``AbstractMesh`` or just ``{axis: size}``, so a 16384-device mesh is planned without any device.
 Output is a :class:`Plan`: one :class:`~partitioning.shardings.LeafLayout` per
 array, totals per device for params, optimizer state and gradients beside the
 ideal ``total / devices``, and warnings:
