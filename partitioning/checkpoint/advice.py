@@ -26,6 +26,7 @@ import contextvars
 from collections.abc import Iterator
 from typing import Any
 
+from partitioning.checkpoint.base import BASE_DAMAGE
 from partitioning.errors import CheckpointError
 
 
@@ -60,6 +61,12 @@ def damaged_error(s: Any, steps: list[Any], what: str = "not restored") -> Check
         if flag is None
         else "no earlier good step to read"
     )
+    if not good and flag is not None and str(s.damage).startswith(BASE_DAMAGE):
+        # Every step of the run refers to the same base: no other step helps, the right base or the adapters do.
+        hint += (
+            ": put back the run's own frozen params, or export the adapters, which need no base "
+            "(ckpt export-hf without --merge)"
+        )
     return CheckpointError(f"checkpoint step {s.step} ({s.path}) is damaged: {s.damage}; {what}; {hint}")
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 FROZEN_KEY = "frozen"  # in a step's metadata: {"dir", "step", "paths", "digest"}
 CHECKSUMS = "checksums.*.json"
+BASE_DAMAGE = "its frozen params "  # how every base problem's line begins (the advice for it differs)
 
 
 @functools.lru_cache(maxsize=64)
@@ -79,18 +80,18 @@ def base_damage(
         return None
     path = frozen_step_dir(step_dir, split)
     if not path.is_dir():
-        return f"its frozen params {path} are missing (written once per run, every step refers to them)"
+        return f"{BASE_DAMAGE}{path} are missing (written once per run, every step refers to them)"
     own = damage_of(path) if damage_of is not None else None
     if own is not None:
-        return f"its frozen params {path} are damaged: {own}"
+        return f"{BASE_DAMAGE}{path} are damaged: {own}"
     want = split.get("digest")
     got = base_digest(path) if want is not None else None
     if want is not None and got != want:
         return (
-            f"its frozen params {path} are not the ones it was saved with (the digest of their checksums is "
+            f"{BASE_DAMAGE}{path} are not the ones it was saved with (the digest of their checksums is "
             f"{(got or 'none')[:12]}, the step recorded {str(want)[:12]}: copied from another run?)"
         )
     return None
 
 
-__all__ = ["FROZEN_KEY", "base_digest", "base_damage", "frozen_step_dir"]
+__all__ = ["BASE_DAMAGE", "FROZEN_KEY", "base_digest", "base_damage", "frozen_step_dir"]

@@ -29,6 +29,11 @@ checkpoint: {{every: 1, keep: 3}}
 run_dir: runs/{name}
 """
 MISSING = "its frozen params runs/a/checkpoints/frozen/1 are missing (written once per run, every step refers to them)"
+# What a command that reads a step (generate, inspect, export-hf --merge) advises when the base is wrong.
+READ_ADVICE = (
+    "; not restored; no earlier good step to read: put back the run's own frozen params, or export the adapters, "
+    "which need no base (ckpt export-hf without --merge)"
+)
 
 
 def lines(text: str) -> list[str]:
@@ -77,13 +82,19 @@ def test_ls_and_inspect_call_a_step_with_a_foreign_base_damaged(here, run_cli_in
         "error: checkpoint step 2 (runs/a/checkpoints/2) is damaged: its frozen params runs/a/checkpoints/frozen/1 "
         "are not the ones it was saved with (the digest of their checksums is "
     )
-    assert lines(r.stderr)[-1].endswith(": copied from another run?); not restored; no earlier good step to read")
+    assert lines(r.stderr)[-1].endswith(": copied from another run?)" + READ_ADVICE)
     r = run_cli_in_process("ckpt", "inspect", "runs/a/checkpoints/1")  # a step named directly: shown, DAMAGED
     assert r.returncode == 2 and "files: DAMAGED: its frozen params runs/a/checkpoints/frozen/1 are not" in r.stdout
+    r = run_cli_in_process("check", "a.yaml", "--set", "train.steps=3")  # train would resume from step 2
+    assert r.returncode == 2 and lines(r.stderr)[0].endswith(
+        ": copied from another run?); not restored; no earlier good step: start over with --no-resume"
+    )
 
 
 def test_train_and_check_refuse_to_resume_onto_a_missing_base_and_no_resume_works(here, run_cli_in_process):
     shutil.rmtree("runs/a/checkpoints/frozen")
+    r = run_cli_in_process("ckpt", "ls", "runs/a")  # not "complete"
+    assert r.returncode == 0 and r.stdout.count("DAMAGED") == 2 and "latest complete step: none" in r.stdout
     for argv in (("check",), ("train", "--no-progress")):
         r = run_cli_in_process(*argv, "a.yaml", "--set", "train.steps=3")
         assert r.returncode == 2, r.stderr
@@ -101,7 +112,7 @@ def test_generate_refuses_a_foreign_base_naming_its_step_flag(here, run_cli_in_p
     assert r.returncode == 2, r.stderr
     line = lines(r.stderr)[-1]
     assert line.startswith("error: checkpoint step 2 (runs/a/checkpoints/2) is damaged: its frozen params ")
-    assert line.endswith("; not restored; no earlier good step to read") and "--resume-from" not in line
+    assert line.endswith(READ_ADVICE) and "--resume-from" not in line
 
 
 def test_restore_refuses_a_missing_base_and_frozen_false_reads_the_steps_own_arrays(here):
@@ -158,7 +169,7 @@ def test_export_hf_writes_the_adapters_without_the_base_and_merge_refuses_naming
     assert r.returncode == 2 and not Path("merged").exists()
     assert lines(r.stderr)[-1] == (
         "error: checkpoint step 2 (runs/hf/checkpoints/2) is damaged: its frozen params runs/hf/checkpoints/frozen/1 "
-        "are missing (written once per run, every step refers to them); not restored; no earlier good step to read"
+        "are missing (written once per run, every step refers to them)" + READ_ADVICE
     )
 
 
