@@ -97,9 +97,12 @@ def check_loss_tokens(cfg: Config, dataset: Any, evaluating: bool) -> str | None
         fixes = f"raise train.seq_len, or set data.truncation: {other}"
         if report.kept == 0:
             above = f" above {report.longest_prompt:,}" if report.longest_prompt >= n else ""
+            # Only the truncations that would leave the loss a token: drop keeps none when every example is long.
+            works = [m for m in ("left", "drop", "right") if m != mode and dataset.loss_tokens(split, n, m).kept > 0]
             raise DataError(
                 f"{cfg.where('train', 'seq_len')}: {where} ({split}): the loss would count no token: "
-                f"{report.describe(n)}; raise train.seq_len{above}, or set data.truncation: {other}"
+                f"{report.describe(n)}; raise train.seq_len{above}"
+                + (f", or set data.truncation: {' or '.join(works)}" if works else "")
             )
         if split == "train" and report.share_cut > cfg.data.max_truncated_answers:
             warning = (

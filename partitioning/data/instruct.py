@@ -184,12 +184,12 @@ class InstructionCorpus(Corpus):
             truncation=self.truncation,
         )
 
-    def loss_tokens(self, split: str, seq_len: int) -> Any:
-        """The answer tokens of ``split`` before and after truncation at ``seq_len``
-        (:func:`~partitioning.data.truncation.loss_tokens`)."""
+    def loss_tokens(self, split: str, seq_len: int, truncation: str | None = None) -> Any:
+        """The answer tokens of ``split`` before and after truncation at ``seq_len``, this corpus's way or
+        ``truncation``'s (:func:`~partitioning.data.truncation.loss_tokens`)."""
         from partitioning.data.truncation import loss_tokens
 
-        return loss_tokens(self.tokens(split), seq_len, self.truncation)
+        return loss_tokens(self.tokens(split), seq_len, truncation or self.truncation)
 
     def describe(self) -> str:
         tokens = len(self.train.tokens) + len(self.eval.tokens)

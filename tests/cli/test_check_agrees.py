@@ -340,7 +340,7 @@ def test_truncation_that_leaves_no_answer_fails_check_as_train(here, run_cli_in_
     assert line.startswith(
         "error: c.yaml:5: train.seq_len: chat.jsonl (train): the loss would count no token: 61 of 61"
     )
-    assert line.endswith("raise train.seq_len above 295, or set data.truncation: left or drop")
+    assert line.endswith("raise train.seq_len above 295, or set data.truncation: left")
 
 
 def test_check_says_the_truncation_train_makes(here, run_cli_in_process, monkeypatch, tmp_path):

@@ -79,8 +79,30 @@ def test_truncation_that_cuts_every_answer_is_refused_by_train_and_check(here, r
     assert line == (
         "error: run.yaml:8: train.seq_len: chat.jsonl (train): the loss would count no token: 61 of 61 examples lost "
         "their whole answer at seq_len 64 (longest prompt 318 tokens); 100.0% of the answer tokens are cut; raise "
-        "train.seq_len above 318, or set data.truncation: left or drop"
+        "train.seq_len above 318, or set data.truncation: left"  # not drop: it would leave no example
     )
+
+
+def test_drop_that_leaves_no_example_is_refused_with_what_would_work(here, run_cli_in_process):
+    write(here, config(extra="  truncation: drop\n"), rows())
+    assert both_refuse(run_cli_in_process, here) == (
+        "error: run.yaml:9: train.seq_len: chat.jsonl (train): the loss would count no token: 61 of 61 examples are "
+        "longer than seq_len 64 + 1 and left out; 100.0% of the answer tokens are cut; raise train.seq_len, or set "
+        "data.truncation: left"
+    )
+
+
+def test_the_fixes_offered_are_those_that_keep_an_answer(here, run_cli_in_process):
+    # Half the examples fit: dropping the long ones leaves the loss the short ones' answers, so drop is offered.
+    write(here, config(extra="  truncation: right\n"), rows(32) + rows(32, 2))
+    from partitioning.config import load_config
+    from partitioning.config.build import dataset_from_config
+
+    data = dataset_from_config(load_config("run.yaml"))
+    assert [data.loss_tokens("train", 64, m).kept > 0 for m in ("right", "left", "drop")] == [True, True, True]
+    write(here, config(extra="  truncation: right\n"), rows())
+    data = dataset_from_config(load_config("run.yaml"))
+    assert [data.loss_tokens("train", 64, m).kept > 0 for m in ("right", "left", "drop")] == [False, True, False]
 
 
 def test_rows_without_an_assistant_turn_are_refused(here, run_cli_in_process):
