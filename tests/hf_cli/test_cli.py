@@ -97,6 +97,7 @@ def check_train(work, trained):
         "param_dtype": None,
         "capacity_factor": None,
         "attention": "xla",
+        "context_parallel": "auto",
     }
     assert meta["data"]["tokenizer"]  # the digest of the tokenizer the text was cut with
 
