@@ -97,6 +97,8 @@ def check_loss_tokens(cfg: Config, dataset: Any, evaluating: bool) -> str | None
         fixes = f"raise train.seq_len, or set data.truncation: {other}"
         if report.kept == 0:
             above = f" above {report.longest_prompt:,}" if report.longest_prompt >= n else ""
+            if mode == "drop" and report.shortest > n + 1:  # an example is kept at seq_len >= its tokens - 1
+                above = f" to {report.shortest - 1:,} or more"
             # Only the truncations that would leave the loss a token: drop keeps none when every example is long.
             works = [m for m in ("left", "drop", "right") if m != mode and dataset.loss_tokens(split, n, m).kept > 0]
             raise DataError(

@@ -50,6 +50,7 @@ class LossTokens:
     lost_whole: int  # examples with answer tokens that keep none
     dropped: int  # examples left out (truncation: drop)
     longest_prompt: int  # tokens before the first answer token, longest among the examples that lost it all
+    shortest: int = 0  # tokens of the shortest example with an answer (0: none has one)
 
     @property
     def share_cut(self) -> float:
@@ -93,6 +94,7 @@ def loss_tokens(examples: Any, seq_len: int, mode: str = "right") -> LossTokens:
     offsets = np.asarray(examples.offsets, np.int64)
     t = int(seq_len)
     answers = kept = cut = lost = dropped = longest = 0
+    shortest = None
     for i, j in _blocks(offsets):
         lo, hi = offsets[i:j], offsets[i + 1 : j + 1]
         base = int(lo[0]) if len(lo) else 0
@@ -113,6 +115,9 @@ def loss_tokens(examples: Any, seq_len: int, mode: str = "right") -> LossTokens:
             keep = np.where(long, 0, total)
             dropped += int(long.sum())
         answers += int(total.sum())
+        if (total > 0).any():
+            low = int((hi - lo)[total > 0].min())
+            shortest = low if shortest is None else min(shortest, low)
         kept += int(keep.sum())
         cut += int(long.sum())
         gone = (total > 0) & (keep == 0) & long & (mode != "drop")
@@ -122,7 +127,7 @@ def loss_tokens(examples: Any, seq_len: int, mode: str = "right") -> LossTokens:
             for a, b in zip(lo[gone], hi[gone], strict=True):
                 head = np.flatnonzero(mask[a - base + 1 : b - base])
                 longest = max(longest, int(head[0]) + 1 if len(head) else int(b - a))
-    return LossTokens(len(offsets) - 1, answers, kept, cut, lost, dropped, longest)
+    return LossTokens(len(offsets) - 1, answers, kept, cut, lost, dropped, longest, shortest or 0)
 
 
 __all__ = ["LossTokens", "loss_tokens", "MODES"]

@@ -87,9 +87,14 @@ def test_drop_that_leaves_no_example_is_refused_with_what_would_work(here, run_c
     write(here, config(extra="  truncation: drop\n"), rows())
     assert both_refuse(run_cli_in_process, here) == (
         "error: run.yaml:9: train.seq_len: chat.jsonl (train): the loss would count no token: 61 of 61 examples are "
-        "longer than seq_len 64 + 1 and left out; 100.0% of the answer tokens are cut; raise train.seq_len, or set "
-        "data.truncation: left"
+        "longer than seq_len 64 + 1 and left out; 100.0% of the answer tokens are cut; raise train.seq_len to 284 or "
+        "more, or set data.truncation: left"
     )
+    from partitioning.config import load_config
+    from partitioning.config.build import dataset_from_config
+
+    data = dataset_from_config(load_config("run.yaml"))  # the advice is the boundary: 284 keeps an example
+    assert [data.loss_tokens("train", n).kept > 0 for n in (283, 284)] == [False, True]
 
 
 def test_the_fixes_offered_are_those_that_keep_an_answer(here, run_cli_in_process):
