@@ -28,6 +28,7 @@ EXAMPLES = """examples:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     config_args(p)
     resume_args(p, check=True)
+    p.add_argument("--no-progress", action="store_true", help="tokenizing data says nothing until it is done")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
             resume_from=args.resume_from,
             abstract_devices=None if small else devices,
             every=True,
+            progress=not args.no_progress,
         )
     for p in problems:
         if isinstance(p, RunComplete):

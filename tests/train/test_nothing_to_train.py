@@ -175,3 +175,19 @@ def test_an_eval_weighs_batches_by_their_tokens_and_one_without_any_has_no_loss(
     assert got == {"eval_loss": 1.75, "eval_accuracy": 0.75, "eval_loss_tokens": 20.0}
     none = [{"loss": 0.0, "accuracy": 0.0, "loss_tokens": 0.0}] * 2
     assert evaluate(Trainer(none), None, [0, 1]) == {"eval_loss_tokens": 0.0}
+
+
+def test_check_shows_tokenizing_progress_as_train_does_and_no_progress_quiets_it(here, run_cli_in_process, monkeypatch):
+    from partitioning.data import progress
+
+    monkeypatch.setattr(progress, "DELAY_S", 0.0)  # as if tokenizing took more than a second
+    monkeypatch.setattr(progress, "_terminal", lambda stream: False)  # lines, not a bar
+    write(here, config(), rows(64, 5))
+    shown = run_cli_in_process("check", "run.yaml")
+    assert shown.returncode == 0, shown.stderr
+    said = [x for x in lines(shown.stderr) if x.startswith("data: ")]
+    assert said[0].startswith("data: tokenizing chat.jsonl (0.0 MB): ") and said[-1].startswith("data: 64 examples, ")
+    load_instructions.cache_clear()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(here / "cache"))  # tokenized again, quietly
+    quiet = run_cli_in_process("check", "run.yaml", "--no-progress")
+    assert quiet.returncode == 0 and not [x for x in lines(quiet.stderr) if x.startswith("data: ")], quiet.stderr
