@@ -36,7 +36,10 @@ common count, 6 N tokens with each tool's own parameter count N. Targets:
 machine, two runs).
 
 ``--json FILE`` writes ``{"pairings": [{"name", "shape", "layout", "step_time_ratio",
-"rss_ratio", ...}], "skipped": reason-or-null}``.
+"rss_ratio", "load_average": {"before", "after"}, "crashes", ...}], "skipped": reason-or-null}``: the
+machine's 1/5/15-minute load averages beside each cell (an idle machine reads near 0), and each run that
+crashed (either tool: its log's tail) — the matrix goes on with the next run and cell, and a cell whose tool
+crashed every time keeps its crashes and no ratios.
 """
 
 from __future__ import annotations
@@ -280,12 +283,40 @@ def _median_tail(xs: list[float]) -> float:
     return statistics.median(tail)
 
 
+def _load() -> list[float]:
+    """The machine's 1-, 5- and 15-minute load averages: what else ran beside a measurement."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _run(fn, crashes: list[str], who: str) -> list[dict]:
+    """``[fn()]``, or ``[]`` with the crash recorded in ``crashes`` (its log's tail): one tool's crash in one
+    cell does not end the matrix."""
+    try:
+        return [fn()]
+    except RuntimeError as e:
+        crashes.append(f"{who}: {e}")
+        return []
+
+
 def pairing(name, size_name, layout, ours_remat, mt_remat, runs, steps, venv, workdir) -> dict:
     size = SIZES[size_name]
-    ours, theirs = [], []
+    ours, theirs, crashes = [], [], []
+    load_before = _load()
     for _ in range(runs):  # alternate: a drift in the machine's load hits both alike
-        ours.append(run_ours(size, layout, ours_remat, steps))
-        theirs.append(run_maxtext(venv, size, layout, mt_remat, steps, workdir))
+        ours += _run(lambda: run_ours(size, layout, ours_remat, steps), crashes, "toolkit")
+        theirs += _run(lambda: run_maxtext(venv, size, layout, mt_remat, steps, workdir), crashes, "maxtext")
+    cell = {
+        "name": name,
+        "shape": size_name,
+        "layout": layout,
+        "maxtext_remat": mt_remat or "default",
+        "load_average": {"before": load_before, "after": _load()},
+        "crashes": crashes,
+        "runs": runs,
+        "steps": steps,
+    }
+    if not ours or not theirs:  # a tool crashed on every run: the cell records why, without ratios
+        return cell | {"step_time_ratio": None, "rss_ratio": None, "compile_time_ratio": None}
     o_step = statistics.median(_median_tail(r["step_s"]) for r in ours)
     m_step = statistics.median(_median_tail(r["step_s"]) for r in theirs)
     tokens = BATCH * size["seq"]
@@ -293,12 +324,8 @@ def pairing(name, size_name, layout, ours_remat, mt_remat, runs, steps, venv, wo
     n_mt = theirs[0]["params"] or n_ours
     o_rss = max(r["rss_bytes"] or 0 for r in ours)
     m_rss = max(r["rss_bytes"] or 0 for r in theirs)
-    return {
-        "name": name,
-        "shape": size_name,
-        "layout": layout,
+    return cell | {
         "ours_remat": ours[0].get("remat"),
-        "maxtext_remat": mt_remat or "default",
         "ours_step_s": o_step,
         "maxtext_step_s": m_step,
         "step_time_ratio": o_step / m_step,
@@ -314,8 +341,6 @@ def pairing(name, size_name, layout, ours_remat, mt_remat, runs, steps, venv, wo
         "ours_peak_rss_bytes": o_rss,
         "maxtext_peak_rss_bytes": m_rss,
         "rss_ratio": o_rss / m_rss if m_rss else None,
-        "runs": runs,
-        "steps": steps,
     }
 
 
@@ -343,11 +368,15 @@ def main(argv=None) -> int:
         for name, s, lay, o, m in plan:
             print(f"{name}, {s}, {lay} ...", file=sys.stderr, flush=True)
             out.append(pairing(name, s, lay, o, m, args.runs, args.steps, args.venv, Path(workdir)))
-    print(f"{'pairing':<26} {'size':>4} {'layout':>8} {'step ours/MT':>13} {'rss ours/MT':>12} {'compile':>8}")
+    print(f"{'pairing':<26} {'size':>4} {'layout':>8} {'step ours/MT':>13} {'rss ours/MT':>12} {'compile':>8} load")
     for r in out:
+        step = f"{r['step_time_ratio']:.3f}" if r["step_time_ratio"] else "crash"
         rss = f"{r['rss_ratio']:.2f}" if r["rss_ratio"] else "-"
         comp = f"{r['compile_time_ratio']:.2f}" if r["compile_time_ratio"] else "-"
-        print(f"{r['name']:<26} {r['shape']:>4} {r['layout']:>8} {r['step_time_ratio']:>13.3f} {rss:>12} {comp:>8}")
+        load = "/".join(f"{x:.2f}" for x in r["load_average"]["before"])
+        print(f"{r['name']:<26} {r['shape']:>4} {r['layout']:>8} {step:>13} {rss:>12} {comp:>8} {load}")
+        for c in r["crashes"]:
+            print(f"  crashed: {c.splitlines()[0]}")
     report({"pairings": out, "skipped": None}, args.json)
     return 0
 

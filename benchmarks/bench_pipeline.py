@@ -1,6 +1,7 @@
 """Pipeline benchmark: the pipelined train step against the same model unpipelined, measured in one run.
 
     python benchmarks/bench_pipeline.py [--rounds 10] [--repeats 1 2] [--json out.json]
+    python benchmarks/bench_pipeline.py --smoke      # 2 rounds, S=2 M=8 GPipe only: proves it runs
 
 All on 8 simulated CPU devices: a GPT of the quickstart's width with 8 layers,
 batch 32 x 128, adamw. The unpipelined baseline is pure data parallelism over
@@ -30,12 +31,15 @@ the 8 devices (``dp``); each pipelined layout is ``pp`` with ``S`` stages x
 
 Prints a table and a JSON object (also written to ``--json``): per layout
 ``measured_slowdown`` (wall), ``measured_slowdown_device_s`` and
-``predicted_slowdown``, and per ``R`` the same lists under ``repeats``.
+``predicted_slowdown``, and per ``R`` the same lists under ``repeats``; ``load_average`` (the machine's
+1/5/15-minute load before and after the timed rounds: an idle machine reads near 0, and only such a run is
+a result).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -89,7 +93,7 @@ def layouts(repeats: list[int]) -> list[tuple[int, int, int]]:
     return [(s, m, r) for r in repeats for s, m in LAYOUTS if MODEL["layers"] % (s * r) == 0 and (r == 1 or m >= s)]
 
 
-def bench(rounds: int, repeats: list[int]) -> dict:
+def bench(rounds: int, repeats: list[int], smoke: bool = False) -> dict:
     from partitioning.parallel import bubble_fraction
     from partitioning.plan.hlo import collectives
     from partitioning.plan.parallel import pipeline_cost
@@ -97,10 +101,11 @@ def bench(rounds: int, repeats: list[int]) -> dict:
     base = Side(_trainer({"data": DEVICES}, "dp"))
     sides = {
         (s, m, r): Side(_trainer({"stage": s, "data": DEVICES // s}, "pp", microbatches=m, pipeline_repeats=r))
-        for s, m, r in layouts(repeats)
+        for s, m, r in layouts(repeats)[: 1 if smoke else None]
     }
     for side in [base, *sides.values()]:
         side.time_step()  # warm up
+    load_before = [round(x, 2) for x in os.getloadavg()]
     times: dict = {k: [] for k in ["dp", *sides]}
     for r in range(rounds):
         order = [("dp", base), *sides.items()]
@@ -108,7 +113,8 @@ def bench(rounds: int, repeats: list[int]) -> dict:
             times[key].append(side.time_step())
     wall = {k: [t[0] for t in v] for k, v in times.items()}
     cpu = {k: [t[1] for t in v] for k, v in times.items()}
-    out: dict = {"baseline_s": statistics.median(wall["dp"]), "layouts": [], "repeats": {}}
+    load = {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]}
+    out: dict = {"baseline_s": statistics.median(wall["dp"]), "load_average": load, "layouts": [], "repeats": {}}
     for (s, m, r), side in sides.items():
         bubble = bubble_fraction(s, m, r)
         # Over `stage`: the shifts (collective-permutes) and, circular, the regrouped layers (XLA moves them
@@ -175,14 +181,18 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=10, help="alternating timed steps of each layout")
     p.add_argument("--repeats", type=int, nargs="+", default=[1, 2], help="pipeline repeats R to run (1: GPipe)")
+    p.add_argument("--smoke", action="store_true", help="2 rounds of the first layout (S=2, M=8, GPipe)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.smoke:
+        args.rounds, args.repeats = 2, [1]
     setup(DEVICES)
     import jax
 
     assert jax.device_count() == DEVICES, jax.devices()
-    res = bench(args.rounds, args.repeats)
-    print(f"unpipelined (dp over 8): {res['baseline_s'] * 1e3:.1f} ms/step")
+    res = bench(args.rounds, args.repeats, args.smoke)
+    load = "/".join(f"{x:.2f}" for x in res["load_average"]["before"])
+    print(f"unpipelined (dp over 8): {res['baseline_s'] * 1e3:.1f} ms/step; load average before (1/5/15 min) {load}")
     print(
         f"{'S':>2} {'M':>3} {'R':>2} {'bubble':>7} {'predicted 1/(1-b)':>18} {'measured':>9} {'device-s':>9} "
         f"{'excess':>7} {'stage B hlo':>14} {'analytic':>10} {'loss diff':>10}"

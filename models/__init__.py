@@ -8,7 +8,9 @@
 - :mod:`partitioning.models.attention` — causal attention: RoPE (``llama3`` / ``linear`` scaling), GQA, sliding window.
 - :mod:`partitioning.models.mla` — multi-head latent attention (DeepSeek-V3) and its latent cache.
 - :mod:`partitioning.models.linear_attention` — the gated delta rule (Qwen3.5's linear attention) as a chunked scan.
-- :mod:`partitioning.models.rope` — the long-context RoPE scalings: YaRN and LongRoPE (their attention factors).
+- :mod:`partitioning.models.rope` — the long-context RoPE scalings: YaRN and LongRoPE (their attention factors),
+  Gemma 4's proportional RoPE.
+- :mod:`partitioning.models.per_layer` — Gemma 4's per-layer inputs, value norm, layer scalar and shared kv layers.
 - :mod:`partitioning.models.hf` — the Hugging Face families: ``config.json`` readers and name maps (``load_hf``).
 - :mod:`partitioning.models.checks` — option checks on construction: bad values are errors at their config key.
 - :mod:`partitioning.models.moe` — ``MoE`` options and the GPT's mixture-of-experts MLP (``moe:``).

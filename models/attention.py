@@ -38,6 +38,7 @@ from partitioning.errors import ConfigError
 from partitioning.models.fused_attention import cudnn_attention, fused_applies
 from partitioning.models.layers import bias_param, kernel, order, row_parallel
 from partitioning.models.lora import adapt, project
+from partitioning.models.per_layer import value_norm
 from partitioning.models.rope import SCALINGS, attention_factor, scaled_frequencies
 from partitioning.models.variants import local_mask, local_rope, qk_norms, sink_softmax, skip_rope, softcap
 from partitioning.parallel.context import context_attention, context_axes, context_size
@@ -223,44 +224,64 @@ class Attention(nn.Module):
     rotary_dim: int | None = None  # partial rotary: the features RoPE rotates (None: all)
     sinks: bool = False  # attention sinks (GPT-OSS): a learned logit per head, `sinks (heads,)`
     gate: bool = False  # an output gate (Qwen3.5, Qwen3-Next): out * sigmoid(x W_q_gate), `q_gate` shaped as `q`
+    v_norm: bool = False  # Gemma 4: values RMS-normed per head, no scale (models/per_layer.py)
+    k_eq_v: bool = False  # Gemma 4's global layers (attention_k_eq_v): no `v`, the values are the keys' projection
+    store_kv: bool = False  # return (output, (keys, values)): later layers reuse them (Gemma 4's num_kv_shared_layers)
 
     @nn.compact
-    def __call__(self, x, segment_ids=None, positions=None, local=None, nope=None):
-        # `nope`: True (or traced) on a layer without RoPE (SmolLM3's NoPE layers).
+    def __call__(self, x, segment_ids=None, positions=None, local=None, nope=None, shared_kv=None):
+        # `nope`: True (or traced) on a layer without RoPE (SmolLM3's NoPE layers). `shared_kv`: another layer's
+        # (keys, values) after their norms and RoPE, used instead of this layer's own (Gemma 4's shared kv layers).
         b, t, d = x.shape
         h, g, k = self.heads, self.kv_heads, self.head_dim
         pd, dt, oi = self.param_dtype, self.dtype, self.out_in
         embed, heads, groups = (("embed", d),), (("heads", h), ("kv", k)), (("kv_heads", g), ("kv", k))
         wq = kernel(self, "q", embed, heads, pd, d, oi)
-        wk = kernel(self, "k", embed, groups, pd, d, oi)
-        wv = kernel(self, "v", embed, groups, pd, d, oi)
         wo = kernel(self, "o", heads, embed, pd, h * k, oi)
         q = project(self, "q", f"btd,{order(oi, 'd', 'hk')}->bthk", x, wq, dt, self.lora, embed, heads, oi)
-        kk = project(self, "k", f"btd,{order(oi, 'd', 'gk')}->btgk", x, wk, dt, self.lora, embed, groups, oi)
-        v = project(self, "v", f"btd,{order(oi, 'd', 'gk')}->btgk", x, wv, dt, self.lora, embed, groups, oi)
+        own = shared_kv is None  # Gemma 4's layers that reuse another's keys and values have no k / v of their own
+        kk: Any = None
+        v: Any = None
+        if own:
+            wk = kernel(self, "k", embed, groups, pd, d, oi)
+            kk = project(self, "k", f"btd,{order(oi, 'd', 'gk')}->btgk", x, wk, dt, self.lora, embed, groups, oi)
+            if not self.k_eq_v:
+                wv = kernel(self, "v", embed, groups, pd, d, oi)
+                v = project(self, "v", f"btd,{order(oi, 'd', 'gk')}->btgk", x, wv, dt, self.lora, embed, groups, oi)
         gate = None
         if self.gate:
             wg = kernel(self, "q_gate", embed, heads, pd, d, oi)
             gate = jnp.einsum(f"btd,{order(oi, 'd', 'hk')}->bthk", x, wg.astype(dt))
         if self.qkv_bias:
             q = q + bias_param(self, "q_bias", ("heads", "kv"), (h, k), pd).astype(dt)
-            kk = kk + bias_param(self, "k_bias", ("kv_heads", "kv"), (g, k), pd).astype(dt)
-            v = v + bias_param(self, "v_bias", ("kv_heads", "kv"), (g, k), pd).astype(dt)
+            if own:
+                kk = kk + bias_param(self, "k_bias", ("kv_heads", "kv"), (g, k), pd).astype(dt)
+            if own and not self.k_eq_v:
+                v = v + bias_param(self, "v_bias", ("kv_heads", "kv"), (g, k), pd).astype(dt)
+        if own and self.k_eq_v:  # the keys before their norm and RoPE
+            v = kk
+        if own and self.v_norm:
+            v = value_norm(v, self.norm_eps)
         q, kk = qk_norms(self, q, kk)
         q = with_logical_constraint(q, ("batch", "length", "heads", "kv"))
-        kk = with_logical_constraint(kk, ("batch", "length", "kv_heads", "kv"))
+        if own:
+            kk = with_logical_constraint(kk, ("batch", "length", "kv_heads", "kv"))
         if self.decode:
             positions = cache_positions(self, t)
         q0, k0 = q, kk
         if self.rope and nope is not True:
             rot = functools.partial(rope, rotary_dim=self.rotary_dim)
             q = rot(q, self.rope_theta, self.rope_scaling, positions)
-            kk = rot(kk, self.rope_theta, self.rope_scaling, positions)
             q = skip_rope(q0, local_rope(q0, q, local, self.local_rope, positions, rot), nope)
-            kk = skip_rope(k0, local_rope(k0, kk, local, self.local_rope, positions, rot), nope)
+            if own:
+                kk = rot(kk, self.rope_theta, self.rope_scaling, positions)
+                kk = skip_rope(k0, local_rope(k0, kk, local, self.local_rope, positions, rot), nope)
+        if not own:
+            kk, v = shared_kv
         # `local` given (mixed local/global layers): the window applies on local layers only.
         window = self.window if local is None else None
         v = with_logical_constraint(v, ("batch", "length", "kv_heads", "kv"))
+        stored = (kk, v)  # what a later layer sharing these keys and values receives (store_kv)
         scale = k**-0.5 if self.scale is None else self.scale
         sinks = bias_param(self, "sinks", ("heads",), (h,), pd) if self.sinks else None
         split = context_axes()
@@ -303,7 +324,7 @@ class Attention(nn.Module):
         y = adapt(self, "o", row_parallel(eq, out, wo.astype(dt)), out, eq, self.lora, heads, embed, oi)
         if self.out_bias:
             y = y + bias_param(self, "o_bias", ("embed",), (d,), pd).astype(dt)
-        return y
+        return (y, stored) if self.store_kv else y
 
     def _einsum_attention(self, q, kk, v, scale, window, segment_ids, local, positions, sinks=None):
         """``softmax(q k^T * scale) v`` with the causal / window / segment masks, as einsums with named layouts."""

@@ -19,6 +19,7 @@ from partitioning.models.linear_attention import GatedDeltaNet, LinearShape
 from partitioning.models.lora import LoRA
 from partitioning.models.mla import MLA, MLAShape
 from partitioning.models.moe import MoE, MoeMlp
+from partitioning.models.per_layer import PerLayerResidual, layer_scalar
 from partitioning.models.variants import LOCAL, NOPE, layer_flag, post_norm, pre_norm
 
 
@@ -58,13 +59,20 @@ class Block(nn.Module):
     mla: MLAShape | None = None
     attn_gate: bool = False
     linear: LinearShape | None = None  # this layer is a gated-delta-rule linear attention (models/linear_attention.py)
+    # Gemma 4 (models/per_layer.py): value norm, values = keys, a per-layer input residual of this width, a scalar.
+    v_norm: bool = False
+    k_eq_v: bool = False
+    per_layer: int | None = None
+    layer_scalar: bool = False
+    store_kv: bool = False  # return this layer's (keys, values) for the layers that reuse them (num_kv_shared_layers)
 
     @nn.compact
-    def __call__(self, x, segment_ids=None, positions=None, layer=None):
+    def __call__(self, x, segment_ids=None, positions=None, layer=None, per_layer_input=None, shared_kv=None):
         # `layer`: this layer's flags in a mixed stack (LayerStack's layer_data; models/variants.py's LOCAL, NOPE).
         local = layer_flag(layer, LOCAL, self.mixed_window)
         nope = layer_flag(layer, NOPE, self.mixed_rope)
         y = pre_norm(self, x, "attn", make_norm)
+        stored = None
         if self.linear is not None:  # Qwen3.5's linear-attention layers
             y = GatedDeltaNet(
                 self.linear,
@@ -116,8 +124,13 @@ class Block(nn.Module):
                 rotary_dim=self.rotary_dim,
                 sinks=self.attn_sinks,
                 gate=self.attn_gate,
+                v_norm=self.v_norm,
+                k_eq_v=self.k_eq_v,
+                store_kv=self.store_kv,
                 name="attn",
-            )(y, segment_ids, positions, local=local, nope=nope)
+            )(y, segment_ids, positions, local=local, nope=nope, shared_kv=shared_kv)
+            if self.store_kv:
+                y, stored = y
         x = x + post_norm(self, y, "attn", make_norm)
         y = pre_norm(self, x, "mlp", make_norm)
         if self.moe is not None:
@@ -135,8 +148,14 @@ class Block(nn.Module):
                 name="mlp",
             )(y)
         x = x + post_norm(self, y, "mlp", make_norm)
+        if self.per_layer:
+            act, eps, oi = self.mlp_act, self.norm_eps, self.out_in
+            res = PerLayerResidual(self.per_layer, self.dtype, self.param_dtype, act, eps, oi, name="per_layer")
+            x = res(x, per_layer_input)
+        if self.layer_scalar:
+            x = layer_scalar(self, x)
         x = with_logical_constraint(x, ("batch", "length", "embed"))
-        return x, None
+        return x, stored
 
 
 __all__ = ["Block"]

@@ -26,7 +26,11 @@ Face checkpoint loads without transposes). The newer families' options (:mod:`pa
 ``qk_norm`` (``head``: ``q_norm`` / ``k_norm`` scales ``(kv,)``; ``all``: ``(heads, kv)`` / ``(kv_heads, kv)``),
 ``norm_placement`` (``pre`` | ``pre_post`` | ``post``: ``attn_post_norm`` / ``mlp_post_norm``),
 ``attn_softcap`` / ``final_softcap``, ``layer_types`` (local sliding-window layers beside global ones,
-carried through the layer scan as data) with ``local_rope_theta`` / ``local_rope_scaling``.
+carried through the layer scan as data) with ``local_rope_theta`` / ``local_rope_scaling``. Gemma 4's
+(:mod:`partitioning.models.per_layer`): ``global_head_dim`` / ``global_kv_heads`` / ``global_k_eq_v`` (the
+global layers' own sizes, values from the keys), ``v_norm``, ``per_layer_input`` / ``per_layer_vocab``
+(per-layer inputs: ``ple/per_layer_embedding (vocab, per_layer_layers, per_layer)``, ``ple/per_layer_proj``,
+each block's ``per_layer/gate`` / ``per_layer/up``), ``layer_scalar``.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from partitioning.models.linear_attention import LinearShape, check_linear_layer
 from partitioning.models.lora import LoRA, adapt, checks_targets, for_call
 from partitioning.models.mla import MLAShape
 from partitioning.models.moe import MoE, check_moe_layers
+from partitioning.models.per_layer import PerLayerInputs, check_per_layer, kv_sharing, layer_shape, per_layer_kwargs
 from partitioning.models.variants import (
     NORM_PLACEMENTS,
     QK_NORMS,
@@ -130,6 +135,17 @@ class GPT(nn.Module):
     attn_gate: bool = False  # the attention's output gated by sigmoid(x W_q_gate) (Qwen3.5, Qwen3-Next)
     linear_attn: Any = None  # {key_heads, value_heads, key_dim, value_dim, conv_kernel, chunk}: gated delta rule
     linear_layers: tuple[int, ...] | None = None  # the layers that are linear attention (needs scan_layers: false)
+    # Gemma 4 (models/per_layer.py; the per-layer sizes need scan_layers: false): the full_attention layers' own
+    # head size, kv heads and values-are-keys; values RMS-normed; per-layer inputs of this width; a layer scalar.
+    global_head_dim: int | None = None
+    global_kv_heads: int | None = None
+    global_k_eq_v: bool = False
+    v_norm: bool = False
+    per_layer_input: int | None = None
+    per_layer_vocab: int | None = None  # rows of the per-layer input table (None: vocab_size)
+    layer_scalar: bool = False
+    kv_shared_layers: int = 0  # the last n layers reuse the keys and values of the last earlier layer of their type
+    shared_wide_mlp: bool = False  # ... and their MLP is twice as wide (use_double_wide_mlp)
 
     def __post_init__(self):
         positive(self, "vocab_size", "embed", "heads", "kv_heads", "head_dim", "mlp", "layers")
@@ -164,6 +180,7 @@ class GPT(nn.Module):
         check_layer_types(self)
         check_nope_layers(self)
         MLAShape.parse(self.mla)
+        check_per_layer(self)
         check_linear_layers(self.linear_layers, LinearShape.parse(self.linear_attn), self.layers, self.scan_layers)
         if not 0 < self.partial_rotary_factor <= 1:
             raise ConfigError(
@@ -221,6 +238,11 @@ class GPT(nn.Module):
                 x = x + jax.lax.dynamic_slice_in_dim(pos, start, t).astype(dt)[None]
             else:  # packed rows: each example's positions restart at 0
                 x = x + jnp.take(pos, packed[1], axis=0).astype(dt)
+        ple = None
+        if self.per_layer_input:  # Gemma 4: from the scaled embeddings, before any position table
+            vocab, oi = self.per_layer_vocab or self.vocab_size, self.kernel_order == "out_in"
+            inputs = PerLayerInputs(vocab, self.layers, self.per_layer_input, dt, pd, self.norm_eps, oi, name="ple")
+            ple = inputs(tokens, x)
         x = with_logical_constraint(x, ("batch", "length", "embed"))
         # `length` split by the rules: attention reads positions (any order), and where the length allows, each
         # device holds chunks i and 2C - 1 - i of the sequence, so causal attention gives every device equal work.
@@ -232,6 +254,7 @@ class GPT(nn.Module):
             packed = packed or whole_rows(tokens.shape)
         if balanced:
             x, packed = balance(x, split), tuple(balance(a, split) for a in packed)
+            ple = None if ple is None else balance(ple, split)
 
         block = Block
         if self.remat != "none":
@@ -264,6 +287,9 @@ class GPT(nn.Module):
             rotary_dim=rotary_dim(head_dim, self.partial_rotary_factor),
             mla=MLAShape.parse(self.mla),
             attn_gate=self.attn_gate,
+            v_norm=self.v_norm,
+            per_layer=self.per_layer_input,
+            layer_scalar=self.layer_scalar,
             **variant_options(self, parse_rope_scaling),
         )
         flags = layer_flags(self.layer_types, self.nope_layers, self.layers)
@@ -272,11 +298,19 @@ class GPT(nn.Module):
             x, _ = LayerStack(block, self.layers, kw, name="blocks", layer_data=flags)(x, *packed)
         else:
             linear = LinearShape.parse(self.linear_attn)
+            modes = kv_sharing(self.layer_types, self.layers, self.kv_shared_layers)
+            shared: dict[str, Any] = {}  # layer type -> the (keys, values) its shared layers reuse
             for i in range(self.layers):
                 moe = kw["moe"] if self.moe_layers is None or i in self.moe_layers else None
                 layer = {"layer": flags[i]} if flags else {}
                 lin = linear if self.linear_layers and i in self.linear_layers else None
-                x, _ = block(**{**kw, "moe": moe, "linear": lin}, name=f"block_{i}")(x, *packed, **layer)
+                layer.update(per_layer_kwargs(ple, i, shared, self.layer_types, modes))
+                own = layer_shape(self, i, head_dim, kv_heads, modes)  # Gemma 4's global and shared layers
+                if own:
+                    own["rotary_dim"] = rotary_dim(own.get("head_dim", head_dim), self.partial_rotary_factor)
+                x, kv = block(**{**kw, "moe": moe, "linear": lin, **own}, name=f"block_{i}")(x, *packed, **layer)
+                if kv is not None:
+                    shared[self.layer_types[i]] = kv
         if balanced:
             x = balance(x, split, inverse=True)
         x = make_norm(self.norm, dt, pd, "final_norm", self.norm_eps)(x)

@@ -1,4 +1,5 @@
-"""The long-context RoPE scalings of the newer families: YaRN (OLMo-3, GPT-OSS, DeepSeek-V3) and LongRoPE (Phi-4-mini).
+"""The RoPE scalings of the newer families: YaRN (OLMo-3, GPT-OSS, DeepSeek-V3), LongRoPE (Phi-4-mini) and
+Gemma 4's proportional RoPE.
 
 Both rescale the inverse frequencies and multiply ``cos`` and ``sin`` by an *attention factor*, as
 ``transformers``' ``_compute_yarn_parameters`` / ``_compute_longrope_parameters`` do:
@@ -11,6 +12,8 @@ Both rescale the inverse frequencies and multiply ``cos`` and ``sin`` by an *att
   ``original_max_position_embeddings``, by its ``long_factor`` entry beyond (the whole sequence
   switches, as transformers' dynamic update does); the factor ``sqrt(1 + ln(f) / ln(original))``
   with ``f = factor`` (else ``max_position_embeddings / original``).
+- **proportional** (Gemma 4's global layers): the first ``partial_rotary_factor`` of the ``dim // 2``
+  frequencies as plain RoPE's, the rest 0 (those feature pairs pass unrotated), all divided by ``factor``.
 
 Example::
 
@@ -21,6 +24,9 @@ Example::
     >>> f = scaled_frequencies(8, 10000.0, yarn, 16)
     >>> [round(float(f[i]), 5) for i in (0, -1)]               # the fastest kept, the slowest interpolated
     [1.0, 0.00025]
+    >>> half = scaled_frequencies(8, 10000.0, {"rope_type": "proportional", "partial_rotary_factor": 0.5})
+    >>> [round(float(v), 4) for v in half]                      # 2 of the 4 frequencies, the others 0
+    [1.0, 0.1, 0.0, 0.0]
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ SCALINGS = {
         ("short_factor", "long_factor", "original_max_position_embeddings"),
         ("factor", "attention_factor", "max_position_embeddings"),
     ),
+    # Gemma 4's global layers: the first `partial_rotary_factor` of the frequencies, the rest 0 (unrotated).
+    "proportional": ((), ("partial_rotary_factor", "factor")),
 }
 
 
@@ -74,6 +82,13 @@ def scaled_frequencies(dim: int, theta: float, s: Mapping[str, Any], length: Any
     """
     half = dim // 2
     base = theta ** (jnp.arange(half, dtype=jnp.float32) * 2 / dim)
+    if s["rope_type"] == "proportional":
+        # transformers' `_compute_proportional_rope_parameters`: unlike partial rotary (which rotates the first
+        # features as pairs of their own), every pair (i, i + dim / 2) keeps its full-width frequency, and the
+        # pairs past `int(fraction * dim // 2)` get frequency 0.
+        angles = int(float(s.get("partial_rotary_factor", 1.0)) * dim // 2)
+        kept = jnp.arange(half) < angles
+        return jnp.where(kept, 1.0 / base, 0.0) / float(s.get("factor", 1.0))
     if s["rope_type"] == "longrope":
         short = 1.0 / (jnp.asarray(s["short_factor"], jnp.float32) * base)
         long = 1.0 / (jnp.asarray(s["long_factor"], jnp.float32) * base)

@@ -75,12 +75,14 @@ class QKNorm(nn.Module):
         return (y * scale).astype(self.dtype)
 
 
-def qk_norms(attn: Any, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``attn``'s q/k norms (``q_norm/scale``, ``k_norm/scale``) applied, when its ``qk_norm`` is set."""
+def qk_norms(attn: Any, q: jax.Array, k: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
+    """``attn``'s q/k norms (``q_norm/scale``, ``k_norm/scale``) applied, when its ``qk_norm`` is set (``k`` None: a
+    layer reusing another's keys has no key norm)."""
     if not attn.qk_norm:
         return q, k
     args = (attn.qk_norm, attn.norm, attn.norm_eps, attn.dtype, attn.param_dtype)
-    return QKNorm(*args, heads_name="heads", name="q_norm")(q), QKNorm(*args, heads_name="kv_heads", name="k_norm")(k)
+    q = QKNorm(*args, heads_name="heads", name="q_norm")(q)
+    return q, None if k is None else QKNorm(*args, heads_name="kv_heads", name="k_norm")(k)
 
 
 def softcap(x: jax.Array, cap: float | None) -> jax.Array:

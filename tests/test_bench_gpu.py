@@ -16,7 +16,9 @@ def report(tmp_path_factory):
     spec.loader.exec_module(bench)
     out = tmp_path_factory.mktemp("gpu")
     assert bench.main(["--cpu", "--out", str(out)]) == 0
-    return json.loads((out / "gpu.json").read_text()), (out / "gpu.txt").read_text()
+    results = json.loads((out / "gpu.json").read_text())
+    results["out"] = str(out)  # where the run wrote its files
+    return results, (out / "gpu.txt").read_text()
 
 
 def test_train_against_hand_written(report):
@@ -68,3 +70,25 @@ def test_offload_against_none(report):
     assert variants["remat_offload"]["remat"] == "offload" and variants["remat_offload"]["step_s"] > 0
     assert none["tune"]["step_s"] > 0 and none["host_bytes"] == 0
     assert "offload optimizer_host_update (" in text
+
+
+def test_gemm_table_a_hardware_file_reads(report, tmp_path):
+    from partitioning.tune.efficiency import GemmTable
+    from partitioning.tune.hardware_file import load_hardware
+
+    results, text = report
+    gemm = results["sections"]["gemm"]
+    assert gemm["dtype"] == "float32" and gemm["columns"] == ["m", "n", "k", "tflops"]
+    assert len(gemm["points"]) == 27 and all(p[3] > 0 for p in gemm["points"])
+    assert gemm["best_tflops"] == max(p[3] for p in gemm["points"]) and gemm["peak_tflops"] is None
+    assert "gemm: 27 shapes (float32)" in text
+    # The table it wrote: shares of the fastest shape (a CPU has no published peak), read by a hardware file.
+    out = Path(results["out"]) / "gemm.json"
+    table = GemmTable.from_json(json.loads(out.read_text()))
+    assert max(table.share) == pytest.approx(1.0) and table.measured and "bench_gpu.py" in table.source
+    hw = out.parent / "cpu.yaml"  # beside the table: the file names it relative to itself
+    hw.write_text(
+        f"{{name: here, peak_flops: {gemm['best_tflops'] * 1e12}, memory: 8GiB, memory_bandwidth: 1.0e10, "
+        f"topology: nodes, node_size: 8, link_bandwidth: 1.0e9, network_bandwidth: 1.0e9, gemm: {out.name}}}"
+    )
+    assert load_hardware(hw).gemm == table

@@ -661,6 +661,121 @@ FIXTURES: dict[str, tuple[str, dict, str, dict]] = {
         "llama",
         {},
     ),
+    # Gemma 4 (text): sliding layers of 8-wide heads (2 kv heads) at 0 and 2, global ones at 1 and 3 with 16-wide
+    # heads, 1 kv head whose values are its keys (attention_k_eq_v), proportional RoPE on a quarter of the
+    # frequencies; per-layer inputs 8 wide; the logits soft-capped.
+    "gemma4": (
+        "Gemma4TextConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            global_head_dim=16,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=VOCAB,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            sliding_window=5,
+            final_logit_softcapping=30.0,
+            max_position_embeddings=64,
+        ),
+        "gemma",
+        {},
+    ),
+    # The text tower of a Gemma 4 multimodal checkpoint (model.language_model.* beside a tiny vision tower); its
+    # global layers keep their own values (no attention_k_eq_v) and take global_head_dim's default shape rule.
+    "gemma4_mm": (
+        "Gemma4Config",
+        dict(
+            text_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=8,
+                global_head_dim=16,
+                hidden_size_per_layer_input=8,
+                vocab_size_per_layer_input=VOCAB,
+                layer_types=["sliding_attention", "full_attention"],
+                sliding_window=5,
+                max_position_embeddings=64,
+            ),
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                head_dim=8,
+                patch_size=4,
+                position_embedding_size=64,
+            ),
+            audio_config=None,
+        ),
+        "gemma",
+        {"model_class": "Gemma4ForConditionalGeneration"},
+    ),
+    # Gemma 4 as its small (E2B, E4B) checkpoints are: the last 2 of 5 layers reuse the keys and values of the last
+    # earlier layer of their type (layers 2 and 1), with MLPs twice as wide; per-layer inputs; the global layers'
+    # own values.
+    "gemma4_shared": (
+        "Gemma4TextConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=32,
+            num_hidden_layers=5,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=8,
+            global_head_dim=16,
+            num_kv_shared_layers=2,
+            use_double_wide_mlp=True,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=VOCAB,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
+            + ["full_attention"],
+            sliding_window=5,
+            final_logit_softcapping=30.0,
+            max_position_embeddings=64,
+        ),
+        "gemma",
+        {},
+    ),
+    # Gemma 4 as the 31B is (no per-layer inputs, values from the keys on the global layers), with what no published
+    # checkpoint has but the config allows: attention biases (q/k/v/o), untied logits, proportional RoPE with a
+    # factor, no soft-cap.
+    "gemma4_dense": (
+        "Gemma4TextConfig",
+        dict(
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            global_head_dim=16,
+            num_global_key_value_heads=2,
+            attention_k_eq_v=True,
+            attention_bias=True,
+            hidden_size_per_layer_input=0,
+            layer_types=["sliding_attention", "full_attention", "full_attention"],
+            sliding_window=5,
+            rope_parameters=dict(
+                full_attention=dict(rope_type="proportional", partial_rotary_factor=0.5, factor=2.0, rope_theta=5e5),
+                sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+            ),
+            final_logit_softcapping=None,
+            tie_word_embeddings=False,
+            max_position_embeddings=64,
+        ),
+        "gemma",
+        {},
+    ),
 }
 
 # Fixtures that also get `greedy.npy`: transformers' greedy continuation of their first GREEDY_PROMPT tokens
@@ -680,6 +795,8 @@ GREEDY = (
     "gpt_oss",
     "deepseek_v3",
     "qwen3_5",
+    "gemma4",
+    "gemma4_shared",
 )
 GREEDY_PROMPT, GREEDY_TOKENS = 5, 12
 
@@ -737,12 +854,13 @@ def make_tokenizer(family: str, out: Path) -> dict:
 def randomize(model: torch.nn.Module, family: str, seed: int) -> None:
     """Weights with a spread that makes every part of the forward pass matter to the logits."""
     g = torch.Generator().manual_seed(seed)
+    offset = 0.0 if family == "gemma" and "Gemma4" not in type(model).__name__ else 1.0  # Gemma 4: x * w norms
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
             if p.ndim == 1 and ("norm" in name or "ln_" in name) and name.endswith("weight"):
                 # RMSNorm / LayerNorm scales: around 1 (Gemma stores w of (1 + w): around 0).
-                p.copy_((0.0 if family == "gemma" else 1.0) + 0.2 * noise)
+                p.copy_(offset + 0.2 * noise)
             elif p.ndim == 1:
                 p.copy_(0.1 * noise)  # biases
             elif "embed" in name or "wte" in name or "wpe" in name:
@@ -752,6 +870,8 @@ def randomize(model: torch.nn.Module, family: str, seed: int) -> None:
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # DeepSeek's routing correction: a saved buffer
                 b.copy_(0.1 * torch.randn(b.shape, generator=g, dtype=torch.float32))
+            if name.endswith("layer_scalar"):  # Gemma 4's per-layer output scale: a saved buffer
+                b.copy_(1.0 + 0.2 * torch.randn(b.shape, generator=g, dtype=torch.float32))
 
 
 def model_class(model_dir: Path) -> type:

@@ -55,6 +55,9 @@ FIXTURES: dict[str, tuple[str, dict]] = {
     "phi4": ("phi4", dict(r=4, lora_alpha=8, target_modules=["o_proj", "down_proj"])),
     # GPT-OSS: the attention's projections (the experts are fused parameters, not Linear modules).
     "gpt_oss": ("gpt_oss", dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])),
+    # Gemma 4: every linear of attention and MLP (the global layers have no v_proj: their values are the adapted
+    # keys), not the per-layer input projections.
+    "gemma4": ("gemma4", dict(r=4, lora_alpha=8, target_modules=ALL)),
 }
 
 

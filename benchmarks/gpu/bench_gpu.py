@@ -33,6 +33,11 @@ left (``--budget-s``, default 420 s) is too short for it:
    loss of its first step (the same for every variant), and tune's estimate on the device's profile. No
    variant clips gradients (``optimizer.clip_norm: null``): an update on the host cannot take that clip.
 
+6. ``gemm``: the GEMM table ``tune`` prices each matmul by (``partitioning.tune.efficiency``): a bf16
+   ``(m, k) x (k, n)`` matmul for every ``m, n, k`` of 256 ... 16,384 (343 shapes; float32 and 32 ... 128 on the
+   CPU), each timed alone after its compile, TFLOP/s and share of the device's peak. Also written as
+   ``DIR/gemm.json``: a hardware file's ``gemm:`` key reads it (``partitioning.tune.hardware_file``).
+
 Every section works under JAX 0.10 and 0.11. Nothing here is imported by the package or its tests except
 through ``--cpu`` (tests/test_bench_gpu.py).
 """
@@ -66,6 +71,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "hf_gib": 4.0,
         "hf_rounds": 2,
         "offload": {"seq": 2048, "batch_size": 4, "steps": 5, "rounds": 3},
+        "gemm": {"sizes": (256, 512, 1024, 2048, 4096, 8192, 16384), "dtype": "bfloat16", "min_s": 0.02},
     },
     "cpu": {
         "train": {"seqs": (64,), "tokens": 512, "steps": 1, "rounds": 1},
@@ -84,10 +90,11 @@ SIZES: dict[str, dict[str, Any]] = {
         "hf_gib": 0.004,
         "hf_rounds": 1,
         "offload": {"seq": 64, "batch_size": 4, "steps": 1, "rounds": 1},
+        "gemm": {"sizes": (32, 64, 128), "dtype": "float32", "min_s": 0.002},
     },
 }
 # Seconds each section needs at least on the GPU (compiles included), to skip what cannot finish.
-NEEDS = {"train": 150, "attention": 90, "load_hf": 40, "remat_fit": 120, "offload": 150}
+NEEDS = {"train": 150, "gemm": 120, "attention": 90, "load_hf": 40, "remat_fit": 120, "offload": 150}
 NO_GPU = "no GPU visible to jax (run with --cpu for the tiny CPU sizes)"
 
 
@@ -115,6 +122,8 @@ class Run:
                     self.results[key] = out.pop(key)
             out["seconds"] = round(time.monotonic() - t, 1)
             self.results["sections"][name] = out
+            if name == "gemm" and out.get("points"):
+                (self.out / "gemm.json").write_text(json.dumps(gemm_table(out, self.results.get("device"))))
         self.write()
 
     def write(self) -> None:
@@ -589,6 +598,50 @@ def bench_offload(size: dict[str, Any]) -> dict[str, Any]:
     return {"seq_len": o["seq"], "batch_size": o["batch_size"], "variants": rows}
 
 
+# -- 6. the GEMM table ----------------------------------------------------------------------------------------
+
+
+def bench_gemm(size: dict[str, Any]) -> dict[str, Any]:
+    """TFLOP/s of a ``(m, k) x (k, n)`` matmul for every ``m, n, k`` of the size's grid, each alone on the device."""
+    import jax
+    import jax.numpy as jnp
+
+    g = size["gemm"]
+    dtype, peak = jnp.dtype(g["dtype"]), peak_tflops()
+    dot = jax.jit(jnp.dot)
+    points = []
+    for m in g["sizes"]:
+        for k in g["sizes"]:
+            a = jnp.ones((m, k), dtype)
+            for n in g["sizes"]:
+                b = jnp.ones((k, n), dtype)
+                jax.block_until_ready(dot(a, b))  # compile, warm
+                steps, t = 1, timed(lambda a=a, b=b: dot(a, b), 1)
+                while steps * t < g["min_s"] and steps < 4096:
+                    steps *= 4
+                    t = timed(lambda a=a, b=b: dot(a, b), steps)
+                points.append([m, n, k, float(f"{2 * m * n * k / t / 1e12:.4g}")])
+        print(f"   m {m}: {len(points)} shapes", flush=True)
+    best = max(p[3] for p in points)
+    return {"dtype": g["dtype"], "peak_tflops": peak, "columns": ["m", "n", "k", "tflops"], "points": points,
+            "best_tflops": best, "best_share": None if peak is None else best / peak}  # fmt: skip
+
+
+def gemm_table(section: dict[str, Any], device: str | None) -> dict[str, Any]:
+    """The section as a GEMM table a hardware file reads (``partitioning.tune.efficiency.GemmTable.from_json``):
+    shares of the device's peak, or of the fastest shape measured where the device has no published peak."""
+    peak = section["peak_tflops"] or section["best_tflops"]
+    return {
+        "name": f"{section['dtype']} GEMM on {device}",
+        "source": f"measured by benchmarks/gpu/bench_gpu.py (gemm) on {device}",
+        "date": time.strftime("%Y-%m-%d"),
+        "measured": True,
+        "peak_flops": peak * 1e12,
+        "columns": section["columns"],
+        "points": section["points"],
+    }
+
+
 # -- report ------------------------------------------------------------------------------------------------------
 
 
@@ -599,7 +652,7 @@ def table(results: dict[str, Any]) -> str:
     lines = [f"device: {results.get('device')}  jax {results.get('jax')}  wall {results.get('wall_s')} s"]
     sec = results["sections"]
     for name, body in sec.items():
-        if "rows" not in body and "ratio" not in body:
+        if not any(k in body for k in ("rows", "ratio", "points", "variants")):
             lines.append(f"{name}: {body.get('skipped') or body.get('error') or body}")
     for r in sec.get("train", {}).get("rows", []):
         lines.append(
@@ -637,6 +690,12 @@ def table(results: dict[str, Any]) -> str:
             f"peak {f(r['device_peak_bytes'] and r['device_peak_bytes'] / 2**30)} GiB, host "
             f"{f(r['host_bytes'] and r['host_bytes'] / 2**30)} GiB; tune est. {f(r['tune']['step_s'])} s"
         )
+    gm = sec.get("gemm", {})
+    if gm.get("points"):
+        lines.append(
+            f"gemm: {len(gm['points'])} shapes ({gm['dtype']}), the fastest {f(gm['best_tflops'])} TFLOP/s"
+            + (f" ({f(gm['best_share'], '.1%')} of peak)" if gm.get("best_share") else "")
+        )
     h = sec.get("load_hf", {})
     if "ratio" in h:
         lines.append(
@@ -662,6 +721,7 @@ def run_section(name: str, cpu: bool) -> dict[str, Any]:
                 "attention": lambda: bench_attention(size, cpu),
                 "load_hf": lambda: bench_load_hf(size, Path(tmp)),
                 "offload": lambda: bench_offload(size),
+                "gemm": lambda: bench_gemm(size),
             }[name]()
         dev = jax.devices()[0]
         return {**out, "device": f"{dev.platform}: {getattr(dev, 'device_kind', '')}", "jax": jax.__version__}

@@ -12,6 +12,7 @@ tables; it knows patterns and shapes, not model classes.
 - :mod:`partitioning.models.hf.moes` — the readers of the mixture-of-experts families (Mixtral, Qwen3-MoE).
 - :mod:`partitioning.models.hf.hybrids` — the reader of Qwen3.5 (linear-attention layers between full ones).
 - :mod:`partitioning.models.hf.gemmas` — the readers of Gemma, Gemma 2 and Gemma 3 (text and multimodal).
+- :mod:`partitioning.models.hf.gemma4` — Gemma 4's reader and name map (text and multimodal).
 - :mod:`partitioning.models.hf.fields` — what every reader shares: activations, RoPE in both dialects, sizes.
 - :mod:`partitioning.models.hf.catalog` — the docs' table of families, generated from the rows.
 - :mod:`partitioning.models.hf.model` — ``HFDecoder`` (a GPT carrying its ``config.json``), ``build``,

@@ -25,6 +25,7 @@ from typing import Any
 
 from partitioning.errors import ConfigError
 from partitioning.models.hf.fields import _LLAMA_DEFAULTS, ACTS, _act, _decoder, _rope  # noqa: F401 (re-exported)
+from partitioning.models.hf.gemma4 import GEMMA4, GEMMA4_EXTRA, gemma4
 from partitioning.models.hf.gemmas import gemma, gemma2, gemma3, text_config
 from partitioning.models.hf.hybrids import qwen3_5
 from partitioning.models.hf.moes import deepseek_v3, gpt_oss, mixtral, mtp_layers, qwen3_moe
@@ -285,6 +286,14 @@ FAMILIES = {
             # The text tower of a multimodal checkpoint: transformers 5's names, then the published 4.x ones.
             aliases=(("model.", "model.language_model."), ("model.", "language_model.model.")),
         ),
+        Family(
+            "gemma4",
+            ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration"),
+            gemma4,
+            GEMMA4,
+            GEMMA4_EXTRA,
+            aliases=(("model.", "model.language_model."),),
+        ),
         Family("phi3", ("Phi3ForCausalLM",), phi3, PHI3, LLAMA_EXTRA),
         Family("olmo2", ("Olmo2ForCausalLM",), olmo2, OLMO2, LLAMA_EXTRA),
         Family("olmo3", ("Olmo3ForCausalLM",), olmo3, OLMO2, LLAMA_EXTRA),
@@ -325,7 +334,8 @@ def family_of(cfg: Mapping[str, Any]) -> Family:
         >>> family_of({"architectures": ["BertModel"]})
         Traceback (most recent call last):
         partitioning.errors.ConfigError: architecture 'BertModel' is not supported; supported: DeepseekV3ForCausalLM, \
-GPT2LMHeadModel, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, GemmaForCausalLM, \
+GPT2LMHeadModel, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, Gemma4ForCausalLM, \
+Gemma4ForConditionalGeneration, GemmaForCausalLM, \
 GptOssForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, \
 Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3_5ForCausalLM, \
 Qwen3_5ForConditionalGeneration, SmolLM3ForCausalLM
@@ -358,6 +368,7 @@ __all__ = [
     "gemma",
     "gemma2",
     "gemma3",
+    "gemma4",
     "phi3",
     "olmo2",
     "olmo3",

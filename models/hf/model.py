@@ -70,6 +70,23 @@ class HFDecoder(GPT):
         """Whether layer ``i`` is a linear-attention layer (Qwen3.5; the name map's ``when="linear_layer"``)."""
         return self.linear_layers is not None and i in self.linear_layers
 
+    def kv_layer(self, i: int) -> bool:
+        """Whether layer ``i`` has key (and value) projections: not one of Gemma 4's last layers reusing shared ones."""
+        return i < self.layers - self.kv_shared_layers
+
+    def v_layer(self, i: int) -> bool:
+        """Whether layer ``i`` has a value projection (not a Gemma 4 global layer whose values are its keys)."""
+        glob = self.global_k_eq_v and self.layer_types is not None and self.layer_types[i] == "full_attention"
+        return self.kv_layer(i) and not glob
+
+    def k_bias_layer(self, i: int) -> bool:
+        """Whether layer ``i`` has a key bias (``attention_bias`` on a layer with keys of its own)."""
+        return self.qkv_bias and self.kv_layer(i)
+
+    def v_bias_layer(self, i: int) -> bool:
+        """Whether layer ``i`` has a value bias (``attention_bias`` on a layer with a value projection)."""
+        return self.qkv_bias and self.v_layer(i)
+
     def moe_layer(self, i: int) -> bool:
         """Whether layer ``i``'s MLP is a mixture of experts (the name map's ``when="moe_layer"``)."""
         return self.moe is not None and (self.moe_layers is None or i in self.moe_layers)
@@ -101,8 +118,9 @@ def build(
                 arg="capacity_factor",
             )
         opts["moe"] = {**opts["moe"], "dropless": False, "capacity_factor": float(capacity_factor)}
-    if opts.get("moe_layers") is not None or opts.get("linear_layers"):
-        # Dense layers between sparse ones: a scanned stack repeats one block (docs/pipeline-experts.md).
+    if opts.get("moe_layers") is not None or opts.get("linear_layers") or opts.get("global_head_dim"):
+        # Dense layers between sparse ones, Gemma 4's global layers of their own size: a scanned stack repeats
+        # one block (docs/pipeline-experts.md).
         scan_layers = False
     return HFDecoder(
         **opts,
@@ -129,6 +147,8 @@ def export_config(model: Any) -> dict[str, Any]:
         if own.get("text_config") is not None and family_of(own).name == "gemma3":
             # A multimodal checkpoint's text tower (the only part loaded) is saved as the text model it is.
             return {**text_config(own), "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text"}
+        if own.get("text_config") is not None and family_of(own).name == "gemma4":
+            return {**text_config(own), "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text"}
         if own.get("text_config") is not None and family_of(own).name == "qwen3_5":
             return {**text_config(own), "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text"}
         return own
@@ -148,6 +168,10 @@ def export_config(model: Any) -> dict[str, Any]:
         "attn_softcap": model.attn_softcap is not None,
         "final_softcap": model.final_softcap is not None,
         "layer_types": model.layer_types is not None,
+        "v_norm": model.v_norm,
+        "per_layer_input": model.per_layer_input is not None,
+        "layer_scalar": model.layer_scalar,
+        "kv_shared_layers": model.kv_shared_layers > 0,
     }
     bad = [k for k, v in unsupported.items() if v]
     if bad or (model.sliding_window and (model.qkv_bias or model.mlp_bias)):

@@ -167,12 +167,15 @@ def tune_inputs(cfg: Config) -> TuneInputs:
             collections=collections,
         )
     p0 = build_plan(params, opt_state, {"data": 1}, Rules([]), on_indivisible="replicate")
+    options = model_options_resolved(cfg)
     w = workload(
         p0.params,
         batch_size=cfg.train.batch_size,
         seq_len=cfg.train.seq_len,
-        compute_dtype=model_options_resolved(cfg).get("dtype"),
+        compute_dtype=options.get("dtype"),
         expert_layer=next((r for r in records if r["kind"] == "experts"), None),
+        attention=str(options.get("attention") or "xla"),  # xla | cudnn | auto: priced as the model runs it
+        frozen=frozen,
     )
     return TuneInputs(params, opt_state, list(records), names, w, frozen)
 

@@ -1,10 +1,10 @@
 """The plan: every array's layout and per-device memory, before anything is allocated.
 
-Input is abstract (``jax.eval_shape`` of the init: boxed params and optimizer state) and a mesh — a real
-``Mesh``, an ``AbstractMesh`` or just ``{axis: size}``, so a 16384-device mesh is planned without any device.
-Output is a :class:`Plan`: one :class:`~partitioning.shardings.LeafLayout` per
-array, totals per device for params, optimizer state and gradients beside the
-ideal ``total / devices``, and warnings:
+Input is abstract (``jax.eval_shape`` of the init: boxed params and optimizer
+state) and a mesh — a real ``Mesh``, an ``AbstractMesh`` or just
+``{axis: size}``, so a 16384-device mesh is planned without any device.
+Output is a :class:`Plan`: one :class:`~partitioning.shardings.LeafLayout` per array, totals per
+device for params, optimizer state and gradients beside the ideal ``total / devices``, and warnings:
 
 - the largest parameters left fully replicated (with their gradient and
   optimizer state, what each costs per device and its share of the total);
@@ -17,10 +17,9 @@ ideal ``total / devices``, and warnings:
 - dimensions the rules could not split (indivisible sizes) — errors when
   ``on_indivisible='error'``, since the train step would refuse them.
 
-Gradients are laid out like the params they differentiate (the train step's
-reduction produces them in the params' shardings), so they cost what the
-params cost — trainable ones only: a ``frozen`` param (:mod:`partitioning.finetune.trainable`) costs its stored
-bytes, no gradient, no optimizer state. The totals split ``params`` into ``trainable`` and ``frozen``.
+Gradients are laid out like the params (the train step's reduction produces them in the params' shardings) and cost
+what they cost — trainable ones only: a ``frozen`` param (:mod:`partitioning.finetune.trainable`) costs its stored
+bytes, no gradient or optimizer state. The totals split ``params`` into ``trainable`` and ``frozen``.
 
 Example::
 

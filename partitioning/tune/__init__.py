@@ -5,11 +5,17 @@ Modules:
 - :mod:`~partitioning.tune.hardware` — hardware profiles (H100, H200, A100, TPU v4 / v5e / v5p) and the
   bandwidth of a collective over mesh axes.
 - :mod:`~partitioning.tune.hardware_file` — a profile from a YAML file.
+- :mod:`~partitioning.tune.efficiency` — GEMM efficiency from the shapes: a profile's measured (or modelled)
+  table of ``(m, n, k)`` -> share of peak, interpolated in log-shape space.
+- :mod:`~partitioning.tune.links` — collectives by message size and link level (NVLink, InfiniBand, ICI, DCN),
+  latency included; where a collective group sits on nodes and torus dimensions.
 - :mod:`~partitioning.tune.measure` — the ``cpu`` profile, measured on the spot in device-seconds (and cached);
   the profile of this process's devices.
 - :mod:`~partitioning.tune.workload` — the model's shape from its logical names; FLOPs; the activation estimate.
 - :mod:`~partitioning.tune.nodes` — the placements of a mesh's axes on a cluster's nodes (``mesh.nodes``).
 - :mod:`~partitioning.tune.space` — the candidates: meshes x rule tables x ZeRO-1 x remat x micro-batches.
+- :mod:`~partitioning.tune.compute` — the compute terms: each matmul at its shape's efficiency, attention by
+  implementation (fused kernel or einsums), the memory-bound work; frozen weights without weight gradients.
 - :mod:`~partitioning.tune.comm` — the analytic communication terms (FSDP, data, tensor, sequence, pipeline
   stages, experts): which collectives a layout runs, per phase and axis.
 - :mod:`~partitioning.tune.cost` — the roofline: compute and per-axis communication per phase, overlapped or not.

@@ -24,14 +24,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from partitioning.layout import LeafLayout
 from partitioning.resolve import axes_tuple
 from partitioning.rules import Rules
-from partitioning.tune.hardware import Hardware, collective_time
-from partitioning.tune.workload import Workload, local_elements
+from partitioning.tune.hardware import Hardware
+from partitioning.tune.links import collective_seconds
+from partitioning.tune.workload import Workload, local_elements, param_path
 
 PHASES = ("fwd", "bwd", "update")
 
@@ -49,6 +52,9 @@ class Comm:
     seconds: float
     what: str = ""
     nodes: int = 1  # how many nodes one group spans: 1 on the fast links inside a node, more over the network
+    # On the critical path: the compute waits for it (an activation a tensor-parallel matmul feeds the next one),
+    # not hidden behind the phase's compute.
+    blocking: bool = False
 
     @property
     def label(self) -> str:
@@ -58,23 +64,22 @@ class Comm:
 def priced_comm(
     hw: Hardware, mesh: Mapping[str, int], nodes: Mapping[str, int] | None, axes: tuple[str, ...], *args: Any
 ) -> Comm:
-    """A :class:`Comm` over ``axes`` priced at their link level: ``args`` are kind, phase, bytes, count, what.
+    """A :class:`Comm` over ``axes`` priced at their link level, at the bandwidth its message size reaches
+    (:func:`~partitioning.tune.links.collective_seconds`): ``args`` are kind, phase, bytes, count, what.
 
     Example::
 
         >>> from partitioning.tune.comm import priced_comm
         >>> h100, mesh = pt.tune.hardware("h100"), {"data": 4, "fsdp": 8}
         >>> c = priced_comm(h100, mesh, {"fsdp": 4}, ("fsdp",), "all-gather", "fwd", 1e9, 1, "weights")
-        >>> c.nodes, round(c.seconds * 1e3, 2)       # 4 nodes of 2 fsdp devices: 2 x 50 GB/s
-        (4, 10.01)
+        >>> c.nodes, round(c.seconds * 1e3, 2)       # 4 nodes of 2 fsdp devices: 2 NICs at 47 of 50 GB/s
+        (4, 10.68)
     """
     kind, phase, nbytes, count, what = args
     group = math.prod(mesh[a] for a in axes) if axes else 1
-    bw = hw.bandwidth(mesh, axes, kind, nodes)
     spans = max(1, group // max(1, hw.members_per_node(mesh, axes, nodes))) if axes else 1
-    return Comm(
-        axes, kind, phase, nbytes, count, group, collective_time(hw, kind, nbytes, group, bw, count), what, spans
-    )
+    seconds = collective_seconds(hw, mesh, axes, kind, nbytes, count, nodes)
+    return Comm(axes, kind, phase, nbytes, count, group, seconds, what, spans)
 
 
 def token_axes(rules: Rules, mesh: Mapping[str, int], w: Workload) -> list[str]:
@@ -144,10 +149,11 @@ def analytic_comm(
     repeats: int = 1,
     context: str | None = None,
     nodes: Mapping[str, int] | None = None,
+    frozen: Collection[str] = (),
 ) -> list[Comm]:
     """The collectives of one step, per device (see the module docstring), each priced at the link level it runs
     on: inside a node or across nodes, as ``nodes`` (the mesh's ``nodes``; default ``jax.make_mesh``'s layout)
-    places the mesh.
+    places the mesh. A param in ``frozen`` (paths without ``params/``) has no gradient to reduce.
 
     ``context``: how attention runs over a split ``length`` (``all_gather`` when None; ``ring``: each of
     the ``C`` devices passes ``C - 1`` key/value blocks on in the forward pass, and ``C`` blocks with their
@@ -166,7 +172,9 @@ def analytic_comm(
         buckets[key][0] += nbytes * grad_accum
         buckets[key][1] += count * grad_accum
 
-    resid = local_elements(rules, mesh, ("batch", "length", "embed"), (micro_batch, w.seq_len, w.embed))
+    # A tensor-parallel collective moves the whole residual of the device's tokens: all-reduced, or (with the
+    # residual's embed split over the tensor axes, sequence-parallel style) reduce-scattered and gathered again.
+    resid = micro_batch * w.seq_len * w.embed / math.prod(mesh[a] for a in tokens)
     resid_bytes = resid * w.compute_bytes
     row: defaultdict[tuple[Any, ...], int] = defaultdict(int)
     col: set[tuple[Any, ...]] = set()
@@ -182,12 +190,16 @@ def analytic_comm(
         reps = _repeats(leaf) // stages  # the layers this device runs
         # Pipelined, each of the stage's layers runs (R M + S - 1) / R times: one chunk per iteration.
         again = (repeats * microbatches + stages - 1) / repeats if stages > 1 else 1
+        trains = param_path(leaf.path) not in frozen
         if fsdp:
             gathered = leaf.per_device_bytes * math.prod(mesh[a] for a in fsdp) * again
-            add(fsdp, "all-gather", "fwd", gathered, reps * again, "FSDP weights (forward)")
-            add(fsdp, "all-gather", "bwd", gathered, reps * again, "FSDP weights (backward)")
-            add(fsdp, "reduce-scatter", "bwd", gathered, reps * again, "FSDP gradients")
-        if dp:
+            # An accelerator casts a weight to the compute dtype before gathering it (XLA:CPU computes in f32).
+            cast = 1.0 if hw.measured else min(1.0, w.compute_bytes / np.dtype(leaf.dtype).itemsize)
+            add(fsdp, "all-gather", "fwd", gathered * cast, reps * again, "FSDP weights (forward)")
+            add(fsdp, "all-gather", "bwd", gathered * cast, reps * again, "FSDP weights (backward)")
+            if trains:
+                add(fsdp, "reduce-scatter", "bwd", gathered, reps * again, "FSDP gradients")
+        if dp and trains:
             add(dp, "all-reduce", "bwd", leaf.per_device_bytes, 1, "gradients (data parallel)")
         if mp and leaf.names and "embed" in leaf.names:
             e = list(leaf.names).index("embed")
@@ -253,10 +265,21 @@ def analytic_comm(
             gathered = 2 * kv * w.compute_bytes * c * layers * share
             add(seq, "all-gather", "fwd", gathered, 2 * runs, "keys and values (sequence split)")
             add(seq, "reduce-scatter", "bwd", gathered, 2 * runs, "key and value gradients (sequence split)")
-    return [
+    out = [
         priced_comm(hw, mesh, nodes, axes, kind, phase, nbytes, count, what)
         for (axes, kind, phase, what), (nbytes, count) in buckets.items()
     ]
+    # A tensor-parallel matmul's collective feeds the next matmul: XLA runs it in turn with them (no collective
+    # matmul by default), as Megatron-LM does; so does attention over a split sequence with its keys and values.
+    return [dataclasses.replace(c, blocking=c.what in BLOCKING) for c in out]
+
+
+BLOCKING = (
+    "activations (row-parallel matmuls)",
+    "activation gradients (column-parallel matmuls)",
+    "keys and values (sequence split)",
+    "key and value gradients (sequence split)",
+)
 
 
 def parallel_comm(

@@ -92,8 +92,16 @@ def compiled_estimate(
         hbm[phase] += nbytes
         compute[phase] += max(fl / hw.matmul_flops, nbytes / hw.memory_bandwidth)
     if not hw.measured and analytic is not None:
+        # The compiled FLOPs at the rate the analytic estimate's matmuls run (their shapes' efficiency), beside
+        # its memory-bound work.
         hbm = dict(analytic.hbm_bytes)
-        compute = {p: max(flops[p] / hw.matmul_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
+        rate = analytic.matmul_flops or hw.matmul_flops
+        compute = {
+            p: flops[p] / rate + analytic.memory.get(p, 0.0)
+            if analytic.memory
+            else max(flops[p] / hw.matmul_flops, hbm[p] / hw.memory_bandwidth)
+            for p in PHASES
+        }
         # The compiled loop runs every stage in every iteration: its FLOPs hold the bubble already.
         other = {k: v for k, v in analytic.other.items() if k != "pipeline bubble"}
         return Estimate(
@@ -107,7 +115,9 @@ def compiled_estimate(
             math.prod(mesh.values()),
             hw.peak_flops,
             other,
-            hw.matmul_flops,
+            rate,
+            dict(analytic.memory),
+            analytic.contention,
         )
     buckets: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for c in collective_ops:

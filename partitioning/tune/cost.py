@@ -69,7 +69,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from partitioning.layout import LeafLayout
@@ -86,6 +86,7 @@ from partitioning.tune.comm import (
     shared_axes,
     token_axes,
 )
+from partitioning.tune.compute import compute_terms
 from partitioning.tune.hardware import Hardware
 from partitioning.tune.workload import Workload
 
@@ -107,7 +108,9 @@ class Estimate:
     devices: int
     peak_flops: float
     other: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds outside the phases
-    matmul_flops: float = 0.0  # FLOP/s the compute terms assume (Hardware.matmul_flops); 0: peak_flops
+    matmul_flops: float = 0.0  # FLOP/s the matmuls run at in the compute terms (their mean); 0: peak_flops
+    memory: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per phase bound by HBM bandwidth
+    contention: float = 0.0  # the share of a hidden collective's time the compute beside it loses (Hardware's)
 
     def comm_time(self, phase: str | None = None) -> float:
         return sum(c.seconds for c in self.comm if phase is None or c.phase == phase)
@@ -119,9 +122,20 @@ class Estimate:
             out[c.label] += c.seconds
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
+    def blocking_time(self, phase: str) -> float:
+        """Seconds of the phase's collectives its compute waits for (:attr:`Comm.blocking`)."""
+        return sum(c.seconds for c in self.comm if c.phase == phase and c.blocking)
+
+    def phase_time(self, p: str) -> float:
+        """Overlapped: the larger of the phase's compute (with the collectives it waits for, and what the hidden
+        ones take from it) and the collectives it hides."""
+        blocking = self.blocking_time(p)
+        hidden = self.comm_time(p) - blocking
+        return max(self.compute[p] + blocking + self.contention * hidden, hidden)
+
     @property
     def overlapped(self) -> float:
-        return sum(max(self.compute[p], self.comm_time(p)) for p in PHASES) + sum(self.other.values())
+        return sum(self.phase_time(p) for p in PHASES) + sum(self.other.values())
 
     @property
     def serial(self) -> float:
@@ -140,26 +154,33 @@ class Estimate:
         """What bounds the step: ``compute``, ``memory bandwidth`` or ``comm <axis>``.
 
         Each phase's time goes to its binding term (overlapped: the larger of
-        compute and communication, the latter to its busiest axis; not
-        overlapped: every term its own time); the largest total wins.
+        compute and the hidden communication, the latter to its busiest axis, and
+        the collectives the compute waits for to their axes; not overlapped:
+        every term its own time); the largest total wins.
         """
         score: dict[str, float] = defaultdict(float)
         for p in PHASES:
-            rate = self.matmul_flops or self.peak_flops
-            kind = "compute" if self.flops[p] / rate >= self.compute[p] * 0.999 else "memory bandwidth"
+            if self.memory:
+                kind = "memory bandwidth" if self.memory.get(p, 0.0) * 2 > self.compute[p] else "compute"
+            else:
+                rate = self.matmul_flops or self.peak_flops
+                kind = "compute" if self.flops[p] / rate >= self.compute[p] * 0.999 else "memory bandwidth"
             axes: dict[str, float] = defaultdict(float)
+            waits: dict[str, float] = defaultdict(float)
             for c in self.comm:
                 if c.phase == p:
-                    axes[f"comm {c.label}"] += c.seconds
-            comm = sum(axes.values())
+                    (waits if c.blocking and self.overlap else axes)[f"comm {c.label}"] += c.seconds
+            hidden = sum(axes.values())
+            for a, t in waits.items():  # on the critical path: its own time, overlapped or not
+                score[a] += t
             if not self.overlap:
                 score[kind] += self.compute[p]
                 for a, t in axes.items():
                     score[a] += t
-            elif self.compute[p] >= comm:
-                score[kind] += self.compute[p]
+            elif self.phase_time(p) > hidden or not axes:
+                score[kind] += self.compute[p] + self.contention * hidden
             else:
-                score[max(axes, key=lambda a: axes[a])] += comm
+                score[max(axes, key=lambda a: axes[a])] += hidden
         for k, v in self.other.items():
             score[k] += v
         return max(score, key=lambda k: score[k]) if score else "compute"
@@ -176,6 +197,8 @@ class Estimate:
             "flops": self.flops,
             "hbm_bytes": self.hbm_bytes,
             "compute_s": self.compute,
+            "memory_bound_s": self.memory,
+            "matmul_flops": self.matmul_flops,
             "comm_s": {p: self.comm_time(p) for p in PHASES},
             "comm_per_axis_s": self.per_axis(),
             "other_s": self.other,
@@ -211,38 +234,50 @@ def analytic_estimate(
     parallel: Mapping[str, Any] | None = None,
     context: str | None = None,
     nodes: Mapping[str, int] | None = None,
+    frozen: Collection[str] = (),
+    recompute: float | None = None,
 ) -> Estimate:
     """The analytic :class:`Estimate` of one layout (``nodes``: where its axes sit on nodes, see
     :func:`~partitioning.tune.comm.analytic_comm`).
 
     ``state_bytes``: per-device ``params``, ``gradients``, ``optimizer`` bytes
-    (the plan's totals). ``flops_total``: whole-step ``fwd`` / ``bwd`` FLOPs
-    (e.g. from a compiled step, scaled); default :meth:`Workload.flops_per_step`.
+    (the plan's totals). Compute: :func:`~partitioning.tune.compute.compute_terms` (each matmul at its
+    shape's efficiency, attention by implementation); ``flops_total``: whole-step ``fwd`` / ``bwd`` FLOPs
+    (e.g. from a compiled step, scaled) to run at the same rate instead of the analytic count.
     ``temp_bytes``: the step's temporaries per device (see :func:`temporaries_time`).
     ``parallel``: the pipeline's and experts' analytic costs
     (:func:`partitioning.plan.parallel.costs_from_records`): their collectives and the bubble.
     ``context``: attention over a split ``length`` (``ring`` or ``all_gather``, :func:`analytic_comm`).
+    ``frozen``: paths (without ``params/``) of params that do not train: no weight-gradient FLOPs, no
+    gradient collectives. ``recompute``: the share of the forward matmuls a remat policy the toolkit has no
+    name for runs again (:func:`~partitioning.tune.compute.compute_terms`).
     """
     devices = math.prod(mesh.values())
     micro = w.batch // grad_accum
-    f = dict(flops_total) if flops_total else w.flops_per_step(remat)
-    par = compute_parallelism(params, mesh, rules, w)
-    flops = {"fwd": f["fwd"] / par, "bwd": (f["bwd"] + f.get("recompute", 0.0)) / par, "update": 0.0}
-    # Memory traffic: each pass reads the weights it uses (gathered ones in full), the backward twice,
-    # and about eight residual-sized activations per layer and token; the update reads and writes the state.
-    tokens = token_axes(rules, mesh, w)
-    used = sum(
-        leaf.per_device_bytes * math.prod(mesh[a] for a in leaf_axes(leaf, mesh) if a in tokens) for leaf in params
-    )
-    act = w.tokens / par * w.embed * w.compute_bytes * max(1, w.layers) * 8
-    hbm = {
-        "fwd": grad_accum * used + act,
-        "bwd": grad_accum * (2 + (remat == "full")) * used + 2 * act,
-        "update": 2 * state_bytes["params"] + 2 * state_bytes["optimizer"] + state_bytes["gradients"],
-    }
-    compute = {p: max(flops[p] / hw.matmul_flops, hbm[p] / hw.memory_bandwidth) for p in PHASES}
     pipe = (parallel or {}).get("pipeline") or {}
     stages, m, r = int(pipe.get("stages", 1)), int(pipe.get("microbatches", 1)), int(pipe.get("repeats", 1))
+    comp = compute_terms(
+        params,
+        mesh,
+        rules,
+        w,
+        hw,
+        remat=remat,
+        grad_accum=grad_accum,
+        state_bytes=state_bytes,
+        frozen=frozen,
+        microbatches=m,
+        recompute=recompute,
+    )
+    if flops_total:  # another count of the same work (a compiled step's): the matmuls' time scaled to it
+        par = compute_parallelism(params, mesh, rules, w)
+        given = {"fwd": flops_total["fwd"] / par, "bwd": (flops_total["bwd"] + flops_total.get("recompute", 0)) / par}
+        for p, f in given.items():
+            if comp.flops[p]:
+                comp.matmul[p] *= f / comp.flops[p]
+                comp.flops[p] = f
+    compute = comp.seconds
+    memory = {p: comp.memory[p] / (hw.efficiency if p != "update" else 1.0) for p in PHASES}
     comm = analytic_comm(
         params,
         mesh,
@@ -255,13 +290,14 @@ def analytic_estimate(
         repeats=r,
         context=context,
         nodes=nodes,
+        frozen=frozen,
     )
     comm += parallel_comm(parallel or {}, mesh, hw, _expert_axes(rules, mesh), nodes)
     other = {**temporaries_time(hw, temp_bytes), **bubble_time(compute, stages, m, r)}
     return Estimate(
         "analytic",
-        flops,
-        hbm,
+        comp.flops,
+        comp.hbm_bytes,
         compute,
         comm,
         hw.overlap,
@@ -269,7 +305,9 @@ def analytic_estimate(
         devices,
         hw.peak_flops,
         other,
-        hw.matmul_flops,
+        comp.rate * hw.efficiency,
+        memory,
+        hw.contention,
     )
 
 

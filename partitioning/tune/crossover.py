@@ -109,7 +109,7 @@ def crossover(
         >>> pt.tune.crossover(h100, {"data": 1, "fsdp": 2048}, "fsdp", embed=8192, mlp=28672)["layout"]
         2472.5
     """
-    hw = dataclasses.replace(hw, latency=0.0)
+    hw = dataclasses.replace(hw, latency=0.0, links=())  # the published analyses: peak bandwidths, no latency
     f1, x1 = _terms(hw, mesh, rules, embed, mlp, layers, 1)
     f2, x2 = _terms(hw, mesh, rules, embed, mlp, layers, 2)
     per_phase = {p: _solve(f1[p], f2[p], sum(x1[p].values()), sum(x2[p].values())) for p in ("fwd", "bwd")}
@@ -129,7 +129,7 @@ def tensor_limit(
     Tensor-parallel traffic and FLOPs per device both scale with the batch, so
     their ratio grows linearly with the axis size and does not depend on the batch.
     """
-    hw = dataclasses.replace(hw, latency=0.0)
+    hw = dataclasses.replace(hw, latency=0.0, links=())  # the published analyses: peak bandwidths, no latency
     flops, comm = _terms(hw, mesh, rules, embed, mlp, 1, 1)
     ratio = max(comm[p].get(axis, 0.0) / flops[p] for p in ("fwd", "bwd"))
     return mesh[axis] / ratio if ratio else math.inf

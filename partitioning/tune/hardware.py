@@ -39,7 +39,18 @@ from typing import Any
 
 from partitioning.errors import ConfigError, did_you_mean
 from partitioning.plan.flops import PEAK_TFLOPS
+from partitioning.tune.efficiency import GemmTable, model_table, sm90
 from partitioning.tune.host_link import host_link
+from partitioning.tune.links import (
+    Link,
+    alpha_beta,
+    collective_time,
+    ib_link,
+    local_peak,
+    members_per_node,
+    nvlink_h100,
+    torus_shape,
+)
 
 GB, GIB = 10**9, 2**30
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -74,9 +85,8 @@ class Hardware:
     # True for the profile of the machine that compiles (the measured cpu): its compiled ops' bytes and
     # collectives are its own. For any other hardware they are XLA:CPU's, which computes bf16 in f32.
     measured: bool = False
-    # The share of peak_flops a training step's matmuls reach (kernel efficiency, and the work between them
-    # they wait on). 1.0 is the bare roofline; the built-in profiles' values are calibrated on published
-    # measurements (docs/performance.md).
+    # The share of the priced kernels' speed a training step keeps (launch gaps, the work between kernels):
+    # 1.0 is the bare model; the built-in profiles' values are calibrated on published runs (docs/tune.md).
     efficiency: float = 1.0
     description: str = ""
     sources: tuple[str, ...] = ()
@@ -85,42 +95,21 @@ class Hardware:
     host_bandwidth: float | None = None
     host_memory: int | None = None
     host_memory_bandwidth: float | None = None
+    gemm: GemmTable | None = None  # the share of peak each GEMM shape reaches (None: every shape at peak)
+    links: tuple[Link, ...] = ()  # collectives by message size: inside a node, across nodes (none: the peaks)
+    # The share of a collective's time the compute beside it loses (GPUs: NCCL's kernels run on the SMs the
+    # matmuls need); calibrated with the efficiency. 0: collectives hide for free (TPUs' ICI DMA engines).
+    contention: float = 0.0
 
     @property
     def matmul_flops(self) -> float:
-        """FLOP/s per device a step's matmuls run at: ``peak_flops x efficiency``."""
-        return self.peak_flops * self.efficiency
+        """FLOP/s per device of a step's large matmuls: ``peak_flops x efficiency`` (x the GEMM table's plateau)."""
+        plateau = self.gemm.efficiency(16384, 16384, 16384) if self.gemm else 1.0
+        return self.peak_flops * self.efficiency * plateau
 
     def torus_shape(self, devices: int) -> tuple[int, ...]:
         """The physical torus of a ``devices``-chip slice, smallest dimension first (prime factors dealt out evenly)."""
-        dims = [1] * max(1, self.torus_dims)
-        n = min(devices, self.node_size) if self.node_size else devices
-        for p in sorted(_prime_factors(n), reverse=True):
-            i = min(range(len(dims)), key=lambda j: (dims[j], j))
-            dims[i] *= p
-        return tuple(sorted(dims))
-
-    def _torus_axes(self, mesh: Mapping[str, int]) -> dict[str, set[int]]:
-        """Mesh axis -> the torus dimensions it spans: the last (fastest) mesh axis on the smallest dimensions,
-        so an 8-way axis of a 16x16x8 slice takes one whole dimension."""
-        caps = list(self.torus_shape(math.prod(mesh.values())))
-        out: dict[str, set[int]] = {}
-        i = 0
-        for name, size in reversed(list(mesh.items())):
-            spans: set[int] = set()
-            s = int(size)
-            while s > 1 and i < len(caps):
-                g = math.gcd(s, caps[i])
-                if g == 1:
-                    i += 1
-                    continue
-                spans.add(i)
-                caps[i] //= g
-                s //= g
-                if caps[i] == 1:
-                    i += 1
-            out[name] = spans or ({0} if size > 1 else set())
-        return out
+        return torus_shape(self.torus_dims, self.node_size, devices)
 
     def bandwidth(
         self,
@@ -149,12 +138,7 @@ class Hardware:
         if not axes:
             return math.inf
         inside, group = self.members_per_node(mesh, axes, nodes), math.prod(mesh[a] for a in axes)
-        if self.topology == "torus":
-            local_mesh = {a: s // (nodes or {}).get(a, 1) for a, s in mesh.items()} if nodes else mesh
-            spanned = set().union(*(self._torus_axes(local_mesh)[a] for a in axes if local_mesh[a] > 1))
-            local = max(1, len(spanned)) * self.link_bandwidth
-        else:
-            local = self.link_bandwidth
+        local = local_peak(self, mesh, axes, nodes)
         if group <= inside:
             return local
         # Across nodes / pods a hierarchical collective splits the buffer over the
@@ -171,60 +155,15 @@ class Hardware:
             >>> pt.tune.hardware("h100").members_per_node({"data": 4, "fsdp": 8}, ["fsdp"], {"fsdp": 4})
             2
         """
-        if nodes is None:
-            return _members_per_node(mesh, axes, self.node_size)
-        return math.prod(int(mesh[a]) // int(nodes.get(a, 1)) for a in axes if a in mesh)
+        return members_per_node(mesh, axes, self.node_size, nodes)
 
     def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("gemm", "links")}
         d["collective_bandwidth"] = dict(self.collective_bandwidth)
         d["sources"] = list(self.sources)
+        d["gemm"] = self.gemm.to_json() if self.gemm else None
+        d["links"] = [link.to_json() for link in self.links]
         return d
-
-
-def _prime_factors(n: int) -> list[int]:
-    out, p = [], 2
-    while n > 1 and p * p <= n:
-        while n % p == 0:
-            out.append(p)
-            n //= p
-        p += 1
-    return out + ([n] if n > 1 else [])
-
-
-def _members_per_node(mesh: Mapping[str, int], axes: Sequence[str], node_size: int) -> int:
-    """How many devices of one collective group sit in the same node (consecutive device ids)."""
-    sizes = list(mesh.items())
-    inside = 1
-    for i, (name, size) in enumerate(sizes):
-        if name not in axes:
-            continue
-        stride = math.prod(s for _, s in sizes[i + 1 :])
-        inside *= 1 if stride >= node_size else min(size, max(1, node_size // stride))
-    return inside
-
-
-def collective_time(hw: Hardware, kind: str, nbytes: float, group: int, bandwidth: float, count: float = 1) -> float:
-    """Seconds for ``count`` collectives of kind ``kind`` moving ``nbytes`` (per device, full buffer) in total.
-
-    An all-gather or reduce-scatter costs ``bytes / W``, an all-reduce twice
-    that, an all-to-all a quarter (a bidirectional ring) and a permute the
-    buffer once, plus ``latency`` each. Like the published analyses ("How to
-    Scale Your Model", Part 3: ``V / W (n-1)/n -> V / W``) the ring's
-    ``(n-1)/n`` is taken as 1: exact for large groups, and for small ones it
-    stands for the peak that collectives seldom reach (an 8xH100 all-reduce
-    measures ~370 of NVLink's 450 GB/s, Part 12).
-
-    Example::
-
-        >>> from partitioning.tune.hardware import collective_time
-        >>> collective_time(pt.tune.hardware("v5p"), "all-reduce", 2 * 10**9, 2048, 5.4e11)   # ~7.4 ms
-        0.00741...
-    """
-    if group <= 1 or nbytes <= 0:
-        return 0.0
-    factor = {"all-reduce": 2.0, "all-to-all": 0.25}.get(kind, 1.0)
-    return count * hw.latency + factor * nbytes / bandwidth
 
 
 # -- the published profiles ------------------------------------------------------------------------
@@ -233,14 +172,18 @@ def collective_time(hw: Hardware, kind: str, nbytes: float, group: int, bandwidt
 #   Part 12 (gpus): GPU tables, "GPU egress 450e9, node egress 400e9" for H100 / B200 DGX SuperPODs.
 
 
-# Efficiency (the share of peak FLOP/s a training step's matmuls reach), calibrated on published measurements
-# (tests/tune/published.py, docs/performance.md): MaxText's TPU tables (commit 632f65147) and Megatron-LM's
-# A100 weak-scaling table (Narayanan et al. 2021, Table 1), each on the rows at the extremes of its table,
-# checked on the others. The h200's is measured: benchmarks/gpu on one H200 (benchmarks/results/
-# gpu_h200_run1.json), calibrated on its sequence-2,048 row and checked on its 4,096 row (tests/tune/measured.py).
-# GPUs without rows of their own (the H100 included: none was measured) take the A100's.
-EFFICIENCY = {"v5p": 0.726, "v5e": 0.770, "v4": 0.777, "a100-80g": 0.488, "h200": 0.568}
-GPU_EFFICIENCY = EFFICIENCY["a100-80g"]
+# Efficiency and contention, calibrated on published runs (tests/tune/validation.py: the calibration half of the
+# rows, by id; the held-out half checks, docs/tune.md): per profile the pair whose predicted step times are
+# right on its calibration rows (least squares of the log error). The h200 takes the h100's (one die).
+CALIBRATED = {
+    "v5p": (0.855, 0.0),
+    "v5e": (0.874, 0.0),
+    "v4": (0.799, 0.0),
+    "a100-80g": (0.711, 0.0),
+    "h100": (1.0, 0.5),
+}
+CALIBRATED["h200"] = CALIBRATED["h100"]
+EFFICIENCY = {name: e for name, (e, _) in CALIBRATED.items()}
 
 
 def _peak(kind: str) -> float:
@@ -251,11 +194,38 @@ def _peak(kind: str) -> float:
 _SB_TPU = "https://jax-ml.github.io/scaling-book/tpus/"
 _SB_TRAIN = "https://jax-ml.github.io/scaling-book/training/"
 _SB_GPU = "https://jax-ml.github.io/scaling-book/gpus/"
+_MAMF = "https://github.com/stas00/ml-engineering/tree/master/compute/accelerator"
+_NCCL = "https://github.com/NVIDIA/nccl-tests/issues/212"
+
+# GEMM tables (partitioning/tune/efficiency.py): the H100 / H200 one is XLA's measured sm_90 table; the others are
+# models (measured: false) from published figures until a GPU session measures them (bench_gpu.py --only gemm).
+_A100_GEMM = model_table(
+    312e12,
+    2.039e12,
+    cap=0.869,
+    tile=128,
+    floor_s=5e-6,
+    source=f"a model: at most 271.2 of 312 TFLOP/s (the A100 SXM's measured maximum achievable matmul FLOPS, "
+    f"{_MAMF}), the HBM roofline, 5 us a call (XLA's sm_90 table: a 256^3 GEMM)",
+    date="2025-06",
+)
+
+
+def _tpu(peak: float, hbm: float, link: float, network: float) -> dict[str, Any]:
+    """A TPU's GEMM model (128x128 matrix units, SB Part 2; the share large GEMMs reach is in the calibrated
+    efficiency) and its links at the profile's peaks and latency (SB Parts 2 and 3)."""
+    src = f"a model: 128x128 MXUs and the HBM roofline ({_SB_TPU})"
+    return {
+        "gemm": model_table(peak, hbm, cap=1.0, tile=128, floor_s=2e-6, source=src, date="2025"),
+        "links": (alpha_beta("ici", link, 1e-5, source=_SB_TPU), alpha_beta("dcn", network, 1e-5, source=_SB_TPU)),
+    }
+
 
 PROFILES: dict[str, Hardware] = {
     "h100": Hardware(
         name="h100",
-        efficiency=GPU_EFFICIENCY,
+        efficiency=CALIBRATED["h100"][0],
+        contention=CALIBRATED["h100"][1],
         description="NVIDIA H100 SXM 80GB, 8 per node (NVLink 4), 8x400 Gb/s InfiniBand per node",
         peak_flops=_peak("h100"),  # datasheet: 1,979 TFLOP/s bf16 with sparsity -> 989 dense
         memory=80 * GB,
@@ -265,6 +235,8 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=450e9,  # NVLink 4: 900 GB/s bidirectional = 450 GB/s egress (SB Part 12)
         network_bandwidth=50e9,  # one 400 Gb/s NIC per GPU: node egress 400 GB/s / 8 (SB Part 12)
         latency=1e-5,
+        gemm=sm90(),
+        links=(nvlink_h100(), ib_link()),
         sources=(
             "https://www.nvidia.com/en-us/data-center/h100/",
             _SB_GPU,
@@ -273,7 +245,8 @@ PROFILES: dict[str, Hardware] = {
     ),
     "h200": Hardware(
         name="h200",
-        efficiency=EFFICIENCY["h200"],
+        efficiency=CALIBRATED["h200"][0],
+        contention=CALIBRATED["h200"][1],
         description="NVIDIA H200 SXM 141GB, 8 per node (NVLink 4), 8x400 Gb/s InfiniBand per node",
         peak_flops=_peak("h200"),  # datasheet: 1,979 TFLOP/s bf16 with sparsity (same Hopper die as H100)
         memory=141 * GB,
@@ -283,11 +256,14 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=450e9,
         network_bandwidth=50e9,
         latency=1e-5,
+        gemm=sm90(),  # XLA's sm_90 table: the H100's die
+        links=(nvlink_h100(), ib_link()),
         sources=("https://www.nvidia.com/en-us/data-center/h200/", _SB_GPU),
     ),
     "a100-80g": Hardware(
         name="a100-80g",
-        efficiency=EFFICIENCY["a100-80g"],
+        efficiency=CALIBRATED["a100-80g"][0],
+        contention=CALIBRATED["a100-80g"][1],
         description="NVIDIA A100 SXM 80GB, 8 per node (NVLink 3), 8x200 Gb/s InfiniBand per node",
         peak_flops=_peak("a100"),  # datasheet: 312 TFLOP/s bf16 dense
         memory=80 * GB,
@@ -297,6 +273,9 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=300e9,  # NVLink 3: 600 GB/s bidirectional = 300 GB/s egress
         network_bandwidth=25e9,  # DGX A100: one 200 Gb/s HDR NIC per GPU
         latency=1e-5,
+        gemm=_A100_GEMM,
+        # NVLink: ~20% protocol overhead (NCCL's maintainers, nccl-tests#212); HDR NICs as NDR's, at half the rate.
+        links=(alpha_beta("nvlink", 300e9, 13e-6, 0.82, source=_NCCL), ib_link(25e9)),
         sources=(
             "https://www.nvidia.com/en-us/data-center/a100/",
             "https://docs.nvidia.com/dgx-superpod-reference-architecture-dgx-a100.pdf",
@@ -304,7 +283,8 @@ PROFILES: dict[str, Hardware] = {
     ),
     "v4": Hardware(
         name="v4",
-        efficiency=EFFICIENCY["v4"],
+        efficiency=CALIBRATED["v4"][0],
+        contention=CALIBRATED["v4"][1],
         description="Google TPU v4, 3D torus, 4096-chip pods",
         peak_flops=_peak("tpu v4"),
         memory=32 * GIB,
@@ -315,11 +295,13 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=9e10,  # ICI 4.5e10 one-way per link, 9e10 both ways (SB Part 2)
         network_bandwidth=2.5e10 / 4,  # DCN ~2.5e10 per host of 4 chips (SB Part 2)
         latency=1e-5,
+        **_tpu(_peak("tpu v4"), 1.2e12, 9e10, 2.5e10 / 4),
         sources=(_SB_TPU, "https://cloud.google.com/tpu/docs/v4"),
     ),
     "v5e": Hardware(
         name="v5e",
-        efficiency=EFFICIENCY["v5e"],
+        efficiency=CALIBRATED["v5e"][0],
+        contention=CALIBRATED["v5e"][1],
         description="Google TPU v5e, 2D torus, 256-chip pods",
         peak_flops=_peak("tpu v5e"),
         memory=16 * GIB,
@@ -330,11 +312,13 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=1e11,  # ICI 5e10 one-way per link, 1e11 both ways (SB Part 2)
         network_bandwidth=2.5e10 / 8,  # DCN ~2.5e10 per host of 8 chips (4x2 hosts)
         latency=1e-5,
+        **_tpu(_peak("tpu v5e"), 8.1e11, 1e11, 2.5e10 / 8),
         sources=(_SB_TPU, "https://cloud.google.com/tpu/docs/v5e"),
     ),
     "v5p": Hardware(
         name="v5p",
-        efficiency=EFFICIENCY["v5p"],
+        efficiency=CALIBRATED["v5p"][0],
+        contention=CALIBRATED["v5p"][1],
         description="Google TPU v5p, 3D torus, 8960-chip pods",
         peak_flops=_peak("tpu v5p"),
         memory=95 * GIB,
@@ -347,6 +331,7 @@ PROFILES: dict[str, Hardware] = {
         link_bandwidth=1.8e11,
         network_bandwidth=2.5e10 / 4,  # DCN ~2.5e10 per host of 4 chips (SB Part 5, "Scaling between pods")
         latency=1e-5,
+        **_tpu(_peak("tpu v5p"), 2.76e12, 1.8e11, 2.5e10 / 4),
         sources=(_SB_TRAIN, _SB_TPU, "https://cloud.google.com/tpu/docs/v5p"),
     ),
 }
@@ -390,4 +375,4 @@ def hardware(name: str) -> Hardware:
     )
 
 
-__all__ = ["Hardware", "PROFILES", "hardware", "profile_names", "collective_time", "KINDS"]
+__all__ = ["Hardware", "PROFILES", "hardware", "profile_names", "collective_time", "KINDS", "Link", "GemmTable"]

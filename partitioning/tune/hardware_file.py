@@ -32,15 +32,18 @@ The same profile as a one-line YAML mapping, loaded::
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 from partitioning.errors import ConfigError, did_you_mean
 from partitioning.fmt import parse_bytes  # the size parser the configs use
+from partitioning.tune.efficiency import GemmTable
 from partitioning.tune.hardware import KINDS, Hardware
 from partitioning.yamlfile import read_yaml, where
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Hardware)}
+# Link curves are the built-in profiles' (a file gives the peaks and the latency: link_bandwidth, ...).
+_FIELDS = {f.name: f for f in dataclasses.fields(Hardware) if f.name != "links"}
 _REQUIRED = ("peak_flops", "memory", "memory_bandwidth", "topology", "node_size", "link_bandwidth", "network_bandwidth")
 
 
@@ -57,6 +60,11 @@ def load_hardware(path: str | Path) -> Hardware:
         node_size: 4
         link_bandwidth: 2.0e11   # bytes/s per device inside a node (per torus axis for a torus)
         network_bandwidth: 2.5e10
+        gemm: gemm.json          # optional: a GEMM table (benchmarks/gpu/bench_gpu.py --only gemm writes one)
+
+    ``gemm`` is a JSON file, relative to the YAML file: ``points`` of ``[m, n, k, tflops]`` with
+    ``peak_flops`` (or ``[m, n, k, share]``), its ``source`` and ``date``
+    (:class:`~partitioning.tune.efficiency.GemmTable`).
     """
     shown = str(path)
     data, lines = read_yaml(Path(path), "hardware file")
@@ -74,8 +82,8 @@ def load_hardware(path: str | Path) -> Hardware:
         if k not in _FIELDS or k == "name":
             continue
         try:
-            kw[k] = _value(k, v, parse_bytes)
-        except (TypeError, ValueError) as e:
+            kw[k] = _gemm(Path(path).parent, v) if k == "gemm" else _value(k, v, parse_bytes)
+        except (TypeError, ValueError, KeyError) as e:
             errors.append(f"{where(shown, lines, (k,))}: {e}")
     if errors:
         raise ConfigError("\n".join(errors))
@@ -101,6 +109,10 @@ def _value(key: str, v: Any, parse_bytes: Any) -> Any:
         if not isinstance(v, dict) or any(k not in KINDS for k in v):
             raise ValueError(f"expected a mapping of {', '.join(KINDS)} to bytes/s")
         return {k: _positive(x) for k, x in v.items()}
+    if key == "contention":
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+            raise ValueError(f"expected a share of a collective's time in [0, 1), got {v!r}")
+        return float(v)
     if key == "efficiency":
         v = _positive(v)
         if v > 1:
@@ -118,6 +130,24 @@ def _value(key: str, v: Any, parse_bytes: Any) -> Any:
             raise ValueError(f"expected a positive integer, got {v!r}")
         return v
     return _positive(v)
+
+
+def _gemm(folder: Path, v: Any) -> GemmTable | None:
+    """The GEMM table of a JSON file named relative to the hardware file."""
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise ValueError(f"expected the path of a GEMM table's JSON file, got {v!r}")
+    f = folder / v
+    try:
+        data = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {f} as JSON ({type(e).__name__})") from None
+    try:
+        return GemmTable.from_json(data)
+    except KeyError as e:
+        need = e.args[0]
+        raise ValueError(f"{f}: a GEMM table needs {need!r} (points of [m, n, k, tflops] and peak_flops)") from None
 
 
 def _positive(v: Any) -> float:

@@ -9,7 +9,9 @@ would take with a core of its own. Step times measured the same way
 
 Measured, with every device busy at once:
 
-- ``peak_flops``: a float32 matmul per device (``m x m`` by ``m x m``);
+- ``peak_flops``: a float32 matmul per device (``m x m`` by ``m x m``), and a
+  GEMM table (:func:`gemm_sweep`: every ``(m, n, k)`` of a small grid, its
+  share of the fastest), which prices each matmul at its shape;
 - ``memory_bandwidth``: an elementwise ``x * a + b`` over a large array (read + write);
 - per collective kind (all-gather, reduce-scatter, all-reduce) a latency and a
   bandwidth, fitted to ``t = latency + f bytes / W`` at two buffer sizes
@@ -64,6 +66,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from partitioning.tune.efficiency import GemmTable
 from partitioning.tune.hardware import PROFILES, Hardware
 
 
@@ -110,6 +113,41 @@ def _host_memory() -> int:
         return 16 * 2**30
 
 
+def gemm_sweep(
+    mesh: Any, sizes: tuple[int, ...] = (32, 128, 512), min_seconds: float = 0.02
+) -> tuple[float, GemmTable]:
+    """``(the fastest FLOP/s, the table of every shape's share of it)``: a float32 ``(m, k) x (k, n)`` matmul per
+    device for each ``m, n, k`` of ``sizes``, every device busy at once, in device-seconds.
+
+    Example::
+
+        >>> from partitioning.tune.measure import gemm_sweep
+        >>> peak, table = gemm_sweep(pt.make_mesh({"d": -1}), sizes=(16, 64))
+        >>> peak > 0, max(table.share), 0 < table.efficiency(16, 16, 16) < 1
+        (True, 1.0, True)
+    """
+    n = mesh.devices.size
+    split = NamedSharding(mesh, P(mesh.axis_names[0]))
+    rates = {}
+    for m in sizes:
+        for k in sizes:
+            a = jax.device_put(jnp.ones((n * m, k), jnp.float32), split)
+            for cols in sizes:
+                b = jax.device_put(jnp.ones((n * k, cols), jnp.float32), split)
+                f = jax.jit(
+                    lambda a, b, m=m, k=k, cols=cols: jnp.einsum(
+                        "nij,njk->nik", a.reshape(n, m, k), b.reshape(n, k, cols)
+                    ),
+                    out_shardings=split,
+                )
+                t = device_seconds(functools.partial(f, a, b), n, repeats=1, min_seconds=min_seconds)
+                rates[(m, cols, k)] = 2.0 * m * cols * k / t
+    peak = max(rates.values())
+    points = [(m, c, k, r / peak) for (m, c, k), r in rates.items()]
+    src = f"measured on the spot: partitioning.tune.measure.gemm_sweep, float32, {n} devices"
+    return peak, GemmTable.from_points(points, source=src, date=time.strftime("%Y-%m-%d"))
+
+
 def measure_cpu(
     devices: int | None = None,
     *,
@@ -147,6 +185,11 @@ def measure_cpu(
 
     mm_jit = jax.jit(mm, out_shardings=NamedSharding(mesh, P("d")))
     flops = 2 * matmul**3 * reps / device_seconds(lambda: mm_jit(a, b), n, repeats)
+    fastest, gemm = gemm_sweep(mesh)
+    if fastest > flops:  # the table is a share of the fastest matmul measured
+        flops = fastest
+    else:
+        gemm = dataclasses.replace(gemm, share=tuple(x * fastest / flops for x in gemm.share))
 
     x = jax.device_put(jnp.ones((n * stream,), jnp.float32), split)
     sx = jax.jit(lambda x: x * 1.5 + 1.0, out_shardings=split)
@@ -185,6 +228,7 @@ def measure_cpu(
         collective_bandwidth=coll,
         alloc_bandwidth=fault_bandwidth(mesh),
         measured=True,
+        gemm=gemm,
         sources=("measured on the spot: partitioning.tune.measure",),
     )
 
@@ -237,7 +281,8 @@ def _fingerprint(devices: int) -> dict[str, Any]:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "devices": devices, "jax": jax.__version__}
+    # format 2: the profile carries its GEMM table (measured by gemm_sweep); an older cache is measured again.
+    return {"cpu": cpu, "cores": os.cpu_count(), "devices": devices, "jax": jax.__version__, "format": 2}
 
 
 def cpu_profile(devices: int, directory: str | Path | None = None) -> tuple[Hardware, str]:
@@ -265,10 +310,7 @@ def _cached_or_measured(devices: int, directory: str | Path | None) -> tuple[Har
     try:
         data = json.loads(path.read_text())
         if data.get("fingerprint") == key:
-            hw = data["profile"]
-            hw["collective_bandwidth"] = dict(hw.get("collective_bandwidth") or {})
-            hw["sources"] = tuple(hw.get("sources") or ())
-            return Hardware(**{k: v for k, v in hw.items() if k in _FIELDS}), f"cpu profile cached in {path}"
+            return hardware_from_json(data["profile"]), f"cpu profile cached in {path}"
     except (OSError, ValueError, KeyError, TypeError):
         pass
     hw = measure_cpu(devices)
@@ -294,13 +336,20 @@ def _agreed(devices: int, directory: str | Path | None) -> tuple[Hardware, str]:
     size = int(multihost_utils.broadcast_one_to_all(np.int32(len(blob))))
     mine = np.frombuffer(blob, np.uint8) if blob else np.zeros(size, np.uint8)
     data = json.loads(bytes(np.asarray(multihost_utils.broadcast_one_to_all(mine), np.uint8)).decode())
+    return hardware_from_json(data), source or "cpu profile of process 0 (every process uses the same)"
+
+
+_FIELDS = {f.name for f in dataclasses.fields(Hardware)} - {"links"}
+
+
+def hardware_from_json(data: dict[str, Any]) -> Hardware:
+    """A measured profile back from :meth:`Hardware.to_json` (its GEMM table included; a measured profile has no
+    link curves)."""
+    data = dict(data)
     data["collective_bandwidth"] = dict(data.get("collective_bandwidth") or {})
     data["sources"] = tuple(data.get("sources") or ())
-    hw = Hardware(**{k: v for k, v in data.items() if k in _FIELDS})
-    return hw, source or "cpu profile of process 0 (every process uses the same)"
-
-
-_FIELDS = {f.name for f in dataclasses.fields(Hardware)}
+    data["gemm"] = GemmTable.from_json(data["gemm"]) if data.get("gemm") else None
+    return Hardware(**{k: v for k, v in data.items() if k in _FIELDS})
 
 
 def local_profile(devices: int | None = None) -> tuple[Hardware | None, str]:
@@ -323,4 +372,13 @@ def local_profile(devices: int | None = None) -> tuple[Hardware | None, str]:
     return hw, (f"the {hw.name} profile ({kind})" if hw else f"no profile for {kind!r}")
 
 
-__all__ = ["measure_cpu", "device_seconds", "device_profile", "cpu_profile", "local_profile", "cache_dir"]
+__all__ = [
+    "measure_cpu",
+    "gemm_sweep",
+    "device_seconds",
+    "device_profile",
+    "cpu_profile",
+    "local_profile",
+    "cache_dir",
+    "hardware_from_json",
+]

@@ -7,20 +7,22 @@ against published measurements run for one forced layout each.
 
 Example (shapes only: nothing is allocated)::
 
-    >>> import optax
+    >>> import dataclasses, optax
     >>> from partitioning.models import GPT
     >>> from partitioning.tune.price import price
     >>> from partitioning.tune.space import Candidate
     >>> model = GPT(vocab_size=32000, embed=2048, heads=16, mlp=8192, layers=16, dtype="bfloat16")   # 1.2B
     >>> params, opt_state = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=64, seq_len=2048)
-    >>> w = pt.tune.workload(pt.build_plan(params, opt_state, {"data": 8}, "dp").params, batch_size=64, seq_len=2048)
+    >>> layouts = pt.build_plan(params, opt_state, {"data": 8}, "dp").params
+    >>> w = pt.tune.workload(layouts, batch_size=64, seq_len=2048, compute_dtype="bfloat16", attention="auto")
     >>> c = Candidate((("data", 1), ("fsdp", 8)), "fsdp", remat="full")
     >>> r = price(params, opt_state, c, pt.Rules.preset("fsdp"), w, pt.tune.hardware("h100"), 80 * 2**30)
-    >>> r.fits, round(r.step_time, 3), round(r.estimate.mfu, 2), f"{r.peak / 2**30:.1f} GiB"
-    (True, 0.347, 0.36, '20.4 GiB')
+    >>> r.fits, round(r.step_time, 3), round(r.estimate.mfu, 2), f"{r.peak / 2**30:.1f} GiB"   # cuDNN's attention
+    (True, 0.327, 0.39, '11.5 GiB')
+    >>> einsums = dataclasses.replace(w, attention="xla")         # the T x T scores in memory
     >>> c = Candidate((("data", 1), ("fsdp", 8)), "fsdp", remat="none")     # every activation kept
-    >>> price(params, opt_state, c, pt.Rules.preset("fsdp"), w, pt.tune.hardware("h100"), 80 * 2**30).reason
-    'memory: needs 160.95 GiB per device (estimate), more than the budget of 80.00 GiB'
+    >>> price(params, opt_state, c, pt.Rules.preset("fsdp"), einsums, pt.tune.hardware("h100"), 80 * 2**30).reason
+    'memory: needs 118.63 GiB per device (estimate), more than the budget of 80.00 GiB'
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from partitioning.plan.parallel import costs_from_records, stacked_bytes
 from partitioning.plan.plan import Plan, build_plan
 from partitioning.resolve import axes_tuple
 from partitioning.rules import Rules
+from partitioning.tune.comm import _repeats
+from partitioning.tune.compute import attention_kind
 from partitioning.tune.cost import analytic_estimate, shared_axes, token_axes
 from partitioning.tune.hardware import Hardware
 from partitioning.tune.host import host_bytes, host_transfers, unpriced
@@ -46,10 +50,28 @@ from partitioning.tune.space import Candidate, Result
 from partitioning.tune.workload import Workload, activation_bytes
 
 
-def _gathered_layer_bytes(plan: Plan, tokens: Sequence[str], layers: int) -> float:
+def _largest_gathered(plan: Plan, tokens: Sequence[str]) -> float:
+    """The largest single weight of one layer gathered over the token axes, in the params' dtype: the gradient
+    held before its reduce-scatter (each weight's is reduced as the backward pass makes it)."""
+    mesh = plan.mesh
+    return max(
+        (
+            leaf.per_device_bytes * math.prod(mesh[a] for a in shared_axes(leaf, mesh) if a in tokens) / _repeats(leaf)
+            for leaf in plan.params
+            if any(a in tokens for a in shared_axes(leaf, mesh))
+        ),
+        default=0.0,
+    )
+
+
+def _gathered_layer_bytes(plan: Plan, tokens: Sequence[str], layers: int, itemsize: int = 0) -> float:
+    """One layer's weights gathered over the token axes (FSDP), in ``itemsize``-byte elements where that is
+    smaller than the params' own (an accelerator casts a weight to the compute dtype before gathering it)."""
     mesh = plan.mesh
     total = sum(
-        leaf.per_device_bytes * math.prod(mesh[a] for a in shared_axes(leaf, mesh) if a in tokens)
+        leaf.per_device_bytes
+        * math.prod(mesh[a] for a in shared_axes(leaf, mesh) if a in tokens)
+        * (min(1.0, itemsize / leaf.dtype.itemsize) if itemsize else 1.0)
         for leaf in plan.params
         if any(a in tokens for a in shared_axes(leaf, mesh))
     )
@@ -100,12 +122,15 @@ def price(
     flops: Mapping[str, Mapping[str, float]] | None = None,
     records: Sequence[Mapping[str, Any]] = (),
     frozen: Collection[str] = (),
+    recompute: float | None = None,
 ) -> Result:
     """One layout priced, no search: ``c``'s mesh, remat, micro-batches with ``rules`` (and ``optimizer_rules``).
 
     The steps of the module docstring for one candidate: its plan (or ``plan``, already built), memory,
     fit against ``budget`` and the analytic estimate. A layout the rules cannot split comes back with
-    its ``reason``. Arguments as for :func:`search` (``frozen``: paths of params that do not train).
+    its ``reason``. Arguments as for :func:`search` (``frozen``: paths of params that do not train;
+    ``recompute``: the share of the forward matmuls the backward pass runs again, for a remat policy the
+    toolkit has no name for, priced with ``c.remat``'s memory).
 
     Example::
 
@@ -116,13 +141,13 @@ def price(
         >>> model = GPT(vocab_size=32000, embed=2048, heads=16, mlp=8192, layers=16, dtype="bfloat16")   # 1.2B
         >>> params, opt_state = pt.abstract_train_state(model, optax.adamw(1e-3), batch_size=64, seq_len=2048)
         >>> plan = pt.build_plan(params, opt_state, {"data": 8}, "dp")
-        >>> w = pt.tune.workload(plan.params, batch_size=64, seq_len=2048)
+        >>> w = pt.tune.workload(plan.params, batch_size=64, seq_len=2048, compute_dtype="bfloat16", attention="auto")
         >>> c = Candidate((("data", 1), ("tensor", 8)), "tp", remat="full")
         >>> r = price(params, opt_state, c, pt.Rules.preset("tp"), w, pt.tune.hardware("h100"), 80 * 2**30)
         >>> r.fits, r.reason       # 16 heads over 8 devices: divisible
         (True, None)
-        >>> round(r.step_time, 3), round(r.estimate.mfu, 2)
-        (0.418, 0.3)
+        >>> round(r.step_time, 3), round(r.estimate.mfu, 2), r.estimate.bottleneck   # the all-reduces wait
+        (0.644, 0.2, 'compute')
     """
     if plan is None:
         try:
@@ -152,19 +177,24 @@ def price(
     tot = plan.totals
     r.state = {k: float(tot[k]["per_device"]) for k in ("params", "optimizer", "gradients")}
     tokens = token_axes(rules, c.sizes, w)
+    frozen = frozenset(frozen) | plan.frozen
+    attention = attention_kind(w, hw)
+    cast = 0 if hw.measured else w.compute_bytes  # XLA:CPU gathers the params' dtype; accelerators the compute's
     r.activations = activation_bytes(
         w,
         rules,
         c.sizes,
         remat=c.remat or "none",
         micro_batch=w.batch // c.grad_accum,
-        gathered_layer_bytes=_gathered_layer_bytes(plan, tokens, w.layers // c.stages),
+        gathered_layer_bytes=_gathered_layer_bytes(plan, tokens, w.layers // c.stages, cast),
+        gathered_grad_bytes=_largest_gathered(plan, tokens),
         grad_bytes=r.state["gradients"],
         grad_accum=c.grad_accum,
         stages=c.stages,
         microbatches=c.microbatches,
         repeats=c.repeats,
         context=c.context,
+        attention=attention,
     )
     # Offloaded state is on the device only where the step uses it: the larger of the passes (with the
     # activations) and the update.
@@ -199,6 +229,8 @@ def price(
             parallel=parallel,
             context=c.context,
             nodes=spot,
+            frozen=frozen,
+            recompute=recompute,
         )
         comm, other = host_transfers(c, r.state, host_act, hw)  # the host link, where offload uses it
         est.comm += comm

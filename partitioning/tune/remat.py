@@ -34,8 +34,8 @@ Example::
     >>> choice.policy
     'dots'
     >>> choice.describe()
-    'dots: the fastest of 4 policies, est. 261 ms per step on h100 (none 261 ms (does not fit), dots_no_batch 270 ms, \
-full 347 ms); peak 78.45 GiB of 80.00 GiB'
+    'dots: the fastest of 4 policies, est. 578 ms per step on h100 (none 578 ms (does not fit), dots_no_batch 709 ms, \
+full 777 ms); peak 78.41 GiB of 80.00 GiB'
 """
 
 from __future__ import annotations

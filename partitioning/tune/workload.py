@@ -6,12 +6,13 @@ names, no config): the parameter count, the widths ``embed`` (D), ``mlp`` (F),
 layers (the ``layers`` axis of scanned parameters, else the numbered blocks).
 
 FLOPs per step (analytic, the usual transformer count): every matmul weight
-costs 2 FLOPs per token forward and 4 backward, and attention ``4 T H K`` per
-token and layer forward (``QK^T`` and ``PV``); ``remat: full`` runs the
-forward again in the backward pass, ``dots_no_batch`` its attention products
-(the matmuls with batch dimensions, which it does not save), ``dots`` no
-matmul. The model FLOPs of MFU leave the recomputation out:
-``6 N tokens + 12 L T H K tokens``.
+costs 2 FLOPs per token forward and 4 backward (2: a frozen weight has no
+weight gradient), and attention ``4 T H K`` per token and layer forward
+(``QK^T`` and ``PV``); ``remat: full`` runs the forward again in the backward
+pass, ``dots_no_batch`` its attention products (the matmuls with batch
+dimensions, which it does not save), ``dots`` no matmul. The model FLOPs of
+MFU leave the recomputation out: ``6 N tokens + 12 L T H K tokens``. What the
+hardware runs, shape by shape, is :mod:`partitioning.tune.compute`'s.
 
 Activation bytes per device (:func:`activation_bytes`), for a transformer
 block of the names above, with ``s`` the compute dtype's bytes and each
@@ -33,10 +34,15 @@ tensor's per-device size from the rule walk of its activation names:
   written in the forward pass and read back in the backward one), recomputing
   the attention products as ``dots_no_batch`` does;
 
-plus the float32 logits (three copies: logits, softmax, their gradient),
-the weights one layer gathers under FSDP (twice, and its float32 gradient
-before the reduce-scatter) and, with micro-batches, a float32 gradient
-accumulator. An estimate, within about 25% of XLA's compiled ``temp`` for the
+(``M`` counted for a gated MLP's two input matrices, half of it for one;) with
+a fused attention kernel (``attention: fused``: cuDNN, flash) ``S`` is a float32
+log-sum-exp per query and head, not the ``T x T`` scores;
+
+plus the float32 logits (three copies: logits, softmax, their gradient; of one
+micro-batch when pipelined, as the recomputed layer), the weights one layer
+gathers under FSDP (twice, in the compute dtype on an accelerator, and the
+largest one's gradient in the params' dtype before its reduce-scatter) and, with
+micro-batches, a float32 gradient accumulator. An estimate, within about 25% of XLA's compiled ``temp`` for the
 reference GPT in float32 on the CPU (tests/tune/test_workload.py); XLA's CPU
 backend computes bfloat16 in float32, so its compiled figure for a bfloat16
 model is above this estimate (and above what a TPU or GPU needs). The tuner
@@ -60,7 +66,7 @@ import dataclasses
 import math
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -102,6 +108,9 @@ class Workload:
     expert_params: int = 0  # matmul parameters with an `expert` dimension (a mixture of experts)
     experts: int = 0
     expert_fraction: float = 1.0  # of each expert's weights' dense work done: capacity / tokens per group
+    attention: str = "xla"  # xla (einsums: T x T scores in memory) | fused (a flash kernel: O(T)) | auto (by hardware)
+    mlp_inputs: int = 2  # input matrices of the MLP: 2 gated (SwiGLU), 1 (ReLU / GeLU)
+    frozen_params: int = 0  # matmul parameters that do not train: no weight gradient (LoRA's base)
 
     @property
     def tokens(self) -> int:
@@ -119,12 +128,17 @@ class Workload:
         recompute = {"full": fwd, "dots_no_batch": self.tokens * attn, "offload": self.tokens * attn}.get(remat, 0.0)
         return {
             "fwd": float(fwd),
-            "bwd": 2.0 * fwd,
+            "bwd": 2.0 * fwd - 2.0 * self.tokens * self.frozen_params,  # no weight gradient for frozen weights
             "recompute": float(recompute),
             "total": 3.0 * fwd + recompute,
             "model": 3.0 * fwd,
             "six_n": 6.0 * self.params * self.tokens,
         }
+
+
+def param_path(path: str) -> str:
+    """A leaf's path as ``frozen`` names it: without the ``params/`` of a train state's tree."""
+    return path[len("params/") :] if path.startswith("params/") else path
 
 
 def _dim(layouts: Sequence[LeafLayout], name: str) -> int:
@@ -154,6 +168,8 @@ def workload(
     seq_len: int,
     compute_dtype: Any = None,
     expert_layer: Mapping[str, Any] | None = None,
+    attention: str = "xla",
+    frozen: Collection[str] = (),
 ) -> Workload:
     """The :class:`Workload` of a model from its parameter layouts (``plan.params``).
 
@@ -162,7 +178,9 @@ def workload(
     ``groups``), traced with this batch: each expert computes ``capacity`` of
     every group's tokens, so its weights cost ``capacity / group length`` of a
     dense layer's FLOPs, and its hidden activations are ``experts x capacity``
-    slots per group instead of one per token.
+    slots per group instead of one per token. ``attention``: ``xla`` (the einsums), ``fused`` (a flash
+    kernel) or ``auto`` (fused where the toolkit runs cuDNN: an NVIDIA GPU, a 16-bit compute dtype);
+    ``frozen``: paths (without ``params/``) of params that do not train.
 
     Example::
 
@@ -196,6 +214,17 @@ def workload(
                 leaf.size for leaf in params if leaf.names and "expert" in leaf.names and len(leaf.shape) >= 3
             ),
         }
+    dims = (_layers(params), _dim(params, "embed"), _dim(params, "mlp"))
+    ins = sum(
+        leaf.size for leaf in params if leaf.names and [n for n in leaf.names if n != "layers"] == ["embed", "mlp"]
+    )
+    frozen_mm = sum(
+        leaf.size
+        for leaf in params
+        if param_path(leaf.path) in frozen
+        and len(leaf.shape) - (1 if leaf.names and "layers" in leaf.names else 0) >= 2
+        and not (leaf.names and tuple(leaf.names) == ("vocab", "embed"))
+    )
     return Workload(
         params=n,
         matmul_params=matmul,
@@ -209,6 +238,9 @@ def workload(
         head_dim=_dim(params, "kv"),
         vocab=_dim(params, "vocab"),
         compute_bytes=dtype.itemsize,
+        attention=attention,
+        mlp_inputs=max(1, round(ins / math.prod(dims))) if ins and all(dims) else 2,
+        frozen_params=frozen_mm,
         **moe,
     )
 
@@ -282,8 +314,16 @@ def activation_bytes(
     microbatches: int = 1,
     repeats: int = 1,
     context: str | None = None,
+    attention: str | None = None,
+    gathered_grad_bytes: float | None = None,
 ) -> dict[str, float]:
     """Per-device activation memory of one step, by part (see the module docstring), and ``total``.
+
+    ``attention``: ``xla`` or ``fused`` (default: the workload's; ``auto`` counts as ``xla`` here, the
+    tuner resolves it per hardware). A fused kernel keeps a float32 log-sum-exp per query and head instead
+    of the ``T x T`` scores. ``gathered_grad_bytes``: the gathered gradient held before its reduce-scatter
+    (default ``gathered_layer_bytes``: the layer's weights in the params' own dtype; the tuner gives the
+    largest single weight's, each gradient being reduced as the backward pass makes it).
 
     Pipelined (``stages`` S > 1, ``microbatches`` M, ``repeats`` R) a device keeps, for each of the
     ``R M + S - 1`` iterations of the schedule, the activations of one chunk of ``layers / (S R)``
@@ -299,22 +339,30 @@ def activation_bytes(
     R, M, Q, KV, S = (loc.get(k, 0.0) for k in ("R", "M", "Q", "KV", "S"))
     if w.experts:
         M *= w.experts * w.expert_fraction  # expert hidden activations: experts x capacity slots per group
+    M *= w.mlp_inputs / 2  # the counts below are a gated MLP's (two input matrices)
     s = w.compute_bytes
     c = context_split(rules, mesh)
     S /= c  # a device's queries only
     block = S / c if context == "ring" and c > 1 else 0.0
     if block:
         S = 0.0  # the ring keeps inputs, output and log-sum-exp; its blocks live one at a time
-    none = s * (6 * R + 2 * Q + 2 * KV + 4 * M) + (8 + s) * S + 8 * R
+    if (attention or w.attention) in ("fused", "cudnn", "flash") and w.seq_len:
+        S, block = 4 * S / w.seq_len / s, 0.0  # the log-sum-exp, counted in the compute dtype's bytes
+        none = s * (6 * R + 2 * Q + 2 * KV + 4 * M + S) + 8 * R
+    else:
+        none = s * (6 * R + 2 * Q + 2 * KV + 4 * M) + (8 + s) * S + 8 * R
     kept = saved_bytes(none, R, Q, KV, M, S, s)
     saved = kept.get(remat, none)
     share = 1 if stages <= 1 else pipeline_share(stages, microbatches, repeats)
+    # Pipelined, one micro-batch at a time is recomputed, and its logits computed.
+    one = 1 if stages <= 1 else 1 / max(1, microbatches)
     parts = {
         "layers": w.layers * saved * share,
-        "recompute": none if remat != "none" else 0.0,
+        "recompute": none * one if remat != "none" else 0.0,
         "attention_block": (8 + s) * block,
-        "logits": 3 * 4 * loc.get("V", 0.0),
-        "gathered_weights": 3 * gathered_layer_bytes,
+        "logits": 3 * 4 * loc.get("V", 0.0) * one,
+        "gathered_weights": 2 * gathered_layer_bytes
+        + (gathered_layer_bytes if gathered_grad_bytes is None else gathered_grad_bytes),
         "grad_accumulator": grad_bytes if grad_accum > 1 else 0.0,
     }
     parts["total"] = sum(parts.values())
@@ -332,4 +380,5 @@ __all__ = [
     "context_split",
     "pipeline_share",
     "REMATS",
+    "param_path",
 ]

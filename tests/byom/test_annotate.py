@@ -221,7 +221,7 @@ def test_the_checkpoint_records_the_names_and_restores_onto_another_layout(runs)
             "annotations:\n  - ['Dense_0/kernel$', [embed, mpl]]\n",
             "bad.yaml:2: annotations[0]: no rule table knows the logical name 'mpl' (names: batch, data, embed, "
             "expert, fsdp, heads, joined_kv, kv, kv_heads, kv_lora, layers, length, linear_heads, linear_qkv, lora, "
-            "mlp, q_lora, vocab); did you mean 'mlp'?",
+            "mlp, per_layer, per_layer_layers, per_layer_scalar, q_lora, vocab); did you mean 'mlp'?",
         ),
         (
             "annotations:\n  rows:\n    - ['Dense_0/kernel$', [embed, mlp]]\n    - ['Dense_9/kernel$', [embed, mlp]]\n"

@@ -77,9 +77,10 @@ def test_unknown_architecture(tmp_path):
     assert one_line(e) == (
         f"{path / 'config.json'}: architecture 'FalconForCausalLM' is not supported; supported: "
         "DeepseekV3ForCausalLM, GPT2LMHeadModel, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, "
-        "GemmaForCausalLM, GptOssForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, "
-        "Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-        "Qwen3MoeForCausalLM, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, SmolLM3ForCausalLM"
+        "Gemma4ForCausalLM, Gemma4ForConditionalGeneration, GemmaForCausalLM, GptOssForCausalLM, LlamaForCausalLM, "
+        "MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, Phi3ForCausalLM, "
+        "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, "
+        "SmolLM3ForCausalLM"
     )
     with pytest.raises(pt.CheckpointError, match="architecture 'FalconForCausalLM'"):
         pt.hf.hf_model(path)

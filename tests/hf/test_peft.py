@@ -23,6 +23,8 @@ CASES += [("qwen2", "qwen2", "fsdp_tp", True)]
 # Issue 37's families: NoPE and sliding layers, the post-norm block, Phi-4's unfused projections, GPT-OSS's attention.
 CASES += [("olmo3", "olmo3", "fsdp_tp", True), ("smollm3", "smollm3", "fsdp", True)]
 CASES += [("phi4", "phi4", "fsdp_tp", True), ("gpt_oss", "gpt_oss", "fsdp_tp", True)]
+# Gemma 4 (its layers are never scanned): the global layers' values are the adapted keys.
+CASES += [("gemma4", "gemma4", "fsdp", False)]
 
 
 def tensors(file) -> dict[str, np.ndarray]:

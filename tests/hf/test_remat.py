@@ -28,11 +28,13 @@ WARNING = "Involuntary full rematerialization"
 # One family per kind of block: dense (Llama) on dp, fsdp and fsdp_tp; mixed local/global layers (Gemma 3) on
 # fsdp_tp; the experts (Mixtral) on fsdp_tp and ep, GPT-OSS's (biased, clamped, with attention sinks) and
 # DeepSeek-V3's (latent attention, group routing, a shared expert, dense layers first) on ep; Qwen3.5's linear
-# attention on fsdp_tp. Each compile takes 10-15 s on a 2-core machine: every family on every layout (21
-# compiles, OLMo-3, SmolLM3 and Qwen3-MoE among them) passed once, then the set was cut to these.
+# attention on fsdp_tp; Gemma 4's per-layer inputs on fsdp_tp (the multimodal fixture's text tower: its kv heads
+# divide the tensor axis) and its shared kv layers on fsdp. Each compile takes 10-15 s on a 2-core machine: every
+# family on every layout (21 compiles, OLMo-3, SmolLM3 and Qwen3-MoE among them) passed once, then the set was
+# cut to these.
 CASES = [("llama", p) for p in ("dp", "fsdp", "fsdp_tp")] + [("gemma3", "fsdp_tp")]
 CASES += [("mixtral", "fsdp_tp"), ("mixtral", "ep"), ("gpt_oss", "ep"), ("deepseek_v3", "ep")]
-CASES += [("qwen3_5", "fsdp_tp")]
+CASES += [("qwen3_5", "fsdp_tp"), ("gemma4_mm", "fsdp_tp"), ("gemma4_shared", "fsdp")]
 
 
 def xla_log(compile_fn) -> str:

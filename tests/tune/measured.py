@@ -1,10 +1,11 @@
 """Training steps measured on a GPU by ``benchmarks/gpu/bench_gpu.py`` (its committed JSON), and what ``tune``
-predicts for them: the one source the h200 profile's efficiency is calibrated on.
+predicts for them from the config, as ``remat: auto`` and ``tune`` price it.
 
-The benchmark's first H200 run (``benchmarks/results/gpu_h200_run1.json``) trained the 1.1B Llama-style decoder
-of ``benchmarks/gpu/llama1b.yaml`` on one H200 at 16,384 tokens per step, sequence 2,048 and 4,096, with
-``remat: auto`` (which chose ``dots``) and cuDNN's flash attention. The sequence-2,048 row calibrates; the
-4,096 row checks. The H100 has no measured row and keeps the A100's published calibration.
+The benchmark's H200 runs (``benchmarks/results/gpu_h200_run{1,2}.json``) trained the 1.1B Llama-style decoder of
+``benchmarks/gpu/llama1b.yaml`` on one H200 at 16,384 tokens per step, sequence 2,048 and 4,096, ``remat: dots``:
+with cuDNN's flash attention (``attention: auto``, the train section) and with the einsums (``attention: xla``,
+the attention section). None of them calibrates anything: the h200 profile shares the h100's efficiency
+(one die), calibrated on the published H100 rows (tests/tune/validation.py).
 """
 
 from __future__ import annotations
@@ -17,39 +18,51 @@ from typing import Any
 from partitioning.config.load import load_config
 from partitioning.config.remat import price_remat
 from partitioning.tune.hardware import hardware
-from tests.tune.published import _step_at
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "gpu_h200_run1.json"
+RESULTS = ROOT / "benchmarks" / "results"
 CONFIG = ROOT / "benchmarks" / "gpu" / "llama1b.yaml"
-CALIBRATION_SEQ = 2048
 
 
 def rows() -> list[dict[str, Any]]:
-    """The measured train rows (toolkit step time, sequence, batch, the remat policy the run chose)."""
-    return json.loads(RESULTS.read_text())["sections"]["train"]["rows"]
+    """Every measured step: ``id``, ``seq_len``, ``batch_size``, ``remat``, ``attention`` (auto | xla), ``step_s``."""
+    run1 = json.loads((RESULTS / "gpu_h200_run1.json").read_text())["sections"]
+    run2 = json.loads((RESULTS / "gpu_h200_run2.json").read_text())["sections"]
+    out = [
+        {"id": f"h200-train-{r['seq_len']}", "seq_len": r["seq_len"], "batch_size": r["batch_size"],
+         "remat": r["remat"], "attention": "auto", "step_s": r["toolkit_step_s"]}
+        for r in run1["train"]["rows"]
+    ]  # fmt: skip
+    for r in run2["attention"]["rows"]:
+        out.append({"id": f"h200-xla-{r['seq_len']}", "seq_len": r["seq_len"], "batch_size": 16384 // r["seq_len"],
+                    "remat": r["xla"]["remat"], "attention": "xla", "step_s": r["xla"]["step_s"]})  # fmt: skip
+    return out
 
 
-def estimate(row: dict[str, Any]) -> Any:
-    """tune's analytic estimate of the measured run at efficiency 1 (rescaled by ``_step_at``)."""
+def estimate(row: dict[str, Any], efficiency: float | None = None) -> Any:
+    """tune's priced Result of the measured run on the h200 profile (at ``efficiency`` if given)."""
     cfg = load_config(
         str(CONFIG),
-        [f"train.seq_len={row['seq_len']}", f"train.batch_size={row['batch_size']}", f"model.remat={row['remat']}"],
+        [
+            f"train.seq_len={row['seq_len']}",
+            f"train.batch_size={row['batch_size']}",
+            f"model.remat={row['remat']}",
+            f"model.attention={row['attention']}",
+        ],
     )
-    hw = dataclasses.replace(hardware("h200"), efficiency=1.0)
-    choice = price_remat(cfg, {"data": 1, "fsdp": 1}, hw, row["tune"]["budget_bytes"], (row["remat"],))
+    hw = hardware("h200")
+    if efficiency is not None:
+        hw = dataclasses.replace(hw, efficiency=efficiency)
+    choice = price_remat(cfg, {"data": 1, "fsdp": 1}, hw, 141 * 10**9, (row["remat"],))
     (result,) = choice.results
-    return result.analytic
+    return result
 
 
-def calibrate() -> tuple[float, dict[int, float]]:
-    """(the efficiency, to 3 decimals, at which tune's step equals the calibration row's measured step;
-    per sequence, predicted / measured - 1 at that efficiency)."""
-    est = {r["seq_len"]: (r, estimate(r)) for r in rows()}
-    row, e = est[CALIBRATION_SEQ]
-    lo, hi = 0.05, 1.0
-    for _ in range(50):
-        k = (lo + hi) / 2
-        lo, hi = (k, hi) if _step_at(e, k) > row["toolkit_step_s"] else (lo, k)
-    k = round(k, 3)
-    return k, {seq: _step_at(e, k) / r["toolkit_step_s"] - 1 for seq, (r, e) in est.items()}
+def errors(efficiency: float | None = None) -> dict[str, float]:
+    """Per measured row, predicted / measured step time - 1."""
+    return {r["id"]: estimate(r, efficiency).step_time / r["step_s"] - 1 for r in rows()}
+
+
+if __name__ == "__main__":  # python -m tests.tune.measured
+    for k, v in errors().items():
+        print(f"{k}: {v:+.1%}")

@@ -1,56 +1,60 @@
-"""Published training measurements, each row's exact layout, and what ``tune`` predicts for it.
+"""Published training runs: each row's model, exact layout, hardware and published MFU, with its source.
 
-Every row records its source. The model of a row is built from shapes alone
-(abstract boxed parameters with the logical names the rules read), priced as
-the one layout the source ran (:func:`partitioning.tune.price.price`: a
-forced layout, no search) on the hardware profile of its chips, with the
-profile's node (slice) size set to the source's slice.
+Every row is one measurement a source published, with the layout it ran
+(mesh, rules, per-device batch, remat, attention) read off the source's own
+scripts. ``tests/tune/validation.py`` prices each as ``tune`` would and splits
+the rows, by id, into a calibration half and a held-out half.
 
-MFU is compared under the source's own FLOP count: the published step time is
-``source FLOPs / published FLOP/s``, the predicted MFU is ``source FLOPs /
-(predicted step time x peak)``, so ``predicted / published MFU = published /
-predicted step time``.
+MFU is compared under each source's own FLOP count (:meth:`Row.source_flops`):
+the published step time is ``source FLOPs / (chips x peak x published MFU)``.
 
 Sources:
 
-- ``maxtext``: MaxText at commit 632f65147 (2023-12-15, "Refactor
-  MaxText/configs/ and documentation"): the tables of
-  ``MaxText/configs/{v5p,v5e,v4}/README.md`` (TFLOP/s per chip, MFU) and the
-  scripts beside them (``global_parameter_scale``, ``per_device_batch_size``,
-  ``ici_tensor_parallelism`` / ``ici_fsdp_parallelism``, ``remat_policy``);
-  the model is ``MaxText/configs/base.yml`` at that commit (embed 2560, 8 heads
-  of 256, MLP 8192 with one ReLU input matrix, 16 layers, vocabulary 32768,
-  tied embedding, bfloat16 activations, float32 weights, sequence 2048) scaled
-  as ``MaxText/pyconfig.py::get_individual_scales``; multi-slice rows put the
-  slices on ``data`` (DCN); FLOPs as ``MaxText/train.py::calculate_training_tflops``
-  (6 N tokens + causal attention). ``v5p-N`` and ``v4-N`` count TensorCores:
-  N / 2 chips; ``v5e-N`` counts chips.
+- ``maxtext``: MaxText at commit 632f65147 (2023-12-15): the tables of
+  ``MaxText/configs/{v5p,v5e,v4}/README.md`` and the scripts beside them
+  (``global_parameter_scale``, ``per_device_batch_size``,
+  ``ici_tensor_parallelism``, ``remat_policy``); the model of
+  ``MaxText/configs/base.yml`` at that commit (embed 2560, 8 heads of 256, one
+  ReLU MLP matrix of 8192, 16 layers, vocabulary 32768, tied) scaled as
+  ``pyconfig.get_individual_scales``; slices on ``data`` over the data-centre
+  network. FLOPs: ``6 N tokens`` + causal attention (``train.py``).
+  ``v5p-N`` and ``v4-N`` count TensorCores (N / 2 chips), ``v5e-N`` chips.
+  Attention: MaxText's flash kernel on TPU (``attention: autoselected``).
+- ``maxtext-a3``: MaxText at commit efb6d9e4a (2024-04-09) on Google Cloud A3 VMs (8 H100s and 4 x 200 Gb/s
+  of GPUDirect-TCPX networking each: an eighth of the h100 profile's InfiniBand per GPU),
+  ``MaxText/configs/a3/llama_2_7b/{1,2,4,8,16}vm.sh`` and their README: Llama-2
+  7B on 1-16 A3 VMs (8 H100s each): FSDP over the 8 GPUs of a VM, data
+  parallel across VMs, 4 sequences of 4,096 per GPU, ``remat_policy:
+  minimal_flash``, ``attention: cudnn_flash_te``; FLOPs as ``maxtext_utils.py``
+  at that commit (``6 N tokens`` + causal attention).
+- ``nvidia-maxtext``: NVIDIA's DGX Cloud benchmarking recipes
+  (github.com/NVIDIA/dgxc-benchmarking): ``maxtext/README_70b.md`` and
+  ``configure.sh`` at v24.11.1 (commit 35a9aec: Llama-2 70B, sequence 4,096,
+  ``save_dot_except_mlpwi``) and at v25.02 (commit 8f5cbb3: Llama-3 70B,
+  sequence 8,192, ``save_qkv_proj``): BF16 on 64-2048 H100s, 2 sequences per
+  GPU, FSDP over 8 GPUs of a node times up to 16 nodes, data parallel beyond,
+  ``attention: cudnn_flash_te``. FLOPs as the README's notes (per token
+  ``12 L D^2 (1 + G/H + T/D) + 18 L F D + 6 V D``: the attention square not halved).
 - ``megatron``: Narayanan et al., "Efficient Large-Scale Language Model
   Training on GPU Clusters Using Megatron-LM", SC'21, arXiv:2104.04473,
-  Table 1 (GPT, vocabulary 51200, sequence 2048, A100 on Selene: 8 per node,
-  fp16, full activation recomputation; tensor parallel inside a node,
-  pipeline stages across nodes, micro-batches of one sequence); FLOPs as its
-  Eq. 3 (which counts the recomputed forward pass).
+  Table 1 (GPT, vocabulary 51200, sequence 2048, A100s of Selene: tensor
+  parallel inside a node, pipeline stages across nodes, micro-batches of one
+  sequence, full recomputation); FLOPs its Eq. 3 (the recomputed forward pass
+  counted). Its kernels predate flash attention: the scores are materialized, with one fused kernel for
+  scale, mask and softmax.
+
+The repository's own H200 rows (``benchmarks/results/gpu_h200_run1.json``)
+are priced from their config by ``tests/tune/measured.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
-
-import jax
-import jax.numpy as jnp
-
-from partitioning.boxes import LogicallyPartitioned
-from partitioning.plan.plan import build_plan
-from partitioning.rules import Rules
-from partitioning.tune.hardware import PROFILES
-from partitioning.tune.price import price
-from partitioning.tune.space import Candidate
-from partitioning.tune.workload import workload
 
 MAXTEXT = "MaxText @ 632f65147: MaxText/configs/{hw}/README.md, MaxText/configs/{hw}/{script}.sh"
+MAXTEXT_A3 = "MaxText @ efb6d9e4a: MaxText/configs/a3/llama_2_7b/README.md, {n}vm.sh"
+NVIDIA = "NVIDIA/dgxc-benchmarking @ {commit}: maxtext/README_70b.md, maxtext/configure.sh"
 MEGATRON = "Narayanan et al. 2021 (arXiv:2104.04473), Table 1"
 
 
@@ -58,50 +62,60 @@ MEGATRON = "Narayanan et al. 2021 (arXiv:2104.04473), Table 1"
 class Row:
     """One published measurement and the layout it ran."""
 
-    source: str  # "maxtext" | "megatron"
+    id: str  # stable: the hold-out split names rows by it
+    source: str  # maxtext | maxtext-a3 | nvidia-maxtext | megatron
     cite: str
-    name: str
     hardware: str  # profile name
     chips: int
-    slices: int  # data-parallel slices over the data-centre network (1: one slice)
     # model
     embed: int
     heads: int
     head_dim: int
     mlp: int
-    mlp_inputs: int  # input matrices of the MLP: 1 (ReLU / GeLU), 2 (gated)
     layers: int
     vocab: int
     seq: int
-    # layout
     batch: int  # global, sequences
-    tensor: int
-    stages: int = 1
-    microbatches: int = 1
-    remat: str = "full"
+    mesh: tuple[tuple[str, int], ...]  # outermost first
+    rules: str  # fsdp_tp | fsdp | megatron (layers over stage + tp)
+    kv_heads: int = 0  # 0: as many as heads
+    mlp_inputs: int = 1  # input matrices of the MLP: 1 (ReLU / GeLU), 2 (gated)
+    tied: bool = True  # the embedding table is also the output projection
+    # layout
+    nodes: tuple[tuple[str, int], ...] = ()  # axes across nodes (GPUs) / slices (TPUs), {axis: count}
+    slice_chips: int = 0  # TPUs: chips per ICI slice (the profile's node_size)
+    microbatches: int = 1  # pipeline micro-batches
+    remat: str = "full"  # the toolkit's policy keeping no more memory than the source's
+    recompute: float | None = None  # the source's policy: share of the forward matmuls recomputed (None: remat's)
+    attention: str = "fused"
+    network: float = 0.0  # bytes/s per device across nodes, where the source's machines differ from the profile's
     # measured
-    tflops: float = 0.0  # published TFLOP/s per chip
     mfu: float = 0.0  # published MFU (the source's FLOPs / peak)
+    tflops: float = 0.0  # published TFLOP/s per chip, where the source gives it
+
+    @property
+    def groups(self) -> int:
+        return self.kv_heads or self.heads
 
     @property
     def params(self) -> int:
-        attn = 4 * self.embed * self.heads * self.head_dim
+        attn = 2 * self.embed * self.heads * self.head_dim + 2 * self.embed * self.groups * self.head_dim
         mlp = (self.mlp_inputs + 1) * self.embed * self.mlp
-        return self.layers * (attn + mlp + 2 * self.embed) + self.vocab * self.embed + self.embed
+        tables = self.vocab * self.embed * (1 if self.tied else 2)
+        return self.layers * (attn + mlp + 2 * self.embed) + tables + self.embed
 
-    @property
     def source_flops(self) -> float:
         """The source's FLOPs of one step, all chips."""
         tokens = self.batch * self.seq
-        if self.source == "maxtext":
+        if self.source in ("maxtext", "maxtext-a3"):
             attention = 12 * self.heads * self.layers * self.head_dim * self.seq * tokens / 2
             return 6 * self.params * tokens + attention
+        if self.source == "nvidia-maxtext":
+            d, layer = self.embed, self.layers
+            attn = 12 * layer * d * d * (1 + self.groups / self.heads + self.seq / d)
+            return tokens * (attn + 18 * layer * self.mlp * d + 6 * self.vocab * d)
         h, s, l_, v = self.embed, self.seq, self.layers, self.vocab
         return 96 * self.batch * s * l_ * h * h * (1 + s / (6 * h) + v / (16 * l_ * h))
-
-    @property
-    def published_step_time(self) -> float:
-        return self.source_flops / (self.chips * self.tflops * 1e12)
 
 
 def _maxtext_scale(scale: int) -> tuple[int, int, int, int]:
@@ -111,33 +125,43 @@ def _maxtext_scale(scale: int) -> tuple[int, int, int, int]:
     return base + int(rem > 1), heads, heads, base
 
 
-def maxtext(hw: str, script: str, scale: int, per_device: int, tensor: int, remat: str, runs: dict) -> list[Row]:
-    """Rows of one MaxText script: ``runs`` maps ``"<slices>x <hw>-<N>"`` to (TFLOP/s per chip, MFU %)."""
-    e, h, m, lyr = _maxtext_scale(scale)
+def _chips(hw: str, kind: str) -> int:
+    n = int(kind.split("-")[1])
+    return n // 2 if hw in ("v5p", "v4") else n
+
+
+def maxtext(hw, script, dims, per_device, tensor, remat, runs) -> list[Row]:
+    """Rows of one MaxText TPU script: ``dims`` a global_parameter_scale or (embed, heads, mlp, layers);
+    ``runs`` maps ``"<slices>x <hw>-<N>"`` to (TFLOP/s per chip, MFU %)."""
+    if isinstance(dims, int):
+        e, h, m, lyr = _maxtext_scale(dims)
+        dims = (2560 * 2**e, 8 * 2**h, 8192 * 2**m, 16 * 2**lyr)
+    embed, heads, mlp, layers = dims
     out = []
     for label, (tflops, mfu) in runs.items():
         slices, kind = label.split("x ")
-        n = int(kind.split("-")[1])
-        chips = n // 2 if hw in ("v5p", "v4") else n
-        total = int(slices) * chips
+        per_slice = _chips(hw, kind)
+        total = int(slices) * per_slice
+        fsdp = per_slice // tensor
         out.append(
             Row(
+                f"maxtext-{hw}-{script}-{label.replace(' ', '')}",
                 "maxtext",
                 MAXTEXT.format(hw=hw, script=script),
-                f"{scale}B {label}",
                 hw,
                 total,
-                int(slices),
-                embed=2560 * 2**e,
-                heads=8 * 2**h,
+                embed=embed,
+                heads=heads,
                 head_dim=256,
-                mlp=8192 * 2**m,
-                mlp_inputs=1,
-                layers=16 * 2**lyr,
+                mlp=mlp,
+                layers=layers,
                 vocab=32768,
                 seq=2048,
                 batch=per_device * total,
-                tensor=tensor,
+                mesh=(("data", int(slices)), ("fsdp", fsdp), ("tensor", tensor)),
+                rules="fsdp_tp",
+                nodes=(("data", int(slices)),) if int(slices) > 1 else (),
+                slice_chips=per_slice,
                 remat={"minimal": "dots_no_batch", "full": "full"}[remat],
                 tflops=tflops,
                 mfu=mfu / 100,
@@ -146,35 +170,73 @@ def maxtext(hw: str, script: str, scale: int, per_device: int, tensor: int, rema
     return out
 
 
-def maxtext_custom(hw, script, dims, per_device, fsdp, remat, runs) -> list[Row]:
-    """Rows of a MaxText script that sets the model's dims (base_emb_dim, ...) instead of a scale."""
-    embed, heads, mlp, layers = dims
+# An A3 VM (a3-highgpu-8g) reaches other VMs through 4 NICs of 200 Gb/s for its 8 GPUs (GPUDirect-TCPX):
+# 100 Gb/s per GPU, an eighth of a DGX H100's InfiniBand (https://cloud.google.com/compute/docs/gpus#a3-series).
+A3_NETWORK = 100e9 / 8
+
+
+def maxtext_a3(runs: dict[int, float]) -> list[Row]:
+    """Llama-2 7B on ``n`` A3 VMs: TFLOP/s per chip (MFU against the H100's 989)."""
+    return [
+        Row(
+            f"maxtext-a3-llama2-7b-{n}vm",
+            "maxtext-a3",
+            MAXTEXT_A3.format(n=n),
+            "h100",
+            8 * n,
+            embed=4096,
+            heads=32,
+            head_dim=128,
+            mlp=11008,
+            mlp_inputs=2,
+            layers=32,
+            vocab=32000,
+            tied=False,
+            seq=4096,
+            batch=4 * 8 * n,
+            mesh=(("data", n), ("fsdp", 8)),
+            rules="fsdp",
+            nodes=(("data", n),) if n > 1 else (),
+            remat="dots_no_batch",  # minimal_flash: the projections and the flash output kept
+            recompute=0.0,
+            network=A3_NETWORK,
+            tflops=tflops,
+            mfu=tflops / 989,
+        )
+        for n, tflops in runs.items()
+    ]
+
+
+def nvidia(model: str, commit: str, seq: int, vocab: int, recompute: float, runs: dict[int, float]) -> list[Row]:
+    """Llama ``model`` 70B (BF16) on ``n`` H100s: FSDP over 8 GPUs x min(nodes, 16) nodes, data parallel beyond."""
     out = []
-    for label, (tflops, mfu) in runs.items():
-        slices, kind = label.split("x ")
-        chips = int(kind.split("-")[1]) // 2
-        assert chips == fsdp, (label, fsdp)
-        total = int(slices) * chips
+    for n, mfu in runs.items():
+        nodes = n // 8
+        dcn_fsdp = nodes if nodes < 64 else 16  # configure.sh: dcn_FSDP=16 from 64 nodes on
+        data = nodes // dcn_fsdp
         out.append(
             Row(
-                "maxtext",
-                MAXTEXT.format(hw=hw, script=script),
-                f"{script} {label}",
-                hw,
-                total,
-                int(slices),
-                embed=embed,
-                heads=heads,
-                head_dim=256,
-                mlp=mlp,
-                mlp_inputs=1,
-                layers=layers,
-                vocab=32768,
-                seq=2048,
-                batch=per_device * total,
-                tensor=1,
-                remat={"minimal": "dots_no_batch", "full": "full"}[remat],
-                tflops=tflops,
+                f"nvidia-maxtext-{model}-70b-{n}",
+                "nvidia-maxtext",
+                NVIDIA.format(commit=commit),
+                "h100",
+                n,
+                embed=8192,
+                heads=64,
+                kv_heads=8,
+                head_dim=128,
+                mlp=28672,
+                mlp_inputs=2,
+                layers=80,
+                vocab=vocab,
+                tied=False,
+                seq=seq,
+                batch=2 * n,
+                mesh=(("data", data), ("fsdp", 8 * dcn_fsdp)),
+                rules="fsdp",
+                nodes=tuple((a, k) for a, k in (("data", data), ("fsdp", dcn_fsdp)) if k > 1),
+                remat="full",
+                recompute=recompute,
                 mfu=mfu / 100,
             )
         )
@@ -185,31 +247,40 @@ def megatron(params_b, heads, hidden, layers, t, p, n, batch, tflops, pct) -> Ro
     """One row of Table 1: tensor t inside a node, p pipeline stages, micro-batches of one sequence."""
     d = n // (t * p)
     return Row(
+        f"megatron-{params_b}b-{n}",
         "megatron",
         MEGATRON,
-        f"{params_b}B on {n} GPUs (t={t}, p={p})",
         "a100-80g",
         n,
-        1,
         embed=hidden,
         heads=heads,
         head_dim=hidden // heads,
         mlp=4 * hidden,
-        mlp_inputs=1,
         layers=layers,
         vocab=51200,
         seq=2048,
         batch=batch,
-        tensor=t,
-        stages=p,
+        mesh=(("stage", p), ("data", d), ("tensor", t)),
+        rules="megatron",
         microbatches=batch // d if p > 1 else 1,
         remat="full",
+        attention="softmax",
         tflops=tflops,
         mfu=pct / 100,
     )
 
 
-V5P = "v5p-128", "v5p-256", "v5p-512", "v5p-1024", "v5p-2048", "v5p-4096"
+# The share of the forward matmul FLOPs a MaxText policy recomputes, for a gated Llama block of these widths:
+# save_dot_except_mlpwi recomputes the MLP's two input matrices; save_qkv_proj everything but q, k and v.
+def _share(embed: int, groups_dim: int, mlp: int, keep: str) -> float:
+    q_o, kv, mlp_in, mlp_out = 2 * embed * embed, 2 * embed * groups_dim, 2 * embed * mlp, embed * mlp
+    total = q_o + kv + mlp_in + mlp_out
+    return (mlp_in if keep == "all but wi" else total - embed * embed - kv) / total
+
+
+LLAMA2_70B_WI = _share(8192, 1024, 28672, "all but wi")
+LLAMA3_70B_QKV = _share(8192, 1024, 28672, "qkv")
+
 ROWS: list[Row] = [
     *maxtext("v5p", "32b", 32, 8, 4, "minimal", {"1x v5p-128": (328, 71.47), "2x v5p-128": (319, 69.43)}),
     *maxtext("v5p", "64b", 64, 4, 4, "minimal", {"1x v5p-128": (323, 70.31), "2x v5p-128": (309, 67.26)}),
@@ -307,17 +378,32 @@ ROWS: list[Row] = [
             "32x v5e-256": (91, 46.25),
         },
     ),
-    *maxtext_custom(
+    *maxtext(
         "v4",
         "22b",
         (6144, 24, 24576, 48),
         16,
-        64,
+        1,
         "full",
         {"1x v4-128": (156, 56.7), "2x v4-128": (152, 55.2), "4x v4-128": (149, 54.3), "8x v4-128": (146, 53.2)},
     ),
-    *maxtext_custom(
-        "v4", "52b", (12288, 32, 49152, 32), 10, 192, "full", {"1x v4-384": (154, 56.0), "2x v4-384": (162, 58.9)}
+    *maxtext("v4", "52b", (12288, 32, 49152, 32), 10, 1, "full", {"1x v4-384": (154, 56.0), "2x v4-384": (162, 58.9)}),
+    *maxtext_a3({1: 492, 2: 422, 4: 407, 8: 409, 16: 375}),
+    *nvidia(
+        "llama2",
+        "35a9aec",
+        4096,
+        32000,
+        LLAMA2_70B_WI,
+        {64: 52.59, 128: 52.04, 256: 51.45, 512: 51.90, 1024: 51.95, 2048: 52.09},
+    ),
+    *nvidia(
+        "llama3",
+        "8f5cbb3",
+        8192,
+        128256,
+        LLAMA3_70B_QKV,
+        {128: 51.20, 256: 51.59, 512: 51.34, 1024: 51.06, 2048: 50.12},
     ),
     megatron(1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 44),
     megatron(3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 44),
@@ -330,148 +416,3 @@ ROWS: list[Row] = [
     megatron(529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 52),
     megatron(1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 52),
 ]
-
-
-def _box(shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
-    return LogicallyPartitioned(jax.ShapeDtypeStruct(shape, jnp.float32), names)
-
-
-def abstract_params(row: Row) -> dict[str, Any]:
-    """The row's decoder as boxed abstract params: scanned blocks with a ``layers`` axis, a tied embedding."""
-    e, h, k, f, n = row.embed, row.heads, row.head_dim, row.mlp, row.layers
-    block = {
-        "q": _box((n, e, h, k), ("layers", "embed", "heads", "kv")),
-        "k": _box((n, e, h, k), ("layers", "embed", "kv_heads", "kv")),
-        "v": _box((n, e, h, k), ("layers", "embed", "kv_heads", "kv")),
-        "o": _box((n, h, k, e), ("layers", "heads", "kv", "embed")),
-        "wo": _box((n, f, e), ("layers", "mlp", "embed")),
-        "norms": _box((n, 2, e), ("layers", None, "embed")),
-    }
-    for i in range(row.mlp_inputs):
-        block[f"wi_{i}"] = _box((n, e, f), ("layers", "embed", "mlp"))
-    # Tied: the table is also the output projection, a matmul (embed, vocab).
-    table = _box((e, row.vocab), ("embed", "vocab"))
-    return {"embedding": table, "blocks": block, "final_norm": _box((e,), ("embed",))}
-
-
-def layout(row: Row) -> tuple[dict[str, int], Rules]:
-    """The row's mesh (outermost first) and rules."""
-    if row.source == "megatron":
-        d = row.chips // (row.tensor * row.stages)
-        mesh = {"stage": row.stages, "data": d, "tensor": row.tensor}
-        return mesh, Rules([["layers", "stage"]]) + Rules.preset("tp")
-    fsdp = row.chips // (row.slices * row.tensor)
-    return {"data": row.slices, "fsdp": fsdp, "tensor": row.tensor}, Rules.preset("fsdp_tp")
-
-
-def hardware_of(row: Row, efficiency: float | None = None) -> Any:
-    """The row's profile: its chips per node (GPUs) / per slice (TPUs), and an efficiency if given."""
-    hw = PROFILES[row.hardware]
-    if row.source == "maxtext":
-        hw = dataclasses.replace(hw, node_size=row.chips // row.slices)
-    return hw if efficiency is None else dataclasses.replace(hw, efficiency=efficiency)
-
-
-def predict(row: Row, efficiency: float | None = None) -> Any:
-    """The priced :class:`~partitioning.tune.space.Result` of the row's layout."""
-    params = abstract_params(row)
-    opt_state = {"mu": params, "nu": params}
-    mesh, rules = layout(row)
-    plan = build_plan(params, None, {"data": 1}, Rules([]), on_indivisible="replicate")
-    w = workload(plan.params, batch_size=row.batch, seq_len=row.seq, compute_dtype="bfloat16")
-    records = []
-    if row.stages > 1:
-        records = [
-            {
-                "kind": "pipeline",
-                "layers": row.layers,
-                "stages": 1,
-                "microbatches": 1,
-                "repeats": 1,
-                "shape": (row.batch, row.seq, row.embed),
-                "dtype": "bfloat16",
-                "batch_axes": ("data",),
-            }
-        ]
-    c = Candidate(tuple(mesh.items()), row.source, row.remat, 1, False, row.microbatches)
-    hw = hardware_of(row, efficiency)
-    return price(params, opt_state, c, rules, w, hw, float("inf"), records=records, on_indivisible="replicate")
-
-
-def predicted_mfu(row: Row, efficiency: float | None = None) -> float:
-    """The row's MFU under its source's FLOP count, from the predicted step time."""
-    r = predict(row, efficiency)
-    return row.source_flops / (r.step_time * row.chips * PROFILES[row.hardware].peak_flops)
-
-
-# Calibration: per profile, the rows at the extremes of what varies among its rows (model size, slices);
-# the efficiency whose predictions are right on them on average (geometric mean). The other rows check.
-CALIBRATION = {
-    "v5p": lambda r: r.name.startswith(("128B", "1024B")),
-    "v5e": lambda r: r.slices in (1, 32),
-    "v4": lambda r: r.name == "22b 1x v4-128",
-    "a100-80g": lambda r: r.name.startswith(("1.7B", "18.4B", "1008.0B")),
-}
-
-
-def calibrates(row: Row) -> bool:
-    return CALIBRATION[row.hardware](row)
-
-
-def _step_at(estimate: Any, efficiency: float) -> float:
-    """The estimate's step time with its compute (and the bubble, a share of it) at ``efficiency``."""
-    other = {k: v / efficiency if k == "pipeline bubble" else v for k, v in estimate.other.items()}
-    compute = {p: c / efficiency for p, c in estimate.compute.items()}
-    return dataclasses.replace(estimate, compute=compute, other=other).step_time
-
-
-def calibrate() -> dict[str, float]:
-    """Per profile, the efficiency (to 3 decimals) that makes the calibration rows' mean log error zero."""
-    out = {}
-    for name in CALIBRATION:
-        rows = [(r, predict(r, 1.0).analytic) for r in ROWS if r.hardware == name and calibrates(r)]
-        lo, hi = 0.05, 1.0
-        for _ in range(50):
-            k = (lo + hi) / 2
-            mean = sum(math.log(r.published_step_time / _step_at(e, k)) for r, e in rows) / len(rows)
-            lo, hi = (lo, k) if mean > 0 else (k, hi)  # published slower: lower the efficiency
-        out[name] = round(k, 3)
-    return out
-
-
-def table(efficiency: dict[str, float] | None = None) -> list[dict[str, Any]]:
-    """Every row: published and predicted MFU (the profiles' efficiency unless ``efficiency`` per hardware)."""
-    out = []
-    for row in ROWS:
-        pred = predicted_mfu(row, (efficiency or {}).get(row.hardware))
-        out.append(
-            {
-                "row": row,
-                "published": row.mfu,
-                "predicted": pred,
-                "error": pred / row.mfu - 1,
-                "calibration": calibrates(row),
-            }
-        )
-    return out
-
-
-if __name__ == "__main__":  # python -m tests.tune.published [--raw | --calibrate]: the docs/performance.md table
-    import sys
-
-    if "--calibrate" in sys.argv:
-        print(calibrate())
-        sys.exit(0)
-    eff = {name: 1.0 for name in PROFILES} if "--raw" in sys.argv else None
-    print("| source | row | chips | layout | remat | published MFU | predicted MFU | error | role |")
-    print("|---|---|---:|---|---|---:|---:|---:|---|")
-    for t in table(eff):
-        r = t["row"]
-        mesh, _ = layout(r)
-        shape = ", ".join(f"{a} {n}" for a, n in mesh.items() if n > 1)
-        if r.stages > 1:
-            shape += f", M={r.microbatches}"
-        print(
-            f"| {r.source} | {r.name} | {r.chips} {r.hardware} | {shape} | {r.remat} | {t['published']:.1%} | "
-            f"{t['predicted']:.1%} | {t['error']:+.1%} | {'calibration' if t['calibration'] else 'check'} |"
-        )

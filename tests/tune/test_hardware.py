@@ -1,6 +1,8 @@
 """Hardware profiles (partitioning.tune.hardware): the table, the bandwidth of collectives over mesh axes,
 profiles from YAML files, and one-line errors."""
 
+import json
+
 import pytest
 
 from partitioning.errors import ConfigError
@@ -79,3 +81,29 @@ def test_yaml_errors_name_the_file_line_and_key(write):
     assert f"{path}:2: peak_flop: unknown key; did you mean 'peak_flops'?" in lines
     assert f"{path}:5: topology: expected 'nodes' or 'torus', got 'mesh'" in lines
     assert f"{path}: missing key 'peak_flops'" in lines
+
+
+def test_a_yaml_file_gives_a_gemm_table_and_a_contention(write):
+    points = [[m, n, k, 100.0 * (m + n + k) / 256 - 200.0] for m in (256, 512) for n in (256, 512) for k in (256, 512)]
+    table = {"source": "my sweep", "date": "2026-01-01", "peak_flops": 4.0e14, "columns": ["m", "n", "k", "tflops"]}
+    write("table.json", json.dumps(table | {"points": points}))
+    hw = load_hardware(write("gpu.yaml", GOOD + "gemm: table.json\ncontention: 0.2\n"))
+    assert hw.gemm.source == "my sweep" and hw.gemm.efficiency(512, 512, 512) == 1.0 and hw.contention == 0.2
+    assert hw.gemm.efficiency(256, 256, 256) == 0.25
+    path = write("bad.yaml", GOOD + "gemm: missing.json\ncontention: 1.5\nlinks: []\n")
+    with pytest.raises(ConfigError) as e:
+        load_hardware(path)
+    lines = str(e.value).splitlines()
+    assert f"{path}:9: gemm: cannot read {path.parent / 'missing.json'} as JSON (FileNotFoundError)" in lines
+    assert f"{path}:10: contention: expected a share of a collective's time in [0, 1), got 1.5" in lines
+    assert any(line.startswith(f"{path}:11: links: unknown key") for line in lines)
+
+
+def test_every_profile_says_where_its_gemm_table_and_links_come_from():
+    for name, hw in PROFILES.items():
+        assert hw.gemm is not None and hw.gemm.source and hw.gemm.date, name
+        assert len(hw.links) == 2 and all(link.source for link in hw.links), name
+    assert PROFILES["h100"].gemm.measured and PROFILES["h200"].gemm is PROFILES["h100"].gemm  # XLA's sm_90 table
+    assert not PROFILES["a100-80g"].gemm.measured and "271.2 of 312" in PROFILES["a100-80g"].gemm.source
+    assert [link.name for link in PROFILES["h100"].links] == ["nvlink", "infiniband"]
+    assert [link.name for link in PROFILES["v5p"].links] == ["ici", "dcn"]

@@ -58,8 +58,8 @@ def test_every_candidate_fits_or_says_why_not(run_search):
             assert r.estimate is not None and r.peak > 0 and r.step_time > 0
         else:
             assert r.reason.split(":")[0] in {"batch", "indivisible", "memory", "memory (compiled)", "rules"}, r.reason
-    best = s.ranked[0].step_time
-    times = [round(r.step_time / best, 3) for r in s.ranked]  # within 0.1%, the simpler layout first
+    best = min(r.step_time for r in s.ranked)  # the first is within 0.1% of it: the simpler layout first
+    times = [round(r.step_time / best, 3) for r in s.ranked]
     assert times == sorted(times)
     assert any(r.reason.startswith("indivisible: params/") for r in s.rejected)  # tensor 8 over 4 heads
 
