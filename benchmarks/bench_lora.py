@@ -9,7 +9,10 @@ fine-tuned two ways on 8 simulated CPU devices, FSDP, adamw, one fixed batch:
   weights): params + gradients + two adam moments;
 - LoRA: adapters of rank ``--rank`` on attention and MLP (``model.lora``), only
   they train (float32, with gradients and moments); the base is frozen and
-  stored in bfloat16.
+  stored in bfloat16;
+- nf4: the same LoRA over a base whose attention and MLP kernels are stored
+  NF4 (``model.lora.base_dtype: nf4``, QLoRA; embeddings, head and norms stay
+  bfloat16), compared with the bfloat16-base LoRA (``nf4_vs_lora``).
 
 Reported, for each side and as LoRA / full ratios:
 
@@ -93,7 +96,8 @@ def side(lora: dict | None) -> dict:
 def bench(rounds: int, rank: int) -> dict:
     import jax
 
-    sides = {"full": side(None), "lora": side({"rank": rank, "alpha": 2 * rank, "targets": TARGETS})}
+    lora_opts = {"rank": rank, "alpha": 2 * rank, "targets": TARGETS}
+    sides = {"full": side(None), "lora": side(lora_opts), "nf4": side({**lora_opts, "base_dtype": "nf4"})}
     names = list(sides)
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
@@ -124,6 +128,10 @@ def bench(rounds: int, rank: int) -> dict:
         "step_s": lora["step_s"] / full["step_s"],
         "step_flops": (lora["step_flops"] or 0) / (full["step_flops"] or 1),
     }
+    nf4 = out["nf4"]
+    out["nf4_vs_lora"] = {
+        k: (nf4[k] or 0) / (lora[k] or 1) for k in ("state_bytes", "plan_state_bytes", "step_peak_bytes", "step_s")
+    }
     return out
 
 
@@ -144,7 +152,7 @@ def main(argv=None) -> int:
         f"{'':>6} {'state MiB':>10} {'plan MiB':>9} {'step peak MiB':>14} {'plan+grads MiB':>15} {'step ms':>8} "
         f"{'GFLOP/dev':>10}"
     )
-    for name in ("full", "lora"):
+    for name in ("full", "lora", "nf4"):
         s = res[name]
         print(
             f"{name:>6} {s['state_bytes'] / mib:>10.2f} {s['plan_state_bytes'] / mib:>9.2f} "
@@ -157,6 +165,11 @@ def main(argv=None) -> int:
         f"LoRA / full: state {r['state_bytes']:.3f} (plan {r['plan_state_bytes']:.3f}; target <= 0.25), "
         f"step peak {r['step_peak_bytes']:.3f} (plan, no activations: {r['plan_with_grads_bytes']:.3f}), "
         f"step time {r['step_s']:.3f} (compiled FLOPs {r['step_flops']:.3f})"
+    )
+    q = res["nf4_vs_lora"]
+    print(
+        f"nf4 base / bf16 base LoRA: state {q['state_bytes']:.3f} (plan {q['plan_state_bytes']:.3f}), "
+        f"step peak {q['step_peak_bytes']:.3f}, step time {q['step_s']:.3f}"
     )
     report(res, args.json)
     return 0

@@ -18,6 +18,7 @@
 - :mod:`partitioning.models.variants` — the newer families' options: q/k norms, soft-caps, norm placement,
   local/global and NoPE layers carried through the layer scan as data.
 - :mod:`partitioning.models.lora` — LoRA adapters on the decoder's projections (``lora:``), the activation path.
+- :mod:`partitioning.models.quantized` — a quantized frozen base (``lora.base_dtype``): kernels dequantized per layer.
 - :mod:`partitioning.models.fused_attention` — ``attention: xla | cudnn | auto``: cuDNN's flash kernel where it applies.
 
 Importing this package registers them as ``mlp`` and ``gpt``. The library

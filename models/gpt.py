@@ -318,7 +318,9 @@ class GPT(nn.Module):
             logits = jnp.einsum("btd,vd->btv", x, emb.astype(dt)).astype(jnp.float32)
         else:
             oi = self.kernel_order == "out_in"
-            w = kernel(self, "unembed", (("embed", self.embed),), (("vocab", self.vocab_size),), pd, self.embed, oi)
+            # The head stays in the param dtype under a quantized base (as bitsandbytes' QLoRA leaves lm_head).
+            head = (("vocab", self.vocab_size),)
+            w = kernel(self, "unembed", (("embed", self.embed),), head, pd, self.embed, oi, quantizable=False)
             eq, ins, outs = f"btd,{order(oi, 'd', 'v')}->btv", (("embed", self.embed),), (("vocab", self.vocab_size),)
             logits = adapt(self, "unembed", jnp.einsum(eq, x, w.astype(dt)), x, eq, kw["lora"], ins, outs, oi)
             logits = logits.astype(jnp.float32)

@@ -36,6 +36,7 @@ from partitioning.boxes import (
 )
 from partitioning.context import get_logical_axis_rules
 from partitioning.models.lora import adapt, project
+from partitioning.models.quantized import base_quantization, quantized_kernel
 
 NORMS = ("rms", "layer", "rms_offset")
 # The activations of the families' MLPs, by HF name too: gelu_new / gelu_pytorch_tanh are the tanh approximation.
@@ -53,11 +54,26 @@ def dense_param(mod: nn.Module, name: str, names: tuple, shape: tuple, dtype: An
     return param_for_compute(mod.param(name, with_logical_partitioning(init, names), shape, dtype), names)
 
 
-def kernel(mod: nn.Module, name: str, ins: tuple, outs: tuple, dtype: Any, fan_in: int, out_in: bool = False):
+def kernel(
+    mod: nn.Module,
+    name: str,
+    ins: tuple,
+    outs: tuple,
+    dtype: Any,
+    fan_in: int,
+    out_in: bool = False,
+    quantizable: bool = True,
+):
     """A projection weight over ``ins`` then ``outs`` (``((logical name, size), ...)``); ``out_in`` stores it
-    outputs first, as torch's ``Linear`` does (the Hugging Face families: loading them is then a reshape)."""
+    outputs first, as torch's ``Linear`` does (the Hugging Face families: loading them is then a reshape).
+    Stored quantized when the module's ``lora`` has a ``base_dtype`` (:mod:`partitioning.models.quantized`)
+    and ``quantizable``."""
     axes = tuple(outs) + tuple(ins) if out_in else tuple(ins) + tuple(outs)
-    return dense_param(mod, name, tuple(n for n, _ in axes), tuple(s for _, s in axes), dtype, fan_in)
+    names, shape = tuple(n for n, _ in axes), tuple(s for _, s in axes)
+    base = base_quantization(mod) if quantizable else None
+    if base is not None:
+        return quantized_kernel(mod, name, names, shape, dtype, fan_in, base)
+    return dense_param(mod, name, names, shape, dtype, fan_in)
 
 
 def order(out_in: bool, ins: str, outs: str) -> str:

@@ -205,7 +205,10 @@ def _messages(
         value = errs[0].get("input")
         if "extra_forbidden" in kinds:
             valid = _model_keys(model)
-            out.append(f"{here}: unknown key (valid: {', '.join(valid)}){did_you_mean(str(field[-1]), valid)}")
+            hint = did_you_mean(str(field[-1]), valid)
+            if (section, *field) == ("model", "base_dtype"):  # QLoRA's key lives under the adapters it serves
+                hint = "; a quantized base is a LoRA option: set model.lora.base_dtype (the base is frozen under LoRA)"
+            out.append(f"{here}: unknown key (valid: {', '.join(valid)}){hint}")
         elif "missing" in kinds:
             out.append(f"{here}: missing required key")
         elif kinds & set(_RANGES):

@@ -147,8 +147,8 @@ class HfModelConfig(Section):
     param_dtype: StrictStr | None = Field(default=None, description="parameter dtype; null: float32")
     lora: dict[str, Any] | None = Field(
         default=None,
-        description="LoRA adapters: {rank, alpha (default: rank), targets: [regex over parameter paths, ...], "
-        "dropout, rslora, dtype (default: float32)}; the same key works for name: gpt and _target_ models",
+        description="LoRA: {rank, alpha (default: rank), targets: [regex over parameter paths], dropout, rslora, "
+        "dtype (float32), base_dtype (int8 | nf4: QLoRA's quantized frozen base), base_block (64)}; also name: gpt",
     )
     adapter: StrictStr | None = Field(
         default=None,

@@ -12,6 +12,8 @@ Modules:
 - :mod:`~partitioning.finetune.lora` — ``LoRA`` options: rank, alpha, targets (regexes over parameter paths), checks.
 - :mod:`~partitioning.finetune.lora_model` — ``LoRAModel``: LoRA on any model, adapters merged into the weights.
 - :mod:`~partitioning.finetune.merge` — LoRA merged into the weights (``W + scale * B A``), for every layout.
+- :mod:`~partitioning.finetune.quantize` — a quantized frozen base (QLoRA): int8 / NF4 codes, block absmax scales.
+- :mod:`~partitioning.finetune.quantized_base` — a QLoRA model's float twin; its base dequantized for export.
 - :mod:`~partitioning.finetune.trainable` — ``trainable`` regexes: the params that train; the params tree split.
 
 Imports: the core modules and :mod:`partitioning.model`.
@@ -26,6 +28,7 @@ Example::
 from partitioning.finetune.lora import LoRA
 from partitioning.finetune.lora_model import LoRAModel
 from partitioning.finetune.merge import merge_lora
+from partitioning.finetune.quantized_base import dequantize_base
 from partitioning.finetune.trainable import trainable_paths
 
-__all__ = ["LoRA", "LoRAModel", "trainable_paths", "merge_lora"]
+__all__ = ["LoRA", "LoRAModel", "trainable_paths", "merge_lora", "dequantize_base"]

@@ -40,6 +40,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from partitioning.errors import ConfigError, did_you_mean
+from partitioning.finetune.quantize import BASE_DTYPES
 
 # The logical name of the rank axis of every adapter.
 RANK_AXIS = "lora"
@@ -57,13 +58,17 @@ class LoRA:
     ``scale = alpha / rank`` (``alpha / sqrt(rank)`` with ``rslora``), as PEFT.
     ``alpha`` defaults to ``rank`` (scale 1). ``dropout`` applies to the
     adapter's input in training only. ``dtype``: the adapters' parameter dtype
-    (float32 by default, even over a bfloat16 base). Frozen and hashable, so it
+    (float32 by default, even over a bfloat16 base). ``base_dtype``: ``int8`` or
+    ``nf4`` stores the frozen base's projection kernels quantized in blocks of
+    ``base_block`` values (QLoRA, :mod:`partitioning.finetune.quantize`); unset,
+    the base keeps the model's param dtype. Frozen and hashable, so it
     can be a Flax module field. Bad values raise a ConfigError naming the key.
 
     Example::
 
         >>> pt.finetune.LoRA(rank=4, alpha=8, targets=("mlp/wo",))
-        LoRA(rank=4, alpha=8.0, targets=('mlp/wo',), dropout=0.0, rslora=False, dtype='float32')
+        LoRA(rank=4, alpha=8.0, targets=('mlp/wo',), dropout=0.0, rslora=False, dtype='float32', base_dtype=None, \
+base_block=64)
     """
 
     rank: int
@@ -72,6 +77,8 @@ class LoRA:
     dropout: float = 0.0
     rslora: bool = False
     dtype: str = "float32"
+    base_dtype: str | None = None
+    base_block: int = 64
 
     def __post_init__(self):
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
@@ -110,6 +117,15 @@ class LoRA:
                 arg="lora.dtype",
             )
         object.__setattr__(self, "dtype", name)
+        if self.base_dtype is not None and self.base_dtype not in BASE_DTYPES:
+            raise ConfigError(
+                f"lora.base_dtype must be one of {', '.join(BASE_DTYPES)} (or unset: the model's param dtype), "
+                f"got {self.base_dtype!r}{did_you_mean(str(self.base_dtype), BASE_DTYPES)}",
+                arg="lora.base_dtype",
+            )
+        b = self.base_block
+        if isinstance(b, bool) or not isinstance(b, int) or b < 2 or b % 2:
+            raise ConfigError(f"lora.base_block must be an even integer >= 2, got {b!r}", arg="lora.base_block")
 
     @classmethod
     def parse(cls, value: Any) -> LoRA | None:
@@ -120,7 +136,7 @@ class LoRA:
             >>> pt.finetune.LoRA.parse({"rank": 8, "targets": ["q"], "drop": 0.1})
             Traceback (most recent call last):
             partitioning.errors.ConfigError: unknown lora option 'drop' (options: rank, alpha, targets, \
-dropout, rslora, dtype); did you mean 'dropout'?
+dropout, rslora, dtype, base_dtype, base_block); did you mean 'dropout'?
         """
         if value is None or isinstance(value, LoRA):
             return value

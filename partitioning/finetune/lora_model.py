@@ -112,6 +112,12 @@ class LoRAModel:
                 "needs the activation path, which only the reference models have (gpt and the Hugging Face families)",
                 arg="lora.dropout",
             )
+        if parsed.base_dtype is not None:
+            raise ConfigError(
+                f"lora.base_dtype: a quantized base ({parsed.base_dtype}) needs layers that dequantize their own "
+                "kernels, which only the reference models have (gpt and the Hugging Face families); drop base_dtype",
+                arg="lora.base_dtype",
+            )
         self.lora, self.origin = parsed, origin
         self.kind = self.inner.kind
 

@@ -16,6 +16,7 @@ from flax import traverse_util
 from partitioning.boxes import unbox
 from partitioning.errors import CheckpointError, ConfigError
 from partitioning.finetune.lora import A_SUFFIX, B_SUFFIX, RANK_AXIS, LoRA
+from partitioning.finetune.quantized_base import dequantize_base
 from partitioning.model.interface import abstract_params as _abstract
 from partitioning.model.interface import param_names as _names
 
@@ -65,7 +66,9 @@ def merge_lora(model: Any, variables: Any) -> tuple[Any, dict[str, Any]]:
     lora = LoRA.parse(getattr(model, "lora", None))
     if lora is None:
         raise ConfigError(f"{type(model).__name__} has no LoRA adapters (lora is not set): nothing to merge")
-    params = variables.get("params", variables) if hasattr(variables, "get") else variables
+    # A quantized base (QLoRA) merges as dequantize(codes, scales) + scale * B A, in the param dtype.
+    model, variables = dequantize_base(model, variables)
+    params = variables["params"]
     flat = traverse_util.flatten_dict(unbox(params))
     names = _names(_abstract(model))
     out = {k: v for k, v in flat.items() if not k[-1].endswith((A_SUFFIX, B_SUFFIX))}

@@ -35,6 +35,7 @@ import jax
 from partitioning.boxes import is_box
 from partitioning.errors import ConfigError
 from partitioning.finetune.lora import ADAPTER_PATTERN
+from partitioning.finetune.quantize import SCALE_SUFFIX
 from partitioning.layout import path_str
 
 # What trains by default when the model carries LoRA adapters (`<name>_lora_a`, `<name>_lora_b`).
@@ -177,6 +178,14 @@ def subset_of(params: Any, trainable: Sequence[str] | str | None, *, has_lora: b
             return Subset()
         trainable = LORA_TRAINABLE
     keep = trainable_paths(trainable, paths)
+    quantized = {q for p in paths if p.endswith(SCALE_SUFFIX) for q in (p, p[: -len(SCALE_SUFFIX)])}
+    if keep & quantized:
+        p = sorted(keep & quantized)[0]
+        raise ConfigError(
+            f"trainable: {p} is part of the quantized base (model.lora.base_dtype), which cannot train; "
+            "match the adapters only (the default with model.lora: _lora_[ab]$)",
+            arg="trainable",
+        )
     return Subset(p for p in paths if p not in keep)
 
 

@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from pathlib import Path
@@ -41,6 +42,8 @@ from partitioning.boxes import unbox
 from partitioning.context import get_logical_axis_rules
 from partitioning.errors import CheckpointError, ConfigError
 from partitioning.finetune.lora import LoRA, is_adapter
+from partitioning.finetune.quantize import SCALE_SUFFIX, quantize, quantized_paths
+from partitioning.finetune.quantized_base import without_base_dtype
 from partitioning.hf.check import arch_hint, check_config_keys, check_hf_path
 from partitioning.hf.files import DTYPES, discover, parse_size, read_config
 from partitioning.hf.name_map import check_params, expand, match
@@ -188,18 +191,28 @@ def load_hf(
 
         peft_adapter, rows, model = with_adapter(adapter, family, model)
     stored = discover(directory)
-    abstract = _abstract(model)
+    # A quantized base (QLoRA) is read as the float model's and each kernel quantized as soon as it is read.
+    plain = without_base_dtype(model)
+    abstract = _abstract(plain)
     if mesh is None:
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        shardings = jax.tree.map(lambda _: device, unbox(abstract))
+
+        def place(tree: Any) -> Any:
+            return jax.tree.map(lambda _: device, unbox(tree))
     else:
         if rules is None:
             rules = get_logical_axis_rules()
             rules = rules if len(rules) else "fsdp"
-        shardings = tree_shardings(abstract, mesh, rules, on_indivisible=on_indivisible)
+
+        def place(tree: Any) -> Any:
+            return tree_shardings(tree, mesh, rules, on_indivisible=on_indivisible)
+
+    shardings = place(abstract)
     flat = traverse_util.flatten_dict(unbox(abstract))
     flat_shardings = traverse_util.flatten_dict(shardings)
-    maps, shapes, all_shapes, all_names, fresh = weight_maps(model, family, stored, abstract)
+    qshardings = flat_shardings if plain is model else traverse_util.flatten_dict(place(_abstract(model)))
+    quantized = set(quantized_paths(qshardings))
+    maps, shapes, all_shapes, all_names, fresh = weight_maps(plain, family, stored, abstract)
     adapters = {k: flat_shardings[k] for k in fresh}
     extra = family.skipped(cfg) + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     found = match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
@@ -212,10 +225,23 @@ def load_hf(
     with Reader() as reader:
         for m in maps:
             sources = [found[n] for n in m.hf]
-            params[m.path] = reader.param(m, sources, shapes[m.path], flat[m.path].dtype, flat_shardings[m.path])
+            w = reader.param(m, sources, shapes[m.path], flat[m.path].dtype, flat_shardings[m.path])
+            if m.path in quantized:
+                params.update(quantize_param(m.path, w, LoRA.parse(model.lora), qshardings))
+                del w  # one weight unquantized at a time
+            else:
+                params[m.path] = w
     if adapters:
         params.update(_fresh_adapters(model, adapters, mesh, rules))
     return model, {"params": traverse_util.unflatten_dict(params)}
+
+
+def quantize_param(path: tuple[str, ...], w: jax.Array, lora: Any, shardings: dict) -> dict[tuple, jax.Array]:
+    """``{path: codes, path_qscale: scale}`` of one read weight, each on its sharding (blocks stay on their device)."""
+    scale_path = path[:-1] + (path[-1] + SCALE_SUFFIX,)
+    fn = functools.partial(quantize, kind=lora.base_dtype, block=lora.base_block)
+    codes, scale = jax.jit(fn, out_shardings=(shardings[path], shardings[scale_path]))(w)
+    return {path: codes, scale_path: scale}
 
 
 def weight_maps(model: Any, family: Any, stored: Any, abstract: Any) -> tuple[list[Any], dict, dict, dict, set]:
@@ -243,7 +269,7 @@ def check_hf_files(path: str | os.PathLike, adapter: str | os.PathLike | None = 
     ``options``: ``dtype``, ``param_dtype``, ``scan_layers``, ``remat`` as for ``load_hf``; ``adapter``: a PEFT
     adapter folder, whose tensors are checked against the base too (an adapter made for another base).
     """
-    model = hf_model(path, **options)
+    model = without_base_dtype(hf_model(path, **options))  # the files hold the float weights
     directory, cfg, family = _config(path)
     stored = discover(directory)  # reads and validates every header (truncation, damage)
     maps, shapes, *_ = weight_maps(model, family, stored, _abstract(model))

@@ -6,14 +6,12 @@ state) and a mesh — a real ``Mesh``, an ``AbstractMesh`` or just
 Output is a :class:`Plan`: one :class:`~partitioning.shardings.LeafLayout` per array, totals per
 device for params, optimizer state and gradients beside the ideal ``total / devices``, and warnings:
 
-- the largest parameters left fully replicated (with their gradient and
-  optimizer state, what each costs per device and its share of the total);
-- logical names the model uses that no rule mentions (those dimensions are
-  unsharded);
+- the largest parameters left fully replicated (with their gradient and optimizer state, what each costs per
+  device and its share of the total);
+- logical names the model uses that no rule mentions (those dimensions are unsharded);
 - rules that never claim a dimension of any parameter or activation;
-- mesh axes that split no parameter (pure data parallelism over them: the
-  state is copied across the axis — by design for a ``data`` axis, a mistake
-  for one meant to shard);
+- mesh axes that split no parameter (pure data parallelism over them: the state is copied across the axis —
+  by design for a ``data`` axis, a mistake for one meant to shard);
 - dimensions the rules could not split (indivisible sizes) — errors when
   ``on_indivisible='error'``, since the train step would refuse them.
 
@@ -42,6 +40,7 @@ from typing import Any
 
 from jax.sharding import PartitionSpec
 
+from partitioning.finetune.quantize import weight_counts
 from partitioning.fmt import fmt_bytes, fmt_rule, fmt_spec
 from partitioning.layout import LeafLayout, name_failures, tree_layouts
 from partitioning.mesh import MeshSpec
@@ -116,7 +115,7 @@ class Plan:
 
     @property
     def num_params(self) -> int:
-        return sum(leaf.size for leaf in self.params)
+        return sum(weight_counts(self.params).values())  # a quantized base counts its float weights
 
     @property
     def active_params(self) -> int | None:

@@ -25,6 +25,7 @@ from typing import Any
 import jax
 
 from partitioning.boxes import unbox
+from partitioning.finetune.quantize import weight_counts
 from partitioning.layout import LeafLayout, tree_layouts
 from partitioning.mesh import sharding_context
 from partitioning.plan.compiled import memory_stats
@@ -143,16 +144,11 @@ class Lowering:
 
     @functools.cached_property
     def num_params(self) -> int:
-        return sum(
-            leaf.size
-            for leaf in tree_layouts(
-                self.abstract_state.params,
-                self.mesh,
-                self.rules,
-                on_indivisible=self.on_indivisible,
-                warn_replicated=False,
-            )
+        """The model's weights (a quantized base counts the float weights its codes stand for, as ``plan``)."""
+        leaves = tree_layouts(
+            self.abstract_state.params, self.mesh, self.rules, on_indivisible=self.on_indivisible, warn_replicated=False
         )
+        return sum(weight_counts(leaves).values())
 
 
 __all__ = ["Lowering"]

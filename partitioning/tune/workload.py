@@ -71,6 +71,7 @@ from typing import Any
 
 import numpy as np
 
+from partitioning.finetune.quantize import weight_counts
 from partitioning.layout import LeafLayout
 from partitioning.resolve import IndivisibleWarning, axes_tuple
 from partitioning.rules import Rules
@@ -192,11 +193,16 @@ def workload(
         >>> w.layers, w.embed, w.mlp
         (4, 128, 512)
     """
-    n = sum(leaf.size for leaf in params)
-    lookup = sum(leaf.size for leaf in params if leaf.names and tuple(leaf.names) == ("vocab", "embed"))
+    size = weight_counts(params)  # a quantized base (QLoRA) does the FLOPs of its float weights
+    n = sum(size.values())
+    lookup = sum(size[leaf.path] for leaf in params if leaf.names and tuple(leaf.names) == ("vocab", "embed"))
     # Matmul weights have two dimensions besides a scan's `layers` axis (norm scales have one).
     matmul = (
-        sum(leaf.size for leaf in params if len(leaf.shape) - (1 if leaf.names and "layers" in leaf.names else 0) >= 2)
+        sum(
+            size[leaf.path]
+            for leaf in params
+            if len(leaf.shape) - (1 if leaf.names and "layers" in leaf.names else 0) >= 2
+        )
         - lookup
     )
     dtype = (

@@ -286,11 +286,12 @@ def test_lora_model_refuses_dropout_and_names_what_a_target_could_match():
         ),
         (
             {"rank": 4, "targets": ["q"], "ranks": 2},
-            "unknown lora option 'ranks' (options: rank, alpha, targets, dropout, rslora, dtype); did you mean 'rank'?",
+            "unknown lora option 'ranks' (options: rank, alpha, targets, dropout, rslora, dtype, base_dtype, "
+            "base_block); did you mean 'rank'?",
         ),
         ({"targets": ["q"]}, "lora needs a rank"),
         ({"rank": 4}, "lora needs targets"),
-        ([4], "lora must be a mapping of rank, alpha, targets, dropout, rslora, dtype"),
+        ([4], "lora must be a mapping of rank, alpha, targets, dropout, rslora, dtype, base_dtype, base_block"),
     ],
 )
 def test_bad_lora_options_name_the_key(value, message):
