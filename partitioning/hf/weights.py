@@ -288,8 +288,12 @@ def check_hf_files(path: str | os.PathLike, adapter: str | os.PathLike | None = 
 def _fresh_adapters(model: Any, shardings: dict[tuple[str, ...], Any], mesh: Any, rules: Any) -> dict[tuple, Any]:
     """The model's initial LoRA adapters, each born in its shard (the rest of the init is dead code to XLA)."""
 
+    # The tokens only trace the init (its forward pass is dead code), but on Explicit mesh axes their batch
+    # and length must divide over the axes the rules give them: one token per device on each does.
+    n = mesh.size if mesh is not None else 1
+
     def init(rng):
-        flat = traverse_util.flatten_dict(unbox(model.init(rng, jnp.zeros((1, 1), jnp.int32))["params"]))
+        flat = traverse_util.flatten_dict(unbox(model.init(rng, jnp.zeros((n, n), jnp.int32))["params"]))
         return {"/".join(k): flat[k] for k in shardings}
 
     out = {"/".join(k): s for k, s in shardings.items()}
