@@ -14,12 +14,18 @@ leaf becomes an :class:`AnnotatedBox` (a logical box that remembers its row),
 so the optimizer state built from the annotated params mirrors them (adam's
 ``mu``/``nu`` get the same names) and ``rules explain`` / ``plan`` say which
 row named each dimension. A leaf of an optimizer state handed over on its own
-(``opt_state/0/mu/<param path>``) matches as ``params/<param path>``.
+(``opt_state/0/mu/<param path>``) matches as ``params/<param path>``; a factored
+one (adafactor's ``v_row``/``v_col``: one dimension less) takes that row's names
+less the dimension the optimizer dropped (:func:`factored_names`). A row whose regex
+names ``opt_state`` is for optimizer-state paths (``opt_state/0/mu/...``): applied to the moments it matches
+wherever the optimizer state is built (the Trainer, ``plan``, :func:`~partitioning.tree_layouts` of a whole
+state), never to params.
 
 Mistakes are one line naming the row (``file:line: annotations[2]``): a bad
 regex, a row whose names do not match the leaf's rank, a name no rule table
 knows; a row matching nothing warns (:class:`AnnotationWarning`) or, with
-``strict``, is an error.
+``strict``, is an error -- and a row every array of which an earlier row takes
+is named as shadowed, with that row.
 
 Example::
 
@@ -216,19 +222,23 @@ class Annotations:
             return tree
         flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_leaf)
         used: set[int] = set()
-        out = [self._one(path_str(kp), leaf, used) for kp, leaf in flat]
-        self._report_unused(used, len(flat))
+        paths = [path_str(kp) for kp, _ in flat]
+        shapes = {p: _shape(leaf) for p, (_, leaf) in zip(paths, flat, strict=True) if p.startswith("params/")}
+        out = [self._one(p, leaf, used, shapes) for p, (_, leaf) in zip(paths, flat, strict=True)]
+        self._report_unused(used, paths)
         return jax.tree_util.tree_unflatten(treedef, out)
 
-    def _one(self, path: str, leaf: Any, used: set[int]) -> Any:
-        m, mirrored = self.match(path), False
-        if m is None and not path.startswith("params/"):
-            # An optimizer moment (opt_state/0/mu/<param path>) takes its parameter's row.
+    def _one(self, path: str, leaf: Any, used: set[int], shapes: dict[str, Any] | None = None) -> Any:
+        m, mirrored = self.match(path), None
+        if not path.startswith("params/") and (m is None or MOMENT_ROW not in m[1].pattern):
+            # An optimizer moment (opt_state/0/mu/<param path>) takes its parameter's row (a row for moments,
+            # naming opt_state, goes first); with the params in the tree, only a param's own path counts.
             parts = path.split("/")
             for i in range(1, len(parts)):
-                m = self.match("params/" + "/".join(parts[i:]))
-                if m is not None:
-                    mirrored = True
+                q = "params/" + "/".join(parts[i:])
+                found = self.match(q) if not shapes or q in shapes else None
+                if found is not None:
+                    m, mirrored = found, q
                     break
         if m is None:
             return leaf
@@ -239,9 +249,18 @@ class Annotations:
         shape = getattr(value, "shape", None)
         if shape is None:
             return leaf
-        if len(row.names) != len(shape):
-            if mirrored:  # a factored moment (adafactor's v_row): not the parameter's shape
+        param = (shapes or {}).get(mirrored) if mirrored else None
+        if param is not None and tuple(param) != tuple(shape):
+            # Not the parameter's shape: a factored moment (adafactor's v_row / v_col) takes its names less the
+            # dimension the optimizer drops; a placeholder ((1,)) stays unnamed.
+            names = factored_names(row.names, param, shape, path)
+            if names is None:
                 return leaf
+            used.add(index)
+            return AnnotatedBox(value, names, named_by=f"{row.origin} (factored)")
+        if len(row.names) != len(shape) and mirrored:
+            return leaf  # a moment handed over without its params: not its parameter's shape
+        if len(row.names) != len(shape):
             raise AnnotationError(
                 f"{row.origin}: {len(row.names)} names {list(row.names)!r} for {path} of rank {len(shape)} "
                 f"(shape {tuple(int(s) for s in shape)}); give one name (or null) per dimension"
@@ -251,20 +270,93 @@ class Annotations:
         rules = leaf.rules if is_logical_box(leaf) else None
         return AnnotatedBox(value, row.names, rules=rules, named_by=row.origin, replaced=own)
 
-    def _report_unused(self, used: set[int], leaves: int) -> None:
+    def apply_moments(self, opt_state: Any, prefix: str = "opt_state/") -> Any:
+        """``opt_state`` (the optimizer state built from the annotated params) with the rows for optimizer-state
+        paths (their regex names ``opt_state``) applied to the moments they match, as :meth:`apply` applies them
+        to a whole train state: the Trainer, ``plan`` and :func:`~partitioning.tree_layouts` agree."""
+        rows = [(i, r) for i, r in enumerate(self.rows) if MOMENT_ROW in r.pattern]
+        if not rows:
+            return opt_state
+
+        def one(kp: Any, leaf: Any) -> Any:
+            path = prefix + path_str(kp)
+            m = next(((i, r) for i, r in enumerate(self.rows) if r.regex.search(path)), None)
+            if m is None or MOMENT_ROW not in m[1].pattern:
+                return leaf
+            value = leaf.value if is_box(leaf) else leaf
+            shape = getattr(value, "shape", None)
+            if shape is None or len(shape) != len(m[1].names):
+                return leaf
+            rules = leaf.rules if is_logical_box(leaf) else None
+            own = tuple(leaf.names) if is_box(leaf) else None
+            return AnnotatedBox(value, m[1].names, rules=rules, named_by=m[1].origin, replaced=own)
+
+        return jax.tree_util.tree_map_with_path(one, opt_state, is_leaf=_is_leaf)
+
+    def _report_unused(self, used: set[int], paths: Sequence[str]) -> None:
+        moments = any(not p.startswith("params/") for p in paths)
         for i, row in enumerate(self.rows):
-            if i in used:
-                continue
-            msg = f"{row.origin}: {row.pattern!r} matches none of the {leaves} arrays of the model"
+            if i in used or (MOMENT_ROW in row.pattern and not moments):
+                continue  # a row for optimizer moments is applied where the optimizer state is built
+            hits = [p for p in paths if row.regex.search(p)]
+            first = self.match(hits[0]) if hits else None
+            if first is not None and first[0] < i:
+                other = first[1]
+                msg = (
+                    f"{row.origin}: {row.pattern!r} is shadowed by {other.origin} ({other.pattern!r}): the "
+                    f"{len(hits)} array{'s' * (len(hits) != 1)} it matches ({hits[0]}{', ...' * (len(hits) > 1)}) are "
+                    "named by that earlier row (the first match wins); move it above that row, or narrow that row"
+                )
+            else:
+                msg = f"{row.origin}: {row.pattern!r} matches none of the {len(paths)} arrays of the model"
             if self.strict:
                 raise AnnotationError(msg + " (strict)")
             if i not in self._warned:  # a table is applied to each abstract tree a command builds: say it once
                 self._warned.add(i)
                 warnings.warn(
-                    msg + "; check the path against `partitioning plan`",
+                    msg if first is not None else msg + "; check the path against `partitioning plan`",
                     AnnotationWarning,
                     stacklevel=user_stacklevel(),
                 )
+
+
+def _shape(leaf: Any) -> Any:
+    if isinstance(leaf, nnx.Variable):
+        leaf = leaf.get_value()
+    return getattr(leaf.value if is_box(leaf) else leaf, "shape", None)
+
+
+MOMENT_ROW = "opt_state"  # a row whose regex names it is for optimizer-state paths (opt_state/0/mu/...)
+
+
+def factored_names(names: Sequence[Any], param_shape: Sequence[int], shape: Sequence[int], path: str = "") -> Any:
+    """The names of a factored moment: the parameter's ``names`` less the dimension the optimizer dropped.
+
+    A factored second moment (optax's adafactor: ``v_row``, ``v_col``) has the parameter's shape less one
+    dimension: the one whose removal gives ``shape``. Where two equal sizes make that ambiguous, the optimizer's
+    own rule decides: ``v_row`` drops the largest dimension, ``v_col`` the second largest (ties by position, as
+    ``np.argsort`` orders them). None when ``shape`` is no such shape (a ``(1,)`` placeholder).
+
+    Example::
+
+        >>> from partitioning.annotations import factored_names
+        >>> factored_names(("embed", "mlp"), (64, 256), (64,), "opt_state/0/v_row/w")    # mlp (256) dropped
+        ('embed',)
+        >>> factored_names(("embed", "heads"), (64, 64), (64,), "opt_state/0/v_col/w")   # a tie: optax's rule
+        ('heads',)
+    """
+    param_shape, shape = tuple(int(s) for s in param_shape), tuple(int(s) for s in shape)
+    rank = len(param_shape)
+    if len(names) != rank or len(shape) != rank - 1:
+        return None
+    dropped = [k for k in range(rank) if param_shape[:k] + param_shape[k + 1 :] == shape]
+    if len(dropped) > 1:
+        order = sorted(range(rank), key=lambda i: (param_shape[i], i))
+        k = order[-1] if "/v_row/" in f"/{path}/" else order[-2]
+        dropped = [k] if k in dropped else dropped[-1:]
+    if not dropped:
+        return None
+    return tuple(names[: dropped[0]]) + tuple(names[dropped[0] + 1 :])
 
 
 def as_annotations(value: Any) -> Annotations | None:
@@ -296,5 +388,6 @@ __all__ = [
     "AnnotationWarning",
     "as_annotations",
     "apply_annotations",
+    "factored_names",
     "named_by",
 ]

@@ -42,14 +42,15 @@ import collections
 import dataclasses
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from partitioning.boxes import is_box
-from partitioning.fmt import fmt_shape
+from partitioning.fmt import fmt_bytes, fmt_shape
 from partitioning.paths import path_str
 
 VECTOR_LEAVES = {"bias", "scale", "b", "g", "gamma", "beta", "mean", "var", "offset"}
@@ -58,12 +59,27 @@ OUTPUT = re.compile(r"^(out|o|o_proj|out_proj|proj|c_proj|wo|dense_out)$", re.IG
 ATTENTION = re.compile(r"attn|attention|query|key|value|^q|^k|^v|qkv", re.IGNORECASE)
 SLOT = re.compile(r"^(\d+)$|^(.*_)(\d+)$")
 MAX_KERNEL = 11  # spatial sizes of a convolution kernel are at most this
+HEAVY = 0.05  # an unnamed array over this share of the state is warned about (replicated under every rule table)
 
 
 @dataclasses.dataclass(frozen=True)
 class Leaf:
     path: str
     shape: tuple[int, ...]
+    nbytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Unnamed:
+    """An array no rule of thumb names: replicated under every rule table, its bytes and share of the state."""
+
+    path: str
+    shape: tuple[int, ...]
+    nbytes: int
+    share: float
+
+    def __str__(self) -> str:
+        return f"{self.path} {fmt_shape(self.shape)}: {fmt_bytes(self.nbytes)}, {self.share:.1%} of the state"
 
 
 @dataclasses.dataclass
@@ -88,7 +104,11 @@ class Proposal:
     rows: list[ProposedRow]
     sizes: dict[str, int]
     named: list[str]  # arrays that already carry names (kept)
-    unnamed: list[str]  # arrays no rule of thumb names at all
+    unnamed: list[Unnamed]  # arrays no rule of thumb names at all, largest first
+
+    def heavy(self, share: float = HEAVY) -> list[Unnamed]:
+        """The unnamed arrays over ``share`` of the state: replicated under every rule table, they cost most."""
+        return [u for u in self.unnamed if u.share > share]
 
     @property
     def ambiguous(self) -> list[str]:
@@ -98,40 +118,10 @@ class Proposal:
             for i in r.ambiguous
         ]
 
-    def to_yaml(self, title: str, kept: Sequence[Any] = ()) -> str:
-        """The table as a YAML file a run config extends with ``base:``, each row's reasons as a comment.
 
-        ``kept``: rows that named arrays already (the config's own ``annotations:``), written first.
-        """
-        read = ", ".join(f"{k} {v}" for k, v in self.sizes.items()) or "none"
-        out = [
-            f"# Annotations proposed by `partitioning annotate` for {title}.",
-            f"# Sizes read off the model: {read}.",
-            "# A proposal: check each row's reasons, fix what is wrong, then extend a run config",
-            "# with `base: <this file>` (a row's names are logical names; the rules decide the mesh axes).",
-        ]
-        if self.named:
-            out.append(f"# {len(self.named)} arrays already carry names and keep them.")
-        for what, items in (("left null (ambiguous)", self.ambiguous), ("no rule of thumb names", self.unnamed)):
-            if items:
-                out.append(f"# {what}:")
-                out += [f"#   {x}" for x in items]
-        out.append("annotations:")
-        for r in kept:
-            out.append(f"  # kept: {r.origin}")
-            names = ", ".join("null" if n is None else n for n in r.names)
-            out.append(f"  - ['{r.pattern.replace(chr(39), chr(39) * 2)}', [{names}]]")
-        for r in self.rows:
-            many = f", {len(r.paths)} arrays" if len(r.paths) > 1 else ""
-            out.append(f"  # {r.paths[0]} {fmt_shape(r.shape)}{many}: {'; '.join(r.reasons)}")
-            names = ", ".join("null" if n is None else n for n in r.names)
-            out.append(f"  - ['{r.pattern.replace(chr(39), chr(39) * 2)}', [{names}]]")
-        return "\n".join(out) + "\n"
-
-
-def _leaves(tree: Any) -> tuple[list[Leaf], list[str]]:
+def _leaves(tree: Any) -> tuple[list[Leaf], list[str], int]:
     flat = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: is_box(x) or isinstance(x, nnx.Variable))[0]
-    out, named = [], []
+    out, named, total = [], [], 0
     for kp, leaf in flat:
         path = path_str(kp)
         names = None
@@ -143,11 +133,13 @@ def _leaves(tree: Any) -> tuple[list[Leaf], list[str]]:
         shape = tuple(int(s) for s in getattr(leaf, "shape", ()))
         if not shape:
             continue
+        nbytes = math.prod(shape) * jnp.dtype(getattr(leaf, "dtype", jnp.float32)).itemsize
+        total += nbytes
         if names is not None:
             named.append(path)
         else:
-            out.append(Leaf(path, shape))
-    return out, named
+            out.append(Leaf(path, shape, nbytes))
+    return out, named, total
 
 
 def _stacked(leaves: Sequence[Leaf]) -> dict[str, int]:
@@ -181,13 +173,16 @@ def _is_conv(leaf: Leaf, core: tuple[int, ...]) -> bool:
     return len(core) == 4 and core[0] == core[1] <= MAX_KERNEL
 
 
-def propose_annotations(tree: Any, *, input_channels: int | None = None) -> Proposal:
+def propose_annotations(tree: Any, *, input_channels: int | None = None, embeddings: Collection[str] = ()) -> Proposal:
     """A :class:`Proposal` for the unnamed leaves of ``tree`` (an abstract init, boxed or not).
 
     ``input_channels``: the last dimension of an image input, so a first
     convolution's input channels are left null rather than named ``embed``.
+    ``embeddings``: the paths of the tables the model indexes with its integer inputs
+    (:func:`~partitioning.model.embeddings.embedding_tables`): named ``(vocab, embed)`` whatever their width,
+    and left out of the vote for the model's width (their rows are the vocabulary).
     """
-    leaves, named = _leaves(tree)
+    leaves, named, total = _leaves(tree)
     stacked = _stacked(leaves)
 
     def prefix_of(leaf: Leaf) -> str | None:
@@ -196,6 +191,7 @@ def propose_annotations(tree: Any, *, input_channels: int | None = None) -> Prop
     cores = {}
     for leaf in leaves:
         cores[leaf.path] = leaf.shape[1:] if prefix_of(leaf) is not None else leaf.shape
+    tables = {leaf.path for leaf in leaves if leaf.path in embeddings and len(leaf.shape) == 2 and not prefix_of(leaf)}
     convs = {leaf.path for leaf in leaves if _is_conv(leaf, cores[leaf.path])}
     matrices = [cores[leaf.path] for leaf in leaves if leaf.path not in convs and len(cores[leaf.path]) >= 2]
     vectors = collections.Counter(c[0] for leaf in leaves if len(c := cores[leaf.path]) == 1)
@@ -203,7 +199,8 @@ def propose_annotations(tree: Any, *, input_channels: int | None = None) -> Prop
     votes: collections.Counter[int] = collections.Counter()
     for leaf in leaves:
         core = cores[leaf.path]
-        if leaf.path not in convs and len(core) >= 2 and leaf.path.rsplit("/", 1)[-1] not in VECTOR_LEAVES:
+        skip = leaf.path in convs or leaf.path in tables
+        if not skip and len(core) >= 2 and leaf.path.rsplit("/", 1)[-1] not in VECTOR_LEAVES:
             for s in set(core):
                 votes[s] += math.prod(core)
     conv_out = {cores[p][-1] for p in convs}
@@ -219,6 +216,8 @@ def propose_annotations(tree: Any, *, input_channels: int | None = None) -> Prop
             other = [s for s in core if s != d]
             if other:
                 sizes["vocab"] = max(other + [sizes.get("vocab", 0)])
+    for path in tables:  # the rows of a table the integer inputs index: the vocabulary, by use
+        sizes["vocab"] = max(cores[path][0], sizes.get("vocab", 0))
     wide = [s for core in matrices if d in core and len(core) == 2 for s in core if d is not None and s > d]
     wide = [s for s in wide if s != sizes.get("vocab")] or [s for s in wide if wide.count(s) > 2]
     if wide:
@@ -234,15 +233,23 @@ def propose_annotations(tree: Any, *, input_channels: int | None = None) -> Prop
     unnamed = []
     for leaf in leaves:
         names, reasons = _name(leaf, cores[leaf.path], leaf.path in convs, sizes, heads_kv, conv_out, input_channels)
+        if leaf.path in tables:
+            width = leaf.shape[1]
+            names = ("vocab", "embed")
+            reasons = (
+                f"vocab: {leaf.shape[0]} rows the integer inputs index (an embedding table, by use)",
+                f"embed: the embedding's width {width}"
+                + (f" (the model's is {d})" if d is not None and d != width else ""),
+            )
         prefix = prefix_of(leaf)
         if prefix is not None:
             names = ("layers", *names)
             reasons = (f"layers: leading {leaf.shape[0]} shared by every array under {prefix}", *reasons)
         if all(n is None for n in names):
-            unnamed.append(f"{leaf.path} {fmt_shape(leaf.shape)}")
+            unnamed.append(Unnamed(leaf.path, leaf.shape, leaf.nbytes, leaf.nbytes / max(total, 1)))
         named_leaves.append((leaf, names, reasons))
     rows = _group([x for x in named_leaves if any(n is not None for n in x[1])])
-    return Proposal(rows, sizes, named, unnamed)
+    return Proposal(rows, sizes, named, sorted(unnamed, key=lambda u: (-u.nbytes, u.path)))
 
 
 def _name(
@@ -375,4 +382,4 @@ def _group(items: list[tuple[Leaf, tuple[str | None, ...], tuple[str, ...]]]) ->
     return [r for _, r in sorted(rows, key=lambda x: x[0])]
 
 
-__all__ = ["Proposal", "ProposedRow", "propose_annotations"]
+__all__ = ["Proposal", "ProposedRow", "Unnamed", "propose_annotations", "HEAVY"]

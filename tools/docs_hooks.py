@@ -158,7 +158,62 @@ def config_reference() -> str:
             )
         if key == "data":
             out += ["", "Or `data: {_target_: module.fn, ...}`: a dataset object (see [Data](../data.md))."]
+        if key == "mesh":  # the model's keys, after the mesh's (the order of a run config)
+            out += _model_section()
     return "\n".join(out) + "\n"
+
+
+MODEL_HEADS = [
+    (
+        "name",
+        "string",
+        "a registered model (`mlp`, `gpt`, `moe`, ...: `partitioning.model.model_names()`); its "
+        "constructor's options are keys beside it (`embed`, `heads`, `layers`, `remat`, ...)",
+    ),
+    (
+        "_target_",
+        "string",
+        "`module.Class` (Hydra's convention): your own Linen or NNX model, built with the keys "
+        "beside it as keyword arguments (recursively)",
+    ),
+    ("hf", "string", "a Hugging Face checkpoint folder (config.json, safetensors) or a config.json: the keys below"),
+    (
+        "lora",
+        "mapping",
+        "LoRA adapters on any of the three: {rank, alpha (default: rank), targets: [regex over "
+        "parameter paths, ...], dropout, rslora, dtype (default: float32)} (see [Fine-tuning](../finetune.md))",
+    ),
+]
+
+
+def _model_section() -> list[str]:
+    """``model:``: one of name / _target_ / hf, then the keys of ``model: {hf: ...}`` from their schema."""
+    from partitioning.config.schema import HfModelConfig
+
+    hf = HfModelConfig.model_json_schema()
+    defs = hf.get("$defs", {})
+    out = [
+        "",
+        "## `model:` {#model}",
+        "",
+        "One of `name:`, `_target_:` or `hf:` says which model; the other keys are its options. "
+        "[Run configs](../config.md) and [Pretrained models](../pretrained.md) show each form.",
+        "",
+        "| key | type | default | range | what |",
+        "|---|---|---|---|---|",
+    ]
+    out += [f"| `{k}` | {t} | | | {_literal(what)} |" for k, t, what in MODEL_HEADS]
+    out += ["", "With `hf:`, these keys (a checkpoint's options, checked against its config.json):", ""]
+    out += ["| key | type | default | range | what |", "|---|---|---|---|---|"]
+    required = set(hf.get("required", []))
+    for name, prop in hf["properties"].items():
+        if name in ("hf", "lora"):
+            continue
+        out.append(
+            f"| `{name}` | {_cell(_type(prop, defs))} | {_cell(_default(prop, name in required))} | {_range(prop)} | "
+            f"{_literal(prop.get('description', ''))} |"
+        )
+    return out
 
 
 # -- the API reference ----------------------------------------------------------------------------

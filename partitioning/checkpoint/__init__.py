@@ -11,6 +11,8 @@ Modules:
 - :mod:`~partitioning.checkpoint.manager` — ``CheckpointManager``: save every N, keep K (and the best), async.
 - :mod:`~partitioning.checkpoint.record` — what a step records besides its arrays: versions, mesh, specs, names.
 - :mod:`~partitioning.checkpoint.frozen` — frozen params written once per run; each step refers to them.
+- :mod:`~partitioning.checkpoint.base` — a step knows its base: the digest of its frozen params' checksums.
+- :mod:`~partitioning.checkpoint.advice` — a refused step's advice: the latest good step, the command's flag.
 - :mod:`~partitioning.checkpoint.restore` — ``abstract_target`` and ``restore_checkpoint`` (a target, or mesh + rules).
 - :mod:`~partitioning.checkpoint.reader` — fast restore reads: each device slice from tensorstore to its device.
 - :mod:`~partitioning.checkpoint.target` — restore targets read off a checkpoint: its arrays on a new mesh and rules.

@@ -46,6 +46,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint.path import step as step_lib
 
+from partitioning.checkpoint.advice import STEP_FLAG, damaged_error, good_steps_before, step_flag
+from partitioning.checkpoint.base import base_damage
 from partitioning.checkpoint.diagnose import diagnose, verify
 from partitioning.errors import CheckpointError
 from partitioning.fmt import fmt_mesh, fmt_spec
@@ -137,12 +139,13 @@ def is_complete(step_dir: Path) -> bool:
 CHECKSUM_GLOB = "checksums.*.json"
 
 
-def step_damage(step_dir: Path) -> str | None:
+def step_damage(step_dir: Path, base: bool = True) -> str | None:
     """What is missing from a finalized toolkit step (None: all its parts are there), read from names only.
 
     A toolkit step has ``state/_METADATA``, ``meta/metadata`` and one ``meta/checksums.<process>.json`` per
     saving process: a step is complete only with its checksums written, so missing integrity data is damage.
-    A plain orbax step (no ``meta`` item) needs only its pytree's ``_METADATA``.
+    A plain orbax step (no ``meta`` item) needs only its pytree's ``_METADATA``. With ``base``, the frozen
+    params a step refers to must be there and be the ones it was saved with (:mod:`partitioning.checkpoint.base`).
     """
     state, meta = step_dir / STATE_ITEM, step_dir / META_ITEM
     if not meta.is_dir():  # plain orbax: one pytree item, or the pytree itself
@@ -159,34 +162,20 @@ def step_damage(step_dir: Path) -> str | None:
     if not (meta / META_FILE).is_file():
         return f"missing file {meta / META_FILE}"
     try:
-        processes = int(json.loads((meta / META_FILE).read_text()).get("process_count", 1))
+        recorded = json.loads((meta / META_FILE).read_text())
+        processes = int(recorded.get("process_count", 1))
     except (ValueError, OSError, AttributeError, TypeError):
         return f"damaged file {meta / META_FILE} (not valid JSON; truncated?)"
     for i in range(max(processes, 1)):
         f = meta / CHECKSUM_GLOB.replace("*", str(i))
         if not f.is_file():
             return f"missing file {f} (the step's checksums)"
-    return None
+    return base_damage(step_dir, recorded, lambda d: step_damage(d, base=False)) if base else None
 
 
-def good_steps_before(steps: list[StepInfo], step: int) -> list[int]:
-    return [s.step for s in steps if s.complete and s.step < step]
-
-
-def damaged_error(s: StepInfo, steps: list[StepInfo], what: str = "not restored") -> CheckpointError:
-    """One line: the damaged step, its file, and the earlier good step to choose explicitly."""
-    good = good_steps_before(steps, s.step)
-    hint = (
-        f"the latest good step is {good[-1]}: choose it explicitly (train --resume-from {good[-1]}; "
-        f"step={good[-1]} from Python), or start over with --no-resume"
-        if good
-        else "no earlier good step: start over with --no-resume"
-    )
-    return CheckpointError(f"checkpoint step {s.step} ({s.path}) is damaged: {s.damage}; {what}; {hint}")
-
-
-def list_steps(path: str | os.PathLike) -> list[StepInfo]:
-    """Every step directory, finished or in progress, sorted by step (then finished last)."""
+def list_steps(path: str | os.PathLike, base: bool = True) -> list[StepInfo]:
+    """Every step directory, finished or in progress, sorted by step (then finished last). ``base``: a step
+    whose frozen params are missing or foreign is damaged (:func:`step_damage`)."""
     d = checkpoints_dir(path)
     if not d.is_dir():
         raise CheckpointError(f"{d}: {'a file, not a' if d.is_file() else 'no such'} checkpoint directory")
@@ -198,7 +187,7 @@ def list_steps(path: str | os.PathLike) -> list[StepInfo]:
         damage = None
         finalized = TMP_SUFFIX not in c.name and _finalized(c)
         if finalized:
-            damage = step_damage(c)
+            damage = step_damage(c, base)
         try:
             mtime = c.stat().st_mtime
         except OSError:
@@ -209,8 +198,10 @@ def list_steps(path: str | os.PathLike) -> list[StepInfo]:
     return sorted(out, key=lambda s: (s.step, s.complete))
 
 
-def resolve_checkpoint(path: str | os.PathLike, step: int | None = None) -> CheckpointRef:
-    """Finds the checkpoint ``path`` names: a step dir, a pytree dir, or the latest (or ``step``) of a run."""
+def resolve_checkpoint(path: str | os.PathLike, step: int | None = None, *, base: bool = True) -> CheckpointRef:
+    """Finds the checkpoint ``path`` names: a step dir, a pytree dir, or the latest (or ``step``) of a run.
+
+    ``base=False``: a step whose frozen params are missing or foreign still resolves (its own arrays are whole)."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such checkpoint (expected a run dir, a checkpoints dir or a step dir)")
@@ -226,7 +217,7 @@ def resolve_checkpoint(path: str | os.PathLike, step: int | None = None) -> Chec
         return CheckpointRef(p, p, _step_of(p.name))
     if (p / "_CHECKPOINT_METADATA").exists() or (p / META_ITEM).is_dir():
         raise CheckpointError(f"{p}: damaged checkpoint: missing directory {p / STATE_ITEM}")
-    steps = list_steps(p)
+    steps = list_steps(p, base)
     finalized = [s for s in steps if s.finalized]
     done = [s for s in steps if s.complete]
     if not finalized:
@@ -367,6 +358,9 @@ __all__ = [
     "is_complete",
     "step_damage",
     "damaged_error",
+    "good_steps_before",
+    "step_flag",
+    "STEP_FLAG",
     "checkpoints_dir",
     "list_steps",
     "resolve_checkpoint",

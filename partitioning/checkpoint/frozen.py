@@ -8,11 +8,14 @@ checkpoints dir, and each step's metadata names it::
     RUN_DIR/checkpoints/
       frozen/200/             the frozen params ({"params": ...}), written at step 200, checksums and all
       200/ 400/ 600/          each step: the step counter, the trainable params, their optimizer state
-                              meta/metadata: "frozen": {"dir": "frozen", "step": 200, "paths": [...]}
+                              meta/metadata: "frozen": {"dir": "frozen", "step": 200, "paths": [...],
+                                                        "digest": the sha256 of frozen/200's checksums}
 
 Restoring a step (``--resume``, ``ckpt`` commands, :func:`~partitioning.restore_checkpoint`,
 ``export-hf``, ``generate``) reads both and yields the FULL params tree, laid out on
-the target's mesh like any checkpoint. A frozen checkpoint no step refers to any
+the target's mesh like any checkpoint; a step whose frozen params are missing, damaged or
+another run's (their checksums' digest differs from the one it recorded) is refused as damaged
+(:mod:`partitioning.checkpoint.base`). A frozen checkpoint no step refers to any
 more (after ``keep:`` rotation, or a run whose trainable subset changed) is deleted.
 
 Example::
@@ -46,6 +49,7 @@ from typing import Any
 
 import jax
 
+from partitioning.checkpoint.base import base_digest
 from partitioning.checkpoint.disk import (
     CheckpointRef,
     flat_saved,
@@ -58,7 +62,7 @@ from partitioning.errors import CheckpointError
 from partitioning.finetune.trainable import merge_trees, split_tree
 
 FROZEN_DIR = "frozen"  # under the checkpoints dir: a checkpoints dir of its own, one step per frozen set
-META_KEY = "frozen"  # in a step's metadata: {"dir", "step", "paths"}
+META_KEY = "frozen"  # in a step's metadata: {"dir", "step", "paths", "digest"} (partitioning.checkpoint.base)
 
 
 def frozen_ref(ref: CheckpointRef) -> dict[str, Any] | None:
@@ -101,6 +105,17 @@ def split_state(state: Any, frozen: Collection[str]) -> tuple[Any, Any]:
     return _with_params(state, own), fixed
 
 
+def without_frozen(target: Any, split: Mapping[str, Any]) -> Any:
+    """A restore target (a state, ``{"params": ...}``, or a params tree; or None) without the frozen params."""
+    if target is None:
+        return None
+    paths = frozenset(split["paths"])
+    params = _params_of(target)
+    if params is None:  # the params tree itself (params_only)
+        return split_tree(target, lambda p: p not in paths)[0]
+    return _with_params(target, split_tree(params, lambda p: p not in paths)[0])
+
+
 # -- saving ---------------------------------------------------------------------------
 
 
@@ -123,8 +138,9 @@ def split_for_save(
     if fixed is None or not frozen:
         return state, current
     if current is None or current["paths"] != sorted(frozen):
-        save(directory / FROZEN_DIR, step, {"params": fixed}, **manager_kwargs)
-        current = {"dir": FROZEN_DIR, "step": int(step), "paths": sorted(frozen)}
+        written = save(directory / FROZEN_DIR, step, {"params": fixed}, **manager_kwargs)
+        # The base's identity: the digest of its checksums (each step records it; readers compare).
+        current = {"dir": FROZEN_DIR, "step": int(step), "paths": sorted(frozen), "digest": base_digest(written)}
     return own, current
 
 
@@ -232,6 +248,7 @@ __all__ = [
     "frozen_ref",
     "frozen_path",
     "split_state",
+    "without_frozen",
     "split_for_save",
     "reused",
     "drop_unreferenced",

@@ -158,13 +158,20 @@ class CheckpointHook:
             alive = leaves and not any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves)
             # A diverged state ("nonfinite") or a run that failed is never saved.
             step = state_step(state) if alive else None
-            if self.save_on_exit and step is not None and reason not in ("nonfinite", "failed") and step != self._tried:
+            good = step is not None and reason not in ("nonfinite", "failed")
+            if self.save_on_exit and step is not None and good and step != self._tried:
                 last = self._last_metrics
                 metrics = last[1] if last is not None and last[0] == step else None
                 with self._failures():
                     if self.manager.save(step, state, metrics=metrics, force=True):
                         self.manager.wait()
                         self.unsaved = None
+                        self.log(f"checkpoint: saved step {step} to {self.manager.shown} ({reason})")
+            elif good and step == self._tried and self.unsaved is None:
+                # The last step was a save step: its save is the final state's, said once it is on disk.
+                with self._failures():
+                    self.manager.wait()
+                    if self.unsaved is None:
                         self.log(f"checkpoint: saved step {step} to {self.manager.shown} ({reason})")
         finally:
             with self._failures():

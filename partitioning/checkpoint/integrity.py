@@ -59,9 +59,10 @@ def refuse(ref: CheckpointRef, problem: str | Exception) -> CheckpointError:
     return CheckpointError(f"checkpoint {ref} is damaged: {problem}; not restored")
 
 
-def check_parts(ref: CheckpointRef) -> None:
-    """Every part of a step and every data file it references is there (no array data read)."""
-    problem = step_damage(ref.path) if ref.path != ref.item else None
+def check_parts(ref: CheckpointRef, base: bool = True) -> None:
+    """Every part of a step and every data file it references is there (no array data read); with ``base``,
+    the frozen params it refers to too (:mod:`partitioning.checkpoint.base`)."""
+    problem = step_damage(ref.path, base) if ref.path != ref.item else None
     problems = [problem] if problem else verify(ref)
     if problems:
         raise refuse(ref, problems[0])

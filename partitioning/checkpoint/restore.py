@@ -41,7 +41,7 @@ from partitioning.annotations import as_annotations
 from partitioning.boxes import is_box
 from partitioning.checkpoint.diagnose import diagnose
 from partitioning.checkpoint.disk import CheckpointRef, flat_saved, read_metadata, resolve_checkpoint, saved_tree
-from partitioning.checkpoint.frozen import frozen_ref, restore_split
+from partitioning.checkpoint.frozen import frozen_ref, restore_split, without_frozen
 from partitioning.checkpoint.integrity import check_parts, read_check, refuse
 from partitioning.checkpoint.quiet import ignore_stray_reads
 from partitioning.checkpoint.reader import fast_registry
@@ -167,7 +167,8 @@ def restore_checkpoint(
     without checking.
     A step of a run with frozen params refers to them (written once per run,
     :mod:`partitioning.checkpoint.frozen`): they are read from there and merged, so
-    the params come back whole; ``frozen=False`` reads only the step's own arrays.
+    the params come back whole (a base that is missing or another run's is refused);
+    ``frozen=False`` reads only the step's own arrays (a ``target`` loses its frozen params), base or not.
 
     Example::
 
@@ -186,14 +187,17 @@ def restore_checkpoint(
         >>> pt.restore_checkpoint(run / "checkpoints" / "10", mesh=tp, rules="tp")["params"]["wo_0"].sharding.spec
         P('tensor', None)
     """
-    ref = resolve_checkpoint(path, step)
-    split = frozen_ref(ref) if frozen else None
+    ref = resolve_checkpoint(path, step, base=frozen)
+    split = frozen_ref(ref)
+    if split is not None and not frozen:  # the step's own arrays only: the frozen paths leave the target
+        target = without_frozen(target, split)
+        split = None
     if split is not None:
         kw = {"mesh": mesh, "rules": rules, "optimizer_rules": optimizer_rules, "on_indivisible": on_indivisible}
         kw.update(params_only=params_only, max_inflight_bytes=max_inflight_bytes, verify=verify)
         return restore_split(ref, split, target, restore_checkpoint, layout_target, **kw)
     if verify:
-        check_parts(ref)  # before anything is read: a missing part or data file
+        check_parts(ref, base=frozen)  # before anything is read: a missing part or data file
     try:
         saved = flat_saved(saved_tree(ref))
     except CheckpointError as e:  # an unreadable _METADATA is damage too: the step and the good one
@@ -210,6 +214,7 @@ def restore_checkpoint(
             on_indivisible=on_indivisible,
             unnamed="saved",
             names=annotated_names(saved, annotations),
+            frozen=frozen,
         )
         if params_only and isinstance(target, Mapping) and "params" in target:
             target = target["params"]

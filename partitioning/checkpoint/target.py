@@ -41,6 +41,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from partitioning.annotations import factored_names
 from partitioning.checkpoint.disk import (
     CheckpointRef,
     flat_saved,
@@ -141,7 +142,8 @@ def names_for_moments(saved: Mapping[str, Any], names: dict[str, Any]) -> None:
 
     Checkpoints written by plain orbax carry no logical names; optax moments
     mirror the params tree, so a path ending in a parameter's path with the
-    parameter's shape is laid out like that parameter.
+    parameter's shape is laid out like that parameter, and a factored one (one
+    dimension less) takes its names less the one the optimizer dropped.
     """
     params = {p[len("params/") :]: p for p in names if p.startswith("params/")}
     for p, md in saved.items():
@@ -150,8 +152,12 @@ def names_for_moments(saved: Mapping[str, Any], names: dict[str, Any]) -> None:
         parts = p.split("/")
         for i in range(1, len(parts)):
             q = params.get("/".join(parts[i:]))
-            if q is not None and q in saved and tuple(saved[q].shape) == tuple(md.shape):
-                names[p] = names[q]
+            if q is None or q not in saved:
+                continue
+            own, shape = tuple(saved[q].shape), tuple(md.shape)
+            found = names[q] if own == shape else factored_names(names[q], own, shape, p)
+            if found is not None:
+                names[p] = list(found)
                 break
 
 
@@ -182,10 +188,12 @@ def layout_target(
     on_indivisible: str = "error",
     unnamed: str = "saved",
     names: Mapping[str, Any] | None = None,
+    frozen: bool = True,
 ) -> tuple[Any, dict[str, Any]]:
     """(target, names): checkpoint ``ref`` laid out for ``mesh`` and ``rules`` (see the module docstring).
 
     ``names``: logical names by path for arrays whose metadata records none (e.g. the new model's).
+    ``frozen=False``: the step's own arrays only, not the frozen params it refers to.
     """
     if unnamed not in UNNAMED:
         raise ValueError(f"unnamed must be one of {UNNAMED}, got {unnamed!r}")
@@ -199,6 +207,8 @@ def layout_target(
         found.setdefault(p, n)
     names_for_moments(saved, found)
     target = reshard_target(saved, found, mesh, rules, optimizer_rules, on_indivisible, tree, unnamed)
+    if not frozen:
+        return target, found
     return with_frozen_target(ref, target, found, mesh, rules, on_indivisible=on_indivisible, unnamed=unnamed)
 
 

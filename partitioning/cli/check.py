@@ -28,6 +28,7 @@ EXAMPLES = """examples:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     config_args(p)
     resume_args(p, check=True)
+    p.add_argument("--no-progress", action="store_true", help="tokenizing data says nothing until it is done")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
             abstract_devices=None if small else devices,
             every=True,
             measure=False,  # a check says what train would pick, in seconds: it times nothing
+            progress=not args.no_progress,
         )
     for p in problems:
         if isinstance(p, RunComplete):
@@ -77,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
         print(nodes_line(node_layout(mesh, cfg.mesh.nodes)))
     for line in ready.default_notes:
         print(line)
+    if small and getattr(ready.train_batches, "note", None):
+        print(ready.train_batches.note)  # how the rows are packed and cut, as `train` says it
+    if ready.data_warning:
+        say(f"warning: {ready.data_warning}")
     if ready.budget is not None:
         print(f"memory: {ready.budget.describe()}")
     if ready.host is not None:

@@ -37,6 +37,7 @@ from partitioning.checkpoint.disk import (
     saved_tree,
     sharding_str,
     step_damage,
+    step_flag,
 )
 from partitioning.checkpoint.frozen import frozen_path, frozen_ref
 from partitioning.checkpoint.reshard import reshard_checkpoint
@@ -297,4 +298,5 @@ def run(args: argparse.Namespace) -> int:
     if args.ckpt_cmd is None:
         return args.print_help()
     commands = {"ls": cmd_ls, "inspect": cmd_inspect, "reshard": cmd_reshard, "export-hf": export_hf.cmd_export_hf}
-    return commands[args.ckpt_cmd](args)
+    with step_flag("--step"):  # a damaged step's advice names the flag these commands take
+        return commands[args.ckpt_cmd](args)

@@ -5,16 +5,18 @@ its checkpoints record that checkpoint's ``config.json`` and the model options,
 so the model is rebuilt without the source folder. The params (only) are
 restored onto the mesh and rules the run saved with, then written by
 :func:`partitioning.hf.save_hf` (``config.json`` + safetensors, one tensor
-gathered at a time); the tokenizer files of the run's tokenizer are copied
-beside them when they are still there. Everything is written into a
-temporary folder next to ``OUT_DIR`` and renamed at the end, so a failed
+gathered at a time); the run's tokenizer is written beside them as transformers 5 saves it
+(:func:`partitioning.hf.save_tokenizer`: ``tokenizer.json``, ``tokenizer_config.json``,
+``chat_template.jinja`` -- the template the run trained with -- and ``generation_config.json``).
+Everything is written into a temporary folder next to ``OUT_DIR`` and renamed at the end, so a failed
 export leaves nothing behind.
 
 A LoRA run (``model.lora``, or ``model.adapter``) is written as a PEFT
 adapter (``adapter_config.json`` + ``adapter_model.safetensors``, loadable by
-``PeftModel.from_pretrained`` on the base; :func:`partitioning.hf.save_peft`);
+``PeftModel.from_pretrained`` on the base; :func:`partitioning.hf.save_peft`): only the
+adapters are read, so the run's frozen base need not be there;
 ``--merge`` writes the merged full weights (``W + scale * B A``) as a plain
-Hugging Face checkpoint instead, with the tokenizer files.
+Hugging Face checkpoint instead, with the tokenizer files (a missing or foreign base is refused).
 """
 
 from __future__ import annotations
@@ -30,28 +32,21 @@ from typing import Any
 from partitioning.errors import CheckpointError
 from partitioning.outdir import check_out_dir
 
-# Files of a Hugging Face checkpoint that are not weights: copied from the source as they are.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "generation_config.json",
-)
-
 
 def _check_out(out: Path, force: bool) -> None:
     check_out_dir(out, "OUT_DIR", force="--force", replaceable=lambda _: force)
 
 
-def _restore_params(ref: Any, meta: dict[str, Any], model: Any) -> Any:
-    """The checkpoint's params on the mesh and rules it was saved with (simulated CPU devices if needed)."""
+def _restore_params(ref: Any, meta: dict[str, Any], model: Any, adapters: bool = False) -> Any:
+    """The checkpoint's params on the mesh and rules it was saved with (simulated CPU devices if needed).
+
+    ``adapters``: the LoRA adapters alone, the step's own arrays (the frozen base is not read, nor needed)."""
     import jax
 
     from partitioning.checkpoint.restore import abstract_target, restore_checkpoint
     from partitioning.devices import simulate_devices
+    from partitioning.finetune.lora import is_adapter
+    from partitioning.finetune.trainable import split_tree
     from partitioning.mesh import make_mesh
     from partitioning.model.interface import as_model
     from partitioning.rules import Rules
@@ -67,9 +62,11 @@ def _restore_params(ref: Any, meta: dict[str, Any], model: Any) -> Any:
     rules = Rules.parse(meta["rules"] if meta.get("rules") else "fsdp")
     tokens = jax.ShapeDtypeStruct((1, 8), jax.numpy.int32)
     abstract = as_model(model).abstract((tokens,), {})["params"]
+    if adapters:
+        abstract = split_tree(abstract, is_adapter)[0]
     on_indivisible = (meta.get("config") or {}).get("on_indivisible", "error")
     target = abstract_target(abstract, mesh, rules, on_indivisible=on_indivisible)
-    return restore_checkpoint(ref.path, target, params_only=True)
+    return restore_checkpoint(ref.path, target, params_only=True, frozen=not adapters)
 
 
 def export_hf(
@@ -84,12 +81,13 @@ def export_hf(
     """
     from partitioning.checkpoint.disk import read_metadata, resolve_checkpoint
     from partitioning.hf.peft import save_peft
+    from partitioning.hf.tokenizer import save_tokenizer
     from partitioning.hf.weights import hf_model, save_hf
 
     out = Path(out_dir)
     if not Path(run_dir).exists():
         raise CheckpointError(f"{run_dir}: no such run dir")
-    ref = resolve_checkpoint(run_dir, step)
+    ref = resolve_checkpoint(run_dir, step, base=merge)  # a PEFT adapter is the step's own arrays: no base needed
     meta = read_metadata(ref)
     hf = meta.get("hf")
     if not hf:
@@ -111,16 +109,16 @@ def export_hf(
         (tmp / "source" / "config.json").write_text(json.dumps(hf["config"]))
         model = hf_model(tmp / "source", **hf.get("options", {}))
         shutil.rmtree(tmp / "source")
-        params = _restore_params(ref, meta, model)
+        params = _restore_params(ref, meta, model, adapters=bool(lora) and not merge)
         if lora and not merge:
             save_peft(model, {"params": params}, tmp / "out", base=hf.get("source"))
         else:
             save_hf(model, {"params": params}, tmp / "out", merge=merge)
         tokenizer = hf.get("tokenizer")
         source = Path(tokenizer).parent if tokenizer else Path(hf.get("source", ""))
-        for name in TOKENIZER_FILES if not lora or merge else ():  # an adapter is used with its base's tokenizer
-            if (source / name).is_file() and not (tmp / "out" / name).exists():
-                shutil.copy2(source / name, tmp / "out" / name)
+        if not lora or merge:  # an adapter is used with its base's tokenizer
+            trained = (hf.get("chat_template") or {}).get("template")  # the template the run trained with
+            save_tokenizer(source, tmp / "out", chat_template=trained, config=hf["config"])
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()
         os.replace(tmp / "out", out)
@@ -151,4 +149,4 @@ def add_parser(sub: Any) -> None:
     )
 
 
-__all__ = ["export_hf", "cmd_export_hf", "add_parser", "TOKENIZER_FILES"]
+__all__ = ["export_hf", "cmd_export_hf", "add_parser"]

@@ -93,9 +93,10 @@ class RunLocks:
 
         self._agree(take)
 
-    def release(self) -> None:
+    def release(self, undo: bool = False) -> None:
+        """Frees the locks; ``undo``: a refused run also removes the lock files and folders it made."""
         for lock in self.locks:
-            lock.release()
+            lock.release(undo=undo)
 
 
 def _inside(path: Path, parent: Path) -> bool:

@@ -25,7 +25,7 @@ from typing import Any
 from partitioning.cli.args import config_args, load_with_devices, say
 from partitioning.config.build import abstract_model, mesh_from_config, model_from_config
 from partitioning.config.hf import hf_params_from_config, run_checkpoints, tokenizer_from_config
-from partitioning.config.positions import check_generate_length
+from partitioning.config.positions import check_generate_length, past_trained_positions
 from partitioning.config.schema import Config
 from partitioning.errors import CheckpointError, ConfigError, DataError
 
@@ -62,11 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _params(cfg: Config, args: argparse.Namespace, mesh: Any, length: int) -> tuple[Any, str]:
     """(params on ``mesh``, where they came from); ``length``: the sequence generate runs (not train.seq_len)."""
-    from partitioning.checkpoint.disk import list_steps
+    from partitioning.checkpoint.disk import list_steps, resolve_checkpoint, step_flag
     from partitioning.checkpoint.restore import abstract_target, restore_checkpoint
 
     directory = run_checkpoints(cfg)
-    steps = [s.step for s in list_steps(directory) if s.complete] if directory.is_dir() else []
+    # Finished saves, damaged ones included: a damaged latest step is refused, never passed over in silence.
+    steps = [s.step for s in list_steps(directory) if s.finalized] if directory.is_dir() else []
     if args.from_hf:
         if cfg.model_hf is None:
             raise ConfigError(f"--from-hf: {cfg.where('model')} is not a Hugging Face checkpoint (model: {{hf: DIR}})")
@@ -74,10 +75,11 @@ def _params(cfg: Config, args: argparse.Namespace, mesh: Any, length: int) -> tu
     if steps:
         if args.step is not None and args.step not in steps:
             raise CheckpointError(f"--step {args.step}: no such checkpoint in {directory} (steps: {steps})")
-        step = args.step if args.step is not None else steps[-1]
-        _, variables = abstract_model(cfg, seq_len=length)
-        target = abstract_target(variables["params"], mesh, cfg.rules, on_indivisible=cfg.on_indivisible)
-        params = restore_checkpoint(directory, target, step=step, params_only=True)
+        with step_flag("--step"):  # a damaged step (or base) is refused with advice naming --step
+            step = resolve_checkpoint(directory, args.step).step
+            _, variables = abstract_model(cfg, seq_len=length)
+            target = abstract_target(variables["params"], mesh, cfg.rules, on_indivisible=cfg.on_indivisible)
+            params = restore_checkpoint(directory, target, step=step, params_only=True)
         return params, f"step {step} of {directory}"
     if args.step is not None:
         raise CheckpointError(f"--step {args.step}: no checkpoints in {directory}")
@@ -180,7 +182,11 @@ def run(args: argparse.Namespace) -> int:
     stops = stop_ids(folder if cfg.model_hf is not None else None, tok)
     longest = max(len(p) for p in prompts)
     # generate's own length against the model's positions (train.seq_len is the training length: not checked)
-    length = check_generate_length(cfg, longest, args.max_tokens, "--prompts" if args.prompts else "--prompt")
+    flag = "--prompts" if args.prompts else "--prompt"
+    length = check_generate_length(cfg, longest, args.max_tokens, flag)
+    beyond = past_trained_positions(cfg, longest, args.max_tokens, flag)
+    if beyond is not None:
+        say(f"warning: {beyond}")
     params, source = _params(cfg, args, mesh, length)
     start = time.perf_counter()
     try:

@@ -35,12 +35,14 @@ def pre_flight(
     abstract_devices: int | None = None,
     every: bool = False,
     measure: bool = True,
+    progress: bool | str = True,
 ) -> tuple[Ready | None, list[PartitioningError]]:
     """(what the pre-flight built, the problems found). Without ``every`` the first problem is raised.
 
     ``measure``: False, the ``auto`` defaults are estimated (or read from the cache), never timed (``check``).
 
     ``abstract_devices``: check a mesh of that many devices from shapes alone (``check`` of a large mesh).
+    ``progress``: how tokenizing the data shows progress (``train --no-progress``: quiet).
     """
     problems: list[PartitioningError] = []
 
@@ -59,7 +61,11 @@ def pre_flight(
     if abstract_devices is not None:
         ready = step(lambda: preflight_abstract(cfg, abstract_devices, resume=resume, resume_from=resume_from))
     else:
-        ready = step(lambda: preflight(cfg, devices=devices, resume=resume, resume_from=resume_from, measure=measure))
+        ready = step(
+            lambda: preflight(
+                cfg, devices=devices, resume=resume, resume_from=resume_from, measure=measure, progress=progress
+            )
+        )
         if every and problems and not isinstance(problems[-1], RunComplete):
             problems += more_problems(cfg, devices, problems[-1])  # after the first: train's line stays first
     return ready, problems

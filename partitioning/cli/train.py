@@ -57,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-progress",
         action="store_true",
-        help="no progress bar: one plain line per logged step (the default when not on a terminal)",
+        help="no progress bar: one plain line per logged step (the default when not on a terminal); "
+        "tokenizing data says nothing until it is done",
     )
     p.add_argument(
         "--peak-tflops",
@@ -100,10 +101,23 @@ def plot_title(cfg: Config) -> str:
 
 def run(args: argparse.Namespace) -> int:
     locks = RunLocks()  # one writer per run directory
+    done = False
     try:
-        return _train(args, locks)
+        code = _train(args, locks)
+        done = True
+        return code
     finally:
-        locks.release()
+        # A run refused before it wrote anything leaves no lock file behind (nor the run dir it made for it).
+        locks.release(undo=not done and not _wrote(locks))
+
+
+def _wrote(locks: RunLocks) -> bool:
+    """Whether the run wrote anything beside its lock files (then they stay, naming their last holder)."""
+    for lock in locks.locks:
+        folder = lock.directory
+        if folder.is_dir() and any(p != lock.path for p in folder.iterdir()):
+            return True
+    return False
 
 
 def _train(args: argparse.Namespace, locks: RunLocks) -> int:
@@ -114,7 +128,9 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
     cfg = load_with_devices(args)  # sets up (simulated) devices before any jax computation
     resume = resume_of(args)
     # Every check first, the same as `check` makes (cli/preflight.py): a run that fails here has written nothing.
-    ready, _ = pre_flight(cfg, locks, devices=args.devices, resume=resume, resume_from=args.resume_from)
+    ready, _ = pre_flight(
+        cfg, locks, devices=args.devices, resume=resume, resume_from=args.resume_from, progress=not args.no_progress
+    )
     assert ready is not None  # without every=True the first problem was raised
     locks.acquire()
     cfg = ready.cfg  # with every `auto` default decided
@@ -154,6 +170,8 @@ def _train(args: argparse.Namespace, locks: RunLocks) -> int:
         for note in (ready.resume_note, ready.data_note, getattr(train_batches, "note", None)):
             if note:
                 print(note, flush=True)
+        if ready.data_warning:
+            say(f"warning: {ready.data_warning}")
     logger, trackers = trackers_from_config(cfg, run_dir, resolved)
     plot = LossPlot(logger, run_dir / "loss.png", title=plot_title(cfg))
     # Restore (or init) directly, so a resumed run never holds a fresh init and

@@ -1,9 +1,8 @@
 """Config -> objects: the only code that turns a run config into a mesh, a model, a trainer, ...
 
-Everything below this module takes explicit arguments; the CLI calls these
-builders. Errors a builder's arguments cause are re-raised with the config
-key's ``file:line`` (``PartitioningError.arg`` names the argument). This is
-also the one library module that imports the reference models
+Everything below this module takes explicit arguments; the CLI calls these builders. Errors a builder's
+arguments cause are re-raised with the config key's ``file:line`` (``PartitioningError.arg`` names the
+argument). This is also the one library module that imports the reference models
 (:mod:`partitioning.models`), so a config can name ``gpt`` or ``mlp``.
 
 Example::
@@ -219,15 +218,16 @@ _DATA_KEYS = {
 }
 
 
-def dataset_from_config(cfg: Config) -> Any:
-    """The config's data: the embedded corpus, text or token arrays (``data.path``), or ``data._target_``."""
+def dataset_from_config(cfg: Config, progress: bool | str = False) -> Any:
+    """The config's data: the embedded corpus, text or token arrays (``data.path``), or ``data._target_``;
+    ``progress``: how tokenizing instruction rows shows progress (:mod:`partitioning.data.progress`)."""
     d = cfg.data
     if d.target is not None:
         return build_target(d.target, path=cfg.path, lines=cfg.lines, key=("data",))
     _check_format_keys(cfg)
     tokenizer = tokenizer_from_config(cfg)
     if d.format != "text":
-        return instructions_from_config(cfg, tokenizer)
+        return instructions_from_config(cfg, tokenizer, progress)
     try:
         return load_corpus(
             d.path,
@@ -250,11 +250,11 @@ def _check_format_keys(cfg: Config) -> None:
     if d.target is not None:
         return
     if d.format == "text":
-        wrong = [k for k in ("packing", "chat_template") if getattr(d, k) is not None]
+        wrong = [k for k in ("packing", "chat_template", "truncation") if getattr(d, k) is not None]
         wrong = (["train_on_prompt"] if d.train_on_prompt else []) + wrong
         why = "is for data.format: chat or prompt_completion"
     else:
-        wrong = [k for k in ("source", "dtype", "cache_dir") if getattr(d, k) is not None]
+        wrong = [k for k in ("source", "dtype") if getattr(d, k) is not None]
         if d.format == "prompt_completion" and d.chat_template is not None:
             wrong.append("chat_template")
         why = f"does not apply to data.format: {d.format} (JSONL rows)"
@@ -262,7 +262,7 @@ def _check_format_keys(cfg: Config) -> None:
         raise ConfigError(f"{cfg.where('data', wrong[0])}: data.{wrong[0]} {why}")
 
 
-def instructions_from_config(cfg: Config, tokenizer: Any) -> Any:
+def instructions_from_config(cfg: Config, tokenizer: Any, progress: bool | str = False) -> Any:
     """``data.format: chat | prompt_completion``: JSONL rows tokenized with the checkpoint's tokenizer."""
     d = cfg.data
     if d.path is None:
@@ -291,6 +291,9 @@ def instructions_from_config(cfg: Config, tokenizer: Any) -> Any:
             eval_fraction=d.eval_fraction,
             train_on_prompt=d.train_on_prompt,
             packing=True if d.packing is None else d.packing,
+            truncation=d.truncation or "right",
+            cache_dir=d.cache_dir,
+            progress=progress,
         )
     except DataError as e:
         if e.arg in ("tokenizer", "chat_template") and d.tokenizer is None and d.chat_template is None:

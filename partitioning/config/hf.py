@@ -136,7 +136,26 @@ def hf_record(cfg: Config) -> dict[str, Any] | None:
         "config": json.loads(config_json(cfg.model_hf).read_text()),
         "options": hf_options(cfg),
         "tokenizer": None if tokenizer is None else str(tokenizer.resolve()),
+        "chat_template": trained_template(cfg, tokenizer),
     }
+
+
+def trained_template(cfg: Config, tokenizer: Path | None) -> dict[str, str] | None:
+    """The chat template a ``data.format: chat`` run renders with (``{"template", "source"}``; None otherwise):
+    recorded with the checkpoints, so ``export-hf`` writes it out whatever folder it came from."""
+    d = cfg.data
+    if d.target is not None or d.format != "chat" or tokenizer is None:
+        return None
+    from partitioning.data.instruct import template_for
+
+    found = None
+    if d.chat_template is not None:
+        found, _ = find_beside(d.chat_template, cfg.path, cfg.lines, ("data", "chat_template"))
+    try:
+        template = template_for(Path(tokenizer).parent, None if found is None else str(found))
+    except PartitioningError:
+        return None  # said by the data's own check, at its key
+    return {"template": template.template, "source": template.source}
 
 
 PICKLED = (".bin", ".pt", ".pth", ".ckpt")
@@ -163,9 +182,12 @@ def check_hf_weights(cfg: Config) -> None:
     if any(folder.glob("*.safetensors")):
         from partitioning.hf.weights import check_hf_files
 
-        try:  # the headers: what load_hf checks before reading a byte of the weights
-            check_hf_files(source, **hf_options(cfg))
+        adapter = hf_adapter(cfg)
+        try:  # the headers (the base's and the adapter's): what load_hf checks before reading a byte
+            check_hf_files(source, adapter=adapter, **hf_options(cfg))
         except PartitioningError as e:
+            if adapter is not None and str(e).startswith(str(adapter)):
+                raise at_adapter(cfg, e) from None
             raise _at_hf(cfg, e) from None
         return
     pickled = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLED)
@@ -219,6 +241,7 @@ __all__ = [
     "hf_model_from_config",
     "hf_params_from_config",
     "hf_record",
+    "trained_template",
     "check_hf_weights",
     "has_checkpoint",
     "run_checkpoints",

@@ -86,4 +86,28 @@ def check_generate_length(cfg: Config, prompt_tokens: int, max_tokens: int, prom
     )
 
 
-__all__ = ["position_limit", "check_positions", "check_generate_length", "HF_KEYS"]
+def past_trained_positions(cfg: Config, prompt_tokens: int, max_tokens: int, prompt_flag: str) -> str | None:
+    """A warning when ``generate`` runs a rotary-position (RoPE) checkpoint past its ``max_position_embeddings``:
+    nothing stops the decoding, but the model never saw such positions; None when it stays within them."""
+    if cfg.model_hf is None or position_limit(cfg) is not None:
+        return None  # a learned limit is refused by check_generate_length
+    from partitioning.config.hf import config_json
+
+    path = config_json(cfg.model_hf)
+    limit = json.loads(path.read_text()).get("max_position_embeddings")
+    total = prompt_tokens + max_tokens
+    if not isinstance(limit, int) or total <= limit:
+        return None
+    fix = (
+        f"lower --max-tokens to at most {limit - prompt_tokens}"
+        if prompt_tokens < limit
+        else f"shorten {prompt_flag} to fewer than {limit} tokens"
+    )
+    return (
+        f"--max-tokens {max_tokens} + {prompt_tokens} tokens of {prompt_flag}: sequence length {total} is past the "
+        f"model's {limit} positions (max_position_embeddings in {path}): its rotary positions were never trained "
+        f"that far and the text may degrade; {fix}"
+    )
+
+
+__all__ = ["position_limit", "check_positions", "check_generate_length", "past_trained_positions", "HF_KEYS"]

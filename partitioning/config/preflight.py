@@ -9,8 +9,9 @@ mistake later, and a run that fails changes nothing on disk. In order:
 2. the model builds (options checked against its constructor) and every
    parameter divides over the mesh axes its rules give it;
 3. the batch (and micro-batch) divides over the batch axes;
-4. the data is there, of the right type, holds at least one batch for training and for eval, and
-   (token arrays) every token is inside the model's vocabulary;
+4. the data is there, of the right type, holds at least one batch for training and for eval,
+   (token arrays) every token is inside the model's vocabulary, and (instruction rows) the loss counts
+   some token at ``train.seq_len`` (:func:`~partitioning.config.run.check_loss_tokens`);
 5. ``run_dir`` and ``checkpoint.dir`` are folders (or can be made) and writable, ``checkpoint.dir`` holds
    nothing but checkpoints (:mod:`partitioning.config.rundir`), and the trackers' packages are installed;
 6. an existing checkpoint fits the model, if the run would resume from it;
@@ -93,6 +94,7 @@ class Ready:
     resume_note: str | None = None  # how the config differs from the checkpoint's, when resuming
     default_notes: list[str] = dataclasses.field(default_factory=list)  # what each `auto` became, and why
     host: HostBudget | None = None  # the offloaded state's host memory (train.offload), None without it
+    data_warning: str | None = None  # truncation cuts more of the answers than data.max_truncated_answers
 
 
 def writable_dir(path: Path, where: str) -> None:
@@ -285,13 +287,14 @@ def preflight(
     compile_memory: bool | None = None,
     resume_from: int | None = None,
     measure: bool = True,
+    progress: bool | str = False,
 ) -> Ready:
     """Runs every check ``train`` needs on this process's devices; raises the first problem as one line.
 
     ``measure``: False, the ``auto`` defaults are estimated or read from the cache, never timed.
 
     ``compile_memory``: compile the step for XLA's memory figure (default:
-    only when there is a budget to compare it with).
+    only when there is a budget to compare it with). ``progress``: how tokenizing data shows progress.
     """
     mesh = _mesh(cfg, devices)
     run_dir, ckpt_dir = _dirs(cfg)  # the folders first: a look at them costs nothing, the model a build
@@ -299,7 +302,7 @@ def preflight(
     check_tokenizer_vocab(cfg)  # before the corpus is tokenized (and cached)
     decided = resolve_defaults(asked := cfg, mesh)  # estimated or cached: timed below, once every check passed
     cfg = decided.cfg
-    dataset = dataset_from_config(cfg)
+    dataset = dataset_from_config(cfg, progress)
     trainer = trainer_from_config(cfg, mesh, dataset)
     _, train, evals = data_from_config(cfg, trainer, dataset)
     target = abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
@@ -309,9 +312,9 @@ def preflight(
     note, changed, complete = _continuation(cfg, ckpt_dir, step, resume, dict(mesh.shape))
     budget = _budget(cfg)
     a = trainer.abstract_state
-    plan = build_plan(
-        a.params, a.opt_state, mesh, cfg.rules, optimizer_rules=cfg.optimizer_rules, on_indivisible=cfg.on_indivisible
-    )
+    opts: dict[str, Any] = {"optimizer_rules": cfg.optimizer_rules, "on_indivisible": cfg.on_indivisible}
+    # The frozen params priced as `plan` prices them: stored, no gradient, no optimizer state.
+    plan = build_plan(a.params, a.opt_state, mesh, cfg.rules, frozen=trainer.frozen or (), **opts)
     plan.offload, plan.offload_update = tuple(cfg.train.offload), cfg.train.offload_update  # the trainer's
     check_axes_used(cfg, plan.mesh, plan.params + plan.opt_state)
     # The train step is traced (and lowered) here, so a model that fails to trace stops the run before
@@ -338,6 +341,7 @@ def preflight(
     host = refuse_host(plan, cfg.mesh.host_memory, len(mesh.local_devices), cfg.where, compiled)
     run = (cfg, mesh, dataset, trainer, train, evals, run_dir, ckpt_dir, step, fit, plan, note, changed)
     ready = Ready(*run, default_notes=decided.notes(), host=host)
+    ready.data_warning = getattr(train, "warning", None)
     if complete is not None and step is not None:
         raise RunComplete(complete, step=step, ready=ready)
     return ready

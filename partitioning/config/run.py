@@ -75,6 +75,45 @@ def _check_vocab(cfg: Config, trainer: Trainer, corpus: Corpus) -> None:
             )
 
 
+def check_loss_tokens(cfg: Config, dataset: Any, evaluating: bool) -> str | None:
+    """Instruction data whose loss would count no token is refused (one line at ``train.seq_len``, or at the
+    data for rows without an answer); returns the warning when truncation cuts more than
+    ``data.max_truncated_answers`` of the answer tokens (None: it does not)."""
+    if not hasattr(dataset, "loss_tokens"):
+        return None
+    n, mode = cfg.train.seq_len, cfg.data.truncation or "right"
+    warning = None
+    for split in ("train", "eval") if evaluating else ("train",):
+        report = dataset.loss_tokens(split, n)
+        where = dataset.eval_source if split == "eval" and dataset.eval_source else dataset.source
+        key = ("data", "eval_path") if split == "eval" and cfg.data.eval_path else ("data", "path")
+        if report.answers == 0:
+            raise DataError(
+                f"{cfg.where(*key)}: {where} ({split}): none of its {report.examples:,} examples has a token for the "
+                "loss to count: no row has an assistant turn or a completion (the loss counts only the answers; "
+                "ShareGPT's human / gpt roles are user / assistant; data.train_on_prompt: true counts every token)"
+            )
+        other = "left or right" if mode == "drop" else "left or drop"
+        fixes = f"raise train.seq_len, or set data.truncation: {other}"
+        if report.kept == 0:
+            above = f" above {report.longest_prompt:,}" if report.longest_prompt >= n else ""
+            if mode == "drop" and report.shortest > n + 1:  # an example is kept at seq_len >= its tokens - 1
+                above = f" to {report.shortest - 1:,} or more"
+            # Only the truncations that would leave the loss a token: drop keeps none when every example is long.
+            works = [m for m in ("left", "drop", "right") if m != mode and dataset.loss_tokens(split, n, m).kept > 0]
+            raise DataError(
+                f"{cfg.where('train', 'seq_len')}: {where} ({split}): the loss would count no token: "
+                f"{report.describe(n)}; raise train.seq_len{above}"
+                + (f", or set data.truncation: {' or '.join(works)}" if works else "")
+            )
+        if split == "train" and report.share_cut > cfg.data.max_truncated_answers:
+            warning = (
+                f"data: {where} ({split}): {report.describe(n)}, more than data.max_truncated_answers "
+                f"{cfg.data.max_truncated_answers:g} (truncation: {mode}); {fixes}"
+            )
+    return warning
+
+
 def _batches_at_key(cfg: Config, split: str, make: Any) -> Any:
     try:
         return make()
@@ -100,8 +139,10 @@ def data_from_config(cfg: Config, trainer: Trainer, dataset: Any = None) -> tupl
     """
     t = cfg.train
     dataset = dataset if dataset is not None else dataset_from_config(cfg)
+    warning = None
     if isinstance(dataset, Corpus):
         _check_vocab(cfg, trainer, dataset)
+        warning = check_loss_tokens(cfg, dataset, t.eval_batches > 0)
         train = _batches_at_key(
             cfg,
             "train",
@@ -124,6 +165,8 @@ def data_from_config(cfg: Config, trainer: Trainer, dataset: Any = None) -> tupl
             if t.eval_batches > 0
             else None
         )
+    if warning is not None:
+        train.warning = warning  # said by `check` and `train` alike (partitioning.config.preflight)
     if cfg.data.log_batches:
         from partitioning.data.order import LoggedBatches
 
@@ -146,6 +189,8 @@ def data_position(cfg: Config) -> dict[str, Any]:
     if d.target is None and d.format != "text":  # instruction rows: how they are cut and packed
         packing = True if d.packing is None else d.packing
         out.update(format=d.format, train_on_prompt=d.train_on_prompt, packing=packing, chat_template=d.chat_template)
+        if d.truncation not in (None, "right"):  # another way of cutting: other batches (right: as before it existed)
+            out["truncation"] = d.truncation
     tokenizer = tokenizer_from_config(cfg)
     if tokenizer is not None:  # text is these tokens: another tokenizer, other batches
         out["tokenizer"] = load_tokenizer(tokenizer).digest[:16]
@@ -227,6 +272,7 @@ def trackers_from_config(cfg: Config, run_dir: Path, config: Any = None) -> tupl
 
 
 __all__ = [
+    "check_loss_tokens",
     "data_from_config",
     "data_position",
     "data_resume_note",

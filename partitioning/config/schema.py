@@ -1,9 +1,8 @@
 """The run config's typed sections: pydantic v2 models with every default and every range.
 
-Unknown keys are errors (``extra="forbid"``), types are strict (``steps: "10"``
-is not an int; an int is fine where a float is expected) and every number has
-its range. :func:`json_schema` is what ``partitioning config schema`` prints,
-so editors can complete and check YAML configs.
+Unknown keys are errors (``extra="forbid"``), types are strict (``steps: "10"`` is not an int; an int is
+fine where a float is expected) and every number has its range. :func:`json_schema` is what
+``partitioning config schema`` prints, so editors can complete and check YAML configs.
 
 Example::
 
@@ -106,7 +105,7 @@ class DataConfig(Section):
         "checkpoint's tokenizer.json with model.hf",
     )
     cache_dir: StrictStr | None = Field(
-        default=None, description="where tokenized text is cached; null: $XDG_CACHE_HOME/partitioning/tokens"
+        default=None, description="where tokenized data is cached; null: $XDG_CACHE_HOME/partitioning/tokens"
     )
     log_batches: StrictBool = Field(
         default=False, description="debug: a digest of each step's batch in RUN_DIR/batches.N.jsonl"
@@ -126,6 +125,12 @@ class DataConfig(Section):
         default=None,
         description="chat: a folder with tokenizer_config.json / chat_template.jinja, or a .jinja file; "
         "null: the tokenizer's folder",
+    )
+    truncation: Literal["right", "left", "drop"] | None = Field(
+        default=None, description="an example over seq_len + 1 tokens: cut its end (right), start (left) or drop it"
+    )
+    max_truncated_answers: float = Field(
+        default=0.1, ge=0, le=1, description="warn when truncation at seq_len cuts more of the answer tokens than this"
     )
     target: dict[str, Any] | None = Field(default=None, exclude=True)  # {_target_: module.fn, ...}
 
@@ -229,9 +234,7 @@ class TrainConfig(Section):
         default=None, description="time the auto defaults' choices at start (cached); null: when the run is long enough"
     )
     max_skipped_steps: StrictInt = Field(
-        default=10,
-        ge=0,
-        description="skip_step: more consecutive skipped steps than this stop the run (exit 2): it diverges",
+        default=10, ge=0, description="skip_step: more skipped steps in a row stop the run (exit 2): it diverges"
     )
     offload: list[Literal["optimizer", "params"]] = Field(
         default_factory=list, description="state kept in host memory between steps, in its layout: optimizer, params"
@@ -335,8 +338,7 @@ class Config:
         annotations: Any = None,
     ):
         self.path, self.raw, self.lines = path, raw, lines
-        # ``model: {hf: ...}``: the checkpoint folder (or config.json), found beside the config or in the cwd.
-        self.model_hf = model_hf
+        self.model_hf = model_hf  # model: {hf: ...}: the checkpoint folder (or config.json), found for the config
         self.annotations = annotations  # partitioning.Annotations (rows with their file:line), or None
         self.model_name, self.model_options, self.model_target = model_name, model_options, model_target
         self.mesh, self.rules, self.optimizer_rules, self.on_indivisible = mesh, rules, optimizer_rules, on_indivisible
@@ -375,10 +377,8 @@ class Config:
         if self.annotations is not None:
             out["annotations"] = self.annotations.to_config()
         out["on_indivisible"] = self.on_indivisible
-        data = self.data.model_dump(by_alias=True)
-        if self.data.target is not None:
-            data = {**self.data.target, "seed": self.data.seed}
-        out["data"] = data
+        target = self.data.target
+        out["data"] = self.data.model_dump(by_alias=True) if target is None else {**target, "seed": self.data.seed}
         for name in ("optimizer", "train", "checkpoint"):
             out[name] = getattr(self, name).model_dump(by_alias=True)
         out["run_dir"] = self.run_dir

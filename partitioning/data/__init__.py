@@ -12,7 +12,13 @@ Modules:
 - :mod:`~partitioning.data.batch` — a step's batch: names, shardings, micro-batches, host -> devices, RNG keys.
 - :mod:`~partitioning.data.corpus` — corpora and resumable, per-process global batches (the public API).
 - :mod:`~partitioning.data.chat` — a checkpoint's Jinja chat template, rendered as ``transformers`` renders it.
-- :mod:`~partitioning.data.instruct` — chat / prompt_completion JSONL rows -> tokens and assistant loss masks.
+- :mod:`~partitioning.data.jsonl` — JSON Lines as JSON defines them: lines end at ``\\n`` only, read as a stream.
+- :mod:`~partitioning.data.instruct` — chat / prompt_completion JSONL files -> cached examples and their corpus.
+- :mod:`~partitioning.data.rows` — one row -> its tokens and loss mask, in groups the tokenizer runs at once.
+- :mod:`~partitioning.data.masks` — the loss mask of a chat: exactly which characters are the assistant's.
+- :mod:`~partitioning.data.examples` — tokenized examples held flat, and their cache (written once, memory-mapped).
+- :mod:`~partitioning.data.truncation` — what ``seq_len`` leaves of each example, and what the loss then counts.
+- :mod:`~partitioning.data.progress` — how tokenizing says where it is, from its first second.
 - :mod:`~partitioning.data.packing` — instruction rows: several examples per row with segment ids and positions.
 - :mod:`~partitioning.data.prompts` — ``generate``'s prompt files and stop tokens (``generation_config.json``).
 

@@ -14,6 +14,7 @@ five families (tests/fixtures/chat, made by tools/make_chat_fixtures.py).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -35,18 +36,27 @@ _NAMED_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token"
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
+# Where a rendering marks its `{% generation %}` blocks (private-use characters, stripped again).
+MARKS = "_partitioning_generation_marks"
+OPEN, CLOSE = "\ue000", "\ue001"
+_HAS_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
 class _Generation(jinja2.ext.Extension):
-    """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask tag): renders its body unchanged."""
+    """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask tag): renders its body unchanged,
+    between markers when the render asks for them (:meth:`ChatTemplate.generation_spans`)."""
 
     tags = {"generation"}
 
     def parse(self, parser: Any) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_render", []), [], [], body).set_lineno(lineno)
+        marks = jinja2.nodes.Name(MARKS, "load")
+        return jinja2.nodes.CallBlock(self.call_method("_render", [marks]), [], [], body).set_lineno(lineno)
 
-    def _render(self, caller: Any) -> str:
-        return str(caller())
+    def _render(self, marks: Any, caller: Any) -> str:
+        body = str(caller())
+        return f"{OPEN}{body}{CLOSE}" if marks is True else body
 
 
 def _raise_exception(message: str) -> None:
@@ -325,3 +335,33 @@ class ChatTemplate:
             raise DataError(
                 f"{at}the chat template of {self.source} {kind}: {_one_line(str(e))}", arg="chat_template"
             ) from None
+
+    @property
+    def has_generation(self) -> bool:
+        """The template marks the assistant's text with `{% generation %}` (what transformers' assistant mask reads)."""
+        return bool(_HAS_GENERATION.search(self.template))
+
+    def generation_spans(
+        self, messages: Sequence[Mapping[str, Any]], full: str, **extra: Any
+    ) -> list[tuple[int, int]] | None:
+        """Character spans of the `{% generation %}` blocks in `full` (the rendering of `messages`), as
+        transformers' `return_assistant_tokens_mask` finds them; None when the template has none (or a
+        message holds the private-use marker characters)."""
+        texts = [str(m.get("content")) for m in messages]
+        if not self.has_generation or any(OPEN in t or CLOSE in t for t in texts):
+            return None
+        spans: list[tuple[int, int]] = []
+        plain: list[str] = []
+        at, start = 0, None
+        for piece in re.split(f"([{OPEN}{CLOSE}])", self.render(messages, **{**extra, MARKS: True})):
+            if piece == OPEN:
+                start = at
+            elif piece == CLOSE and start is not None:
+                spans.append((start, at))
+                start = None
+            else:
+                plain.append(piece)
+                at += len(piece)
+        if "".join(plain) != full:
+            return None
+        return [(s, e) for s, e in spans if e > s]

@@ -10,14 +10,15 @@ Two row formats (one JSON object per line; blank lines are skipped):
   BOS), then the completion's, then EOS. Prompt and completion are tokenized apart, so their boundary is
   a token boundary.
 
-The loss mask marks the tokens the model learns to write: the completion and its EOS, or each assistant
-turn. An assistant turn's characters are found by rendering prefixes of the conversation: turn ``i``
-spans from the end of ``render(messages[:i], add_generation_prompt=True)`` (the assistant header) to the
-end of ``render(messages[:i+1])`` (its content and end-of-turn marker), both prefixes of the whole
-rendering; a token is masked in when its character offsets (the tokenizer's) overlap such a span, as
-transformers' ``return_assistant_tokens_mask`` does. Limits: a template that renders earlier turns
-differently once later turns follow (Qwen3 drops the reasoning of earlier turns) fails the prefix test for
-those turns; they are not trained on, and are counted in :attr:`Examples.skipped_turns`.
+The loss mask marks the tokens the model learns to write: the completion and its EOS, or the assistant's
+text (:mod:`partitioning.data.masks` says exactly which characters: a template's ``{% generation %}`` blocks,
+else each assistant turn after its header up to its end-of-turn token). A message the template does not
+render at all is refused (ShareGPT's ``human`` / ``gpt`` roles under Qwen's template, say).
+
+Files are read as a stream (:mod:`partitioning.data.jsonl`) and tokenized in groups of rows (the tokenizer
+runs a group in parallel); with a ``cache_dir`` the examples are written there as they come
+(:mod:`partitioning.data.examples`) and memory-mapped by the next run, so memory holds a group of rows, not
+the file. Progress shows once tokenizing takes more than a second (:mod:`partitioning.data.progress`).
 
 Every problem of a row is a :class:`~partitioning.errors.DataError` naming ``file:line``.
 
@@ -42,194 +43,95 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from partitioning.data.corpus import Corpus
+from partitioning.data.examples import Examples, ExampleWriter, MemoryWriter, cache_key, read_examples
+from partitioning.data.jsonl import iter_rows, jsonl_files, read_rows
+from partitioning.data.progress import Progress
+from partitioning.data.rows import chat_example, chat_group, completion_group, prompt_completion_example
 from partitioning.errors import DataError
 
 FORMATS = ("text", "chat", "prompt_completion")
+GROUP_ROWS = 256  # rows rendered, then tokenized together (in parallel) and written
+# ... and at most about this many bytes of them: a tokenizer's encodings take ~100 bytes a token (offsets, token
+# strings), so a group's memory is bounded by its text, not by the file.
+GROUP_BYTES = 256 << 10
 
 
-@dataclasses.dataclass(frozen=True)
-class Examples:
-    """Tokenized examples held flat: example ``i`` is ``tokens[offsets[i]:offsets[i+1]]`` and its ``mask``."""
-
-    tokens: np.ndarray  # int32
-    mask: np.ndarray  # uint8: 1 where the token is one the model learns to write
-    offsets: np.ndarray  # int64, (n + 1,)
-    source: str
-    skipped_turns: int = 0
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    def example(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
-        return self.tokens[lo:hi], self.mask[lo:hi]
-
-    def subset(self, indices: Sequence[int], source: str | None = None) -> Examples:
-        """The examples ``indices`` (in that order) as a new :class:`Examples`."""
-        parts = [self.example(int(i)) for i in indices]
-        offsets = np.cumsum([0] + [len(t) for t, _ in parts], dtype=np.int64)
-        tokens = np.concatenate([t for t, _ in parts]) if parts else np.zeros(0, np.int32)
-        mask = np.concatenate([m for _, m in parts]) if parts else np.zeros(0, np.uint8)
-        return Examples(tokens, mask, offsets, source or self.source, self.skipped_turns)
+def _source(files: Sequence[Path]) -> str:
+    return str(files[0]) if len(files) == 1 else f"{len(files)} files under {files[0].parent}"
 
 
-def jsonl_files(path: str | Path, arg: str = "path") -> list[Path]:
-    """A ``.jsonl`` file, or the ``*.jsonl`` files under a folder (sorted by relative path)."""
-    p = Path(path).expanduser()
-    if p.is_file():
-        return [p]
-    if p.is_dir():
-        files = sorted((f for f in p.rglob("*.jsonl") if f.is_file()), key=lambda f: f.relative_to(p).as_posix())
-        if not files:
-            raise DataError(f"{str(path)!r}: folder holds no .jsonl files", arg=arg)
-        return files
-    raise DataError(f"{str(path)!r}: no such file or folder", arg=arg)
-
-
-def read_rows(files: Sequence[Path], arg: str = "path") -> list[tuple[str, dict[str, Any]]]:
-    """``(file:line, row)`` of every non-blank line; a line that is not a JSON object is a DataError."""
-    rows = []
-    for f in files:
-        try:
-            text = f.read_text(encoding="utf-8")
-        except OSError as e:
-            raise DataError(f"{str(f)!r}: cannot read: {e.strerror}", arg=arg) from None
-        except UnicodeDecodeError as e:
-            raise DataError(f"{f}: not UTF-8 text (byte {e.start}); JSONL files are UTF-8", arg=arg) from None
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            where = f"{f}:{n}"
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                raise DataError(f"{where}: not valid JSON ({' '.join(str(e).split())})", arg=arg) from None
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: expected a JSON object per line, got {type(row).__name__}", arg=arg)
-            rows.append((where, row))
-    if not rows:
-        raise DataError(f"{', '.join(str(f) for f in files)}: no rows (one JSON object per line)", arg=arg)
-    return rows
-
-
-def _messages(row: dict[str, Any], where: str, arg: str) -> list[dict[str, Any]]:
-    messages = row.get("messages")
-    if not isinstance(messages, list) or not messages:
-        got = "no messages key" if "messages" not in row else f"messages is {type(messages).__name__}"
-        if isinstance(messages, list):
-            got = "messages is empty"
-        raise DataError(
-            f'{where}: a chat row needs "messages": a non-empty list of {{"role", "content"}} ({got})', arg=arg
-        )
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            what = (
-                type(m).__name__
-                if not isinstance(m, dict)
-                else "no role"
-                if not isinstance(m.get("role"), str)
-                else "no string content"
-            )
-            raise DataError(f'{where}: message {i} needs a string "role" and "content" ({what})', arg=arg)
-    return messages
-
-
-def _text(row: dict[str, Any], key: str, where: str, arg: str) -> str:
-    value = row.get(key)
-    if not isinstance(value, str):
-        got = f"no {key} key" if key not in row else f"{key} is {type(value).__name__}"
-        raise DataError(f'{where}: a prompt_completion row needs string "prompt" and "completion" ({got})', arg=arg)
-    return value
-
-
-def _encode(tok: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-    enc = tok.tokenizer.encode(text, add_special_tokens=False)
-    return list(enc.ids), list(enc.offsets)
-
-
-def assistant_spans(template: Any, messages: list[dict[str, Any]], full: str) -> tuple[list[tuple[int, int]], int]:
-    """Character spans of the assistant turns in ``full`` (the rendering of ``messages``), and turns skipped."""
-    spans, skipped = [], 0
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        try:
-            head = template.render(messages[:i], add_generation_prompt=True) if i else ""
-            turn = template.render(messages[: i + 1])
-        except DataError:  # the template refuses a prefix (e.g. one that must end with a user turn)
-            skipped += 1
-            continue
-        if full.startswith(head) and full.startswith(turn) and len(turn) > len(head):
-            spans.append((len(head), len(turn)))
-        else:
-            skipped += 1
-    return spans, skipped
-
-
-def _span_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> np.ndarray:
-    if not offsets:
-        return np.zeros(0, np.uint8)
-    where = np.asarray(offsets, np.int64)
-    mask = np.zeros(len(where), bool)
-    for s, e in spans:  # a token counts when its characters overlap a span
-        mask |= (where[:, 1] > s) & (where[:, 0] < e)
-    return mask.astype(np.uint8)
-
-
-def chat_example(
-    row: dict[str, Any], where: str, tok: Any, template: Any, train_on_prompt: bool = False, arg: str = "path"
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """(tokens, mask, assistant turns skipped) of one chat row."""
-    messages = _messages(row, where, arg)
-    full = template.render(messages, where=where)
-    ids, offsets = _encode(tok, full)
-    if train_on_prompt:
-        return np.asarray(ids, np.int32), np.ones(len(ids), np.uint8), 0
-    spans, skipped = assistant_spans(template, messages, full)
-    return np.asarray(ids, np.int32), _span_mask(offsets, spans), skipped
-
-
-def prompt_completion_example(
-    row: dict[str, Any], where: str, tok: Any, train_on_prompt: bool = False, arg: str = "path"
-) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens, mask) of one prompt / completion row: BOS + prompt, completion + EOS (the mask's part)."""
-    prompt, completion = _text(row, "prompt", where, arg), _text(row, "completion", where, arg)
-    head = tok.encode(prompt, document=False)
-    tail = _encode(tok, completion)[0] + ([tok.stop_id] if tok.stop_id is not None else [])
-    mask = np.concatenate([np.full(len(head), int(train_on_prompt), np.uint8), np.ones(len(tail), np.uint8)])
-    return np.asarray(head + tail, np.int32), mask
+def _cache_parts(fmt: str, tok: Any, template: Any, train_on_prompt: bool) -> list[Any]:
+    """What decides the examples besides the files' bytes (the cache key; see partitioning.data.examples)."""
+    chat = None if template is None or fmt != "chat" else [template.template, sorted(template.special_tokens.items())]
+    return [fmt, bool(train_on_prompt), tok.digest, chat]
 
 
 def load_examples(
-    files: Sequence[Path], fmt: str, tok: Any, template: Any = None, *, train_on_prompt: bool = False, arg: str = "path"
+    files: Sequence[Path],
+    fmt: str,
+    tok: Any,
+    template: Any = None,
+    *,
+    train_on_prompt: bool = False,
+    arg: str = "path",
+    cache_dir: str | Path | None = None,
+    progress: bool | str = False,
 ) -> Examples:
-    """Every row of ``files`` (JSONL) tokenized, with its loss mask; see the module docstring."""
+    """Every row of ``files`` (JSONL) tokenized, with its loss mask; see the module docstring.
+
+    ``cache_dir``: read the examples from there, or write them there (None: in memory, nothing written).
+    ``progress``: as :class:`~partitioning.data.progress.Progress` takes it (False: quiet).
+    """
     if fmt not in ("chat", "prompt_completion"):
         raise DataError(f"format must be chat or prompt_completion here, got {fmt!r}", arg="format")
-    tokens, masks, skipped = [], [], 0
-    for where, row in read_rows(files, arg):
+    files = [Path(f) for f in files]
+    source = _source(files)
+    total = sum(f.stat().st_size for f in files if f.is_file())
+    bar = Progress(total, f"{source} ({total / 1e6:,.1f} MB)", progress)
+    folder = None
+    if cache_dir is not None:
+        key = cache_key(files, _cache_parts(fmt, tok, template, train_on_prompt), arg)
+        folder = Path(cache_dir).expanduser() / f"examples-{key}"
+        found = read_examples(folder, source)
+        if found is not None:
+            bar.close()
+            return found
+    writer: Any = ExampleWriter(folder, tok.dtype) if folder is not None else MemoryWriter(tok.dtype)
+    skipped = 0
+    group: list[tuple[str, dict[str, Any]]] = []
+    read = [0]  # bytes of the rows in the group
+
+    def on_bytes(n: int) -> None:
+        read[0] += n
+        bar.update(n)
+
+    def flush() -> int:
         if fmt == "chat":
-            ids, mask, s = chat_example(row, where, tok, template, train_on_prompt, arg)
-            skipped += s
-        else:
-            ids, mask = prompt_completion_example(row, where, tok, train_on_prompt, arg)
-        tokens.append(ids)
-        masks.append(mask)
-    offsets = np.cumsum([0] + [len(t) for t in tokens], dtype=np.int64)
-    source = str(files[0]) if len(files) == 1 else f"{len(files)} files under {files[0].parent}"
-    return Examples(np.concatenate(tokens), np.concatenate(masks), offsets, source, skipped)
+            return chat_group(group, tok, template, train_on_prompt, arg, writer)
+        completion_group(group, tok, train_on_prompt, arg, writer)
+        return 0
+
+    try:
+        for where, row in iter_rows(files, arg, on_bytes=on_bytes):
+            group.append((where, row))
+            if len(group) >= GROUP_ROWS or read[0] >= GROUP_BYTES:
+                skipped += flush()
+                bar.update(0, rows=len(group))
+                group, read[0] = [], 0
+        skipped += flush()
+        examples = writer.finish(source, skipped)
+    except BaseException:
+        writer.abort()
+        bar.close()
+        raise
+    cached = f", cached as {folder}" if folder is not None else ""
+    bar.close(f"data: {len(examples):,} examples, {len(examples.tokens):,} tokens in {bar.seconds:.1f} s{cached}")
+    return examples
 
 
 def template_for(tokenizer_dir: Path, chat_template: str | None = None) -> Any:
@@ -264,6 +166,7 @@ class InstructionCorpus(Corpus):
     fmt: str = "chat"
     packing: bool = True
     template: Any = None
+    truncation: str = "right"
 
     def batches(self, split: str, batch_size: int, seq_len: int, sharding: Any = None, *, seed: int = 0) -> Any:
         from partitioning.data.packing import PackedBatches
@@ -278,7 +181,15 @@ class InstructionCorpus(Corpus):
             name=f"{where} ({split})",
             split=split,
             packing=self.packing,
+            truncation=self.truncation,
         )
+
+    def loss_tokens(self, split: str, seq_len: int, truncation: str | None = None) -> Any:
+        """The answer tokens of ``split`` before and after truncation at ``seq_len``, this corpus's way or
+        ``truncation``'s (:func:`~partitioning.data.truncation.loss_tokens`)."""
+        from partitioning.data.truncation import loss_tokens
+
+        return loss_tokens(self.tokens(split), seq_len, truncation or self.truncation)
 
     def describe(self) -> str:
         tokens = len(self.train.tokens) + len(self.eval.tokens)
@@ -293,7 +204,6 @@ class InstructionCorpus(Corpus):
         return out + ")"
 
 
-@functools.lru_cache(maxsize=4)
 def load_instructions(
     path: str,
     fmt: str,
@@ -304,12 +214,18 @@ def load_instructions(
     eval_fraction: float = 0.05,
     train_on_prompt: bool = False,
     packing: bool = True,
+    truncation: str = "right",
+    cache_dir: str | None = None,
+    progress: bool | str = False,
 ) -> InstructionCorpus:
     """Instruction data from JSONL: ``fmt`` is ``chat`` or ``prompt_completion``; see the module docstring.
 
     ``tokenizer`` is a tokenizer.json (or its folder); a chat template comes from ``chat_template`` or that
-    folder. Without ``eval_path`` the last ``eval_fraction`` of the rows (at least one) are eval. Everything is
-    tokenized in memory when loaded (nothing is written), on every process.
+    folder. Without ``eval_path`` the last ``eval_fraction`` of the rows (at least one) are eval. The examples
+    are tokenized once and cached in ``cache_dir`` (default :func:`~partitioning.data.tokenize.default_cache_dir`,
+    :mod:`partitioning.data.examples`); every process of a run reads the same cache. ``truncation``
+    (``right``, ``left`` or ``drop``) says what happens to an example longer than a row
+    (:mod:`partitioning.data.truncation`). ``progress`` as :class:`~partitioning.data.progress.Progress`.
 
     Example::
 
@@ -325,18 +241,77 @@ def load_instructions(
         >>> batch = data.batches("train", 2, 32, seed=0).batch_at(0)
         >>> sorted(batch), batch["segment_ids"].shape
         (['inputs', 'loss_mask', 'positions', 'segment_ids', 'targets'], (2, 32))
+        >>> data.loss_tokens("train", 32).kept        # the answers' tokens and their </s>: what the loss counts
+        18
     """
+    from partitioning.data.tokenize import default_cache_dir
+
+    cache = str(Path(cache_dir).expanduser().absolute() if cache_dir is not None else default_cache_dir())
+    return _load_instructions(
+        path,
+        fmt,
+        tokenizer,
+        chat_template,
+        eval_path,
+        eval_fraction,
+        train_on_prompt,
+        packing,
+        truncation,
+        cache,
+        progress,
+        _stamp(path, eval_path),
+    )
+
+
+def _stamp(*paths: str | None) -> tuple:
+    """What names the files behind ``paths`` (absolute path, size, time): the in-process cache's key, so the same
+    relative path in another folder (or a file rewritten) is read again."""
+    out = []
+    for p in paths:
+        if p is None:
+            continue
+        root = Path(p).expanduser()
+        files = sorted(root.rglob("*.jsonl")) if root.is_dir() else [root]
+        for f in files:
+            st = f.stat() if f.exists() else None
+            out.append((str(f.absolute()), st.st_size if st else -1, st.st_mtime_ns if st else -1))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_instructions(
+    path: str,
+    fmt: str,
+    tokenizer: str,
+    chat_template: str | None,
+    eval_path: str | None,
+    eval_fraction: float,
+    train_on_prompt: bool,
+    packing: bool,
+    truncation: str,
+    cache_dir: str,
+    progress: bool | str,
+    stamp: tuple,
+) -> InstructionCorpus:
     from partitioning.data.tokenize import load_tokenizer
+    from partitioning.data.truncation import MODES
 
     if not 0 < eval_fraction < 1:
         raise DataError(f"eval_fraction must be between 0 and 1 (exclusive), got {eval_fraction}", arg="eval_fraction")
+    if truncation not in MODES:
+        raise DataError(f"truncation must be one of {', '.join(MODES)}, got {truncation!r}", arg="truncation")
     tok = load_tokenizer(tokenizer)
     template = template_for(Path(tok.path).parent, chat_template) if fmt == "chat" else None
+    import jax
+
+    # Every process tokenizes (the cache is shared, written whole by whichever finishes first); one says so.
+    progress = progress if jax.process_index() == 0 else False
+    kw: dict[str, Any] = {"train_on_prompt": train_on_prompt, "cache_dir": Path(cache_dir), "progress": progress}
     files = jsonl_files(path, "path")
-    train = load_examples(files, fmt, tok, template, train_on_prompt=train_on_prompt, arg="path")
+    train = load_examples(files, fmt, tok, template, arg="path", **kw)
     if eval_path is not None:
         efiles = jsonl_files(eval_path, "eval_path")
-        ev = load_examples(efiles, fmt, tok, template, train_on_prompt=train_on_prompt, arg="eval_path")
+        ev = load_examples(efiles, fmt, tok, template, arg="eval_path", **kw)
         eval_source: str | None = str(Path(eval_path).expanduser())
     else:
         n = len(train)
@@ -344,8 +319,7 @@ def load_instructions(
             raise DataError(
                 f"{path}: {n} row, too few to split into train and eval; add rows or set eval_path", arg="path"
             )
-        cut = n - max(1, int(n * eval_fraction))
-        train, ev = train.subset(range(cut)), train.subset(range(cut, n))
+        train, ev = train.split_at(n - max(1, int(n * eval_fraction)))
         eval_source = None
     names = tuple(str(f) for f in files)
     return InstructionCorpus(
@@ -361,7 +335,11 @@ def load_instructions(
         fmt=fmt,
         packing=packing,
         template=template,
+        truncation=truncation,
     )
+
+
+load_instructions.cache_clear = _load_instructions.cache_clear  # type: ignore[attr-defined]
 
 
 __all__ = [
@@ -369,7 +347,6 @@ __all__ = [
     "Examples",
     "jsonl_files",
     "read_rows",
-    "assistant_spans",
     "chat_example",
     "prompt_completion_example",
     "load_examples",

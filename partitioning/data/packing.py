@@ -2,10 +2,11 @@
 
 An example of ``n`` tokens fills ``n - 1`` slots of a row (inputs ``tokens[:-1]``, targets
 ``tokens[1:]``, ``loss_mask`` its mask shifted the same way); examples longer than ``seq_len + 1`` tokens
-are cut to that length (:attr:`PackedBatches.truncated` counts them). A row carries, besides ``inputs``
-and ``targets`` (int32), ``loss_mask`` (float32), ``segment_ids`` (int32: 1..n for the examples of the
-row, 0 for padding) and ``positions`` (int32, restarting at 0 for each example), so a model that honours
-them never attends across examples and sees each at the positions it would alone.
+are cut to that length, their end (``truncation="right"``) or their start (``"left"``) going, or left
+out (``"drop"``; :mod:`partitioning.data.truncation`); :attr:`PackedBatches.truncated` counts them. A
+row carries, besides ``inputs`` and ``targets`` (int32), ``loss_mask`` (float32), ``segment_ids`` (int32:
+1..n for the examples of the row, 0 for padding) and ``positions`` (int32, restarting at 0 for each
+example), so a model that honours them never attends across examples and sees each at the positions it would alone.
 
 Packing is best-fit decreasing (:func:`pack`), ties broken by an order shuffled by ``(seed, split)``,
 done once; the rows are then visited in grain's seeded per-epoch order
@@ -58,13 +59,16 @@ def instruction_batch(batch_size: int, seq_len: int) -> dict[str, jax.ShapeDtype
     return out
 
 
-def pack(lengths: np.ndarray, seq_len: int, order: np.ndarray, packing: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def pack(
+    lengths: np.ndarray, seq_len: int, order: np.ndarray, packing: bool = True, drop_long: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """(members, row_offsets): row ``r`` holds examples ``members[row_offsets[r]:row_offsets[r+1]]``.
 
     Best-fit decreasing (TRL's default): the longest example first, each into the fullest row it still
     fits; ``order`` breaks ties between examples of one length, so it decides which share a row. An example
     takes ``min(length, seq_len + 1) - 1`` slots; examples of fewer than 2 tokens (no target) are left out.
-    Without ``packing`` each example is a row of its own, in ``order``.
+    Without ``packing`` each example is a row of its own, in ``order``. ``drop_long`` leaves out the examples
+    longer than ``seq_len + 1`` tokens instead of cutting them.
 
     Example::
 
@@ -73,7 +77,10 @@ def pack(lengths: np.ndarray, seq_len: int, order: np.ndarray, packing: bool = T
         >>> [members[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
         [[3], [0, 1], [2]]
     """
-    slots = np.minimum(np.asarray(lengths, np.int64), seq_len + 1) - 1
+    lengths = np.asarray(lengths, np.int64)
+    slots = np.minimum(lengths, seq_len + 1) - 1
+    if drop_long:
+        slots = np.where(lengths > seq_len + 1, 0, slots)
     kept = [int(i) for i in np.asarray(order, np.int64) if slots[i] >= 1]
     if not packing:
         return np.asarray(kept, np.int64), np.arange(len(kept) + 1, dtype=np.int64)
@@ -101,9 +108,11 @@ def _examples(n: int) -> str:
 class PackedRows:
     """Row ``r``'s arrays (:data:`KEYS`), columns ``cols``, built from the examples it holds; many at a time."""
 
-    def __init__(self, examples: Any, members: np.ndarray, offsets: np.ndarray, seq_len: int, cols: slice):
+    def __init__(
+        self, examples: Any, members: np.ndarray, offsets: np.ndarray, seq_len: int, cols: slice, left: bool = False
+    ):
         self.examples, self.members, self.offsets = examples, members, offsets
-        self.seq_len, self.cols = int(seq_len), cols
+        self.seq_len, self.cols, self.left = int(seq_len), cols, left
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -116,7 +125,8 @@ class PackedRows:
             p = 0
             for seg, i in enumerate(self.members[self.offsets[r] : self.offsets[r + 1]], 1):
                 tokens, mask = self.examples.example(int(i))
-                tokens, mask = tokens[: t + 1], mask[: t + 1]
+                cut = slice(-(t + 1), None) if self.left and len(tokens) > t + 1 else slice(0, t + 1)
+                tokens, mask = tokens[cut], mask[cut]
                 n = len(tokens) - 1
                 out["inputs"][b, p : p + n] = tokens[:-1]
                 out["targets"][b, p : p + n] = tokens[1:]
@@ -145,9 +155,13 @@ class PackedBatches:
         name: str = "data",
         split: str = "train",
         packing: bool = True,
+        truncation: str = "right",
     ):
         from partitioning.data.order import ProcessRows, example_order, grain_seed
+        from partitioning.data.truncation import MODES
 
+        if truncation not in MODES:
+            raise DataError(f"truncation must be one of {', '.join(MODES)}, got {truncation!r}", arg="truncation")
         if batch_size < 1 or seq_len < 1:
             raise DataError(f"batch_size and seq_len must be positive, got {batch_size} and {seq_len}")
         self.batch_size, self.seq_len, self.sharding, self.seed = batch_size, seq_len, sharding, seed
@@ -155,12 +169,13 @@ class PackedBatches:
         lengths = examples.lengths
         order = np.random.default_rng(grain_seed(seed, split)).permutation(len(lengths)) if packing else None
         self.members, self.offsets = pack(
-            lengths, seq_len, order if order is not None else np.arange(len(lengths)), packing
+            lengths, seq_len, order if order is not None else np.arange(len(lengths)), packing, truncation == "drop"
         )
         self.n_rows = len(self.offsets) - 1
         kept = lengths[self.members]
         self.truncated = int((kept > seq_len + 1).sum())
         self.dropped = int(len(lengths) - len(self.members))
+        self.long_dropped = int((lengths > seq_len + 1).sum()) if truncation == "drop" else 0
         slots = int((np.minimum(kept, seq_len + 1) - 1).sum())
         self.efficiency = slots / max(1, self.n_rows * seq_len)
         if self.n_rows < batch_size:
@@ -175,14 +190,17 @@ class PackedBatches:
             f"{self.efficiency:.1%} of the slots hold tokens"
         )
         if self.truncated:
-            note += f"; {_examples(self.truncated)} longer than {seq_len + 1} tokens cut to that length"
-        if self.dropped:
-            note += f"; {_examples(self.dropped)} of fewer than 2 tokens left out"
+            which = "their start" if truncation == "left" else "their end"
+            note += f"; {_examples(self.truncated)} longer than {seq_len + 1} tokens cut to that length ({which} cut)"
+        if self.long_dropped:
+            note += f"; {_examples(self.long_dropped)} longer than {seq_len + 1} tokens left out"
+        if self.dropped - self.long_dropped:
+            note += f"; {_examples(self.dropped - self.long_dropped)} of fewer than 2 tokens left out"
         self.note = note
         shape = (batch_size, seq_len)
         block = local_block(sharding, shape) if sharding is not None else (slice(0, batch_size), slice(0, seq_len))
         self._rows = block[0]
-        read = PackedRows(examples, self.members, self.offsets, seq_len, block[1])
+        read = PackedRows(examples, self.members, self.offsets, seq_len, block[1], left=truncation == "left")
         self.dataset = ProcessRows(example_order(self.n_rows, seed, split), batch_size, self._rows).map(read)
 
     def rows_at(self, step: int) -> np.ndarray:

@@ -1,11 +1,11 @@
 """What ``generate`` reads besides the weights: a file of prompts, and the tokens that end a reply.
 
-A prompts file is JSON Lines when it ends in ``.jsonl`` (one object a line:
-``{"prompt": TEXT}`` or ``{"messages": [{"role": ..., "content": ...}, ...]}``),
-else text with one prompt a line (blank lines skipped). The stop tokens are
-the tokenizer's EOS and every ``eos_token_id`` of the checkpoint's
-``generation_config.json`` (chat models list their end-of-turn token there,
-e.g. Llama 3's ``<|eot_id|>``).
+A prompts file is read by what it holds, whatever its name: JSON Lines when its first non-blank line is a
+JSON object (one object a line: ``{"prompt": TEXT}`` or ``{"messages": [{"role": ..., "content": ...},
+...]}``), a JSON array of such objects, else text with one prompt a line (blank lines skipped). Lines end
+at ``\n`` only (:mod:`partitioning.data.jsonl`), so a prompt may hold U+2028 and its kin. The stop tokens
+are the tokenizer's EOS and every ``eos_token_id`` of the checkpoint's ``generation_config.json`` (chat
+models list their end-of-turn token there, e.g. Llama 3's ``<|eot_id|>``).
 
 Example::
 
@@ -38,31 +38,43 @@ def _messages(value: Any, where: str) -> list[dict[str, Any]]:
     return list(value)
 
 
+def _prompt(row: Any, where: str) -> str | list[dict[str, Any]]:
+    if isinstance(row, dict) and isinstance(row.get("prompt"), str):
+        return row["prompt"]
+    if isinstance(row, dict) and "messages" in row:
+        return _messages(row["messages"], where)
+    raise DataError(f"{where}: expected an object with `prompt` (text) or `messages` (a chat)")
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def read_prompts(path: str | os.PathLike) -> list[str | list[dict[str, Any]]]:
-    """The prompts of ``path``: strings, or chat messages (lists of dicts) from JSONL ``messages`` rows."""
+    """The prompts of ``path``: strings, or chat messages (lists of dicts) from JSON ``messages`` rows."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: cannot read the prompts ({e.__class__.__name__}: {e})") from None
-    prompts: list[str | list[dict[str, Any]]] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        if path.suffix != ".jsonl":
-            prompts.append(line)
-            continue
-        where = f"{path}:{n}"
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise DataError(f"{where}: not JSON ({e})") from None
-        if isinstance(row, dict) and isinstance(row.get("prompt"), str):
-            prompts.append(row["prompt"])
-        elif isinstance(row, dict) and "messages" in row:
-            prompts.append(_messages(row["messages"], where))
-        else:
-            raise DataError(f"{where}: expected an object with `prompt` (text) or `messages` (a chat)")
+    rows = [(n, line.removesuffix("\r")) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
+    whole = _json(text) if text.lstrip().startswith("[") else None
+    prompts: list[str | list[dict[str, Any]]]
+    if isinstance(whole, list) and whole and all(isinstance(r, dict) for r in whole):
+        prompts = [_prompt(r, f"{path}: row {i}") for i, r in enumerate(whole)]
+    elif rows and rows[0][1].lstrip().startswith("{") and isinstance(_json(rows[0][1]), dict):
+        prompts = []
+        for n, line in rows:
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise DataError(f"{path}:{n}: not JSON ({' '.join(str(e).split())})") from None
+            prompts.append(_prompt(row, f"{path}:{n}"))
+    else:
+        prompts = [line for _, line in rows]
     if not prompts:
         raise DataError(f"{path}: no prompts (one a line; JSONL rows with `prompt` or `messages`)")
     return prompts

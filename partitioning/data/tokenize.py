@@ -43,15 +43,14 @@ import functools
 import hashlib
 import json
 import os
-import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from partitioning.data.progress import Progress
 from partitioning.errors import DataError
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -233,39 +232,19 @@ def _corpus_digest(files: Sequence[Path], tok: TextTokenizer) -> str:
     return h.hexdigest()
 
 
-class _Progress:
-    """A bar on a terminal, else a line when tokenizing starts and one when it ends (stderr)."""
-
-    def __init__(self, total: int, what: str):
-        self.start, self.what = time.perf_counter(), what
-        self.bar = None
-        if sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="tokenizing", file=sys.stderr, leave=False)
-        else:
-            print(f"data: tokenizing {what} ...", file=sys.stderr, flush=True)
-
-    def update(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def close(self, tokens: int, cached: Path) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        took = time.perf_counter() - self.start
-        print(f"data: {tokens:,} tokens in {took:.1f} s, cached as {cached}", file=sys.stderr, flush=True)
-
-
 def tokenize_files(
-    files: Sequence[str | os.PathLike], tok: TextTokenizer, cache_dir: str | os.PathLike | None = None
+    files: Sequence[str | os.PathLike],
+    tok: TextTokenizer,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool | str = True,
 ) -> np.ndarray:
     """The tokens of ``files`` (one document each, in order) as a read-only memory-mapped array.
 
     Tokenized once: the array is cached in ``cache_dir`` (default
     :func:`default_cache_dir`) under a digest of the tokenizer, its BOS / EOS
     rules and the files' contents, and written atomically (a temporary file,
-    then a rename), so concurrent processes never read half a file.
+    then a rename), so concurrent processes never read half a file. ``progress``:
+    as :class:`~partitioning.data.progress.Progress` (nothing is said of work done within a second).
     """
     paths = [Path(f) for f in files]
     folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
@@ -280,7 +259,7 @@ def tokenize_files(
     except OSError as e:
         raise DataError(f"cannot make the token cache {folder}: {e.strerror}", arg="cache_dir") from None
     total = sum(f.stat().st_size for f in paths)
-    progress = _Progress(total, f"{len(paths):,} file(s), {total / 1e6:.1f} MB, with {tok.path}")
+    bar = Progress(total, f"{len(paths):,} file(s), {total / 1e6:.1f} MB, with {tok.path}", progress)
     chunks: list[np.ndarray] = []
     group: list[tuple[tuple[int, int], str]] = []  # ((document, piece), text)
     firsts: set[tuple[int, int]] = set()  # the pieces that begin a document, and those that end one
@@ -306,7 +285,7 @@ def tokenize_files(
             if size >= GROUP_BYTES:
                 flush()
                 size = 0
-        progress.update(len(text))
+        bar.update(len(text))
     flush()
     tokens = np.concatenate(chunks) if chunks else np.zeros(0, tok.dtype)
     # A unique temporary name: the processes of a multi-host run may share this folder.
@@ -318,7 +297,7 @@ def tokenize_files(
     except OSError as e:
         Path(name).unlink(missing_ok=True)
         raise DataError(f"cannot write the token cache {target}: {e.strerror}", arg="cache_dir") from None
-    progress.close(len(tokens), target)
+    bar.close(f"data: {len(tokens):,} tokens in {bar.seconds:.1f} s, cached as {target}")
     return np.load(target, mmap_mode="r", allow_pickle=False)
 
 

@@ -17,6 +17,8 @@ Modules:
 - :mod:`~partitioning.hf.write` — safetensors out, one tensor gathered at a time.
 - :mod:`~partitioning.hf.peft_config` — PEFT's ``adapter_config.json`` checked; adapter rows of a name map.
 - :mod:`~partitioning.hf.peft` — PEFT LoRA adapters in (per shard) and out.
+- :mod:`~partitioning.hf.tokenizer` — a checkpoint's tokenizer files, chat template and generation config, as
+  transformers 5 saves them.
 
 Imports: every stage below it (the core, :mod:`partitioning.finetune`, :mod:`partitioning.checkpoint`'s reader)
 and, inside functions, the families of :mod:`partitioning.models.hf`.
@@ -29,6 +31,7 @@ Example::
 """
 
 from partitioning.hf.peft import save_peft
+from partitioning.hf.tokenizer import save_tokenizer
 from partitioning.hf.weights import hf_family, hf_model, load_hf, save_hf
 
-__all__ = ["load_hf", "save_hf", "hf_model", "hf_family", "save_peft"]
+__all__ = ["load_hf", "save_hf", "hf_model", "hf_family", "save_peft", "save_tokenizer"]

@@ -263,10 +263,11 @@ def weight_maps(model: Any, family: Any, stored: Any, abstract: Any) -> tuple[li
     return maps, shapes, all_shapes, all_names, adapters
 
 
-def check_hf_files(path: str | os.PathLike, **options: Any) -> Path:
+def check_hf_files(path: str | os.PathLike, adapter: str | os.PathLike | None = None, **options: Any) -> Path:
     """Every check :func:`~partitioning.hf.load_hf` makes before reading weights; returns the checkpoint folder.
 
-    ``options``: ``dtype``, ``param_dtype``, ``scan_layers``, ``remat`` as for ``load_hf``.
+    ``options``: ``dtype``, ``param_dtype``, ``scan_layers``, ``remat`` as for ``load_hf``; ``adapter``: a PEFT
+    adapter folder, whose tensors are checked against the base too (an adapter made for another base).
     """
     model = without_base_dtype(hf_model(path, **options))  # the files hold the float weights
     directory, cfg, family = _config(path)
@@ -275,14 +276,24 @@ def check_hf_files(path: str | os.PathLike, **options: Any) -> Path:
     check_params(maps, shapes, family.name)
     extra = family.skipped(cfg) + ((r"^lm_head\.weight$",) if model.tie_embeddings else ())
     match(maps, shapes, stored, aliases=family.aliases, extra=extra, where=str(directory))
+    if adapter is not None:  # as load_hf reads it: its tensors' names and shapes against the base's
+        from partitioning.hf.peft import adapter_maps, match_adapter, with_adapter
+
+        peft_adapter, rows, adapted = with_adapter(adapter, family, model)
+        _, _, all_shapes, all_names, _ = weight_maps(adapted, family, stored, _abstract(adapted))
+        match_adapter(peft_adapter, adapter_maps(rows, adapted, all_names), all_shapes, directory)
     return directory
 
 
 def _fresh_adapters(model: Any, shardings: dict[tuple[str, ...], Any], mesh: Any, rules: Any) -> dict[tuple, Any]:
     """The model's initial LoRA adapters, each born in its shard (the rest of the init is dead code to XLA)."""
 
+    # The tokens only trace the init (its forward pass is dead code), but on Explicit mesh axes their batch
+    # and length must divide over the axes the rules give them: one token per device on each does.
+    n = mesh.size if mesh is not None else 1
+
     def init(rng):
-        flat = traverse_util.flatten_dict(unbox(model.init(rng, jnp.zeros((1, 1), jnp.int32))["params"]))
+        flat = traverse_util.flatten_dict(unbox(model.init(rng, jnp.zeros((n, n), jnp.int32))["params"]))
         return {"/".join(k): flat[k] for k in shardings}
 
     out = {"/".join(k): s for k, s in shardings.items()}

@@ -14,6 +14,7 @@ Modules:
 - :mod:`~partitioning.model.task` — what the model is trained to do: built-in losses, custom losses and steps.
 - :mod:`~partitioning.model.annotated` — a model whose variables come out named by an annotation table.
 - :mod:`~partitioning.model.registry` — ``register_model``: a model class a YAML config can name, options checked.
+- :mod:`~partitioning.model.embeddings` — which parameters a model uses as embedding tables, found by tracing it.
 
 Imports: the core modules (``partitioning/*.py``) only.
 

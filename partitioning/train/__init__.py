@@ -13,6 +13,7 @@ Modules:
   turns on one real batch and one state (how the ``auto`` defaults learn which choice is fastest here).
 - :mod:`~partitioning.train.optimizer` — optax optimizers and learning-rate schedules.
 - :mod:`~partitioning.train.loop` — ``fit``: steps, evals, hooks, progress, clean stops.
+- :mod:`~partitioning.train.metrics` — metrics on the host; a masked loss that counts no token is no loss.
 - :mod:`~partitioning.train.nonfinite` — divergence: the non-finite flag tallied on device; stop or skip_step.
 - :mod:`~partitioning.train.lock` — ``RunLock``: one writer per run directory (an ``flock`` naming its holder).
 - :mod:`~partitioning.train.hooks` — loop hooks that record a run (``JsonlLogger``).
@@ -35,7 +36,8 @@ Example::
 """
 
 from partitioning.train.hooks import JsonlLogger
-from partitioning.train.loop import evaluate, fit
+from partitioning.train.loop import fit
+from partitioning.train.metrics import evaluate
 from partitioning.train.optimizer import lr_schedule, make_optimizer
 from partitioning.train.plots import LossPlot, plot_loss
 from partitioning.train.state import TrainState, abstract_train_state

@@ -78,6 +78,7 @@ class RunLock:
         self.directory, self.what = Path(directory), what
         self.path = Path(path) if path is not None else self.directory / LOCK_FILE
         self._fd: int | None = None
+        self._made: list[Path] = []
 
     def holder(self) -> dict[str, Any] | None:
         """What the lock file says about its last holder (None if absent or unreadable)."""
@@ -118,6 +119,11 @@ class RunLock:
         """Takes the lock (creating the directory and the file) and records this process as the holder."""
         if self._fd is not None:
             return self
+        made, up = [], self.path.parent  # what this call creates: undone by release(undo=True)
+        while not up.exists() and up.parent != up:
+            made.append(up)
+            up = up.parent
+        made = ([] if self.path.exists() else [self.path]) + made
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -132,15 +138,21 @@ class RunLock:
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join(["partitioning", *sys.argv[1:]]) if sys.argv else None,
         }
-        self._fd = fd
+        self._fd, self._made = fd, made
         with contextlib.suppress(OSError):  # a full disk: the lock holds, the note of who holds it is lost
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
         return self
 
-    def release(self) -> None:
+    def release(self, undo: bool = False) -> None:
+        """Frees the lock. ``undo`` (a job refused before it wrote anything): the lock file and the folders
+        :meth:`acquire` made go too, while the lock is still held, so a refused command changes nothing on disk."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
+            if undo:
+                for p in self._made:  # the file, then its new folders, innermost first (only when empty)
+                    with contextlib.suppress(OSError):
+                        p.unlink() if p == self.path else p.rmdir()
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)

@@ -56,13 +56,9 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm  # not tqdm.auto: its notebook bar needs ipywidgets
 
 from partitioning.errors import PartitioningError
+from partitioning.train.metrics import evaluate, host_metrics, without_empty_loss
 from partitioning.train.nonfinite import FLAG, MAX_SKIPPED, SKIPPED, NonFiniteError, Tally, describe
-from partitioning.train.state import TrainState, host_scalar
-
-
-def host_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """Device scalars -> host floats (each read from a local shard)."""
-    return {k: host_scalar(v) for k, v in metrics.items()}
+from partitioning.train.state import host_scalar
 
 
 def _batch_source(batches: Any) -> Callable[[int], Any]:
@@ -148,6 +144,8 @@ def format_line(metrics: dict[str, Any], steps: int) -> str:
     for k in ("loss", "eval_loss"):
         if k in metrics:
             parts.append(f"{k} {_num(metrics[k])}")
+        elif metrics.get(f"{'eval_' if k != 'loss' else ''}loss_tokens") == 0:
+            parts.append(f"{k} -")  # no token to count: no loss (never a loss of 0)
     parts += [
         f"{k} {_num(v)}"
         for k, v in metrics.items()
@@ -169,32 +167,6 @@ def step_flops_of(trainer: Any) -> float | None:
     """FLOPs per device of one train step, if ``trainer`` can say (:meth:`Trainer.step_flops`)."""
     fn = getattr(trainer, "step_flops", None)
     return fn() if callable(fn) else None
-
-
-def evaluate(trainer: Any, state: Any, batches: Iterable[Any]) -> dict[str, float]:
-    """Mean of the eval metrics over ``batches`` (host floats, prefixed ``eval_``).
-
-    ``state`` is a :class:`TrainState` (its params and collections, e.g.
-    BatchNorm statistics, are used) or just params.
-
-    Example::
-
-        >>> import optax
-        >>> from partitioning.models import MLP
-        >>> trainer = pt.Trainer(MLP(), optax.adamw(1e-3), pt.make_mesh({"data": 1, "fsdp": -1}), "fsdp",
-        ...                      batch_size=8, seq_len=16)
-        >>> evals = pt.data.TokenBatches(np.arange(4096) % 256, 8, 16, trainer.batch_sharding, split="eval")
-        >>> metrics = pt.train.evaluate(trainer, trainer.init(jax.random.key(0)), [evals.batch_at(i) for i in range(2)])
-        >>> sorted(metrics)
-        ['eval_accuracy', 'eval_loss']
-    """
-    sums: dict[str, Any] = {}
-    n = 0
-    for batch in batches:
-        m = trainer.evaluate_state(state, batch) if isinstance(state, TrainState) else trainer.eval_step(state, batch)
-        sums = m if not sums else jax.tree.map(lambda a, b: a + b, sums, m)
-        n += 1
-    return {f"eval_{k}": host_scalar(v) / n for k, v in sums.items()} if n else {}
 
 
 def fit(
@@ -300,7 +272,7 @@ def fit(
                     evaluating = False  # a diverged state's eval says nothing
                 host = None
                 if logging or evaluating or stop or (bad and policy == "stop") or skipped_out:
-                    host = host_metrics(metrics)  # waits for the step: the only sync point
+                    host = without_empty_loss(host_metrics(metrics))  # waits for the step: the only sync point
                     host.pop(FLAG, None)
                     if policy == "skip_step":
                         host[SKIPPED] = float(bad)
@@ -316,7 +288,8 @@ def fit(
                         batches = eval_batches() if callable(eval_batches) else eval_batches
                         host.update(evaluate(trainer, state, batches))
                         last_t = time.perf_counter()  # eval time is not step time
-                    post = {"loss": f"{host['loss']:.3f}", "tok/s": f"{host['tokens_per_s']:,.0f}"}
+                    loss = f"{host['loss']:.3f}" if "loss" in host else "-"
+                    post = {"loss": loss, "tok/s": f"{host['tokens_per_s']:,.0f}"}
                     if "eval_loss" in host:
                         post["eval"] = f"{host['eval_loss']:.3f}"
                     if "tflops_per_device" in host:

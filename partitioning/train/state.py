@@ -27,11 +27,13 @@ import flax
 import jax
 import numpy as np
 
+from partitioning.annotations import Annotations, as_annotations, factored_names
 from partitioning.boxes import is_box, is_logical_box
 from partitioning.data.batch import batch_shapes
 from partitioning.finetune.trainable import subset_of
 from partitioning.model.annotated import annotated_model
 from partitioning.model.task import as_task, model_inputs
+from partitioning.paths import path_str
 
 
 @flax.struct.dataclass
@@ -79,23 +81,41 @@ def state_step(state: Any) -> int:
     return int(host_scalar(step))
 
 
-def strip_foreign_boxes(opt_state: Any, params: Any) -> Any:
-    """Unboxes optimizer-state leaves whose shape is not a param's shape.
+def strip_foreign_boxes(opt_state: Any, params: Any, annotations: Any = None) -> Any:
+    """The optimizer state's names: each moment named as its parameter is, a factored one as the optimizer made it.
 
-    Optax maps over the *values* inside boxes, so a state with another shape
-    (adafactor's factored ``v_row``/``v_col``, ``(1,)`` placeholders) still sits in
-    a box with the param's names; those leaves are small and stay replicated.
+    Optax maps over the *values* inside boxes, so a state with another shape keeps the param's names: a
+    factored moment (adafactor's ``v_row``/``v_col``, the param's shape less one dimension) gets them less the
+    dimension the optimizer dropped (:func:`~partitioning.annotations.factored_names`); any other (the ``(1,)``
+    placeholders) is unboxed and stays replicated. ``annotations``' rows for optimizer-state paths
+    (``opt_state/...``) then name the moments they match, as :func:`~partitioning.tree_layouts` of a whole state
+    applies them (a table, its rows, or the annotated model adapter that carries one).
     """
-    known = {
-        (tuple(b.names), tuple(b.value.shape)) for b in jax.tree.leaves(params, is_leaf=is_box) if is_logical_box(b)
+    shapes = {
+        path_str(kp): tuple(b.value.shape)
+        for kp, b in jax.tree_util.tree_flatten_with_path(params, is_leaf=is_box)[0]
+        if is_logical_box(b)
     }
 
-    def fix(x):
-        if is_logical_box(x) and (tuple(x.names), tuple(x.value.shape)) not in known:
-            return x.value
-        return x
+    def param_shape(path: str) -> Any:
+        parts = path.split("/")
+        return next((shapes[q] for i in range(len(parts)) if (q := "/".join(parts[i:])) in shapes), None)
 
-    return jax.tree.map(fix, opt_state, is_leaf=is_box)
+    def fix(kp: Any, x: Any) -> Any:
+        if not is_logical_box(x):
+            return x
+        path, shape = path_str(kp), tuple(x.value.shape)
+        own = param_shape(path)
+        if own == shape:
+            return x
+        names = factored_names(x.names, own, shape, path) if own is not None else None
+        return x.replace(names=names) if names is not None else x.value
+
+    named = jax.tree_util.tree_map_with_path(fix, opt_state, is_leaf=is_box)
+    if annotations is not None and not isinstance(annotations, (Annotations, list, tuple)):
+        annotations = getattr(annotations, "annotations", None)  # a model adapter: the table it carries, if any
+    table = as_annotations(annotations)
+    return table.apply_moments(named) if table else named
 
 
 def abstract_train_state(
@@ -134,7 +154,7 @@ def abstract_train_state(
     def init(rng):
         params = adapter.boxed(rng, args, kwargs)["params"]
         train = subset_of(params, trainable).trainable(params)
-        return params, strip_foreign_boxes(tx.init(train), train)
+        return params, strip_foreign_boxes(tx.init(train), train, adapter)
 
     return jax.eval_shape(init, jax.random.key(0))
 

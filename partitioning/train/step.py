@@ -248,7 +248,7 @@ class Trainer(Lowering, Init):
             # The params' paths (static while tracing) pick the trainable subset; the optimizer sees only it.
             self.subset = subset_of(params, self._trainable_arg)
             trainable = self.subset.trainable(params)
-            opt_state = strip_foreign_boxes(self.tx.init(trainable), trainable)
+            opt_state = strip_foreign_boxes(self.tx.init(trainable), trainable, self.model)  # its table's rows
             return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state, collections=variables)
 
         with sharding_context(self.mesh, self.rules):

@@ -1,11 +1,13 @@
 """`check` agrees with `train` by construction (partitioning/cli/preflight.py): for every bad input of the
 adversarial corpus (tests/cli/test_adversarial.py, test_bad_input.py) and the Hugging Face and run-state
-faults below, `check` fails exactly when `train` does, with the same first line; a complete run is a fact."""
+faults below, `check` fails exactly when `train` does, with the same first line; a complete run is a fact. Fine-tuning
+too: an adapter made for another base, truncation that leaves no answer (or cuts some), and a LoRA run's memory."""
 
 import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.cli import test_adversarial as adversarial
@@ -244,3 +246,132 @@ def test_check_reports_every_problem_at_once_train_its_first(here, run_cli_in_pr
         "of size 4; use a multiple of 4",
     ]
     assert sorted(p.name for p in here.iterdir()) == ["two.yaml"]  # neither wrote anything
+
+
+# -- fine-tuning: adapters, truncation, LoRA memory (issue 38) -----------------------------------------------
+
+PEFT = HF.parents[1] / "peft" / "llama"
+
+
+def _adapter(case: str, edit) -> None:
+    """The llama PEFT fixture's adapter, its tensors edited as an adapter made for another base would have them."""
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(PEFT, case)
+    tensors = load_file(f"{case}/adapter_model.safetensors")
+    save_file(edit(tensors), f"{case}/adapter_model.safetensors")
+
+
+def _wider(tensors: dict) -> dict:  # a base of hidden size 48: every lora_A reading the hidden state is wider
+    return {
+        k: (v if v.shape[1] != 32 or "lora_A" not in k else np.zeros((v.shape[0], 48), v.dtype))
+        for k, v in tensors.items()
+    }
+
+
+def _deeper(tensors: dict) -> dict:  # 3 layers (the base has 2)
+    return {**tensors, **{k.replace("layers.0.", "layers.2."): v for k, v in tensors.items() if "layers.0." in k}}
+
+
+def _shallower(tensors: dict) -> dict:  # 1 layer
+    return {k: v for k, v in tensors.items() if "layers.1." not in k}
+
+
+ADAPTER_CASES = {
+    "wider": (
+        _wider,
+        "adapter/adapter_model.safetensors: tensor 'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight' "
+        "has shape [4, 48]; base/config.json and r=4 imply [4, 32] (an adapter made for another base model?)",
+    ),
+    "deeper": (
+        _deeper,
+        "adapter/adapter_model.safetensors: unexpected tensor 'base_model.model.model.layers.2.mlp.down_proj.lora_A."
+        "weight': not a LoRA weight of the modules adapter_config.json targets",
+    ),
+    "shallower": (
+        _shallower,
+        "adapter/adapter_model.safetensors: tensor 'base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight' "
+        "is missing (adapter_config.json targets model.layers.1.self_attn.q_proj)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ADAPTER_CASES))
+def test_an_adapter_made_for_another_base_fails_check_as_train(here, run_cli_in_process, case):
+    edit, message = ADAPTER_CASES[case]
+    shutil.copytree(HF, "base", ignore=shutil.ignore_patterns("v4"))
+    _adapter("adapter", edit)
+    Path("corpus.txt").write_text("def f(x):\n    return x * 2\n" * 100)
+    Path("a.yaml").write_text(
+        "model: {hf: base, adapter: adapter, remat: none}\nmesh: {shape: {data: 1, fsdp: -1}, devices: 8}\n"
+        "rules: fsdp\ndata: {path: corpus.txt}\ntrain: {steps: 2, batch_size: 8, seq_len: 16, eval_batches: 0}\n"
+        "run_dir: runs/a\n"
+    )
+    assert agree(run_cli_in_process, "a.yaml") == f"error: a.yaml:1: model.adapter: {message}"
+    assert not Path("runs").exists()  # nothing written, no lock left behind
+
+
+CHAT = HF.parents[1] / "chat" / "mistral"
+
+
+def _chat_run(prompt_words: list[int]) -> None:
+    words = ["red", "blue", "green", "cat"]
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": " ".join(words[(i + j) % 4] for j in range(n))},
+                {"role": "assistant", "content": "blue cat"},
+            ]
+        }
+        for i, n in enumerate(prompt_words)
+    ]
+    Path("chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    Path("c.yaml").write_text(
+        f"model: {{hf: {HF}, remat: none}}\nmesh: {{shape: {{data: 1, fsdp: -1}}, devices: 8}}\nrules: fsdp\n"
+        f"data: {{format: chat, path: chat.jsonl, chat_template: {CHAT}}}\n"
+        "train: {steps: 2, batch_size: 8, seq_len: 64, eval_batches: 0}\nrun_dir: runs/c\n"
+    )
+
+
+def test_truncation_that_leaves_no_answer_fails_check_as_train(here, run_cli_in_process, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _chat_run([80] * 64)
+    line = agree(run_cli_in_process, "c.yaml")
+    assert line.startswith(
+        "error: c.yaml:5: train.seq_len: chat.jsonl (train): the loss would count no token: 61 of 61"
+    )
+    assert line.endswith("raise train.seq_len above 295, or set data.truncation: left")
+
+
+def test_check_says_the_truncation_train_makes(here, run_cli_in_process, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _chat_run([80, 2] * 32)  # half lose their answer at seq_len 64
+    checked = run_cli_in_process("check", "c.yaml")
+    trained = run_cli_in_process("train", "c.yaml", "--no-progress")
+    assert (checked.returncode, trained.returncode) == (0, 0), (checked.stderr, trained.stderr)
+    cut = "31 examples longer than 65 tokens cut to that length (their end cut)"
+    assert cut in checked.stdout and cut in trained.stdout
+    warned = [x for x in _lines(checked) if x.startswith("warning: data: ")]
+    assert warned and warned == [x for x in _lines(trained) if x.startswith("warning: data: ")]
+
+
+LORA = (
+    f'model: {{hf: {HF}, remat: none, lora: {{rank: 2, targets: ["attn/(q|v)$"]}}}}\n'
+    "mesh: {shape: {data: 1, fsdp: -1}, devices: 8}\nrules: fsdp\ndata: {path: corpus.txt}\n"
+    "train: {steps: 2, batch_size: 8, seq_len: 16, eval_batches: 0}\nrun_dir: runs/lora\n"
+)
+
+
+def test_check_prices_a_lora_run_as_plan_does(here, run_cli_in_process):
+    Path("corpus.txt").write_text("def f(x):\n    return x * 2\n" * 100)
+    Path("lora.yaml").write_text(LORA)
+    checked = run_cli_in_process("check", "lora.yaml")
+    assert checked.returncode == 0, checked.stderr
+    memory = next(x for x in checked.stdout.splitlines() if x.startswith("memory: "))
+    planned = run_cli_in_process("plan", "lora.yaml", "--no-compile")
+    total = next(x for x in planned.stdout.splitlines() if x.startswith("│ total"))
+    per_device = total.split("│")[2].strip()
+    assert memory.startswith(f"memory: peak {per_device} per device (analytic")  # 22.59 KiB, not full fine-tuning's
+    assert "params/embedding (frozen) 5.00 KiB" in memory and "(+grad, optimizer) 5.00 KiB" not in memory
+    line = agree(run_cli_in_process, "lora.yaml", "--set", "mesh.device_memory=20KiB")
+    assert "params/embedding (frozen) 5.00 KiB" in line  # the refusal prices the frozen base as plan does

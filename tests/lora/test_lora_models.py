@@ -205,6 +205,18 @@ def test_load_hf_with_lora_gives_the_checkpoints_logits_then_the_merged_weights(
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
 
 
+def test_load_hf_with_lora_on_explicit_mesh_axes():
+    # The fresh adapters' init traces the model on a token batch that must split over Explicit axes (it was (1, 1)).
+    mesh = pt.make_mesh(MESHES["fsdp_tp"], axis_types="explicit")
+    model, variables = pt.hf.load_hf(LLAMA, mesh, "fsdp_tp", lora={"rank": 4, "targets": ["attn/(q|v)$"]})
+    q_a = variables["params"]["blocks"]["attn"]["q_lora_a"]
+    assert q_a.sharding.spec == P(None, None, "fsdp") and q_a.shape == (2, 4, 32)
+    tokens, want = np.tile(np.load(f"{LLAMA}/tokens.npy"), (2, 1)), np.tile(np.load(f"{LLAMA}/logits.npy"), (2, 1, 1))
+    with pt.sharding_context(mesh, "fsdp_tp"):
+        got = np.asarray(jax.jit(model.apply)(variables, tokens))
+    np.testing.assert_allclose(got, want, atol=1e-4)  # lora_b starts at zero: the checkpoint's logits
+
+
 # -- any other model: LoRAModel (the weight path) ---------------------------------------------------
 
 

@@ -49,9 +49,9 @@ def test_chat_mask_is_exactly_the_assistant_tokens(tmp_path, tok):
     assert full == "<s>[INST] hi [/INST]yo</s> [INST] ok? [/INST]ok</s> "
     assert tokens.tolist() == tok.tokenizer.encode(full, add_special_tokens=False).ids
     pieces = [tok.tokenizer.id_to_token(int(t)) for t in tokens]
-    # The assistant's words, its end-of-turn </s> and the space the template writes after it; nothing else.
+    # The assistant's words and its end-of-turn </s>; not the space the template writes after it, nor anything else.
     on = [i for i in range(len(tokens)) if mask[i]]
-    assert "".join(pieces[i] for i in on).replace("Ġ", " ") == "yo</s> ok</s> "
+    assert "".join(pieces[i] for i in on).replace("Ġ", " ") == "yo</s>ok</s>"
     first_yo = pieces.index("y") if "y" in pieces else pieces.index("yo")
     assert on[0] == first_yo and pieces[on[0] - 1] == "]"  # starts right after "[/INST]"
     assert mask.sum() == len(on) and ex.skipped_turns == 0
@@ -129,7 +129,7 @@ def test_pack_next_fit_and_truncation():
     assert b.truncated == 1 and b.dropped == 1 and b.n_rows == 3
     assert b.note == (
         "data: 4 examples packed into 3 rows of 8 tokens: 70.8% of the slots hold tokens; 1 example longer "
-        "than 9 tokens cut to that length; 1 example of fewer than 2 tokens left out"
+        "than 9 tokens cut to that length (their end cut); 1 example of fewer than 2 tokens left out"
     )
 
 
@@ -200,5 +200,5 @@ def test_turns_a_template_rewrites_later_are_skipped_and_counted(tmp_path, tok):
     tokens, mask = ex.example(0)
     assert ex.skipped_turns == 1
     assert tok.tokenizer.decode(tokens[mask == 1].tolist(), skip_special_tokens=False) == (
-        "<think>\n\n</think>\n\nd<|im_end|>\n"
+        "<think>\n\n</think>\n\nd<|im_end|>"
     )

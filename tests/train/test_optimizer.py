@@ -23,10 +23,14 @@ def test_other_optimizers_train_and_shard(name, tokens, run_steps, batch_size, s
     layouts = trainer.state_layouts()
     sharded = [leaf.path for leaf in layouts if leaf.path.startswith("opt_state") and not leaf.replicated]
     if name == "adafactor":
-        # Factored second moments have other shapes than their params: replicated (and small).
+        # Factored second moments keep their param's names less the dimension adafactor drops: the embedding's
+        # v_row (its 256 vocab rows summed) is ("embed",), laid out as the embedding's embed dimension.
         specs = {leaf.path: (leaf.shape, leaf.spec) for leaf in layouts}
-        assert specs["opt_state/1/inner_state/0/v_row/embedding"] == ((128,), P())
-        assert specs["opt_state/1/inner_state/0/v_col/embedding"] == ((256,), P())
+        names = {leaf.path: leaf.names for leaf in layouts}
+        assert specs["opt_state/1/inner_state/0/v_row/embedding"] == ((128,), P("fsdp"))
+        assert names["opt_state/1/inner_state/0/v_row/embedding"] == ("embed",)
+        assert names["opt_state/1/inner_state/0/v_col/embedding"] == ("vocab",)
+        assert specs["opt_state/1/inner_state/0/v_col/embedding"][0] == (256,)
         # Unfactored second moments (the 128 x 64 wi_0) are laid out like their param.
         assert specs["opt_state/1/inner_state/0/v/wi_0"] == ((128, 64), P("fsdp", None))
         assert "opt_state/1/inner_state/0/v/wi_0" in sharded

@@ -62,11 +62,14 @@ def test_each_document_gets_bos_eos_as_the_tokenizer_config_says(tmp_path, confi
     assert tok.decode(tokens[: len(head) + 3]) == tok.decode(bare(folder, a.read_text())[:3])
 
 
-def test_tokenized_once_then_read_from_the_cache(tmp_path, capsys):
+def test_tokenized_once_then_read_from_the_cache(tmp_path, capsys, monkeypatch):
+    import partitioning.data.progress
+
+    monkeypatch.setattr(partitioning.data.progress, "DELAY_S", 0.0)  # as if it took more than a second
     tok = load_tokenizer(make_tokenizer(tmp_path / "tok", LLAMA))
     f = tmp_path / "a.py"
     f.write_text(TEXT)
-    first = tokenize_files([f], tok, tmp_path / "cache")
+    first = tokenize_files([f], tok, tmp_path / "cache", progress="lines")
     assert "data: tokenizing 1 file(s)" in capsys.readouterr().err
     cached = list((tmp_path / "cache").glob("*.npy"))
     assert len(cached) == 1 and isinstance(first, np.memmap)

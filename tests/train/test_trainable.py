@@ -150,7 +150,10 @@ def test_frozen_params_written_once_per_run(run):
     assert sorted(p.name for p in directory.iterdir() if not p.name.startswith("_")) == ["4", "6", FROZEN_DIR]
     assert sorted(p.name for p in (directory / FROZEN_DIR).iterdir()) == ["2"]  # written at the first save
     ref = resolve_checkpoint(directory)
-    assert frozen_ref(ref) == {"dir": FROZEN_DIR, "step": 2, "paths": sorted(FROZEN)}
+    from partitioning.checkpoint.base import base_digest
+
+    digest = base_digest(directory / FROZEN_DIR / "2")  # the base's identity: its checksums' digest
+    assert frozen_ref(ref) == {"dir": FROZEN_DIR, "step": 2, "paths": sorted(FROZEN), "digest": digest}
     saved = flat_saved(saved_tree(ref))
     assert not [p for p in saved if p.startswith("params/") and p[len("params/") :] in FROZEN]
     # each step holds the trainable params, their moments and scalars; the frozen bytes once, in frozen/2
@@ -188,9 +191,10 @@ def test_missing_frozen_params_are_one_line(run, tmp_path):
     target = pt.abstract_target(trainer.abstract_state, shardings=trainer.state_shardings)
     with pytest.raises(pt.CheckpointError) as e:
         pt.restore_checkpoint(copy, target)
-    assert str(e.value) == (
-        f"checkpoint {copy / '6'}: its frozen params are missing: {copy / FROZEN_DIR / '2'} "
-        "(written once per run, every step refers to it)"
+    assert str(e.value) == (  # a step without its base is damaged, as every reader says it
+        f"checkpoint step 6 ({copy / '6'}) is damaged: its frozen params {copy / FROZEN_DIR / '2'} are missing "
+        "(written once per run, every step refers to them); not restored; no earlier good step: start over with "
+        "--no-resume"
     )
 
 
