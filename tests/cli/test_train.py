@@ -70,7 +70,7 @@ def test_train_writes_metrics_config_and_plot(write, tmp_path, run_cli_in_proces
         load_config(path).rules
     )
     assert out.splitlines()[0].startswith("train: gpt (")
-    assert "on mesh {'data': 1, 'fsdp': 8, 'tensor': 1} with 9 rules" in out
+    assert "on mesh {'data': 1, 'fsdp': 8, 'tensor': 1} with 12 rules" in out
     last = out.strip().splitlines()[-1]
     assert last.startswith(f"done: step 6, loss {recs[-1]['loss']:.3f}, eval_loss {recs[-1]['eval_loss']:.3f}")
     assert recs[0]["tokens_per_s"] == pytest.approx(8 * 32 / recs[0]["step_time_s"])  # tokens, not examples

@@ -92,7 +92,9 @@ def test_overrides(write, base_config):
             "rope_scaling, sliding_window, attn_scale, attention, context_parallel, decode, kernel_order, lora, "
             "moe_layers, qk_norm, "
             "norm_placement, attn_softcap, final_softcap, layer_types, local_rope_theta, local_rope_scaling, "
-            "partial_rotary_factor, nope_layers, attn_sinks, mla, attn_gate, linear_attn, linear_layers); "
+            "partial_rotary_factor, nope_layers, attn_sinks, mla, attn_gate, linear_attn, linear_layers, "
+            "global_head_dim, global_kv_heads, global_k_eq_v, v_norm, per_layer_input, per_layer_vocab, layer_scalar, "
+            "kv_shared_layers, shared_wide_mlp); "
             "did you mean 'embed'?",
         ),
         (
