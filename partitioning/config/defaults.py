@@ -171,7 +171,10 @@ def _attention(cfg: Config, p: Priced) -> Choices | None:
     if not takes(cfg, "attention") or cfg.model_options.get("attention", AUTO) != AUTO:
         return None
     # The models' own rule for auto (models/fused_attention.py, which config/ leaves to config/build.py to import).
-    dtype = jnp.dtype(model_options_resolved(cfg).get("dtype") or "float32")
+    try:
+        dtype = jnp.dtype(model_options_resolved(cfg).get("dtype") or "float32")
+    except TypeError:
+        return None  # not a dtype: the model's build says so in one line, at its key
     if jax.default_backend() != "gpu" or dtype not in (jnp.bfloat16, jnp.float16):
         return None  # cuDNN's kernel does not apply here: nothing to choose
     rule = "cudnn"
