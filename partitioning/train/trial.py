@@ -95,6 +95,8 @@ class Verdict:
         head = f"{self.choices.name}: auto -> {self.choice}: "
         if self.how == "estimated":
             return f"{head}{self.choices.line}; estimated, not measured: {self.why_not}"
+        if self.choice not in self.seconds:  # a process other than 0: it has the choice, not the timings
+            return f"{head}{self.how}, as process 0 decided"
         best = self.seconds[self.choice]
         fastest = min(self.seconds.values())
         lead = "the fastest" if best <= fastest else f"within {(best / fastest - 1) * 100:.1f}% of the fastest"

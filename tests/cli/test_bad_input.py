@@ -97,7 +97,8 @@ def test_yaml_12_numbers_merge_keys_and_every_error_at_once(in_tmp, run_cli_in_p
         "error: run.yaml:11: train.steps: must be >= 1, got 0",
         "error: run.yaml:11: train.batch_sise: unknown key (valid: steps, batch_size, seq_len, grad_accum, "
         "microbatches, pipeline_repeats, log_every, eval_every, eval_batches, tracker, seed, loss, step, inputs, rngs, "
-        "on_nonfinite, trainable, measure_defaults, max_skipped_steps, offload, offload_update); did you mean 'batch_size'?",
+        "on_nonfinite, trainable, measure_defaults, max_skipped_steps, offload, offload_update); "
+        "did you mean 'batch_size'?",
         "error: run.yaml:12: optimizer.b1: must be < 1, got 1.5",
     ]
 

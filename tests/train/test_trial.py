@@ -110,6 +110,12 @@ def test_the_note_of_a_measurement_word_for_word():
     )
 
 
+def test_another_process_has_the_cached_choice_without_its_timings():
+    # Processes other than 0 get the choice only (the dead-peer resume crashed there with a KeyError).
+    v = Verdict(_choices(full=0.2, none=0.1), "none", "cached")
+    assert v.note() == "remat: auto -> none: cached, as process 0 decided"
+
+
 def test_a_lead_within_the_noise_keeps_the_estimates_pick(mesh, tmp_path, monkeypatch):
     measured = {}
 
